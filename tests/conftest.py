@@ -1,0 +1,27 @@
+"""Shared fixtures: a real Zenoh router in its own process on 127.0.0.1."""
+
+from __future__ import annotations
+
+import pytest
+
+from wire.procs import start_router
+
+
+@pytest.fixture
+def router(tmp_path):
+    """A fresh router per test; yields its client endpoint, e.g. "tcp/127.0.0.1:40123"."""
+    child, endpoint = start_router(None, tmp_path / "router.log")
+    try:
+        yield endpoint
+    finally:
+        child.stop()
+
+
+@pytest.fixture
+def router_proc(tmp_path):
+    """Like `router` but yields (ChildProcess, endpoint) so a test can kill and restart it."""
+    child, endpoint = start_router(None, tmp_path / "router.log")
+    try:
+        yield child, endpoint
+    finally:
+        child.stop()

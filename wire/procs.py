@@ -1,0 +1,111 @@
+"""Child processes on 127.0.0.1: free ports, start-and-wait-for-ready, stop without orphans.
+
+Shared by tests, the bench and the chaos faults so that every process the project starts is
+started and reaped the same way. Invariant: `ChildProcess.stop()` returns only when the child is
+gone (SIGTERM, then SIGKILL after a grace period), and every child runs in its own process group
+so a kill reaches its helpers too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ChildProcess:
+    """A child started from `argv`, its stdout+stderr in `log_path`, ready when `ready_text` appears."""
+
+    def __init__(self, argv: list[str], log_path: str | Path, ready_text: str | None = None, env: dict | None = None, name: str = ""):
+        self.argv = list(argv)
+        self.log_path = Path(log_path)
+        self.ready_text = ready_text
+        self.env = env
+        self.name = name or Path(argv[0]).name
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 30.0) -> "ChildProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        if self.ready_text:
+            self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.ready_text in self.log_path.read_text(errors="replace"):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before ready; log {self.log_path}:\n{self.tail()}")
+            time.sleep(0.02)  # polling a log file: no event exists for "text appeared in a file"
+        self.stop()
+        raise TimeoutError(f"{self.name} not ready within {timeout_s}s; log {self.log_path}:\n{self.tail()}")
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, grace_s: float = 5.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGCONT)
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def start_router(port: int | None, log_path: str | Path, extra_args: list[str] | None = None) -> tuple[ChildProcess, str]:
+    """Start a Zenoh router in its own process; return it and its tcp endpoint."""
+    port = port or free_port()
+    endpoint = f"tcp/127.0.0.1:{port}"
+    child = ChildProcess(
+        [sys.executable, "-m", "wire.transport", "--listen", endpoint, *(extra_args or [])],
+        log_path, ready_text="router ready", name="zenoh-router",
+    )
+    child.start(timeout_s=15)
+    return child, endpoint
