@@ -1,0 +1,99 @@
+"""server.health: real HTTP on 127.0.0.1 — liveness, readiness flips, the /metrics scrape, 404, silence."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from server.health import HealthServer
+from server.metrics import Metrics
+
+# Bypass any HTTP(S)_PROXY of the environment: these requests must go straight to 127.0.0.1.
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def get(server: HealthServer, path: str) -> tuple[int, str, bytes]:
+    try:
+        with _opener.open(f"http://127.0.0.1:{server.port}{path}", timeout=5) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read()
+
+
+@pytest.fixture
+def metrics():
+    return Metrics()
+
+
+def test_port_zero_picks_a_free_port_and_stop_releases_it(metrics):
+    server = HealthServer(0, metrics, ready_fn=lambda: True).start()
+    try:
+        assert server.port > 0
+        assert get(server, "/healthz")[0] == 200
+    finally:
+        server.stop()
+    server.stop()  # idempotent
+    with pytest.raises(OSError):
+        _opener.open(f"http://127.0.0.1:{server.port}/healthz", timeout=2)
+
+
+def test_readyz_flips_from_503_to_200_with_a_json_reason(metrics):
+    state = {"ready": False}
+    with HealthServer(0, metrics, ready_fn=lambda: state["ready"]) as server:
+        status, ctype, body = get(server, "/readyz")
+        assert (status, ctype) == (503, "application/json")
+        assert json.loads(body) == {"ready": False, "reason": "not ready"}
+        state["ready"] = True
+        status, _, body = get(server, "/readyz")
+        assert status == 200 and json.loads(body) == {"ready": True, "reason": "ready"}
+
+
+def test_readyz_carries_the_reason_ready_fn_gives_and_503s_when_it_raises(metrics):
+    answers = iter([(False, "warming up: 2/5 inferences"), RuntimeError("registry gone")])
+
+    def ready_fn():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    with HealthServer(0, metrics, ready_fn=ready_fn) as server:
+        assert json.loads(get(server, "/readyz")[2])["reason"] == "warming up: 2/5 inferences"
+        status, _, body = get(server, "/readyz")
+        assert status == 503 and "RuntimeError: registry gone" in json.loads(body)["reason"]
+
+
+def test_healthz_follows_live_fn(metrics):
+    state = {"live": True}
+    with HealthServer(0, metrics, ready_fn=lambda: False, live_fn=lambda: state["live"]) as server:
+        assert get(server, "/healthz")[::2] == (200, b"ok\n")
+        state["live"] = False
+        assert get(server, "/healthz")[0] == 503
+
+
+def test_metrics_serves_the_prometheus_text_of_the_registry(metrics):
+    metrics.inc("requests", client="robot-217")
+    with HealthServer(0, metrics, ready_fn=lambda: True) as server:
+        status, ctype, body = get(server, "/metrics")
+        assert status == 200
+        assert ctype.startswith("text/plain; version=0.0.4")
+        assert 'policy_server_requests_total{client="robot-217"} 1.0\n' in body.decode()
+        assert body.decode() == metrics.render_prometheus()
+
+
+def test_unknown_paths_are_404_and_query_strings_are_ignored(metrics):
+    with HealthServer(0, metrics, ready_fn=lambda: True) as server:
+        assert get(server, "/nope")[0] == 404
+        assert get(server, "/")[0] == 404
+        assert get(server, "/healthz?verbose=1")[0] == 200
+
+
+def test_requests_are_never_logged_to_stderr(metrics, capfd):
+    with HealthServer(0, metrics, ready_fn=lambda: False) as server:
+        for path in ("/healthz", "/readyz", "/metrics", "/nope"):
+            get(server, path)
+    out, err = capfd.readouterr()
+    assert err == "" and out == ""
