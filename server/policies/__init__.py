@@ -1,0 +1,45 @@
+"""Torch policies the server runs: the contract, the registry, checkpoints and training.
+
+    base.py         PolicyConfig, ChunkPolicy, register_policy / make_policy / classify
+    flow_matching.py, mlp_chunk.py, stateful_chunk.py, no_chunk.py   one registered type each
+    checkpoint.py   config.json + model.safetensors + stats.json, local paths only, hashed
+    stats.py        normalisation stats (stats.json)
+    train.py        train_bc: behaviour cloning into a checkpoint
+
+Importing this package registers every shipped type. Server side only: it imports torch.
+"""
+
+from server.policies import flow_matching, mlp_chunk, no_chunk, stateful_chunk  # noqa: F401  (registration)
+from server.policies.base import (
+    POLICY_REGISTRY,
+    ChunkPolicy,
+    PolicyConfig,
+    PolicyConfigError,
+    PolicyError,
+    PolicyInputError,
+    PolicyLoadError,
+    classify,
+    make_policy,
+    register_policy,
+)
+from server.policies.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint, save_checkpoint
+from server.policies.train import TrainingError, train_bc
+
+__all__ = [
+    "POLICY_REGISTRY",
+    "CheckpointError",
+    "ChunkPolicy",
+    "LoadedCheckpoint",
+    "PolicyConfig",
+    "PolicyConfigError",
+    "PolicyError",
+    "PolicyInputError",
+    "PolicyLoadError",
+    "TrainingError",
+    "classify",
+    "load_checkpoint",
+    "make_policy",
+    "register_policy",
+    "save_checkpoint",
+    "train_bc",
+]

@@ -1,0 +1,156 @@
+"""Checkpoints on disk: a directory of three files, loaded only from local paths, never with pickle.
+
+    <dir>/config.json        PolicyConfig (canonical JSON)
+    <dir>/model.safetensors  weights (safetensors: no code execution on load)
+    <dir>/stats.json         normalisation stats (see server/policies/stats.py)
+
+Invariants:
+- `checkpoint_hash` = sha256 over the three files in the fixed order above, each fed as
+  name, NUL, byte length (8 bytes little-endian), bytes; so any changed byte in any file (e.g. two
+  finetunes with the same names but different weights) gives a different hash.
+- The weights loaded are parsed from the very bytes that were hashed (no second read).
+- A type without `predict_action_chunk` is refused before any weight is read (`PolicyLoadError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from server.policies.base import ChunkPolicy, PolicyConfig, PolicyLoadError, make_policy, policy_class
+from server.policies.stats import Stats, StatsTensors, stats_to_json, stats_to_tensors, validate_stats
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+STATS_FILE = "stats.json"
+CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATS_FILE)  # the hash order
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+class CheckpointError(PolicyLoadError):
+    """A checkpoint directory is missing, incomplete, not local, or does not match its policy."""
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A policy in eval mode with its config, shared read-only stats tensors and provenance."""
+
+    policy: ChunkPolicy
+    config: PolicyConfig
+    stats: StatsTensors
+    checkpoint_hash: str
+    revision_info: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_hash(files: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for name in CHECKPOINT_FILES:
+        data = files[name]
+        digest.update(name.encode() + b"\0" + len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def save_checkpoint(policy: ChunkPolicy, stats: Stats, directory: str | os.PathLike) -> Path:
+    """Write config.json, model.safetensors and stats.json into `directory` (created if needed)."""
+    validate_stats(stats, policy.config)
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.detach().to("cpu").contiguous() for k, v in policy.state_dict().items()}
+    (out / CONFIG_FILE).write_text(policy.config.to_json())
+    safetensors.torch.save_file(weights, str(out / WEIGHTS_FILE), metadata={"type": policy.config.type})
+    (out / STATS_FILE).write_text(stats_to_json(stats))
+    return out
+
+
+def _resolve_local(path: str | os.PathLike) -> Path:
+    text = os.fspath(path)
+    looks_remote = "://" in text or (_HUB_ID.match(text) is not None and not text.startswith("."))
+    candidate = Path(text).expanduser()
+    if not candidate.exists():
+        if looks_remote:
+            raise CheckpointError(
+                f"{text!r} looks like a Hub repo id or URL, but weights load only from local paths. "
+                f"Download it first (e.g. `huggingface-cli download {text} --local-dir ./ckpt`) and "
+                f"pass the directory"
+            )
+        raise CheckpointError(
+            f"checkpoint directory {text!r} does not exist; weights load only from local paths"
+        )
+    if not candidate.is_dir():
+        raise CheckpointError(
+            f"checkpoint path {text!r} is a file; pass the directory holding {list(CHECKPOINT_FILES)}"
+        )
+    return candidate.resolve()
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise CheckpointError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}") from None
+
+
+def load_checkpoint(
+    path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32
+) -> LoadedCheckpoint:
+    """Load a local checkpoint directory into an eval-mode, grad-free policy on `device`/`dtype`."""
+    directory = _resolve_local(path)
+    missing = [name for name in CHECKPOINT_FILES if not (directory / name).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} lacks {missing}; a checkpoint holds {list(CHECKPOINT_FILES)}"
+        )
+    files = {name: (directory / name).read_bytes() for name in CHECKPOINT_FILES}
+    config = PolicyConfig.from_json(files[CONFIG_FILE])
+    policy_class(config.type)  # refuses unknown and chunk-less types before touching the weights
+
+    try:
+        stats: Stats = json.loads(files[STATS_FILE])
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{STATS_FILE} in {str(directory)!r} is not valid JSON: {exc}") from None
+    validate_stats(stats, config)
+
+    try:
+        weights = safetensors.torch.load(files[WEIGHTS_FILE])
+    except Exception as exc:  # safetensors raises its own SafetensorError
+        raise CheckpointError(
+            f"{WEIGHTS_FILE} in {str(directory)!r} is not a valid safetensors file: {exc}"
+        ) from None
+    policy = make_policy(config)
+    expected = {name: tuple(t.shape) for name, t in policy.state_dict().items()}
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    reshaped = sorted(k for k in set(expected) & set(weights) if tuple(weights[k].shape) != expected[k])
+    if missing or unexpected or reshaped:
+        raise CheckpointError(
+            f"{WEIGHTS_FILE} in {str(directory)!r} does not match policy type {config.type!r} as config.json "
+            f"describes it (wrong hyper_params or dims?): missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}, shape differs {[(k, tuple(weights[k].shape), expected[k]) for k in reshaped[:3]]}"
+        )
+    policy.load_state_dict(weights, strict=True)
+    policy.to(device=torch.device(device), dtype=_as_dtype(dtype)).eval().requires_grad_(False)
+
+    digest = checkpoint_hash(files)
+    revision_info = {
+        "source": "local",
+        "path": str(directory),
+        "type": config.type,
+        "files": {
+            name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()
+        },
+        "checkpoint_hash": digest,
+    }
+    return LoadedCheckpoint(policy, policy.config, stats_to_tensors(stats), digest, revision_info)

@@ -1,0 +1,199 @@
+"""`flow_matching`: a small MLP flow-matching chunk policy with real-time-chunking (RTC) guidance.
+
+    noise x(t=1) --Euler, num_steps--> x(t=0) = action chunk      (model space, (B, T, A))
+                   v(x_t, t, obs) - w(t) * VJP(x1_hat, x_t; (prefix - x1_hat) * W[b])
+
+Owns the sampler and the guidance, which mirror LeRobot's RTCProcessor (flow time runs from 1 at
+noise to 0 at data; the target velocity is noise - data):
+- prefix weights W over H = min(execution_horizon, len(prefix[b])): ones for the first
+  min(d[b], H) steps, then LeRobot's linear ramp `linspace(1, 0, n + 2)[1:-1]` (1 and 0 excluded)
+  up to H, zeros after. A prefix shorter than the chunk is zero-padded; the padding never matters
+  because W is zero beyond H <= len(prefix).
+- per Euler step: x1_hat = x_t - t * v_t; err = (prefix - x1_hat) * W; correction = VJP of x1_hat
+  wrt x_t with err; w = min(max_guidance_weight, c * r^-2) with tau = 1 - t, c = (1 - tau) / tau,
+  r^-2 = ((1 - tau)^2 + tau^2) / (1 - tau)^2; the step uses v_t - w * correction.
+- Euler steps at t = 1, 1 - 1/n, ..., 1/n with dt = -1/n (n = num_steps), as LeRobot's pi0/smolvla.
+- `guidance_jacobian`: "network" (default) backpropagates the VJP through the velocity network, as
+  the RTC paper and the formula above say. "identity" is what LeRobot main actually computes: its
+  RTCProcessor calls the denoiser before x_t requires grad, so d x1_hat / d x_t = I and
+  correction == err (cheaper: no backward pass; pick it for numerical parity with LeRobot).
+
+The network: v = MLP([x_t, obs_embedding, time_embedding]) + a(t) * x_t, where a(t) is a tiny MLP of
+the time embedding. The skip matters: for a chunk determined by the observation the exact velocity is
+(x_t - x1) / t, and a hidden layer narrower than T*A cannot carry x_t through (without it the
+training loss plateaus several times higher).
+
+Invariants: with `noise_seed` set (default 0) every sample of every call starts from the same noise,
+so the output is a pure function of (observation, delay, prefix): byte-identical on repeat, and
+sample b of a batch equals the same sample run alone (up to matmul rounding). A sample whose prefix
+is None gets exactly the unguided velocity. Works under torch.no_grad() and torch.inference_mode()
+callers: grad is enabled locally for the VJP only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from server.policies.base import (
+    ChunkPolicy,
+    PolicyConfig,
+    PolicyConfigError,
+    register_policy,
+    resolve_hyper_params,
+)
+from server.policies.layers import ObservationEncoder, mlp, time_embedding
+
+DEFAULTS = {
+    "hidden_dim": 256,
+    "num_layers": 3,
+    "obs_embed_dim": 128,
+    "time_embed_dim": 32,
+    "num_steps": 10,
+    "noise_seed": 0,  # None: draw fresh noise from torch's global RNG on every call
+    "max_guidance_weight": 10.0,
+    "guidance_jacobian": "network",  # or "identity" (LeRobot main's effective behaviour)
+}
+GUIDANCE_JACOBIANS = ("network", "identity")
+
+
+def prefix_weights(inference_delay: int, horizon: int, total: int) -> Tensor:
+    """(total,) RTC prefix weights, LeRobot's LINEAR schedule (see module docstring)."""
+    start = min(max(inference_delay, 0), horizon)
+    weights = torch.zeros(total)
+    weights[: min(start, total)] = 1.0
+    ramp = min(horizon, total) - start
+    if ramp > 0:
+        weights[start : start + ramp] = torch.linspace(1.0, 0.0, ramp + 2)[1:-1]
+    return weights
+
+
+def guidance_weight(t: float, max_guidance_weight: float) -> float:
+    """min(max_w, c * r^-2) at flow time t (tau = 1 - t); inf -> max_w and nan -> 0 as LeRobot."""
+    tau = 1.0 - t
+    if tau <= 0.0:  # c = inf
+        return max_guidance_weight
+    if tau >= 1.0:  # c * r^-2 = 0 * inf = nan -> 0
+        return 0.0
+    c = (1.0 - tau) / tau
+    inv_r2 = ((1.0 - tau) ** 2 + tau**2) / (1.0 - tau) ** 2
+    return min(max_guidance_weight, c * inv_r2)
+
+
+@register_policy("flow_matching")
+class FlowMatchingPolicy(ChunkPolicy):
+    supports_rtc = True
+    chunk_stateless = True
+
+    def __init__(self, config: PolicyConfig):
+        hp = resolve_hyper_params(config, DEFAULTS)
+        if hp["guidance_jacobian"] not in GUIDANCE_JACOBIANS:
+            raise PolicyConfigError(
+                f"flow_matching guidance_jacobian={hp['guidance_jacobian']!r}; use one of {GUIDANCE_JACOBIANS}"
+            )
+        if int(hp["num_steps"]) < 1 or int(hp["time_embed_dim"]) % 2:
+            raise PolicyConfigError("flow_matching needs num_steps >= 1 and an even time_embed_dim")
+        super().__init__(PolicyConfig.from_dict({**config.to_dict(), "hyper_params": hp}))
+        self.hp = hp
+        flat = config.chunk_size * config.action_dim
+        self.encoder = ObservationEncoder(config, hp["obs_embed_dim"], hp["hidden_dim"])
+        self.velocity_net = mlp(
+            flat + hp["obs_embed_dim"] + hp["time_embed_dim"], hp["hidden_dim"], flat, hp["num_layers"]
+        )
+        # a(t) in v = a(t) * x_t + MLP(x_t, t, obs): the exact velocity of a chunk determined by the
+        # observation is (x_t - x1) / t, and a hidden layer narrower than T*A cannot pass x_t through.
+        self.skip_gain = mlp(hp["time_embed_dim"], 64, 1, num_layers=2)
+
+    def velocity(self, x_t: Tensor, t: Tensor, cond: Tensor) -> Tensor:
+        """v(x_t, t, obs): (B, T, A), (B,), (B, E) -> (B, T, A)."""
+        size = x_t.shape[0]
+        t_emb = time_embedding(t, self.hp["time_embed_dim"])
+        flat = x_t.reshape(size, -1)
+        v = self.velocity_net(torch.cat([flat, cond, t_emb], dim=-1)) + self.skip_gain(t_emb) * flat
+        return v.reshape(x_t.shape)
+
+    def _noise(self, size: int) -> Tensor:
+        shape = (self.config.chunk_size, self.config.action_dim)
+        seed = self.hp["noise_seed"]
+        if seed is None:
+            noise = torch.randn((size, *shape))
+        else:
+            generator = torch.Generator().manual_seed(int(seed))
+            noise = torch.randn(shape, generator=generator).expand(size, *shape).clone()
+        return noise.to(device=self.param_device, dtype=self.param_dtype)
+
+    def _guidance_targets(
+        self, delays: list[int], prefixes: list[Tensor | None]
+    ) -> tuple[Tensor, Tensor] | None:
+        """(W (B, T, 1), padded prefix (B, T, A)) or None when no sample has a prefix."""
+        if all(p is None for p in prefixes):
+            return None
+        total, action_dim = self.config.chunk_size, self.config.action_dim
+        weights = torch.zeros(len(prefixes), total)
+        target = torch.zeros(len(prefixes), total, action_dim)
+        for b, (delay, prefix) in enumerate(zip(delays, prefixes)):
+            if prefix is None:
+                continue  # W = 0 and target = 0: err is exactly zero, so is the correction
+            rows = min(prefix.shape[0], total)
+            horizon = min(self.config.execution_horizon, rows)
+            weights[b] = prefix_weights(delay, horizon, total)
+            target[b, :rows] = prefix[:rows].detach().to(device="cpu", dtype=torch.float32)
+        kw = {"device": self.param_device, "dtype": self.param_dtype}
+        return weights.unsqueeze(-1).to(**kw), target.to(**kw)
+
+    def _guided_velocity(self, x_t: Tensor, t: float, cond: Tensor, weights: Tensor, target: Tensor) -> Tensor:
+        t_batch = torch.full((x_t.shape[0],), t, device=x_t.device, dtype=x_t.dtype)
+        x_t = x_t.detach()
+        with torch.enable_grad():
+            if self.hp["guidance_jacobian"] == "identity":
+                with torch.no_grad():
+                    v_t = self.velocity(x_t, t_batch, cond)
+                correction = (target - (x_t - t * v_t)) * weights
+            else:
+                x_t.requires_grad_(True)
+                v_t = self.velocity(x_t, t_batch, cond)
+                x1_hat = x_t - t * v_t
+                err = ((target - x1_hat) * weights).detach()
+                (correction,) = torch.autograd.grad(x1_hat, x_t, err)
+                v_t = v_t.detach()
+        return v_t - guidance_weight(t, float(self.hp["max_guidance_weight"])) * correction
+
+    def predict_action_chunk(
+        self,
+        batch: dict[str, Tensor],
+        inference_delay: Sequence[int],
+        prefix: Sequence[Tensor | None],
+    ) -> Tensor:
+        size, delays, prefixes = self.check_chunk_args(batch, inference_delay, prefix)
+        # inference_mode(False): a caller's inference mode would forbid the autograd the VJP needs.
+        with torch.inference_mode(False):
+            inputs = self.model_inputs(batch)
+            guidance = self._guidance_targets(delays, prefixes)
+            with torch.no_grad():
+                cond = self.encoder(inputs)
+            x_t = self._noise(size)
+            num_steps = int(self.hp["num_steps"])
+            dt = -1.0 / num_steps
+            for step in range(num_steps):
+                t = 1.0 + step * dt
+                if guidance is None:
+                    with torch.no_grad():
+                        t_batch = torch.full((size,), t, device=x_t.device, dtype=x_t.dtype)
+                        v_t = self.velocity(x_t, t_batch, cond)
+                else:
+                    v_t = self._guided_velocity(x_t, t, cond, *guidance)
+                x_t = x_t + dt * v_t
+            return x_t.detach().float()
+
+    def training_loss(
+        self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1."""
+        x1 = action_chunk
+        noise = torch.randn(x1.shape, generator=generator, device=x1.device, dtype=x1.dtype)
+        t = torch.rand((x1.shape[0],), generator=generator, device=x1.device, dtype=x1.dtype)
+        x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * x1
+        v = self.velocity(x_t, t, self.encoder(batch))
+        return torch.nn.functional.mse_loss(v, noise - x1)
