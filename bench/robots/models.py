@@ -1,0 +1,77 @@
+"""The process-wide MjModel cache: each robot type is compiled once per physics step size.
+
+Invariant: every MjData in this process that simulates robot type T at step size dt points at the
+same MjModel object, `shared_model(T, dt)`. A model is read-only once published here; per-robot
+state lives only in MjData. Compiling per robot (what most gym wrappers do) costs 100-230 MB on a
+real arm and would make a 300-robot fleet impossible on one machine.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+# Headless machines have no display: EGL (llvmpipe here) is the one backend that works everywhere we
+# run. Set before mujoco is imported so mujoco.Renderer picks it; an explicit MUJOCO_GL wins.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import mujoco  # noqa: E402
+
+if TYPE_CHECKING:
+    from bench.robots.core import RobotType
+
+ASSETS = Path(__file__).parent / "assets"
+
+# Arena size for one MjData. MuJoCo's default (13.6 MB of address space per MjData) is sized for
+# contact-rich scenes. Measured maxuse_arena: arm 3 KB, reacher 1.4 KB, base 17 KB while pressed into
+# a wall; 256 KB leaves headroom for a corner, and untouched pages cost no resident memory.
+ARENA_BYTES = 256 * 1024
+
+# Largest offscreen frame a camera may ask for (bench.cameras); MuJoCo sizes the offscreen buffer
+# from the model, so it has to be set before compiling.
+MAX_RENDER_HEIGHT, MAX_RENDER_WIDTH = 480, 640
+# Offscreen multisampling: 4x MSAA makes software GL (llvmpipe) 3-5x slower per frame
+# (arm at 480x640: 24 ms vs 5 ms), and real camera frames are not anti-aliased renders anyway.
+RENDER_SAMPLES = 0
+
+_MODELS: dict[tuple[str, float], mujoco.MjModel] = {}
+_LOCK = threading.Lock()
+
+
+def substeps_for(fps: float, nominal_physics_dt: float) -> tuple[int, float]:
+    """(n_substeps, physics_dt) so that n_substeps * physics_dt is exactly one control tick.
+
+    The physics step is nudged off the nominal value instead of letting the control period drift:
+    a 30 Hz robot must take exactly 1/30 s of simulated time per tick.
+    """
+    if fps <= 0:
+        raise ValueError(f"fps must be positive, got {fps}")
+    n = max(1, round(1.0 / (fps * nominal_physics_dt)))
+    return n, 1.0 / (fps * n)
+
+
+def shared_model(robot_type: type[RobotType], physics_dt: float) -> mujoco.MjModel:
+    """The one MjModel for `robot_type` at `physics_dt`, compiled on first use."""
+    key = (robot_type.name, round(physics_dt, 12))
+    model = _MODELS.get(key)
+    if model is not None:
+        return model
+    with _LOCK:  # two threads building fleets at once must still end up with one model
+        model = _MODELS.get(key)
+        if model is None:
+            spec = robot_type.load_spec()
+            spec.option.timestep = physics_dt
+            spec.memory = ARENA_BYTES
+            spec.visual.global_.offheight = max(spec.visual.global_.offheight, MAX_RENDER_HEIGHT)
+            spec.visual.global_.offwidth = max(spec.visual.global_.offwidth, MAX_RENDER_WIDTH)
+            spec.visual.quality.offsamples = RENDER_SAMPLES
+            model = spec.compile()
+            _MODELS[key] = model
+    return model
+
+
+def cached_models() -> dict[tuple[str, float], mujoco.MjModel]:
+    """A snapshot of the cache, for memory reports and tests."""
+    return dict(_MODELS)
