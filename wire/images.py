@@ -63,7 +63,7 @@ def image_from_wire(obj: object, field: str, limits: Limits = DEFAULT_LIMITS) ->
     if not isinstance(obj, dict):
         raise WireError("MALFORMED", f"{field} must be a map with codec and data", field)
     codec, data, shape = obj.get("codec"), obj.get("data"), obj.get("shape")
-    if codec not in CODECS:
+    if not isinstance(codec, str) or codec not in CODECS:
         raise WireError("BAD_IMAGE", f"{field}.codec {codec!r} unknown; use one of {CODECS}", field)
     if not isinstance(data, (bytes, bytearray)):
         raise WireError("BAD_IMAGE", f"{field}.data must be msgpack bin", field)

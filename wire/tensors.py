@@ -50,12 +50,12 @@ DEFAULT_LIMITS = Limits()
 
 def float32_to_bfloat16_bits(a: np.ndarray) -> np.ndarray:
     """Round float32 to bfloat16 (nearest-even) and return the uint16 bit patterns."""
-    bits = np.ascontiguousarray(a, dtype="<f4").view("<u4")
+    f = np.asarray(a, dtype="<f4")
+    bits = np.ascontiguousarray(f).reshape(-1).view("<u4").astype(np.uint64)
     rounding = ((bits >> 16) & 1) + 0x7FFF
-    nan = np.isnan(np.asarray(a, dtype=np.float32))
     out = ((bits + rounding) >> 16).astype("<u2")
-    out[nan] = 0x7FC0
-    return out
+    out[np.isnan(f.reshape(-1))] = 0x7FC0
+    return out.reshape(f.shape)
 
 
 def bfloat16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
@@ -83,7 +83,7 @@ def decode_tensor(obj: object, field: str = "tensor", limits: Limits = DEFAULT_L
     if not isinstance(obj, dict):
         raise WireError("MALFORMED", f"{field} must be a map with dtype, shape, data", field)
     word, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("data")
-    if word not in DTYPES:
+    if not isinstance(word, str) or word not in DTYPES:
         raise WireError("BAD_TENSOR", f"{field}.dtype {word!r} unknown; use one of {sorted(DTYPES)}", field)
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise WireError("BAD_TENSOR", f"{field}.shape must be a list of non-negative ints, got {shape!r}", field)

@@ -1,0 +1,66 @@
+"""Images: RGB order survives every codec (a silent BGR swap would poison every policy)."""
+
+import numpy as np
+import pytest
+
+from wire import WireError, encode_image
+from wire.images import EncodedImage, decode_image, image_from_wire
+
+
+@pytest.mark.parametrize("codec", ["jpeg", "png", "raw"])
+def test_pure_red_decodes_red_not_blue(codec):
+    frame = np.zeros((32, 48, 3), np.uint8)
+    frame[..., 0] = 255
+    out = encode_image(frame, codec, quality=90).decode()
+    assert out.shape == (32, 48, 3)
+    r, g, b = out[..., 0].mean(), out[..., 1].mean(), out[..., 2].mean()
+    assert r > 240 and g < 15 and b < 15
+
+
+@pytest.mark.parametrize("codec", ["jpeg", "png", "raw"])
+def test_rgb_stripes_keep_their_order(codec):
+    frame = np.zeros((48, 48, 3), np.uint8)
+    for i in range(3):
+        frame[:, i * 16 : (i + 1) * 16, i] = 255
+    out = encode_image(frame, codec).decode().astype(int)
+    for i in range(3):
+        stripe = out[:, i * 16 + 4 : (i + 1) * 16 - 4]
+        assert stripe[..., i].mean() > 200
+        assert all(stripe[..., j].mean() < 60 for j in range(3) if j != i)
+
+
+def test_lossless_codecs_are_exact():
+    rng = np.random.default_rng(0)
+    frame = rng.integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    for codec in ("png", "raw"):
+        assert np.array_equal(encode_image(frame, codec).decode(), frame)
+
+
+def test_corrupt_jpeg_gives_bad_image():
+    with pytest.raises(WireError) as exc:
+        decode_image(EncodedImage("jpeg", b"\xff\xd8garbage"))
+    assert exc.value.code == "BAD_IMAGE"
+
+
+def test_raw_frame_needs_matching_shape():
+    with pytest.raises(WireError, match="needs 12 bytes"):
+        image_from_wire({"codec": "raw", "data": b"\0" * 11, "shape": [2, 2, 3]}, "img")
+    with pytest.raises(WireError, match="need shape"):
+        image_from_wire({"codec": "raw", "data": b"\0" * 12}, "img")
+
+
+def test_non_uint8_frames_are_refused():
+    with pytest.raises(WireError, match="uint8"):
+        encode_image(np.zeros((4, 4, 3), np.float32))
+
+
+from hypothesis import given, settings, strategies as st
+
+
+@settings(max_examples=150)
+@given(st.sampled_from(["jpeg", "png"]), st.binary(max_size=300))
+def test_random_bytes_as_images_give_only_wire_errors(codec, data):
+    try:
+        decode_image(EncodedImage(codec, data))
+    except WireError:
+        pass

@@ -1,0 +1,5 @@
+import sys
+
+from wire.golden import main
+
+sys.exit(main())
