@@ -1,0 +1,30 @@
+"""The plain install is the robot side: no torch, no MuJoCo; console scripts are declared."""
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_plain_dependencies_pull_no_torch_or_mujoco():
+    deps = " ".join(PYPROJECT["project"]["dependencies"]).lower()
+    for heavy in ("torch", "mujoco", "gymnasium"):
+        assert heavy not in deps
+
+
+def test_server_extra_pins_the_local_torch_wheel():
+    assert "torch==2.13.0" in PYPROJECT["project"]["optional-dependencies"]["server"]
+
+
+def test_console_scripts_are_declared():
+    scripts = PYPROJECT["project"]["scripts"]
+    assert scripts["bench"] == "bench.cli:main"
+    assert scripts["policy-server"] == "server.cli:main"
+
+
+def test_importing_the_wire_imports_no_torch():
+    code = "import sys, wire, wire.transport, wire.procs; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
