@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from wire.procs import start_router
+# MuJoCo picks its GL backend at import: software EGL must be chosen before any test imports it.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import pytest  # noqa: E402
+
+from wire.procs import start_router  # noqa: E402
 
 
 @pytest.fixture
