@@ -1,0 +1,168 @@
+"""`bench`: run, validate and list scenarios; train the robots' checkpoints.
+
+    bench run FILE [--set KEY=VALUE ...] [--reports DIR]   run a scenario; exit 0 pass, 1 fail, 2 invalid/error
+    bench validate FILE [FILE ...]                         check scenario files without running (exit 0/2)
+    bench list                                             the shipped scenarios with their descriptions
+    bench figures                                          the figures assertions may use
+    bench train --robot TYPE [--out DIR] [--seed N]        build bench/checkpoints/<TYPE>/
+
+Owns argument parsing and exit codes only; the work is in bench.scenario, bench.runner, bench.train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_PASS, EXIT_FAIL, EXIT_INVALID = 0, 1, 2
+
+
+def _parse_value(text: str):
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def load_with_overrides(path: str, sets: list[str]):
+    """Load a scenario and apply `--set key=value` overrides (dotted keys, YAML values)."""
+    from bench import scenario as sc
+
+    s = sc.load_scenario(path)
+    if not sets:
+        return s
+    import copy
+
+    data = copy.deepcopy(s.raw)
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise sc.ScenarioError(path, 0, key, "--set needs KEY=VALUE")
+        try:
+            sc.set_dotted(data, key, _parse_value(value))
+        except (KeyError, TypeError, IndexError):
+            parent, _, _ = key.rpartition(".")
+            raise sc.ScenarioError(path, 0, key, f"--set: {parent or key!r} does not exist in the scenario") from None
+    return sc.build_scenario(data, f"{path} (with --set)")
+
+
+def cmd_validate(args) -> int:
+    from bench.scenario import ScenarioError, missing_checkpoints
+
+    rc = EXIT_PASS
+    for path in args.files:
+        try:
+            s = load_with_overrides(path, args.set)
+        except ScenarioError as exc:
+            print(f"INVALID {exc}", file=sys.stderr)
+            rc = EXIT_INVALID
+            continue
+        groups = ", ".join(f"{g.name}={g.count}x{g.robot}@{g.fps:g}Hz/{g.site}" for g in s.groups)
+        print(f"ok {path}: {s.name}: {s.robots} robots in {s.shards} shard(s) [{groups}]; sites "
+              f"{', '.join(f'{n}:{x.profile}' for n, x in s.sites.items())}; {len(s.replicas)} replica(s); "
+              f"{len(s.faults)} fault(s); {len(s.assertions)} assertion(s); {s.duration_s:g} s"
+              + (f"; sweep {s.sweep['key']} over {len(s.sweep['values'])} values" if s.sweep else ""))
+        for msg in missing_checkpoints(s):
+            print(f"  note: {msg}", file=sys.stderr)
+    return rc
+
+
+def cmd_list(args) -> int:
+    from bench.scenario import SCENARIOS_DIR, list_scenarios
+
+    items = list_scenarios(Path(args.dir) if args.dir else SCENARIOS_DIR)
+    if not items:
+        print(f"no scenarios in {args.dir or SCENARIOS_DIR}")
+        return EXIT_PASS
+    width = max(len(str(p.name)) for p, _, _ in items)
+    for p, _name, desc in items:
+        print(f"{p.name:<{width}}  {desc.splitlines()[0] if desc else ''}")
+    return EXIT_PASS
+
+
+def cmd_figures(args) -> int:
+    from bench.assertions import FUNCTIONS
+    from bench.catalog import FIGURES, STATES
+
+    for name, (kind, unit, doc) in FIGURES.items():
+        print(f"{name:<24} {kind:<7} {unit:<6} {doc}")
+    print(f"\nfunctions: {', '.join(sorted(FUNCTIONS))}\nstates: {', '.join(STATES)}")
+    return EXIT_PASS
+
+
+def cmd_run(args) -> int:
+    from bench.scenario import ScenarioError
+
+    try:
+        s = load_with_overrides(args.file, args.set)
+    except ScenarioError as exc:
+        print(f"bench: invalid scenario: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    from bench import runner
+
+    return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet)
+
+
+def cmd_train(args) -> int:
+    from bench import train
+
+    out = Path(args.out) if args.out else None
+    try:
+        path = train.train_robot_policy(args.robot, out, seed=args.seed, policy_type=args.policy_type,
+                                        episodes=args.episodes, steps=args.steps)
+    except train.TrainError as exc:
+        print(f"bench train: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"checkpoint written to {path}")
+    return EXIT_PASS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="bench", description="The digital twin: run robot fleets against real servers.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    run = sub.add_parser("run", help="run a scenario (exit 0 pass, 1 an assertion failed, 2 invalid or error)")
+    run.add_argument("file")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a scenario key, e.g. --set duration_s=10 --set fleet.groups.0.count=4")
+    run.add_argument("--reports", default="reports", help="reports root (default ./reports)")
+    run.add_argument("--quiet", action="store_true", help="no progress line")
+    run.set_defaults(func=cmd_run)
+
+    val = sub.add_parser("validate", help="check scenario files without running them (exit 0 or 2)")
+    val.add_argument("files", nargs="+")
+    val.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    val.set_defaults(func=cmd_validate)
+
+    ls = sub.add_parser("list", help="the shipped scenarios")
+    ls.add_argument("--dir", default=None)
+    ls.set_defaults(func=cmd_list)
+
+    fig = sub.add_parser("figures", help="figures and functions usable in assertions")
+    fig.set_defaults(func=cmd_figures)
+
+    tr = sub.add_parser("train", help="train a behaviour-cloned checkpoint into bench/checkpoints/<robot>/")
+    tr.add_argument("--robot", required=True, help="robot type (arm, reacher, base)")
+    tr.add_argument("--out", default=None, help="output directory (default bench/checkpoints/<robot>)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--policy-type", default=None, help="flow_matching (supports RTC) or mlp_chunk")
+    tr.add_argument("--episodes", type=int, default=None, help="expert demonstrations to collect")
+    tr.add_argument("--steps", type=int, default=None, help="training steps")
+    tr.set_defaults(func=cmd_train)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""The control channel between the runner and its fleet shards: JSON lines over a Unix socket.
+
+    runner ── ControlServer (listens on <tmp>/control.sock) ◄── ControlClient ── shard k
+      start {t0_mono, measure_t0_mono, end_mono}  ─────────►
+      stop {} / robot_fault {...}                 ─────────►
+      ◄─────────  hello {shard, pid} / ready {robots} / status {...} / done {...} / error {...}
+
+A Unix socket binds no port, and it lives in a private temporary directory the runner removes.
+Invariant: messages are JSON objects with a "type" key (no pickle); each side reads on its own
+thread, so neither the shard's control loop nor the runner's progress display ever blocks on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from typing import Callable
+
+
+def _send(sock: socket.socket, lock: threading.Lock, msg: dict) -> None:
+    data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+    with lock:
+        sock.sendall(data)
+
+
+def _lines(sock: socket.socket):
+    buf = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except OSError:
+            return
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+
+
+class ShardLink:
+    """The runner's view of one connected shard."""
+
+    def __init__(self, sock: socket.socket, on_message: Callable[["ShardLink", dict], None]):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.shard: int | None = None
+        self.pid: int | None = None
+        self.closed = threading.Event()
+        self._on_message = on_message
+        self._thread = threading.Thread(target=self._read, name="control-read", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for msg in _lines(self.sock):
+            if msg.get("type") == "hello":
+                self.shard, self.pid = msg.get("shard"), msg.get("pid")
+            self._on_message(self, msg)
+        self.closed.set()
+        self._on_message(self, {"type": "closed", "shard": self.shard})
+
+    def send(self, msg: dict) -> bool:
+        try:
+            _send(self.sock, self.lock, msg)
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class ControlServer:
+    """Accepts shard connections; every message lands in `messages` (a queue of (link, msg))."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="bench-ctl-")
+        self.path = os.path.join(self.dir, "control.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(64)
+        self.links: list[ShardLink] = []
+        self.messages: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="control-accept", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            conn.settimeout(None)
+            self.links.append(ShardLink(conn, lambda link, msg: self.messages.put((link, msg))))
+
+    def broadcast(self, msg: dict) -> None:
+        for link in list(self.links):
+            link.send(msg)
+
+    def link(self, shard: int) -> ShardLink | None:
+        return next((l for l in self.links if l.shard == shard), None)
+
+    def close(self) -> None:
+        self._stop.set()
+        for link in list(self.links):
+            link.close()
+        try:
+            self.sock.close()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ControlClient:
+    """The shard's end: `send(msg)` from any thread; incoming messages go to `on_message`."""
+
+    def __init__(self, path: str, on_message: Callable[[dict], None], connect_timeout_s: float = 10.0):
+        deadline = time.monotonic() + connect_timeout_s
+        while True:
+            try:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.connect(path)
+                break
+            except OSError:
+                self.sock.close()
+                if time.monotonic() > deadline:
+                    raise ConnectionError(f"shard: cannot reach the runner's control socket {path}") from None
+                time.sleep(0.05)  # the runner creates the socket before starting shards; this only covers a race
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+        self._on_message = on_message
+        threading.Thread(target=self._read, name="control-read", daemon=True).start()
+
+    def _read(self) -> None:
+        for msg in _lines(self.sock):
+            self._on_message(msg)
+        self.closed.set()
+        self._on_message({"type": "closed"})
+
+    def send(self, msg: dict) -> bool:
+        try:
+            _send(self.sock, self.lock, msg)
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass

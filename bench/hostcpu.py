@@ -1,0 +1,130 @@
+"""CPU accounting from /proc: the host's use and each named process tree's share.
+
+Owns the "CPU split" of a run (router, proxy, each server, each shard, the runner). Invariant:
+a sample never raises because a process vanished (it counts as 0 from then on); percentages are
+of ONE core for processes and of ALL cores for the host.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+def host_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot."""
+    with open("/proc/stat") as f:
+        parts = f.readline().split()[1:]
+    vals = [int(x) for x in parts[:8]]
+    idle = vals[3] + vals[4]
+    return sum(vals) - idle, sum(vals)
+
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                s = f.read()
+            ppid = int(s[s.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(name))
+    return kids
+
+
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime (seconds) of a process, including its reaped children."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            s = f.read()
+    except OSError:
+        return 0.0
+    fields = s[s.rindex(")") + 2:].split()
+    utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
+    return (utime + stime + cutime + cstime) / _CLK
+
+
+def tree_cpu_s(pid: int, kids: dict[int, list[int]] | None = None) -> float:
+    kids = kids if kids is not None else _children_map()
+    total, stack, seen = 0.0, [pid], set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += proc_cpu_s(p)
+        stack.extend(kids.get(p, []))
+    return total
+
+
+class CpuSampler:
+    """Samples host and per-process-tree CPU once per `period_s` on its own thread."""
+
+    def __init__(self, period_s: float = 1.0, clock=time.monotonic, t0: float = 0.0):
+        self.period_s = period_s
+        self.clock = clock
+        self.t0 = t0
+        self.pids: dict[str, int] = {}
+        self.samples: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._last: dict[str, float] = {}
+        self._last_host: tuple[int, int] | None = None
+        self._last_t: float | None = None
+        self.cores = os.cpu_count() or 1
+
+    def track(self, name: str, pid: int | None) -> None:
+        if pid:
+            self.pids[name] = pid
+
+    def start(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.sample()
+            except Exception:  # sampling is diagnostics: never take the run down
+                pass
+
+    def sample(self) -> dict | None:
+        now = self.clock()
+        busy, total = host_jiffies()
+        kids = _children_map()
+        cur = {name: tree_cpu_s(pid, kids) for name, pid in list(self.pids.items())}
+        cur["runner"] = proc_cpu_s(os.getpid())
+        out = None
+        if self._last_t is not None and now > self._last_t:
+            dt = now - self._last_t
+            db, dt_j = busy - self._last_host[0], total - self._last_host[1]
+            host_pct = 100.0 * db / dt_j if dt_j > 0 else 0.0
+            procs = {n: max(0.0, 100.0 * (v - self._last.get(n, v)) / dt) for n, v in cur.items()}
+            out = {"t": now - self.t0, "host_percent": host_pct, "processes": procs}
+            self.samples.append(out)
+        self._last, self._last_host, self._last_t = cur, (busy, total), now
+        return out
+
+    def latest(self) -> dict | None:
+        return self.samples[-1] if self.samples else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2)
+
+    def split(self, t_from: float, t_to: float) -> dict:
+        """Mean % of one core per process over [t_from, t_to], and the host mean %."""
+        win = [s for s in self.samples if t_from <= s["t"] <= t_to] or self.samples
+        if not win:
+            return {"host_percent": None, "split": {}}
+        names = sorted({n for s in win for n in s["processes"]})
+        split = {n: sum(s["processes"].get(n, 0.0) for s in win) / len(win) for n in names}
+        return {"host_percent": sum(s["host_percent"] for s in win) / len(win), "split": split,
+                "cores": self.cores, "samples": len(win)}

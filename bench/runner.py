@@ -1,0 +1,600 @@
+"""`bench run`: start every process of a scenario on 127.0.0.1, drive it, judge it, tear it down.
+
+    router (wire.transport) ◄── servers (policy-server, one per replica, direct)
+        ▲
+        └── chaos proxy: one proxy per site, the site's profile as toxics
+                 ▲
+                 └── fleet shards (python -m bench.shard): N robots each, one engine and one
+                     Zenoh session per robot, all through their site's proxy
+
+Phases: preflight (checkpoints, packages) → start router, proxy, servers, shards → start barrier
+→ warmup → measured window (fault timeline runs, progress line, samplers) → stop → aggregate
+records → figures → assertions → summary.json, junit.xml, report.html.
+
+Owns the run directory reports/<scenario>/<UTC timestamp>/ and the exit code (0 pass, 1 an
+assertion failed, 2 invalid scenario/environment or the run errored). Invariant: every process it
+starts is registered in a `ProcessSet` the moment it exists, and a `finally` stops the set in
+reverse order, so Ctrl-C, a crash or a failed assertion leaves no orphan and no bound port.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from bench import figures as figs
+from bench import records, report
+from bench.assertions import evaluate
+from bench.control import ControlServer
+from bench.hostcpu import CpuSampler
+from bench.procset import ProcessSet, install_signal_handlers
+from bench.progress import Progress
+from bench.scenario import REPO_ROOT, Scenario, checkpoint_dir, missing_checkpoints, sweep_variants
+from wire.procs import ChildProcess, free_port, start_router
+
+EXIT_PASS, EXIT_FAIL, EXIT_INVALID = 0, 1, 2
+SERVER_READY_TEXT = "policy-server ready"
+SHARD_READY_TIMEOUT_S = 60.0
+SHARD_DONE_TIMEOUT_S = 30.0
+
+
+class EnvironmentInvalid(RuntimeError):
+    """The machine or the checkout cannot run this scenario (missing package, checkpoint...)."""
+
+
+def utc_stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progress: bool = True,
+                 stamp: str | None = None) -> int:
+    """Run the scenario (every sweep variant); print where the reports are; return the exit code."""
+    install_signal_handlers()
+    problems = preflight(scenario)
+    if problems:
+        for p in problems:
+            print(f"bench: {p}", file=sys.stderr)
+        return EXIT_INVALID
+    base = Path(reports_dir) / scenario.name / (stamp or utc_stamp())
+    worst = EXIT_PASS
+    variants = sweep_variants(scenario)
+    for label, variant in variants:
+        run_dir = base / label if label else base
+        outcome = Run(variant, run_dir, progress=progress).execute()
+        print(f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
+              f"-> {outcome.run_dir}/summary.json", file=sys.stderr)
+        for r in outcome.assertions:
+            mark = "PASS" if r.passed else ("ERROR" if r.error else "FAIL")
+            print(f"  {mark:5} {r.expression}  (value: {r.value!r}{'; ' + r.error if r.error else ''})", file=sys.stderr)
+        if outcome.error:
+            print(f"  ERROR {outcome.error.splitlines()[0]}", file=sys.stderr)
+        worst = max(worst, outcome.exit_code)
+        if outcome.meta.get("interrupted"):
+            break
+    if len(variants) > 1:
+        (base / "sweep.json").write_text(json.dumps(
+            {"scenario": scenario.name, "key": scenario.sweep["key"], "variants": [
+                {"label": lbl, "summary": str(base / lbl / "summary.json")} for lbl, _ in variants]}, indent=2))
+    return worst
+
+
+def preflight(scenario: Scenario) -> list[str]:
+    """Everything that makes a run impossible, found before any process starts."""
+    out = list(missing_checkpoints(scenario))
+    for mod, why in (("zenoh", "eclipse-zenoh"), ("edge", "the edge engine (edge/)"), ("server", "the policy server"),
+                     ("chaos", "the chaos proxy (chaos/)"), ("pyarrow", "pyarrow (pip install -e .[sim])")):
+        try:
+            __import__(mod)
+        except Exception as exc:
+            out.append(f"environment: cannot import {mod} ({why}): {exc}")
+    try:
+        from edge import make_engine  # noqa: F401
+    except Exception as exc:
+        out.append(f"environment: edge.make_engine is not available: {exc}")
+    return out
+
+
+@dataclass
+class SiteLink:
+    name: str
+    endpoint: str  # what the site's robots connect to (the proxy's listen address)
+    proxy: object = None
+
+
+@dataclass
+class RunState:
+    phase: str = "starting"
+    t0_mono: float | None = None  # measured t = 0
+    end_mono: float | None = None
+    statuses: dict = field(default_factory=dict)  # shard -> latest status
+    done: dict = field(default_factory=dict)  # shard -> done message
+    errors: list = field(default_factory=list)
+
+
+class Run:
+    def __init__(self, scenario: Scenario, run_dir: Path, progress: bool = True, engine_factory: str | None = None):
+        self.s = scenario
+        self.engine_factory = engine_factory  # "module:function" for tests; None = edge's remote engine
+        self.run_dir = Path(run_dir)
+        self.logs = self.run_dir / "logs"
+        self.rec_dir = self.run_dir / "records"
+        self.procs = ProcessSet()
+        self.state = RunState()
+        self.progress_enabled = progress
+        self.sites: dict[str, SiteLink] = {}
+        self.servers: dict[str, dict] = {}  # replica id -> {child, manifest, health_port, audit}
+        self.control: ControlServer | None = None
+        self.cpu = CpuSampler()
+        self.server_samples: list[dict] = []
+        self.fault_log: list[dict] = []
+        self.timeline = None
+        self.router_child: ChildProcess | None = None
+        self.router_endpoint = ""
+        self._stop_scrape = threading.Event()
+        self.started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.wall0 = time.monotonic()
+
+    # --- the whole run -------------------------------------------------------------------------
+
+    def execute(self) -> report.RunOutcome:
+        for d in (self.logs, self.rec_dir, self.run_dir / "manifests"):
+            d.mkdir(parents=True, exist_ok=True)
+        import yaml
+
+        # the scenario as run: after --set overrides and the sweep value, as plain YAML
+        (self.run_dir / "scenario.yaml").write_text(yaml.safe_dump(_plain(self.s.raw), sort_keys=False))
+        error, interrupted = None, False
+        prog = Progress(self._snapshot, enabled=self.progress_enabled)
+        try:
+            self.start_processes()
+            prog.start()
+            self.drive()
+        except KeyboardInterrupt:
+            error, interrupted = "interrupted (Ctrl-C or SIGTERM): the run was stopped early", True
+        except EnvironmentInvalid as exc:
+            error = f"environment: {exc}"
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        finally:
+            prog.stop()
+            self.shutdown()
+        outcome = self.judge(error)
+        outcome.meta["interrupted"] = interrupted
+        if isinstance(error, str) and error.startswith("environment:"):
+            outcome.meta["environment_invalid"] = True
+        return outcome
+
+    # --- start ---------------------------------------------------------------------------------
+
+    def write_process_table(self) -> None:
+        """processes.json: every child's name, pid (= its process group) and log, for people and tests."""
+        rows = [{"name": n, "pid": c.pid, "log": str(getattr(c, "log_path", ""))} for n, c in self.procs.children if c.pid]
+        proxy_pid = getattr(getattr(self, "proxy_server", None), "pid", None)
+        if proxy_pid:
+            rows.append({"name": "chaos-proxy", "pid": proxy_pid, "log": str(self.logs / "chaos-proxy.log")})
+        (self.run_dir / "processes.json").write_text(json.dumps(rows, indent=1))
+
+    def start_processes(self) -> None:
+        self.cpu.start()
+        router, self.router_endpoint = start_router(None, self.logs / "router.log")
+        self.router_child = self.procs.add("router", router)
+        self.cpu.track("router", router.pid)
+        self.start_proxy()
+        self.start_servers()
+        self.start_shards()
+        self.write_process_table()
+
+    def start_proxy(self) -> None:
+        from chaos import client as chaos_client
+        from chaos import launch as chaos_launch
+        from chaos import profiles as chaos_profiles
+
+        proxy_server = chaos_launch.start_proxy_server(log_path=self.logs / "chaos-proxy.log")
+        self.procs.on_stop("chaos-proxy", proxy_server.stop)
+        self.cpu.track("chaos-proxy", getattr(proxy_server, "pid", None))
+        self.proxy_server = proxy_server
+        api = chaos_client.ChaosClient(proxy_server.api_url)
+        self.chaos = api
+        router_hostport = self.router_endpoint.split("/", 1)[1]
+        for name, site in self.s.sites.items():
+            proxy = api.create_proxy(f"site-{name}", upstream=router_hostport, listen="127.0.0.1:0")
+            for toxic in chaos_profiles.profile_toxics(site.profile, site.overrides):
+                api.add_toxic(f"site-{name}", **toxic)
+            self.sites[name] = SiteLink(name, f"tcp/{proxy['listen']}", proxy)
+
+    def manifest_for(self, replica) -> dict:
+        port = free_port()
+        audit = self.logs / f"audit-{replica.id}.jsonl"
+        m = {
+            "model": {"repo_or_path": str(checkpoint_dir(replica.checkpoint))},
+            "model_id": replica.model_id,
+            "replica_id": replica.id,
+            "max_sessions": replica.max_sessions,
+            "zenoh": {"connect_endpoints": [self.router_endpoint]},
+            "health_port": port,
+            "audit_path": str(audit),
+        }
+        if replica.emulated_latency is not None:
+            m["emulated_latency"] = replica.emulated_latency
+        _deep_merge(m, _undot(self.s.server_manifest))
+        _deep_merge(m, _undot(replica.manifest))
+        return m
+
+    def start_servers(self) -> None:
+        import yaml
+
+        threads, errors = [], []
+        for replica in self.s.replicas:
+            manifest = self.manifest_for(replica)
+            path = self.run_dir / "manifests" / f"{replica.id}.yaml"
+            path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+            child = ChildProcess(server_argv(path), self.logs / f"server-{replica.id}.log",
+                                 ready_text=SERVER_READY_TEXT, name=f"server-{replica.id}")
+            self.procs.add(f"server:{replica.id}", child)
+            self.servers[replica.id] = {"child": child, "manifest": path, "health_port": manifest["health_port"],
+                                        "audit": Path(manifest.get("audit_path", ""))}
+
+            def start(c=child):
+                try:
+                    c.start(timeout_s=120)
+                except Exception as exc:
+                    errors.append(str(exc))
+            t = threading.Thread(target=start, daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        if errors:
+            raise RuntimeError("a server replica did not start:\n" + "\n".join(errors))
+        for rid, info in self.servers.items():
+            self.cpu.track(f"server:{rid}", info["child"].pid)
+
+    def shard_specs(self) -> list[dict]:
+        """Deal robots round-robin over the shards (each group spread over all shards)."""
+        from bench.shard import robot_spec
+
+        specs = [{"shard": k, "robots": [], "records_dir": str(self.rec_dir), "seed": self.s.seed,
+                  "engine_factory": self.engine_factory} for k in range(self.s.shards)]
+        rid = 0
+        self.robot_table: list[dict] = []
+        for gi, g in enumerate(self.s.groups):
+            for i in range(g.count):
+                shard = rid % self.s.shards
+                spec = robot_spec(rid, gi, i, g, self.s.seed, self.sites[g.site].endpoint)
+                specs[shard]["robots"].append(spec)
+                self.robot_table.append({"robot": rid, "group": g.name, "index": i, "site": g.site, "shard": shard,
+                                         "robot_type": g.robot, "fps": g.fps,
+                                         "max_action_age_s": spec["engine"].get("max_action_age_s", math.inf)})
+                rid += 1
+        return specs
+
+    def start_shards(self) -> None:
+        self.control = ControlServer()
+        self.procs.on_stop("control", self.control.close)
+        specs = self.shard_specs()
+        for spec in specs:
+            k = spec["shard"]
+            path = self.run_dir / "manifests" / f"shard-{k}.json"
+            path.write_text(json.dumps(spec, indent=1))
+            child = ChildProcess([sys.executable, "-m", "bench.shard", "--spec", str(path), "--control", self.control.path],
+                                 self.logs / f"shard-{k}.log", name=f"shard-{k}",
+                                 env={"PYTHONPATH": _pythonpath()})
+            self.procs.add(f"shard:{k}", child)
+            child.start()
+            self.cpu.track(f"shard:{k}", child.pid)
+        deadline = time.monotonic() + SHARD_READY_TIMEOUT_S + 0.2 * self.s.robots
+        ready: set[int] = set()
+        while len(ready) < len(specs):
+            msg = self._next_message(deadline, "shards to start their robots")
+            if msg.get("type") == "ready":
+                ready.add(msg["shard"])
+
+    def _next_message(self, deadline: float, waiting_for: str) -> dict:
+        """Next control message; raises if a shard died or the deadline passes."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"timed out waiting for {waiting_for}; see {self.logs}/shard-*.log")
+            try:
+                link, msg = self.control.messages.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                self._check_children()
+                continue
+            self._handle(link, msg)
+            return msg
+
+    def _handle(self, link, msg: dict) -> None:
+        kind = msg.get("type")
+        shard = msg.get("shard", link.shard)
+        if kind == "status":
+            self.state.statuses[shard] = msg
+        elif kind == "done":
+            self.state.done[shard] = msg
+            self.state.statuses[shard] = msg.get("status", self.state.statuses.get(shard, {}))
+        elif kind == "error":
+            self.state.errors.append(f"shard {shard}: {msg.get('error')}")
+            raise RuntimeError(f"shard {shard} failed: {msg.get('error')}")
+
+    def _check_children(self) -> None:
+        for name, child in list(self.procs.children):
+            if isinstance(child, ChildProcess) and child.proc is not None and not child.alive():
+                if name.startswith("server:") and self._restarting(name):
+                    continue
+                raise RuntimeError(f"{name} exited with {child.proc.returncode}; log {child.log_path}:\n{child.tail(15)}")
+
+    def _restarting(self, name: str) -> bool:
+        """A server may be down on purpose while a fault holds it down."""
+        return any(w.get("target") == name and w.get("end") is None for w in self.fault_log) or self.state.phase == "stopping"
+
+    # --- drive ---------------------------------------------------------------------------------
+
+    def drive(self) -> None:
+        start_at = time.monotonic() + 0.3
+        self.state.t0_mono = start_at + self.s.warmup_s
+        self.state.end_mono = self.state.t0_mono + self.s.duration_s
+        self.cpu.t0 = self.state.t0_mono
+        self.control.broadcast({"type": "start", "start_mono": start_at, "t0_mono": self.state.t0_mono,
+                                "end_mono": self.state.end_mono})
+        self.state.phase = "warmup"
+        threading.Thread(target=self._scrape_servers, name="scrape", daemon=True).start()
+        timeline_started = False
+        while True:
+            now = time.monotonic()
+            if now >= self.state.end_mono:
+                break
+            if not timeline_started and now >= self.state.t0_mono:
+                self.state.phase = "run"
+                self.start_timeline()
+                timeline_started = True
+            wake = self.state.t0_mono if not timeline_started else self.state.end_mono
+            try:
+                link, msg = self.control.messages.get(timeout=max(0.01, min(0.5, wake - now)))
+                self._handle(link, msg)
+            except queue.Empty:
+                pass
+            self._check_children()
+            self._check_timeline()
+
+    def start_timeline(self) -> None:
+        if not self.s.faults:
+            return
+        from bench.faults import start_timeline
+
+        self.timeline = start_timeline(self)
+
+    def _check_timeline(self) -> None:
+        err = getattr(self.timeline, "error", None)
+        if err:
+            raise RuntimeError(f"fault timeline failed: {err}")
+
+    def _scrape_servers(self) -> None:
+        import urllib.request
+
+        from bench.prom import parse_prometheus
+
+        wanted = {"policy_server_queue_depth": "queue_depth", "policy_server_load": "load",
+                  "policy_server_active_sessions": "active_sessions", "policy_server_active_clients": "active_clients"}
+        while not self._stop_scrape.wait(1.0):
+            t = time.monotonic() - (self.state.t0_mono or time.monotonic())
+            for rid, info in list(self.servers.items()):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{info['health_port']}/metrics", timeout=0.5) as r:
+                        text = r.read().decode()
+                except Exception:
+                    continue  # a restarting replica has no endpoint for a while
+                for name, _labels, value in parse_prometheus(text):
+                    if name in wanted:
+                        self.server_samples.append({"t": t, "replica": rid, "metric": wanted[name], "value": value})
+
+    def _snapshot(self):
+        total = self.s.duration_s
+        t0 = self.state.t0_mono
+        elapsed = (time.monotonic() - t0) if t0 else 0.0
+        merged: dict = {"states": {}}
+        rtt50, rtt99 = [], []
+        for st in list(self.state.statuses.values()):
+            for k, v in (st.get("states") or {}).items():
+                merged["states"][k] = merged["states"].get(k, 0) + v
+            for k in ("ticks", "none_ticks", "late_ticks", "host_late_ticks"):
+                merged[k] = merged.get(k, 0) + int(st.get(k, 0))
+            if st.get("rtt_p50_ms") is not None:
+                rtt50.append(st["rtt_p50_ms"])
+                rtt99.append(st.get("rtt_p99_ms", st["rtt_p50_ms"]))
+        if rtt50:
+            merged["rtt_p50_ms"], merged["rtt_p99_ms"] = float(np.mean(rtt50)), float(np.max(rtt99))
+        return elapsed, total, self.state.phase, merged, self.cpu.latest()
+
+    # --- stop ----------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        self.state.phase = "stopping"
+        try:
+            if self.timeline is not None:
+                self.timeline.stop()
+        except Exception as exc:
+            self.state.errors.append(f"timeline stop: {exc!r}")
+        if self.control is not None:
+            self.control.broadcast({"type": "stop"})
+            deadline = time.monotonic() + SHARD_DONE_TIMEOUT_S
+            live = {n for n, c in self.procs.children if n.startswith("shard:") and c.alive()}
+            while len(self.state.done) < len(live) and time.monotonic() < deadline:
+                try:
+                    link, msg = self.control.messages.get(timeout=0.5)
+                    if msg.get("type") == "done":
+                        self.state.done[msg.get("shard", link.shard)] = msg
+                except queue.Empty:
+                    if not any(c.alive() for n, c in self.procs.children if n.startswith("shard:")):
+                        break
+        self._stop_scrape.set()
+        self.cpu_split = self.cpu.split(0.0, self.s.duration_s)
+        self.cpu.stop()
+        self.kill_report = self.procs.stop_all()
+
+    # --- judge ---------------------------------------------------------------------------------
+
+    def judge(self, error: str | None) -> report.RunOutcome:
+        data = None
+        figures_json: dict = {}
+        group_json: dict = {}
+        results = []
+        try:
+            data = self.collect()
+            top, _groups = figs.compute(data)
+            figures_json = figs.json_figures(top)
+            group_json = {g: figs.json_figures(f) for g, f in top.groups.items()}
+            if error is None:
+                results = [evaluate(a.expression, top, [g.name for g in self.s.groups], a.line) for a in self.s.assertions]
+        except Exception as exc:
+            error = (error + "\n" if error else "") + f"aggregation failed: {exc!r}\n{traceback.format_exc()}"
+        if error is not None and not results:
+            results = [report.AssertionResult(a.expression, False, None, error="not evaluated: the run did not complete",
+                                              line=a.line) for a in self.s.assertions]
+        verdict = report.verdict_of(results, error)
+        meta = {
+            "cpu": getattr(self, "cpu_split", {}),
+            "cores": os.cpu_count(),
+            "camera_kind": sorted({g.cameras.kind for g in self.s.groups if g.cameras}) or None,
+            "inference_emulated": any(r.emulated_latency is not None for r in self.s.replicas),
+            "faults": self.fault_log,
+            "processes": [{"name": n, "log": str(p.relative_to(self.run_dir))} for n, p in self._logs()],
+            "kill_report": getattr(self, "kill_report", []),
+        }
+        if meta["camera_kind"] and len(meta["camera_kind"]) == 1:
+            meta["camera_kind"] = meta["camera_kind"][0]
+        outcome = report.RunOutcome(
+            scenario_name=self.s.name, description=self.s.description, run_dir=self.run_dir, verdict=verdict,
+            started_utc=self.started_utc, wall_s=time.monotonic() - self.wall0, duration_s=self.s.duration_s,
+            robots=self.s.robots, assertions=results, figures=figures_json, group_figures=group_json, data=data,
+            meta=meta, error=error)
+        report.write_all(outcome)
+        return outcome
+
+    def _logs(self):
+        return [(p.stem, p) for p in sorted(self.logs.glob("*.log"))]
+
+    def collect(self) -> figs.RunData:
+        """Merge every shard's Arrow streams into parquet files; return numpy views for figures."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tables = {}
+        for kind in records.SCHEMAS:
+            t = records.collect(self.rec_dir, kind)
+            if kind in ("ticks", "requests", "transitions") and t.num_rows:
+                t = t.sort_by([("robot", "ascending"), ("t", "ascending")])
+            pq.write_table(t, self.run_dir / f"{kind}.parquet")
+            tables[kind] = t
+        robots_tab = pa.Table.from_pylist(getattr(self, "robot_table", []) or [], schema=None) \
+            if getattr(self, "robot_table", None) else pa.table({"robot": pa.array([], pa.int32())})
+        pq.write_table(robots_tab, self.run_dir / "robots.parquet")
+        server_rows = self.collect_audit()
+        if server_rows:
+            pq.write_table(pa.Table.from_pylist(server_rows), self.run_dir / "server_requests.parquet")
+        if self.server_samples:
+            pq.write_table(pa.Table.from_pylist(self.server_samples), self.run_dir / "server_metrics.parquet")
+        if self.cpu.samples:
+            rows = [{"t": s["t"], "host_percent": s["host_percent"], **{f"cpu:{k}": v for k, v in s["processes"].items()}}
+                    for s in self.cpu.samples]
+            pq.write_table(pa.Table.from_pylist(rows), self.run_dir / "cpu.parquet")
+        for p in self.rec_dir.glob("*.arrow"):
+            p.unlink()  # merged into the parquet files above
+        try:
+            self.rec_dir.rmdir()
+        except OSError:
+            pass
+        ticks = figs.table_to_numpy(tables["ticks"].drop_columns(["action"])) if tables["ticks"].num_rows else {}
+        final_states = {}
+        for msg in self.state.done.values():
+            for r, st in (msg.get("final_states") or {}).items():
+                final_states[int(r)] = st
+        data = figs.RunData(
+            robots={k: np.asarray(v) for k, v in figs.table_to_numpy(robots_tab).items()},
+            ticks=ticks, requests=figs.table_to_numpy(tables["requests"]),
+            transitions=figs.table_to_numpy(tables["transitions"]), episodes=figs.table_to_numpy(tables["episodes"]),
+            loop=figs.table_to_numpy(tables["loop"]), duration_s=self.s.duration_s,
+            fault_windows=[w for w in self.fault_log if w.get("start") is not None],
+            server_samples=self.server_samples, cpu_samples=self.cpu.samples, final_states=final_states)
+        if tables["ticks"].num_rows:
+            t = tables["ticks"]
+            m = t.column("t").to_numpy() >= 0
+            t = t.filter(pa.array(m))
+            from bench.robots import robot_type
+
+            scale = {}
+            for row in getattr(self, "robot_table", []):
+                cls = robot_type(row["robot_type"])
+                scale[row["robot"]] = np.asarray(cls.action_high, float) - np.asarray(cls.action_low, float)
+            data.seam = figs.seam_inputs(t.column("robot").to_numpy(), t.column("seq").to_numpy(),
+                                         t.column("robot_episode").to_numpy(), t.column("is_none").to_numpy(zero_copy_only=False),
+                                         t.column("action").to_pylist(), scale)
+        return data
+
+    def collect_audit(self) -> list[dict]:
+        rows = []
+        for rid, info in self.servers.items():
+            path = info.get("audit")
+            if not path or not Path(path).is_file():
+                continue
+            for line in Path(path).read_text(errors="replace").splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                rec = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in rec.items()}
+                rec["replica"] = rid
+                rows.append(rec)
+        keys = sorted({k for r in rows for k in r})
+        return [{k: r.get(k) for k in keys} for r in rows]
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def server_argv(manifest: Path) -> list[str]:
+    """policy-server through this interpreter (no reliance on PATH)."""
+    return [sys.executable, "-c", "import sys; from server.cli import main; sys.exit(main())", "--manifest", str(manifest)]
+
+
+def _pythonpath() -> str:
+    existing = os.environ.get("PYTHONPATH", "")
+    return str(REPO_ROOT) + (os.pathsep + existing if existing else "")
+
+
+def _plain(v):
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _undot(d: dict) -> dict:
+    """{"a.b": 1, "c": {"d": 2}} -> {"a": {"b": 1}, "c": {"d": 2}}."""
+    out: dict = {}
+    for k, v in (d or {}).items():
+        parts = str(k).split(".")
+        cur = out
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = _undot(v) if isinstance(v, dict) else v
+    return out
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_merge(base[k], v)
+        else:
+            base[k] = v
+    return base

@@ -1,0 +1,91 @@
+"""Small parts of the runner: columnar records, /metrics parsing, CPU split, progress, control channel."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+
+from bench import records
+from bench.control import ControlClient, ControlServer
+from bench.hostcpu import CpuSampler
+from bench.progress import format_status
+from bench.prom import parse_prometheus
+
+
+def test_records_roundtrip_and_torn_tail(tmp_path):
+    w = records.RecordWriter(tmp_path, "s0")
+    buf = w.buffer("requests", chunk_rows=4)
+    for i in range(10):
+        buf.append(robot=i, t=i * 0.1, seq=i, rtt_ms=10.0 + i, queue_wait_ms=1.0, inference_ms=5.0, network_ms=4.0,
+                   encode_ms=0.5, delay_steps=1, superseded=0, outcome="ok")
+    buf.flush()
+    w.close()
+    t = records.collect(tmp_path, "requests")
+    assert t.num_rows == 10 and t.column("rtt_ms").to_pylist()[-1] == 19.0
+    path = w.path("requests")
+    path.write_bytes(path.read_bytes()[:-37])  # a crash mid-write
+    assert records.collect(tmp_path, "requests").num_rows in (4, 8)
+
+
+def test_records_keep_float_vectors_and_strings(tmp_path):
+    w = records.RecordWriter(tmp_path, "s1")
+    buf = w.buffer("ticks", chunk_rows=8)
+    buf.append(robot=1, t=0.5, is_none=False, source="chunk", engine_state="STREAMING", action=np.array([0.1, 0.2], np.float32))
+    buf.append(robot=1, t=0.6, is_none=True, source="none", engine_state="STALLED", action=None)
+    buf.flush()
+    w.close()
+    t = records.collect(tmp_path, "ticks")
+    assert t.column("action").to_pylist()[0] == [np.float32(0.1), np.float32(0.2)]
+    assert t.column("action").to_pylist()[1] is None
+    assert t.column("engine_state").to_pylist() == ["STREAMING", "STALLED"]
+
+
+def test_prometheus_parser_reads_samples_and_skips_garbage():
+    text = '# HELP x\npolicy_server_load 0.5\npolicy_server_queue_depth{model="m"} 3\nbroken line\nx_bucket{le="+Inf"} 7\n'
+    got = parse_prometheus(text)
+    assert ("policy_server_load", {}, 0.5) in got
+    assert ("policy_server_queue_depth", {"model": "m"}, 3.0) in got
+    assert ("x_bucket", {"le": "+Inf"}, 7.0) in got
+
+
+def test_cpu_sampler_attributes_a_busy_process():
+    s = CpuSampler(period_s=10)
+    s.track("me", os.getpid())
+    s.sample()
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        pass
+    out = s.sample()
+    assert out["processes"]["me"] > 50 and 0 <= out["host_percent"] <= 100
+    split = s.split(-1e9, 1e9)
+    assert split["split"]["me"] > 50
+
+
+def test_progress_line_shows_states_and_figures():
+    line = format_status(12.0, 60, "run", {"states": {"STREAMING": 290, "STALLED": 10}, "ticks": 1000, "none_ticks": 10,
+                                          "late_ticks": 1, "host_late_ticks": 2, "rtt_p50_ms": 60.0, "rtt_p99_ms": 140.0},
+                         {"host_percent": 150.0})
+    assert "12.0/60s" in line and "STRE:290" in line and "none 1.0%" in line and "rtt p50 60 p99 140" in line
+
+
+def test_control_channel_round_trip():
+    server = ControlServer()
+    try:
+        got = queue.Queue()
+        client = ControlClient(server.path, got.put)
+        client.send({"type": "hello", "shard": 3, "pid": 1})
+        link, msg = server.messages.get(timeout=5)
+        assert msg == {"type": "hello", "shard": 3, "pid": 1}
+        deadline = time.monotonic() + 5
+        while server.link(3) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.broadcast({"type": "start", "t0_mono": 1.5})
+        assert got.get(timeout=5) == {"type": "start", "t0_mono": 1.5}
+        client.close()
+    finally:
+        server.close()
+    assert not os.path.exists(server.path)
