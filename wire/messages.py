@@ -47,6 +47,8 @@ class ErrorCode:
     RATE_LIMITED = "RATE_LIMITED"
     DRAINING = "DRAINING"  # server is shutting down; go to another replica
     NOT_READY = "NOT_READY"  # still warming up
+    EXPIRED = "EXPIRED"  # the request waited longer than the server's request_ttl_ms; the next one may pass
+    OVERLOADED = "OVERLOADED"  # the server's queue was full and this request was dropped (overflow policy)
     INTERNAL = "INTERNAL"  # server fault; retry
 
     @classmethod

@@ -1,0 +1,166 @@
+"""The engine interface every backend implements, its states, the action it returns, the registry.
+
+    control thread                          backend (sync | rtc | remote)
+    notify_observation(obs) ──► slot ──►    [inference: inline, thread, or network worker]
+    get_action() ◄── Action | None ◄──      ActionQueue (edge.queue)
+
+A control loop calls `notify_observation` then `get_action` every tick and never learns which
+backend runs (LeRobot's rollout shape). Invariant: `get_action()` never blocks on I/O and never
+raises for a network or server fault; it returns an `Action` (with provenance) or None.
+
+Backends register a config dataclass under a type word (`sync`, `rtc`, `remote`);
+`make_engine(config)` builds the engine its type names.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+
+class EngineState(str, enum.Enum):
+    """States of 9.2 (plus STOPPED/PAUSED for the lifecycle around them)."""
+
+    STOPPED = "STOPPED"  # before start() / after stop()
+    CONNECTING = "CONNECTING"
+    STREAMING = "STREAMING"
+    DEGRADED = "DEGRADED"  # requests failing, queue still holds actions
+    STALLED = "STALLED"  # queue empty or staleness bound hit: fallback applies
+    RECONNECTING = "RECONNECTING"
+    PAUSED = "PAUSED"
+    DEAD = "DEAD"  # failed=True; never leaves this state
+
+
+class FallbackBehavior(str, enum.Enum):
+    """What `get_action` returns when no fresh action exists (STALLED)."""
+
+    HOLD = "hold"  # None: the robot driver sends nothing
+    REPEAT_LAST = "repeat_last"  # the last returned action again
+    ZERO = "zero"  # zeros: the safe choice for velocity-controlled robots
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One action for one tick, with where it came from.
+
+    source: "chunk" for a queued action, or the fallback word ("repeat_last", "zero") when it is a
+    fallback. age_s: seconds since the observation the chunk answered was taken (monotonic).
+    """
+
+    values: np.ndarray
+    source: str = "chunk"
+    session_id: str = ""
+    seq_id: int | None = None
+    episode_id: int | None = None
+    chunk_index: int | None = None
+    age_s: float | None = None
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.source != "chunk"
+
+
+class Engine(ABC):
+    """One inference backend. See the module docstring for the thread contract."""
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Episode boundary: clear the queue, bump the episode; latency history survives."""
+
+    @abstractmethod
+    def pause(self) -> None:
+        """Stop requesting new chunks; the queue is kept."""
+
+    @abstractmethod
+    def resume(self) -> None: ...
+
+    @abstractmethod
+    def notify_observation(self, obs: dict[str, Any]) -> None:
+        """Latest-only: `obs` replaces any observation not yet used. Keys: state, images, task..."""
+
+    @abstractmethod
+    def get_action(self) -> Action | None: ...
+
+    @property
+    @abstractmethod
+    def ready(self) -> bool: ...
+
+    @property
+    @abstractmethod
+    def failed(self) -> bool: ...
+
+    @property
+    @abstractmethod
+    def state(self) -> EngineState: ...
+
+    @property
+    @abstractmethod
+    def stats(self) -> dict[str, Any]: ...
+
+    def drain_records(self) -> list[dict]:
+        """Per-request records since the last call (bench collection); default none."""
+        return []
+
+    def drain_transitions(self) -> list[tuple]:
+        """(t_mono, from_state, to_state, reason) since the last call; default none."""
+        return []
+
+
+class ConfigError(ValueError):
+    """A config field has a bad value; the message names the field and the fix."""
+
+
+_REGISTRY: dict[str, tuple[type, Callable[[Any], Engine]]] = {}
+
+
+def register_engine(type_name: str, config_cls: type):
+    """Class decorator: `@register_engine("rtc", RTCEngineConfig)` on the engine class."""
+
+    def deco(engine_cls):
+        _REGISTRY[type_name] = (config_cls, engine_cls)
+        config_cls.type = type_name
+        return engine_cls
+
+    return deco
+
+
+def engine_types() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def config_class(type_name: str) -> type:
+    _load_builtin()
+    if type_name not in _REGISTRY:
+        raise ConfigError(f"unknown engine type {type_name!r}; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[type_name][0]
+
+
+def make_engine(config: Any, **kwargs) -> Engine:
+    """Build the engine registered for `config`'s class (kwargs go to its constructor, e.g. policy)."""
+    _load_builtin()
+    for type_name, (cfg_cls, engine_cls) in _REGISTRY.items():
+        if type(config) is cfg_cls:
+            return engine_cls(config, **kwargs)
+    raise ConfigError(f"no engine registered for {type(config).__name__}; known types: {sorted(_REGISTRY)}")
+
+
+def _load_builtin() -> None:
+    import importlib
+
+    for mod in ("edge.sync", "edge.rtc", "edge.remote"):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name != mod:  # a real missing dependency inside the module
+                raise

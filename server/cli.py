@@ -1,0 +1,129 @@
+"""`policy-server`: serve a checkpoint over Zenoh, or replay a debug capture offline.
+
+    policy-server --manifest m.yaml [--set scheduling.max_batch=8] [--max-sessions 16] ...
+    policy-server replay CAPTURE_DIR --checkpoint DIR
+
+Exit codes: 0 clean stop or drain, 2 a user error (bad manifest, missing checkpoint, unreachable
+router) reported in one line without a traceback, 1 replay mismatch or an internal failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    from server.manifest import add_cli_arguments
+
+    ap = argparse.ArgumentParser(
+        prog="policy-server",
+        description="Serve one torch policy checkpoint to many robots over Zenoh (see docs/manifest.md). "
+        "`policy-server replay --help` replays a debug capture offline.",
+    )
+    ap.add_argument("--manifest", required=True, help="YAML manifest (examples/manifests/minimal.yaml)")
+    add_cli_arguments(ap)
+    ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+    ap.add_argument("--check", action="store_true", help="validate the manifest and load the checkpoint, then exit")
+    return ap
+
+
+def _replay_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="policy-server replay",
+                                 description="Replay a debug capture through the same pipeline and compare outputs byte for byte.")
+    ap.add_argument("capture_dir")
+    ap.add_argument("--checkpoint", required=True, help="local checkpoint directory the capture was served from")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "replay":
+        return _replay(_replay_parser().parse_args(argv[1:]))
+    args = _serve_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    return _serve(args)
+
+
+def _serve(args) -> int:
+    from server.manifest import ManifestError, load_manifest, overrides_from_args
+
+    try:
+        manifest = load_manifest(args.manifest, overrides_from_args(args))
+    except ManifestError as exc:
+        print(f"policy-server: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, int(getattr(manifest, "torch_threads", 1) or 1)))
+    except Exception:
+        pass
+    from server.policies.base import PolicyError
+    from server.service import PolicyServer
+
+    server = PolicyServer(manifest)
+    try:
+        server.load()
+    except (PolicyError, FileNotFoundError, ValueError) as exc:
+        print(f"policy-server: cannot load the model: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"policy-server: manifest and checkpoint OK ({server.info.model_id}, {server.info.policy_type}, "
+              f"hash {server.info.checkpoint_hash[:16]})")
+        return 0
+    done = threading.Event()
+
+    def on_term(signum, frame):
+        threading.Thread(target=lambda: (server.drain("SIGTERM"), done.set()), daemon=True).start()
+
+    def on_int(signum, frame):
+        threading.Thread(target=lambda: (server.stop(), done.set()), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_int)
+    try:
+        server.start()
+    except ConnectionError as exc:
+        print(f"policy-server: {exc}", file=sys.stderr)
+        server.stop()
+        return 2
+    except OSError as exc:  # health port taken and the like
+        print(f"policy-server: {exc}; pick another health_port", file=sys.stderr)
+        server.stop()
+        return 2
+    while not done.wait(1.0):
+        pass
+    print("policy-server stopped", flush=True)
+    return 0
+
+
+def _replay(args) -> int:
+    from server.capture import replay
+    from server.policies.base import PolicyError
+
+    try:
+        report = replay(args.capture_dir, args.checkpoint, device=args.device)
+    except (FileNotFoundError, PolicyError) as exc:
+        print(f"policy-server replay: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"replayed {report['requests']} requests: {report['matched']} byte-identical, {report['mismatched']} "
+              f"differ (max |diff| {report['max_abs_diff']:.3g}), {report['errors']} errors; "
+              f"same checkpoint: {report['same_checkpoint']}")
+        if report["first_mismatch"]:
+            print(f"first mismatch: {report['first_mismatch']}")
+    return 0 if report["mismatched"] == 0 and report["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

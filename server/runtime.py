@@ -1,0 +1,256 @@
+"""One loaded model and the batched inference path every request goes through.
+
+    [InferItem(pipeline, obs, delay, prefixes), ...]          one per session, same model
+        -> per-session preprocess (own Pipeline)               robot numpy -> model tensors
+        -> stack -> predict_action_chunk(batch, delays, prefixes)   ONE forward pass
+        -> emulated accelerator latency (manifest)             honest capacity figures on a CPU
+        -> split -> per-session postprocess                    model -> robot space
+    [InferResult(chunk_model, chunk_robot, timings) | error, ...]
+
+Owns: `ModelRuntime` (the policy, its serving class, warm-up, the forward lock) and
+`LocalPredictor` (the same path for one session in-process: the `rtc` edge engine's policy, used
+for remote/local parity and for replaying captures).
+
+Invariants: a per-sample failure (bad image, wrong state size) fails that sample only; the others
+of the batch still run. Each sample keeps its own delay and prefix (design 8.5's blocker lifted).
+Only the dispatch thread of this model calls `infer` (chunk-stateful policies rely on it).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from server.policies.base import STATE_KEY, image_key
+from server.policies.checkpoint import LoadedCheckpoint
+from server.processors import Pipeline, ProcessorError, make_session_pipeline, prepare_prefix
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EmulatedLatency:
+    """Accelerator time added to every forward pass (reported as emulated wherever it shows)."""
+
+    distribution: str = "fixed"  # fixed | normal | lognormal | uniform
+    mean_ms: float = 0.0
+    std_ms: float = 0.0
+    min_ms: float = 0.0
+    max_ms: float = float("inf")
+    per_batch_item_ms: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    @classmethod
+    def from_manifest(cls, value: Any) -> "EmulatedLatency | None":
+        if value is None:
+            return None
+        if isinstance(value, (int, float)):
+            return cls(mean_ms=float(value))
+        if isinstance(value, dict):
+            return cls(**value)
+        return cls(**{k: getattr(value, k) for k in ("distribution", "mean_ms", "std_ms", "min_ms", "max_ms",
+                                                      "per_batch_item_ms") if hasattr(value, k)})
+
+    def sample_ms(self, batch_size: int) -> float:
+        d = self.distribution
+        if d == "fixed":
+            base = self.mean_ms
+        elif d == "normal":
+            base = self._rng.gauss(self.mean_ms, self.std_ms)
+        elif d == "lognormal":
+            mean, std = max(self.mean_ms, 1e-6), max(self.std_ms, 0.0)
+            sigma2 = np.log(1.0 + (std / mean) ** 2)
+            base = self._rng.lognormvariate(np.log(mean) - sigma2 / 2, np.sqrt(sigma2))
+        elif d == "uniform":
+            base = self._rng.uniform(self.min_ms, self.max_ms if np.isfinite(self.max_ms) else self.mean_ms * 2)
+        else:
+            raise ValueError(f"emulated_latency.distribution {d!r}: use fixed, normal, lognormal or uniform")
+        base = min(max(base, self.min_ms), self.max_ms)
+        return max(0.0, base + self.per_batch_item_ms * max(0, batch_size - 1))
+
+
+@dataclass
+class InferItem:
+    """One session's request: robot-space observation, its own delay and prefixes, its own pipeline."""
+
+    pipeline: Pipeline
+    state: np.ndarray
+    images: dict[str, Any] = field(default_factory=dict)  # name -> (H, W, 3) uint8 or EncodedImage
+    inference_delay: int = 0
+    prefix_model: np.ndarray | None = None
+    prefix_robot: np.ndarray | None = None
+    rtc: bool = False  # False: delay and prefix are not passed (append-mode session)
+
+
+@dataclass
+class InferResult:
+    chunk_model: np.ndarray | None = None  # (T, A) float32
+    chunk_robot: np.ndarray | None = None
+    error: str | None = None  # per-sample failure: the message for the client
+    error_code: str = ""
+    rtc_applied: bool = False
+    preprocess_ms: float = 0.0
+    forward_ms: float = 0.0  # the shared forward pass (incl. emulated latency), same for the batch
+    emulated_ms: float = 0.0
+    postprocess_ms: float = 0.0
+
+    @property
+    def inference_ms(self) -> float:
+        return self.preprocess_ms + self.forward_ms + self.postprocess_ms
+
+
+class ModelRuntime:
+    """A loaded checkpoint plus the batched forward path. One per model in the process."""
+
+    def __init__(self, loaded: LoadedCheckpoint, emulated: EmulatedLatency | None = None, execution_horizon: int | None = None):
+        self.loaded = loaded
+        self.policy = loaded.policy
+        self.config = loaded.config
+        self.emulated = emulated
+        self.execution_horizon = int(execution_horizon or self.config.execution_horizon)
+        self.supports_rtc = bool(getattr(type(self.policy), "supports_rtc", False))
+        self.forward_lock = threading.Lock()
+        self.forward_count = 0
+
+    # -- descriptors the session layer reads --------------------------------------------------
+    @property
+    def action_names(self) -> list[str]:
+        return list(self.config.action_names)
+
+    @property
+    def cameras(self) -> dict[str, list[int]]:
+        """camera -> [h, w, c] as the wire's SessionAck/Status carry it (config stores [3, H, W])."""
+        return {n: [s[1], s[2], s[0]] for n, s in self.config.image_features.items()}
+
+    def new_pipeline(self) -> Pipeline:
+        return make_session_pipeline(self.loaded)
+
+    def reset_policy(self) -> None:
+        self.policy.reset()
+
+    def warmup(self, n: int) -> float:
+        """`n` dummy forward passes (with and without a prefix); returns the mean ms."""
+        if n <= 0:
+            return 0.0
+        pipe = self.new_pipeline()
+        state = np.zeros(self.config.state_dim, np.float32)
+        images = {name: np.zeros((s[1], s[2], 3), np.uint8) for name, s in self.config.image_features.items()}
+        t0 = time.perf_counter()
+        for i in range(n):
+            prefix = np.zeros((self.execution_horizon, self.config.action_dim), np.float32) if i % 2 else None
+            res = self.infer([InferItem(pipe, state, images, 1, prefix, prefix, rtc=self.supports_rtc)], emulate=False)[0]
+            if res.error:
+                raise RuntimeError(f"warm-up forward pass failed: {res.error}")
+        self.reset_policy()
+        return (time.perf_counter() - t0) * 1e3 / n
+
+    # -- the hot path -----------------------------------------------------------------------------
+    def infer(self, items: list[InferItem], emulate: bool = True) -> list[InferResult]:
+        results = [InferResult() for _ in items]
+        batches: list[dict[str, torch.Tensor]] = []
+        live: list[int] = []
+        delays: list[int] = []
+        prefixes: list[torch.Tensor | None] = []
+        for i, item in enumerate(items):
+            t0 = time.perf_counter()
+            try:
+                obs = {STATE_KEY: item.state}
+                for name, frame in item.images.items():
+                    obs[image_key(name)] = frame
+                batch = item.pipeline.preprocess(obs)
+                prefix = None
+                if item.rtc and self.supports_rtc:
+                    prefix = prepare_prefix(item.pipeline, item.prefix_model, item.prefix_robot, None, self.execution_horizon)
+            except (ProcessorError, ValueError) as exc:
+                results[i].error, results[i].error_code = str(exc), "BAD_TENSOR"
+                continue
+            except Exception as exc:  # a decoder or torch error on one sample must not fail the batch
+                results[i].error, results[i].error_code = f"{type(exc).__name__}: {exc}", "INTERNAL"
+                continue
+            results[i].preprocess_ms = (time.perf_counter() - t0) * 1e3
+            batches.append(batch)
+            live.append(i)
+            delays.append(int(item.inference_delay) if item.rtc else 0)
+            prefixes.append(prefix)
+            results[i].rtc_applied = prefix is not None
+        if not live:
+            return results
+        t0 = time.perf_counter()
+        stacked = {k: torch.cat([b[k] for b in batches], dim=0) for k in batches[0]}
+        device = self.policy.param_device
+        dtype = self.policy.param_dtype
+        stacked = {k: v.to(device=device, dtype=dtype) for k, v in stacked.items()}
+        prefixes = [p.to(device=device, dtype=dtype) if p is not None else None for p in prefixes]
+        try:
+            with self.forward_lock:
+                chunks = self.policy.predict_action_chunk(stacked, delays, prefixes)
+                self.forward_count += 1
+        except Exception as exc:
+            msg = f"forward pass failed: {type(exc).__name__}: {exc}"
+            log.exception("forward pass failed for a batch of %d", len(live))
+            for i in live:
+                results[i].error, results[i].error_code = msg, "INTERNAL"
+            return results
+        emulated_ms = 0.0
+        if emulate and self.emulated is not None:
+            emulated_ms = self.emulated.sample_ms(len(live))
+            spent = (time.perf_counter() - t0) * 1e3
+            if emulated_ms > spent:  # the emulated accelerator time replaces, not adds to, our CPU time
+                time.sleep((emulated_ms - spent) / 1e3)
+        forward_ms = (time.perf_counter() - t0) * 1e3
+        chunks = chunks.detach().to("cpu", torch.float32)
+        for row, i in enumerate(live):
+            t1 = time.perf_counter()
+            try:
+                robot = items[i].pipeline.postprocess(chunks[row:row + 1])
+            except Exception as exc:
+                results[i].error, results[i].error_code = f"postprocess failed: {exc}", "INTERNAL"
+                continue
+            results[i].chunk_model = chunks[row].numpy().copy()
+            results[i].chunk_robot = robot.numpy().astype(np.float32, copy=False)
+            results[i].forward_ms = forward_ms
+            results[i].emulated_ms = emulated_ms
+            results[i].postprocess_ms = (time.perf_counter() - t1) * 1e3
+        return results
+
+
+class LocalPredictor:
+    """The server's inference path for one in-process session, in the edge `rtc` engine's shape.
+
+    `predict_action_chunk(obs, inference_delay, prefix)` -> (chunk_model, chunk_robot): `prefix` is the
+    model-space leftover (what the rtc engine passes); `obs` holds "state" and optional "images" and
+    "prefix_robot". Same pipeline, same policy, same numbers as the server: the parity baseline.
+    """
+
+    def __init__(self, runtime: ModelRuntime, rtc: bool = True):
+        self.runtime = runtime
+        self.pipeline = runtime.new_pipeline()
+        self.rtc = rtc and runtime.supports_rtc
+
+    @classmethod
+    def from_checkpoint(cls, path: str, rtc: bool = True, device: str = "cpu") -> "LocalPredictor":
+        from server.policies.checkpoint import load_checkpoint
+
+        return cls(ModelRuntime(load_checkpoint(path, device=device)), rtc=rtc)
+
+    def predict_action_chunk(self, obs: dict, inference_delay: int, prefix: np.ndarray | None):
+        item = InferItem(self.pipeline, np.asarray(obs["state"], np.float32), dict(obs.get("images") or {}),
+                         int(inference_delay), prefix, obs.get("prefix_robot"), rtc=self.rtc)
+        res = self.runtime.infer([item], emulate=False)[0]
+        if res.error:
+            raise RuntimeError(res.error)
+        return res.chunk_model, res.chunk_robot
+
+    def reset(self) -> None:
+        self.pipeline.reset()
+        self.runtime.reset_policy()

@@ -1,0 +1,603 @@
+"""The policy server process: Zenoh control and data planes around the model runtime.
+
+    zenoh callbacks (deposit only)                      dispatch thread(s) per model
+    .../<task>/<client>/obs ──► header+body decode ──►  Mailbox (latest-only per session,
+                                 session lookup          scheduler, TTL, overflow)
+                                                        ──► take(max_batch) ──► ModelRuntime.infer
+    status / session / reset queryables: validate,      ──► ActionChunk (header echoed) ──► .../action
+      mutate the registry, reply                         ──► metrics, audit line, debug capture
+    client liveliness ──► mark lost ──► housekeeping thread garbage-collects after the grace period
+
+Owns: `PolicyServer` (start-up order, threads, drain) and the reply paths.
+
+Invariants:
+- Callbacks never run inference and never wait on the worker; bad input from one client becomes an
+  Error event to THAT client plus an `observation_errors` count, never an exception in the server.
+- Start-up order: load -> warm up -> declare queryables/subscribers -> declare the liveliness token
+  and answer `ready`. A client that sees the token finds a warmed-up replica.
+- Every chunk echoes seq_id, episode_id, client_mono_ns and session_epoch of the observation it
+  answers (the client's only clock is its own).
+- Drain (SIGTERM): refuse new sessions and observations, notify every client, finish the batch in
+  flight, exit within `drain.timeout_s`. Nothing a client needs lives only here (statelessness, 7).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wire import (
+    ActionChunk, DrainNotice, Error, ErrorCode, Header, MsgType, Observation, ReplicaKeys, Reset, ResetAck,
+    SessionOpen, WireError, decode_message, parse_client_key, unpack_header,
+)
+from wire.keys import ClientKeys
+from wire.qos import declare_publisher
+from wire.tensors import Limits
+from server.audit import AuditLog
+from server.health import HealthServer
+from server.metrics import Metrics
+from server.runtime import EmulatedLatency, InferItem, ModelRuntime
+from server.sessions import ReplicaInfo, Session, SessionRegistry, make_ack, make_status, validate_open
+
+log = logging.getLogger("policy_server")
+
+READY_TEXT = "policy-server ready"
+
+
+@dataclass
+class Pending:
+    """What the dispatch thread needs of one accepted observation (the Request payload)."""
+
+    session: Session
+    header: Header
+    obs: Observation
+    payload_bytes: int
+    raw: bytes | None = None  # kept only when debug capture is on
+
+
+class PolicyServer:
+    def __init__(self, manifest, loaded=None):
+        """`manifest` is a server.manifest.Manifest; `loaded` an already loaded checkpoint (tests)."""
+        self.m = manifest
+        self.metrics = Metrics(ring_buffer_size=int(_get(manifest, "metrics.ring_buffer_size", 10000)))
+        self.audit = AuditLog(_get(manifest, "audit_path", None))
+        self.sessions = SessionRegistry()
+        self.ready = False
+        self.warmed_up = False
+        self.draining = False
+        self.stopped = threading.Event()
+        self.drain_requested = threading.Event()
+        self._z = None
+        self._decl: list[Any] = []
+        self._threads: list[threading.Thread] = []
+        self._inflight = 0
+        self._inflight_cv = threading.Condition()
+        self.limits = _limits(manifest)
+        self.capture = None
+        self._loaded = loaded
+
+    # --- start-up ----------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        from server.policies.base import classify
+        from server.policies.checkpoint import load_checkpoint
+
+        m = self.m
+        loaded = self._loaded or load_checkpoint(_get(m, "model.repo_or_path"), device=_get(m, "model.device", "cpu"),
+                                                 dtype=_get(m, "model.dtype", "float32"))
+        self.loaded = loaded
+        emulated = EmulatedLatency.from_manifest(_get(m, "emulated_latency", None))
+        horizon = _get(m, "execution_horizon", None) or loaded.config.execution_horizon
+        self.runtime = ModelRuntime(loaded, emulated, horizon)
+        cls = classify(loaded.policy)
+        mode = _get(m, "serving_mode", "shared")
+        if cls == "stateful" and mode != "exclusive":
+            log.warning("policy type %r is chunk-stateful: serving_mode forced to exclusive (one session)", loaded.config.type)
+            mode = "exclusive"
+        revision = _get(m, "model.revision", None) or loaded.revision_info.get("revision") or "main"
+        model_id = _get(m, "model_id", None) or Path(str(_get(m, "model.repo_or_path"))).name
+        self.keys = ReplicaKeys(model_id, revision, _get(m, "replica_id", "r0"), _get(m, "root", "@fleet"))
+        clients = _get(m, "clients", None)
+        self.info = ReplicaInfo(
+            replica_id=self.keys.replica_id, model_id=model_id, revision=revision,
+            checkpoint_hash=loaded.checkpoint_hash, policy_type=loaded.config.type,
+            action_names=list(loaded.config.action_names), state_dim=loaded.config.state_dim,
+            cameras=self.runtime.cameras, chunk_size=loaded.config.chunk_size,
+            trained_fps=float(_get(m, "trained_fps", None) or loaded.config.fps), supports_rtc=self.runtime.supports_rtc,
+            serving_mode=mode, max_sessions=int(_get(m, "max_sessions", 8)), execution_horizon=int(horizon),
+            default_task=_get(m, "default_task", "") or "", pin_task=bool(_get(m, "pin_task", False)),
+            strict_fps=bool(_get(m, "strict_fps", False)), inference_emulated=emulated is not None,
+            allowlist=tuple(_get(clients, "allowlist", ()) or ()) if clients is not None else (),
+        )
+        capture_dir = _get(m, "debug.capture_dir", None)
+        if capture_dir:
+            from server.capture import CaptureWriter
+
+            self.capture = CaptureWriter(capture_dir, int(_get(m, "debug.capture_max", 256)), self)
+        n = int(_get(m, "warmup_inferences", 2))
+        ms = self.runtime.warmup(n)
+        self.warmed_up = True
+        log.info("loaded %s (%s, hash %s...), %d warm-up passes, %.1f ms each", model_id, loaded.config.type,
+                 loaded.checkpoint_hash[:12], n, ms)
+
+    def start(self) -> "PolicyServer":
+        from server.mailbox import Mailbox
+        from server.scheduling import make_scheduler
+        from wire.transport import TlsFiles, open_session
+
+        if not hasattr(self, "runtime"):
+            self.load()
+        m = self.m
+        sched = _get(m, "scheduling", None)
+        opts = {}
+        scoring = _get(sched, "scoring", None)
+        if scoring:
+            opts["scoring"] = scoring
+        name = _get(sched, "strategy", "round_robin")
+        if name == "batch_optimized":
+            opts["batch_window_ms"] = float(_get(sched, "batch_window_ms", 2.0))
+        self.max_batch = max(1, int(_get(sched, "max_batch", 1)))
+        self.batch_window_s = float(_get(sched, "batch_window_ms", 2.0)) / 1e3
+        self.mailbox = Mailbox(
+            make_scheduler(name, **opts), model=self.info.model_id, max_queue_size=int(_get(sched, "max_queue_size", 500)),
+            overflow_policy=_get(sched, "overflow_policy", "drop_oldest"),
+            request_ttl_ms=_get(sched, "request_ttl_ms", 5000.0), max_retries=int(_get(sched, "max_retries", 0)),
+        )
+        tls = _get(m, "zenoh.tls", None)
+        tls_files = None
+        if tls is not None and _get(tls, "root_ca_certificate", None):
+            tls_files = TlsFiles(_get(tls, "root_ca_certificate"), _get(tls, "connect_certificate", None),
+                                 _get(tls, "connect_private_key", None))
+        self._z = open_session(connect=list(_get(m, "zenoh.connect_endpoints", [])), lease_ms=int(_get(m, "zenoh.lease_ms", 1000)),
+                               tls=tls_files, what="policy-server")
+        k = self.keys
+        z = self._z
+        self._decl.append(z.declare_queryable(k.status, self._on_status))
+        self._decl.append(z.declare_queryable(k.session, self._on_session_open))
+        self._decl.append(z.declare_queryable(k.all_reset, self._on_reset))
+        self._decl.append(z.declare_subscriber(k.all_obs, self._on_obs))
+        self._decl.append(z.liveliness().declare_subscriber(k.all_client_alive, self._on_client_alive, history=False))
+        inflight = _get(m, "models.default_max_inflight", 1)
+        known = _get(m, "models.known", None) or {}
+        if isinstance(known, dict) and self.info.model_id in known:
+            inflight = _get(known[self.info.model_id], "max_inflight", inflight)
+        for i in range(max(1, int(inflight))):
+            self._spawn(self._dispatch_loop, f"dispatch-{self.info.model_id}-{i}")
+        self._spawn(self._housekeeping, "housekeeping")
+        port = _get(m, "health_port", None)
+        self.health = None
+        if port is not None and int(port) >= 0:
+            self.health = HealthServer(int(port), self.metrics, self._ready_reason, lambda: not self.stopped.is_set(),
+                                       host=_get(m, "health_host", "127.0.0.1")).start()
+        self._token = z.liveliness().declare_token(k.alive)
+        self.ready = True
+        self.metrics.set("active_sessions", 0)
+        self.metrics.set("load", 0.0)
+        health = f" health http://127.0.0.1:{self.health.port}" if self.health else ""
+        print(f"{READY_TEXT}: {self.info.model_id}@{self.info.revision} replica {k.replica_id} "
+              f"({self.info.policy_type}, {self.info.serving_mode}, max_sessions {self.info.effective_max_sessions})"
+              f"{health}", flush=True)
+        return self
+
+    def _spawn(self, fn, name: str) -> None:
+        t = threading.Thread(target=fn, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _ready_reason(self):
+        if self.draining:
+            return False, "draining"
+        if not self.ready:
+            return False, "warming up"
+        return True, "ready"
+
+    # --- control plane -----------------------------------------------------------------------------
+
+    def _active(self) -> int:
+        return len(self.sessions)
+
+    def _on_status(self, query) -> None:
+        try:
+            st = make_status(self.info, self._active(), self.ready, self.warmed_up, self.draining)
+            query.reply(query.key_expr, st.encode(), attachment=Header(1, MsgType.CONTROL).pack())
+        except Exception:
+            log.exception("status reply failed")
+
+    def _reply(self, query, body) -> None:
+        try:
+            query.reply(query.key_expr, body.encode(), attachment=Header(1, MsgType.CONTROL).pack())
+        except Exception:
+            log.exception("control reply failed")
+
+    def _on_session_open(self, query) -> None:
+        try:
+            payload = query.payload.to_bytes() if query.payload is not None else b""
+            req = decode_message(payload, expect=SessionOpen, limits=self.limits)
+            keys = self.keys.client(req.task or self.info.default_task, req.client_uuid)
+        except WireError as exc:
+            self.metrics.inc("sessions_rejected", reason="malformed")
+            return self._reply(query, Error(exc.code, f"session open: {exc}"))
+        except Exception as exc:
+            self.metrics.inc("sessions_rejected", reason="malformed")
+            return self._reply(query, Error(ErrorCode.MALFORMED, f"session open: {type(exc).__name__}: {exc}"))
+        old = self.sessions.by_client(req.client_uuid)
+        active = self._active() - (1 if old is not None else 0)  # a re-handshake replaces its own session
+        d = validate_open(req, self.info, active=active, ready=self.ready, draining=self.draining,
+                          client_uuid_from_key=req.client_uuid)
+        if not d.ok:
+            self.metrics.inc("sessions_rejected", reason=d.reason)
+            log.info("session open refused for %s: %s", req.client_uuid, d.error.message)
+            return self._reply(query, d.error)
+        try:
+            publisher = declare_publisher(self._z, keys.action, "action")
+        except Exception as exc:
+            return self._reply(query, Error(ErrorCode.INTERNAL, f"cannot declare the action publisher: {exc}"))
+        horizon = min(int(req.execution_horizon or self.info.execution_horizon), self.info.chunk_size)
+        s = Session(SessionRegistry.new_id(), req.client_uuid, keys, d.task, d.rtc_enabled, horizon, req.fps,
+                    client_type=req.client_type, tags=dict(req.tags), pipeline=self.runtime.new_pipeline(),
+                    publisher=publisher)
+        replaced = self.sessions.add(s)
+        if replaced is not None:
+            self._close_session(replaced, "replaced by a new handshake", count=False)
+        if self.info.serving_mode == "exclusive":
+            self.runtime.reset_policy()
+        active = self._active()
+        self.metrics.inc("sessions_opened")
+        self._set_load()
+        self._reply(query, make_ack(self.info, s, d, active, req.schema_version))
+        log.info("session %s opened for %s (task %r, rtc %s)%s", s.session_id, s.client_uuid, s.task, s.rtc_enabled,
+                 "; warnings: " + "; ".join(d.warnings) if d.warnings else "")
+
+    def _on_reset(self, query) -> None:
+        try:
+            parsed = parse_client_key(str(query.key_expr), self.keys.root)
+            payload = query.payload.to_bytes() if query.payload is not None else b""
+            req = decode_message(payload, expect=Reset, limits=self.limits)
+        except WireError as exc:
+            return self._reply(query, Error(exc.code, f"reset: {exc}"))
+        s, err = self.sessions.lookup(req.session_id, parsed.client_uuid)
+        if err is not None:
+            return self._reply(query, err)
+        with s.lock:  # never between a preprocess and its postprocess
+            s.pipeline.reset()
+            s.episode_id = req.episode_id
+            if self.info.serving_mode == "exclusive":
+                self.runtime.reset_policy()
+        self._reply(query, ResetAck(s.session_id, req.episode_id))
+
+    def _on_client_alive(self, sample) -> None:
+        import zenoh
+
+        try:
+            parsed = parse_client_key(str(sample.key_expr), self.keys.root)
+        except WireError:
+            return
+        s = self.sessions.by_client(parsed.client_uuid)
+        if s is None:
+            return
+        if sample.kind == zenoh.SampleKind.DELETE:
+            s.alive_lost_mono = time.monotonic()
+        else:
+            s.alive_lost_mono = None
+
+    def _close_session(self, s: Session, why: str, count: bool = True) -> None:
+        self.sessions.remove(s.session_id)
+        self.mailbox.remove_session(s.session_id)
+        try:
+            s.publisher.undeclare()
+        except Exception:
+            pass
+        self.metrics.forget(client=s.client_uuid)
+        if count:
+            self.metrics.inc("client_disconnected", client=s.client_uuid)
+        self._set_load()
+        log.info("session %s of %s closed: %s", s.session_id, s.client_uuid, why)
+
+    def _set_load(self) -> None:
+        active = self._active()
+        cap = self.info.effective_max_sessions
+        self.metrics.set("active_sessions", active)
+        self.metrics.set("active_clients", active)
+        self.metrics.set("load", active / cap if cap else 1.0)
+
+    # --- data plane: deposit -----------------------------------------------------------------------
+
+    def _on_obs(self, sample) -> None:
+        """Deposit only: decode, look up, hand to the mailbox. Any failure answers that client alone."""
+        from server.scheduling import Request
+
+        key = str(sample.key_expr)
+        try:
+            parsed = parse_client_key(key, self.keys.root)
+        except WireError:
+            self.metrics.inc("observation_errors", code=ErrorCode.BAD_KEY)
+            return
+        raw = sample.payload.to_bytes()
+        header = None
+        try:
+            header = unpack_header(sample.attachment.to_bytes() if sample.attachment is not None else None)
+            if header.msg_type != MsgType.OBS:
+                raise WireError(ErrorCode.MALFORMED, f"msg_type {header.msg_type.name} on an obs key; expected OBS")
+            obs = decode_message(raw, expect=Observation, limits=self.limits)
+        except WireError as exc:
+            self.metrics.inc("observation_errors", code=exc.code)
+            return self._event_error(key, header, Error(exc.code, f"observation refused: {exc}",
+                                                        seq_id=header.seq_id if header else None))
+        if self.draining:
+            return self._event_error(key, header, Error(ErrorCode.DRAINING, "replica is draining; open a session "
+                                                        "on another replica", seq_id=header.seq_id))
+        s, err = self.sessions.lookup(obs.session_id, parsed.client_uuid)
+        if err is not None:
+            self.metrics.inc("observation_errors", code=err.code)
+            err.seq_id = header.seq_id
+            return self._event_error(key, header, err)
+        if header.seq_id <= s.last_seq and not obs.episode_start:
+            self.metrics.inc("observation_errors", code="STALE_SEQ")
+            return  # a duplicate or reordered observation: the newer one is already queued or answered
+        now = time.monotonic()
+        s.touch(now, float(_get(self.m, "response_tracking.cadence_alpha", 0.3)))
+        s.last_seq = header.seq_id
+        s.requests += 1
+        self.metrics.observe("payload_size_bytes", len(raw), client=s.client_uuid)
+        self.metrics.inc("requests", client=s.client_uuid)
+        budget = None
+        req = Request(session_id=s.session_id, client=s.client_uuid, model=self.info.model_id, seq_id=header.seq_id,
+                      arrived=now, urgency=obs.urgency, priority=obs.priority, steps_remaining=obs.steps_remaining,
+                      cadence_s=1.0 / s.fps if s.fps > 0 else s.cadence_s, latency_budget_ms=budget,
+                      batch_key=self.info.model_id,
+                      payload=Pending(s, header, obs, len(raw), raw if self.capture is not None else None))
+        res = self.mailbox.deposit(req)
+        if getattr(res, "superseded", None) is not None:
+            self.metrics.inc("superseded_requests", client=s.client_uuid)
+        dropped = res.dropped
+        if res.reason == "closed":
+            return self._event_error(key, header, Error(ErrorCode.DRAINING, "replica is stopping; open a session on "
+                                                        "another replica", seq_id=header.seq_id))
+        if dropped is not None:
+            self.metrics.inc("queue_full_drops", client=dropped.client)
+            p: Pending = dropped.payload
+            self._event_error(p.session.keys.action, p.header, Error(
+                ErrorCode.OVERLOADED, f"server queue full ({self.mailbox.depth()} pending); request dropped by "
+                f"overflow policy {_get(self.m, 'scheduling.overflow_policy', 'drop_oldest')}", seq_id=p.header.seq_id),
+                session=p.session)
+
+    def _event_error(self, key: str, header: Header | None, err: Error, session: Session | None = None) -> None:
+        """An EVENT on the client's action key (derived from its obs key), echoing what we know of the header."""
+        action_key = key[: -len("obs")] + "action" if key.endswith("/obs") else key
+        h = Header(1, MsgType.EVENT, header.seq_id if header else 0, header.episode_id if header else 0,
+                   header.client_mono_ns if header else 0, header.session_epoch if header else 0)
+        try:
+            if session is not None and session.publisher is not None:
+                session.publisher.put(err.encode(), attachment=h.pack())
+            else:
+                self._z.put(action_key, err.encode(), attachment=h.pack(), **_event_qos())
+        except Exception:
+            self.metrics.inc("send_errors")
+
+    # --- data plane: dispatch ----------------------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        while not self.stopped.is_set():
+            batch = self.mailbox.take(self.max_batch, 0.25)
+            if batch.closed:
+                return
+            reqs = list(batch.requests)
+            if reqs and len(reqs) < self.max_batch and self.batch_window_s > 0 and batch.queue_depth == 0 \
+                    and len(self.sessions) > len(reqs):
+                more = self.mailbox.take(self.max_batch - len(reqs), self.batch_window_s)  # micro-batching window
+                reqs += [r for r in more.requests if r.batch_key == reqs[0].batch_key]
+                for r in more.requests:
+                    if r.batch_key != reqs[0].batch_key:
+                        self.mailbox.requeue(r)
+                batch = type(batch)(reqs, list(batch.expired) + list(more.expired), more.queue_depth, batch.taken_at)
+            for req in batch.expired:
+                self.metrics.inc("requests_expired")
+                p: Pending = req.payload
+                self._event_error(p.session.keys.action, p.header, Error(
+                    ErrorCode.EXPIRED, f"request waited over {_get(self.m, 'scheduling.request_ttl_ms', 5000)} ms in the "
+                    "queue", seq_id=p.header.seq_id), session=p.session)
+            if not reqs:
+                continue
+            with self._inflight_cv:
+                self._inflight += 1
+            try:
+                self._run_batch(reqs, batch.queue_depth)
+            except Exception:
+                log.exception("dispatch failed for a batch of %d", len(reqs))
+                for req in reqs:
+                    self.metrics.inc("dispatch_errors", client=req.client, error="internal")
+            finally:
+                with self._inflight_cv:
+                    self._inflight -= 1
+                    self._inflight_cv.notify_all()
+
+    def _run_batch(self, reqs: list, queue_depth: int) -> None:
+        t_pick = time.monotonic()
+        model = self.info.model_id
+        self.metrics.set("queue_depth", queue_depth, model=model)
+        self.metrics.observe("batch_size", len(reqs))
+        locked: list = []
+        items: list[InferItem] = []
+        for req in reqs:
+            p: Pending = req.payload
+            s = p.session
+            if not s.lock.acquire(blocking=False):  # this session's previous request is still in flight
+                if not self.mailbox.requeue(req).requeued:
+                    self.metrics.inc("superseded_requests", client=s.client_uuid)
+                continue
+            locked.append(req)
+            obs = p.obs
+            if obs.episode_start:
+                s.pipeline.reset()
+                if self.info.serving_mode == "exclusive":
+                    self.runtime.reset_policy()
+            images = {name: obs.images[name] for name in self.info.cameras if name in obs.images}
+            items.append(InferItem(s.pipeline, obs.state, images, obs.inference_delay_steps, obs.prefix_model,
+                                   obs.prefix_robot, rtc=s.rtc_enabled))
+        try:
+            if not items:
+                return
+            results = self.runtime.infer(items)
+            t_done = time.monotonic()
+            captured = []
+            for req, res in zip(locked, results):
+                body = self._answer(req, res, t_pick, t_done)
+                if body is not None and self.capture is not None and req.payload.raw is not None:
+                    p = req.payload
+                    captured.append((p.session, p.header, p.raw, body))
+            if self.capture is not None:
+                self.capture.record_batch(captured)
+        finally:
+            for req in locked:
+                req.payload.session.lock.release()
+
+    def _answer(self, req, res, t_pick: float, t_done: float) -> bytes | None:
+        """Publish the chunk (or the error event); returns the chunk body sent, if any."""
+        p: Pending = req.payload
+        s, h = p.session, p.header
+        wait_ms = (t_pick - req.arrived) * 1e3
+        superseded = self.mailbox.take_superseded(s.session_id)
+        labels = {"client": s.client_uuid, "model": self.info.model_id}
+        if res.error:
+            if res.error_code == "INTERNAL" and req.retries < self.mailbox.max_retries and self.mailbox.requeue(req).requeued:
+                self.metrics.inc("dispatch_retries", **labels)
+                return
+            code = res.error_code or ErrorCode.INTERNAL
+            if code == "INTERNAL":
+                self.metrics.inc("dispatch_errors", client=s.client_uuid, error="forward")
+            else:
+                self.metrics.inc("observation_errors", code=code)
+            self._event_error(s.keys.action, h, Error(code, f"inference failed: {res.error}", seq_id=h.seq_id), session=s)
+            self._audit(s, h, wait_ms, res.inference_ms, None, superseded, f"error:{code}")
+            return
+        chunk = ActionChunk(s.session_id, h.seq_id, h.client_mono_ns, res.chunk_model, res.chunk_robot,
+                            queue_wait_ms=max(0.0, wait_ms), inference_ms=res.inference_ms, superseded_seqs=superseded,
+                            server_load=self._active() / max(1, self.info.effective_max_sessions),
+                            rtc_applied=res.rtc_applied, inference_emulated=res.emulated_ms > 0)
+        body = chunk.encode()
+        header = Header(h.schema_version, MsgType.CHUNK, h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch)
+        try:
+            s.publisher.put(body, attachment=header.pack())
+            self.metrics.inc("chunks_sent", client=s.client_uuid)
+            outcome = "ok"
+        except Exception as exc:
+            self.metrics.inc("send_errors", client=s.client_uuid)
+            outcome = f"send_error:{type(exc).__name__}"
+        self.metrics.observe("scheduling_wait_ms", wait_ms, **labels)
+        self.metrics.observe("inference_latency_ms", res.inference_ms, **labels)
+        self.metrics.observe("e2e_latency_ms", (time.monotonic() - req.arrived) * 1e3, **labels)
+        self.metrics.observe("observation_staleness_ms", wait_ms, client=s.client_uuid)
+        self._audit(s, h, wait_ms, res.inference_ms, [0, int(res.chunk_robot.shape[0])], superseded, outcome,
+                    emulated_ms=res.emulated_ms, rtc_applied=res.rtc_applied)
+        return body
+
+    def _audit(self, s: Session, h: Header, wait_ms, inference_ms, chunk_range, superseded, outcome, **extra) -> None:
+        self.audit.write({"session_id": s.session_id, "client_uuid": s.client_uuid, "seq_id": h.seq_id,
+                          "episode_id": h.episode_id, "queue_wait_ms": round(wait_ms, 3),
+                          "inference_ms": round(inference_ms, 3), "chunk_range": chunk_range,
+                          "superseded_seqs": superseded, "outcome": outcome, "model_id": self.info.model_id,
+                          "replica_id": self.info.replica_id, "checkpoint_hash": self.info.checkpoint_hash, **extra})
+
+    # --- housekeeping, drain, stop -----------------------------------------------------------------
+
+    def _housekeeping(self) -> None:
+        grace = float(_get(self.m, "session.gc_grace_s", 2.0))
+        idle = float(_get(self.m, "response_tracking.disconnect_timeout_s", 0) or 0)
+        while not self.stopped.wait(0.2):
+            now = time.monotonic()
+            for s in self.sessions.all():
+                if s.alive_lost_mono is not None and now - s.alive_lost_mono >= grace:
+                    self._close_session(s, f"client liveliness lost for {grace:g} s")
+                elif idle > 0 and now - s.last_seen_mono > idle and s.alive_lost_mono is None and s.requests == 0 \
+                        and now - s.opened_mono > idle:
+                    pass  # an open session with a live token but no traffic is legitimate (paused robot)
+            self.metrics.set("queue_depth", self.mailbox.depth(), model=self.info.model_id)
+
+    def drain(self, reason: str = "SIGTERM") -> None:
+        """Refuse new work, tell every client, wait for the batch in flight, then stop."""
+        if self.draining:
+            return
+        timeout = float(_get(self.m, "drain.timeout_s", 10.0))
+        self.draining = True
+        self.ready = False
+        deadline = time.monotonic() + timeout
+        notice = DrainNotice(self.info.replica_id, reason, deadline_ms=timeout * 1e3)
+        for s in self.sessions.all():
+            try:
+                s.publisher.put(notice.encode(), attachment=Header(1, MsgType.EVENT, 0, s.episode_id).pack())
+            except Exception:
+                self.metrics.inc("send_errors", client=s.client_uuid)
+        with self._inflight_cv:
+            while self._inflight and time.monotonic() < deadline:
+                self._inflight_cv.wait(max(0.0, deadline - time.monotonic()))
+        log.info("drained (%s): %d sessions notified", reason, len(self.sessions))
+        self.stop()
+
+    def stop(self) -> None:
+        if self.stopped.is_set():
+            return
+        self.stopped.set()
+        if hasattr(self, "mailbox"):
+            self.mailbox.close()
+        for t in self._threads:
+            t.join(timeout=5)
+        tok = getattr(self, "_token", None)
+        for d in [tok, *reversed(self._decl)]:
+            try:
+                if d is not None:
+                    d.undeclare()
+            except Exception:
+                pass
+        for s in self.sessions.all():
+            try:
+                s.publisher.undeclare()
+            except Exception:
+                pass
+        if self._z is not None:
+            try:
+                self._z.close()
+            except Exception:
+                pass
+        if getattr(self, "health", None) is not None:
+            self.health.stop()
+        self.audit.close()
+
+
+def _event_qos() -> dict:
+    """EVENT QoS for a one-off `session.put` (no publisher for a client without a session)."""
+    from wire.qos import EVENT, publisher_kwargs
+
+    kw = publisher_kwargs(EVENT)
+    kw.pop("reliability", None)  # a publisher-only option in zenoh-python 1.x
+    return kw
+
+
+def _limits(m) -> Limits:
+    lim = _get(m, "limits", None)
+    if lim is None:
+        return Limits()
+    if isinstance(lim, Limits):
+        return lim
+    fields = {k: v for k, v in (lim.items() if isinstance(lim, dict) else vars(lim).items()) if v is not None}
+    return Limits(**{k: v for k, v in fields.items() if k in Limits.__dataclass_fields__})
+
+
+def _get(obj, dotted: str, default=...):
+    """Read `a.b.c` from nested dataclasses or dicts; `default` when absent (KeyError if none given)."""
+    cur = obj
+    for part in dotted.split("."):
+        if cur is None:
+            break
+        cur = cur.get(part, None) if isinstance(cur, dict) else getattr(cur, part, None)
+    if cur is None:
+        if default is ...:
+            raise KeyError(dotted)
+        return default
+    return cur

@@ -1,0 +1,122 @@
+"""The batched inference path: batching changes nothing per session, failures stay per sample."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from server.policies import PolicyConfig, load_checkpoint, make_policy, save_checkpoint
+from server.runtime import EmulatedLatency, InferItem, LocalPredictor, ModelRuntime
+
+S, A, T = 4, 3, 8
+STATS = {
+    "observation.state": {"mean": [0.5, -1.0, 0.0, 2.0], "std": [1.0, 0.5, 2.0, 1.0]},
+    "action": {"mean": [0.1, 0.2, 0.3], "std": [1.0, 1.0, 0.25]},
+}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def checkpoint(tmp_path, policy_type="flow_matching", relative=False, cameras=None):
+    cfg = PolicyConfig(type=policy_type, state_dim=S, action_dim=A, chunk_size=T, fps=30, execution_horizon=4,
+                       action_names=["x", "y", "grip"], relative_actions=relative,
+                       relative_state_indices=[0, 1, 2] if relative else [], image_features=cameras or {},
+                       hyper_params={"hidden_dim": 32, "obs_embed_dim": 16})
+    torch.manual_seed(0)
+    return load_checkpoint(save_checkpoint(make_policy(cfg), STATS, tmp_path / policy_type))
+
+
+def items_for(rt: ModelRuntime, states, rtc=True, delays=None):
+    rng = np.random.default_rng(1)
+    out = []
+    for i, st in enumerate(states):
+        prefix = rng.normal(size=(5, A)).astype(np.float32)
+        out.append(InferItem(rt.new_pipeline(), st, {}, (delays or [2] * len(states))[i], prefix, prefix, rtc=rtc))
+    return out
+
+
+def test_batched_outputs_equal_unbatched_for_every_session(tmp_path):
+    rt = ModelRuntime(checkpoint(tmp_path))
+    states = [np.random.default_rng(i).normal(size=S).astype(np.float32) for i in range(8)]
+    delays = [0, 1, 2, 3, 4, 1, 0, 2]
+    batched = rt.infer(items_for(rt, states, delays=delays))
+    for i, st in enumerate(states):
+        single = rt.infer([items_for(rt, states, delays=delays)[i]])[0]
+        assert single.error is None and batched[i].error is None
+        np.testing.assert_allclose(batched[i].chunk_robot, single.chunk_robot, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(batched[i].chunk_model, single.chunk_model, rtol=0, atol=1e-5)
+        assert batched[i].rtc_applied
+
+
+def test_each_sample_keeps_its_own_delay_and_prefix(tmp_path):
+    rt = ModelRuntime(checkpoint(tmp_path))
+    st = np.zeros(S, np.float32)
+    a, b = rt.infer(items_for(rt, [st, st], delays=[0, 4]))
+    assert not np.allclose(a.chunk_model, b.chunk_model)  # same obs and prefix, different delay
+
+
+def test_eight_sessions_with_relative_actions_do_not_contaminate_each_other(tmp_path):
+    """Design 13.6: per-session pipelines; each chunk is anchored at ITS session's state only."""
+    rt = ModelRuntime(checkpoint(tmp_path, relative=True))
+    states = [np.full(S, 10.0 * (i + 1), np.float32) for i in range(8)]
+    pipes = [rt.new_pipeline() for _ in states]
+    batched = rt.infer([InferItem(p, st, rtc=False) for p, st in zip(pipes, states)])
+    for i, st in enumerate(states):
+        solo = rt.infer([InferItem(rt.new_pipeline(), st, rtc=False)])[0]
+        np.testing.assert_allclose(batched[i].chunk_robot, solo.chunk_robot, atol=1e-4)
+        # the model-space chunk is relative; robot space = model-space unnormalised + this session's anchor
+        assert abs(float(np.median(batched[i].chunk_robot[:, 0])) - st[0]) < 5.0
+
+
+def test_a_bad_sample_fails_alone(tmp_path):
+    rt = ModelRuntime(checkpoint(tmp_path))
+    good = np.zeros(S, np.float32)
+    bad = np.zeros(S + 2, np.float32)
+    nan = np.full(S, np.nan, np.float32)
+    res = rt.infer([InferItem(rt.new_pipeline(), good), InferItem(rt.new_pipeline(), bad),
+                    InferItem(rt.new_pipeline(), nan), InferItem(rt.new_pipeline(), good)])
+    assert res[0].error is None and res[3].error is None
+    assert "expects 4" in res[1].error and res[1].error_code == "BAD_TENSOR"
+    assert "non-finite" in res[2].error
+    np.testing.assert_allclose(res[0].chunk_robot, res[3].chunk_robot, atol=1e-6)
+
+
+def test_append_mode_ignores_the_prefix(tmp_path):
+    rt = ModelRuntime(checkpoint(tmp_path))
+    st = np.ones(S, np.float32)
+    with_prefix = rt.infer(items_for(rt, [st], rtc=False))[0]
+    without = rt.infer([InferItem(rt.new_pipeline(), st, rtc=False)])[0]
+    np.testing.assert_array_equal(with_prefix.chunk_model, without.chunk_model)
+    assert not with_prefix.rtc_applied
+
+
+def test_emulated_latency_sets_the_forward_time_and_is_reported(tmp_path):
+    rt = ModelRuntime(checkpoint(tmp_path, policy_type="mlp_chunk"), EmulatedLatency(mean_ms=30.0))
+    res = rt.infer([InferItem(rt.new_pipeline(), np.zeros(S, np.float32))])[0]
+    assert res.emulated_ms == 30.0 and res.forward_ms >= 29.0
+
+
+@pytest.mark.parametrize("dist", ["fixed", "normal", "lognormal", "uniform"])
+def test_emulated_latency_distributions_respect_bounds(dist):
+    e = EmulatedLatency(distribution=dist, mean_ms=20, std_ms=5, min_ms=10, max_ms=40, per_batch_item_ms=1, seed=3)
+    xs = [e.sample_ms(1) for _ in range(500)]
+    assert min(xs) >= 10 and max(xs) <= 40
+    assert e.sample_ms(5) >= 14  # per-item cost on top of the 10 ms floor
+
+
+def test_local_predictor_matches_the_server_path(tmp_path):
+    loaded = checkpoint(tmp_path)
+    rt = ModelRuntime(loaded)
+    lp = LocalPredictor(rt)
+    st = np.arange(S, dtype=np.float32)
+    prefix = np.ones((4, A), np.float32)
+    model, robot = lp.predict_action_chunk({"state": st}, 2, prefix)
+    ref = rt.infer([InferItem(rt.new_pipeline(), st, {}, 2, prefix, None, rtc=True)])[0]
+    assert model.tobytes() == ref.chunk_model.tobytes() and robot.tobytes() == ref.chunk_robot.tobytes()

@@ -1,0 +1,240 @@
+"""The policy server over a real Zenoh router: handshake, chunks, isolation, hostile input, GC.
+
+The server runs in this process (its own Zenoh session) against a router in its own process; each
+test client is another Zenoh session. Process-level behaviour (SIGTERM drain, CLI errors) is in
+test_cli.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wire import ActionChunk, DrainNotice, Error, ErrorCode, Header, MsgType, ReplicaKeys, ResetAck, SessionAck
+from server.policies import PolicyConfig, make_policy, save_checkpoint
+from server.service import PolicyServer
+from tests.server.zclient import RawClient
+
+S, A, T = 4, 3, 8
+STATS = {
+    "observation.state": {"mean": [0.0, 0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0, 1.0]},
+    "action": {"mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]},
+}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    torch.set_num_threads(1)
+    cfg = PolicyConfig(type="flow_matching", state_dim=S, action_dim=A, chunk_size=T, fps=30, execution_horizon=4,
+                       action_names=["x", "y", "grip"], relative_actions=True, relative_state_indices=[0, 1, 2],
+                       hyper_params={"hidden_dim": 32, "obs_embed_dim": 16, "num_steps": 4})
+    torch.manual_seed(0)
+    return save_checkpoint(make_policy(cfg), STATS, tmp_path_factory.mktemp("ckpt") / "arm")
+
+
+def manifest(ckpt, endpoint, tmp_path, **over):
+    m = {"model": {"repo_or_path": str(ckpt)}, "model_id": "arm", "replica_id": "r0", "max_sessions": 16,
+         "warmup_inferences": 1, "zenoh": {"connect_endpoints": [endpoint]}, "health_port": 0,
+         "audit_path": str(tmp_path / "audit.jsonl"), "session": {"gc_grace_s": 0.3},
+         "scheduling": {"strategy": "round_robin", "max_batch": 8}}
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(m.get(k), dict):
+            m[k].update(v)
+        else:
+            m[k] = v
+    return m
+
+
+@pytest.fixture
+def server(ckpt, router, tmp_path):
+    srv = PolicyServer(manifest(ckpt, router, tmp_path)).start()
+    yield srv
+    srv.stop()
+
+
+def keys():
+    return ReplicaKeys("arm", "main", "r0")
+
+
+def client(router, uuid, **kw):
+    return RawClient(router, keys(), uuid, **kw)
+
+
+def test_status_reports_a_ready_warmed_replica_with_its_checkpoint_hash(server, router):
+    c = client(router, "robot-1")
+    try:
+        st = c.status()
+        assert st.ready and st.warmed_up and not st.draining
+        assert st.checkpoint_hash == server.info.checkpoint_hash and len(st.checkpoint_hash) == 64
+        assert st.action_names == ["x", "y", "grip"] and st.supports_rtc
+    finally:
+        c.close()
+
+
+def test_a_chunk_echoes_the_observation_header(server, router):
+    c = client(router, "robot-1")
+    try:
+        ack = c.open()
+        assert isinstance(ack, SessionAck) and ack.rtc_enabled and ack.checkpoint_hash == server.info.checkpoint_hash
+        seq = c.send(np.ones(S), episode=3, epoch=2, inference_delay_steps=1, prefix_model=np.zeros((4, A), np.float32),
+                     prefix_robot=np.ones((4, A), np.float32))
+        got = c.chunk_for(seq, timeout=10)
+        assert got is not None, "no chunk came back"
+        h, chunk = got
+        assert isinstance(chunk, ActionChunk)
+        assert (h.seq_id, h.episode_id, h.session_epoch) == (seq, 3, 2)
+        assert chunk.seq_id_echo == seq and chunk.client_mono_ns_echo == h.client_mono_ns
+        assert chunk.chunk_robot.shape == (T, A) and chunk.rtc_applied
+        assert chunk.inference_ms > 0
+    finally:
+        c.close()
+
+
+def test_unknown_session_and_foreign_session_are_refused_to_that_client(server, router):
+    a, b = client(router, "robot-a"), client(router, "robot-b")
+    try:
+        a.open()
+        b.open()
+        seq = b.send(np.ones(S), session_id="not-a-session")
+        h, err = b.wait_for(lambda h, m: h.seq_id == seq and isinstance(m, Error))
+        assert err.code == ErrorCode.UNKNOWN_SESSION and h.msg_type == MsgType.EVENT
+        seq = b.send(np.ones(S), session_id=a.session_id)  # a's session id on b's keys
+        h, err = b.wait_for(lambda h, m: h.seq_id == seq and isinstance(m, Error))
+        assert err.code == ErrorCode.IDENTITY_MISMATCH
+        seq = a.send(np.ones(S))
+        assert a.chunk_for(seq, timeout=10) is not None
+    finally:
+        a.close()
+        b.close()
+
+
+def test_reset_is_acknowledged(server, router):
+    c = client(router, "robot-1")
+    try:
+        c.open()
+        ack = c.reset(7)
+        assert isinstance(ack, ResetAck) and ack.episode_id == 7
+        seq = c.send(np.ones(S), episode=7, episode_start=True)
+        assert c.chunk_for(seq, timeout=10) is not None
+    finally:
+        c.close()
+
+
+def test_capacity_rejection_names_the_load(ckpt, router, tmp_path):
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, max_sessions=1)).start()
+    a, b = client(router, "robot-a"), client(router, "robot-b")
+    try:
+        assert isinstance(a.open(), SessionAck)
+        err = b.open()
+        assert isinstance(err, Error) and err.code == ErrorCode.CAPACITY and err.details["load"] == 1.0
+        assert isinstance(a.open(), SessionAck)  # a re-handshake replaces the client's own session
+    finally:
+        a.close()
+        b.close()
+        srv.stop()
+
+
+def test_client_liveliness_loss_garbage_collects_the_session(server, router):
+    c = client(router, "robot-gc")
+    c.open()
+    assert len(server.sessions) == 1
+    c.close()
+    deadline = time.monotonic() + 5
+    while len(server.sessions) and time.monotonic() < deadline:
+        time.sleep(0.05)  # observing another thread's state; no event crosses the process boundary
+    assert len(server.sessions) == 0
+    assert server.metrics.get_latest("active_sessions") == 0
+
+
+def test_newest_observation_wins_and_superseded_are_reported(ckpt, router, tmp_path):
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=150,
+                                scheduling={"strategy": "round_robin", "max_batch": 1})).start()
+    c = client(router, "robot-1")
+    try:
+        c.open()
+        first = c.send(np.ones(S))
+        time.sleep(0.03)  # let the worker pick the first one up, so the next three queue behind it
+        for _ in range(3):
+            last = c.send(np.ones(S))
+        got_first = c.chunk_for(first, timeout=10)
+        assert got_first is not None
+        got = c.chunk_for(last, timeout=10)
+        assert got is not None, "the newest observation must be answered"
+        # the two replaced observations are reported by the next chunk that leaves the server
+        assert got_first[1].superseded_seqs + got[1].superseded_seqs == 2
+        assert c.wait_for(lambda h, m: h.msg_type == MsgType.CHUNK, timeout=0.5) is None  # the two middle ones: never
+    finally:
+        c.close()
+        srv.stop()
+
+
+def test_drain_notifies_clients_and_refuses_new_sessions(ckpt, router, tmp_path):
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, drain={"timeout_s": 2.0})).start()
+    c = client(router, "robot-1")
+    try:
+        c.open()
+        srv.draining = True  # what drain() sets first; the notice follows
+        assert c.open().code == ErrorCode.DRAINING
+        srv.draining = False
+        srv.drain("test")
+        h, notice = c.wait_for(lambda h, m: isinstance(m, DrainNotice), timeout=5)
+        assert notice.replica_id == "r0" and h.msg_type == MsgType.EVENT
+    finally:
+        c.close()
+        srv.stop()
+
+
+HOSTILE = st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda d: msgpack.packb(d, use_bin_type=True),
+              st.dictionaries(st.sampled_from(["kind", "session_id", "state", "images", "prefix_model", "urgency"]),
+                              st.one_of(st.none(), st.integers(), st.text(max_size=10), st.binary(max_size=20),
+                                        st.just("observation"), st.lists(st.integers(), max_size=3)), max_size=6)),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(bodies=st.lists(HOSTILE, min_size=1, max_size=5), bad_header=st.booleans())
+def test_hostile_messages_from_one_client_leave_other_sessions_unaffected(shared_server, bodies, bad_header):
+    srv, good, evil = shared_server
+    errors_before = _count(srv, "observation_errors")
+    for body in bodies:
+        evil.send(None, raw_body=body, raw_header=b"\x01\x02" if bad_header else None)
+    seq = good.send(np.ones(S))
+    got = good.chunk_for(seq, timeout=10)
+    assert got is not None, "a good client must still be served"
+    assert np.isfinite(got[1].chunk_robot).all()
+    deadline = time.monotonic() + 5
+    while _count(srv, "observation_errors") < errors_before + len(bodies) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _count(srv, "observation_errors") >= errors_before + len(bodies)
+
+
+def _count(srv, name) -> float:
+    total = 0.0
+    for series in srv.metrics.snapshot().get(name, {}).get("series", []):
+        total += float(series.get("value", 0) or 0)
+    return total
+
+
+@pytest.fixture(scope="module")
+def shared_server(ckpt, tmp_path_factory):
+    from wire.procs import start_router
+
+    tmp = tmp_path_factory.mktemp("hostile")
+    router, endpoint = start_router(None, tmp / "router.log")
+    srv = PolicyServer(manifest(ckpt, endpoint, tmp)).start()
+    good, evil = RawClient(endpoint, keys(), "robot-good"), RawClient(endpoint, keys(), "robot-evil")
+    good.open()
+    evil.open()
+    yield srv, good, evil
+    good.close()
+    evil.close()
+    srv.stop()
+    router.stop()
