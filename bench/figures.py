@@ -34,7 +34,7 @@ class RunData:
     episodes: dict[str, np.ndarray]
     loop: dict[str, np.ndarray]
     duration_s: float
-    fault_windows: list[dict] = field(default_factory=list)  # {start, end, target, action}
+    fault_windows: list[dict] = field(default_factory=list)  # chaos.timeline log: {t_start, t_end, target, action}
     server_samples: list[dict] = field(default_factory=list)  # {t, replica, metric, value}
     cpu_samples: list[dict] = field(default_factory=list)  # {t, host_percent, processes: {name: percent}}
     final_states: dict[int, str] = field(default_factory=dict)  # robot -> engine state at stop
@@ -238,7 +238,7 @@ def _recovered_within(s: _Scope) -> float:
     worst = 0.0
     end_of_run = s.data.duration_s
     for w in s.data.fault_windows:
-        e = float(w.get("end", w.get("start", 0.0)))
+        e = float(w["t_end"] if w.get("t_end") is not None else end_of_run)
         for r in s.robots:
             iv = state_intervals(s, int(r), end_of_run + 1e9)
             state_at_end = "STREAMING"

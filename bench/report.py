@@ -223,8 +223,9 @@ def render_html(o: RunOutcome, summary: dict) -> str:
     out.append("</table>")
 
     d = o.data
-    windows = [(w["start"], w.get("end", w["start"]), f"{w.get('action', '')} {w.get('target', '')}".strip())
-               for w in (o.meta.get("faults") or []) if w.get("start") is not None]
+    windows = [(w["t_start"], w["t_end"] if w.get("t_end") is not None else o.duration_s,
+                f"{w.get('action', '')} {w.get('target', '')}".strip())
+               for w in (o.meta.get("faults") or []) if w.get("t_start") is not None]
     if d is not None:
         out.append("<h2>Latency</h2><div class=grid>")
         out.append(_cdfs(d))
@@ -249,7 +250,7 @@ def render_html(o: RunOutcome, summary: dict) -> str:
     if windows:
         out.append("<h2>Faults</h2><table><tr><th>start s</th><th>end s</th><th class=l>fault</th><th class=l>detail</th></tr>")
         for w in o.meta.get("faults") or []:
-            out.append(f"<tr><td>{_v(w.get('start'))}</td><td>{_v(w.get('end'))}</td><td class=l>{e(str(w.get('action', '')))} "
+            out.append(f"<tr><td>{_v(w.get('t_start'))}</td><td>{_v(w.get('t_end'))}</td><td class=l>{e(str(w.get('action', '')))} "
                        f"{e(str(w.get('target', '')))}</td><td class=l>{e(str(w.get('detail', '')))}</td></tr>")
         out.append("</table>")
     logs = [p for p in summary["files"] if p.startswith("logs/")]

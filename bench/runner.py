@@ -335,7 +335,7 @@ class Run:
 
     def _restarting(self, name: str) -> bool:
         """A server may be down on purpose while a fault holds it down."""
-        return any(w.get("target") == name and w.get("end") is None for w in self.fault_log) or self.state.phase == "stopping"
+        return any(w.get("target") == name and w.get("t_end") is None for w in self.fault_log) or self.state.phase == "stopping"
 
     # --- drive ---------------------------------------------------------------------------------
 
@@ -523,7 +523,7 @@ class Run:
             ticks=ticks, requests=figs.table_to_numpy(tables["requests"]),
             transitions=figs.table_to_numpy(tables["transitions"]), episodes=figs.table_to_numpy(tables["episodes"]),
             loop=figs.table_to_numpy(tables["loop"]), duration_s=self.s.duration_s,
-            fault_windows=[w for w in self.fault_log if w.get("start") is not None],
+            fault_windows=[w for w in self.fault_log if w.get("t_start") is not None],
             server_samples=self.server_samples, cpu_samples=self.cpu.samples, final_states=final_states)
         if tables["ticks"].num_rows:
             t = tables["ticks"]

@@ -1,0 +1,568 @@
+"""The fault timeline: the grammar of a scenario's `faults:` list, its strict parser and its runner.
+
+    faults: [{at, target, action, duration?, params...}]      (YAML, times in s from t=0)
+        │ parse_timeline: every entry checked, errors "faults[i]: ..."
+        ▼
+    [FaultEvent] ──► TimelineRunner ──► Actuators (proxy per site, processes, robots)
+                         │  one thread per target; apply at `at`, undo at `at + duration`
+                         └─► fault log: {t_start, t_end, target, action, params, error}
+
+Targets: `site:NAME`, `server:REPLICA_ID`, `router`, `robot:GROUP`, `robot:GROUP/INDEX`,
+`group:NAME` (= `robot:NAME`, the whole group). Actions are registered in `ACTIONS` by
+(target family, action word); docs/chaos-faults.md tables them.
+
+Invariants: `parse_timeline` accepts an entry only if the runner can execute it; events of one
+target run in timeline order on that target's thread, so a slow restart never delays another
+target; when `stop()` returns, every windowed fault the runner applied has been undone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import heapq
+import itertools
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Protocol
+
+from chaos import profiles
+
+# --- the events --------------------------------------------------------------------------------
+
+FAMILY_OF_KIND = {"site": "site", "server": "process", "router": "process", "robot": "robot"}
+_TARGET_RE = re.compile(r"^(?:(?P<kind>site|server|robot|group):(?P<name>[^\s/:]+)(?:/(?P<index>\S+))?|(?P<router>router))$")
+TARGET_FORMS = "site:NAME, server:REPLICA_ID, router, robot:GROUP, robot:GROUP/INDEX, group:NAME"
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """One checked timeline entry. `kind` is site, server, router or robot (group:NAME -> robot)."""
+
+    index: int  # position in the scenario's `faults:` list, for messages and the log
+    at: float
+    target: str
+    action: str
+    duration: float | None = None
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    kind: str = ""
+    name: str = ""  # site name, replica id or group; "" for the router
+    robot_index: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+
+    @property
+    def family(self) -> str:
+        return FAMILY_OF_KIND[self.kind]
+
+    @property
+    def end(self) -> float | None:
+        return None if self.duration is None else self.at + self.duration
+
+
+class TimelineError(ValueError):
+    """A bad timeline entry; `str()` starts with ``faults[i]: `` and names the key and the fix."""
+
+    def __init__(self, index: int, key: str | None, message: str):
+        self.index, self.key = index, key
+        super().__init__(f"faults[{index}]: {message}")
+
+
+# --- the actuators: what the runner drives -----------------------------------------------------
+
+
+class Undoable(Protocol):
+    def undo(self) -> None: ...
+
+
+class Actuators(Protocol):
+    """The world the runner acts on. Methods are called from the runner's threads (one per target)."""
+
+    def partition(self, site: str, on: bool) -> None:
+        """on=True: the site's proxy drops every connection and refuses new ones; False: back."""
+
+    def add_toxic(self, site: str, toxic: dict) -> Any:
+        """Add one toxic dict ({type, name, stream, toxicity, attributes}); return a handle."""
+
+    def remove_toxic(self, site: str, handle: Any) -> None: ...
+
+    def set_profile(self, site: str, profile: str) -> Any:
+        """Replace the site's profile toxics with `profile`'s; return what restore_profile needs."""
+
+    def restore_profile(self, site: str, handle: Any) -> None: ...
+
+    def process_fault(self, target: str, action: str, params: Mapping[str, Any]) -> Undoable | None:
+        """kill, term, restart, restart_with, pause on "server:ID" or "router"; the handle undoes it."""
+
+    def robot_fault(self, group: str, index: int | None, action: str) -> None:
+        """kill, stop, pause, resume, restart one robot (index) or a whole group (None)."""
+
+
+# --- parameters --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    check: Callable[[Any], Any]  # the value as used, or ValueError saying what is expected
+    required: bool = False
+    example: str = ""
+
+
+def _number(minimum: float, *, above: bool = False, what: str = "") -> Callable[[Any], float]:
+    def check(v):
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or v < minimum or (above and v == minimum):
+            raise ValueError(f"must be a number {'>' if above else '>='} {minimum:g}{what}, got {v!r}")
+        return float(v)
+    return check
+
+
+def _text(v) -> str:
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"must be a non-empty string, got {v!r}")
+    return v
+
+
+def _profile_name(v) -> str:
+    if v not in profiles.PROFILES:
+        raise ValueError(f"unknown network profile {v!r}; profiles: {', '.join(profiles.PROFILES)}")
+    return v
+
+
+def _stream(v) -> str:
+    if v not in ("both", *profiles.STREAMS):
+        raise ValueError(f"must be both, upstream (robot -> router) or downstream (router -> robot), got {v!r}")
+    return v
+
+
+def _attribute(type_word: str, attr: str) -> Callable[[Any], Any]:
+    def check(v):
+        try:
+            return profiles.check_attribute(type_word, attr, v)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace(f"{type_word}.{attr} ", "")) from None
+    return check
+
+
+# --- what each action does ---------------------------------------------------------------------
+
+Undo = Callable[[], None]
+
+
+# A toxic action word -> the toxic type it adds, the attribute that must be given (and an example).
+TOXIC_ACTIONS: dict[str, tuple[str, str | None, str]] = {
+    "latency": ("latency", "latency", "latency: 200"),
+    "jitter": ("latency", "jitter", "jitter: 50"),
+    "bandwidth": ("bandwidth", "rate", "rate: 100"),
+    "loss": ("loss", "probability", "probability: 0.05"),
+    "slicer": ("slicer", "average_size", "average_size: 64"),
+    "reset_peer": ("reset_peer", None, "timeout: 0"),
+    "timeout": ("timeout", None, "timeout: 0"),
+    "slow_close": ("slow_close", "delay", "delay: 1000"),
+    "limit_data": ("limit_data", "bytes", "bytes: 1000000"),
+}
+
+
+def _toxicity(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise ValueError(f"must be a probability in 0..1 (the share of connections hit), got {v!r}")
+    return float(v)
+
+
+def _toxic_params(action: str) -> dict[str, Param]:
+    type_word, required, example = TOXIC_ACTIONS[action]
+    params = {attr: Param(_attribute(type_word, attr), attr == required, 
+                          example if attr == required else f"{attr}: {default}")
+              for attr, default in profiles.TOXIC_ATTRIBUTES[type_word].items()}
+    params["stream"] = Param(_stream, example="stream: both")
+    params["toxicity"] = Param(_toxicity, example="toxicity: 0.5")
+    return params
+
+
+def _apply_toxic(act: Actuators, ev: FaultEvent) -> Undo:
+    type_word = TOXIC_ACTIONS[ev.action][0]
+    p = dict(ev.params)
+    stream = p.pop("stream", "both")
+    toxicity = p.pop("toxicity", 1.0)
+    streams = profiles.STREAMS if stream == "both" else (stream,)
+    handles = []
+    try:
+        for s in streams:
+            t = profiles.toxic(type_word, s, toxicity=toxicity, name=f"fault{ev.index}_{type_word}_{s}", **p)
+            handles.append(act.add_toxic(ev.name, t))
+    except Exception:
+        for h in reversed(handles):  # half a fault is worse than none: take back what landed
+            with contextlib.suppress(Exception):  # the add's error is the one worth reporting
+                act.remove_toxic(ev.name, h)
+        raise
+
+    def undo():
+        for h in reversed(handles):
+            act.remove_toxic(ev.name, h)
+    return undo
+
+
+def _apply_partition(act: Actuators, ev: FaultEvent) -> Undo:
+    act.partition(ev.name, True)
+    return lambda: act.partition(ev.name, False)
+
+
+def _apply_profile(act: Actuators, ev: FaultEvent) -> Undo:
+    handle = act.set_profile(ev.name, ev.params["profile"])
+    return lambda: act.restore_profile(ev.name, handle)
+
+
+def _apply_process(act: Actuators, ev: FaultEvent) -> Undo | None:
+    handle = act.process_fault(ev.target, ev.action, dict(ev.params))
+    if ev.duration is None:
+        return None
+    if not callable(getattr(handle, "undo", None)):
+        raise TypeError(f"process_fault({ev.target!r}, {ev.action!r}) returned {handle!r}, not a handle with undo()")
+    return handle.undo
+
+
+ROBOT_UNDO = {"kill": "restart", "stop": "restart", "pause": "resume"}
+
+
+def _apply_robot(act: Actuators, ev: FaultEvent) -> Undo:
+    act.robot_fault(ev.name, ev.robot_index, ev.action)
+    undo_action = ROBOT_UNDO.get(ev.action)
+    return (lambda: act.robot_fault(ev.name, ev.robot_index, undo_action)) if undo_action else None
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    apply: Callable[[Actuators, FaultEvent], Undo | None]  # does it; returns how to undo it
+    window: str  # duration: "required" (windowed), "optional" (undone after it if given), "never"
+    params: Mapping[str, Param] = field(default_factory=dict)
+
+
+_PROFILE = {"profile": Param(_profile_name, True, "profile: satellite")}
+_TERM = {"grace_s": Param(_number(0, above=True), example="grace_s: 5")}
+_RESTART_WITH = {"manifest": Param(_text, example="manifest: path/to/other.yaml"),
+                 "checkpoint": Param(_text, example="checkpoint: other_model")}
+
+# (target family, action word) -> what it takes and does. Adding an action = one line here.
+# The effect of each is tabled in docs/chaos-faults.md.
+ACTIONS: dict[tuple[str, str], ActionSpec] = {
+    ("site", "partition"): ActionSpec(_apply_partition, "required"),
+    ("site", "profile"): ActionSpec(_apply_profile, "required", _PROFILE),
+    **{("site", word): ActionSpec(_apply_toxic, "required", _toxic_params(word)) for word in TOXIC_ACTIONS},
+    ("process", "kill"): ActionSpec(_apply_process, "optional"),
+    ("process", "term"): ActionSpec(_apply_process, "optional", _TERM),
+    ("process", "restart"): ActionSpec(_apply_process, "never"),
+    ("process", "restart_with"): ActionSpec(_apply_process, "optional", _RESTART_WITH),
+    ("process", "pause"): ActionSpec(_apply_process, "required"),
+    ("robot", "kill"): ActionSpec(_apply_robot, "optional"),
+    ("robot", "stop"): ActionSpec(_apply_robot, "optional"),
+    ("robot", "pause"): ActionSpec(_apply_robot, "optional"),
+    ("robot", "resume"): ActionSpec(_apply_robot, "never"),
+    ("robot", "restart"): ActionSpec(_apply_robot, "never"),
+}
+
+BASE_KEYS = ("at", "target", "action", "duration")
+FAMILY_WORDS = {"site": "a site", "process": "a server or the router", "robot": "robots"}
+
+
+# --- the parser --------------------------------------------------------------------------------
+
+
+def _closest(word, options) -> str:
+    hint = difflib.get_close_matches(str(word), list(options), n=1)
+    return f" (did you mean {hint[0]!r}?)" if hint else ""
+
+
+def _parse_target(i: int, raw) -> tuple[str, str, int | None]:
+    if raw is None:
+        raise TimelineError(i, "target", f"`target` is missing: add e.g. `target: site:eu`; forms: {TARGET_FORMS}")
+    m = _TARGET_RE.match(raw) if isinstance(raw, str) else None
+    if not m:
+        raise TimelineError(i, "target", f"target {raw!r} is not one of {TARGET_FORMS}")
+    if m.group("router"):
+        return "router", "", None
+    kind, name, index = m.group("kind"), m.group("name"), m.group("index")
+    if index is not None and kind != "robot":
+        raise TimelineError(i, "target", f"target {raw!r}: only robot targets take /INDEX; forms: {TARGET_FORMS}")
+    if index is not None and not index.isdigit():
+        raise TimelineError(i, "target", f"target {raw!r}: the robot index must be a whole number >= 0, e.g. robot:{name}/0")
+    return ("robot" if kind == "group" else kind), name, (int(index) if index is not None else None)
+
+
+def parse_entry(i: int, entry) -> FaultEvent:
+    """One timeline entry as a FaultEvent, or TimelineError naming the key and the fix."""
+    if not isinstance(entry, Mapping):
+        raise TimelineError(i, None, f"expected a mapping like {{at: 10, target: site:eu, action: partition, duration: 5}}, "
+                                     f"got {type(entry).__name__} {entry!r}")
+    kind, name, robot_index = _parse_target(i, entry.get("target"))
+    family = FAMILY_OF_KIND[kind]
+    action = entry.get("action")
+    family_actions = [a for f, a in ACTIONS if f == family]
+    if action is None:
+        raise TimelineError(i, "action", f"`action` is missing: add one of {', '.join(family_actions)} "
+                                         f"(for {FAMILY_WORDS[family]})")
+    spec = ACTIONS.get((family, action))
+    if spec is None:
+        if any(a == action for _f, a in ACTIONS):
+            raise TimelineError(i, "action", f"action {action!r} does not apply to target {entry['target']!r}; "
+                                             f"actions for {FAMILY_WORDS[family]}: {', '.join(family_actions)}")
+        raise TimelineError(i, "action", f"unknown action {action!r}{_closest(action, family_actions)}; "
+                                         f"actions for {FAMILY_WORDS[family]}: {', '.join(family_actions)}")
+    allowed = [*BASE_KEYS, *spec.params]
+    for key in entry:
+        if key not in allowed:
+            raise TimelineError(i, str(key), f"unknown key {key!r}{_closest(key, allowed)} for {action} on "
+                                             f"{FAMILY_WORDS[family]}; keys: {', '.join(allowed)}")
+    if entry.get("at") is None:
+        raise TimelineError(i, "at", "`at` is missing: add `at: SECONDS` (time after t=0, >= 0)")
+    try:
+        at = _number(0, what=" (seconds after t=0)")(entry["at"])
+    except ValueError as exc:
+        raise TimelineError(i, "at", f"at: {exc}") from None
+    duration = entry.get("duration")
+    if duration is None and spec.window == "required":
+        raise TimelineError(i, "duration", f"`duration` is missing: {action} is undone after it; "
+                                           "add e.g. `duration: 5` (seconds)")
+    if duration is not None:
+        if spec.window == "never":
+            raise TimelineError(i, "duration", f"`duration` does not apply to {action} (it has nothing to undo): remove it")
+        try:
+            duration = _number(0, above=True, what=" (seconds)")(duration)
+        except ValueError as exc:
+            raise TimelineError(i, "duration", f"duration: {exc}") from None
+    params = {}
+    for key, p in spec.params.items():
+        if key not in entry:
+            if p.required:
+                raise TimelineError(i, key, f"`{key}` is missing: the {action} action needs it, e.g. `{p.example}`")
+            continue
+        try:
+            params[key] = p.check(entry[key])
+        except ValueError as exc:
+            raise TimelineError(i, key, f"{key}: {exc}") from None
+    if action == "restart_with" and len(params) != 1:
+        raise TimelineError(i, "manifest", "restart_with needs exactly one of `manifest: PATH` or `checkpoint: NAME`")
+    return FaultEvent(index=i, at=at, target=entry["target"], action=action, duration=duration, params=params,
+                      kind=kind, name=name, robot_index=robot_index)
+
+
+def parse_timeline(entries) -> list[FaultEvent]:
+    """Every entry checked (the first bad one raises TimelineError); events sorted by `at`."""
+    if entries is None:
+        return []
+    if not isinstance(entries, (list, tuple)):
+        raise TimelineError(0, None, f"the timeline is a list of entries, got {type(entries).__name__}")
+    events = [parse_entry(i, e) for i, e in enumerate(entries)]
+    return sorted(events, key=lambda e: e.at)  # stable: same `at` keeps file order
+
+
+# --- the runner --------------------------------------------------------------------------------
+
+
+class TimelineActionError(RuntimeError):
+    """An actuator failed; the message names the entry, `__cause__` is the actuator's exception."""
+
+
+class TimelineRunner:
+    """Runs events against actuators from t0: one thread per target, waits on an Event, no polling.
+
+    `log` (pass a list to share it) gets one dict per applied event when it starts:
+    {index, target, action, params, at, duration, t_start, t_end, error}; times are seconds after
+    t0, `t_end` is None while the fault is in effect (until its undo, or until an instant action
+    returns). `error` (here and on the runner) is the first actuator failure; the other events
+    still run. `clock` stamps t0 and the log and must tick in real seconds (waits are real time).
+    """
+
+    def __init__(self, events: list[FaultEvent], actuators: Actuators, clock: Callable[[], float] = time.monotonic,
+                 log: list | None = None):
+        self.events = sorted(events, key=lambda e: e.at)
+        self.actuators = actuators
+        self.clock = clock
+        self.log: list[dict] = log if log is not None else []
+        self.error: BaseException | None = None
+        self.t0: float | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, t0: float | None = None) -> "TimelineRunner":
+        if self.t0 is not None:
+            raise RuntimeError("this timeline runner was already started")
+        self.t0 = self.clock() if t0 is None else t0
+        lanes: dict[str, list[FaultEvent]] = {}
+        for ev in self.events:
+            lanes.setdefault(ev.target, []).append(ev)
+        for target, events in lanes.items():
+            t = threading.Thread(target=self._run_lane, args=(events,), name=f"faults {target}", daemon=True)
+            self._threads.append(t)
+            t.start()
+        return self
+
+    def now(self) -> float:
+        return self.clock() - self.t0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until every event has run and been undone; False if `timeout` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self.done
+
+    @property
+    def done(self) -> bool:
+        return self.t0 is not None and not any(t.is_alive() for t in self._threads)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Skip what has not started; undo every fault still in effect; return when all is undone."""
+        self._stopping.set()
+        self.wait(timeout)
+
+    # --- one lane: the events of one target, in order -------------------------------------------
+
+    def _run_lane(self, events: list[FaultEvent]) -> None:
+        seq = itertools.count()
+        steps: list = [(ev.at, next(seq), ev, None) for ev in events]  # (due, tie, event, undo or None)
+        heapq.heapify(steps)
+        in_effect: dict[int, tuple[dict, Undo]] = {}
+        while steps and not self._wait_until(steps[0][0]):
+            _due, key, ev, pending = heapq.heappop(steps)
+            if pending is None:
+                entry, undo = self._apply(ev)
+                if undo is not None:
+                    undo_key = next(seq)
+                    in_effect[undo_key] = (entry, undo)
+                    heapq.heappush(steps, (ev.end, undo_key, ev, (entry, undo)))
+            else:
+                in_effect.pop(key, None)
+                self._undo(*pending)
+        for entry, undo in reversed(list(in_effect.values())):  # stopping: newest fault first
+            self._undo(entry, undo)
+
+    def _wait_until(self, due: float) -> bool:
+        """Block until t0 + due; True if stop() came first."""
+        while True:
+            remaining = self.t0 + due - self.clock()
+            if remaining <= 0:
+                return self._stopping.is_set()
+            if self._stopping.wait(remaining):
+                return True
+
+    def _apply(self, ev: FaultEvent) -> tuple[dict, Undo | None]:
+        entry = {"index": ev.index, "target": ev.target, "action": ev.action, "params": dict(ev.params),
+                 "at": ev.at, "duration": ev.duration, "t_start": self.now(), "t_end": None, "error": None}
+        with self._lock:
+            self.log.append(entry)
+        undo = None
+        try:
+            undo = ACTIONS[(ev.family, ev.action)].apply(self.actuators, ev)
+        except Exception as exc:
+            self._fail(entry, "apply", exc)
+        if undo is None or ev.duration is None:
+            entry["t_end"] = self.now()
+            return entry, None
+        return entry, undo
+
+    def _undo(self, entry: dict, undo: Undo) -> None:
+        try:
+            undo()
+        except Exception as exc:
+            self._fail(entry, "undo", exc)
+        entry["t_end"] = self.now()
+
+    def _fail(self, entry: dict, phase: str, exc: Exception) -> None:
+        what = f"faults[{entry['index']}] {entry['action']} {entry['target']} ({phase} at t={self.now():.3f}s)"
+        err = TimelineActionError(f"{what}: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        with self._lock:
+            entry["error"] = (entry["error"] + "; " if entry["error"] else "") + f"{phase}: {type(exc).__name__}: {exc}"
+            if self.error is None:
+                self.error = err
+
+
+def run_timeline(entries, actuators: Actuators, t0: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 log: list | None = None) -> TimelineRunner:
+    """Parse `entries` and start a runner on them: what the bench calls at t=0."""
+    return TimelineRunner(parse_timeline(entries), actuators, clock=clock, log=log).start(t0)
+
+
+# --- actuators for a live run: the chaos proxy and ManagedProcesses ------------------------------
+
+
+class LiveActuators:
+    """Actuators over a ChaosClient (one proxy per site) and `chaos.faults.ManagedProcess`es.
+
+    `processes` maps targets ("server:r0", "router") to ManagedProcesses; `site_toxics` holds each
+    site's current profile toxics (what `set_profile` takes off); `robot_fault` forwards robot
+    actions (the bench sends them to its shards); `manifest_for_checkpoint(target, checkpoint)`
+    writes a manifest for `restart_with: {checkpoint}` and returns its path. With
+    `real_toxiproxy=True` toxics the real binary lacks (`loss`) are sent as their stand-ins.
+    """
+
+    def __init__(self, client, processes: Mapping[str, Any] | None = None,
+                 site_toxics: Mapping[str, list[dict]] | None = None,
+                 robot_fault: Callable[[str, int | None, str], None] | None = None,
+                 manifest_for_checkpoint: Callable[[str, str], str] | None = None,
+                 proxy_name: Callable[[str], str] = lambda site: f"site-{site}", real_toxiproxy: bool = False):
+        self.client = client
+        self.processes = dict(processes or {})
+        self.site_toxics = {k: list(v) for k, v in (site_toxics or {}).items()}
+        self._robot_fault = robot_fault
+        self.manifest_for_checkpoint = manifest_for_checkpoint
+        self.proxy_name = proxy_name
+        self.real_toxiproxy = real_toxiproxy
+
+    def _send(self, site: str, toxic: dict) -> str:
+        if self.real_toxiproxy:
+            toxic = profiles.real_toxiproxy_equivalent([toxic])[0]
+        self.client.add_toxic(self.proxy_name(site), **toxic)
+        return toxic["name"]
+
+    def partition(self, site: str, on: bool) -> None:
+        self.client.set_enabled(self.proxy_name(site), not on)
+
+    def add_toxic(self, site: str, toxic: dict) -> str:
+        return self._send(site, toxic)
+
+    def remove_toxic(self, site: str, handle: str) -> None:
+        self.client.remove_toxic(self.proxy_name(site), handle)
+
+    def set_profile(self, site: str, profile: str) -> list[dict]:
+        return self._swap_toxics(site, profiles.profile_toxics(profile))
+
+    def restore_profile(self, site: str, handle: list[dict]) -> None:
+        self._swap_toxics(site, handle)
+
+    def _swap_toxics(self, site: str, toxics: list[dict]) -> list[dict]:
+        previous = self.site_toxics.get(site, [])
+        for t in previous:
+            self.client.remove_toxic(self.proxy_name(site), t["name"])
+        for t in toxics:
+            self._send(site, t)
+        self.site_toxics[site] = list(toxics)
+        return previous
+
+    def process_fault(self, target: str, action: str, params: Mapping[str, Any]):
+        from chaos import faults
+
+        params = dict(params)
+        if action == "restart_with":
+            proc = self.processes.get(target)
+            if proc is None:
+                return faults.apply_fault(self.processes, target, action)  # raises UnknownProcess
+            manifest = params.get("manifest")
+            if manifest is None:
+                if self.manifest_for_checkpoint is None:
+                    raise faults.ProcessFaultError(f"{target}: restart_with checkpoint needs a manifest_for_checkpoint "
+                                                   "callback; give `manifest:` instead")
+                manifest = self.manifest_for_checkpoint(target, params["checkpoint"])
+            params = {"argv": faults.replace_arg(proc.argv, "--manifest", str(manifest))}
+        return faults.apply_fault(self.processes, target, action, **params)
+
+    def robot_fault(self, group: str, index: int | None, action: str) -> None:
+        if self._robot_fault is None:
+            raise RuntimeError(f"robot faults are not wired: {action} robot:{group}{'' if index is None else f'/{index}'}")
+        self._robot_fault(group, index, action)
