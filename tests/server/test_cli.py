@@ -1,0 +1,130 @@
+"""`policy-server` as a process: --help, user errors without tracebacks, SIGTERM drain, manifests."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from wire import DrainNotice, ReplicaKeys, SessionAck
+from wire.procs import ChildProcess
+from server.manifest import ManifestError, load_manifest, manifest_from_dict
+from tests.server.test_service import S, ckpt  # noqa: F401  (fixture reuse)
+from tests.server.zclient import RawClient
+
+CLI = [sys.executable, "-m", "server.cli"]
+
+
+def run(args, timeout=60):
+    return subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_answers():
+    out = run(["--help"])
+    assert out.returncode == 0 and "--manifest" in out.stdout and "--max-batch" in out.stdout
+    assert run(["replay", "--help"]).returncode == 0
+
+
+def write(tmp_path, data, name="m.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data) if isinstance(data, dict) else data)
+    return p
+
+
+BAD = [
+    ("unknown key", {"max_sesions": 3}, "max_sesions: unknown key; did you mean max_sessions?"),
+    ("bad choice", {"scheduling": {"overflow_policy": "drop_all"}}, "scheduling.overflow_policy: 'drop_all' is not one of"),
+    ("range", {"max_sessions": 0}, "max_sessions: 0 is outside"),
+    ("type", {"pin_task": "yes"}, "pin_task: must be true or false"),
+    ("hub id", {"model": {"repo_or_path": "lerobot/pi0"}}, "Weights load only from local paths"),
+    ("emulated", {"emulated_latency": {"distribution": "gamma"}}, "distribution 'gamma' is not one of"),
+]
+
+
+@pytest.mark.parametrize("name,patch,words", BAD, ids=[b[0] for b in BAD])
+def test_manifest_errors_name_the_key_and_line_without_a_traceback(tmp_path, ckpt, name, patch, words):  # noqa: F811
+    data = {"model": {"repo_or_path": str(ckpt)}, "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:1"]}}
+    for k, v in patch.items():
+        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
+    path = write(tmp_path, data)
+    out = run(["--manifest", str(path)])
+    assert out.returncode == 2
+    assert words in out.stderr
+    assert f"{path}:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_yaml_syntax_and_empty_files_are_user_errors(tmp_path):
+    assert "not valid YAML" in run(["--manifest", str(write(tmp_path, "model: [\n"))]).stderr
+    assert "empty" in run(["--manifest", str(write(tmp_path, "", "e.yaml"))]).stderr
+
+
+def test_flags_and_set_override_with_the_same_checks(tmp_path, ckpt):  # noqa: F811
+    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:1"]}})
+    m = load_manifest(path, {"scheduling.max_batch": 8, "max_sessions": 3})
+    assert m.scheduling.max_batch == 8 and m.max_sessions == 3
+    with pytest.raises(ManifestError, match="scheduling.max_batch: 0 is outside"):
+        load_manifest(path, ["scheduling.max_batch=0"])
+    out = run(["--manifest", str(path), "--check", "--max-sessions", "5", "--set", "drain.timeout_s=3"])
+    assert out.returncode == 0 and "checkpoint OK" in out.stdout
+
+
+def test_defaults_are_complete_and_round_trip(ckpt):  # noqa: F811
+    m = manifest_from_dict({"model": {"repo_or_path": str(ckpt)}, "zenoh": {"connect_endpoints": ["tcp/x:1"]}})
+    d = m.to_dict()
+    assert d["scheduling"]["strategy"] == "round_robin" and d["max_sessions"] == 8 and d["drain"]["timeout_s"] == 10.0
+    assert manifest_from_dict(d).to_dict() == d
+
+
+def test_an_unreachable_router_is_a_one_line_error(tmp_path, ckpt):  # noqa: F811
+    from wire.procs import free_port
+
+    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0,
+                            "zenoh": {"connect_endpoints": [f"tcp/127.0.0.1:{free_port()}"]}})
+    out = run(["--manifest", str(path)])
+    assert out.returncode == 2 and "cannot reach a Zenoh router" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sigterm_drains_notifies_clients_and_exits_zero(tmp_path, ckpt, router):  # noqa: F811
+    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "model_id": "arm", "warmup_inferences": 1,
+                            "zenoh": {"connect_endpoints": [router]}, "drain": {"timeout_s": 3.0},
+                            "emulated_latency": 200})
+    child = ChildProcess(CLI + ["--manifest", str(path)], tmp_path / "server.log", ready_text="policy-server ready",
+                         name="server").start(timeout_s=60)
+    c = RawClient(router, ReplicaKeys("arm", "main", "r0"), "robot-1")
+    try:
+        assert isinstance(c.open(), SessionAck)
+        c.send(np.ones(S))  # a request in flight (200 ms emulated) when SIGTERM lands
+        time.sleep(0.05)
+        t0 = time.monotonic()
+        child.signal(signal.SIGTERM)
+        rc = child.proc.wait(10)
+        took = time.monotonic() - t0
+        assert rc == 0 and took < 3.0 + 2.0
+        assert c.wait_for(lambda h, m: isinstance(m, DrainNotice), timeout=2) is not None
+        assert "policy-server stopped" in child.tail(5)
+    finally:
+        c.close()
+        child.stop()
+
+
+def test_docs_reference_matches_the_schema():
+    from pathlib import Path
+
+    from server.manifest import schema_doc
+
+    assert schema_doc() in (Path(__file__).parents[2] / "docs" / "manifest.md").read_text(), \
+        "docs/manifest.md is stale: regenerate its table with `python -m server.manifest --doc`"
+
+
+def test_shipped_example_manifests_load():
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    for name in ("minimal.yaml", "full.yaml"):
+        m = load_manifest(root / "examples" / "manifests" / name)
+        assert m.zenoh.connect_endpoints
