@@ -1,0 +1,349 @@
+"""The plain client API (003's SDK shape) over the wire protocol; the remote engine is built on it.
+
+    conn = Connection(["tcp/127.0.0.1:7447"], client_id="station-01", client_type="so100")
+    arm = conn.model("arm", action_names=[...], state_dim=6, fps=30)    # discovery + session open
+    seq = arm.observe(urgency=0.8, state=q, images={"front": rgb})      # non-blocking put
+    r = arm.get_result(timeout_ms=200)                                  # Result | Event | None
+    conn.close()
+
+Per model handle (one session on one replica): liveliness token on its own `alive` key, action
+subscriber, obs publisher, liveliness subscriber on the replica's token, then the session-open query
+(docs/protocol-contract.md). Replicas come from one discovery query, ordered ready-and-not-draining
+first, lowest load first (or `replica_order`); CAPACITY, EXCLUSIVE_BUSY, DRAINING and NOT_READY move
+on to the next replica; any other refusal raises `SessionRefused` (never run an incompatible model).
+
+Invariants: Zenoh callbacks only deposit (raw bytes into a bounded inbox, flags for liveliness) and
+run on Zenoh's own threads (no Python thread per subscriber); only monotonic clocks; `seq_id`
+strictly increases per session and `session_epoch` counts (re)opens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wire import (
+    DEFAULT_ROOT, ActionChunk, DrainNotice, Error, ErrorCode, Header, MsgType, Observation, ReplicaKeys, Reset,
+    ResetAck, SCHEMA_VERSION, SessionAck, SessionOpen, Status, WireError, decode_message, discovery_key, encode_image,
+    unpack_header,
+)
+from wire.qos import CONTROL_TIMEOUTS_S, declare_publisher
+
+RETRY_ELSEWHERE = {ErrorCode.CAPACITY, ErrorCode.EXCLUSIVE_BUSY, ErrorCode.DRAINING, ErrorCode.NOT_READY}
+INBOX_MAX = 64
+
+
+class SessionRefused(Exception):
+    """The server refused the session for a reason another replica would not fix."""
+
+    def __init__(self, code: str, message: str, details: dict | None = None):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.details = code, message, dict(details or {})
+
+
+class NoReplica(ConnectionError):
+    """No replica answered, or every replica refused for capacity/draining reasons."""
+
+
+@dataclass
+class Result:
+    seq_id: int
+    episode_id: int
+    session_epoch: int
+    chunk_model: np.ndarray
+    chunk_robot: np.ndarray
+    rtt_s: float
+    queue_wait_ms: float
+    inference_ms: float
+    superseded_seqs: int = 0
+    server_load: float = 0.0
+    rtc_applied: bool = False
+    inference_emulated: bool = False
+    t_recv: float = 0.0  # monotonic seconds
+    session_id: str = ""
+    error: None = None
+
+
+@dataclass
+class Event:
+    """An EVENT from the server: an Error for a request (or the session) or a DrainNotice."""
+
+    kind: str  # "error" | "drain"
+    code: str
+    message: str
+    seq_id: int | None
+    episode_id: int
+    session_epoch: int
+    details: dict = field(default_factory=dict)
+
+    @property
+    def error(self) -> str:
+        return self.code
+
+
+class Connection:
+    def __init__(self, server: str | list[str], client_id: str, client_type: str = "", *, root: str = DEFAULT_ROOT,
+                 lease_ms: int = 1000, tls=None, session=None):
+        from wire.keys import sanitize
+        from wire.transport import open_session
+
+        self.client_id = sanitize(client_id, "client_id")
+        self.client_type = client_type
+        self.root = root
+        self.endpoints = [server] if isinstance(server, str) else list(server)
+        self._own = session is None
+        self.z = session or open_session(connect=self.endpoints, lease_ms=lease_ms, tls=tls, what=f"client {client_id}")
+        self._models: list[Model] = []
+
+    def model(self, model_id: str, revision: str = "main", *, latency_budget_ms: float | None = None, priority: int = 0,
+              open: bool = True, **session_kw) -> "Model":
+        m = Model(self, model_id, revision, latency_budget_ms=latency_budget_ms, priority=priority, **session_kw)
+        self._models.append(m)
+        if open:
+            m.open()
+        return m
+
+    def close(self) -> None:
+        for m in self._models:
+            m.close()
+        self._models.clear()
+        if self._own:
+            try:
+                self.z.close()
+            except Exception:
+                pass
+
+
+class Model:
+    """One session of this client with one replica of a model."""
+
+    def __init__(self, conn: Connection, model_id: str, revision: str = "main", *, latency_budget_ms: float | None = None,
+                 priority: int = 0, task: str = "", fps: float = 30.0, action_names: list[str] | None = None,
+                 state_dim: int = 0, cameras: dict[str, list[int]] | None = None, rtc_enabled: bool = False,
+                 execution_horizon: int = 0, expected_checkpoint_hash: str = "", policy_type: str = "",
+                 replica_order: list[str] | None = None, tags: dict[str, str] | None = None, jpeg_quality: int = 90):
+        self.conn = conn
+        self.model_id, self.revision = model_id, revision
+        self.latency_budget_ms, self.priority = latency_budget_ms, priority
+        self.open_args = dict(task=task, fps=float(fps), action_names=list(action_names or []), state_dim=int(state_dim),
+                              cameras=dict(cameras or {}), rtc_enabled=bool(rtc_enabled),
+                              execution_horizon=int(execution_horizon), expected_checkpoint_hash=expected_checkpoint_hash,
+                              policy_type=policy_type, tags=dict(tags or {}))
+        self.replica_order = list(replica_order or [])
+        self.jpeg_quality = int(jpeg_quality)
+        self.ack: SessionAck | None = None
+        self.replica: ReplicaKeys | None = None
+        self.keys = None
+        self.epoch = 0
+        self._seq = itertools.count(1)
+        self.last_seq = 0
+        self._inbox: deque = deque(maxlen=INBOX_MAX)
+        self._cv = threading.Condition()
+        self._decl: list[Any] = []
+        self._pub = None
+        self.server_alive = False
+        self.server_lost = threading.Event()  # set when the replica's liveliness token disappears
+        self.draining = False
+        self.wake: threading.Event | None = None  # optional: set on every deposit (the engine's worker waits on it)
+
+    # --- discovery and handshake -------------------------------------------------------------------
+
+    def discover(self, timeout_s: float = CONTROL_TIMEOUTS_S["status"]) -> list[Status]:
+        key = discovery_key(self.model_id, self.revision, self.conn.root)
+        found: list[Status] = []
+        for reply in self.conn.z.get(key, timeout=timeout_s):
+            if reply.ok is None:
+                continue
+            try:
+                st = decode_message(reply.ok.payload.to_bytes(), expect=Status)
+            except WireError:
+                continue
+            found.append(st)
+        order = {r: i for i, r in enumerate(self.replica_order)}
+        found.sort(key=lambda s: (not s.ready or s.draining, order.get(s.replica_id, len(order)), s.load, s.replica_id))
+        return found
+
+    def open(self, exclude: set[str] | frozenset = frozenset(), task: str | None = None) -> SessionAck:
+        """Discover and open a session on the best replica not in `exclude`; raise SessionRefused / NoReplica."""
+        replicas = [s for s in self.discover() if s.replica_id not in exclude]
+        if self.replica_order:
+            replicas = [s for s in replicas if s.replica_id in self.replica_order] or replicas
+        if not replicas:
+            raise NoReplica(f"no replica of {self.model_id}@{self.revision} answered under {self.conn.root} "
+                            f"(excluded: {sorted(exclude) or 'none'}); is the server running and connected to the router?")
+        refusals = []
+        for st in replicas:
+            if not st.ready or st.draining:
+                refusals.append(f"{st.replica_id}: {'draining' if st.draining else 'not ready'}")
+                continue
+            try:
+                return self._open_on(st, task)
+            except SessionRefused as exc:
+                if exc.code in RETRY_ELSEWHERE:
+                    refusals.append(f"{st.replica_id}: {exc.code}")
+                    continue
+                raise
+        raise NoReplica(f"every replica of {self.model_id} refused: {'; '.join(refusals)}")
+
+    def _open_on(self, st: Status, task: str | None) -> SessionAck:
+        import zenoh
+
+        self._undeclare()
+        rk = ReplicaKeys(self.model_id, self.revision, st.replica_id, self.conn.root)
+        eff_task = (task if task is not None else self.open_args["task"]) or st.default_task
+        keys = rk.client(eff_task, self.conn.client_id)
+        z = self.conn.z
+        self.server_lost.clear()
+        self.server_alive = False
+        self.draining = False
+        self._decl.append(z.liveliness().declare_token(keys.alive))
+        self._decl.append(z.declare_subscriber(keys.action, zenoh.handlers.Callback(self._on_action, indirect=False)))
+        self._decl.append(z.liveliness().declare_subscriber(rk.alive, zenoh.handlers.Callback(self._on_server_alive,
+                                                                                               indirect=False), history=True))
+        self._pub = declare_publisher(z, keys.obs, "obs")
+        self.epoch += 1
+        body = SessionOpen(client_uuid=self.conn.client_id, schema_version=SCHEMA_VERSION,
+                           client_type=self.conn.client_type, **{**self.open_args, "task": eff_task})
+        reply = self._query(rk.session, body, CONTROL_TIMEOUTS_S["session"])
+        if isinstance(reply, Error):
+            self._undeclare()
+            raise SessionRefused(reply.code, reply.message, reply.details)
+        if not isinstance(reply, SessionAck):
+            self._undeclare()
+            raise SessionRefused(ErrorCode.MALFORMED, f"session open answered with {type(reply).__name__}")
+        self.replica, self.keys, self.ack = rk, keys, reply
+        with self._cv:
+            self._inbox.clear()
+        return reply
+
+    def _query(self, key: str, body, timeout_s: float):
+        header = Header(SCHEMA_VERSION, MsgType.CONTROL).pack()
+        for reply in self.conn.z.get(key, payload=body.encode(), attachment=header, timeout=timeout_s):
+            if reply.ok is None:
+                continue
+            try:
+                return decode_message(reply.ok.payload.to_bytes())
+            except WireError as exc:
+                return Error(exc.code, f"undecodable reply: {exc}")
+        raise TimeoutError(f"no reply on {key} within {timeout_s} s")
+
+    # --- data plane ----------------------------------------------------------------------------------
+
+    def observe(self, urgency: float = 0.5, priority: int | None = None, *, state, images: dict | None = None,
+                episode_id: int = 0, **fields) -> int:
+        """Publish one observation (non-blocking); returns its seq_id. Extra ndarrays go to `tensors`,
+        strings to `metadata`; Observation fields (prefix_model, inference_delay_steps, ...) pass through."""
+        if self.ack is None or self._pub is None:
+            raise RuntimeError("no open session: call open() first")
+        known = {f.name for f in Observation.FIELDS}
+        kw = {k: v for k, v in fields.items() if k in known}
+        tensors = {k: np.asarray(v) for k, v in fields.items() if k not in known and isinstance(v, np.ndarray)}
+        metadata = {k: str(v) for k, v in fields.items() if k not in known and isinstance(v, str)}
+        enc = {}
+        for name, frame in (images or {}).items():
+            enc[name] = frame if hasattr(frame, "to_wire") else encode_image(
+                np.asarray(frame), "jpeg" if self.jpeg_quality > 0 else "raw", self.jpeg_quality or 90)
+        seq = next(self._seq)
+        obs = Observation(self.ack.session_id, np.asarray(state, np.float32), images=enc, tensors=tensors,
+                          metadata=metadata, urgency=float(urgency),
+                          priority=int(self.priority if priority is None else priority), **kw)
+        header = Header(SCHEMA_VERSION, MsgType.OBS, seq, int(episode_id), time.monotonic_ns(), self.epoch)
+        self._pub.put(obs.encode(), attachment=header.pack())
+        self.last_seq = seq
+        return seq
+
+    def _on_action(self, sample) -> None:  # deposit only
+        att = sample.attachment
+        item = (time.monotonic_ns(), sample.payload.to_bytes(), att.to_bytes() if att is not None else b"")
+        with self._cv:
+            self._inbox.append(item)
+            self._cv.notify_all()
+        if self.wake is not None:
+            self.wake.set()
+
+    def _on_server_alive(self, sample) -> None:  # deposit only
+        import zenoh
+
+        alive = sample.kind == zenoh.SampleKind.PUT
+        self.server_alive = alive
+        if not alive:
+            self.server_lost.set()
+            if self.wake is not None:
+                self.wake.set()
+
+    def get_result(self, timeout_ms: float | None = 0) -> Result | Event | None:
+        """The next chunk or event from the server (decoded here, on the caller's thread), or None."""
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1e3
+        while True:
+            with self._cv:
+                while not self._inbox:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return None
+                    self._cv.wait(left)
+                t_ns, payload, att = self._inbox.popleft()
+            out = self._decode(t_ns, payload, att)
+            if out is not None:
+                return out
+
+    def poll(self) -> Result | Event | None:
+        return self.get_result(0)
+
+    def _decode(self, t_ns: int, payload: bytes, att: bytes):
+        try:
+            h = unpack_header(att)
+            msg = decode_message(payload)
+        except WireError as exc:
+            return Event("error", exc.code, f"undecodable message from the server: {exc}", None, 0, 0)
+        if isinstance(msg, ActionChunk):
+            if h.msg_type != MsgType.CHUNK or msg.seq_id_echo != h.seq_id:
+                return Event("error", ErrorCode.MALFORMED, "chunk header and body disagree", h.seq_id, h.episode_id,
+                             h.session_epoch)
+            return Result(h.seq_id, h.episode_id, h.session_epoch, msg.chunk_model, msg.chunk_robot,
+                          (t_ns - msg.client_mono_ns_echo) / 1e9, msg.queue_wait_ms, msg.inference_ms,
+                          msg.superseded_seqs, msg.server_load, msg.rtc_applied, msg.inference_emulated, t_ns / 1e9,
+                          msg.session_id)
+        if isinstance(msg, DrainNotice):
+            self.draining = True
+            return Event("drain", ErrorCode.DRAINING, msg.reason or "replica draining", None, h.episode_id,
+                         h.session_epoch, {"replica_id": msg.replica_id, "deadline_ms": msg.deadline_ms})
+        if isinstance(msg, Error):
+            return Event("error", msg.code, msg.message, msg.seq_id if msg.seq_id is not None else h.seq_id,
+                         h.episode_id, h.session_epoch, msg.details)
+        return None
+
+    def reset(self, episode_id: int, timeout_s: float = CONTROL_TIMEOUTS_S["reset"]) -> bool:
+        """The acknowledged episode reset; False if the server did not acknowledge in time."""
+        if self.ack is None:
+            return False
+        try:
+            reply = self._query(self.keys.reset, Reset(self.ack.session_id, int(episode_id)), timeout_s)
+        except TimeoutError:
+            return False
+        return isinstance(reply, ResetAck) and reply.episode_id == episode_id
+
+    # --- teardown ------------------------------------------------------------------------------------
+
+    def _undeclare(self) -> None:
+        for d in reversed(self._decl):
+            try:
+                d.undeclare()
+            except Exception:
+                pass
+        self._decl.clear()
+        if self._pub is not None:
+            try:
+                self._pub.undeclare()
+            except Exception:
+                pass
+            self._pub = None
+        self.ack = None
+
+    def close(self) -> None:
+        self._undeclare()

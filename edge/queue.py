@@ -1,0 +1,156 @@
+"""The action queue every engine executes from, behaviour-compatible with LeRobot's ActionQueue.
+
+    merge(original, processed, real_delay, idx_before) ──► [ original (T, A) | processed (T, A) | meta ]
+                                                                     ▲ cursor
+    get() / get_with_meta() ──► processed[cursor], cursor += 1       (nothing is popped)
+
+Two modes, fixed at construction:
+- RTC (replace): d = max(0, min(real_delay, len(original), len(processed))); both queues become
+  chunk[d:], cursor 0. The old leftover is discarded: blending is the policy's job (guidance).
+- append (non-RTC): the first merge stores the chunk untrimmed; later merges keep the unconsumed
+  part of the old queue and append the new chunk; `real_delay` is ignored.
+
+`trim="real_delay"` (LeRobot's default) trims by the measured delay even when fewer actions were
+consumed during inference (a mismatch is only logged); `trim="consumed"` trims by
+min(real_delay, consumed), which fixes the first-chunk over-trim from standstill (design open risk 2).
+
+Invariant: one lock; every public method takes it and returns copies, so a caller never holds a view
+the worker thread can change. Each row carries provenance (`meta` of its merge and its index in the
+source chunk) so an engine can report where an action came from and how old it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+TRIM_MODES = ("real_delay", "consumed")
+
+
+class ActionQueue:
+    def __init__(self, rtc_enabled: bool, trim: str = "real_delay"):
+        if trim not in TRIM_MODES:
+            raise ValueError(f"trim must be one of {TRIM_MODES}, got {trim!r}")
+        self.rtc_enabled = bool(rtc_enabled)
+        self.trim = trim
+        self._lock = threading.Lock()
+        self._original: np.ndarray | None = None
+        self._processed: np.ndarray | None = None
+        self._meta: list[Any] = []  # per row: the merge's meta
+        self._index: np.ndarray = np.zeros(0, np.int64)  # per row: index within its source chunk
+        self._cursor = 0
+
+    # --- reads (control thread) ------------------------------------------------------------------
+
+    def get(self) -> np.ndarray | None:
+        with self._lock:
+            if self._processed is None or self._cursor >= len(self._processed):
+                return None
+            a = self._processed[self._cursor].copy()
+            self._cursor += 1
+            return a
+
+    def get_with_meta(self) -> tuple[np.ndarray, Any, int] | None:
+        """(processed action, its merge's meta, its index in the source chunk), or None."""
+        with self._lock:
+            if self._processed is None or self._cursor >= len(self._processed):
+                return None
+            i = self._cursor
+            self._cursor += 1
+            return self._processed[i].copy(), self._meta[i], int(self._index[i])
+
+    def peek_meta(self) -> tuple[Any, int] | None:
+        """Provenance of the next action without consuming it."""
+        with self._lock:
+            if self._processed is None or self._cursor >= len(self._processed):
+                return None
+            return self._meta[self._cursor], int(self._index[self._cursor])
+
+    def skip(self, n: int) -> int:
+        """Advance the cursor by up to n actions (stale ones the engine refuses); returns how many."""
+        with self._lock:
+            if self._processed is None:
+                return 0
+            k = max(0, min(int(n), len(self._processed) - self._cursor))
+            self._cursor += k
+            return k
+
+    def qsize(self) -> int:
+        with self._lock:
+            return 0 if self._processed is None else len(self._processed) - self._cursor
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
+    def get_action_index(self) -> int:
+        with self._lock:
+            return self._cursor
+
+    def get_left_over(self) -> np.ndarray | None:
+        """Model-space actions from the cursor; None only before the first merge."""
+        with self._lock:
+            return None if self._original is None else self._original[self._cursor:].copy()
+
+    def get_processed_left_over(self) -> np.ndarray | None:
+        with self._lock:
+            return None if self._processed is None else self._processed[self._cursor:].copy()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._original = self._processed = None
+            self._meta = []
+            self._index = np.zeros(0, np.int64)
+            self._cursor = 0
+
+    # --- merge (worker thread) ---------------------------------------------------------------------
+
+    def merge(self, original: np.ndarray, processed: np.ndarray, real_delay: int,
+              action_index_before_inference: int | None = None, meta: Any = None) -> int:
+        """Merge a new chunk; returns how many of its rows were trimmed."""
+        original = _as_chunk(original, "original")
+        processed = _as_chunk(processed, "processed")
+        if original.shape[0] != processed.shape[0]:
+            raise ValueError(f"original has {original.shape[0]} rows but processed has {processed.shape[0]}; "
+                             "both are the same chunk in two spaces")
+        with self._lock:
+            if self._processed is not None and self._processed.shape[1:] != processed.shape[1:]:
+                raise ValueError(f"chunk has {processed.shape[1]} action dims; the queue holds {self._processed.shape[1]}")
+            delay = int(real_delay)
+            if action_index_before_inference is not None:
+                consumed = max(0, self._cursor - int(action_index_before_inference))
+                if consumed != delay:
+                    log.debug("real_delay %d differs from %d actions consumed during inference", delay, consumed)
+                if self.trim == "consumed":
+                    delay = min(delay, consumed)
+            rows = np.arange(len(processed), dtype=np.int64)
+            if self.rtc_enabled:
+                d = max(0, min(delay, len(original), len(processed)))
+                self._original, self._processed = original[d:].copy(), processed[d:].copy()
+                self._meta = [meta] * (len(processed) - d)
+                self._index = rows[d:]
+                self._cursor = 0
+                return d
+            if self._processed is None:
+                self._original, self._processed = original.copy(), processed.copy()
+                self._meta = [meta] * len(processed)
+                self._index = rows
+            else:
+                c = self._cursor
+                self._original = np.concatenate([self._original[c:], original])
+                self._processed = np.concatenate([self._processed[c:], processed])
+                self._meta = self._meta[c:] + [meta] * len(processed)
+                self._index = np.concatenate([self._index[c:], rows])
+            self._cursor = 0
+            return 0
+
+
+def _as_chunk(x, name: str) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float32)
+    if a.ndim != 2:
+        raise ValueError(f"{name} chunk must be 2-D (T, A), got shape {a.shape}")
+    return a

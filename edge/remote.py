@@ -1,0 +1,650 @@
+"""The remote engine: the RTC loop with the thread boundary replaced by the network (design 9).
+
+    control thread                          network worker (1 thread)                  Zenoh (its threads)
+    notify_observation ──► slot (latest)    wait: qsize*dt <= buffer_time_s,           action sub ──► inbox
+    get_action ◄── ActionQueue ◄── merge ◄──   a new observation, active session       server token ──► lost flag
+      staleness bound, fallback             snapshot idx_before + prefixes, delay
+                                            encode JPEG ─► put obs ─► await chunk (timeout)
+                                            accept only the outstanding seq of this epoch
+                                            merge(ceil(rtt/dt), idx_before), tracker.add(rtt)
+
+States (9.2): CONNECTING ─► STREAMING ─► DEGRADED (requests failing, queue holds actions) ─► STALLED
+(queue empty or every action stale: fallback) ; timeout streak / server liveliness lost / drain /
+UNKNOWN_SESSION ─► RECONNECTING (exponential backoff, fresh handshake, new session_epoch) ;
+offline > max_offline_s or a capability/schema/checkpoint mismatch on reconnect ─► DEAD.
+
+Invariants:
+- `get_action()` never does I/O, never raises for a network or server fault, holds locks for
+  microseconds, and never returns an action whose source observation is older than
+  `max_action_age_s` (the staleness bound holds whatever the network does).
+- A chunk is merged only if it answers the latest outstanding request of the current session epoch
+  and episode; a model other than the first one acknowledged is never executed (DEAD instead).
+- Only monotonic clocks; no wall-clock instant crosses the wire.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edge.engine import Action, ConfigError, Engine, EngineState, FallbackBehavior, register_engine
+from edge.latency import LATENCY_MODES, LatencyTracker
+from edge.queue import TRIM_MODES, ActionQueue
+
+log = logging.getLogger(__name__)
+
+S = EngineState
+
+
+@dataclass
+class RemoteEngineConfig:
+    """Every field of design 9.4 (plus what a multi-replica fleet needs), with its default."""
+
+    connect_endpoints: list[str] = field(default_factory=lambda: ["tcp/127.0.0.1:7447"])  # zenoh router endpoints
+    model_id: str = ""
+    revision: str = "main"
+    fps: float = 30.0
+    action_names: list[str] = field(default_factory=list)  # ordered: chunk column i drives action i
+    state_dim: int = 0
+    cameras: list[str] = field(default_factory=list)  # camera names the robot sends
+    task: str = ""
+    client_uuid: str = ""  # "" -> a random uuid at start()
+    client_type: str = ""
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    jpeg_quality: int = 90  # 0 = raw frames (LAN/debug)
+    buffer_time_s: float = 0.5  # send the next observation when queue playback <= this
+    max_action_age_s: float = 3.0  # staleness bound (safety)
+    degraded_after_s: float = 1.0  # no chunk for this long -> DEGRADED
+    request_timeout_s: float = 5.0
+    timeout_streak: int = 3  # consecutive timeouts -> RECONNECTING
+    reconnect_initial_backoff_s: float = 0.5
+    reconnect_max_backoff_s: float = 10.0
+    max_offline_s: float = 60.0  # offline longer -> DEAD
+    fallback: str = "hold"  # hold | repeat_last | zero
+    rtc_enabled: bool = True  # replace merging with guidance; False = append mode
+    execution_horizon: int = 10  # prefix rows shipped to the server
+    trim: str = "real_delay"  # real_delay (LeRobot) | consumed (fixes first-chunk over-trim)
+    latency_mode: str = "all_time_max"  # all_time_max (LeRobot) | window_max | percentile
+    latency_window: int = 100
+    tags: dict[str, str] = field(default_factory=dict)
+    root: str = "@fleet"
+    lease_ms: int = 1000  # this client's lease: how fast the router notices it is gone
+    expected_checkpoint_hash: str = ""  # non-empty: refuse any other checkpoint from the start
+    replica_order: list[str] = field(default_factory=list)  # preferred replicas; default: lowest load
+    urgency: float = 0.5
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        def bad(name, why):
+            raise ConfigError(f"RemoteEngineConfig.{name}: {why}")
+
+        if isinstance(self.connect_endpoints, str):
+            self.connect_endpoints = [self.connect_endpoints]
+        if not self.connect_endpoints or not all(isinstance(e, str) and "/" in e for e in self.connect_endpoints):
+            bad("connect_endpoints", f"{self.connect_endpoints!r}: give zenoh endpoints like tcp/127.0.0.1:7447")
+        for name in ("fps", "buffer_time_s", "max_action_age_s", "degraded_after_s", "request_timeout_s",
+                     "reconnect_initial_backoff_s", "reconnect_max_backoff_s", "max_offline_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                bad(name, f"must be a number > 0, got {v!r}")
+            setattr(self, name, float(v))
+        if self.reconnect_max_backoff_s < self.reconnect_initial_backoff_s:
+            bad("reconnect_max_backoff_s", "must be >= reconnect_initial_backoff_s")
+        try:
+            self.fallback = FallbackBehavior(self.fallback).value
+        except ValueError:
+            bad("fallback", f"{self.fallback!r} is not one of {[f.value for f in FallbackBehavior]}")
+        if self.trim not in TRIM_MODES:
+            bad("trim", f"{self.trim!r} is not one of {TRIM_MODES}")
+        if self.latency_mode not in LATENCY_MODES:
+            bad("latency_mode", f"{self.latency_mode!r} is not one of {LATENCY_MODES}")
+        if not isinstance(self.jpeg_quality, int) or not 0 <= self.jpeg_quality <= 100:
+            bad("jpeg_quality", f"must be 0 (raw) .. 100, got {self.jpeg_quality!r}")
+        for name in ("execution_horizon", "timeout_streak", "latency_window", "lease_ms"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "execution_horizon" else 1):
+                bad(name, f"must be a positive integer, got {v!r}")
+        if not self.model_id:
+            bad("model_id", "is required: the model id the server serves (its manifest's model_id)")
+        if not self.action_names:
+            bad("action_names", "is required: the robot's ordered action names (they must match the policy's)")
+        if isinstance(self.state_dim, bool) or not isinstance(self.state_dim, int) or self.state_dim < 1:
+            bad("state_dim", f"must be the robot's state size (>= 1), got {self.state_dim!r}")
+        if not 0.0 <= float(self.urgency) <= 1.0:
+            bad("urgency", "must be in [0, 1]")
+        for name in ("tls_cert", "tls_key", "tls_ca"):
+            import os
+
+            p = getattr(self, name)
+            if p is not None and not os.path.isfile(p):
+                bad(name, f"file {p!r} does not exist; check the path")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RemoteEngineConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"RemoteEngineConfig: unknown keys {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class _Meta:
+    """Provenance of a merged chunk (shared by its rows)."""
+
+    session_id: str
+    seq_id: int
+    episode_id: int
+    t_obs: float  # monotonic s when the source observation was taken
+
+
+@register_engine("remote", RemoteEngineConfig)
+class RemoteEngine(Engine):
+    def __init__(self, config: RemoteEngineConfig, shutdown_event: threading.Event | None = None, connection=None):
+        self.cfg = config
+        self.dt = 1.0 / config.fps
+        self.shutdown_event = shutdown_event
+        self._conn_given = connection
+        self.queue = ActionQueue(config.rtc_enabled, config.trim)
+        self.tracker = LatencyTracker(config.latency_window, config.latency_mode)
+        self.A = len(config.action_names)
+        # control-thread side
+        self._slot_lock = threading.Lock()
+        self._slot: tuple[dict, float, int] | None = None  # (obs, t_mono, version)
+        self._slot_version = 0
+        self._last_values: np.ndarray | None = None
+        self._stalled = False
+        self._awaiting_first = True  # start() and reset(): None until the first chunk is expected
+        self._episode = 0
+        # worker side
+        self._state = S.STOPPED  # what callers see (see _publish)
+        self._link = S.STOPPED  # the worker's view of the session
+        self._state_lock = threading.Lock()
+        self._state_since = time.monotonic()
+        self._time_in: dict[str, float] = {}
+        self._transitions: deque = deque(maxlen=10000)
+        self._records: deque = deque(maxlen=20000)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._paused = False
+        self._reset_pending: int | None = None
+        self._episode_start = False
+        self._thread: threading.Thread | None = None
+        self._conn = None
+        self._model = None
+        self._first_ack = None
+        self._ready = False
+        self._dead_reason = ""
+        self.counters = {k: 0 for k in ("requests", "chunks", "timeouts", "errors", "late_chunks", "superseded",
+                                        "reconnects", "none_ticks", "fallback_ticks", "staleness_refusals",
+                                        "discarded_chunks", "resets")}
+        self.last_error = ""
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        if not self.cfg.client_uuid:
+            import uuid
+
+            self.cfg.client_uuid = f"robot-{uuid.uuid4().hex[:12]}"
+        self._last_ok = time.monotonic()  # the offline clock starts now
+        self._set_state(S.CONNECTING, "start")
+        self._thread = threading.Thread(target=self._run, name=f"remote-engine {self.cfg.client_uuid}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(5.0, self.cfg.request_timeout_s + 2))
+        self._close_conn()
+        if self._link != S.DEAD:
+            self._set_state(S.STOPPED, "stop")
+
+    def reset(self) -> None:
+        """Episode boundary: clear the queue, bump the episode; the worker sends the acked reset."""
+        self.queue.clear()
+        self._episode += 1
+        self._reset_pending = self._episode
+        self._episode_start = True
+        self._awaiting_first = True
+        if self._stalled:
+            self._stalled = False
+            self._publish("episode reset")
+        self._last_values = None
+        self.counters["resets"] += 1
+        self._wake.set()
+
+    def pause(self) -> None:
+        self._paused = True
+        self._set_state(S.PAUSED, "pause")
+
+    def resume(self) -> None:
+        self._paused = False
+        if self._link == S.PAUSED:
+            self._set_state(S.STREAMING if self._model is not None and self._model.ack is not None else S.CONNECTING,
+                            "resume")
+        self._wake.set()
+
+    # --- control thread ----------------------------------------------------------------------------
+
+    def notify_observation(self, obs: dict[str, Any]) -> None:
+        now = time.monotonic()
+        with self._slot_lock:
+            self._slot_version += 1
+            self._slot = (obs, now, self._slot_version)
+        self._wake.set()
+
+    def get_action(self) -> Action | None:
+        now = time.monotonic()
+        max_age = self.cfg.max_action_age_s
+        while True:
+            item = self.queue.get_with_meta()
+            if item is None:
+                break
+            values, meta, index = item
+            if meta is None or meta.episode_id != self._episode:
+                continue  # a chunk of a finished episode: never executed
+            age = now - meta.t_obs
+            if age > max_age:
+                # every later row of this chunk shares its source observation: all stale
+                self.counters["staleness_refusals"] += 1 + self.queue.skip(self.queue.qsize())
+                break
+            self._last_values = values
+            self._awaiting_first = False
+            if self._stalled:
+                self._stalled = False
+                self._publish("fresh action")
+            return Action(values, "chunk", meta.session_id, meta.seq_id, meta.episode_id, index, age)
+        # nothing fresh: STALLED, apply the fallback
+        if not self._stalled and not self._awaiting_first:  # before the first chunk: gating, not a stall
+            self._stalled = True
+            self._publish("queue empty or stale")
+        fb = self.cfg.fallback
+        if fb == "repeat_last" and self._last_values is not None:
+            self.counters["fallback_ticks"] += 1
+            return Action(self._last_values.copy(), "repeat_last")
+        if fb == "zero":
+            self.counters["fallback_ticks"] += 1
+            return Action(np.zeros(self.A, np.float32), "zero")
+        self.counters["none_ticks"] += 1
+        return None
+
+    # --- status ----------------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and self._link not in (S.DEAD, S.STOPPED)
+
+    @property
+    def failed(self) -> bool:
+        return self._link == S.DEAD
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        now = time.monotonic()
+        time_in = dict(self._time_in)
+        time_in[self._state.value] = time_in.get(self._state.value, 0.0) + now - self._state_since
+        return {**self.counters, "state": self._state.value, "time_in_state_s": time_in, "qsize": self.queue.qsize(),
+                "latency_max_s": self.tracker.max(), "session_id": self._model.ack.session_id if self._model and self._model.ack else "",
+                "replica_id": self._model.replica.replica_id if self._model and self._model.replica else "",
+                "session_epoch": self._model.epoch if self._model else 0, "dead_reason": self._dead_reason,
+                "last_error": self.last_error}
+
+    def drain_records(self) -> list[dict]:
+        out = []
+        while self._records:
+            out.append(self._records.popleft())
+        return out
+
+    def drain_transitions(self) -> list[tuple]:
+        out = []
+        while self._transitions:
+            out.append(self._transitions.popleft())
+        return out
+
+    def _set_state(self, new: EngineState, reason: str) -> None:
+        """Set the link state (worker, or lifecycle calls); DEAD is final."""
+        if self._link == S.DEAD:
+            return
+        self._link = new
+        if new == S.DEAD:
+            self._dead_reason = reason
+            log.error("%s: DEAD: %s", self.cfg.client_uuid, reason)
+        self._publish(reason)
+        if new == S.DEAD and self.shutdown_event is not None:
+            self.shutdown_event.set()
+
+    def _publish(self, reason: str) -> None:
+        """The state a control loop sees: the link state, or STALLED while it gets nothing fresh."""
+        link = self._link
+        new = S.STALLED if self._stalled and link in (S.STREAMING, S.DEGRADED, S.RECONNECTING) else link
+        with self._state_lock:
+            old = self._state
+            if new == old:
+                return
+            now = time.monotonic()
+            self._time_in[old.value] = self._time_in.get(old.value, 0.0) + now - self._state_since
+            self._state, self._state_since = new, now
+            self._transitions.append((now, old.value, new.value, reason))
+
+    # --- worker ----------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = self.cfg.reconnect_initial_backoff_s
+        exclude: set[str] = set()
+        while not self._stop.is_set() and self._link != S.DEAD:
+            offline = time.monotonic() - self._last_ok
+            if self._model is None or self._model.ack is None or self._link in (S.CONNECTING, S.RECONNECTING):
+                if offline > self.cfg.max_offline_s:
+                    self._set_state(S.DEAD, f"offline for more than max_offline_s={self.cfg.max_offline_s:g} s "
+                                    f"({self.last_error or 'no server'})")
+                    break
+                if self._handshake(exclude):
+                    backoff = self.cfg.reconnect_initial_backoff_s
+                    exclude = set()
+                    continue
+                if self._link == S.DEAD:
+                    break
+                exclude = set()  # after a failed round every replica is a candidate again
+                if self._stop.wait(backoff):
+                    break
+                backoff = min(backoff * 2, self.cfg.reconnect_max_backoff_s)
+                continue
+            outcome = self._cycle()
+            if outcome in ("lost", "drain", "unknown_session", "streak"):
+                if outcome == "drain" and self._model.replica is not None:
+                    exclude = {self._model.replica.replica_id}
+                self._reconnect(outcome)
+            elif outcome in ("timeout", "error") and time.monotonic() - self._last_ok > self.cfg.max_offline_s:
+                self._set_state(S.DEAD, f"no chunk for more than max_offline_s={self.cfg.max_offline_s:g} s "
+                                f"({self.last_error or 'timeouts'})")
+        self._close_conn()
+
+    def _connect(self) -> None:
+        if self._conn is not None:
+            return
+        from edge.client import Connection
+
+        if self._conn_given is not None:
+            self._conn = self._conn_given
+            return
+        tls = None
+        if self.cfg.tls_ca:
+            from wire.transport import TlsFiles
+
+            tls = TlsFiles(self.cfg.tls_ca, self.cfg.tls_cert, self.cfg.tls_key)
+        self._conn = Connection(self.cfg.connect_endpoints, self.cfg.client_uuid, self.cfg.client_type,
+                                root=self.cfg.root, lease_ms=self.cfg.lease_ms, tls=tls)
+
+    def _handshake(self, exclude: set[str]) -> bool:
+        from edge.client import NoReplica, SessionRefused
+
+        try:
+            self._connect()
+            if self._model is None:
+                c = self.cfg
+                self._model = self._conn.model(
+                    c.model_id, c.revision, priority=c.priority, open=False, task=c.task, fps=c.fps,
+                    action_names=list(c.action_names), state_dim=c.state_dim, cameras=self._camera_shapes(),
+                    rtc_enabled=c.rtc_enabled, execution_horizon=c.execution_horizon,
+                    expected_checkpoint_hash=c.expected_checkpoint_hash, replica_order=list(c.replica_order),
+                    tags=dict(c.tags), jpeg_quality=c.jpeg_quality)
+                self._model.wake = self._wake
+            if self._first_ack is not None:  # a reconnect: this exact checkpoint or nothing
+                self._model.open_args["expected_checkpoint_hash"] = self._first_ack.checkpoint_hash
+            ack = self._model.open(exclude)
+        except SessionRefused as exc:
+            self.last_error = str(exc)
+            self._set_state(S.DEAD, f"session refused: {exc}")
+            return False
+        except (NoReplica, ConnectionError, TimeoutError) as exc:
+            self.last_error = str(exc)
+            log.info("%s: no session yet: %s", self.cfg.client_uuid, exc)
+            return False
+        except Exception as exc:  # a zenoh error while the router restarts, and the like
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("%s: handshake failed: %s", self.cfg.client_uuid, self.last_error)
+            return False
+        if self._first_ack is None:
+            self._first_ack = ack
+        else:
+            mismatch = _capability_mismatch(self._first_ack, ack)
+            if mismatch:
+                self._model.close()
+                self._set_state(S.DEAD, f"the server came back with another model: {mismatch}")
+                return False
+        if ack.warmed_up:
+            self._ready = True
+        self._outstanding = None
+        self._episode_start = True
+        self._set_state(S.PAUSED if self._paused else S.STREAMING, f"session {ack.session_id} on {ack.replica_id}")
+        return True
+
+    def _camera_shapes(self) -> dict[str, list[int]]:
+        """Camera shapes for the session open, from the latest observation (or placeholders)."""
+        with self._slot_lock:
+            obs = self._slot[0] if self._slot else {}
+        imgs = obs.get("images") or {}
+        out = {}
+        for name in self.cfg.cameras:
+            frame = imgs.get(name)
+            shape = list(np.asarray(frame).shape) if frame is not None and not hasattr(frame, "to_wire") else [1, 1, 3]
+            out[name] = shape
+        return out
+
+    def _reconnect(self, why: str) -> None:
+        self.counters["reconnects"] += 1
+        self._set_state(S.RECONNECTING, why)
+
+    def _close_conn(self) -> None:
+        try:
+            if self._model is not None:
+                self._model.close()
+            if self._conn is not None and self._conn_given is None:
+                self._conn.close()
+        except Exception:
+            pass
+        self._conn = None if self._conn_given is None else self._conn
+        self._model = None if self._conn_given is None else self._model
+
+    def _cycle(self) -> str:
+        """Wait until a request is due, send it, await its chunk. Returns an outcome word."""
+        m = self._model
+        if m.server_lost.is_set():
+            return "lost"
+        if self._reset_pending is not None:
+            ep = self._reset_pending
+            self._reset_pending = None
+            if not m.reset(ep):
+                log.info("%s: reset to episode %d not acknowledged", self.cfg.client_uuid, ep)
+        # wait for: a fresh observation, queue playback under the buffer, not paused
+        while not self._stop.is_set():
+            self._wake.clear()
+            self._drain_inbox()  # late chunks, events
+            if m.server_lost.is_set():
+                return "lost"
+            if getattr(self, "_pending_outcome", None):
+                out, self._pending_outcome = self._pending_outcome, None
+                return out
+            with self._slot_lock:
+                slot = self._slot
+            due = (not self._paused and self._reset_pending is None and slot is not None
+                   and slot[2] != getattr(self, "_sent_version", -1)
+                   and self.queue.qsize() * self.dt <= self.cfg.buffer_time_s)
+            if due:
+                break
+            if self._reset_pending is not None:
+                return "ok"
+            self._check_degraded()
+            self._wake.wait(0.25 if not self._paused else 1.0)
+        if self._stop.is_set():
+            return "stopped"
+        obs, t_obs, version = slot
+        self._sent_version = version
+        return self._request(m, obs, t_obs)
+
+    def _check_degraded(self) -> None:
+        if self._link == S.STREAMING and time.monotonic() - self._last_ok > self.cfg.degraded_after_s \
+                and self.queue.qsize() > 0:
+            self._set_state(S.DEGRADED, f"no chunk for {self.cfg.degraded_after_s:g} s")
+
+    def _request(self, m, obs: dict, t_obs: float) -> str:
+        c = self.cfg
+        H = c.execution_horizon
+        idx_before = self.queue.get_action_index()
+        prefix_model = prefix_robot = None
+        if c.rtc_enabled and H > 0:
+            prefix_model = _fit(self.queue.get_left_over(), H)
+            prefix_robot = _fit(self.queue.get_processed_left_over(), H)
+        delay = int(math.ceil(self.tracker.max() / self.dt - 1e-9))
+        episode = self._episode
+        t0 = time.monotonic()
+        images = {n: (obs.get("images") or {})[n] for n in c.cameras if n in (obs.get("images") or {})}
+        episode_start = self._episode_start
+        try:
+            seq = m.observe(c.urgency, state=np.asarray(obs["state"], np.float32), images=images, episode_id=episode,
+                            inference_delay_steps=delay, prefix_model=prefix_model, prefix_robot=prefix_robot,
+                            episode_start=episode_start, steps_remaining=self.queue.qsize(),
+                            **({"task": obs["task"]} if obs.get("task") else {}))
+        except Exception as exc:
+            self.last_error = f"observe failed: {type(exc).__name__}: {exc}"
+            self.counters["errors"] += 1
+            return "error"
+        self._episode_start = False
+        encode_ms = (time.monotonic() - t0) * 1e3
+        self.counters["requests"] += 1
+        self._outstanding = (seq, m.epoch, episode, t_obs, idx_before, delay, encode_ms)
+        deadline = t0 + c.request_timeout_s
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            r = m.get_result(min(left, 0.25) * 1e3)
+            if m.server_lost.is_set():
+                self._record_timeout(seq, delay, encode_ms, "lost")
+                return "lost"
+            if r is None:
+                continue
+            outcome = self._handle(r)
+            if outcome == "merged":
+                self._timeouts_in_row = 0
+                return "ok"
+            if outcome in ("drain", "unknown_session"):
+                return outcome
+            if outcome in ("error", "error_final"):
+                return "error"
+        if self._stop.is_set():
+            return "stopped"
+        # timed out: the request stays outstanding (a late answer may still be merged)
+        self.counters["timeouts"] += 1
+        self._timeouts_in_row = getattr(self, "_timeouts_in_row", 0) + 1
+        self._record_timeout(seq, delay, encode_ms, "timeout")
+        if self._link == S.STREAMING:
+            self._set_state(S.DEGRADED, "request timed out")
+        if self._timeouts_in_row >= c.timeout_streak:
+            self._timeouts_in_row = 0
+            return "streak"
+        return "timeout"
+
+    def _record_timeout(self, seq, delay, encode_ms, outcome) -> None:
+        self._records.append({"t": time.monotonic(), "seq": seq, "rtt_ms": float("nan"), "queue_wait_ms": float("nan"),
+                              "inference_ms": float("nan"), "network_ms": float("nan"), "encode_ms": encode_ms,
+                              "delay_steps": delay, "superseded": 0, "outcome": outcome})
+
+    def _drain_inbox(self) -> None:
+        m = self._model
+        while True:
+            r = m.poll()
+            if r is None:
+                return
+            outcome = self._handle(r)
+            if outcome in ("drain", "unknown_session"):
+                self._pending_outcome = outcome
+
+    def _handle(self, r) -> str:
+        """Merge a chunk (if it answers the outstanding request) or act on an event."""
+        from edge.client import Event
+
+        m = self._model
+        out = getattr(self, "_outstanding", None)
+        if isinstance(r, Event):
+            if r.kind == "drain":
+                return "drain"
+            if r.code == "UNKNOWN_SESSION":
+                return "unknown_session"
+            if r.code in ("WRONG_MODEL", "IDENTITY_MISMATCH", "ACTION_MISMATCH"):
+                self._set_state(S.DEAD, f"server error {r.code}: {r.message}")
+                return "error_final"
+            if out is not None and r.seq_id == out[0]:
+                self.counters["errors"] += 1
+                self.last_error = f"{r.code}: {r.message}"
+                self._records.append({"t": time.monotonic(), "seq": r.seq_id, "rtt_ms": float("nan"),
+                                      "queue_wait_ms": float("nan"), "inference_ms": float("nan"),
+                                      "network_ms": float("nan"), "encode_ms": out[6], "delay_steps": out[5],
+                                      "superseded": 0, "outcome": f"error:{r.code}"})
+                self._outstanding = None
+                return "error"
+            return "ignored"
+        # a chunk
+        if out is None or r.seq_id != out[0] or r.session_epoch != out[1]:
+            self.counters["late_chunks"] += 1
+            return "ignored"
+        seq, epoch, episode, t_obs, idx_before, delay, encode_ms = out
+        self._outstanding = None
+        if episode != self._episode or r.episode_id != episode:
+            self.counters["discarded_chunks"] += 1  # a reset happened while it was in flight
+            return "merged"
+        real_delay = int(math.ceil(r.rtt_s / self.dt - 1e-9))
+        try:
+            self.queue.merge(r.chunk_model, r.chunk_robot, real_delay, idx_before,
+                             meta=_Meta(m.ack.session_id if m.ack else "", seq, episode, t_obs))
+        except ValueError as exc:
+            self.counters["errors"] += 1
+            self.last_error = f"bad chunk: {exc}"
+            return "error"
+        self.tracker.add(r.rtt_s)
+        self.counters["chunks"] += 1
+        self.counters["superseded"] += r.superseded_seqs
+        self._last_ok = time.monotonic()
+        rtt_ms = r.rtt_s * 1e3
+        self._records.append({"t": r.t_recv, "seq": seq, "rtt_ms": rtt_ms, "queue_wait_ms": r.queue_wait_ms,
+                              "inference_ms": r.inference_ms, "network_ms": rtt_ms - r.queue_wait_ms - r.inference_ms,
+                              "encode_ms": encode_ms, "delay_steps": delay, "superseded": r.superseded_seqs,
+                              "outcome": "ok", "real_delay": real_delay})
+        if self._link in (S.DEGRADED, S.CONNECTING, S.RECONNECTING):
+            self._set_state(S.STREAMING, "chunk merged")
+        return "merged"
+
+
+def _fit(rows: np.ndarray | None, horizon: int) -> np.ndarray | None:
+    """Cut to `horizon` rows or pad by repeating the last row; None when there is nothing left."""
+    if rows is None or len(rows) == 0:
+        return None
+    if len(rows) >= horizon:
+        return np.ascontiguousarray(rows[:horizon])
+    return np.concatenate([rows, np.repeat(rows[-1:], horizon - len(rows), axis=0)])
+
+
+def _capability_mismatch(first, ack) -> str:
+    for name in ("checkpoint_hash", "policy_type", "action_names", "state_dim", "chunk_size", "model_id"):
+        a, b = getattr(first, name), getattr(ack, name)
+        if a != b:
+            return f"{name} {a!r} -> {b!r}"
+    return ""
