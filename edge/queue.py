@@ -154,3 +154,12 @@ def _as_chunk(x, name: str) -> np.ndarray:
     if a.ndim != 2:
         raise ValueError(f"{name} chunk must be 2-D (T, A), got shape {a.shape}")
     return a
+
+
+def fit_prefix(rows: np.ndarray | None, horizon: int) -> np.ndarray | None:
+    """Leftover cut to `horizon` rows or padded by repeating its last row; None when empty."""
+    if rows is None or len(rows) == 0 or horizon < 1:
+        return None
+    if len(rows) >= horizon:
+        return np.ascontiguousarray(rows[:horizon])
+    return np.concatenate([rows, np.repeat(rows[-1:], horizon - len(rows), axis=0)])

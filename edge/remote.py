@@ -31,13 +31,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from edge.engine import Action, ConfigError, Engine, EngineState, FallbackBehavior, register_engine
 from edge.latency import LATENCY_MODES, LatencyTracker
-from edge.queue import TRIM_MODES, ActionQueue
+from edge.queue import TRIM_MODES, ActionQueue, fit_prefix
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +150,14 @@ class _Meta:
 
 @register_engine("remote", RemoteEngineConfig)
 class RemoteEngine(Engine):
-    def __init__(self, config: RemoteEngineConfig, shutdown_event: threading.Event | None = None, connection=None):
+    def __init__(self, config: RemoteEngineConfig, shutdown_event: threading.Event | None = None, connection=None,
+                 latency_override: Callable[[int], float] | None = None):
+        if not config.client_uuid:
+            import uuid
+
+            config.client_uuid = f"robot-{uuid.uuid4().hex[:12]}"
         self.cfg = config
+        self.latency_override = latency_override  # request seq -> seconds used instead of the rtt (parity tests)
         self.dt = 1.0 / config.fps
         self.shutdown_event = shutdown_event
         self._conn_given = connection
@@ -195,10 +201,6 @@ class RemoteEngine(Engine):
     def start(self) -> None:
         if self._thread is not None:
             return
-        if not self.cfg.client_uuid:
-            import uuid
-
-            self.cfg.client_uuid = f"robot-{uuid.uuid4().hex[:12]}"
         self._last_ok = time.monotonic()  # the offline clock starts now
         self._set_state(S.CONNECTING, "start")
         self._thread = threading.Thread(target=self._run, name=f"remote-engine {self.cfg.client_uuid}", daemon=True)
@@ -437,6 +439,24 @@ class RemoteEngine(Engine):
         self._set_state(S.PAUSED if self._paused else S.STREAMING, f"session {ack.session_id} on {ack.replica_id}")
         return True
 
+    def step_once(self, timeout_s: float | None = None) -> str:
+        """One request on the caller's thread (golden parity, tests): handshake if needed, send the latest
+        observation, wait for its chunk. Never call it on an engine whose worker runs (start())."""
+        if self._thread is not None:
+            raise RuntimeError("step_once is for an engine driven by the caller; this one runs its worker")
+        if self._link == S.STOPPED:
+            self._last_ok = time.monotonic()
+            self._set_state(S.CONNECTING, "step_once")
+        if (self._model is None or self._model.ack is None) and not self._handshake(set()):
+            return "no_session"
+        with self._slot_lock:
+            slot = self._slot
+        if slot is None:
+            return "no_observation"
+        if timeout_s is not None:
+            self.cfg.request_timeout_s = float(timeout_s)
+        return self._request(self._model, slot[0], slot[1])
+
     def _camera_shapes(self) -> dict[str, list[int]]:
         """Camera shapes for the session open, from the latest observation (or placeholders)."""
         with self._slot_lock:
@@ -511,8 +531,8 @@ class RemoteEngine(Engine):
         idx_before = self.queue.get_action_index()
         prefix_model = prefix_robot = None
         if c.rtc_enabled and H > 0:
-            prefix_model = _fit(self.queue.get_left_over(), H)
-            prefix_robot = _fit(self.queue.get_processed_left_over(), H)
+            prefix_model = fit_prefix(self.queue.get_left_over(), H)
+            prefix_robot = fit_prefix(self.queue.get_processed_left_over(), H)
         delay = int(math.ceil(self.tracker.max() / self.dt - 1e-9))
         episode = self._episode
         t0 = time.monotonic()
@@ -611,7 +631,8 @@ class RemoteEngine(Engine):
         if episode != self._episode or r.episode_id != episode:
             self.counters["discarded_chunks"] += 1  # a reset happened while it was in flight
             return "merged"
-        real_delay = int(math.ceil(r.rtt_s / self.dt - 1e-9))
+        latency = r.rtt_s if self.latency_override is None else float(self.latency_override(self.counters["chunks"] + 1))
+        real_delay = int(math.ceil(latency / self.dt - 1e-9))
         try:
             self.queue.merge(r.chunk_model, r.chunk_robot, real_delay, idx_before,
                              meta=_Meta(m.ack.session_id if m.ack else "", seq, episode, t_obs))
@@ -619,7 +640,7 @@ class RemoteEngine(Engine):
             self.counters["errors"] += 1
             self.last_error = f"bad chunk: {exc}"
             return "error"
-        self.tracker.add(r.rtt_s)
+        self.tracker.add(latency)
         self.counters["chunks"] += 1
         self.counters["superseded"] += r.superseded_seqs
         self._last_ok = time.monotonic()
@@ -631,15 +652,6 @@ class RemoteEngine(Engine):
         if self._link in (S.DEGRADED, S.CONNECTING, S.RECONNECTING):
             self._set_state(S.STREAMING, "chunk merged")
         return "merged"
-
-
-def _fit(rows: np.ndarray | None, horizon: int) -> np.ndarray | None:
-    """Cut to `horizon` rows or pad by repeating the last row; None when there is nothing left."""
-    if rows is None or len(rows) == 0:
-        return None
-    if len(rows) >= horizon:
-        return np.ascontiguousarray(rows[:horizon])
-    return np.concatenate([rows, np.repeat(rows[-1:], horizon - len(rows), axis=0)])
 
 
 def _capability_mismatch(first, ack) -> str:

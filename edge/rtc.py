@@ -1,0 +1,226 @@
+"""The local RTC engine (LeRobot's RTCInferenceEngine): a background thread, a latest-only slot, a queue.
+
+    control thread: notify_observation ──► slot ;  get_action ◄── ActionQueue
+    inference thread: when qsize <= queue_threshold:
+        idx_before, leftover ──► delay = ceil(tracker.max()/dt) ──► policy.predict_action_chunk(obs,
+        delay, prefix = leftover cut/padded to execution_horizon) ──► merge(ceil(latency/dt), idx_before)
+
+The policy is any object with `predict_action_chunk(obs, inference_delay, prefix)` returning a
+model-space (T, A) array or a pair (model, robot); an optional `postprocess(model, obs)` gives the
+robot-space chunk. `server.runtime.LocalPredictor` is the server's own path in this shape, which is
+how the `remote` engine is checked against this one (golden parity).
+
+`step_once()` runs exactly one inference cycle on the caller's thread (tests, parity); a `clock` or
+a `latency_override(n)` (seconds for the n-th request) makes delays deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from edge.engine import Action, ConfigError, Engine, EngineState, register_engine
+from edge.latency import LATENCY_MODES, LatencyTracker
+from edge.queue import TRIM_MODES, ActionQueue, fit_prefix
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RTCEngineConfig:
+    fps: float = 30.0
+    rtc_enabled: bool = True
+    execution_horizon: int = 10
+    buffer_time_s: float = 0.5
+    queue_threshold: int | None = None  # steps; default ceil(buffer_time_s * fps)
+    trim: str = "real_delay"
+    latency_mode: str = "all_time_max"
+    latency_window: int = 100
+    error_retry_s: float = 0.5
+    max_consecutive_errors: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("fps", "buffer_time_s", "error_retry_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ConfigError(f"{type(self).__name__}.{name}: must be a number > 0, got {v!r}")
+        if self.trim not in TRIM_MODES:
+            raise ConfigError(f"{type(self).__name__}.trim: {self.trim!r} is not one of {TRIM_MODES}")
+        if self.latency_mode not in LATENCY_MODES:
+            raise ConfigError(f"{type(self).__name__}.latency_mode: {self.latency_mode!r} is not one of {LATENCY_MODES}")
+        for name in ("execution_horizon", "max_consecutive_errors", "latency_window"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{type(self).__name__}.{name}: must be a positive integer, got {v!r}")
+        if self.queue_threshold is None:
+            self.queue_threshold = int(math.ceil(self.buffer_time_s * self.fps))
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+
+def call_policy(policy, obs: dict, delay: int, prefix: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    out = policy.predict_action_chunk(obs, delay, prefix)
+    if isinstance(out, tuple):
+        model, robot = out
+    else:
+        model = out
+        robot = policy.postprocess(model, obs) if hasattr(policy, "postprocess") else model
+    return np.asarray(model, np.float32), np.asarray(robot, np.float32)
+
+
+@register_engine("rtc", RTCEngineConfig)
+class RTCEngine(Engine):
+    def __init__(self, config: RTCEngineConfig, policy=None, shutdown_event: threading.Event | None = None,
+                 clock: Callable[[], float] = time.monotonic, latency_override: Callable[[int], float] | None = None):
+        if policy is None or not hasattr(policy, "predict_action_chunk"):
+            raise ConfigError("the rtc engine needs a policy with predict_action_chunk(obs, inference_delay, prefix)")
+        self.cfg = config
+        self.policy = policy
+        self.clock = clock
+        self.latency_override = latency_override  # request n -> seconds (parity tests inject delays)
+        self.dt = 1.0 / config.fps
+        self.shutdown_event = shutdown_event
+        self.queue = ActionQueue(config.rtc_enabled, config.trim)
+        self.tracker = LatencyTracker(config.latency_window, config.latency_mode)
+        self._slot: tuple[dict, int] | None = None
+        self._slot_lock = threading.Lock()
+        self._version = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._paused = False
+        self._thread: threading.Thread | None = None
+        self._reset_epoch = 0
+        self._episode = 0
+        self._errors_in_row = 0
+        self._state = EngineState.STOPPED
+        self._failed = False
+        self.counters = {"inferences": 0, "errors": 0, "none_ticks": 0, "discarded_chunks": 0}
+        self.merges: list[dict] = []  # per merge: delay, real_delay, trimmed (parity tests read it)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._state = EngineState.STREAMING
+            self._thread = threading.Thread(target=self._run, name="rtc-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(10)
+        if not self._failed:
+            self._state = EngineState.STOPPED
+
+    def reset(self) -> None:
+        self._reset_epoch += 1
+        self._episode += 1
+        self.queue.clear()
+        if hasattr(self.policy, "reset"):
+            self.policy.reset()
+
+    def pause(self) -> None:
+        self._paused = True
+        self._state = EngineState.PAUSED
+
+    def resume(self) -> None:
+        self._paused = False
+        if not self._failed:
+            self._state = EngineState.STREAMING
+        self._wake.set()
+
+    def notify_observation(self, obs: dict[str, Any]) -> None:
+        with self._slot_lock:
+            self._version += 1
+            self._slot = (obs, self._version)
+        self._wake.set()
+
+    def get_action(self) -> Action | None:
+        item = self.queue.get_with_meta()
+        if item is None:
+            self.counters["none_ticks"] += 1
+            return None
+        values, meta, index = item
+        return Action(values, "chunk", "", meta, self._episode, index, None)
+
+    @property
+    def ready(self) -> bool:
+        return self._thread is not None and not self._failed
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return {**self.counters, "qsize": self.queue.qsize(), "latency_max_s": self.tracker.max(),
+                "state": self._state.value}
+
+    # --- inference ---------------------------------------------------------------------------------
+
+    def step_once(self) -> bool:
+        """One inference cycle on the latest observation; False if there was none."""
+        with self._slot_lock:
+            slot = self._slot
+        if slot is None:
+            return False
+        obs, _ = slot
+        epoch = self._reset_epoch
+        t0 = self.clock()
+        idx_before = self.queue.get_action_index()
+        prefix = fit_prefix(self.queue.get_left_over(), self.cfg.execution_horizon) if self.cfg.rtc_enabled else None
+        delay = int(math.ceil(self.tracker.max() / self.dt - 1e-9))
+        model, robot = call_policy(self.policy, obs, delay, prefix)
+        self.counters["inferences"] += 1
+        latency = self.clock() - t0
+        if self.latency_override is not None:
+            latency = float(self.latency_override(self.counters["inferences"]))
+        real_delay = int(math.ceil(latency / self.dt - 1e-9))
+        if epoch != self._reset_epoch:
+            self.counters["discarded_chunks"] += 1  # a reset happened during inference
+            return True
+        trimmed = self.queue.merge(model, robot, real_delay, idx_before, meta=self.counters["inferences"])
+        self.tracker.add(latency)
+        self.merges.append({"delay": delay, "real_delay": real_delay, "trimmed": trimmed, "idx_before": idx_before})
+        return True
+
+    def _run(self) -> None:
+        last_version = -1
+        while not self._stop.is_set():
+            self._wake.clear()
+            with self._slot_lock:
+                version = self._slot[1] if self._slot else -1
+            if self._paused or version == last_version or self.queue.qsize() > self.cfg.queue_threshold:
+                self._wake.wait(0.1)
+                continue
+            last_version = version
+            try:
+                self.step_once()
+                self._errors_in_row = 0
+            except Exception as exc:
+                self.counters["errors"] += 1
+                self._errors_in_row += 1
+                log.warning("rtc engine: inference failed (%d in a row): %s", self._errors_in_row, exc)
+                if self._errors_in_row >= self.cfg.max_consecutive_errors:
+                    self._failed = True
+                    self._state = EngineState.DEAD
+                    if self.shutdown_event is not None:
+                        self.shutdown_event.set()
+                    return
+                self._stop.wait(self.cfg.error_retry_s)

@@ -1,0 +1,104 @@
+"""The synchronous baseline: inference inline in `get_action` whenever the queue runs dry.
+
+The control loop pays the whole inference time on those ticks (what a user compares the `rtc` and
+`remote` engines against). Append mode: a chunk is executed to its end (or `n_action_steps`), then
+the next observation is inferred.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from edge.engine import Action, ConfigError, Engine, EngineState, register_engine
+from edge.queue import ActionQueue
+from edge.rtc import call_policy
+
+
+@dataclass
+class SyncEngineConfig:
+    fps: float = 30.0
+    n_action_steps: int | None = None  # actions executed per chunk; None = the whole chunk
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fps, bool) or not isinstance(self.fps, (int, float)) or self.fps <= 0:
+            raise ConfigError(f"SyncEngineConfig.fps: must be > 0, got {self.fps!r}")
+        if self.n_action_steps is not None and (not isinstance(self.n_action_steps, int) or self.n_action_steps < 1):
+            raise ConfigError(f"SyncEngineConfig.n_action_steps: must be a positive integer or null, got {self.n_action_steps!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"SyncEngineConfig: unknown keys {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+
+@register_engine("sync", SyncEngineConfig)
+class SyncEngine(Engine):
+    def __init__(self, config: SyncEngineConfig, policy=None, shutdown_event: threading.Event | None = None):
+        if policy is None or not hasattr(policy, "predict_action_chunk"):
+            raise ConfigError("the sync engine needs a policy with predict_action_chunk(obs, inference_delay, prefix)")
+        self.cfg = config
+        self.policy = policy
+        self.queue = ActionQueue(rtc_enabled=False)
+        self._obs: dict | None = None
+        self._state = EngineState.STOPPED
+        self._episode = 0
+        self._inferences = 0
+        self._paused = False
+
+    def start(self) -> None:
+        self._state = EngineState.STREAMING
+
+    def stop(self) -> None:
+        self._state = EngineState.STOPPED
+
+    def reset(self) -> None:
+        self.queue.clear()
+        self._episode += 1
+        if hasattr(self.policy, "reset"):
+            self.policy.reset()
+
+    def pause(self) -> None:
+        self._paused = True
+        self._state = EngineState.PAUSED
+
+    def resume(self) -> None:
+        self._paused = False
+        self._state = EngineState.STREAMING
+
+    def notify_observation(self, obs: dict[str, Any]) -> None:
+        self._obs = obs
+
+    def get_action(self) -> Action | None:
+        if self.queue.qsize() == 0 and self._obs is not None and not self._paused:
+            model, robot = call_policy(self.policy, self._obs, 0, None)
+            n = self.cfg.n_action_steps or len(robot)
+            self.queue.clear()
+            self.queue.merge(model[:n], robot[:n], 0)
+            self._inferences += 1
+        item = self.queue.get_with_meta()
+        if item is None:
+            return None
+        values, _meta, index = item
+        return Action(values, "chunk", "", self._inferences, self._episode, index, None)
+
+    @property
+    def ready(self) -> bool:
+        return self._state != EngineState.STOPPED
+
+    @property
+    def failed(self) -> bool:
+        return False
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return {"inferences": self._inferences, "qsize": self.queue.qsize()}

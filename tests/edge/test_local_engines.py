@@ -1,0 +1,137 @@
+"""The sync and rtc engines with a small deterministic numpy policy (no network, no torch)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from edge import ConfigError, EngineState, make_engine
+from edge.rtc import RTCEngine, RTCEngineConfig
+from edge.sync import SyncEngineConfig
+
+T, A = 20, 2
+
+
+class RampPolicy:
+    """Chunk row k = state[:A] + 0.01 * k (+ delay marker); optional artificial latency and failures."""
+
+    def __init__(self, latency_s=0.0, fail=False):
+        self.latency_s, self.fail, self.calls = latency_s, fail, []
+
+    def predict_action_chunk(self, obs, inference_delay, prefix):
+        self.calls.append((inference_delay, None if prefix is None else prefix.shape))
+        if self.fail:
+            raise RuntimeError("boom")
+        if self.latency_s:
+            time.sleep(self.latency_s)  # stands in for a forward pass
+        base = np.asarray(obs["state"], np.float32)[:A]
+        return base[None, :] + 0.01 * np.arange(T, dtype=np.float32)[:, None]
+
+
+def run(eng, seconds, fps=100.0):
+    out, period, t0 = [], 1.0 / fps, time.monotonic()
+    k = 0
+    while time.monotonic() - t0 < seconds:
+        eng.notify_observation({"state": np.full(4, k, np.float32)})
+        out.append(eng.get_action())
+        k += 1
+        time.sleep(max(0.0, t0 + k * period - time.monotonic()))  # the control loop's own rate
+    return out
+
+
+def test_make_engine_builds_each_backend_by_its_type_word():
+    pol = RampPolicy()
+    assert type(make_engine(RTCEngineConfig(), policy=pol)).__name__ == "RTCEngine"
+    assert type(make_engine(SyncEngineConfig(), policy=pol)).__name__ == "SyncEngine"
+    with pytest.raises(ConfigError, match="unknown keys"):
+        RTCEngineConfig.from_dict({"fpss": 3})
+    with pytest.raises(ConfigError, match="needs a policy"):
+        make_engine(RTCEngineConfig())
+
+
+def test_sync_engine_infers_inline_when_the_queue_runs_dry():
+    pol = RampPolicy()
+    eng = make_engine(SyncEngineConfig(n_action_steps=5), policy=pol)
+    eng.start()
+    eng.notify_observation({"state": np.zeros(4)})
+    vals = [eng.get_action().values[0] for _ in range(7)]
+    assert len(pol.calls) == 2 and vals[:5] == pytest.approx([0, 0.01, 0.02, 0.03, 0.04])
+
+
+def test_rtc_engine_streams_without_starving_after_the_first_chunk():
+    pol = RampPolicy(latency_s=0.03)
+    eng = make_engine(RTCEngineConfig(fps=100, buffer_time_s=0.1, execution_horizon=5), policy=pol)
+    eng.start()
+    try:
+        acts = run(eng, 1.0)
+    finally:
+        eng.stop()
+    first = next(i for i, a in enumerate(acts) if a is not None)
+    assert sum(a is None for a in acts[first:]) <= 2
+    assert any(c[1] == (5, A) for c in pol.calls), "later inferences get a prefix of execution_horizon rows"
+    assert max(c[0] for c in pol.calls) >= 3, "the estimated delay ceil(latency/dt) reaches the policy"
+
+
+def test_measured_delay_trims_the_merge():
+    pol = RampPolicy()
+    eng = RTCEngine(RTCEngineConfig(fps=10), policy=pol, latency_override=lambda n: 0.35)  # 4 steps at 10 Hz
+    eng.notify_observation({"state": np.zeros(4)})
+    eng.step_once()
+    assert eng.queue.qsize() == T - 4 and eng.merges[-1]["real_delay"] == 4
+    eng.step_once()
+    assert pol.calls[-1][0] == 4  # the next request assumes the delay measured so far
+
+
+def test_reset_during_inference_discards_the_stale_chunk():
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(RampPolicy):
+        def predict_action_chunk(self, obs, inference_delay, prefix):
+            started.set()
+            release.wait(5)
+            return super().predict_action_chunk(obs, inference_delay, prefix)
+
+    eng = RTCEngine(RTCEngineConfig(), policy=Slow())
+    eng.notify_observation({"state": np.zeros(4)})
+    t = threading.Thread(target=eng.step_once)
+    t.start()
+    started.wait(5)
+    eng.reset()
+    release.set()
+    t.join(5)
+    assert eng.queue.qsize() == 0 and eng.stats["discarded_chunks"] == 1
+
+
+def test_pause_keeps_the_queue():
+    pol = RampPolicy()
+    eng = make_engine(RTCEngineConfig(fps=100, buffer_time_s=0.05), policy=pol)
+    eng.start()
+    try:
+        run(eng, 0.3)
+        eng.pause()
+        n, q = len(pol.calls), eng.queue.qsize()
+        for _ in range(5):
+            eng.notify_observation({"state": np.zeros(4)})
+        time.sleep(0.3)  # proving that nothing happens while paused
+        assert len(pol.calls) == n and eng.queue.qsize() == q and eng.state == EngineState.PAUSED
+    finally:
+        eng.stop()
+
+
+def test_a_failing_policy_makes_the_engine_failed_and_sets_the_shutdown_event():
+    done = threading.Event()
+    eng = RTCEngine(RTCEngineConfig(error_retry_s=0.01, max_consecutive_errors=3), policy=RampPolicy(fail=True),
+                    shutdown_event=done)
+    eng.start()
+    try:
+        for _ in range(3):
+            eng.notify_observation({"state": np.zeros(4)})
+            if done.wait(1.0):
+                break
+        assert done.wait(5) and eng.failed and eng.state == EngineState.DEAD
+        assert eng.get_action() is None
+    finally:
+        eng.stop()

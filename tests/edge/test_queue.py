@@ -1,0 +1,179 @@
+"""ActionQueue against a plain reference model of LeRobot's rules (hypothesis state machine)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from edge.queue import ActionQueue
+
+A = 2
+
+
+class Reference:
+    """The rules of the issue, as lists: no numpy views, no locks."""
+
+    def __init__(self, rtc: bool, trim: str):
+        self.rtc, self.trim = rtc, trim
+        self.orig: list | None = None
+        self.proc: list | None = None
+        self.cursor = 0
+
+    def get(self):
+        if self.proc is None or self.cursor >= len(self.proc):
+            return None
+        self.cursor += 1
+        return self.proc[self.cursor - 1]
+
+    def merge(self, orig, proc, real_delay, idx_before):
+        delay = real_delay
+        if idx_before is not None and self.trim == "consumed":
+            delay = min(real_delay, max(0, self.cursor - idx_before))
+        if self.rtc:
+            d = max(0, min(delay, len(orig), len(proc)))
+            self.orig, self.proc, self.cursor = orig[d:], proc[d:], 0
+        elif self.proc is None:
+            self.orig, self.proc, self.cursor = list(orig), list(proc), 0
+        else:
+            self.orig = self.orig[self.cursor:] + list(orig)
+            self.proc = self.proc[self.cursor:] + list(proc)
+            self.cursor = 0
+
+
+class QueueMachine(RuleBasedStateMachine):
+    counter = 0
+
+    @initialize(rtc=st.booleans(), trim=st.sampled_from(["real_delay", "consumed"]))
+    def setup(self, rtc, trim):
+        self.q = ActionQueue(rtc, trim)
+        self.ref = Reference(rtc, trim)
+        self.idx_before = None
+
+    @rule()
+    def get(self):
+        got = self.q.get()
+        want = self.ref.get()
+        if want is None:
+            assert got is None
+        else:
+            assert got is not None and np.array_equal(got, np.asarray(want[1], np.float32))
+
+    @rule()
+    def snapshot_index(self):
+        self.idx_before = self.q.get_action_index()
+        assert self.idx_before == self.ref.cursor
+
+    @rule()
+    def get_several(self):
+        for _ in range(4):
+            self.get()
+
+    @rule(n=st.integers(0, 12), delay=st.integers(-3, 15), use_idx=st.booleans())
+    def merge(self, n, delay, use_idx):
+        QueueMachine.counter += 1
+        base = QueueMachine.counter * 100
+        rows = [(base + i, base + i + 0.5) for i in range(n)]
+        orig = np.asarray([[r[0], -r[0]] for r in rows], np.float32).reshape(n, A)
+        proc = np.asarray([[r[1], -r[1]] for r in rows], np.float32).reshape(n, A)
+        idx = self.idx_before if use_idx else None
+        self.q.merge(orig, proc, delay, idx)
+        self.ref.merge([(r[0], [r[0], -r[0]]) for r in rows], [(r[1], [r[1], -r[1]]) for r in rows], delay,
+                       idx)
+        self.idx_before = None
+
+    @precondition(lambda self: hasattr(self, "q"))
+    @invariant()
+    def same_leftovers(self):
+        left = self.q.get_left_over()
+        if self.ref.orig is None:
+            assert left is None and self.q.qsize() == 0
+            return
+        want = np.asarray([r[1] for r in self.ref.orig[self.ref.cursor:]], np.float32).reshape(-1, A)
+        assert np.array_equal(left, want)
+        wantp = np.asarray([r[1] for r in self.ref.proc[self.ref.cursor:]], np.float32).reshape(-1, A)
+        assert np.array_equal(self.q.get_processed_left_over(), wantp)
+        assert self.q.qsize() == len(self.ref.proc) - self.ref.cursor
+        assert self.q.get_action_index() == self.ref.cursor
+
+    @rule()
+    def clear(self):
+        self.q.clear()
+        self.ref = Reference(self.ref.rtc, self.ref.trim)
+
+
+TestQueueMachine = QueueMachine.TestCase
+TestQueueMachine.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+
+
+def test_first_chunk_from_standstill_is_not_over_trimmed_with_trim_consumed():
+    """Open risk 2: a 700 ms first inference trims 21 of 30 actions by latency although none was consumed."""
+    chunk = np.arange(60, dtype=np.float32).reshape(30, 2)
+    lerobot = ActionQueue(True, "real_delay")
+    lerobot.merge(chunk, chunk, 21, action_index_before_inference=0)
+    fixed = ActionQueue(True, "consumed")
+    fixed.merge(chunk, chunk, 21, action_index_before_inference=0)
+    assert lerobot.qsize() == 9 and fixed.qsize() == 30
+
+
+def test_reads_are_copies():
+    q = ActionQueue(True)
+    chunk = np.zeros((4, 2), np.float32)
+    q.merge(chunk, chunk, 0)
+    q.get_left_over()[:] = 7
+    a = q.get()
+    a[:] = 9
+    assert np.all(q.get_left_over() == 0) and np.all(q.get() == 0)
+    chunk[:] = 5  # the caller's array is not aliased either
+    assert np.all(q.get() == 0)
+
+
+@pytest.mark.parametrize("orig,proc,words", [
+    (np.zeros(3), np.zeros(3), "2-D"),
+    (np.zeros((3, 2)), np.zeros((4, 2)), "rows"),
+])
+def test_bad_shapes_are_refused(orig, proc, words):
+    with pytest.raises(ValueError, match=words):
+        ActionQueue(True).merge(orig, proc, 0)
+
+
+def test_action_dimension_may_not_change():
+    q = ActionQueue(False)
+    q.merge(np.zeros((3, 2)), np.zeros((3, 2)), 0)
+    with pytest.raises(ValueError, match="action dims"):
+        q.merge(np.zeros((3, 3)), np.zeros((3, 3)), 0)
+
+
+def test_provenance_travels_with_each_row():
+    q = ActionQueue(True)
+    q.merge(np.zeros((5, 2)), np.ones((5, 2)), 2, meta="chunk-7")
+    values, meta, index = q.get_with_meta()
+    assert meta == "chunk-7" and index == 2 and np.all(values == 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 50), st.integers(1, 50))
+def test_concurrent_gets_and_merges_never_duplicate_or_invent_rows(n_merges, rows):
+    q = ActionQueue(False)
+    seen: list[float] = []
+    done = threading.Event()
+
+    def reader():
+        while not done.is_set() or q.qsize():
+            a = q.get()
+            if a is not None:
+                seen.append(float(a[0]))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for m in range(n_merges):
+        vals = np.arange(m * rows, (m + 1) * rows, dtype=np.float32)
+        chunk = np.stack([vals, vals], axis=1)
+        q.merge(chunk, chunk, 0)
+    done.set()
+    t.join()
+    assert seen == sorted(seen) and len(seen) == len(set(seen)) == n_merges * rows
