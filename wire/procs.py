@@ -38,6 +38,7 @@ class ChildProcess:
     def start(self, timeout_s: float = 30.0) -> "ChildProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
+        self._log_offset = log.tell()  # a ready line of an earlier run in the same log does not count
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
@@ -48,8 +49,10 @@ class ChildProcess:
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.ready_text in self.log_path.read_text(errors="replace"):
-                return
+            with open(self.log_path, "rb") as f:
+                f.seek(getattr(self, "_log_offset", 0))
+                if self.ready_text in f.read().decode(errors="replace"):
+                    return
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before ready; log {self.log_path}:\n{self.tail()}")
             time.sleep(0.02)  # polling a log file: no event exists for "text appeared in a file"

@@ -1,0 +1,53 @@
+"""Start the fault proxy as its own process: the real `toxiproxy-server` if on PATH, else ours.
+
+`start_proxy_server(log_path)` returns a `ProxyServer` with `.api_url`, `.pid`, `.real_toxiproxy`
+(True when the Go binary runs: scenarios using our `loss` toxic then send its stand-ins) and
+`.stop()`. `CHAOS_PROXY=python` forces ours, `CHAOS_PROXY=toxiproxy` insists on the real one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from wire.procs import ChildProcess, free_port
+
+
+@dataclass
+class ProxyServer:
+    child: ChildProcess
+    host: str
+    port: int
+    real_toxiproxy: bool
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.child.pid
+
+    def stop(self) -> None:
+        self.child.stop()
+
+
+def start_proxy_server(log_path: str | Path, host: str = "127.0.0.1", port: int | None = None,
+                       timeout_s: float = 15.0) -> ProxyServer:
+    port = port or free_port()
+    choice = os.environ.get("CHAOS_PROXY", "auto")
+    binary = shutil.which("toxiproxy-server")
+    if choice == "toxiproxy" and not binary:
+        raise FileNotFoundError("CHAOS_PROXY=toxiproxy but no toxiproxy-server on PATH; unset it to use chaos.toxiproxy")
+    real = bool(binary) and choice != "python"
+    if real:
+        argv, ready = [binary, "-host", host, "-port", str(port)], "Starting Toxiproxy HTTP server"
+    else:
+        argv, ready = [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(port)], \
+            "toxiproxy-server-py ready"
+    child = ChildProcess(argv, log_path, ready_text=ready, name="chaos-proxy")
+    child.start(timeout_s=timeout_s)
+    return ProxyServer(child, host, port, real)

@@ -1,0 +1,10 @@
+"""Our Toxiproxy-compatible server (the Go binary cannot be installed on these machines).
+
+`proxy` is the data path (its docstring draws it), `toxics/` one module per toxic plus the
+registry, `api` the HTTP API, `collection` the proxy set, `server` the loop that runs them all.
+"""
+
+from chaos.toxiproxy.api import TOXIPROXY_VERSION, VERSION
+from chaos.toxiproxy.server import ServerThread, ToxiproxyServer, serve
+
+__all__ = ["ServerThread", "ToxiproxyServer", "serve", "VERSION", "TOXIPROXY_VERSION"]

@@ -1,0 +1,60 @@
+"""`python -m chaos.toxiproxy` / `toxiproxy-server-py`: run the proxy server in this process.
+
+Accepts Toxiproxy's flags (`-host`, `-port`, `-config`, `-seed`, `-version`) and their `--` forms.
+Prints one ready line to stdout once the API listens, for a parent to wait on:
+    toxiproxy-server-py ready: listening on 127.0.0.1:8474 version 2.12.0+chaos.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import os
+import random
+import sys
+
+READY_TEXT = "toxiproxy-server-py ready: listening on"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="toxiproxy-server-py", description="Toxiproxy-compatible TCP fault proxy (asyncio).")
+    p.add_argument("-host", "--host", default="127.0.0.1", help="host for the API to listen on (default 127.0.0.1)")
+    p.add_argument("-port", "--port", type=int, default=8474, help="port for the API (default 8474; 0 = any free port)")
+    p.add_argument("-config", "--config", default=None, help="JSON file with proxies to create on startup (a populate list)")
+    p.add_argument("-seed", "--seed", type=int, default=None, help="seed for the toxics' random draws")
+    p.add_argument("-version", "--version", action="store_true", help="print the version and exit")
+    p.add_argument("-proxy-metrics", "--proxy-metrics", action="store_true", help="accepted for compatibility; no metrics")
+    p.add_argument("-runtime-metrics", "--runtime-metrics", action="store_true", help="accepted for compatibility; no metrics")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from chaos.toxiproxy.server import VERSION, serve
+
+    if args.version:
+        print(f"toxiproxy-server version {VERSION}")
+        return 0
+    if args.seed is not None:
+        random.seed(args.seed)
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def ready(server) -> None:
+        gc.freeze()  # start-up objects never need collecting; keeps GC pauses off the data path
+        print(f"{READY_TEXT} {server.host}:{server.port} version {VERSION}", flush=True)
+
+    try:
+        asyncio.run(serve(args.host, args.port, args.config, ready=ready))
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

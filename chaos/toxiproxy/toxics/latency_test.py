@@ -1,0 +1,34 @@
+"""latency: each chunk waits latency +/- jitter ms; order is kept."""
+
+from tests.chaos.harness import connect, proxy_to, round_trip
+
+
+def test_latency_and_jitter_bound_every_round_trip(api, echo):
+    s = connect(proxy_to(api, echo))
+    base = min(round_trip(s) for _ in range(5))
+    api.add_toxic("p", "latency", {"latency": 40, "jitter": 10}, stream="downstream")
+    rtts = [round_trip(s) for _ in range(20)]
+    assert all(0.030 - 0.002 <= r <= 0.050 + base + 0.03 for r in rtts), rtts
+    assert max(rtts) - min(rtts) > 0.004, "jitter must vary the delay"
+    s.close()
+
+
+def test_latency_on_both_streams_adds_up(api, echo):
+    s = connect(proxy_to(api, echo))
+    api.add_toxic("p", "latency", {"latency": 30}, stream="upstream")
+    api.add_toxic("p", "latency", {"latency": 30}, stream="downstream")
+    r = sorted(round_trip(s) for _ in range(5))[2]
+    assert 0.058 <= r <= 0.1
+    s.close()
+
+
+def test_jitter_never_reorders_bytes(api, echo):
+    s = connect(proxy_to(api, echo))
+    api.add_toxic("p", "latency", {"latency": 5, "jitter": 5}, stream="downstream")
+    payload = b"".join(i.to_bytes(2, "big") for i in range(500))
+    for i in range(0, len(payload), 20):
+        s.sendall(payload[i:i + 20])
+    from tests.chaos.harness import recv_exactly
+
+    assert recv_exactly(s, len(payload)) == payload
+    s.close()

@@ -1,0 +1,31 @@
+"""loss: nothing is lost or reordered; a lost chunk stalls the stream for an RTO that doubles on repeats."""
+
+import pytest
+
+from tests.chaos.harness import connect, proxy_to, recv_exactly, round_trip
+
+
+@pytest.fixture(autouse=True)
+def ours_only(proxy_server):
+    if proxy_server.real_toxiproxy:
+        pytest.skip("`loss` is our toxic; the real Toxiproxy gets its stand-in (chaos.profiles.real_toxiproxy_equivalent)")
+
+
+def test_loss_stalls_but_never_loses_or_reorders(api, echo):
+    s = connect(proxy_to(api, echo))
+    api.add_toxic("p", "loss", {"probability": 0.3, "rto_ms": 40, "segment_size": 0}, stream="downstream")
+    rtts = [round_trip(s, i.to_bytes(4, "big") * 8) for i in range(40)]  # round_trip asserts the echo is exact
+    stalled = [r for r in rtts if r >= 0.038]
+    assert 3 <= len(stalled) <= 30, rtts
+    assert any(r >= 0.078 for r in rtts) or len(stalled) < 8, "consecutive losses double the RTO"
+    s.close()
+
+
+def test_no_loss_means_no_stall(api, echo):
+    s = connect(proxy_to(api, echo))
+    api.add_toxic("p", "loss", {"probability": 0.0, "rto_ms": 200}, stream="downstream")
+    assert max(round_trip(s) for _ in range(20)) < 0.1
+    payload = bytes(range(256)) * 40
+    s.sendall(payload)
+    assert recv_exactly(s, len(payload)) == payload
+    s.close()

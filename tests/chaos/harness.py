@@ -1,0 +1,123 @@
+"""Shared pieces of the proxy conformance suite: the proxy server as a process (ours, and the real
+`toxiproxy-server` when it is on PATH), a TCP echo/sink upstream, and a timed TCP client."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+
+import pytest
+
+from chaos.client import ChaosClient
+from chaos.launch import start_proxy_server
+
+
+def server_params():
+    params = [pytest.param("python", id="chaos.toxiproxy")]
+    params.append(pytest.param("toxiproxy", id="toxiproxy-server", marks=pytest.mark.skipif(
+        shutil.which("toxiproxy-server") is None, reason="no toxiproxy-server binary on PATH")))
+    return params
+
+
+@pytest.fixture(scope="session", params=server_params())
+def proxy_server(request, tmp_path_factory):
+    import os
+
+    old = os.environ.get("CHAOS_PROXY")
+    os.environ["CHAOS_PROXY"] = request.param
+    try:
+        srv = start_proxy_server(tmp_path_factory.mktemp("proxy") / "proxy.log")
+    finally:
+        if old is None:
+            os.environ.pop("CHAOS_PROXY", None)
+        else:
+            os.environ["CHAOS_PROXY"] = old
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def api(proxy_server):
+    client = ChaosClient(proxy_server.api_url)
+    client.reset()
+    for name in list(client.list_proxies()):
+        client.delete_proxy(name)
+    yield client
+    for name in list(client.list_proxies()):
+        client.delete_proxy(name)
+
+
+class Echo:
+    """A TCP echo server on 127.0.0.1 (one thread per connection)."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._stop:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._echo, args=(c,), daemon=True).start()
+
+    @staticmethod
+    def _echo(c):
+        try:
+            while data := c.recv(65536):
+                c.sendall(data)
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def close(self):
+        self._stop = True
+        self.sock.close()
+        for c in self.conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def echo():
+    e = Echo()
+    yield e
+    e.close()
+
+
+def connect(listen: str, timeout: float = 5.0) -> socket.socket:
+    host, port = listen.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def recv_exactly(s: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += chunk
+    return bytes(out)
+
+
+def round_trip(s: socket.socket, payload: bytes = b"x" * 64) -> float:
+    t0 = time.perf_counter()
+    s.sendall(payload)
+    assert recv_exactly(s, len(payload)) == payload
+    return time.perf_counter() - t0
+
+
+def proxy_to(api: ChaosClient, echo: Echo, name: str = "p") -> str:
+    return api.create_proxy(name, upstream=f"127.0.0.1:{echo.port}")["listen"]
