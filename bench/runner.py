@@ -385,11 +385,12 @@ class Run:
 
         wanted = {"policy_server_queue_depth": "queue_depth", "policy_server_load": "load",
                   "policy_server_active_sessions": "active_sessions", "policy_server_active_clients": "active_clients"}
+        query = "&".join(f"name[]={n}" for n in wanted)  # only these families: a full scrape costs the server
         while not self._stop_scrape.wait(1.0):
             t = time.monotonic() - (self.state.t0_mono or time.monotonic())
             for rid, info in list(self.servers.items()):
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{info['health_port']}/metrics", timeout=0.5) as r:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{info['health_port']}/metrics?{query}", timeout=0.5) as r:
                         text = r.read().decode()
                 except Exception:
                     continue  # a restarting replica has no endpoint for a while

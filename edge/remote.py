@@ -181,6 +181,7 @@ class RemoteEngine(Engine):
         self._transitions: deque = deque(maxlen=10000)
         self._records: deque = deque(maxlen=20000)
         self._wake = threading.Event()
+        self._want_obs = False  # the worker is waiting for a fresh observation (notify wakes it)
         self._stop = threading.Event()
         self._paused = False
         self._reset_pending: int | None = None
@@ -247,12 +248,13 @@ class RemoteEngine(Engine):
         with self._slot_lock:
             self._slot_version += 1
             self._slot = (obs, now, self._slot_version)
-        self._wake.set()
+        if self._want_obs:  # the worker waits for exactly this; otherwise it wakes on its own schedule
+            self._wake.set()
 
     def get_action(self) -> Action | None:
         now = time.monotonic()
         max_age = self.cfg.max_action_age_s
-        while True:
+        while self._link != S.DEAD:  # DEAD executes nothing more, not even a queued chunk: fallback only
             item = self.queue.get_with_meta()
             if item is None:
                 break
@@ -505,15 +507,20 @@ class RemoteEngine(Engine):
                 return out
             with self._slot_lock:
                 slot = self._slot
-            due = (not self._paused and self._reset_pending is None and slot is not None
-                   and slot[2] != getattr(self, "_sent_version", -1)
-                   and self.queue.qsize() * self.dt <= self.cfg.buffer_time_s)
-            if due:
+            fresh = slot is not None and slot[2] != getattr(self, "_sent_version", -1)
+            qsize = self.queue.qsize()
+            buffered = qsize * self.dt - self.cfg.buffer_time_s  # > 0: seconds until a request is due
+            if not self._paused and self._reset_pending is None and fresh and buffered <= 0:
                 break
             if self._reset_pending is not None:
                 return "ok"
             self._check_degraded()
-            self._wake.wait(0.25 if not self._paused else 1.0)
+            # Sleep until the queue drains to the buffer (the control loop consumes one action per tick);
+            # an observation wakes us only when we wait for one: hundreds of engines share a process.
+            self._want_obs = not fresh and buffered <= 0
+            timeout = 1.0 if self._paused else min(0.25, max(buffered, 0.0) + 1e-3) if buffered > 0 else 0.25
+            self._wake.wait(timeout)
+            self._want_obs = False
         if self._stop.is_set():
             return "stopped"
         obs, t_obs, version = slot

@@ -102,24 +102,34 @@ class HealthServer:
         body = json.dumps({"ready": ready, "reason": reason}).encode() + b"\n"
         return (200 if ready else 503), "application/json", body
 
-    def _metrics(self) -> tuple[int, str, bytes]:
+    def _metrics(self, query: str = "") -> tuple[int, str, bytes]:
+        """`/metrics?name[]=policy_server_load&name[]=...` renders only those families (a cheap scrape)."""
         if self.metrics is None:
             return 404, "text/plain; charset=utf-8", b"no metrics registry\n"
+        from urllib.parse import parse_qs
+
+        params = parse_qs(query)
+        names = set(params.get("name[]", []) + params.get("name", [])) or None
         try:
-            return 200, PROMETHEUS_CONTENT_TYPE, self.metrics.render_prometheus().encode("utf-8")
+            return 200, PROMETHEUS_CONTENT_TYPE, self.metrics.render_prometheus(names).encode("utf-8")
         except Exception as e:
             log.exception("render_prometheus failed")
             return 500, "text/plain; charset=utf-8", f"render_prometheus failed: {type(e).__name__}: {e}\n".encode()
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         routes = {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
+        metrics_route = self._metrics
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
-                route = routes.get(self.path.split("?", 1)[0])
-                status, ctype, body = route() if route else (404, "text/plain; charset=utf-8", b"not found\n")
+                path, _, query = self.path.partition("?")
+                route = routes.get(path)
+                if route is None:
+                    status, ctype, body = 404, "text/plain; charset=utf-8", b"not found\n"
+                else:
+                    status, ctype, body = route(query) if route == metrics_route else route()
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))

@@ -474,20 +474,23 @@ class Metrics:
 
     # ---- Prometheus ---------------------------------------------------------------------------------
 
-    def render_prometheus(self) -> str:
-        """The whole registry in Prometheus text exposition format 0.0.4.
+    def render_prometheus(self, names: set[str] | None = None) -> str:
+        """The registry (or only the families in `names`, short or full names) in Prometheus text format 0.0.4.
 
         Every family in `KNOWN_METRICS` gets HELP and TYPE lines even before its first sample, so a
         scrape documents what this server can report; names are `policy_server_<name>`, counters
         end in `_total`, histograms expose cumulative `le` buckets ending in `+Inf` plus `_sum`/`_count`.
         """
+        want = None if not names else {n[len(PREFIX):] if n.startswith(PREFIX) else n for n in names}
+        want = None if want is None else want | {n[:-len("_total")] for n in want if n.endswith("_total")}
         with self._lock:
             copied = {
                 name: (self._kinds[name], [(s.label_key, s.value, list(s.buckets), s.bounds, s.sum, s.count) for s in family.values()])
-                for name, family in self._families.items()
+                for name, family in self._families.items() if want is None or name in want
             }
         for name, spec in KNOWN_METRICS.items():
-            copied.setdefault(name, (spec.kind, []))
+            if want is None or name in want:
+                copied.setdefault(name, (spec.kind, []))
         lines: list[str] = []
         for name in sorted(copied):
             kind, rows = copied[name]

@@ -111,20 +111,3 @@ def test_sigterm_drains_notifies_clients_and_exits_zero(tmp_path, ckpt, router):
         c.close()
         child.stop()
 
-
-def test_docs_reference_matches_the_schema():
-    from pathlib import Path
-
-    from server.manifest import schema_doc
-
-    assert schema_doc() in (Path(__file__).parents[2] / "docs" / "manifest.md").read_text(), \
-        "docs/manifest.md is stale: regenerate its table with `python -m server.manifest --doc`"
-
-
-def test_shipped_example_manifests_load():
-    from pathlib import Path
-
-    root = Path(__file__).parents[2]
-    for name in ("minimal.yaml", "full.yaml"):
-        m = load_manifest(root / "examples" / "manifests" / name)
-        assert m.zenoh.connect_endpoints

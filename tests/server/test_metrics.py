@@ -355,3 +355,16 @@ def test_snapshot_is_json_serialisable():
     series = snap["payload_size_bytes"]["series"][0]
     assert series["labels"] == {"client": "a"} and series["count"] == 1 and series["stats"]["p99"] == 50_000.0
     assert snap["superseded_requests"]["type"] == "counter"
+
+
+def test_a_filtered_render_holds_only_the_named_families():
+    from server.metrics import Metrics
+
+    m = Metrics()
+    m.set("load", 0.5)
+    m.observe("inference_latency_ms", 3.0, client="a", model="m")
+    m.inc("chunks_sent", client="a")
+    text = m.render_prometheus({"policy_server_load", "chunks_sent_total"})
+    assert "policy_server_load 0.5" in text and "policy_server_chunks_sent_total" in text
+    assert "inference_latency_ms" not in text
+    assert "inference_latency_ms" in m.render_prometheus()

@@ -194,8 +194,8 @@ HOSTILE = st.one_of(
     st.binary(max_size=300),
     st.builds(lambda d: msgpack.packb(d, use_bin_type=True),
               st.dictionaries(st.sampled_from(["kind", "session_id", "state", "images", "prefix_model", "urgency"]),
-                              st.one_of(st.none(), st.integers(), st.text(max_size=10), st.binary(max_size=20),
-                                        st.just("observation"), st.lists(st.integers(), max_size=3)), max_size=6)),
+                              st.one_of(st.none(), st.integers(-2**63, 2**64 - 1), st.text(max_size=10), st.binary(max_size=20),
+                                        st.just("observation"), st.lists(st.integers(-9, 9), max_size=3)), max_size=6)),
 )
 
 
