@@ -1,10 +1,14 @@
 """Demonstrations for behaviour cloning, and the closed-loop check a cloned chunk policy must pass.
 
 collect_demos runs a type's scripted expert (bench.experts) with DART-style noise: the robot
-executes expert + small temporally correlated noise, but every label is the clean expert action at
-the state actually visited, so the data covers the drift a cloned policy will cause and shows how
-to recover from it. Each state is paired with the next `chunk_size` clean labels, the chunk a policy
-should emit there; past the episode end the last label repeats (the robot would hold it).
+executes expert + small temporally correlated noise, but every label is clean expert output at the
+state actually visited, so the data covers the drift a cloned policy will cause and shows how to
+recover from it. Each state is paired with a chunk of `chunk_size` clean labels (`CHUNK_LABELS`):
+- "plan": the expert's open-loop plan from that state (bench.experts.plan_chunks). A chunk runs
+  open loop, so this is the chunk that reproduces the expert; what `bench train` clones.
+- "trajectory": the next labels along the noisy path actually driven, the last repeated past the
+  episode end. They answer noise that will not recur when the chunk runs open loop (on reacher the
+  gap to the plan is half the labels' own spread), so a policy cloned from them drifts.
 
 evaluate_closed_loop runs a chunk policy the way the fleet does: one call per `replan_every`
 ticks, the chunk executed open-loop meanwhile, and "no command" (the robot's hold semantics) when a
@@ -21,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.experts import expert_for
+from bench.experts import expert_for, plan_chunks
 from bench.metrics_seam import seam_metrics
 from bench.robots import DEFAULT_FPS, make_robot
 
@@ -35,6 +39,8 @@ NOISE_STD: dict[str, tuple[float, ...]] = {
 # and never pushes the robot off the expert's path, so it would teach no recovery.
 NOISE_CORRELATION = 0.9
 
+CHUNK_LABELS = ("trajectory", "plan")
+
 
 def collect_demos(
     robot_type: str,
@@ -45,13 +51,21 @@ def collect_demos(
     noise: float = 1.0,
     fps: float = DEFAULT_FPS,
     episode_s: float | None = None,
+    labels: str = "trajectory",
+    stride: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(states (N, S), action_chunks (N, chunk_size, A)), float32, from `episodes` expert episodes.
 
-    Episode e uses robot seed `seed + e`; `noise` scales NOISE_STD (0 = the clean expert).
+    Episode e uses robot seed `seed + e`; `noise` scales NOISE_STD (0 = the clean expert);
+    `labels` is one of CHUNK_LABELS; `stride` keeps every stride-th visited state (a plan costs
+    chunk_size simulated ticks, and neighbouring states teach nearly the same plan).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if labels not in CHUNK_LABELS:
+        raise ValueError(f"labels must be one of {CHUNK_LABELS}, got {labels!r}")
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1, got {stride}")
     expert = expert_for(robot_type)
     rng = np.random.default_rng([seed, 0xDA27])  # the noise stream, independent of robot seeds
     env = make_robot(robot_type, seed=seed, fps=fps, episode_s=episode_s)
@@ -61,18 +75,22 @@ def collect_demos(
     for e in range(episodes):
         state, _ = env.reset(seed=seed + e)
         perturbation = rng.normal(0.0, 1.0, std.shape) * std
-        states, labels = [], []
+        states, actions = [], []
         while True:
             label = expert(state)
             states.append(state)
-            labels.append(label)
+            actions.append(label)
             state, _, terminated, truncated, _ = env.step(label + perturbation)
             perturbation = NOISE_CORRELATION * perturbation + rng.normal(0.0, 1.0, std.shape) * innovation
             if terminated or truncated:
                 break
-        all_states.append(np.asarray(states, dtype=np.float32))
-        all_chunks.append(_chunks(np.asarray(labels, dtype=np.float32), chunk_size))
-    return np.concatenate(all_states), np.concatenate(all_chunks)
+        all_states.append(np.asarray(states, dtype=np.float32)[::stride])
+        if labels == "trajectory":
+            all_chunks.append(_chunks(np.asarray(actions, dtype=np.float32), chunk_size)[::stride])
+    states = np.concatenate(all_states)
+    if labels == "plan":
+        return states, plan_chunks(robot_type, states, chunk_size, fps=fps)
+    return states, np.concatenate(all_chunks)
 
 
 def _chunks(labels: np.ndarray, chunk_size: int) -> np.ndarray:
@@ -95,7 +113,9 @@ def evaluate_closed_loop(
     """Run `act_fn(state) -> chunk (T, A)` closed loop; report task success and seam smoothness.
 
     Every `replan_every` ticks the policy is called on the current state and its chunk replaces
-    the old one from its first row. Ticks past the chunk's end send no command.
+    the old one from its first row. Ticks past the chunk's end send no command. An `act_fn` with a
+    `reset()` method (one that remembers its last chunk, e.g. for RTC guidance) is reset before
+    every episode.
     """
     if replan_every < 1:
         raise ValueError(f"replan_every must be >= 1, got {replan_every}")
@@ -105,6 +125,8 @@ def evaluate_closed_loop(
     held_ticks = 0
     for e in range(episodes):
         state, _ = env.reset(seed=seed + e)
+        if hasattr(act_fn, "reset"):
+            act_fn.reset()
         episode_starts.append(len(executed))
         errors = []
         tick = 0

@@ -394,7 +394,15 @@ class Shard:
         status.start()
         error = None
         try:
-            self.run_loop()
+            prof_dir = os.environ.get("BENCH_PROFILE_DIR")  # profile the control loop thread (cProfile)
+            if prof_dir:
+                import cProfile
+
+                prof = cProfile.Profile()
+                prof.runcall(self.run_loop)
+                prof.dump_stats(os.path.join(prof_dir, f"shard{self.index}.prof"))
+            else:
+                self.run_loop()
         except Exception as exc:
             error = f"loop failed: {exc!r}\n{traceback.format_exc()}"
         self.stop_event.set()

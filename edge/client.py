@@ -9,8 +9,11 @@
 Per model handle (one session on one replica): liveliness token on its own `alive` key, action
 subscriber, obs publisher, liveliness subscriber on the replica's token, then the session-open query
 (docs/protocol-contract.md). Replicas come from one discovery query, ordered ready-and-not-draining
-first, lowest load first (or `replica_order`); CAPACITY, EXCLUSIVE_BUSY, DRAINING and NOT_READY move
-on to the next replica; any other refusal raises `SessionRefused` (never run an incompatible model).
+first, lowest load first (or `replica_order`); CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY and a replica
+that does not answer its session query move on to the next replica; any other refusal raises `SessionRefused` (never run an incompatible model).
+
+Events: an Error EVENT with UNKNOWN_SESSION sets `model.needs_handshake` (the server forgot the session:
+call `open()` again); a DrainNotice (or a DRAINING error) sets `model.draining` (open elsewhere).
 
 Invariants: Zenoh callbacks only deposit (raw bytes into a bounded inbox, flags for liveliness) and
 run on Zenoh's own threads (no Python thread per subscriber); only monotonic clocks; `seq_id`
@@ -36,6 +39,10 @@ from wire import (
 from wire.qos import CONTROL_TIMEOUTS_S, declare_publisher
 
 RETRY_ELSEWHERE = {ErrorCode.CAPACITY, ErrorCode.EXCLUSIVE_BUSY, ErrorCode.DRAINING, ErrorCode.NOT_READY}
+# Refusals that no retry and no other replica of this model fixes: the robot's contract and the model's differ.
+HARD_REFUSALS = {ErrorCode.SCHEMA_VERSION, ErrorCode.ACTION_MISMATCH, ErrorCode.CAMERA_MISMATCH,
+                 ErrorCode.STATE_DIM_MISMATCH, ErrorCode.FPS_MISMATCH, ErrorCode.TASK_PINNED, ErrorCode.WRONG_MODEL,
+                 ErrorCode.IDENTITY_MISMATCH, ErrorCode.BAD_KEY}
 INBOX_MAX = 64
 
 
@@ -88,7 +95,10 @@ class Event:
 
 
 class Connection:
-    def __init__(self, server: str | list[str], client_id: str, client_type: str = "", *, root: str = DEFAULT_ROOT,
+    """One Zenoh session to the router(s) for one client id; `model()` opens sessions on it.
+    `session`: share an already open Zenoh session (it is then not closed here)."""
+
+    def __init__(self, server: str | list[str], client_id: str, client_type: str = "", root: str = DEFAULT_ROOT,
                  lease_ms: int = 1000, tls=None, session=None):
         from wire.keys import sanitize
         from wire.transport import open_session
@@ -102,11 +112,24 @@ class Connection:
         self._models: list[Model] = []
 
     def model(self, model_id: str, revision: str = "main", *, latency_budget_ms: float | None = None, priority: int = 0,
-              open: bool = True, **session_kw) -> "Model":
-        m = Model(self, model_id, revision, latency_budget_ms=latency_budget_ms, priority=priority, **session_kw)
+              task: str = "", fps: float = 30.0, action_names: list[str] | None = None, state_dim: int = 0,
+              cameras: dict[str, list[int]] | list[str] | None = None, rtc_enabled: bool = False,
+              execution_horizon: int = 0, expected_checkpoint_hash: str = "", replica_order: list[str] | None = None,
+              open: bool = True, **extra) -> "Model":
+        """A handle on `model_id`; with `open` (default) discovery and the session handshake run now.
+        `extra`: policy_type, tags, jpeg_quality (see `Model`)."""
+        m = Model(self, model_id, revision, latency_budget_ms=latency_budget_ms, priority=priority, task=task, fps=fps,
+                  action_names=action_names, state_dim=state_dim, cameras=cameras, rtc_enabled=rtc_enabled,
+                  execution_horizon=execution_horizon, expected_checkpoint_hash=expected_checkpoint_hash,
+                  replica_order=replica_order, **extra)
         self._models.append(m)
         if open:
-            m.open()
+            try:
+                m.open()
+            except BaseException:
+                m.close()
+                self._models.remove(m)
+                raise
         return m
 
     def close(self) -> None:
@@ -119,20 +142,31 @@ class Connection:
             except Exception:
                 pass
 
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 class Model:
-    """One session of this client with one replica of a model."""
+    """One session of this client with one replica of a model.
+
+    Flags the caller reads (set by `get_result` while decoding, or by Zenoh's liveliness callback):
+    `server_lost` (Event: the replica's token went away), `draining` (DrainNotice or a DRAINING error),
+    `needs_handshake` (UNKNOWN_SESSION: the server forgot this session; call `open()` again).
+    """
 
     def __init__(self, conn: Connection, model_id: str, revision: str = "main", *, latency_budget_ms: float | None = None,
                  priority: int = 0, task: str = "", fps: float = 30.0, action_names: list[str] | None = None,
-                 state_dim: int = 0, cameras: dict[str, list[int]] | None = None, rtc_enabled: bool = False,
+                 state_dim: int = 0, cameras: dict[str, list[int]] | list[str] | None = None, rtc_enabled: bool = False,
                  execution_horizon: int = 0, expected_checkpoint_hash: str = "", policy_type: str = "",
                  replica_order: list[str] | None = None, tags: dict[str, str] | None = None, jpeg_quality: int = 90):
         self.conn = conn
         self.model_id, self.revision = model_id, revision
         self.latency_budget_ms, self.priority = latency_budget_ms, priority
         self.open_args = dict(task=task, fps=float(fps), action_names=list(action_names or []), state_dim=int(state_dim),
-                              cameras=dict(cameras or {}), rtc_enabled=bool(rtc_enabled),
+                              cameras=camera_shapes(cameras), rtc_enabled=bool(rtc_enabled),
                               execution_horizon=int(execution_horizon), expected_checkpoint_hash=expected_checkpoint_hash,
                               policy_type=policy_type, tags=dict(tags or {}))
         self.replica_order = list(replica_order or [])
@@ -140,23 +174,27 @@ class Model:
         self.ack: SessionAck | None = None
         self.replica: ReplicaKeys | None = None
         self.keys = None
-        self.epoch = 0
+        self.epoch = 0  # session_epoch: bumped by every open attempt, so a chunk of an older session never matches
+        self.episode_id = 0  # header episode of the next observation; `reset()` moves it
         self._seq = itertools.count(1)
         self.last_seq = 0
-        self._inbox: deque = deque(maxlen=INBOX_MAX)
+        self._inbox: deque = deque(maxlen=INBOX_MAX)  # full: the oldest item goes, Zenoh's thread never waits
         self._cv = threading.Condition()
         self._decl: list[Any] = []
         self._pub = None
+        self._gen = 0  # callbacks of an undeclared session check it and fall silent
         self.server_alive = False
-        self.server_lost = threading.Event()  # set when the replica's liveliness token disappears
+        self.server_lost = threading.Event()
         self.draining = False
+        self.needs_handshake = False
         self.wake: threading.Event | None = None  # optional: set on every deposit (the engine's worker waits on it)
 
     # --- discovery and handshake -------------------------------------------------------------------
 
     def discover(self, timeout_s: float = CONTROL_TIMEOUTS_S["status"]) -> list[Status]:
+        """Every replica's Status, best first: ready and not draining, then `replica_order`, then load."""
         key = discovery_key(self.model_id, self.revision, self.conn.root)
-        found: list[Status] = []
+        found: dict[str, Status] = {}
         for reply in self.conn.z.get(key, timeout=timeout_s):
             if reply.ok is None:
                 continue
@@ -164,13 +202,16 @@ class Model:
                 st = decode_message(reply.ok.payload.to_bytes(), expect=Status)
             except WireError:
                 continue
-            found.append(st)
+            found[st.replica_id] = st
         order = {r: i for i, r in enumerate(self.replica_order)}
-        found.sort(key=lambda s: (not s.ready or s.draining, order.get(s.replica_id, len(order)), s.load, s.replica_id))
-        return found
+        return sorted(found.values(), key=lambda s: (not s.ready or s.draining, order.get(s.replica_id, len(order)),
+                                                     s.load, s.replica_id))
 
     def open(self, exclude: set[str] | frozenset = frozenset(), task: str | None = None) -> SessionAck:
-        """Discover and open a session on the best replica not in `exclude`; raise SessionRefused / NoReplica."""
+        """Discover and open a session on the best replica not in `exclude`.
+
+        CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY and a replica that does not answer move on to the
+        next replica; any other refusal raises `SessionRefused`; nothing left raises `NoReplica`."""
         replicas = [s for s in self.discover() if s.replica_id not in exclude]
         if self.replica_order:
             replicas = [s for s in replicas if s.replica_id in self.replica_order] or replicas
@@ -180,15 +221,16 @@ class Model:
         refusals = []
         for st in replicas:
             if not st.ready or st.draining:
-                refusals.append(f"{st.replica_id}: {'draining' if st.draining else 'not ready'}")
+                refusals.append(f"{st.replica_id}: {'DRAINING' if st.draining else 'NOT_READY'}")
                 continue
             try:
                 return self._open_on(st, task)
             except SessionRefused as exc:
-                if exc.code in RETRY_ELSEWHERE:
-                    refusals.append(f"{st.replica_id}: {exc.code}")
-                    continue
-                raise
+                if exc.code not in RETRY_ELSEWHERE:
+                    raise
+                refusals.append(f"{st.replica_id}: {exc.code}")
+            except TimeoutError:
+                refusals.append(f"{st.replica_id}: no answer to the session query (dead or hung replica)")
         raise NoReplica(f"every replica of {self.model_id} refused: {'; '.join(refusals)}")
 
     def _open_on(self, st: Status, task: str | None) -> SessionAck:
@@ -199,18 +241,31 @@ class Model:
         eff_task = (task if task is not None else self.open_args["task"]) or st.default_task
         keys = rk.client(eff_task, self.conn.client_id)
         z = self.conn.z
+        self._gen += 1
+        gen = self._gen
         self.server_lost.clear()
         self.server_alive = False
         self.draining = False
-        self._decl.append(z.liveliness().declare_token(keys.alive))
-        self._decl.append(z.declare_subscriber(keys.action, zenoh.handlers.Callback(self._on_action, indirect=False)))
-        self._decl.append(z.liveliness().declare_subscriber(rk.alive, zenoh.handlers.Callback(self._on_server_alive,
-                                                                                               indirect=False), history=True))
-        self._pub = declare_publisher(z, keys.obs, "obs")
+        self.needs_handshake = False
         self.epoch += 1
+        self._seq = itertools.count(1)  # seq_id restarts at 1 in every session
+        self.last_seq = 0
+        with self._cv:
+            self._inbox.clear()
+        # indirect=False: the deposit runs on Zenoh's own thread, no Python thread per subscriber
+        self._decl.append(z.liveliness().declare_token(keys.alive))
+        self._decl.append(z.declare_subscriber(
+            keys.action, zenoh.handlers.Callback(lambda s: self._on_action(s, gen), indirect=False)))
+        self._decl.append(z.liveliness().declare_subscriber(
+            rk.alive, zenoh.handlers.Callback(lambda s: self._on_server_alive(s, gen), indirect=False), history=True))
+        self._pub = declare_publisher(z, keys.obs, "obs")
         body = SessionOpen(client_uuid=self.conn.client_id, schema_version=SCHEMA_VERSION,
                            client_type=self.conn.client_type, **{**self.open_args, "task": eff_task})
-        reply = self._query(rk.session, body, CONTROL_TIMEOUTS_S["session"])
+        try:
+            reply = self._query(rk.session, body, CONTROL_TIMEOUTS_S["session"])
+        except BaseException:
+            self._undeclare()
+            raise
         if isinstance(reply, Error):
             self._undeclare()
             raise SessionRefused(reply.code, reply.message, reply.details)
@@ -218,12 +273,10 @@ class Model:
             self._undeclare()
             raise SessionRefused(ErrorCode.MALFORMED, f"session open answered with {type(reply).__name__}")
         self.replica, self.keys, self.ack = rk, keys, reply
-        with self._cv:
-            self._inbox.clear()
         return reply
 
-    def _query(self, key: str, body, timeout_s: float):
-        header = Header(SCHEMA_VERSION, MsgType.CONTROL).pack()
+    def _query(self, key: str, body, timeout_s: float, episode_id: int = 0):
+        header = Header(SCHEMA_VERSION, MsgType.CONTROL, 0, episode_id).pack()
         for reply in self.conn.z.get(key, payload=body.encode(), attachment=header, timeout=timeout_s):
             if reply.ok is None:
                 continue
@@ -236,29 +289,36 @@ class Model:
     # --- data plane ----------------------------------------------------------------------------------
 
     def observe(self, urgency: float = 0.5, priority: int | None = None, *, state, images: dict | None = None,
-                episode_id: int = 0, **fields) -> int:
-        """Publish one observation (non-blocking); returns its seq_id. Extra ndarrays go to `tensors`,
-        strings to `metadata`; Observation fields (prefix_model, inference_delay_steps, ...) pass through."""
+                episode_id: int | None = None, **fields) -> int:
+        """Publish one observation (non-blocking); returns its seq_id.
+
+        images: name -> uint8 HxWx3 RGB (JPEG-encoded here at `jpeg_quality`; 0 = raw) or an EncodedImage.
+        Observation fields (prefix_model, prefix_robot, inference_delay_steps, episode_start,
+        steps_remaining, task) pass through; any other ndarray goes to `tensors`, any str to `metadata`."""
         if self.ack is None or self._pub is None:
             raise RuntimeError("no open session: call open() first")
         known = {f.name for f in Observation.FIELDS}
-        kw = {k: v for k, v in fields.items() if k in known}
+        kw = {k: v for k, v in fields.items() if k in known and v is not None}
         tensors = {k: np.asarray(v) for k, v in fields.items() if k not in known and isinstance(v, np.ndarray)}
-        metadata = {k: str(v) for k, v in fields.items() if k not in known and isinstance(v, str)}
+        metadata = {k: v for k, v in fields.items() if k not in known and isinstance(v, str)}
         enc = {}
         for name, frame in (images or {}).items():
             enc[name] = frame if hasattr(frame, "to_wire") else encode_image(
                 np.asarray(frame), "jpeg" if self.jpeg_quality > 0 else "raw", self.jpeg_quality or 90)
+        if episode_id is not None:
+            self.episode_id = int(episode_id)
         seq = next(self._seq)
         obs = Observation(self.ack.session_id, np.asarray(state, np.float32), images=enc, tensors=tensors,
                           metadata=metadata, urgency=float(urgency),
                           priority=int(self.priority if priority is None else priority), **kw)
-        header = Header(SCHEMA_VERSION, MsgType.OBS, seq, int(episode_id), time.monotonic_ns(), self.epoch)
+        header = Header(SCHEMA_VERSION, MsgType.OBS, seq, self.episode_id, time.monotonic_ns(), self.epoch)
         self._pub.put(obs.encode(), attachment=header.pack())
         self.last_seq = seq
         return seq
 
-    def _on_action(self, sample) -> None:  # deposit only
+    def _on_action(self, sample, gen: int) -> None:  # deposit only, on Zenoh's thread
+        if gen != self._gen:
+            return
         att = sample.attachment
         item = (time.monotonic_ns(), sample.payload.to_bytes(), att.to_bytes() if att is not None else b"")
         with self._cv:
@@ -267,9 +327,11 @@ class Model:
         if self.wake is not None:
             self.wake.set()
 
-    def _on_server_alive(self, sample) -> None:  # deposit only
+    def _on_server_alive(self, sample, gen: int) -> None:  # deposit only, on Zenoh's thread
         import zenoh
 
+        if gen != self._gen:
+            return
         alive = sample.kind == zenoh.SampleKind.PUT
         self.server_alive = alive
         if not alive:
@@ -314,23 +376,33 @@ class Model:
             return Event("drain", ErrorCode.DRAINING, msg.reason or "replica draining", None, h.episode_id,
                          h.session_epoch, {"replica_id": msg.replica_id, "deadline_ms": msg.deadline_ms})
         if isinstance(msg, Error):
+            if h.session_epoch == self.epoch:  # an error about an older session says nothing about this one
+                if msg.code == ErrorCode.UNKNOWN_SESSION:
+                    self.needs_handshake = True
+                elif msg.code == ErrorCode.DRAINING:
+                    self.draining = True
             return Event("error", msg.code, msg.message, msg.seq_id if msg.seq_id is not None else h.seq_id,
                          h.episode_id, h.session_epoch, msg.details)
         return None
 
     def reset(self, episode_id: int, timeout_s: float = CONTROL_TIMEOUTS_S["reset"]) -> bool:
-        """The acknowledged episode reset; False if the server did not acknowledge in time."""
+        """The acknowledged episode reset; later observations carry `episode_id`. False if the server
+        did not acknowledge in time (it needs nothing from a reset: requests are stateless)."""
+        self.episode_id = int(episode_id)
         if self.ack is None:
             return False
         try:
-            reply = self._query(self.keys.reset, Reset(self.ack.session_id, int(episode_id)), timeout_s)
+            reply = self._query(self.keys.reset, Reset(self.ack.session_id, int(episode_id)), timeout_s, int(episode_id))
         except TimeoutError:
             return False
+        if isinstance(reply, Error) and reply.code == ErrorCode.UNKNOWN_SESSION:
+            self.needs_handshake = True
         return isinstance(reply, ResetAck) and reply.episode_id == episode_id
 
     # --- teardown ------------------------------------------------------------------------------------
 
     def _undeclare(self) -> None:
+        self._gen += 1
         for d in reversed(self._decl):
             try:
                 d.undeclare()
@@ -347,3 +419,13 @@ class Model:
 
     def close(self) -> None:
         self._undeclare()
+
+
+def camera_shapes(cameras: dict[str, list[int]] | list[str] | tuple | None) -> dict[str, list[int]]:
+    """Camera name -> [h, w, c] for the session open. Names alone get a placeholder shape [1, 1, 3]: the
+    server checks names (coverage) and only warns about aspect ratios, so shapes are advisory."""
+    if not cameras:
+        return {}
+    if isinstance(cameras, dict):
+        return {str(k): [int(d) for d in v] for k, v in cameras.items()}
+    return {str(name): [1, 1, 3] for name in cameras}

@@ -1,88 +1,183 @@
-"""The plain client API against the real server: handshake, round trip, replicas, reset, refusals."""
+"""The plain client API over a real router against the test responder: handshake, round trip,
+replicas, refusals, reset, UNKNOWN_SESSION and drain events."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
 
 from edge.client import Connection, Event, NoReplica, Result, SessionRefused
-from tests.edge.conftest import ACTION_NAMES, S, T
+from tests.edge.responder import HASH_A, Responder, expected_chunk
+
+NAMES = ["x", "y", "grip"]
+S, T = 4, 10
 
 
-def model(conn, **kw):
-    args = dict(action_names=ACTION_NAMES, state_dim=S, fps=30.0, rtc_enabled=True, execution_horizon=5)
+@pytest.fixture
+def responders(router):
+    started: list[Responder] = []
+
+    def make(**kw) -> Responder:
+        r = Responder(router, **kw).start()
+        started.append(r)
+        return r
+
+    yield make
+    for r in started:
+        r.close()
+
+
+def open_model(conn, timeout_s=5.0, **kw):
+    """Open a session; a just-started responder reaches the router asynchronously, so retry NoReplica."""
+    args = dict(action_names=NAMES, state_dim=S, fps=30.0, rtc_enabled=True, execution_horizon=5)
     args.update(kw)
-    return conn.model("arm", **args)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return conn.model("arm", **args)
+        except NoReplica:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
-def test_observe_and_get_result_round_trip(router, server_factory, ckpt):
-    srv = server_factory(ckpt)
-    conn = Connection(router, "robot-1", "test")
-    try:
-        m = model(conn)
-        assert m.ack.checkpoint_hash == srv.info.checkpoint_hash and m.ack.rtc_enabled
-        seq = m.observe(urgency=0.9, state=np.ones(S), inference_delay_steps=2,
-                        prefix_model=np.zeros((5, 3), np.float32), episode_id=4, note="hello")
-        r = m.get_result(10_000)
-        assert isinstance(r, Result) and r.seq_id == seq and r.episode_id == 4 and r.session_epoch == m.epoch
-        assert r.chunk_robot.shape == (T, 3) and 0 < r.rtt_s < 5 and r.rtc_applied
-        assert m.reset(5)
-    finally:
-        conn.close()
+def round_trip(m, state, timeout_ms=3000, **kw):
+    """observe + get_result; the first put may race the subscription's propagation, so resend."""
+    deadline = time.monotonic() + timeout_ms / 1e3
+    while time.monotonic() < deadline:
+        seq = m.observe(state=state, **kw)
+        r = m.get_result(300)
+        if r is not None:
+            return seq, r
+    return seq, None
 
 
-def test_capacity_refusal_moves_to_the_next_replica(router, server_factory, ckpt):
-    server_factory(ckpt, "r0", max_sessions=1)
-    server_factory(ckpt, "r1", max_sessions=1)
+def test_handshake_acks_the_models_capabilities(router, responders):
+    responders()
+    with Connection(router, "robot-1", "test") as conn:
+        m = open_model(conn)
+        assert m.ack.checkpoint_hash == HASH_A and m.ack.action_names == NAMES and m.ack.state_dim == S
+        assert m.ack.rtc_enabled and m.ack.session_id and m.replica.replica_id == "r0" and m.epoch == 1
+
+
+def test_observe_and_get_result_round_trip(router, responders):
+    r0 = responders()
+    with Connection(router, "robot-1") as conn:
+        m = open_model(conn)
+        state = np.array([0.5, 0, 0, 0], np.float32)
+        seq, r = round_trip(m, state, urgency=0.9, inference_delay_steps=2, prefix_model=np.zeros((5, 3), np.float32),
+                            images={"front": np.zeros((8, 8, 3), np.uint8)}, note="hello", depth=np.ones((2, 2)))
+        assert isinstance(r, Result) and r.seq_id == seq and r.session_epoch == m.epoch and r.episode_id == 0
+        np.testing.assert_allclose(r.chunk_robot, expected_chunk(state, T, 3))
+        assert r.chunk_model.shape == (T, 3) and 0 < r.rtt_s < 3 and r.error is None
+        _, h, obs = r0.obs_log[-1]
+        assert h.seq_id == seq and h.session_epoch == m.epoch and obs.urgency == pytest.approx(0.9)
+        assert obs.inference_delay_steps == 2 and obs.images["front"].codec == "jpeg"
+        assert obs.metadata == {"note": "hello"} and obs.tensors["depth"].shape == (2, 2)
+
+
+def test_seq_ids_increase_from_one_and_headers_carry_monotonic_time(router, responders):
+    r0 = responders()
+    with Connection(router, "robot-1") as conn:
+        m = open_model(conn)
+        round_trip(m, np.zeros(S))
+        before = time.monotonic_ns()
+        seqs = [m.observe(state=np.zeros(S)) for _ in range(3)]
+        assert r0.wait_for(lambda r: len(r.obs_log) >= 4 and r.obs_log[-1][1].seq_id == seqs[-1], 3.0)
+        logged = [h.seq_id for _, h, _ in r0.obs_log]
+        assert logged == sorted(logged) and len(set(logged)) == len(logged) and logged[0] == 1
+        assert before <= r0.obs_log[-1][1].client_mono_ns <= time.monotonic_ns()
+
+
+def test_capacity_refusal_moves_to_the_next_replica(router, responders):
+    responders(replica_id="r0", max_sessions=1)
+    responders(replica_id="r1", max_sessions=1)
     a, b, c = Connection(router, "robot-a"), Connection(router, "robot-b"), Connection(router, "robot-c")
     try:
-        ma, mb = model(a), model(b)
+        ma = open_model(a)
+        for _ in range(50):  # both replicas visible to discovery
+            if len(ma.discover()) == 2:
+                break
+            time.sleep(0.05)
+        mb = open_model(b)
         assert {ma.replica.replica_id, mb.replica.replica_id} == {"r0", "r1"}
         with pytest.raises(NoReplica, match="CAPACITY"):
-            model(c)
+            c.model("arm", action_names=NAMES, state_dim=S)
     finally:
         for x in (a, b, c):
             x.close()
 
 
-def test_hard_refusals_raise_with_the_servers_words(router, server_factory, ckpt):
-    server_factory(ckpt)
-    conn = Connection(router, "robot-1")
-    try:
+def test_a_replica_that_does_not_answer_is_skipped(router, responders):
+    dead = responders(replica_id="r0")
+    responders(replica_id="r1")
+    with Connection(router, "robot-1") as conn:
+        m = open_model(conn, replica_order=["r0", "r1"])
+        for _ in range(50):
+            if len(m.discover()) == 2:
+                break
+            time.sleep(0.05)
+        dead._on_session = lambda q, gen: None  # alive, answers status, never answers a session query
+        m.open()
+        assert m.replica.replica_id == "r1"
+
+
+def test_hard_refusals_raise_with_the_servers_words(router, responders):
+    responders()
+    with Connection(router, "robot-1") as conn:
         with pytest.raises(SessionRefused, match="ACTION_MISMATCH") as e:
-            model(conn, action_names=["grip", "x", "y"])
-        assert e.value.details["action_names"] == ACTION_NAMES
+            open_model(conn, action_names=["grip", "x", "y"])
+        assert e.value.code == "ACTION_MISMATCH" and e.value.details["action_names"] == NAMES
         with pytest.raises(SessionRefused, match="WRONG_MODEL"):
-            model(conn, expected_checkpoint_hash="0" * 64)
-    finally:
-        conn.close()
+            open_model(conn, expected_checkpoint_hash="0" * 64)
+        assert conn._models == []  # a refused handle is not kept
 
 
 def test_no_server_is_a_clear_error(router):
-    conn = Connection(router, "robot-1")
-    try:
+    with Connection(router, "robot-1") as conn:
         with pytest.raises(NoReplica, match="is the server running"):
-            model(conn)
-    finally:
-        conn.close()
+            conn.model("arm", action_names=NAMES, state_dim=S)
 
 
-def test_a_restarted_server_answers_unknown_session(router, server_factory, ckpt):
-    srv = server_factory(ckpt)
-    conn = Connection(router, "robot-1")
-    try:
-        m = model(conn)
-        srv.stop()
-        server_factory(ckpt)
-        r = None
-        for _ in range(20):  # the new server's subscription reaches the router asynchronously
-            seq = m.observe(state=np.ones(S))
-            r = m.get_result(500)
-            if r is not None:
-                break
-        assert isinstance(r, Event) and r.code == "UNKNOWN_SESSION" and r.seq_id == seq
-        m.open()  # the re-handshake
-        seq = m.observe(state=np.ones(S))
-        assert isinstance(m.get_result(10_000), Result)
-    finally:
-        conn.close()
+def test_reset_is_acknowledged_and_moves_the_episode(router, responders):
+    r0 = responders()
+    with Connection(router, "robot-1") as conn:
+        m = open_model(conn)
+        assert m.reset(3)
+        assert r0.resets == [(m.ack.session_id, 3)]
+        seq, r = round_trip(m, np.zeros(S), episode_start=True)
+        assert isinstance(r, Result) and r.episode_id == 3
+        r0.reset_delay_s = 1.5
+        assert not m.reset(4, timeout_s=0.3)  # unacknowledged: False, never an exception
+
+
+def test_unknown_session_asks_for_a_new_handshake(router, responders):
+    r0 = responders()
+    with Connection(router, "robot-1") as conn:
+        m = open_model(conn)
+        round_trip(m, np.zeros(S))
+        r0.forget_sessions()  # e.g. a restart that kept its token
+        seq = m.observe(state=np.zeros(S))
+        r = m.get_result(3000)
+        assert isinstance(r, Event) and r.code == "UNKNOWN_SESSION" and r.seq_id == seq and r.error == "UNKNOWN_SESSION"
+        assert m.needs_handshake
+        epoch = m.epoch
+        m.open()  # the re-handshake: a new session, a new epoch, seq from 1 again
+        assert not m.needs_handshake and m.epoch == epoch + 1
+        seq, r = round_trip(m, np.zeros(S))
+        assert isinstance(r, Result) and seq == 1 and r.session_epoch == m.epoch
+
+
+def test_server_loss_and_drain_are_flagged(router, responders):
+    r0 = responders()
+    with Connection(router, "robot-1") as conn:
+        m = open_model(conn)
+        round_trip(m, np.zeros(S))
+        assert m.server_alive
+        r0.drain()
+        ev = m.get_result(3000)
+        assert isinstance(ev, Event) and ev.kind == "drain" and m.draining
+        r0.stop()
+        assert m.server_lost.wait(3.0) and not m.server_alive
