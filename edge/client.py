@@ -27,7 +27,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -398,6 +398,40 @@ class Model:
         if isinstance(reply, Error) and reply.code == ErrorCode.UNKNOWN_SESSION:
             self.needs_handshake = True
         return isinstance(reply, ResetAck) and reply.episode_id == episode_id
+
+    def reset_nowait(self, episode_id: int, on_reply: Callable[[bool], None] | None = None,
+                     timeout_s: float = CONTROL_TIMEOUTS_S["reset"]) -> bool:
+        """`reset` without waiting: the query goes out now and `on_reply(acked)` runs on Zenoh's thread when
+        the answer (or the timeout) arrives. Later observations carry `episode_id` and the next one flags
+        `episode_start`, which the server acts on by itself, so nothing needs to wait for the ack.
+        Returns False when there is no session to reset."""
+        self.episode_id = int(episode_id)
+        if self.ack is None:
+            return False
+        gen, answered = self._gen, []
+
+        def on_answer(reply) -> None:  # on Zenoh's thread: decode and hand over, nothing else
+            if answered or gen != self._gen:
+                return
+            acked = False
+            if reply.ok is not None:
+                try:
+                    msg = decode_message(reply.ok.payload.to_bytes())
+                except WireError:
+                    msg = None
+                if isinstance(msg, Error) and msg.code == ErrorCode.UNKNOWN_SESSION:
+                    self.needs_handshake = True
+                acked = isinstance(msg, ResetAck) and msg.episode_id == episode_id
+            answered.append(acked)
+            if on_reply is not None:
+                on_reply(acked)
+
+        import zenoh
+
+        header = Header(SCHEMA_VERSION, MsgType.CONTROL, 0, int(episode_id)).pack()
+        self.conn.z.get(self.keys.reset, zenoh.handlers.Callback(on_answer, indirect=False), payload=Reset(self.ack.session_id, int(episode_id)).encode(),
+                        attachment=header, timeout=timeout_s)
+        return True
 
     # --- teardown ------------------------------------------------------------------------------------
 

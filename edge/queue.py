@@ -71,6 +71,22 @@ class ActionQueue:
                 return None
             return self._meta[self._cursor], int(self._index[self._cursor])
 
+    def skip_source(self, meta: Any) -> int:
+        """Advance the cursor past the rows of the merge that `meta` marks (all stale together: they share
+        a source observation); rows of later merges (append mode) stay. Returns how many were skipped."""
+        with self._lock:
+            if self._processed is None:
+                return 0
+            start = self._cursor
+            while self._cursor < len(self._processed) and self._meta[self._cursor] is meta:
+                self._cursor += 1
+            return self._cursor - start
+
+    def set_rtc_enabled(self, enabled: bool) -> None:
+        """Switch replace/append for later merges (a server that downgraded the session to append mode)."""
+        with self._lock:
+            self.rtc_enabled = bool(enabled)
+
     def skip(self, n: int) -> int:
         """Advance the cursor by up to n actions (stale ones the engine refuses); returns how many."""
         with self._lock:

@@ -166,7 +166,7 @@ class RemoteEngine(Engine):
         self.A = len(config.action_names)
         # control-thread side
         self._slot_lock = threading.Lock()
-        self._slot: tuple[dict, float, int] | None = None  # (obs, t_mono, version)
+        self._slot: tuple[dict, float, int, int] | None = None  # (obs, t_mono, version, episode)
         self._slot_version = 0
         self._last_values: np.ndarray | None = None
         self._stalled = False
@@ -185,7 +185,7 @@ class RemoteEngine(Engine):
         self._stop = threading.Event()
         self._paused = False
         self._reset_pending: int | None = None
-        self._episode_start = False
+        self._started_episode = -1  # the episode whose episode_start went out (worker-owned: no race with reset)
         self._thread: threading.Thread | None = None
         self._conn = None
         self._model = None
@@ -194,7 +194,7 @@ class RemoteEngine(Engine):
         self._dead_reason = ""
         self.counters = {k: 0 for k in ("requests", "chunks", "timeouts", "errors", "late_chunks", "superseded",
                                         "reconnects", "none_ticks", "fallback_ticks", "staleness_refusals",
-                                        "discarded_chunks", "resets")}
+                                        "discarded_chunks", "resets", "resets_acked")}
         self.last_error = ""
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -219,9 +219,10 @@ class RemoteEngine(Engine):
     def reset(self) -> None:
         """Episode boundary: clear the queue, bump the episode; the worker sends the acked reset."""
         self.queue.clear()
-        self._episode += 1
+        with self._slot_lock:  # an observation notified before the reset belongs to the finished episode
+            self._episode += 1
+            self._slot = None
         self._reset_pending = self._episode
-        self._episode_start = True
         self._awaiting_first = True
         if self._stalled:
             self._stalled = False
@@ -247,7 +248,7 @@ class RemoteEngine(Engine):
         now = time.monotonic()
         with self._slot_lock:
             self._slot_version += 1
-            self._slot = (obs, now, self._slot_version)
+            self._slot = (obs, now, self._slot_version, self._episode)
         if self._want_obs:  # the worker waits for exactly this; otherwise it wakes on its own schedule
             self._wake.set()
 
@@ -263,9 +264,10 @@ class RemoteEngine(Engine):
                 continue  # a chunk of a finished episode: never executed
             age = now - meta.t_obs
             if age > max_age:
-                # every later row of this chunk shares its source observation: all stale
-                self.counters["staleness_refusals"] += 1 + self.queue.skip(self.queue.qsize())
-                break
+                # the rest of this chunk shares its source observation: all stale; a later chunk (append
+                # mode) may still be fresh
+                self.counters["staleness_refusals"] += 1 + self.queue.skip_source(meta)
+                continue
             self._last_values = values
             self._awaiting_first = False
             if self._stalled:
@@ -273,7 +275,8 @@ class RemoteEngine(Engine):
                 self._publish("fresh action")
             return Action(values, "chunk", meta.session_id, meta.seq_id, meta.episode_id, index, age)
         # nothing fresh: STALLED, apply the fallback
-        if not self._stalled and not self._awaiting_first:  # before the first chunk: gating, not a stall
+        # Waiting for an episode's first chunk on a healthy link is gating, not a stall; on a failing link it is.
+        if not self._stalled and (not self._awaiting_first or self._link in (S.DEGRADED, S.RECONNECTING)):
             self._stalled = True
             self._publish("queue empty or stale")
         fb = self.cfg.fallback
@@ -434,10 +437,16 @@ class RemoteEngine(Engine):
                 self._model.close()
                 self._set_state(S.DEAD, f"the server came back with another model: {mismatch}")
                 return False
+        if self.queue.rtc_enabled and not ack.rtc_enabled:
+            # the server downgraded the session (its policy cannot guide): replace mode would throw away
+            # the leftover at every merge with nothing blending the seam, so append as LeRobot does
+            log.warning("%s: %s serves this session without RTC; merging in append mode", self.cfg.client_uuid,
+                        ack.replica_id)
+            self.queue.set_rtc_enabled(False)
         if ack.warmed_up:
             self._ready = True
         self._outstanding = None
-        self._episode_start = True
+        self._started_episode = -1  # a new session starts its first episode with episode_start
         self._set_state(S.PAUSED if self._paused else S.STREAMING, f"session {ack.session_id} on {ack.replica_id}")
         return True
 
@@ -457,7 +466,7 @@ class RemoteEngine(Engine):
             return "no_observation"
         if timeout_s is not None:
             self.cfg.request_timeout_s = float(timeout_s)
-        return self._request(self._model, slot[0], slot[1])
+        return self._request(self._model, slot[0], slot[1], slot[3])
 
     def _camera_shapes(self) -> dict[str, list[int]]:
         """Camera shapes for the session open, from the latest observation (or placeholders)."""
@@ -494,8 +503,10 @@ class RemoteEngine(Engine):
         if self._reset_pending is not None:
             ep = self._reset_pending
             self._reset_pending = None
-            if not m.reset(ep):
-                log.info("%s: reset to episode %d not acknowledged", self.cfg.client_uuid, ep)
+            try:  # acknowledged, but not awaited: the next observation's episode_start resets the session too
+                m.reset_nowait(ep, self._on_reset_reply)
+            except Exception as exc:
+                log.info("%s: reset to episode %d not sent: %s", self.cfg.client_uuid, ep, exc)
         # wait for: a fresh observation, queue playback under the buffer, not paused
         while not self._stop.is_set():
             self._wake.clear()
@@ -523,28 +534,31 @@ class RemoteEngine(Engine):
             self._want_obs = False
         if self._stop.is_set():
             return "stopped"
-        obs, t_obs, version = slot
+        obs, t_obs, version, episode = slot
         self._sent_version = version
-        return self._request(m, obs, t_obs)
+        return self._request(m, obs, t_obs, episode)
+
+    def _on_reset_reply(self, acked: bool) -> None:  # on Zenoh's thread
+        if acked:
+            self.counters["resets_acked"] += 1
 
     def _check_degraded(self) -> None:
         if self._link == S.STREAMING and time.monotonic() - self._last_ok > self.cfg.degraded_after_s \
                 and self.queue.qsize() > 0:
             self._set_state(S.DEGRADED, f"no chunk for {self.cfg.degraded_after_s:g} s")
 
-    def _request(self, m, obs: dict, t_obs: float) -> str:
+    def _request(self, m, obs: dict, t_obs: float, episode: int) -> str:
         c = self.cfg
         H = c.execution_horizon
         idx_before = self.queue.get_action_index()
         prefix_model = prefix_robot = None
-        if c.rtc_enabled and H > 0:
+        if self.queue.rtc_enabled and H > 0:
             prefix_model = fit_prefix(self.queue.get_left_over(), H)
             prefix_robot = fit_prefix(self.queue.get_processed_left_over(), H)
         delay = int(math.ceil(self.tracker.max() / self.dt - 1e-9))
-        episode = self._episode
         t0 = time.monotonic()
         images = {n: (obs.get("images") or {})[n] for n in c.cameras if n in (obs.get("images") or {})}
-        episode_start = self._episode_start
+        episode_start = episode != self._started_episode
         try:
             seq = m.observe(c.urgency, state=np.asarray(obs["state"], np.float32), images=images, episode_id=episode,
                             inference_delay_steps=delay, prefix_model=prefix_model, prefix_robot=prefix_robot,
@@ -554,7 +568,7 @@ class RemoteEngine(Engine):
             self.last_error = f"observe failed: {type(exc).__name__}: {exc}"
             self.counters["errors"] += 1
             return "error"
-        self._episode_start = False
+        self._started_episode = episode
         encode_ms = (time.monotonic() - t0) * 1e3
         self.counters["requests"] += 1
         self._outstanding = (seq, m.epoch, episode, t_obs, idx_before, delay, encode_ms)
@@ -662,7 +676,8 @@ class RemoteEngine(Engine):
 
 
 def _capability_mismatch(first, ack) -> str:
-    for name in ("checkpoint_hash", "policy_type", "action_names", "state_dim", "chunk_size", "model_id"):
+    for name in ("checkpoint_hash", "policy_type", "action_names", "state_dim", "chunk_size", "model_id",
+                 "rtc_enabled"):
         a, b = getattr(first, name), getattr(ack, name)
         if a != b:
             return f"{name} {a!r} -> {b!r}"

@@ -125,8 +125,10 @@ class RTCEngine(Engine):
             self._state = EngineState.STOPPED
 
     def reset(self) -> None:
-        self._reset_epoch += 1
-        self._episode += 1
+        with self._slot_lock:  # an observation notified before the reset belongs to the finished episode
+            self._reset_epoch += 1
+            self._episode += 1
+            self._slot = None
         self.queue.clear()
         if hasattr(self.policy, "reset"):
             self.policy.reset()
@@ -177,11 +179,10 @@ class RTCEngine(Engine):
     def step_once(self) -> bool:
         """One inference cycle on the latest observation; False if there was none."""
         with self._slot_lock:
-            slot = self._slot
+            slot, epoch = self._slot, self._reset_epoch
         if slot is None:
             return False
         obs, _ = slot
-        epoch = self._reset_epoch
         t0 = self.clock()
         idx_before = self.queue.get_action_index()
         prefix = fit_prefix(self.queue.get_left_over(), self.cfg.execution_horizon) if self.cfg.rtc_enabled else None

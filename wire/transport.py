@@ -37,6 +37,12 @@ class TlsFiles:
                 raise FileNotFoundError(f"TLS {name} file {path!r} does not exist; check the path or regenerate the PKI")
 
 
+TX_WAIT_BEFORE_DROP_US = 20_000
+# Batches per priority queue (Zenoh's default is 2 each): room for a micro-batch's burst of express chunks.
+TX_QUEUE_SIZE = {"control": 2, "real_time": 2, "interactive_high": 16, "interactive_low": 4, "data_high": 4, "data": 8,
+                 "data_low": 2, "background": 2}
+
+
 def make_config(
     mode: str = "client",
     connect: list[str] | tuple[str, ...] = (),
@@ -60,6 +66,12 @@ def make_config(
     c.insert_json5("transport/shared_memory/enabled", "false")
     c.insert_json5("transport/link/tx/lease", str(int(lease_ms)))
     c.insert_json5("transport/link/tx/keep_alive", "4")
+    # DROP-congestion messages (obs, chunks, events) wait this long for room in the link's queue before
+    # they are dropped. Zenoh's 1 ms default drops a burst of express chunks whenever the tx task is not
+    # scheduled within a millisecond (a busy 2-core host): a lost chunk costs the robot request_timeout_s.
+    # 20 ms stays far below any request timeout, so a dead link still never stalls a publisher for long.
+    c.insert_json5("transport/link/tx/queue/congestion_control/drop/wait_before_drop", str(TX_WAIT_BEFORE_DROP_US))
+    c.insert_json5("transport/link/tx/queue/size", json.dumps(TX_QUEUE_SIZE))
     if tls is not None:
         tls.check()
         t = {"root_ca_certificate": tls.root_ca_certificate, "enable_mtls": tls.certificate is not None}

@@ -177,3 +177,24 @@ def test_concurrent_gets_and_merges_never_duplicate_or_invent_rows(n_merges, row
     done.set()
     t.join()
     assert seen == sorted(seen) and len(seen) == len(set(seen)) == n_merges * rows
+
+
+def test_skip_source_drops_one_stale_merge_and_keeps_the_next_in_append_mode():
+    q = ActionQueue(rtc_enabled=False)
+    old, new = object(), object()
+    q.merge(np.zeros((3, A), np.float32), np.zeros((3, A), np.float32), 0, meta=old)
+    q.merge(np.ones((2, A), np.float32), np.ones((2, A), np.float32), 0, meta=new)
+    first = q.get_with_meta()
+    assert first[1] is old
+    assert q.skip_source(old) == 2  # the rest of the stale chunk
+    values, meta, index = q.get_with_meta()
+    assert meta is new and index == 0 and values.tolist() == [1.0] * A
+    assert q.skip_source(old) == 0 and q.qsize() == 1
+
+
+def test_switching_to_append_keeps_the_leftover_at_the_next_merge():
+    q = ActionQueue(rtc_enabled=True)
+    q.merge(np.zeros((4, A), np.float32), np.zeros((4, A), np.float32), 0)
+    q.set_rtc_enabled(False)
+    q.merge(np.ones((2, A), np.float32), np.ones((2, A), np.float32), 1)
+    assert q.qsize() == 6  # appended, untrimmed: append mode ignores real_delay

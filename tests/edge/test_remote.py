@@ -216,3 +216,35 @@ def test_config_errors_name_the_field(router, field, value, words):
 def test_unknown_config_keys_list_the_known_ones():
     with pytest.raises(ConfigError, match="unknown keys \\['buffer_time'\\]"):
         RemoteEngineConfig.from_dict({"model_id": "arm", "action_names": ["a"], "state_dim": 1, "buffer_time": 1})
+
+
+def test_a_server_that_downgrades_rtc_gets_append_merging_and_no_prefixes(router, server_factory, tmp_path):
+    from tests.edge.conftest import make_checkpoint
+
+    server_factory(make_checkpoint(tmp_path / "mlp", policy_type="mlp_chunk"))  # cannot guide: no RTC
+    eng = engine(router, rtc_enabled=True, buffer_time_s=0.2)
+    eng.start()
+    try:
+        loop(eng, 6.0, until=lambda tr: eng.stats["chunks"] >= 3)
+        assert eng.stats["chunks"] >= 3 and not eng.queue.rtc_enabled
+        assert eng._model.ack.rtc_enabled is False
+    finally:
+        eng.stop()
+
+
+def test_episode_reset_is_acknowledged_without_holding_back_the_next_request(router, server_factory, ckpt):
+    server_factory(ckpt, emulated_latency=20)
+    eng = engine(router, buffer_time_s=0.3)
+    eng.start()
+    try:
+        loop(eng, 5.0, until=lambda tr: eng.stats["chunks"] >= 1)
+        for episode in (1, 2, 3):
+            eng.reset()
+            trace = loop(eng, 3.0, until=lambda tr: tr[-1][1] is not None)
+            assert trace[-1][1].episode_id == episode
+        deadline = time.monotonic() + 3.0
+        while eng.stats["resets_acked"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the acks arrive on Zenoh's thread; nothing to wait on but the counter
+        assert eng.stats["resets"] == 3 and eng.stats["resets_acked"] == 3
+    finally:
+        eng.stop()
