@@ -248,3 +248,33 @@ def test_episode_reset_is_acknowledged_without_holding_back_the_next_request(rou
         assert eng.stats["resets"] == 3 and eng.stats["resets_acked"] == 3
     finally:
         eng.stop()
+
+
+def test_after_a_reset_no_chunk_planned_from_the_finished_episode_is_executed(router):
+    """The control loop notifies the last state of episode N, then resets: the worker must not send that
+    observation as episode N+1's first request (its chunk would steer the new episode from the old state)."""
+    from tests.edge.responder import Responder
+
+    resp = Responder(router, state_dim=S, chunk_size=10).start()
+    eng = engine(router, buffer_time_s=0.2)
+    eng.start()
+    try:
+        period, episode, k, executed = 1.0 / FPS, 0, 0, []
+        t0 = time.monotonic()
+        while episode < 8 and time.monotonic() - t0 < 20:
+            eng.notify_observation({"state": np.full(S, 100.0 * episode, np.float32)})  # state[0] names the episode
+            a = eng.get_action()
+            if a is not None and a.source == "chunk":
+                executed.append((episode, a))
+            k += 1
+            if k % 12 == 0:  # episodes end on the control loop's clock, whatever the worker is doing
+                eng.reset()
+                episode += 1
+            time.sleep(max(0.0, t0 + k * period - time.monotonic()))
+        assert {e for e, _ in executed} >= set(range(1, 7)), "too few episodes got a chunk to judge"
+        for e, a in executed:
+            source_state = a.values[0] - 0.001 * a.chunk_index  # the responder's chunk is a function of state[0]
+            assert a.episode_id == e and abs(source_state - 100.0 * e) < 1e-3, (e, a)
+    finally:
+        eng.stop()
+        resp.close()
