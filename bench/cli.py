@@ -77,9 +77,11 @@ def cmd_list(args) -> int:
     if not items:
         print(f"no scenarios in {args.dir or SCENARIOS_DIR}")
         return EXIT_PASS
-    width = max(len(str(p.name)) for p, _, _ in items)
-    for p, _name, desc in items:
-        print(f"{p.name:<{width}}  {desc.splitlines()[0] if desc else ''}")
+    base = Path(args.dir) if args.dir else SCENARIOS_DIR
+    names = [str(p.relative_to(base)) for p, _, _ in items]
+    width = max(len(n) for n in names)
+    for name, (_p, _name, desc) in zip(names, items):
+        print(f"{name:<{width}}  {desc.splitlines()[0] if desc else ''}")
     return EXIT_PASS
 
 

@@ -669,7 +669,7 @@ def missing_checkpoints(scenario: Scenario) -> list[str]:
 def list_scenarios(directory: Path = SCENARIOS_DIR) -> list[tuple[Path, str, str]]:
     """(path, name, description or error) for every shipped scenario file."""
     out = []
-    for p in sorted(directory.glob("*.yaml")):
+    for p in sorted(directory.glob("**/*.yaml")):  # sub-folders too: scenarios/ci/ holds the CI chaos jobs
         try:
             s = load_scenario(p)
             out.append((p, s.name, s.description))

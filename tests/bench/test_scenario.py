@@ -126,7 +126,7 @@ def test_sweep_key_must_exist():
     assert error_of(BASE + "sweep: {key: fleet.nothing, values: [1]}\n").path == "sweep.key"
 
 
-@pytest.mark.parametrize("path", sorted(SCENARIOS_DIR.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(SCENARIOS_DIR.glob("**/*.yaml")), ids=lambda p: str(p.relative_to(SCENARIOS_DIR)))
 def test_shipped_scenarios_validate(path):
     s = load_scenario(path)
     assert s.description and s.assertions
