@@ -130,6 +130,7 @@ def summary_dict(o: RunOutcome) -> dict:
         "camera_kind": o.meta.get("camera_kind"),
         "inference_emulated": o.meta.get("inference_emulated"),
         "faults": o.meta.get("faults", []),
+        "chaos_proxy": o.meta.get("chaos_proxy", {}),
         "processes": o.meta.get("processes", []),
         "host": {"cores": o.meta.get("cores"), "python": platform.python_version(), "machine": platform.machine()},
         "files": files,

@@ -207,9 +207,17 @@ class Run:
         api = chaos_client.ChaosClient(proxy_server.api_url)
         self.chaos = api
         router_hostport = self.router_endpoint.split("/", 1)[1]
+        real = bool(getattr(proxy_server, "real_toxiproxy", False))
+        self.network_stand_ins: dict[str, list[str]] = {}  # site -> toxics the real Toxiproxy lacks (replaced)
         for name, site in self.s.sites.items():
             proxy = api.create_proxy(f"site-{name}", upstream=router_hostport, listen="127.0.0.1:0")
-            for toxic in chaos_profiles.profile_toxics(site.profile, site.overrides):
+            toxics = chaos_profiles.profile_toxics(site.profile, site.overrides)
+            if real:  # the Go binary has no `loss`: send its stand-in and say so in the summary
+                missing = sorted({t["type"] for t in toxics if t["type"] == "loss"})
+                if missing:
+                    self.network_stand_ins[name] = missing
+                toxics = chaos_profiles.real_toxiproxy_equivalent(toxics)
+            for toxic in toxics:
                 api.add_toxic(f"site-{name}", **toxic)
             self.sites[name] = SiteLink(name, f"tcp/{proxy['listen']}", proxy)
 
@@ -470,6 +478,8 @@ class Run:
             "faults": self.fault_log,
             "processes": [{"name": n, "log": str(p.relative_to(self.run_dir))} for n, p in self._logs()],
             "kill_report": getattr(self, "kill_report", []),
+            "chaos_proxy": {"real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
+                            "stand_ins": getattr(self, "network_stand_ins", {})},
         }
         if meta["camera_kind"] and len(meta["camera_kind"]) == 1:
             meta["camera_kind"] = meta["camera_kind"][0]

@@ -169,6 +169,8 @@ class RemoteEngine(Engine):
         self._slot: tuple[dict, float, int, int] | None = None  # (obs, t_mono, version, episode)
         self._slot_version = 0
         self._last_values: np.ndarray | None = None
+        self._last_action: Action | None = None  # the last chunk action returned: repeat_last's provenance
+        self._t_last_obs = 0.0
         self._stalled = False
         self._awaiting_first = True  # start() and reset(): None until the first chunk is expected
         self._episode = 0
@@ -228,6 +230,7 @@ class RemoteEngine(Engine):
             self._stalled = False
             self._publish("episode reset")
         self._last_values = None
+        self._last_action = None
         self.counters["resets"] += 1
         self._wake.set()
 
@@ -273,19 +276,23 @@ class RemoteEngine(Engine):
             if self._stalled:
                 self._stalled = False
                 self._publish("fresh action")
-            return Action(values, "chunk", meta.session_id, meta.seq_id, meta.episode_id, index, age)
+            self._last_action = Action(values, "chunk", meta.session_id, meta.seq_id, meta.episode_id, index, age)
+            self._t_last_obs = meta.t_obs
+            return self._last_action
         # nothing fresh: STALLED, apply the fallback
         # Waiting for an episode's first chunk on a healthy link is gating, not a stall; on a failing link it is.
         if not self._stalled and (not self._awaiting_first or self._link in (S.DEGRADED, S.RECONNECTING)):
             self._stalled = True
             self._publish("queue empty or stale")
         fb = self.cfg.fallback
-        if fb == "repeat_last" and self._last_values is not None:
-            self.counters["fallback_ticks"] += 1
-            return Action(self._last_values.copy(), "repeat_last")
+        last = self._last_action
+        if fb == "repeat_last" and self._last_values is not None and last is not None:
+            self.counters["fallback_ticks"] += 1  # provenance of the repeated action; its age keeps growing
+            return Action(self._last_values.copy(), "repeat_last", last.session_id, last.seq_id, last.episode_id,
+                          last.chunk_index, now - self._t_last_obs)
         if fb == "zero":
             self.counters["fallback_ticks"] += 1
-            return Action(np.zeros(self.A, np.float32), "zero")
+            return Action(np.zeros(self.A, np.float32), "zero", self._session_id(), episode_id=self._episode)
         self.counters["none_ticks"] += 1
         return None
 
@@ -308,11 +315,18 @@ class RemoteEngine(Engine):
         now = time.monotonic()
         time_in = dict(self._time_in)
         time_in[self._state.value] = time_in.get(self._state.value, 0.0) + now - self._state_since
+        m = self._model  # read once: stop() may clear it meanwhile
+        replica = m.replica if m is not None else None
         return {**self.counters, "state": self._state.value, "time_in_state_s": time_in, "qsize": self.queue.qsize(),
-                "latency_max_s": self.tracker.max(), "session_id": self._model.ack.session_id if self._model and self._model.ack else "",
-                "replica_id": self._model.replica.replica_id if self._model and self._model.replica else "",
-                "session_epoch": self._model.epoch if self._model else 0, "dead_reason": self._dead_reason,
+                "latency_max_s": self.tracker.max(), "session_id": self._session_id(),
+                "replica_id": replica.replica_id if replica is not None else "",
+                "session_epoch": m.epoch if m is not None else 0, "dead_reason": self._dead_reason,
                 "last_error": self.last_error}
+
+    def _session_id(self) -> str:
+        m = self._model
+        ack = m.ack if m is not None else None
+        return ack.session_id if ack is not None else ""
 
     def drain_records(self) -> list[dict]:
         out = []
@@ -529,7 +543,17 @@ class RemoteEngine(Engine):
             # Sleep until the queue drains to the buffer (the control loop consumes one action per tick);
             # an observation wakes us only when we wait for one: hundreds of engines share a process.
             self._want_obs = not fresh and buffered <= 0
-            timeout = 1.0 if self._paused else min(0.25, max(buffered, 0.0) + 1e-3) if buffered > 0 else 0.25
+            # One wake-up when the request falls due (or the DEGRADED check would), not a poll: every
+            # needless wake-up costs the control loop of a shard hosting hundreds of engines its GIL.
+            if self._paused:
+                timeout = 1.0
+            elif buffered > 0:
+                timeout = buffered + 1e-3
+                if self._link == S.STREAMING:
+                    timeout = min(timeout, max(self._last_ok + self.cfg.degraded_after_s - time.monotonic(), 0.0) + 1e-3)
+                timeout = min(timeout, 1.0)
+            else:
+                timeout = 0.25  # waiting for an observation: notify_observation wakes us first
             self._wake.wait(timeout)
             self._want_obs = False
         if self._stop.is_set():

@@ -278,3 +278,25 @@ def test_after_a_reset_no_chunk_planned_from_the_finished_episode_is_executed(ro
     finally:
         eng.stop()
         resp.close()
+
+
+def test_repeat_last_repeats_the_last_chunk_action_with_its_provenance_and_growing_age(router, server_factory, ckpt):
+    srv = server_factory(ckpt)
+    eng = engine(router, fallback="repeat_last", max_action_age_s=0.5)
+    eng.start()
+    try:
+        trace = loop(eng, 5.0, until=lambda tr: eng.stats["chunks"] >= 2)
+        last_chunk = [a for _, a, _ in trace if a is not None and a.source == "chunk"][-1]
+        srv.stop()
+        trace = loop(eng, 1.5)
+        repeats = [a for _, a, _ in trace if a is not None and a.source == "repeat_last"]
+        assert repeats, "the queue ran dry or stale: repeat_last must have served"
+        chunk_actions = [a for _, a, _ in trace if a is not None and a.source == "chunk"]
+        source = (chunk_actions or [last_chunk])[-1]
+        first = repeats[0]
+        assert np.array_equal(first.values, source.values) and first.session_id == source.session_id
+        assert (first.seq_id, first.episode_id, first.chunk_index) == (source.seq_id, source.episode_id, source.chunk_index)
+        ages = [a.age_s for a in repeats]
+        assert ages == sorted(ages) and ages[-1] > eng.cfg.max_action_age_s  # a fallback, not a fresh action
+    finally:
+        eng.stop()
