@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from chaos.client import ChaosError
-from tests.chaos.harness import api, connect, echo, proxy_server, proxy_to, recv_exactly, round_trip  # noqa: F401
+from tests.chaos.harness import Echo, api, connect, echo, proxy_server, proxy_to, recv_exactly, round_trip  # noqa: F401
 
 
 def test_version_and_an_empty_server(api):
@@ -94,6 +94,27 @@ def test_populate_creates_keeps_and_replaces(api, echo):
     assert set(api.list_proxies()) == {"a", "b"}
     with pytest.raises(ChaosError, match="400"):
         api.populate([{"name": "", "listen": "127.0.0.1:0", "upstream": up}])
+    # The same listen + upstream again: left alone (a live connection through it survives).
+    a = api.get_proxy("a")
+    s = connect(a["listen"])
+    again = {p["name"]: p for p in api.populate([{"name": "a", "listen": a["listen"], "upstream": up}])}
+    assert again["a"]["listen"] == a["listen"]
+    s.sendall(b"kept")
+    assert recv_exactly(s, 4) == b"kept"
+    # Another upstream: replaced (the proxy now forwards elsewhere; its old connections are closed).
+    other = Echo()
+    try:
+        replaced = {p["name"]: p for p in api.populate([{"name": "a", "listen": a["listen"],
+                                                         "upstream": f"127.0.0.1:{other.port}"}])}
+        assert replaced["a"]["upstream"] == f"127.0.0.1:{other.port}"
+        assert api.get_proxy("a")["upstream"] == f"127.0.0.1:{other.port}"
+        s2 = connect(replaced["a"]["listen"])
+        s2.sendall(b"moved")
+        assert recv_exactly(s2, 5) == b"moved"
+        s2.close()
+    finally:
+        other.close()
+        s.close()
 
 
 def test_reset_removes_toxics_and_reenables_but_deletes_nothing(api, echo):
@@ -111,9 +132,10 @@ def test_browser_user_agents_are_refused(proxy_server):
 
 
 def test_many_proxies_and_connections(api, echo):
-    """Hundreds of proxies on one process: create 200, push a round trip through 50 at once."""
+    """Hundreds of proxies and connections on one process: create 200, hold a connection through each,
+    push a round trip through all 200 at once."""
     listens = [proxy_to(api, echo, f"p{i}") for i in range(200)]
-    socks = [connect(listens[i * 4]) for i in range(50)]
+    socks = [connect(listen) for listen in listens]
     for s in socks:
         s.sendall(b"ping")
     assert all(recv_exactly(s, 4) == b"ping" for s in socks)
