@@ -168,7 +168,8 @@ class Model:
         self.open_args = dict(task=task, fps=float(fps), action_names=list(action_names or []), state_dim=int(state_dim),
                               cameras=camera_shapes(cameras), rtc_enabled=bool(rtc_enabled),
                               execution_horizon=int(execution_horizon), expected_checkpoint_hash=expected_checkpoint_hash,
-                              policy_type=policy_type, tags=dict(tags or {}))
+                              policy_type=policy_type, tags=dict(tags or {}),
+                              latency_budget_ms=float(latency_budget_ms or 0.0))
         self.replica_order = list(replica_order or [])
         self.jpeg_quality = int(jpeg_quality)
         self.ack: SessionAck | None = None

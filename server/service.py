@@ -115,7 +115,10 @@ class PolicyServer:
             default_task=_get(m, "default_task", "") or "", pin_task=bool(_get(m, "pin_task", False)),
             strict_fps=bool(_get(m, "strict_fps", False)), inference_emulated=emulated is not None,
             allowlist=tuple(_get(clients, "allowlist", ()) or ()) if clients is not None else (),
+            known_clients={c.id if hasattr(c, "id") else c["id"]: c for c in (_get(clients, "known", ()) or ())},
+            accept_unknown=bool(_get(clients, "accept_unknown", True)),
         )
+        self.default_latency_budget_ms = float(_get(clients, "defaults.latency_budget_ms", 50.0))
         capture_dir = _get(m, "debug.capture_dir", None)
         if capture_dir:
             from server.capture import CaptureWriter
@@ -243,6 +246,10 @@ class PolicyServer:
         s = Session(SessionRegistry.new_id(), req.client_uuid, keys, d.task, d.rtc_enabled, horizon, req.fps,
                     client_type=req.client_type, tags=dict(req.tags), pipeline=self.runtime.new_pipeline(),
                     publisher=publisher)
+        known = self.info.known_clients.get(req.client_uuid)
+        s.latency_budget_ms = (req.latency_budget_ms or _get(known, "latency_budget_ms", None)
+                               or self.default_latency_budget_ms)
+        s.priority = _get(known, "priority", None) if known is not None else None
         replaced = self.sessions.add(s)
         if replaced is not None:
             self._close_session(replaced, "replaced by a new handshake", count=False)
@@ -347,10 +354,10 @@ class PolicyServer:
         s.requests += 1
         self.metrics.observe("payload_size_bytes", len(raw), client=s.client_uuid)
         self.metrics.inc("requests", client=s.client_uuid)
-        budget = None
         req = Request(session_id=s.session_id, client=s.client_uuid, model=self.info.model_id, seq_id=header.seq_id,
-                      arrived=now, urgency=obs.urgency, priority=obs.priority, steps_remaining=obs.steps_remaining,
-                      cadence_s=1.0 / s.fps if s.fps > 0 else s.cadence_s, latency_budget_ms=budget,
+                      arrived=now, urgency=obs.urgency, priority=obs.priority if s.priority is None else s.priority,
+                      steps_remaining=obs.steps_remaining, cadence_s=1.0 / s.fps if s.fps > 0 else s.cadence_s,
+                      latency_budget_ms=s.latency_budget_ms,
                       batch_key=self.info.model_id,
                       payload=Pending(s, header, obs, len(raw), raw if self.capture is not None else None))
         res = self.mailbox.deposit(req)

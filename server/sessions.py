@@ -49,6 +49,8 @@ class ReplicaInfo:
     strict_fps: bool = False
     inference_emulated: bool = False
     allowlist: tuple[str, ...] = ()  # client uuids or "tag=value"; empty = everyone
+    known_clients: dict[str, Any] = field(default_factory=dict)  # client uuid -> manifest clients.known entry
+    accept_unknown: bool = True
 
     def model_fields(self, active: int, warmed_up: bool) -> dict[str, Any]:
         cap = self.effective_max_sessions
@@ -85,6 +87,8 @@ class Session:
     last_seq: int = 0
     requests: int = 0
     cadence_s: float | None = None  # EWMA of the time between observations
+    latency_budget_ms: float | None = None  # deadline scheduling: the client's, else clients.known, else defaults
+    priority: int | None = None  # clients.known priority tier; None = the observation's own
     alive_lost_mono: float | None = None  # client liveliness lost at; GC after the grace period
     lock: threading.Lock = field(default_factory=threading.Lock)  # one request at a time through the pipeline
 
@@ -126,6 +130,13 @@ def validate_open(req: SessionOpen, info: ReplicaInfo, *, active: int, ready: bo
         return _reject(ErrorCode.SCHEMA_VERSION,
                        f"client speaks wire schema {req.schema_version}; this server supports {SCHEMA_MIN}..{SCHEMA_MAX}. "
                        "Upgrade the older side", "schema", schema_min=SCHEMA_MIN, schema_max=SCHEMA_MAX)
+    if not info.accept_unknown and req.client_uuid not in info.known_clients:
+        return _reject(ErrorCode.IDENTITY_MISMATCH, f"client {req.client_uuid!r} is not in this replica's clients.known "
+                       "and clients.accept_unknown is false; add it to the manifest", "unknown_client")
+    known = info.known_clients.get(req.client_uuid)
+    if known is not None and getattr(known, "model", None) not in (None, info.model_id):
+        return _reject(ErrorCode.IDENTITY_MISMATCH, f"client {req.client_uuid!r} is configured for model "
+                       f"{known.model!r}; this replica serves {info.model_id!r}", "known_client_model")
     if info.allowlist and req.client_uuid not in info.allowlist and not any(
             f"{k}={v}" in info.allowlist for k, v in req.tags.items()):
         return _reject(ErrorCode.IDENTITY_MISMATCH, f"client {req.client_uuid!r} is not on this replica's allowlist",

@@ -431,6 +431,8 @@ class SessionOpen(Message):
         F("expected_checkpoint_hash", "str", False, "", doc="non-empty = refuse any other checkpoint"),
         F("client_type", "str", False, ""),
         F("tags", "str_map", False, {}),
+        F("latency_budget_ms", "float", False, 0.0, 0.0, unit="ms",
+          doc="the client's latency budget for deadline scheduling; 0 = the server's setting"),
     )
     client_uuid: str
     schema_version: int
@@ -445,6 +447,7 @@ class SessionOpen(Message):
     expected_checkpoint_hash: str = ""
     client_type: str = ""
     tags: dict[str, str] = field(default_factory=dict)
+    latency_budget_ms: float = 0.0
 
 
 @_register

@@ -194,7 +194,8 @@ class Responder:
                     self.mailbox.pop(sid, None)
                 sid = uuid.uuid4().hex[:16]
                 prefix = self.keys.client(req.task, req.client_uuid).prefix
-                self.sessions[sid] = {"client": req.client_uuid, "prefix": prefix, "last_seq": 0, "episode": 0}
+                self.sessions[sid] = {"client": req.client_uuid, "prefix": prefix, "last_seq": 0, "episode": 0,
+                                      "latency_budget_ms": req.latency_budget_ms}
                 self.opens += 1
                 body = SessionAck(**self._model_fields(), session_id=sid, schema_version=req.schema_version,
                                   rtc_enabled=req.rtc_enabled and self.supports_rtc,

@@ -181,3 +181,10 @@ def test_server_loss_and_drain_are_flagged(router, responders):
         assert isinstance(ev, Event) and ev.kind == "drain" and m.draining
         r0.stop()
         assert m.server_lost.wait(3.0) and not m.server_alive
+
+
+def test_the_latency_budget_travels_in_the_session_open(router, responders):
+    r0 = responders()
+    with Connection(router, "robot-1", "test") as conn:
+        m = open_model(conn, latency_budget_ms=35.0)
+        assert r0.sessions[m.ack.session_id]["latency_budget_ms"] == 35.0

@@ -238,3 +238,37 @@ def shared_server(ckpt, tmp_path_factory):
     evil.close()
     srv.stop()
     router.stop()
+
+
+def test_latency_budgets_come_from_the_client_then_clients_known_then_defaults(ckpt, router, tmp_path):
+    clients = {"defaults": {"latency_budget_ms": 80.0}, "known": [{"id": "robot-k", "latency_budget_ms": 25.0,
+                                                                    "priority": 3}]}
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, clients=clients)).start()
+    rk = ReplicaKeys("arm", "main", "r0")
+    own, known, other = RawClient(router, rk, "robot-own"), RawClient(router, rk, "robot-k"), RawClient(router, rk, "robot-x")
+    try:
+        assert isinstance(own.open(latency_budget_ms=12.5), SessionAck)
+        assert isinstance(known.open(), SessionAck) and isinstance(other.open(), SessionAck)
+        budgets = {c: srv.sessions.by_client(c).latency_budget_ms for c in ("robot-own", "robot-k", "robot-x")}
+        assert budgets == {"robot-own": 12.5, "robot-k": 25.0, "robot-x": 80.0}
+        assert srv.sessions.by_client("robot-k").priority == 3 and srv.sessions.by_client("robot-x").priority is None
+    finally:
+        for c in (own, known, other):
+            c.close()
+        srv.stop()
+
+
+def test_a_replica_that_accepts_only_known_clients_refuses_the_others(ckpt, router, tmp_path):
+    clients = {"accept_unknown": False, "known": [{"id": "robot-k"}]}
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, clients=clients)).start()
+    rk = ReplicaKeys("arm", "main", "r0")
+    known, stranger = RawClient(router, rk, "robot-k"), RawClient(router, rk, "robot-x")
+    try:
+        assert isinstance(known.open(), SessionAck)
+        refused = stranger.open()
+        assert isinstance(refused, Error) and refused.code == ErrorCode.IDENTITY_MISMATCH
+        assert "clients.known" in refused.message
+    finally:
+        known.close()
+        stranger.close()
+        srv.stop()

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from wire import ErrorCode, SessionOpen
+from server.manifest import KnownClient
 from server.sessions import ReplicaInfo, Session, SessionRegistry, make_ack, make_status, validate_open
 from wire.keys import ReplicaKeys
 
@@ -16,6 +17,9 @@ INFO = ReplicaInfo(
     trained_fps=30.0, supports_rtc=True, serving_mode="shared", max_sessions=4, execution_horizon=10,
     default_task="reach", pin_task=False,
 )
+
+
+KNOWN_9 = KnownClient(id="robot-9", model="arm", latency_budget_ms=20.0, priority=2)
 
 
 def request(**kw) -> SessionOpen:
@@ -44,6 +48,11 @@ REJECTS = [
     ("policy type", request(policy_type="mlp_chunk"), INFO, 0, ErrorCode.WRONG_MODEL, "mlp_chunk"),
     ("allowlist", request(), dataclasses.replace(INFO, allowlist=("robot-9",)), 0, ErrorCode.IDENTITY_MISMATCH,
      "allowlist"),
+    ("unknown client", request(), dataclasses.replace(INFO, accept_unknown=False, known_clients={"robot-9": KNOWN_9}),
+     0, ErrorCode.IDENTITY_MISMATCH, "clients.known"),
+    ("known client, other model", request(client_uuid="robot-9"),
+     dataclasses.replace(INFO, known_clients={"robot-9": dataclasses.replace(KNOWN_9, model="pusher")}), 0,
+     ErrorCode.IDENTITY_MISMATCH, "'pusher'"),
 ]
 
 
@@ -112,3 +121,8 @@ def test_status_and_ack_report_the_checkpoint_hash_and_load():
     assert ack.checkpoint_hash == INFO.checkpoint_hash and ack.session_id == "sid" and ack.rtc_enabled is False
     draining = make_status(INFO, active=0, ready=True, warmed_up=True, draining=True)
     assert draining.draining and not draining.ready
+
+
+def test_a_known_client_is_accepted_when_unknown_ones_are_not():
+    info = dataclasses.replace(INFO, accept_unknown=False, known_clients={"robot-9": KNOWN_9})
+    assert decide(request(client_uuid="robot-9"), info).ok
