@@ -253,8 +253,7 @@ class PolicyServer:
         replaced = self.sessions.add(s)
         if replaced is not None:
             self._close_session(replaced, "replaced by a new handshake", count=False)
-        if self.info.serving_mode == "exclusive":
-            self.runtime.reset_policy()
+        s.reset_pending = True  # exclusive mode: the policy is reset before this session's first forward pass
         active = self._active()
         self.metrics.inc("sessions_opened")
         self._set_load()
@@ -272,11 +271,10 @@ class PolicyServer:
         s, err = self.sessions.lookup(req.session_id, parsed.client_uuid)
         if err is not None:
             return self._reply(query, err)
-        with s.lock:  # never between a preprocess and its postprocess
-            s.pipeline.reset()
-            s.episode_id = req.episode_id
-            if self.info.serving_mode == "exclusive":
-                self.runtime.reset_policy()
+        # The control plane never waits for a forward pass: the dispatch thread applies the reset under the
+        # session's lock before this session's next preprocess (never between a preprocess and its postprocess).
+        s.episode_id = req.episode_id
+        s.reset_pending = True
         self._reply(query, ResetAck(s.session_id, req.episode_id))
 
     def _on_client_alive(self, sample) -> None:
@@ -370,6 +368,7 @@ class PolicyServer:
         if dropped is not None:
             self.metrics.inc("queue_full_drops", client=dropped.client)
             p: Pending = dropped.payload
+            self._audit(p.session, p.header, (now - dropped.arrived) * 1e3, 0.0, None, 0, "dropped:queue_full")
             self._event_error(p.session.keys.action, p.header, Error(
                 ErrorCode.OVERLOADED, f"server queue full ({self.mailbox.depth()} pending); request dropped by "
                 f"overflow policy {_get(self.m, 'scheduling.overflow_policy', 'drop_oldest')}", seq_id=p.header.seq_id),
@@ -421,6 +420,7 @@ class PolicyServer:
             for req in batch.expired:
                 self.metrics.inc("requests_expired")
                 p: Pending = req.payload
+                self._audit(p.session, p.header, (time.monotonic() - req.arrived) * 1e3, 0.0, None, 0, "expired")
                 self._event_error(p.session.keys.action, p.header, Error(
                     ErrorCode.EXPIRED, f"request waited over {_get(self.m, 'scheduling.request_ttl_ms', 5000)} ms in the "
                     "queue", seq_id=p.header.seq_id), session=p.session)
@@ -455,10 +455,12 @@ class PolicyServer:
                 continue
             locked.append(req)
             obs = p.obs
-            if obs.episode_start:
+            if obs.episode_start or s.reset_pending:
+                s.reset_pending = False
                 s.pipeline.reset()
                 if self.info.serving_mode == "exclusive":
-                    self.runtime.reset_policy()
+                    with self.runtime.forward_lock:
+                        self.runtime.reset_policy()
             images = {name: obs.images[name] for name in self.info.cameras if name in obs.images}
             items.append(InferItem(s.pipeline, obs.state, images, obs.inference_delay_steps, obs.prefix_model,
                                    obs.prefix_robot, rtc=s.rtc_enabled))

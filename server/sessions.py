@@ -89,6 +89,7 @@ class Session:
     cadence_s: float | None = None  # EWMA of the time between observations
     latency_budget_ms: float | None = None  # deadline scheduling: the client's, else clients.known, else defaults
     priority: int | None = None  # clients.known priority tier; None = the observation's own
+    reset_pending: bool = False  # an acked reset the dispatch thread applies before the next preprocess
     alive_lost_mono: float | None = None  # client liveliness lost at; GC after the grace period
     lock: threading.Lock = field(default_factory=threading.Lock)  # one request at a time through the pipeline
 

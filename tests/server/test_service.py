@@ -272,3 +272,42 @@ def test_a_replica_that_accepts_only_known_clients_refuses_the_others(ckpt, rout
         known.close()
         stranger.close()
         srv.stop()
+
+
+def test_a_reset_is_answered_while_that_sessions_forward_pass_runs(ckpt, router, tmp_path):
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=600)).start()
+    c = RawClient(router, ReplicaKeys("arm", "main", "r0"), "robot-1")
+    try:
+        assert isinstance(c.open(), SessionAck)
+        seq = c.send(np.ones(S))
+        time.sleep(0.15)  # the forward pass (600 ms emulated) is running; nothing to wait on from outside
+        t0 = time.monotonic()
+        ack = c.reset(1)
+        took = time.monotonic() - t0
+        assert isinstance(ack, ResetAck) and ack.episode_id == 1
+        assert took < 0.3, f"the reset waited {took:.3f} s for the forward pass"
+        assert isinstance(c.chunk_for(seq, timeout=3)[1], ActionChunk)  # the in-flight request still completes
+    finally:
+        c.close()
+        srv.stop()
+
+
+def test_expired_requests_get_an_audit_line(ckpt, router, tmp_path):
+    import json
+
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=400,
+                                scheduling={"request_ttl_ms": 100.0, "max_batch": 1})).start()
+    clients = [RawClient(router, ReplicaKeys("arm", "main", "r0"), f"robot-{i}") for i in range(3)]
+    try:
+        for c in clients:
+            assert isinstance(c.open(), SessionAck)
+        for c in clients:
+            c.send(np.ones(S))  # one forward pass at a time of 400 ms: the later ones outlive their 100 ms TTL
+        assert any(c.wait_for(lambda h, m: isinstance(m, Error) and m.code == ErrorCode.EXPIRED, timeout=3)
+                   for c in clients)
+    finally:
+        for c in clients:
+            c.close()
+        srv.stop()
+    lines = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert any(line["outcome"] == "expired" and line["client_uuid"].startswith("robot-") for line in lines)
