@@ -27,6 +27,12 @@ import yaml
 from wire.procs import ChildProcess, start_router
 
 
+def _os_threads() -> int:
+    """Threads of this process as the kernel counts them (Python's and Zenoh's native ones)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
 def _rss_mb() -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -102,7 +108,7 @@ def main(argv=None) -> int:
                   f"2 JPEG cameras 320x240): p50 {result['get_action_us_p50']:.1f} us, p99 {result['get_action_us_p99']:.1f} us, "
                   f"max {result['get_action_us_max']:.0f} us")
             # 2. idle engines
-            rss0, threads0 = _rss_mb(), threading.active_count()
+            rss0, threads0, native0 = _rss_mb(), threading.active_count(), _os_threads()
             engines = []
             for i in range(args.idle_engines):
                 e = make_engine(RemoteEngineConfig(connect_endpoints=[endpoint], model_id="arm", fps=30.0, action_names=names,
@@ -113,17 +119,18 @@ def main(argv=None) -> int:
             while time.monotonic() < deadline and not all(e.ready for e in engines):
                 time.sleep(0.1)  # waiting for N handshakes to finish in their own threads
             time.sleep(1.0)
-            rss1, threads1 = _rss_mb(), threading.active_count()
+            rss1, threads1, native1 = _rss_mb(), threading.active_count(), _os_threads()
             n = len(engines)
             result["idle_engines"] = n
             result["idle_engines_ready"] = sum(e.ready for e in engines)
             result["rss_mb_per_idle_engine"] = (rss1 - rss0) / n
             result["python_threads_per_idle_engine"] = (threads1 - threads0) / n
+            result["os_threads_per_idle_engine"] = (native1 - native0) / n  # Python + Zenoh's native threads
             for e in engines:
                 e.stop()
             print(f"{n} idle remote engines ({result['idle_engines_ready']} with an open session): "
                   f"{result['rss_mb_per_idle_engine']:.2f} MiB and {result['python_threads_per_idle_engine']:.2f} Python "
-                  f"threads per engine (each engine has its own Zenoh session; shared memory off)")
+                  f"threads ({result['os_threads_per_idle_engine']:.2f} OS threads, Zenoh's included) per engine (each engine has its own Zenoh session; shared memory off)")
         finally:
             server.stop()
             router.stop()

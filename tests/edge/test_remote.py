@@ -300,3 +300,24 @@ def test_repeat_last_repeats_the_last_chunk_action_with_its_provenance_and_growi
         assert ages == sorted(ages) and ages[-1] > eng.cfg.max_action_age_s  # a fallback, not a fresh action
     finally:
         eng.stop()
+
+
+def test_a_server_that_duplicates_and_replays_late_chunks_never_gets_one_executed_twice_or_late(router):
+    """Every answer arrives twice, and after each one a poisoned chunk for the previous seq follows: the
+    engine merges each outstanding request exactly once and never executes a poisoned value."""
+    from tests.edge.responder import POISON, Responder
+
+    resp = Responder(router, state_dim=S, chunk_size=10).start()
+    resp.duplicate, resp.late_chunk = True, True
+    eng = engine(router, buffer_time_s=0.2)
+    eng.start()
+    try:
+        trace = loop(eng, 8.0, until=lambda tr: eng.stats["chunks"] >= 6)
+        st = eng.stats
+        assert st["chunks"] >= 6 and st["late_chunks"] >= st["chunks"], st  # duplicates and late ones ignored
+        assert st["chunks"] <= st["requests"]  # never two merges for one request
+        executed = [a for _, a, _ in trace if a is not None]
+        assert executed and all(not np.any(a.values == POISON) for a in executed)
+    finally:
+        eng.stop()
+        resp.close()
