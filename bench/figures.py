@@ -143,6 +143,19 @@ def _fallback_mask(s: _Scope) -> np.ndarray:
 scalar("none_ticks")(lambda s: int(np.count_nonzero(_none_mask(s))))
 scalar("none_tick_ratio")(lambda s: _ratio(np.count_nonzero(_none_mask(s)), s.n_ticks))
 scalar("fallback_ticks")(lambda s: int(np.count_nonzero(_fallback_mask(s))))
+
+
+def _rung_ticks(s: _Scope, rung: str) -> int:
+    """Ticks served by one rung of the fallback ladder: `hold` is None while STALLED/RECONNECTING/DEAD."""
+    if rung == "hold":
+        state = s.col(s.ticks, "engine_state", object)
+        return int(np.count_nonzero(_none_mask(s) & np.isin(state, ["STALLED", "RECONNECTING", "DEAD"])))
+    return int(np.count_nonzero(s.col(s.ticks, "source", object) == rung))
+
+
+scalar("hold_ticks")(lambda s: _rung_ticks(s, "hold"))
+scalar("repeat_last_ticks")(lambda s: _rung_ticks(s, "repeat_last"))
+scalar("zero_ticks")(lambda s: _rung_ticks(s, "zero"))
 scalar("fallback_tick_ratio")(lambda s: _ratio(np.count_nonzero(_fallback_mask(s)), s.n_ticks))
 
 
