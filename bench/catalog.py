@@ -24,6 +24,7 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "none_tick_ratio": ("scalar", "", "none_ticks / ticks"),
     "fallback_ticks": ("scalar", "", "ticks served by the fallback (hold/None while stalled, zero, repeat_last)"),
     "fallback_tick_ratio": ("scalar", "", "fallback_ticks / ticks"),
+    "wrong_model_actions": ("scalar", "", "chunk actions from a session whose checkpoint differs from the robot's first (audit lines)"),
     "hold_ticks": ("scalar", "", "fallback ticks of the hold rung: None while STALLED, RECONNECTING or DEAD"),
     "repeat_last_ticks": ("scalar", "", "fallback ticks of the repeat_last rung: the last action repeated"),
     "zero_ticks": ("scalar", "", "fallback ticks of the zero rung: a zero command"),

@@ -38,6 +38,7 @@ class RunData:
     server_samples: list[dict] = field(default_factory=list)  # {t, replica, metric, value}
     cpu_samples: list[dict] = field(default_factory=list)  # {t, host_percent, processes: {name: percent}}
     final_states: dict[int, str] = field(default_factory=dict)  # robot -> engine state at stop
+    session_checkpoints: dict[str, str] = field(default_factory=dict)  # session_id -> checkpoint hash (audit)
     seam: dict[int, tuple] = field(default_factory=dict)  # robot -> seam_inputs(...) entry
 
 
@@ -168,6 +169,25 @@ def _policy_action_ages(s: _Scope) -> tuple[np.ndarray, np.ndarray]:
     bound_by_robot = dict(zip(s.data.robots.get("robot", []), s.data.robots.get("max_action_age_s", [])))
     bounds = np.array([bound_by_robot.get(int(r), np.inf) for r in robots], float) if len(robots) else np.empty(0)
     return ages[keep], bounds
+
+
+@scalar("wrong_model_actions")
+def _wrong_model(s: _Scope) -> int:
+    """Chunk actions executed from a session whose checkpoint differs from the robot's first one."""
+    hashes = s.data.session_checkpoints
+    if not hashes:
+        return 0
+    robots = s.col(s.data.ticks, "robot", np.int32)
+    sessions = s.col(s.data.ticks, "session_id", object)
+    source = s.col(s.data.ticks, "source", object)
+    first: dict[int, str] = {}
+    for r, sid in zip(robots, sessions):  # over the whole run (ticks are sorted by robot and time)
+        if sid and int(r) not in first and sid in hashes:
+            first[int(r)] = hashes[sid]
+    robots_w, sessions_w = s.col(s.ticks, "robot", np.int32), s.col(s.ticks, "session_id", object)
+    source_w = s.col(s.ticks, "source", object)
+    return int(sum(1 for r, sid, src in zip(robots_w, sessions_w, source_w)
+                   if src == "chunk" and sid in hashes and hashes[sid] != first.get(int(r), hashes[sid])))
 
 
 @scalar("staleness_violations")

@@ -535,7 +535,9 @@ class Run:
             transitions=figs.table_to_numpy(tables["transitions"]), episodes=figs.table_to_numpy(tables["episodes"]),
             loop=figs.table_to_numpy(tables["loop"]), duration_s=self.s.duration_s,
             fault_windows=[w for w in self.fault_log if w.get("t_start") is not None],
-            server_samples=self.server_samples, cpu_samples=self.cpu.samples, final_states=final_states)
+            server_samples=self.server_samples, cpu_samples=self.cpu.samples, final_states=final_states,
+            session_checkpoints={r["session_id"]: r["checkpoint_hash"] for r in (server_rows or [])
+                                 if r.get("session_id") and r.get("checkpoint_hash")})
         if tables["ticks"].num_rows:
             t = tables["ticks"]
             m = t.column("t").to_numpy() >= 0

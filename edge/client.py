@@ -373,6 +373,8 @@ class Model:
                           msg.superseded_seqs, msg.server_load, msg.rtc_applied, msg.inference_emulated, t_ns / 1e9,
                           msg.session_id)
         if isinstance(msg, DrainNotice):
+            if self.replica is not None and msg.replica_id != self.replica.replica_id:
+                return None  # from the replica this client already left (it opened elsewhere meanwhile)
             self.draining = True
             return Event("drain", ErrorCode.DRAINING, msg.reason or "replica draining", None, h.episode_id,
                          h.session_epoch, {"replica_id": msg.replica_id, "deadline_ms": msg.deadline_ms})

@@ -460,6 +460,7 @@ class RemoteEngine(Engine):
         if ack.warmed_up:
             self._ready = True
         self._outstanding = None
+        self._pending_outcome = None  # an event about the previous session (e.g. its drain) is not about this one
         self._started_episode = -1  # a new session starts its first episode with episode_start
         self._set_state(S.PAUSED if self._paused else S.STREAMING, f"session {ack.session_id} on {ack.replica_id}")
         return True
