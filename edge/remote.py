@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import random
 import threading
 import time
 from collections import deque
@@ -226,7 +227,7 @@ class RemoteEngine(Engine):
             self._slot = None
         self._reset_pending = self._episode
         self._awaiting_first = True
-        if self._stalled:
+        if self._stalled and self._link == S.STREAMING:  # on a failing link the new episode is stalled too
             self._stalled = False
             self._publish("episode reset")
         self._last_values = None
@@ -384,7 +385,8 @@ class RemoteEngine(Engine):
                 if self._link == S.DEAD:
                     break
                 exclude = set()  # after a failed round every replica is a candidate again
-                if self._stop.wait(backoff):
+                # jittered: a fleet that lost its replica at the same instant must not come back in lockstep
+                if self._stop.wait(backoff * random.uniform(0.5, 1.0)):
                     break
                 backoff = min(backoff * 2, self.cfg.reconnect_max_backoff_s)
                 continue
