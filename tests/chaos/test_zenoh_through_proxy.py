@@ -97,5 +97,9 @@ def test_a_silent_link_is_seen_only_after_the_clients_lease(api, router):
         assert 0.3 <= t_drop - t_cut <= 2.0, f"detected after {t_drop - t_cut:.2f} s; the lease is 0.5 s"
         del token
     finally:
-        robot.close()
+        api.set_enabled("site", False)  # cut the black hole: a close handshake into it times out
+        try:
+            robot.close()
+        except zenoh.ZError:
+            pass  # the robot's side of a link that was silent: nothing left to close cleanly
         observer.close()
