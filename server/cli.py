@@ -27,7 +27,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--manifest", required=True, help="YAML manifest (examples/manifests/minimal.yaml)")
     add_cli_arguments(ap)
-    ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+    ap.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR (default: the manifest's log_level)")
     ap.add_argument("--check", action="store_true", help="validate the manifest and load the checkpoint, then exit")
     return ap
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "replay":
         return _replay(_replay_parser().parse_args(argv[1:]))
     args = _serve_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+    logging.basicConfig(level=getattr(logging, str(args.log_level or "INFO").upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     return _serve(args)
 
@@ -60,6 +60,8 @@ def _serve(args) -> int:
     except ManifestError as exc:
         print(f"policy-server: {exc}", file=sys.stderr)
         return 2
+    if args.log_level is None:  # the flag overrides the manifest, as every CLI flag does
+        logging.getLogger().setLevel(getattr(logging, str(manifest.log_level).upper(), logging.INFO))
     try:
         import torch
 

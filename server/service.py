@@ -538,9 +538,9 @@ class PolicyServer:
             for s in self.sessions.all():
                 if s.alive_lost_mono is not None and now - s.alive_lost_mono >= grace:
                     self._close_session(s, f"client liveliness lost for {grace:g} s")
-                elif idle > 0 and now - s.last_seen_mono > idle and s.alive_lost_mono is None and s.requests == 0 \
-                        and now - s.opened_mono > idle:
-                    pass  # an open session with a live token but no traffic is legitimate (paused robot)
+                elif idle > 0 and now - s.last_seen_mono > idle:
+                    # a paused robot loses nothing: its next observation gets UNKNOWN_SESSION and it re-handshakes
+                    self._close_session(s, f"no observation for {idle:g} s (response_tracking.disconnect_timeout_s)")
             self.metrics.set("queue_depth", self.mailbox.depth(), model=self.info.model_id)
 
     def drain(self, reason: str = "SIGTERM") -> None:

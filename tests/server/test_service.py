@@ -311,3 +311,19 @@ def test_expired_requests_get_an_audit_line(ckpt, router, tmp_path):
         srv.stop()
     lines = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert any(line["outcome"] == "expired" and line["client_uuid"].startswith("robot-") for line in lines)
+
+
+def test_a_session_without_observations_for_disconnect_timeout_s_is_closed(ckpt, router, tmp_path):
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, response_tracking={"disconnect_timeout_s": 0.5})).start()
+    c = RawClient(router, ReplicaKeys("arm", "main", "r0"), "robot-1")
+    try:
+        assert isinstance(c.open(), SessionAck)
+        deadline = time.monotonic() + 5
+        while srv.sessions.by_client("robot-1") is not None and time.monotonic() < deadline:
+            time.sleep(0.05)  # housekeeping runs on its own 200 ms cadence; the registry is what we wait on
+        assert srv.sessions.by_client("robot-1") is None
+        c.send(np.ones(S))  # the idle client comes back: told to re-handshake, not crashed
+        assert c.wait_for(lambda h, m: isinstance(m, Error) and m.code == ErrorCode.UNKNOWN_SESSION, timeout=3)
+    finally:
+        c.close()
+        srv.stop()
