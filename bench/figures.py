@@ -177,16 +177,12 @@ def _wrong_model(s: _Scope) -> int:
     hashes = s.data.session_checkpoints
     if not hashes:
         return 0
-    robots = s.col(s.data.ticks, "robot", np.int32)
-    sessions = s.col(s.data.ticks, "session_id", object)
-    source = s.col(s.data.ticks, "source", object)
-    first: dict[int, str] = {}
-    for r, sid in zip(robots, sessions):  # over the whole run (ticks are sorted by robot and time)
-        if sid and int(r) not in first and sid in hashes:
-            first[int(r)] = hashes[sid]
-    robots_w, sessions_w = s.col(s.ticks, "robot", np.int32), s.col(s.ticks, "session_id", object)
-    source_w = s.col(s.ticks, "source", object)
-    return int(sum(1 for r, sid, src in zip(robots_w, sessions_w, source_w)
+    first: dict[int, str] = {}  # the robot's first checkpoint, over the whole run (ticks sorted by robot, time)
+    for r, sid in zip(s.col(s.data.ticks, "robot", np.int32), s.col(s.data.ticks, "session_id", object)):
+        if sid in hashes:
+            first.setdefault(int(r), hashes[sid])
+    return int(sum(1 for r, sid, src in zip(s.col(s.ticks, "robot", np.int32), s.col(s.ticks, "session_id", object),
+                                            s.col(s.ticks, "source", object))
                    if src == "chunk" and sid in hashes and hashes[sid] != first.get(int(r), hashes[sid])))
 
 

@@ -213,9 +213,8 @@ class Run:
             proxy = api.create_proxy(f"site-{name}", upstream=router_hostport, listen="127.0.0.1:0")
             toxics = chaos_profiles.profile_toxics(site.profile, site.overrides)
             if real:  # the Go binary has no `loss`: send its stand-in and say so in the summary
-                missing = sorted({t["type"] for t in toxics if t["type"] == "loss"})
-                if missing:
-                    self.network_stand_ins[name] = missing
+                if any(t["type"] == "loss" for t in toxics):
+                    self.network_stand_ins[name] = ["loss"]
                 toxics = chaos_profiles.real_toxiproxy_equivalent(toxics)
             for toxic in toxics:
                 api.add_toxic(f"site-{name}", **toxic)

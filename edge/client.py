@@ -39,10 +39,6 @@ from wire import (
 from wire.qos import CONTROL_TIMEOUTS_S, declare_publisher
 
 RETRY_ELSEWHERE = {ErrorCode.CAPACITY, ErrorCode.EXCLUSIVE_BUSY, ErrorCode.DRAINING, ErrorCode.NOT_READY}
-# Refusals that no retry and no other replica of this model fixes: the robot's contract and the model's differ.
-HARD_REFUSALS = {ErrorCode.SCHEMA_VERSION, ErrorCode.ACTION_MISMATCH, ErrorCode.CAMERA_MISMATCH,
-                 ErrorCode.STATE_DIM_MISMATCH, ErrorCode.FPS_MISMATCH, ErrorCode.TASK_PINNED, ErrorCode.WRONG_MODEL,
-                 ErrorCode.IDENTITY_MISMATCH, ErrorCode.BAD_KEY}
 INBOX_MAX = 64
 
 
