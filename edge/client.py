@@ -34,7 +34,7 @@ import numpy as np
 from wire import (
     DEFAULT_ROOT, ActionChunk, DrainNotice, Error, ErrorCode, Header, MsgType, Observation, ReplicaKeys, Reset,
     ResetAck, SCHEMA_VERSION, SessionAck, SessionOpen, Status, WireError, decode_message, discovery_key, encode_image,
-    unpack_header,
+    replicas_alive_key, unpack_header,
 )
 from wire.qos import CONTROL_TIMEOUTS_S, declare_publisher
 
@@ -185,6 +185,11 @@ class Model:
         self.draining = False
         self.needs_handshake = False
         self.wake: threading.Event | None = None  # optional: set on every deposit (the engine's worker waits on it)
+        # set when any replica's liveliness token of this model appears (a server started, or the link to the
+        # router healed): a reconnect loop waiting out its backoff can come back now instead of seconds later
+        self.replica_up = threading.Event()
+        self.nudge: threading.Event | None = None  # optional: set together with replica_up
+        self._watch = None
 
     # --- discovery and handshake -------------------------------------------------------------------
 
@@ -209,6 +214,7 @@ class Model:
 
         CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY and a replica that does not answer move on to the
         next replica; any other refusal raises `SessionRefused`; nothing left raises `NoReplica`."""
+        self._watch_replicas()
         replicas = [s for s in self.discover() if s.replica_id not in exclude]
         if self.replica_order:
             replicas = [s for s in replicas if s.replica_id in self.replica_order] or replicas
@@ -229,6 +235,24 @@ class Model:
             except TimeoutError:
                 refusals.append(f"{st.replica_id}: no answer to the session query (dead or hung replica)")
         raise NoReplica(f"every replica of {self.model_id} refused: {'; '.join(refusals)}")
+
+    def _watch_replicas(self) -> None:
+        """Declared once, kept across sessions: a liveliness subscriber on every replica token of this model
+        (`<root>/<model>/<revision>/*/alive`; client tokens sit deeper and do not match)."""
+        if self._watch is not None:
+            return
+        import zenoh
+
+        self._watch = self.conn.z.liveliness().declare_subscriber(
+            replicas_alive_key(self.model_id, self.revision, self.conn.root), zenoh.handlers.Callback(self._on_replica_token, indirect=False))
+
+    def _on_replica_token(self, sample) -> None:  # deposit only, on Zenoh's thread
+        import zenoh
+
+        if sample.kind == zenoh.SampleKind.PUT:
+            self.replica_up.set()
+            if self.nudge is not None:
+                self.nudge.set()
 
     def _open_on(self, st: Status, task: str | None) -> SessionAck:
         import zenoh
@@ -452,6 +476,12 @@ class Model:
 
     def close(self) -> None:
         self._undeclare()
+        if self._watch is not None:
+            try:
+                self._watch.undeclare()
+            except Exception:
+                pass
+            self._watch = None
 
 
 def camera_shapes(cameras: dict[str, list[int]] | list[str] | tuple | None) -> dict[str, list[int]]:

@@ -186,6 +186,7 @@ class RemoteEngine(Engine):
         self._wake = threading.Event()
         self._want_obs = False  # the worker is waiting for a fresh observation (notify wakes it)
         self._stop = threading.Event()
+        self._nudge = threading.Event()  # set by stop() and when a replica token of the model appears
         self._paused = False
         self._reset_pending: int | None = None
         self._started_episode = -1  # the episode whose episode_start went out (worker-owned: no race with reset)
@@ -197,7 +198,7 @@ class RemoteEngine(Engine):
         self._dead_reason = ""
         self.counters = {k: 0 for k in ("requests", "chunks", "timeouts", "errors", "late_chunks", "superseded",
                                         "reconnects", "none_ticks", "fallback_ticks", "staleness_refusals",
-                                        "discarded_chunks", "resets", "resets_acked")}
+                                        "discarded_chunks", "resets", "resets_acked", "replica_nudges")}
         self.last_error = ""
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -212,6 +213,7 @@ class RemoteEngine(Engine):
 
     def stop(self) -> None:
         self._stop.set()
+        self._nudge.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(5.0, self.cfg.request_timeout_s + 2))
@@ -378,6 +380,7 @@ class RemoteEngine(Engine):
                     self._set_state(S.DEAD, f"offline for more than max_offline_s={self.cfg.max_offline_s:g} s "
                                     f"({self.last_error or 'no server'})")
                     break
+                self._nudge.clear()  # a replica token appearing from now on cuts the backoff below
                 if self._handshake(exclude):
                     backoff = self.cfg.reconnect_initial_backoff_s
                     exclude = set()
@@ -386,8 +389,15 @@ class RemoteEngine(Engine):
                     break
                 exclude = set()  # after a failed round every replica is a candidate again
                 # jittered: a fleet that lost its replica at the same instant must not come back in lockstep
-                if self._stop.wait(backoff * random.uniform(0.5, 1.0)):
-                    break
+                if self._nudge.wait(backoff * random.uniform(0.5, 1.0)):
+                    if self._stop.is_set():
+                        break
+                    # a replica's token appeared (server up, or our link to the router healed): try again
+                    # soon, spread over a short window so a whole fleet does not open sessions in one burst
+                    self.counters["replica_nudges"] += 1
+                    if self._stop.wait(random.uniform(0.0, min(backoff, self.cfg.reconnect_initial_backoff_s))):
+                        break
+                    continue
                 backoff = min(backoff * 2, self.cfg.reconnect_max_backoff_s)
                 continue
             outcome = self._cycle()
@@ -430,6 +440,7 @@ class RemoteEngine(Engine):
                     expected_checkpoint_hash=c.expected_checkpoint_hash, replica_order=list(c.replica_order),
                     tags=dict(c.tags), jpeg_quality=c.jpeg_quality)
                 self._model.wake = self._wake
+                self._model.nudge = self._nudge
             if self._first_ack is not None:  # a reconnect: this exact checkpoint or nothing
                 self._model.open_args["expected_checkpoint_hash"] = self._first_ack.checkpoint_hash
             ack = self._model.open(exclude)

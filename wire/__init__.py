@@ -7,7 +7,8 @@ description is docs/wire-protocol.md; tests fail if the two drift.
 from wire.errors import WireError
 from wire.header import HEADER_SIZE, Header, MsgType, pack_header, unpack_header
 from wire.images import EncodedImage, decode_image, encode_image
-from wire.keys import DEFAULT_ROOT, ClientKeys, ReplicaKeys, discovery_key, parse_client_key, sanitize, task_slug
+from wire.keys import (DEFAULT_ROOT, ClientKeys, ReplicaKeys, discovery_key, parse_client_key, replicas_alive_key, sanitize,
+                       task_slug)
 from wire.messages import (
     ActionChunk,
     DrainNotice,

@@ -164,6 +164,12 @@ def discovery_key(model_id: str, revision: str, root: str = DEFAULT_ROOT) -> str
     return f"{root}/{sanitize(model_id, 'model_id')}/{sanitize(revision, 'revision')}/*/status"
 
 
+def replicas_alive_key(model_id: str, revision: str, root: str = DEFAULT_ROOT) -> str:
+    """Single-depth wildcard over replicas' liveliness tokens (client tokens sit deeper and do not match)."""
+    sanitize_root(root)
+    return f"{root}/{sanitize(model_id, 'model_id')}/{sanitize(revision, 'revision')}/*/alive"
+
+
 @dataclass(frozen=True, slots=True)
 class ParsedClientKey:
     model_id: str

@@ -321,3 +321,18 @@ def test_a_server_that_duplicates_and_replays_late_chunks_never_gets_one_execute
     finally:
         eng.stop()
         resp.close()
+
+
+def test_a_replica_appearing_cuts_the_reconnect_backoff_short(router, server_factory, ckpt):
+    # a backoff of 60 s: without the replica-token nudge the engine would wait 30-60 s after the server starts
+    eng = engine(router, reconnect_initial_backoff_s=60.0, reconnect_max_backoff_s=60.0, max_offline_s=120.0)
+    eng.start()
+    try:
+        loop(eng, 10.0, until=lambda tr: eng.last_error != "")
+        assert eng.last_error and eng.state == EngineState.CONNECTING  # the first handshake found nobody
+        server_factory(ckpt)
+        trace = loop(eng, 15.0, until=lambda tr: tr[-1][1] is not None)
+        assert trace[-1][1] is not None, "the engine must open a session soon after a replica's token appears"
+        assert eng.stats["replica_nudges"] >= 1
+    finally:
+        eng.stop()
