@@ -149,6 +149,9 @@ class _Meta:
     t_obs: float  # monotonic s when the source observation was taken
 
 
+NUDGE_SPREAD_S = 1.0  # a fleet nudged by one replica token comes back spread over at most this window
+
+
 @register_engine("remote", RemoteEngineConfig)
 class RemoteEngine(Engine):
     def __init__(self, config: RemoteEngineConfig, shutdown_event: threading.Event | None = None, connection=None,
@@ -395,7 +398,7 @@ class RemoteEngine(Engine):
                     # a replica's token appeared (server up, or our link to the router healed): try again
                     # soon, spread over a short window so a whole fleet does not open sessions in one burst
                     self.counters["replica_nudges"] += 1
-                    if self._stop.wait(random.uniform(0.0, min(backoff, self.cfg.reconnect_initial_backoff_s))):
+                    if self._stop.wait(random.uniform(0.0, min(self.cfg.reconnect_initial_backoff_s, NUDGE_SPREAD_S))):
                         break
                     continue
                 backoff = min(backoff * 2, self.cfg.reconnect_max_backoff_s)

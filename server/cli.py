@@ -69,17 +69,19 @@ def _serve(args) -> int:
     except Exception:
         pass
     from server.policies.base import PolicyError
-    from server.service import PolicyServer
+    from server.process import ServerProcess
 
-    server = PolicyServer(manifest)
-    try:
-        server.load()
-    except (PolicyError, FileNotFoundError, ValueError) as exc:
-        print(f"policy-server: cannot load the model: {exc}", file=sys.stderr)
-        return 2
+    server = ServerProcess(manifest)
+    for model_id, served in server.models.items():
+        try:
+            served.load()
+        except (PolicyError, FileNotFoundError, ValueError) as exc:
+            print(f"policy-server: cannot load model {model_id!r}: {exc}", file=sys.stderr)
+            return 2
     if args.check:
-        print(f"policy-server: manifest and checkpoint OK ({server.info.model_id}, {server.info.policy_type}, "
-              f"hash {server.info.checkpoint_hash[:16]})")
+        for served in server.models.values():
+            print(f"policy-server: manifest and checkpoint OK ({served.info.model_id}, {served.info.policy_type}, "
+                  f"hash {served.info.checkpoint_hash[:16]})")
         return 0
     done = threading.Event()
 

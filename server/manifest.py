@@ -350,6 +350,30 @@ class DrainConfig(_Section):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExtraModel(_Section):
+    """Another model this process serves beside `model` (same replica_id, router, scheduling, clients,
+    limits, health port and audit log). Fields left out take their defaults, not the top level's."""
+
+    model: ModelConfig = _f(doc="its checkpoint")
+    model_id: str = _f(None, "its model id in the keys (unique in the process)", check="key_chunk",
+                       default_doc="checkpoint directory name")
+    default_task: str = _f("", "task used when a client sends none")
+    pin_task: bool = _f(False, "refuse sessions asking for another task than default_task")
+    serving_mode: Literal["shared", "exclusive"] = _f(
+        "shared", "shared: many sessions; exclusive: one (forced for chunk-stateful policies)")
+    max_sessions: int = _f(8, "its capacity (sessions of this model)", lo=1, hi=100000)
+    warmup_inferences: int = _f(2, "dummy forward passes before the process declares itself ready", lo=0, hi=1000)
+    strict_fps: bool = _f(False, "reject clients whose fps differs from the trained fps (else warn)")
+    trained_fps: float | None = _f(None, "override the checkpoint's trained fps; null = the checkpoint's", gt=0.0)
+    execution_horizon: int = _f(None, "RTC prefix rows", lo=1, default_doc="checkpoint's, else 10")
+    emulated_latency: EmulatedLatency | None = _f(None, "emulated accelerator time per forward pass: ms, or a mapping; "
+                                                        "null = none")
+
+    def _resolve(self, fail: Callable[[str, str], None]) -> "ExtraModel":
+        return _resolve_model_fields(self, fail)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Manifest(_Section):
     """One policy server replica: `load_manifest(path, overrides)` or `Manifest.from_dict(d)`."""
 
@@ -368,6 +392,8 @@ class Manifest(_Section):
     execution_horizon: int = _f(None, "RTC prefix rows", lo=1, default_doc="checkpoint's, else 10")
     emulated_latency: EmulatedLatency | None = _f(None, "emulated accelerator time per forward pass: ms, or a mapping; "
                                                         "null = none")
+    extra_models: tuple[ExtraModel, ...] = _f((), "more models served by this process, each with its own sessions, "
+                                                   "mailbox and dispatch loop (started at its first request)")
     torch_threads: int = _f(1, "torch intra-op threads (1 keeps a 2-core host responsive)", lo=1, hi=1024)
     zenoh: ZenohConfig = _f(doc="router connection")
     health_port: int | None = _f(0, "HTTP /healthz /readyz /metrics port; 0 = any free port, -1 or null = off",
@@ -394,22 +420,48 @@ class Manifest(_Section):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "Manifest":
-        meta = _checkpoint_meta(self.model.repo_or_path)
-        changes: dict[str, Any] = {}
-        if self.model_id is None:
-            name = Path(os.path.abspath(self.model.repo_or_path)).name
-            try:
-                changes["model_id"] = name if _is_chunk(name) else sanitize(name, "model_id", slugify=True)
-            except WireError:
-                fail("model_id", f"the directory name {name!r} makes no model id; give model_id")
-        horizon = self.execution_horizon
-        if horizon is None:
-            h = meta.get("execution_horizon")
-            horizon = changes["execution_horizon"] = h if isinstance(h, int) and h >= 1 else DEFAULT_EXECUTION_HORIZON
-        chunk = meta.get("chunk_size")
-        if isinstance(chunk, int) and horizon > chunk:
-            fail("execution_horizon", f"{horizon} exceeds the checkpoint's chunk_size {chunk}; use at most {chunk}")
-        return dataclasses.replace(self, **changes) if changes else self
+        resolved = _resolve_model_fields(self, fail)
+        seen = {resolved.model_id: "model"}
+        for i, extra in enumerate(resolved.extra_models):
+            if extra.model_id in seen:
+                fail("extra_models", f"extra_models[{i}] has model_id {extra.model_id!r}, already served by "
+                                     f"{seen[extra.model_id]}; give each model its own model_id")
+            seen[extra.model_id] = f"extra_models[{i}]"
+        return resolved
+
+    def for_model(self, model_id: str) -> "Manifest":
+        """The manifest as one served model sees it: `model_id` and its fields in the top-level places,
+        every process-wide section unchanged, no extra models."""
+        if model_id == self.model_id:
+            return dataclasses.replace(self, extra_models=()) if self.extra_models else self
+        for extra in self.extra_models:
+            if extra.model_id == model_id:
+                return dataclasses.replace(self, extra_models=(), **{f.name: getattr(extra, f.name) for f in fields(extra)})
+        raise KeyError(f"model {model_id!r} is not in this manifest (serves {', '.join(self.model_ids)})")
+
+    @property
+    def model_ids(self) -> list[str]:
+        return [self.model_id, *(e.model_id for e in self.extra_models)]
+
+
+def _resolve_model_fields(section, fail: Callable[[str, str], None]):
+    """model_id from the checkpoint directory name, execution_horizon from the checkpoint (Manifest and ExtraModel)."""
+    meta = _checkpoint_meta(section.model.repo_or_path)
+    changes: dict[str, Any] = {}
+    if section.model_id is None:
+        name = Path(os.path.abspath(section.model.repo_or_path)).name
+        try:
+            changes["model_id"] = name if _is_chunk(name) else sanitize(name, "model_id", slugify=True)
+        except WireError:
+            fail("model_id", f"the directory name {name!r} makes no model id; give model_id")
+    horizon = section.execution_horizon
+    if horizon is None:
+        h = meta.get("execution_horizon")
+        horizon = changes["execution_horizon"] = h if isinstance(h, int) and h >= 1 else DEFAULT_EXECUTION_HORIZON
+    chunk = meta.get("chunk_size")
+    if isinstance(chunk, int) and horizon > chunk:
+        fail("execution_horizon", f"{horizon} exceeds the checkpoint's chunk_size {chunk}; use at most {chunk}")
+    return dataclasses.replace(section, **changes) if changes else section
 
 
 manifest_from_dict = Manifest.from_dict

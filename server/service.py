@@ -62,12 +62,26 @@ class Pending:
     raw: bytes | None = None  # kept only when debug capture is on
 
 
+@dataclass
+class Shared:
+    """What the served models of one process share: its Zenoh session, metrics and audit log (the process
+    owns them; a model's `stop` leaves them open)."""
+
+    z: Any
+    metrics: Metrics
+    audit: AuditLog
+
+
 class PolicyServer:
-    def __init__(self, manifest, loaded=None):
+    """One served model: its sessions, mailbox, dispatch loop(s) and keys. Alone (the tests, a one-model
+    manifest) it owns the Zenoh session, health server and audit log; inside `ServerProcess` it shares them."""
+
+    def __init__(self, manifest, loaded=None, shared: Shared | None = None):
         """`manifest` is a server.manifest.Manifest; `loaded` an already loaded checkpoint (tests)."""
         self.m = manifest
-        self.metrics = Metrics(ring_buffer_size=int(_get(manifest, "metrics.ring_buffer_size", 10000)))
-        self.audit = AuditLog(_get(manifest, "audit_path", None))
+        self._shared = shared
+        self.metrics = shared.metrics if shared else Metrics(ring_buffer_size=int(_get(manifest, "metrics.ring_buffer_size", 10000)))
+        self.audit = shared.audit if shared else AuditLog(_get(manifest, "audit_path", None))
         self.sessions = SessionRegistry()
         self.ready = False
         self.warmed_up = False
@@ -82,6 +96,9 @@ class PolicyServer:
         self.limits = _limits(manifest)
         self.capture = None
         self._loaded = loaded
+        self._dispatch_lock = threading.Lock()
+        self._dispatch_started = False  # dispatch loops start with this model's first request (design 003)
+        self.health = None
 
     # --- start-up ----------------------------------------------------------------------------------
 
@@ -158,8 +175,11 @@ class PolicyServer:
         if tls is not None and _get(tls, "root_ca_certificate", None):
             tls_files = TlsFiles(_get(tls, "root_ca_certificate"), _get(tls, "connect_certificate", None),
                                  _get(tls, "connect_private_key", None))
-        self._z = open_session(connect=list(_get(m, "zenoh.connect_endpoints", [])), lease_ms=int(_get(m, "zenoh.lease_ms", 1000)),
-                               tls=tls_files, what="policy-server")
+        if self._shared is not None:
+            self._z = self._shared.z
+        else:
+            self._z = open_session(connect=list(_get(m, "zenoh.connect_endpoints", [])),
+                                   lease_ms=int(_get(m, "zenoh.lease_ms", 1000)), tls=tls_files, what="policy-server")
         k = self.keys
         z = self._z
         self._decl.append(z.declare_queryable(k.status, self._on_status))
@@ -167,27 +187,38 @@ class PolicyServer:
         self._decl.append(z.declare_queryable(k.all_reset, self._on_reset))
         self._decl.append(z.declare_subscriber(k.all_obs, self._on_obs))
         self._decl.append(z.liveliness().declare_subscriber(k.all_client_alive, self._on_client_alive, history=False))
-        inflight = _get(m, "models.default_max_inflight", 1)
-        known = _get(m, "models.known", None) or {}
-        if isinstance(known, dict) and self.info.model_id in known:
-            inflight = _get(known[self.info.model_id], "max_inflight", inflight)
-        for i in range(max(1, int(inflight))):
-            self._spawn(self._dispatch_loop, f"dispatch-{self.info.model_id}-{i}")
-        self._spawn(self._housekeeping, "housekeeping")
+        self._spawn(self._housekeeping, f"housekeeping-{self.info.model_id}")
         port = _get(m, "health_port", None)
-        self.health = None
-        if port is not None and int(port) >= 0:
+        if self._shared is None and port is not None and int(port) >= 0:
             self.health = HealthServer(int(port), self.metrics, self._ready_reason, lambda: not self.stopped.is_set(),
                                        host=_get(m, "health_host", "127.0.0.1")).start()
         self._token = z.liveliness().declare_token(k.alive)
         self.ready = True
-        self.metrics.set("active_sessions", 0)
-        self.metrics.set("load", 0.0)
-        health = f" health http://127.0.0.1:{self.health.port}" if self.health else ""
-        print(f"{READY_TEXT}: {self.info.model_id}@{self.info.revision} replica {k.replica_id} "
-              f"({self.info.policy_type}, {self.info.serving_mode}, max_sessions {self.info.effective_max_sessions})"
-              f"{health}", flush=True)
+        self._set_load()
+        if self._shared is None:
+            print(f"{READY_TEXT}: {self.describe()}{self.health_text()}", flush=True)
         return self
+
+    def describe(self) -> str:
+        return (f"{self.info.model_id}@{self.info.revision} replica {self.keys.replica_id} ({self.info.policy_type}, "
+                f"{self.info.serving_mode}, max_sessions {self.info.effective_max_sessions})")
+
+    def health_text(self) -> str:
+        return f" health http://127.0.0.1:{self.health.port}" if self.health else ""
+
+    def _start_dispatch(self) -> None:
+        """This model's dispatch loops, `max_inflight` of them (models.known.<id> or models.default_max_inflight)."""
+        with self._dispatch_lock:
+            if self._dispatch_started or self.stopped.is_set():
+                return
+            inflight = _get(self.m, "models.default_max_inflight", 1)
+            known = _get(self.m, "models.known", None) or {}
+            if isinstance(known, dict) and self.info.model_id in known:
+                inflight = _get(known[self.info.model_id], "max_inflight", inflight)
+            for i in range(max(1, int(inflight))):
+                self._spawn(self._dispatch_loop, f"dispatch-{self.info.model_id}-{i}")
+            self._dispatch_started = True
+            log.info("dispatch of %s started (%d loop%s)", self.info.model_id, int(inflight), "s" if inflight > 1 else "")
 
     def _spawn(self, fn, name: str) -> None:
         t = threading.Thread(target=fn, name=name, daemon=True)
@@ -308,9 +339,10 @@ class PolicyServer:
     def _set_load(self) -> None:
         active = self._active()
         cap = self.info.effective_max_sessions
-        self.metrics.set("active_sessions", active)
-        self.metrics.set("active_clients", active)
-        self.metrics.set("load", active / cap if cap else 1.0)
+        model = self.info.model_id
+        self.metrics.set("active_sessions", active, model=model)
+        self.metrics.set("active_clients", active, model=model)
+        self.metrics.set("load", active / cap if cap else 1.0, model=model)
 
     # --- data plane: deposit -----------------------------------------------------------------------
 
@@ -359,6 +391,8 @@ class PolicyServer:
                       batch_key=self.info.model_id,
                       payload=Pending(s, header, obs, len(raw), raw if self.capture is not None else None))
         res = self.mailbox.deposit(req)
+        if not self._dispatch_started:
+            self._start_dispatch()
         if getattr(res, "superseded", None) is not None:
             self.metrics.inc("superseded_requests", client=s.client_uuid)
         dropped = res.dropped
@@ -569,7 +603,10 @@ class PolicyServer:
         self.stopped.set()
         if hasattr(self, "mailbox"):
             self.mailbox.close()
-        for t in self._threads:
+        with self._dispatch_lock:  # no dispatch loop starts after this
+            self._dispatch_started = True
+            threads = list(self._threads)
+        for t in threads:
             t.join(timeout=5)
         tok = getattr(self, "_token", None)
         for d in [tok, *reversed(self._decl)]:
@@ -583,6 +620,8 @@ class PolicyServer:
                 s.publisher.undeclare()
             except Exception:
                 pass
+        if self._shared is not None:
+            return  # the process closes its Zenoh session and audit log
         if self._z is not None:
             try:
                 self._z.close()

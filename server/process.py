@@ -1,0 +1,97 @@
+"""The policy-server process: every model of the manifest served on one Zenoh session.
+
+    manifest (model + extra_models) ──► ServerProcess
+        ├── PolicyServer per model: keys, sessions, mailbox, dispatch loop(s) started by its first request
+        └── shared: the Zenoh session, metrics + health endpoint (/healthz /readyz /metrics), audit log
+
+Owns: start-up order across models (every model loaded and warmed up before any liveliness token is
+declared), the process's health endpoint, and drain/stop of all models.
+
+Invariants: a model's failure to load fails the start-up (no half-served manifest); the process is
+ready only when every model is; SIGTERM drains every model at once, within the largest drain bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from server.audit import AuditLog
+from server.health import HealthServer
+from server.metrics import Metrics
+from server.service import READY_TEXT, PolicyServer, Shared, _get
+
+log = logging.getLogger("policy_server")
+
+
+class ServerProcess:
+    def __init__(self, manifest):
+        self.m = manifest
+        self.shared = Shared(None, Metrics(ring_buffer_size=int(_get(manifest, "metrics.ring_buffer_size", 10000))),
+                             AuditLog(_get(manifest, "audit_path", None)))
+        self.metrics = self.shared.metrics
+        self.models: dict[str, PolicyServer] = {
+            mid: PolicyServer(manifest.for_model(mid), shared=self.shared) for mid in manifest.model_ids}
+        self.health = None
+        self.stopped = threading.Event()
+
+    @property
+    def primary(self) -> PolicyServer:
+        return self.models[self.m.model_id]
+
+    def load(self) -> None:
+        for server in self.models.values():
+            server.load()
+
+    def start(self) -> "ServerProcess":
+        from wire.transport import TlsFiles, open_session
+
+        m = self.m
+        tls = _get(m, "zenoh.tls", None)
+        tls_files = None
+        if tls is not None and _get(tls, "root_ca_certificate", None):
+            tls_files = TlsFiles(_get(tls, "root_ca_certificate"), _get(tls, "connect_certificate", None),
+                                 _get(tls, "connect_private_key", None))
+        self.shared.z = open_session(connect=list(_get(m, "zenoh.connect_endpoints", [])),
+                                     lease_ms=int(_get(m, "zenoh.lease_ms", 1000)), tls=tls_files, what="policy-server")
+        for server in self.models.values():
+            server.start()
+        port = _get(m, "health_port", None)
+        if port is not None and int(port) >= 0:
+            self.health = HealthServer(int(port), self.metrics, self._ready_reason, lambda: not self.stopped.is_set(),
+                                       host=_get(m, "health_host", "127.0.0.1")).start()
+        health = f" health http://127.0.0.1:{self.health.port}" if self.health else ""
+        print(f"{READY_TEXT}: {'; '.join(s.describe() for s in self.models.values())}{health}", flush=True)
+        return self
+
+    def _ready_reason(self):
+        for mid, server in self.models.items():
+            ok, why = server._ready_reason()
+            if not ok:
+                return False, f"{mid}: {why}" if len(self.models) > 1 else why
+        return True, "ready"
+
+    def drain(self, reason: str = "SIGTERM") -> None:
+        """Every model drains at once (each tells its clients and finishes its batch in flight), then stop."""
+        threads = [threading.Thread(target=s.drain, args=(reason,), name=f"drain-{mid}", daemon=True)
+                   for mid, s in self.models.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.stop()
+
+    def stop(self) -> None:
+        if self.stopped.is_set():
+            return
+        self.stopped.set()
+        for server in self.models.values():
+            server.stop()
+        if self.shared.z is not None:
+            try:
+                self.shared.z.close()
+            except Exception:
+                pass
+        if self.health is not None:
+            self.health.stop()
+        self.shared.audit.close()
