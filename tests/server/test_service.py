@@ -327,3 +327,97 @@ def test_a_session_without_observations_for_disconnect_timeout_s_is_closed(ckpt,
     finally:
         c.close()
         srv.stop()
+
+
+def _det_ckpt(root, kind, seed=0, **hp):
+    torch.manual_seed(seed)
+    cfg = PolicyConfig(type=kind, state_dim=S, action_dim=A, chunk_size=T, fps=30, execution_horizon=4,
+                       action_names=["x", "y", "grip"], relative_actions=True, relative_state_indices=[0, 1, 2],
+                       hyper_params={"hidden_dim": 32, **hp})
+    return save_checkpoint(make_policy(cfg), STATS, root / kind)
+
+
+def test_a_hostile_burst_changes_no_byte_of_another_clients_chunks(router, tmp_path):
+    """Clean baseline first, then the same requests with a hostile client firing between them: the good
+    client's chunks are byte-identical (deterministic policy), every hostile message is counted, and
+    the hostile client gets its errors on its own key. One session per forward pass: a batch's BLAS
+    path may differ in the last bit from a single pass, which is numerics, not contamination (batched
+    versus unbatched outputs are compared with a tolerance in test_runtime)."""
+    ckpt = _det_ckpt(tmp_path, "mlp_chunk")
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, limits={"max_message_bytes": 4096},
+                                scheduling={"max_batch": 1})).start()
+    good, evil = client(router, "robot-good"), client(router, "robot-evil")
+    states = [np.linspace(-1, 1, S) * k for k in range(5)]
+    try:
+        good.open(rtc_enabled=False)
+        evil.open(rtc_enabled=False)
+        baseline = []
+        for x in states:
+            seq = good.send(x, episode_start=not baseline)
+            baseline.append(good.chunk_for(seq, timeout=10)[1].chunk_robot.tobytes())
+        hostile = [
+            dict(state=np.zeros(5000)),  # oversize body (> 4096 bytes)
+            dict(state=np.ones(S + 3)),  # wrong state size
+            dict(state=np.full(S, np.nan)),  # not finite
+            dict(state=np.ones(S), prefix_model=np.ones((99, 7), np.float32), inference_delay_steps=2),  # bad prefix
+            dict(state=np.ones(S), session_id=good.session_id),  # the good client's session on evil's key
+            dict(state=None, raw_body=b"\x93\x01\x02"),  # not an observation
+            dict(state=None, raw_body=b"", raw_header=b"\x00"),  # no header
+        ]
+        # one at a time, each answered on evil's own key (a burst would let the newest supersede the rest)
+        answers = []
+        for h in hostile[:6]:
+            seq = evil.send(**h)
+            answers.append(evil.wait_for(lambda hd, m, s=seq: hd.seq_id == s, timeout=5))
+        kinds = [(type(a[1]).__name__, getattr(a[1], "code", "")) if a else None for a in answers]
+        assert kinds == [("Error", ErrorCode.TOO_LARGE), ("Error", ErrorCode.BAD_TENSOR), ("Error", ErrorCode.BAD_TENSOR),
+                         ("ActionChunk", ""),  # evil's session runs in append mode: its prefix is never read
+                         ("Error", ErrorCode.IDENTITY_MISMATCH), ("Error", ErrorCode.MALFORMED)], kinds
+        errors_before = _count(srv, "observation_errors")
+        for i, x in enumerate(states):  # now bursts between the good client's requests
+            for h in hostile:
+                evil.send(**h)
+            seq = good.send(x, episode_start=i == 0)
+            got = good.chunk_for(seq, timeout=10)
+            assert got is not None, "the good client must still be served"
+            assert got[1].chunk_robot.tobytes() == baseline[i], f"request {i}: the hostile burst changed a good chunk"
+        deadline = time.monotonic() + 5
+        while _count(srv, "observation_errors") < errors_before + 4 * len(states) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _count(srv, "observation_errors") >= errors_before + 4 * len(states)  # refused before any queue
+        assert np.isfinite(np.frombuffer(baseline[-1], np.float32)).all()
+        assert srv.sessions.by_client("robot-good").requests == 2 * len(states)
+    finally:
+        good.close()
+        evil.close()
+        srv.stop()
+
+
+def test_a_chunk_stateful_policy_is_served_exclusively_and_reset_per_episode(router, tmp_path):
+    ckpt = _det_ckpt(tmp_path, "stateful_chunk", obs_embed_dim=16)
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, serving_mode="shared")).start()
+    resets = []
+    policy_reset = srv.runtime.policy.reset
+    srv.runtime.policy.reset = lambda: (resets.append(1), policy_reset())[1]  # count, then really reset
+    first, second = client(router, "robot-1"), client(router, "robot-2")
+    try:
+        assert first.status().serving_mode == "exclusive" and first.status().max_sessions == 1
+        ack = first.open(rtc_enabled=True)
+        assert isinstance(ack, SessionAck) and not ack.rtc_enabled  # no RTC guidance: append mode
+        busy = second.open(rtc_enabled=False)
+        assert isinstance(busy, Error) and busy.code == ErrorCode.EXCLUSIVE_BUSY and "chunk-stateful" in busy.message
+        seq = first.send(np.ones(S), episode_start=True)
+        assert first.chunk_for(seq, timeout=10) is not None and len(resets) == 1
+        seq = first.send(np.ones(S))
+        assert first.chunk_for(seq, timeout=10) is not None and len(resets) == 1  # same episode: no reset
+        assert isinstance(first.reset(2), ResetAck)
+        seq = first.send(np.ones(S), episode=2)
+        assert first.chunk_for(seq, timeout=10) is not None and len(resets) == 2  # the episode reset reached policy.reset()
+        first.close()  # liveliness gone: the session is collected after gc_grace_s and the slot frees
+        deadline = time.monotonic() + 5
+        while len(srv.sessions) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert isinstance(second.open(rtc_enabled=False), SessionAck)
+    finally:
+        second.close()
+        srv.stop()
