@@ -132,7 +132,8 @@ def summary_dict(o: RunOutcome) -> dict:
         "faults": o.meta.get("faults", []),
         "chaos_proxy": o.meta.get("chaos_proxy", {}),
         "processes": o.meta.get("processes", []),
-        "host": {"cores": o.meta.get("cores"), "python": platform.python_version(), "machine": platform.machine()},
+        "host": {"cores": o.meta.get("cores"), "python": platform.python_version(), "machine": platform.machine(),
+                 "loop_priority": o.meta.get("loop_priority", [])},
         "files": files,
     }
 

@@ -477,6 +477,7 @@ class Run:
             "faults": self.fault_log,
             "processes": [{"name": n, "log": str(p.relative_to(self.run_dir))} for n, p in self._logs()],
             "kill_report": getattr(self, "kill_report", []),
+            "loop_priority": sorted({str(d.get("loop_priority", "normal")) for d in self.state.done.values()}),
             "chaos_proxy": {"real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
                             "stand_ins": getattr(self, "network_stand_ins", {})},
         }

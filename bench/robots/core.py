@@ -65,6 +65,7 @@ class RobotType:
     action_low: ClassVar[tuple[float, ...]] = ()
     action_high: ClassVar[tuple[float, ...]] = ()
     nominal_physics_dt: ClassVar[float] = 0.01
+    max_physics_dt: ClassVar[float | None] = None  # set: the fewest substeps no longer than this, not the nearest
     episode_s: ClassVar[float] = 10.0
     settle_s: ClassVar[float] = 0.0  # ticks before this are not scored: reaching the task first
     tolerance: ClassVar[float] = 0.02  # tracking error (m) that counts as on task
@@ -154,7 +155,7 @@ class RobotBatch:
         cls = robot_type(robot_type_name)
         self.fps = float(fps)
         self.control_dt = 1.0 / self.fps
-        self.n_substeps, self.physics_dt = substeps_for(self.fps, cls.nominal_physics_dt)
+        self.n_substeps, self.physics_dt = substeps_for(self.fps, cls.nominal_physics_dt, cls.max_physics_dt)
         self.model = shared_model(cls, self.physics_dt)
         self.type = cls(self.model)
         self.n = n

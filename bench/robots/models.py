@@ -9,6 +9,7 @@ real arm and would make a 300-robot fleet impossible on one machine.
 from __future__ import annotations
 
 import os
+import math
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,14 +41,17 @@ _MODELS: dict[tuple[str, float], mujoco.MjModel] = {}
 _LOCK = threading.Lock()
 
 
-def substeps_for(fps: float, nominal_physics_dt: float) -> tuple[int, float]:
+def substeps_for(fps: float, nominal_physics_dt: float, max_physics_dt: float | None = None) -> tuple[int, float]:
     """(n_substeps, physics_dt) so that n_substeps * physics_dt is exactly one control tick.
 
     The physics step is nudged off the nominal value instead of letting the control period drift:
-    a 30 Hz robot must take exactly 1/30 s of simulated time per tick.
+    a 30 Hz robot must take exactly 1/30 s of simulated time per tick. With `max_physics_dt`, the
+    fewest substeps whose step does not exceed it (a coarser step the integrator is known to take).
     """
     if fps <= 0:
         raise ValueError(f"fps must be positive, got {fps}")
+    if max_physics_dt:
+        return (n := max(1, math.ceil(1.0 / (fps * max_physics_dt) - 1e-9))), 1.0 / (fps * n)
     n = max(1, round(1.0 / (fps * nominal_physics_dt)))
     return n, 1.0 / (fps * n)
 

@@ -32,7 +32,11 @@ class Reacher(RobotType):
         "fingertip_minus_target.x", "fingertip_minus_target.y",
     )  # fmt: skip
     action_low, action_high = (-1.0, -1.0), (1.0, 1.0)
-    nominal_physics_dt = 0.01  # the MJCF's own step (RK4); 3 substeps at 30 Hz, 2 at Reacher-v5's 50
+    nominal_physics_dt = 0.01  # the MJCF's own RK4 step: 2 substeps at Reacher-v5's 50 Hz, exactly
+    # At 30 Hz, 2 RK4 substeps of 16.7 ms instead of 3 of 11.1 ms: under the expert and the BC policy the
+    # fingertip tracking error matches the finer step to 1e-7 (RK4 on this damped 2-link arm), and a
+    # 300-robot fleet saves a third of its physics time.
+    max_physics_dt = 1 / 60
     episode_s = 2.0
     settle_s = 0.5
     tolerance = 0.02

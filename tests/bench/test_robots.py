@@ -213,3 +213,24 @@ def test_batch_reset_restarts_only_the_named_robots():
     assert not np.array_equal(batch.states[1], fresh.states[1])  # robot 1's rng moved on: a new episode
     batch.reset([1], seed=0)
     np.testing.assert_array_equal(batch.states[1], fresh.states[1])
+
+
+def test_reacher_at_30_hz_takes_two_rk4_substeps_that_track_like_the_mjcf_step(monkeypatch):
+    """The fleet's reacher steps 16.7 ms (2 substeps per 30 Hz tick) instead of the MJCF's ~10 ms (3):
+    under the expert's plans the states agree to 5e-5 over two seconds (the task tolerance is 0.02 m)."""
+    from bench.experts import plan_chunks
+
+    def run():
+        batch = RobotBatch("reacher", 4, seed=3, fps=30)
+        states = [batch.reset()]
+        for _ in range(4):
+            plan = plan_chunks("reacher", states[-1], 15)
+            for k in range(15):
+                states.append(batch.step(plan[:, k]))
+        return batch.n_substeps, np.array(states)
+
+    coarse_n, coarse = run()
+    monkeypatch.setattr(robot_type("reacher"), "max_physics_dt", None)
+    fine_n, fine = run()
+    assert (coarse_n, fine_n) == (2, 3)
+    np.testing.assert_allclose(coarse, fine, atol=5e-5)
