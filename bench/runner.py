@@ -435,8 +435,10 @@ class Run:
         if self.control is not None:
             self.control.broadcast({"type": "stop"})
             deadline = time.monotonic() + SHARD_DONE_TIMEOUT_S
-            live = {n for n, c in self.procs.children if n.startswith("shard:") and c.alive()}
-            while len(self.state.done) < len(live) and time.monotonic() < deadline:
+            # every started shard, alive or not: a shard that finished on its own before this point has its
+            # `done` (final states, loop priority) waiting in the queue
+            shards = {n for n, c in self.procs.children if n.startswith("shard:")}
+            while len(self.state.done) < len(shards) and time.monotonic() < deadline:
                 try:
                     link, msg = self.control.messages.get(timeout=0.5)
                     if msg.get("type") == "done":
