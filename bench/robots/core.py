@@ -4,7 +4,7 @@
         |  resolve: None or non-finite -> the type's hold semantics; clip to the action space
         |  RobotType.to_ctrl                 (e.g. base: (vx, wz) -> three body-frame servos)
         v
-    for each robot: MjData.ctrl <- ctrl; mj_step x n_substeps    (the only per-robot Python)
+    for each robot: MjData.ctrl <- ctrl; mj_step x n_substeps    (the only per-robot Python; GIL kept)
         |  copy RobotType.mirrors (qpos, qvel, ...) into (B, ...) arrays
         v
     RobotType.refresh_task / evaluate / observe, vectorised over the fleet axis B
@@ -27,6 +27,32 @@ from gymnasium.utils import seeding
 from bench.robots.models import shared_model, substeps_for
 
 DEFAULT_FPS = 30
+
+
+def _gil_holding_mj_step():
+    """libmujoco's own `mj_step(m, d)` called through ctypes.PyDLL, which keeps the GIL: a fleet slot's
+    physics runs as one uninterrupted stretch instead of handing the GIL to another thread at every
+    robot (the bindings release it per call, and in a shard of 150 engine threads each hand-back costs
+    the control loop a wait). None when the library or the structs' addresses are not available."""
+    import ctypes
+    import glob
+    import os
+
+    try:
+        paths = sorted(glob.glob(os.path.join(os.path.dirname(mujoco.__file__), "libmujoco.so*")))
+        if not paths:
+            return None
+        fn = ctypes.PyDLL(paths[0]).mj_step
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p], None
+        probe_model = mujoco.MjModel.from_xml_string("<mujoco/>")
+        probe = mujoco.MjData(probe_model)
+        fn(probe_model._address, probe._address)
+        return fn if probe.time > 0 else None
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+_MJ_STEP = _gil_holding_mj_step()
 
 ROBOT_TYPES: dict[str, type[RobotType]] = {}
 
@@ -254,12 +280,21 @@ class RobotBatch:
         ctrl = self.type.to_ctrl(command, self)
         self.last_command = command
         model, n_substeps, mirror = self.model, self.n_substeps, tuple(self.mirror.items())
-        step = mujoco.mj_step
-        for i, d in enumerate(self.datas):
-            d.ctrl[:] = ctrl[i]
-            step(model, d, n_substeps)
-            for name, buf in mirror:
-                buf[i] = getattr(d, name)
+        if _MJ_STEP is not None:
+            step, m_addr = _MJ_STEP, model._address
+            for i, d in enumerate(self.datas):
+                d.ctrl[:] = ctrl[i]
+                d_addr = d._address
+                for _ in range(n_substeps):
+                    step(m_addr, d_addr)
+                for name, buf in mirror:
+                    buf[i] = getattr(d, name)
+        else:
+            for i, d in enumerate(self.datas):
+                d.ctrl[:] = ctrl[i]
+                mujoco.mj_step(model, d, n_substeps)
+                for name, buf in mirror:
+                    buf[i] = getattr(d, name)
         self.tick += 1
         self.type.refresh_task(self)
         error, within, self.reward, terminated = self.type.evaluate(self)
