@@ -129,13 +129,22 @@ def engine_factory(path: str | None):
     return getattr(importlib.import_module(mod), attr)
 
 
+_STATE_NAMES: dict = {}  # engine state object -> its name (the loop asks 9000 times a second)
+
+
 def engine_state_name(engine) -> str:
     st = getattr(engine, "state", None)
-    name = getattr(st, "name", None) or getattr(st, "value", None) or str(st)
-    name = str(name).upper()
+    try:
+        name = _STATE_NAMES[st]
+    except (KeyError, TypeError):
+        name = str(getattr(st, "name", None) or getattr(st, "value", None) or str(st)).upper().split(".")[-1]
+        try:
+            _STATE_NAMES[st] = name
+        except TypeError:
+            pass
     if getattr(engine, "failed", False):
         return "DEAD"
-    return name.split(".")[-1]
+    return name
 
 
 class Shard:
