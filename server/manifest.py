@@ -350,37 +350,12 @@ class DrainConfig(_Section):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExtraModel(_Section):
-    """Another model this process serves beside `model` (same replica_id, router, scheduling, clients,
-    limits, health port and audit log). Fields left out take their defaults, not the top level's."""
-
-    model: ModelConfig = _f(doc="its checkpoint")
-    model_id: str = _f(None, "its model id in the keys (unique in the process)", check="key_chunk",
-                       default_doc="checkpoint directory name")
-    default_task: str = _f("", "task used when a client sends none")
-    pin_task: bool = _f(False, "refuse sessions asking for another task than default_task")
-    serving_mode: Literal["shared", "exclusive"] = _f(
-        "shared", "shared: many sessions; exclusive: one (forced for chunk-stateful policies)")
-    max_sessions: int = _f(8, "its capacity (sessions of this model)", lo=1, hi=100000)
-    warmup_inferences: int = _f(2, "dummy forward passes before the process declares itself ready", lo=0, hi=1000)
-    strict_fps: bool = _f(False, "reject clients whose fps differs from the trained fps (else warn)")
-    trained_fps: float | None = _f(None, "override the checkpoint's trained fps; null = the checkpoint's", gt=0.0)
-    execution_horizon: int = _f(None, "RTC prefix rows", lo=1, default_doc="checkpoint's, else 10")
-    emulated_latency: EmulatedLatency | None = _f(None, "emulated accelerator time per forward pass: ms, or a mapping; "
-                                                        "null = none")
-
-    def _resolve(self, fail: Callable[[str, str], None]) -> "ExtraModel":
-        return _resolve_model_fields(self, fail)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Manifest(_Section):
-    """One policy server replica: `load_manifest(path, overrides)` or `Manifest.from_dict(d)`."""
+class ServedModel(_Section):
+    """What one served model is: the top level of a manifest, and each entry of `extra_models`."""
 
     model: ModelConfig = _f(doc="the checkpoint")
-    model_id: str = _f(None, "model id in the keys", check="key_chunk", default_doc="checkpoint directory name")
-    replica_id: str = _f("r0", "replica id in the keys (replicas of a model share a router)", check="key_chunk")
-    root: str = _f("@fleet", "the verbatim root key chunk", check="key_root")
+    model_id: str = _f(None, "model id in the keys (unique in the process)", check="key_chunk",
+                       default_doc="checkpoint directory name")
     default_task: str = _f("", "task used when a client sends none")
     pin_task: bool = _f(False, "refuse sessions asking for another task than default_task")
     serving_mode: Literal["shared", "exclusive"] = _f(
@@ -392,6 +367,23 @@ class Manifest(_Section):
     execution_horizon: int = _f(None, "RTC prefix rows", lo=1, default_doc="checkpoint's, else 10")
     emulated_latency: EmulatedLatency | None = _f(None, "emulated accelerator time per forward pass: ms, or a mapping; "
                                                         "null = none")
+
+    def _resolve(self, fail: Callable[[str, str], None]):
+        return _resolve_model_fields(self, fail)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtraModel(ServedModel):
+    """Another model this process serves beside `model` (same replica_id, router, scheduling, clients,
+    limits, health port and audit log). Fields left out take their defaults, not the top level's."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest(ServedModel):
+    """One policy server replica: `load_manifest(path, overrides)` or `Manifest.from_dict(d)`."""
+
+    replica_id: str = _f("r0", "replica id in the keys (replicas of a model share a router)", check="key_chunk")
+    root: str = _f("@fleet", "the verbatim root key chunk", check="key_root")
     extra_models: tuple[ExtraModel, ...] = _f((), "more models served by this process, each with its own sessions, "
                                                    "mailbox and dispatch loop (started at its first request)")
     torch_threads: int = _f(1, "torch intra-op threads (1 keeps a 2-core host responsive)", lo=1, hi=1024)
@@ -420,7 +412,7 @@ class Manifest(_Section):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "Manifest":
-        resolved = _resolve_model_fields(self, fail)
+        resolved = super()._resolve(fail)
         seen = {resolved.model_id: "model"}
         for i, extra in enumerate(resolved.extra_models):
             if extra.model_id in seen:
@@ -436,7 +428,7 @@ class Manifest(_Section):
             return dataclasses.replace(self, extra_models=()) if self.extra_models else self
         for extra in self.extra_models:
             if extra.model_id == model_id:
-                return dataclasses.replace(self, extra_models=(), **{f.name: getattr(extra, f.name) for f in fields(extra)})
+                return dataclasses.replace(self, extra_models=(), **{f.name: getattr(extra, f.name) for f in fields(ServedModel)})
         raise KeyError(f"model {model_id!r} is not in this manifest (serves {', '.join(self.model_ids)})")
 
     @property
