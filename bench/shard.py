@@ -437,7 +437,7 @@ class Shard:
         self.t0 = self.start_msg["t0_mono"]
         status = threading.Thread(target=self.status_loop, name="status", daemon=True)
         status.start()
-        self.loop_priority = raise_loop_priority() if self.spec.get("loop_priority", True) else "normal"
+        self.loop_priority = raise_loop_priority()
         self.send({"type": "log", "message": f"control loop priority: {self.loop_priority}"})
         error = None
         try:

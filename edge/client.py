@@ -185,10 +185,9 @@ class Model:
         self.draining = False
         self.needs_handshake = False
         self.wake: threading.Event | None = None  # optional: set on every deposit (the engine's worker waits on it)
-        # set when any replica's liveliness token of this model appears (a server started, or the link to the
-        # router healed): a reconnect loop waiting out its backoff can come back now instead of seconds later
-        self.replica_up = threading.Event()
-        self.nudge: threading.Event | None = None  # optional: set together with replica_up
+        # optional: set when any replica's liveliness token of this model appears (a server started, or the link
+        # to the router healed), so a reconnect loop waiting out its backoff can come back now
+        self.nudge: threading.Event | None = None
         self._watch = None
 
     # --- discovery and handshake -------------------------------------------------------------------
@@ -243,16 +242,15 @@ class Model:
             return
         import zenoh
 
+        key = replicas_alive_key(self.model_id, self.revision, self.conn.root)
         self._watch = self.conn.z.liveliness().declare_subscriber(
-            replicas_alive_key(self.model_id, self.revision, self.conn.root), zenoh.handlers.Callback(self._on_replica_token, indirect=False))
+            key, zenoh.handlers.Callback(self._on_replica_token, indirect=False))
 
     def _on_replica_token(self, sample) -> None:  # deposit only, on Zenoh's thread
         import zenoh
 
-        if sample.kind == zenoh.SampleKind.PUT:
-            self.replica_up.set()
-            if self.nudge is not None:
-                self.nudge.set()
+        if sample.kind == zenoh.SampleKind.PUT and self.nudge is not None:
+            self.nudge.set()
 
     def _open_on(self, st: Status, task: str | None) -> SessionAck:
         import zenoh

@@ -280,21 +280,18 @@ class RobotBatch:
         ctrl = self.type.to_ctrl(command, self)
         self.last_command = command
         model, n_substeps, mirror = self.model, self.n_substeps, tuple(self.mirror.items())
-        if _MJ_STEP is not None:
-            step, m_addr = _MJ_STEP, model._address
-            for i, d in enumerate(self.datas):
-                d.ctrl[:] = ctrl[i]
+        step = _MJ_STEP
+        m_addr = model._address if step is not None else 0
+        for i, d in enumerate(self.datas):
+            d.ctrl[:] = ctrl[i]
+            if step is not None:
                 d_addr = d._address
                 for _ in range(n_substeps):
                     step(m_addr, d_addr)
-                for name, buf in mirror:
-                    buf[i] = getattr(d, name)
-        else:
-            for i, d in enumerate(self.datas):
-                d.ctrl[:] = ctrl[i]
+            else:
                 mujoco.mj_step(model, d, n_substeps)
-                for name, buf in mirror:
-                    buf[i] = getattr(d, name)
+            for name, buf in mirror:
+                buf[i] = getattr(d, name)
         self.tick += 1
         self.type.refresh_task(self)
         error, within, self.reward, terminated = self.type.evaluate(self)
