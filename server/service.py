@@ -80,7 +80,8 @@ class PolicyServer:
         """`manifest` is a server.manifest.Manifest; `loaded` an already loaded checkpoint (tests)."""
         self.m = manifest
         self._shared = shared
-        self.metrics = shared.metrics if shared else Metrics(ring_buffer_size=int(_get(manifest, "metrics.ring_buffer_size", 10000)))
+        ring = int(_get(manifest, "metrics.ring_buffer_size", 10000))
+        self.metrics = shared.metrics if shared else Metrics(ring_buffer_size=ring)
         self.audit = shared.audit if shared else AuditLog(_get(manifest, "audit_path", None))
         self.sessions = SessionRegistry()
         self.ready = False
@@ -218,7 +219,7 @@ class PolicyServer:
             for i in range(max(1, int(inflight))):
                 self._spawn(self._dispatch_loop, f"dispatch-{self.info.model_id}-{i}")
             self._dispatch_started = True
-            log.info("dispatch of %s started (%d loop%s)", self.info.model_id, int(inflight), "s" if inflight > 1 else "")
+            log.info("dispatch of %s started (%d loops)", self.info.model_id, int(inflight))
 
     def _spawn(self, fn, name: str) -> None:
         t = threading.Thread(target=fn, name=name, daemon=True)
