@@ -19,7 +19,7 @@ import threading
 from server.audit import AuditLog
 from server.health import HealthServer
 from server.metrics import Metrics
-from server.service import READY_TEXT, PolicyServer, Shared, _get
+from server.service import READY_TEXT, PolicyServer, Shared, _get, open_manifest_session
 
 log = logging.getLogger("policy_server")
 
@@ -35,31 +35,18 @@ class ServerProcess:
         self.health = None
         self.stopped = threading.Event()
 
-    @property
-    def primary(self) -> PolicyServer:
-        return self.models[self.m.model_id]
-
     def load(self) -> None:
         for server in self.models.values():
             server.load()
 
     def start(self) -> "ServerProcess":
-        from wire.transport import TlsFiles, open_session
-
-        m = self.m
-        tls = _get(m, "zenoh.tls", None)
-        tls_files = None
-        if tls is not None and _get(tls, "root_ca_certificate", None):
-            tls_files = TlsFiles(_get(tls, "root_ca_certificate"), _get(tls, "connect_certificate", None),
-                                 _get(tls, "connect_private_key", None))
-        self.shared.z = open_session(connect=list(_get(m, "zenoh.connect_endpoints", [])),
-                                     lease_ms=int(_get(m, "zenoh.lease_ms", 1000)), tls=tls_files, what="policy-server")
+        self.shared.z = open_manifest_session(self.m)
         for server in self.models.values():
             server.start()
-        port = _get(m, "health_port", None)
+        port = _get(self.m, "health_port", None)
         if port is not None and int(port) >= 0:
             self.health = HealthServer(int(port), self.metrics, self._ready_reason, lambda: not self.stopped.is_set(),
-                                       host=_get(m, "health_host", "127.0.0.1")).start()
+                                       host=_get(self.m, "health_host", "127.0.0.1")).start()
         health = f" health http://127.0.0.1:{self.health.port}" if self.health else ""
         print(f"{READY_TEXT}: {'; '.join(s.describe() for s in self.models.values())}{health}", flush=True)
         return self

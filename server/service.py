@@ -151,7 +151,6 @@ class PolicyServer:
     def start(self) -> "PolicyServer":
         from server.mailbox import Mailbox
         from server.scheduling import make_scheduler
-        from wire.transport import TlsFiles, open_session
 
         if not hasattr(self, "runtime"):
             self.load()
@@ -171,16 +170,7 @@ class PolicyServer:
             overflow_policy=_get(sched, "overflow_policy", "drop_oldest"),
             request_ttl_ms=_get(sched, "request_ttl_ms", 5000.0), max_retries=int(_get(sched, "max_retries", 0)),
         )
-        tls = _get(m, "zenoh.tls", None)
-        tls_files = None
-        if tls is not None and _get(tls, "root_ca_certificate", None):
-            tls_files = TlsFiles(_get(tls, "root_ca_certificate"), _get(tls, "connect_certificate", None),
-                                 _get(tls, "connect_private_key", None))
-        if self._shared is not None:
-            self._z = self._shared.z
-        else:
-            self._z = open_session(connect=list(_get(m, "zenoh.connect_endpoints", [])),
-                                   lease_ms=int(_get(m, "zenoh.lease_ms", 1000)), tls=tls_files, what="policy-server")
+        self._z = self._shared.z if self._shared is not None else open_manifest_session(m)
         k = self.keys
         z = self._z
         self._decl.append(z.declare_queryable(k.status, self._on_status))
@@ -197,15 +187,13 @@ class PolicyServer:
         self.ready = True
         self._set_load()
         if self._shared is None:
-            print(f"{READY_TEXT}: {self.describe()}{self.health_text()}", flush=True)
+            health = f" health http://127.0.0.1:{self.health.port}" if self.health else ""
+            print(f"{READY_TEXT}: {self.describe()}{health}", flush=True)
         return self
 
     def describe(self) -> str:
         return (f"{self.info.model_id}@{self.info.revision} replica {self.keys.replica_id} ({self.info.policy_type}, "
                 f"{self.info.serving_mode}, max_sessions {self.info.effective_max_sessions})")
-
-    def health_text(self) -> str:
-        return f" health http://127.0.0.1:{self.health.port}" if self.health else ""
 
     def _start_dispatch(self) -> None:
         """This model's dispatch loops, `max_inflight` of them (models.known.<id> or models.default_max_inflight)."""
@@ -631,6 +619,19 @@ class PolicyServer:
         if getattr(self, "health", None) is not None:
             self.health.stop()
         self.audit.close()
+
+
+def open_manifest_session(m):
+    """The server's Zenoh session as the manifest's `zenoh` section says (endpoints, lease, TLS files)."""
+    from wire.transport import TlsFiles, open_session
+
+    tls = _get(m, "zenoh.tls", None)
+    tls_files = None
+    if tls is not None and _get(tls, "root_ca_certificate", None):
+        tls_files = TlsFiles(_get(tls, "root_ca_certificate"), _get(tls, "connect_certificate", None),
+                             _get(tls, "connect_private_key", None))
+    return open_session(connect=list(_get(m, "zenoh.connect_endpoints", [])), lease_ms=int(_get(m, "zenoh.lease_ms", 1000)),
+                        tls=tls_files, what="policy-server")
 
 
 def _event_qos() -> dict:
