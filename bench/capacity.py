@@ -71,7 +71,21 @@ def step_row(value, summary: dict, robots_engine: list[dict]) -> dict:
         "none_tick_ratio": f.get("none_tick_ratio"), "staleness_violations": f.get("staleness_violations"),
         "server_queue_depth_max": f.get("server_queue_depth_max"),
         "failed_assertions": [a["expression"] for a in summary.get("assertions", []) if a.get("result") != "pass"],
+        "groups": {g: {k: gf.get(k) for k in GROUP_COLUMNS} for g, gf in (summary.get("groups") or {}).items()},
     }
+
+
+GROUP_COLUMNS = ("seam_jerk_p95", "seam_step_p95", "task_success_rate", "none_tick_ratio", "fallback_tick_ratio")
+
+
+def format_group_table(rows: list[dict]) -> str:
+    """Per group and value: smoothness and success (what a `runs` sweep over a network or engine key compares)."""
+    lines = [f"{'value':>8} {'group':>10} " + " ".join(f"{c:>19}" for c in GROUP_COLUMNS)]
+    for r in rows:
+        for g, cols in (r.get("groups") or {}).items():
+            lines.append(f"{str(r['value']):>8} {g:>10} " + " ".join(
+                f"{format(cols[c], '.4f') if isinstance(cols.get(c), (int, float)) else '-':>19}" for c in GROUP_COLUMNS))
+    return "\n".join(lines)
 
 
 def knee_of(rows: list[dict]):

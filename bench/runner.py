@@ -104,7 +104,8 @@ def finish_sweep(scenario: Scenario, base: Path, labels: list[str], rows: list[d
     from bench import capacity
 
     sweep = scenario.sweep
-    print(f"bench: sweep {sweep['key']}:\n" + capacity.format_table(rows), file=sys.stderr)
+    print(f"bench: sweep {sweep['key']}:\n" + capacity.format_table(rows) + "\n" + capacity.format_group_table(rows),
+          file=sys.stderr)
     cap, results = None, []
     if sweep.get("mode") == "capacity" and group is not None:
         horizon = int(group.engine.get("execution_horizon", 10))
@@ -384,6 +385,8 @@ class Run:
     def drive(self) -> None:
         start_at = time.monotonic() + 0.3
         self.state.t0_mono = start_at + self.s.warmup_s
+        # records say t (seconds since t=0); servers' audit lines say mono_ms: this joins them (bench incident)
+        (self.run_dir / "clock.json").write_text(json.dumps({"t0_mono_ms": self.state.t0_mono * 1e3}))
         self.state.end_mono = self.state.t0_mono + self.s.duration_s
         self.cpu.t0 = self.state.t0_mono
         self.control.broadcast({"type": "start", "start_mono": start_at, "t0_mono": self.state.t0_mono,
