@@ -268,7 +268,7 @@ class Run:
             "audit_path": str(audit),
         }
         if replica.emulated_latency is not None:
-            m["emulated_latency"] = replica.emulated_latency
+            m["emulated_latency"] = _plain(replica.emulated_latency)  # a mapping from YAML is a LineDict
         _deep_merge(m, _undot(self.s.server_manifest))
         _deep_merge(m, _undot(replica.manifest))
         return m
