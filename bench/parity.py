@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.engine import Action
+from edge.engine import Action, EngineState
 
 SHADOW_ENGINES = ("rtc",)
 
@@ -61,7 +61,7 @@ class ParityEngine:
     # --- the engine interface ----------------------------------------------------------------------
 
     def start(self) -> None:
-        self.local._state = self.local._state.STREAMING  # driven by step_once, never by its own thread
+        self.local._state = EngineState.STREAMING  # driven by step_once here, never by its own thread
 
     def stop(self) -> None:
         for e in (self.remote, self.local):
