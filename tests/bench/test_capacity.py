@@ -81,3 +81,17 @@ def test_assertions_take_arithmetic_for_relative_bounds():
     assert evaluate("group[b].seam_jerk_p95 < 1.5 * group[a].seam_jerk_p95", f).passed
     assert not evaluate("group[b].seam_jerk_p95 < group[a].seam_jerk_p95 + 0.01", f).passed
     assert not evaluate("group[b].seam_jerk_p95 / 0 < 1", f).passed  # inf
+
+
+def test_bench_sweep_builds_the_sweep_section_and_rejects_a_bad_key(tmp_path, capsys):
+    from bench import cli
+
+    path = tmp_path / "cap.yaml"
+    path.write_text(BASE)
+    rc = cli.main(["sweep", str(path), "--key", "fleet.groups.fleet.cuont", "--values", "1,2", "--capacity",
+                   "--reports", str(tmp_path)])
+    assert rc == cli.EXIT_INVALID
+    assert "sweep.key" in capsys.readouterr().err
+    rc = cli.main(["sweep", str(path), "--key", "fleet.groups.fleet.count", "--values", "1", "--assert", "knee >",
+                   "--reports", str(tmp_path)])
+    assert rc == cli.EXIT_INVALID  # the sweep assertion is checked before anything runs

@@ -76,3 +76,12 @@ def test_a_replica_too_slow_for_two_sessions_leaves_no_knee(tmp_path):
     data = json.loads(sweep.read_text())
     assert data["capacity"]["figures"]["knee"] is None and data["capacity"]["figures"]["first_failure"] == 2
     assert [a["result"] for a in data["assertions"]][0] == "fail"  # knee >= 2
+
+
+def test_too_few_sessions_on_both_replicas_leaves_robots_without_one(tmp_path):
+    # max_sessions: with r1 taking one session, two of six robots find no replica with room
+    rc, err, results, _ = bench(tmp_path, "run", "scenarios/max_sessions.yaml", "--set", "duration_s=8",
+                                "--set", "servers.replicas.r1.max_sessions=1")
+    assert rc == 1, err[-2000:]
+    assert result_of(results, "unrecovered_robots == 0")["result"] == "fail"
+    assert result_of(results, "server_load_max == 1")["result"] == "pass"
