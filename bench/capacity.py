@@ -51,8 +51,8 @@ def _p(fig: dict, name: str, q: str):
     return v.get(q) if isinstance(v, dict) else None
 
 
-def step_row(value, summary: dict, robots_engine: list[dict]) -> dict:
-    """One load step from a variant's summary.json and its robots' engine settings."""
+def step_row(value, summary: dict) -> dict:
+    """One load step from a variant's summary.json."""
     f = summary.get("figures", {})
     dur = float(summary.get("duration_s") or 0) or math.nan
     robots = int(summary.get("robots") or 0)

@@ -70,7 +70,7 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
     worst = EXIT_PASS
     variants = sweep_variants(scenario)
     sweep = scenario.sweep or {}
-    labels, rows, engines = [], [], None
+    labels, rows, group = [], [], None
     for (label, variant), value in zip(variants, sweep.get("values") or [None]):
         run_dir = base / label if label else base
         outcome = Run(variant, run_dir, progress=progress).execute()
@@ -88,14 +88,14 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
             from bench import capacity
 
             labels.append(label)
-            rows.append(capacity.step_row(value, json.loads((run_dir / "summary.json").read_text()), []))
-            engines = variant.groups[0]
+            rows.append(capacity.step_row(value, json.loads((run_dir / "summary.json").read_text())))
+            group = variant.groups[0]  # the load steps' engine settings feed the formula
             if outcome.exit_code == EXIT_INVALID:
                 break  # an errored run ends the sweep: the knee is read only off completed runs
             if outcome.exit_code != EXIT_PASS and sweep.get("stop_after_failure"):
                 break
     if sweep:
-        worst = finish_sweep(scenario, base, labels, rows, engines, worst)
+        worst = finish_sweep(scenario, base, labels, rows, group, worst)
     return worst
 
 
@@ -116,9 +116,10 @@ def finish_sweep(scenario: Scenario, base: Path, labels: list[str], rows: list[d
             print(f"  {r['result'].upper():5} {r['expression']}  (value: {r['value']!r}"
                   f"{'; ' + r['error'] if r['error'] else ''})", file=sys.stderr)
         # load steps past the knee fail by design: the verdict is the sweep's own assertions
-        errored = any(r["verdict"] == "error" for r in rows)
-        worst = EXIT_INVALID if errored or cap["figures"]["knee"] is None and not rows else \
-            (EXIT_FAIL if any(r["result"] != "pass" for r in results) else EXIT_PASS)
+        if not rows or any(r["verdict"] == "error" for r in rows):
+            worst = EXIT_INVALID
+        else:
+            worst = EXIT_FAIL if any(r["result"] != "pass" for r in results) else EXIT_PASS
     path = capacity.write_sweep(base, scenario, labels, rows, cap, results)
     print(f"bench: sweep -> {path}", file=sys.stderr)
     return worst
