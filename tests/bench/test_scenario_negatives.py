@@ -35,12 +35,12 @@ def result_of(results: list[dict], expression: str) -> dict:
     return next(r for r in results if r["expression"] == expression)
 
 
-def test_hung_server_without_a_request_timeout_fails_the_timeout_assertion(tmp_path):
-    # the per-request timeout must catch a hung server: with it longer than the hang, nothing times out
-    rc, err, results, _ = bench(tmp_path, "run", "scenarios/hung_server.yaml", "--set", "duration_s=14",
-                                "--set", "fleet.groups.lab.engine.request_timeout_s=30")
+def test_a_robot_that_gives_up_within_the_outage_fails_the_server_crash_job(tmp_path):
+    # robots must stay alive (not DEAD) through a 3 s server crash: with max_offline_s 1 they give up
+    rc, err, results, _ = bench(tmp_path, "run", "scenarios/ci/server_crash.yaml", "--set", "duration_s=12",
+                                "--set", "fleet.groups.lab.engine.max_offline_s=1")
     assert rc == 1, err[-2000:]
-    assert result_of(results, "request_errors >= 6")["result"] == "fail"
+    assert result_of(results, "dead_robots == 0")["result"] == "fail"
     assert result_of(results, "staleness_violations == 0")["result"] == "pass"
 
 
