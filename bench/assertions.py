@@ -5,7 +5,7 @@ An assertion is one expression such as ``p99(rtt_ms) < 250 and dead_robots == 0`
 ``states(group=eu) contains [STREAMING, DEGRADED, STALLED, STREAMING]``.
 
 Invariant: expressions are parsed with `ast` and walked node by node; only figure names (from
-bench.catalog), numbers, comparisons, and/or/not, unary minus, the `contains` operator, state-name
+bench.catalog), numbers, comparisons, and/or/not, unary minus, + - * / between numbers, the `contains` operator, state-name
 lists and the functions in `FUNCTIONS` are accepted. Nothing is ever passed to eval/exec, no
 attribute of a Python object is ever looked up by a user-supplied name, and every rejection names
 the offending word and lists what is allowed.
@@ -176,7 +176,7 @@ _COMPARE = {
     ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
     ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b,
 }
-_ALLOWED = "figure names, numbers, < <= > >= == !=, and/or/not, contains, group[NAME].figure, and the functions " \
+_ALLOWED = "figure names, numbers, + - * /, < <= > >= == !=, and/or/not, contains, group[NAME].figure, and the functions " \
     + ", ".join(sorted(set(FUNCTIONS) | {"p50", "p90", "p95", "p99"}))
 
 
@@ -218,6 +218,12 @@ class _Evaluator:
             return self._compare(node)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.RShift):  # the rewritten `contains`
             return self._contains(node)
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:  # relative bounds: 1.5 * group[lan].x
+            a = _scalar_or_fail(self.eval(node.left), node.left)
+            b = _scalar_or_fail(self.eval(node.right), node.right)
+            if isinstance(a, bool) or isinstance(b, bool):
+                raise AssertionSyntaxError("arithmetic takes numbers, not comparisons")
+            return _ARITHMETIC[type(node.op)](float(a), float(b))
         if isinstance(node, ast.Constant):
             if isinstance(node.value, bool) or isinstance(node.value, (int, float)):
                 return node.value
@@ -320,6 +326,15 @@ class _Evaluator:
         total = len(seqs.sequences)
         self.values.append(f"{matched}/{total} robots")
         return total > 0 and matched == total
+
+
+def _divide(a: float, b: float) -> float:
+    return a / b if b else (math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a))
+
+
+_ARITHMETIC: dict[type, Callable[[float, float], float]] = {
+    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b, ast.Div: _divide,
+}
 
 
 def _scalar_or_fail(v, node):

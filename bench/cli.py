@@ -4,6 +4,8 @@
     bench validate FILE [FILE ...]                         check scenario files without running (exit 0/2)
     bench list                                             the shipped scenarios with their descriptions
     bench figures                                          the figures assertions may use
+    bench sweep FILE --key K --values a,b [--capacity]    one run per value; --capacity: load steps, knee, P10
+    bench incident --edge LOG --audit A --from T0 --to T1 --out F.yaml   replay one robot's incident
     bench train --robot TYPE [--out DIR] [--seed N]        build bench/checkpoints/<TYPE>/
 
 Owns argument parsing and exit codes only; the work is in bench.scenario, bench.runner, bench.train.
@@ -108,6 +110,60 @@ def cmd_run(args) -> int:
     return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet)
 
 
+def cmd_incident(args) -> int:
+    from bench import incident, runner
+    from bench.scenario import ScenarioError, load_scenario
+
+    out = Path(args.out)
+    try:
+        scenario, window = incident.make_incident(args.edge, args.audit, args.t_from, args.t_to, out, name=args.name,
+                                                  robot=args.robot,
+                                                  export_dir=Path(args.export) if args.export else None)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"bench incident: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"bench incident: wrote {out} ({len(scenario['faults'])} fault(s))", file=sys.stderr)
+    for f in scenario["faults"]:
+        print(f"  {f}", file=sys.stderr)
+    if args.no_run:
+        return EXIT_PASS
+    try:
+        s = load_scenario(out)
+    except ScenarioError as exc:
+        print(f"bench incident: the written scenario is invalid: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    stamp = runner.utc_stamp()
+    rc = runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet, stamp=stamp)
+    run_dir = Path(args.reports) / s.name / stamp
+    if rc == EXIT_INVALID or not (run_dir / "transitions.parquet").is_file():
+        return EXIT_INVALID
+    score = incident.compare_stutter(window, incident.replay_log_of(run_dir), args.t_to - args.t_from)
+    ok = incident.reproduced(score)
+    (run_dir / "incident.json").write_text(__import__("json").dumps({**score, "reproduced": ok}, indent=2))
+    print(f"bench incident: stutter {'REPRODUCED' if ok else 'NOT reproduced'}: original {score['original_stutter_s']:.1f} s, "
+          f"replay {score['replay_stutter_s']:.1f} s, recall {score['recall']:.2f}, precision {score['precision']:.2f} "
+          f"-> {run_dir}/incident.json", file=sys.stderr)
+    return max(rc, EXIT_PASS if ok else EXIT_FAIL)
+
+
+def cmd_sweep(args) -> int:
+    """`bench sweep FILE --key K --values a,b,c [--capacity]`: the scenario's sweep section from the command line."""
+    from bench.scenario import ScenarioError, build_scenario
+
+    try:
+        s = load_with_overrides(args.file, args.set)
+        data = dict(s.raw)
+        data["sweep"] = {"key": args.key, "values": [_parse_value(v) for v in args.values.split(",")],
+                         "mode": "capacity" if args.capacity else "runs", "assertions": list(args.assert_ or [])}
+        s = build_scenario(data, f"{args.file} (bench sweep)")
+    except ScenarioError as exc:
+        print(f"bench: invalid scenario: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    from bench import runner
+
+    return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet)
+
+
 def cmd_train(args) -> int:
     from bench import train
 
@@ -133,6 +189,33 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--reports", default="reports", help="reports root (default ./reports)")
     run.add_argument("--quiet", action="store_true", help="no progress line")
     run.set_defaults(func=cmd_run)
+
+    sw = sub.add_parser("sweep", help="run a scenario once per value of one key (a load test with --capacity)")
+    sw.add_argument("file")
+    sw.add_argument("--key", required=True, help="dotted key, e.g. fleet.groups.0.count")
+    sw.add_argument("--values", required=True, help="comma-separated YAML values, e.g. 4,8,16")
+    sw.add_argument("--capacity", action="store_true",
+                    help="load steps: stop at the first failing value, report the knee and the P10 formula")
+    sw.add_argument("--assert", dest="assert_", action="append", metavar="EXPR",
+                    help="a sweep assertion over knee, n_max, knee_ratio, ... (capacity)")
+    sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    sw.add_argument("--reports", default="reports")
+    sw.add_argument("--quiet", action="store_true")
+    sw.set_defaults(func=cmd_sweep)
+
+    inc = sub.add_parser("incident", help="write a scenario replaying one robot's incident from its logs, then run it")
+    inc.add_argument("--edge", required=True, help="edge-log JSONL of the robot, or a bench run directory (with --robot)")
+    inc.add_argument("--robot", type=int, default=None, help="robot number in a bench run directory")
+    inc.add_argument("--audit", action="append", default=[], help="server audit log (JSON lines); repeatable")
+    inc.add_argument("--from", dest="t_from", type=float, required=True, help="window start (edge-log seconds)")
+    inc.add_argument("--to", dest="t_to", type=float, required=True, help="window end (edge-log seconds)")
+    inc.add_argument("--out", required=True, help="scenario file to write")
+    inc.add_argument("--name", default=None, help="scenario name (default: the file's stem)")
+    inc.add_argument("--export", default=None, help="also write the window's edge-log.jsonl and audit.jsonl here")
+    inc.add_argument("--no-run", action="store_true", help="only write the scenario")
+    inc.add_argument("--reports", default="reports")
+    inc.add_argument("--quiet", action="store_true")
+    inc.set_defaults(func=cmd_incident)
 
     val = sub.add_parser("validate", help="check scenario files without running them (exit 0 or 2)")
     val.add_argument("files", nargs="+")

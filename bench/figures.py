@@ -40,6 +40,7 @@ class RunData:
     final_states: dict[int, str] = field(default_factory=dict)  # robot -> engine state at stop
     session_checkpoints: dict[str, str] = field(default_factory=dict)  # session_id -> checkpoint hash (audit)
     seam: dict[int, tuple] = field(default_factory=dict)  # robot -> seam_inputs(...) entry
+    parity: dict[int, dict] = field(default_factory=dict)  # robot -> bench.parity counts (shadow groups)
 
 
 def table_to_numpy(table) -> dict[str, np.ndarray]:
@@ -208,6 +209,20 @@ scalar("request_errors")(lambda s: int(np.count_nonzero(~_ok_requests(s) & ~np.i
 scalar("request_error_ratio")(lambda s: _ratio(SCALARS["request_errors"](s), SCALARS["requests"](s)))
 
 
+def _goodput(s: _Scope) -> tuple[int, int]:
+    ok = _ok_requests(s)
+    rtt = s.col(s.requests, "rtt_ms").astype(float)
+    robots = s.col(s.requests, "robot", np.int32)
+    deadline_by_robot = dict(zip(s.data.robots.get("robot", []), s.data.robots.get("deadline_s", [])))
+    deadline_ms = np.array([deadline_by_robot.get(int(r), np.inf) for r in robots], float) * 1e3
+    answered = ok & np.isfinite(rtt)
+    return int(np.count_nonzero(answered & (rtt <= deadline_ms))), int(np.count_nonzero(answered))
+
+
+scalar("goodput_requests")(lambda s: _goodput(s)[0])
+scalar("goodput_ratio")(lambda s: _ratio(*_goodput(s)))
+
+
 @scalar("superseded")
 def _superseded(s: _Scope) -> int:
     sup = s.col(s.requests, "superseded", np.int32)
@@ -351,6 +366,18 @@ def _overrun(s: _Scope) -> float:
         return math.nan
     m = (lp["t"] >= 0) & (lp["t"] <= s.data.duration_s)
     return _ratio(np.count_nonzero(lp["overrun"][m]), np.count_nonzero(m))
+
+
+def _parity(key: str):
+    def fn(s: _Scope) -> float:
+        members = None if s.robot_ids is None else set(s.robot_ids.tolist())
+        vals = [c.get(key, 0) for r, c in s.data.parity.items() if members is None or r in members]
+        return float(sum(vals)) if vals else math.nan  # no shadow engine in scope: no data
+    return fn
+
+
+for _key in ("queue_checks", "queue_mismatches", "action_checks", "action_mismatches", "request_failures"):
+    SCALARS[f"parity_{_key}"] = _parity(_key)
 
 
 def _req_col(name: str):

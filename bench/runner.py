@@ -69,7 +69,9 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
     base = Path(reports_dir) / scenario.name / (stamp or utc_stamp())
     worst = EXIT_PASS
     variants = sweep_variants(scenario)
-    for label, variant in variants:
+    sweep = scenario.sweep or {}
+    labels, rows, group = [], [], None
+    for (label, variant), value in zip(variants, sweep.get("values") or [None]):
         run_dir = base / label if label else base
         outcome = Run(variant, run_dir, progress=progress).execute()
         print(f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
@@ -82,10 +84,44 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
         worst = max(worst, outcome.exit_code)
         if outcome.meta.get("interrupted"):
             break
-    if len(variants) > 1:
-        (base / "sweep.json").write_text(json.dumps(
-            {"scenario": scenario.name, "key": scenario.sweep["key"], "variants": [
-                {"label": lbl, "summary": str(base / lbl / "summary.json")} for lbl, _ in variants]}, indent=2))
+        if label:
+            from bench import capacity
+
+            labels.append(label)
+            rows.append(capacity.step_row(value, json.loads((run_dir / "summary.json").read_text())))
+            group = variant.groups[0]  # the load steps' engine settings feed the formula
+            if outcome.exit_code == EXIT_INVALID:
+                break  # an errored run ends the sweep: the knee is read only off completed runs
+            if outcome.exit_code != EXIT_PASS and sweep.get("stop_after_failure"):
+                break
+    if sweep:
+        worst = finish_sweep(scenario, base, labels, rows, group, worst)
+    return worst
+
+
+def finish_sweep(scenario: Scenario, base: Path, labels: list[str], rows: list[dict], group, worst: int) -> int:
+    """sweep.json, the perf_analyzer-style table and, in capacity mode, the knee and its verdict."""
+    from bench import capacity
+
+    sweep = scenario.sweep
+    print(f"bench: sweep {sweep['key']}:\n" + capacity.format_table(rows) + "\n" + capacity.format_group_table(rows),
+          file=sys.stderr)
+    cap, results = None, []
+    if sweep.get("mode") == "capacity" and group is not None:
+        horizon = int(group.engine.get("execution_horizon", 10))
+        cap = capacity.capacity_report(rows, horizon, 1.0 / group.fps, sweep.get("formula"))
+        print(capacity.format_capacity(cap), file=sys.stderr)
+        results = capacity.evaluate_sweep_assertions(sweep.get("assertions") or [], cap["figures"])
+        for r in results:
+            print(f"  {r['result'].upper():5} {r['expression']}  (value: {r['value']!r}"
+                  f"{'; ' + r['error'] if r['error'] else ''})", file=sys.stderr)
+        # load steps past the knee fail by design: the verdict is the sweep's own assertions
+        if not rows or any(r["verdict"] == "error" for r in rows):
+            worst = EXIT_INVALID
+        else:
+            worst = EXIT_FAIL if any(r["result"] != "pass" for r in results) else EXIT_PASS
+    path = capacity.write_sweep(base, scenario, labels, rows, cap, results)
+    print(f"bench: sweep -> {path}", file=sys.stderr)
     return worst
 
 
@@ -233,7 +269,7 @@ class Run:
             "audit_path": str(audit),
         }
         if replica.emulated_latency is not None:
-            m["emulated_latency"] = replica.emulated_latency
+            m["emulated_latency"] = _plain(replica.emulated_latency)  # a mapping from YAML is a LineDict
         _deep_merge(m, _undot(self.s.server_manifest))
         _deep_merge(m, _undot(replica.manifest))
         return m
@@ -282,7 +318,8 @@ class Run:
                 specs[shard]["robots"].append(spec)
                 self.robot_table.append({"robot": rid, "group": g.name, "index": i, "site": g.site, "shard": shard,
                                          "robot_type": g.robot, "fps": g.fps,
-                                         "max_action_age_s": spec["engine"].get("max_action_age_s", math.inf)})
+                                         "max_action_age_s": spec["engine"].get("max_action_age_s", math.inf),
+                                         "deadline_s": _rtc_budget_s(spec["engine"], g.fps)})
                 rid += 1
         return specs
 
@@ -349,6 +386,8 @@ class Run:
     def drive(self) -> None:
         start_at = time.monotonic() + 0.3
         self.state.t0_mono = start_at + self.s.warmup_s
+        # records say t (seconds since t=0); servers' audit lines say mono_ms: this joins them (bench incident)
+        (self.run_dir / "clock.json").write_text(json.dumps({"t0_mono_ms": self.state.t0_mono * 1e3}))
         self.state.end_mono = self.state.t0_mono + self.s.duration_s
         self.cpu.t0 = self.state.t0_mono
         self.control.broadcast({"type": "start", "start_mono": start_at, "t0_mono": self.state.t0_mono,
@@ -527,17 +566,19 @@ class Run:
         except OSError:
             pass
         ticks = figs.table_to_numpy(tables["ticks"].drop_columns(["action"])) if tables["ticks"].num_rows else {}
-        final_states = {}
+        final_states, parity = {}, {}
         for msg in self.state.done.values():
             for r, st in (msg.get("final_states") or {}).items():
                 final_states[int(r)] = st
+            for r, counts in (msg.get("parity") or {}).items():
+                parity[int(r)] = counts
         data = figs.RunData(
             robots={k: np.asarray(v) for k, v in figs.table_to_numpy(robots_tab).items()},
             ticks=ticks, requests=figs.table_to_numpy(tables["requests"]),
             transitions=figs.table_to_numpy(tables["transitions"]), episodes=figs.table_to_numpy(tables["episodes"]),
             loop=figs.table_to_numpy(tables["loop"]), duration_s=self.s.duration_s,
             fault_windows=[w for w in self.fault_log if w.get("t_start") is not None],
-            server_samples=self.server_samples, cpu_samples=self.cpu.samples, final_states=final_states,
+            server_samples=self.server_samples, cpu_samples=self.cpu.samples, final_states=final_states, parity=parity,
             session_checkpoints={r["session_id"]: r["checkpoint_hash"] for r in (server_rows or [])
                                  if r.get("session_id") and r.get("checkpoint_hash")})
         if tables["ticks"].num_rows:
@@ -579,6 +620,16 @@ class Run:
 def server_argv(manifest: Path) -> list[str]:
     """policy-server through this interpreter (no reliance on PATH)."""
     return [sys.executable, "-c", "import sys; from server.cli import main; sys.exit(main())", "--manifest", str(manifest)]
+
+
+def _rtc_budget_s(engine: dict, fps: float) -> float:
+    """A request's deadline for goodput: the RTC latency budget H*dt/2 (design P10)."""
+    import dataclasses
+
+    from edge import RemoteEngineConfig
+
+    default = next(f.default for f in dataclasses.fields(RemoteEngineConfig) if f.name == "execution_horizon")
+    return float(engine.get("execution_horizon", default)) / float(fps) / 2.0
 
 
 def _pythonpath() -> str:

@@ -78,6 +78,13 @@ SCHEMA_GROUP = {
     "task": ("str", "", "task string sent with each observation"),
     "episode_s": ("pos_number", None, "episode length; default the robot type's; robot and engine reset after it"),
     "engine": ("mapping", {}, "RemoteEngineConfig overrides (any field of edge.RemoteEngineConfig)"),
+    "shadow": ("mapping", None, "golden parity: a local engine beside each robot's remote one, in lockstep (bench.parity)"),
+}
+
+SCHEMA_SHADOW = {
+    "engine": ("shadow_engine", "rtc", "the local engine compared with the remote one (rtc)"),
+    "max_delay_steps": ("nonneg_int", 0, "request n of both engines merges with a delay drawn from 0..N control steps"),
+    "policy": ("str", None, "checkpoint of the local engine; default the group's (another one must mismatch)"),
 }
 
 SCHEMA_CAMERAS = {
@@ -109,6 +116,10 @@ SCHEMA_REPLICA = {
 SCHEMA_SWEEP = {
     "key": ("str", REQUIRED, "dotted key to vary, e.g. sites.eu.profile or fleet.groups.0.count"),
     "values": ("list", REQUIRED, "one run per value"),
+    "mode": ("sweep_mode", "runs", "runs: every run is judged; capacity: runs are load steps, the verdict is the sweep's assertions"),
+    "stop_after_failure": ("bool", None, "stop at the first failing value (default: true in capacity mode)"),
+    "formula": ("mapping", None, "capacity: nominal P10 inputs r_hz, t_ms, horizon, dt_s, rtt_ms"),
+    "assertions": ("list", [], "capacity: expressions over knee, n_max, knee_ratio, ... (bench.capacity)"),
 }
 
 FAULT_TARGET_RE = re.compile(r"^(robot|site|server):[^\s]+$|^router$")
@@ -138,6 +149,7 @@ class Group:
     task: str
     episode_s: float
     engine: dict
+    shadow: dict | None = None
     line: int = 0
 
 
@@ -246,6 +258,9 @@ KINDS: dict[str, Callable[[Any], Any]] = {
     "pos_int": _typed(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"),
     "pos_number": _typed(lambda v: _is_number(v) and v > 0, "a positive number"),
     "nonneg_number": _typed(lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "nonneg_int": _typed(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+    "shadow_engine": lambda v: _choice(("rtc",))(v),
+    "sweep_mode": lambda v: _choice(("runs", "capacity"))(v),
     "bool": _typed(lambda v: isinstance(v, bool), "true or false"),
     "mapping": _typed(lambda v: isinstance(v, dict), "a mapping"),
     "list": _typed(lambda v: isinstance(v, list), "a list"),
@@ -474,11 +489,16 @@ def _read_groups(source: str, fleet: _Section, sites: dict[str, Site]) -> list[G
                                     f"{path}.engine.{owned}",
                                     "set by the bench from the robot, its site and the group; remove it")
         policy = sec.get("policy") or sec.get("robot")
+        shadow = None
+        if sec.data.get("shadow") is not None:
+            ssec = _Section(source, sec.get("shadow"), f"{path}.shadow", SCHEMA_SHADOW, sec.line_of("shadow"))
+            shadow = {"engine": ssec.get("engine"), "max_delay_steps": ssec.get("max_delay_steps"),
+                      "policy": ssec.get("policy") or policy}
         groups.append(Group(
             name=gname, robot=sec.get("robot"), count=sec.get("count"), fps=float(sec.get("fps")), site=site,
             cameras=cams, policy=policy, model_id=sec.get("model_id") or checkpoint_model_id(policy),
             task=sec.get("task"), episode_s=_episode_s(sec.get("episode_s"), sec.get("robot")), engine=dict(engine),
-            line=line,
+            shadow=shadow, line=line,
         ))
     return groups
 
@@ -598,7 +618,26 @@ def _read_sweep(source: str, top: _Section, data: dict) -> dict | None:
         raise sec.fail("key", f"{key!r} does not name a key of this scenario ({exc.args[0]})") from None
     if key.split(".")[0] in ("sweep", "name"):
         raise sec.fail("key", "sweep cannot vary `sweep` or `name`")
-    return {"key": key, "values": list(values)}
+    mode = sec.get("mode")
+    stop = sec.get("stop_after_failure")
+    formula = sec.get("formula")
+    if formula:
+        fsec = _Section(source, formula, "sweep.formula", {k: ("pos_number", None, "") for k in
+                                                          ("r_hz", "t_ms", "horizon", "dt_s", "rtt_ms")},
+                        sec.line_of("formula"))
+        formula = {k: fsec.get(k) for k in fsec.data}
+    asserts = sec.get("assertions")
+    from bench import capacity
+    from bench.assertions import AssertionSyntaxError
+
+    for i, expr in enumerate(asserts):
+        try:
+            capacity.check_sweep_expression(str(expr))
+        except AssertionSyntaxError as exc:
+            raise ScenarioError(source, _item_line(asserts, i), f"sweep.assertions[{i}]", str(exc)) from None
+    return {"key": key, "values": list(values), "mode": mode,
+            "stop_after_failure": (mode == "capacity") if stop is None else stop,
+            "formula": dict(formula) if formula else None, "assertions": [str(a) for a in asserts]}
 
 
 # --- sweep helpers -----------------------------------------------------------------------------

@@ -61,9 +61,14 @@ def robot_spec(rid: int, group_index: int, index: int, group, seed: int, endpoin
     if group.cameras is not None:
         c = group.cameras
         cams = {"kind": c.kind, "names": list(c.names), "height": c.height, "width": c.width}
+    shadow = None
+    if getattr(group, "shadow", None):
+        from bench.scenario import checkpoint_dir
+
+        shadow = {**group.shadow, "checkpoint": str(checkpoint_dir(group.shadow.get("policy") or group.policy))}
     return {"robot": rid, "group": group.name, "group_index": group_index, "index": index, "robot_type": group.robot,
             "fps": group.fps, "episode_s": group.episode_s, "seed": robot_seed(seed, group_index, index),
-            "cameras": cams, "engine": engine}
+            "cameras": cams, "engine": engine, "shadow": shadow}
 
 
 @dataclass
@@ -229,7 +234,12 @@ class Shard:
         make_engine = self.make_engine
 
         def start_engine(r: RobotSlot):
-            r.engine = make_engine(r.spec["engine"])
+            if r.spec.get("shadow"):  # golden parity: the remote engine in lockstep with a local one
+                from bench.parity import make_parity_engine
+
+                r.engine = make_parity_engine(r.spec["engine"], r.spec["shadow"], seed=r.spec["seed"])
+            else:
+                r.engine = make_engine(r.spec["engine"])
             r.engine.start()
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(start_engine, self.robots))
@@ -458,7 +468,8 @@ class Shard:
         if error:
             self.send({"type": "error", "error": error})
             return 1
-        self.send({"type": "done", "final_states": final, "status": self.status_counts_only(),
+        parity = {str(r.rid): r.engine.parity for r in self.robots if getattr(r.engine, "parity", None) is not None}
+        self.send({"type": "done", "final_states": final, "status": self.status_counts_only(), "parity": parity,
                    "loop_priority": getattr(self, "loop_priority", "normal")})
         return 0
 
