@@ -42,7 +42,7 @@ __all__ = [
     "add_cli_arguments", "overrides_from_args", "schema_doc",
     "ModelConfig", "EmulatedLatency", "ZenohConfig", "TlsConfig", "DebugConfig", "SchedulingConfig",
     "PipelineDispatch", "ModelsConfig", "ModelLimits", "ClientsConfig", "ClientDefaults", "KnownClient",
-    "SessionConfig", "LimitsConfig", "ResponseTracking", "MetricsConfig", "DrainConfig",
+    "SessionConfig", "SecurityConfig", "LimitsConfig", "ResponseTracking", "MetricsConfig", "DrainConfig",
 ]
 
 OVERRIDE = "override"  # the "line" of a value that came from a flag or --set
@@ -312,6 +312,23 @@ class SessionConfig(_Section):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SecurityConfig(_Section):
+    """Per-session protection (server/guard.py; docs/security.md): identity proofs and limits."""
+
+    require_session_auth: bool = _f(True, "observations and resets must carry the session's auth tag (wire.auth); "
+                                          "false accepts untagged ones (old clients; no identity binding)")
+    max_observation_bytes: int | None = _f(None, "largest observation body a session may send (answered TOO_LARGE); "
+                                                 "null = limits.max_message_bytes", lo=1024)
+    max_request_rate_hz: float = _f(100.0, "observations per second one session may send (token bucket, answered "
+                                           "RATE_LIMITED); 0 = no limit", lo=0.0)
+    request_burst: int | None = _f(None, "token bucket depth; null = one second of max_request_rate_hz", lo=1)
+    max_sessions_per_client: int = _f(4, "sessions one client uuid may hold on this replica (answered "
+                                         "TOO_MANY_SESSIONS)", lo=1, hi=1000)
+    reopen_idle_s: float = _f(5.0, "a session without observations for this long (or whose client token is gone) "
+                                   "may be replaced by an open without previous_auth", gt=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
 class LimitsConfig(_Section):
     """Decoder size limits (wire.tensors.Limits, field for field)."""
 
@@ -381,6 +398,7 @@ class Manifest(_Section):
     clients: ClientsConfig = _f(ClientsConfig, "clients")
     session: SessionConfig = _f(SessionConfig, "sessions")
     limits: LimitsConfig = _f(LimitsConfig, "decoder limits")
+    security: SecurityConfig = _f(SecurityConfig, "per-session identity binding and limits")
     response_tracking: ResponseTracking = _f(ResponseTracking, "cadence and disconnects")
     metrics: MetricsConfig = _f(MetricsConfig, "metrics")
     drain: DrainConfig = _f(DrainConfig, "drain on SIGTERM")
@@ -406,6 +424,10 @@ class Manifest(_Section):
         if horizon is None:
             h = meta.get("execution_horizon")
             horizon = changes["execution_horizon"] = h if isinstance(h, int) and h >= 1 else DEFAULT_EXECUTION_HORIZON
+        mob = self.security.max_observation_bytes
+        if mob is not None and mob > self.limits.max_message_bytes:
+            fail("security", f"max_observation_bytes {mob} exceeds limits.max_message_bytes "
+                             f"{self.limits.max_message_bytes} (the decoder refuses larger bodies anyway); lower it")
         chunk = meta.get("chunk_size")
         if isinstance(chunk, int) and horizon > chunk:
             fail("execution_horizon", f"{horizon} exceeds the checkpoint's chunk_size {chunk}; use at most {chunk}")
