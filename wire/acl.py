@@ -83,6 +83,10 @@ def robot_rules(root: str, uuid: str) -> list[dict]:
         _rule(f"{uuid}-alive", ["liveliness_token"], ["ingress"], own("alive")),
         _rule(f"{uuid}-control", ["query"], ["ingress"], own("session") + own("reset") + [f"{root}/*/*/*/status"]),
         _rule(f"{uuid}-control-replies", ["reply"], ["egress"], own("session") + own("reset") + [f"{root}/*/*/*/status"]),
+        # the servers' declarations must reach the robot, or its publisher sees no subscriber and sends nothing
+        _rule(f"{uuid}-server-decls", ["declare_subscriber"], ["egress"], [f"{root}/*/*/*/*/*/obs"]),
+        _rule(f"{uuid}-server-queryables", ["declare_queryable"], ["egress"],
+              [f"{root}/*/*/*/*/*/session", f"{root}/*/*/*/*/*/reset", f"{root}/*/*/*/status"]),
         _rule(f"{uuid}-replicas", ["declare_liveliness_subscriber", "liveliness_query"], ["ingress"],
               [f"{root}/*/*/*/alive"]),
         _rule(f"{uuid}-replica-tokens", ["liveliness_token"], ["egress"], [f"{root}/*/*/*/alive"]),
@@ -95,8 +99,10 @@ def server_rules(root: str, replica_id: str) -> list[dict]:
     queryables = [f"{p}/status", f"{p}/session", f"{p}/*/*/session", f"{p}/*/*/reset"]
     return [
         _rule(f"{rid}-queryables", ["declare_queryable"], ["ingress"], queryables),
-        _rule(f"{rid}-queries-in", ["query"], ["egress"], queryables),
-        _rule(f"{rid}-replies-out", ["reply"], ["ingress"], queryables),
+        # a discovery query names every replica (<root>/<model>/<rev>/*/status) and the router checks both the
+        # query and its replies against the QUERY's key expression: the rules must include it whole
+        _rule(f"{rid}-queries-in", ["query"], ["egress"], queryables + [f"{root}/*/*/*/status"]),
+        _rule(f"{rid}-replies-out", ["reply"], ["ingress"], queryables + [f"{root}/*/*/*/status"]),
         _rule(f"{rid}-obs", ["declare_subscriber"], ["ingress"], [f"{p}/*/*/obs"]),
         _rule(f"{rid}-obs-in", ["put"], ["egress"], [f"{p}/*/*/obs"]),
         _rule(f"{rid}-action", ["put"], ["ingress"], [f"{p}/*/*/action"]),

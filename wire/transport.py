@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import zenoh
 
+    if os.environ.get("RUST_LOG"):  # e.g. RUST_LOG=zenoh::net::routing::interceptor=debug shows access-rule denials
+        zenoh.init_log_from_env_or("error")
     tls = TlsFiles(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None
     extra = json.loads(args.config_json) if args.config_json else None
     try:
