@@ -27,6 +27,7 @@ import msgpack
 from wire import auth as wauth
 
 AUDIT_EVERY_S = 1.0
+TOKEN_LOSS_CONFIRM_S = 1.0  # a client token gone this long with no observation since: the client left
 
 
 @dataclass
@@ -115,9 +116,15 @@ class Guard:
         return wauth.verify(wauth.reopen_tag(old.session_key, old.session_id, req.client_uuid), req.previous_auth)
 
     def session_live(self, s, now: float | None = None) -> bool:
-        """A session another open may not replace without proof: its client token is up and it spoke lately."""
+        """May another open replace `s` without its proof? Not while it is live: it spoke within
+        reopen_idle_s, unless its client token went away at least TOKEN_LOSS_CONFIRM_S ago and it has been
+        silent since (a restarted robot). A token loss followed by observations was not the client leaving:
+        on a router without access rules anyone can declare and drop a token on someone else's key."""
         now = time.monotonic() if now is None else now
-        return s.alive_lost_mono is None and now - s.last_seen_mono < self.reopen_idle_s
+        if now - s.last_seen_mono >= self.reopen_idle_s:
+            return False
+        lost = s.alive_lost_mono
+        return not (lost is not None and s.last_seen_mono < lost and now - lost >= TOKEN_LOSS_CONFIRM_S)
 
     def should_answer(self, client: str, reason: str, now: float | None = None) -> bool:
         """At most one error answer per client and reason per second (a flood must not become a reply flood)."""

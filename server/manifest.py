@@ -175,6 +175,13 @@ class TlsConfig(_Section):
         if self.connect_certificate and not self.root_ca_certificate:
             fail("root_ca_certificate", "a client certificate without root_ca_certificate does not enable TLS; "
                                         "give the CA file")
+        if self.root_ca_certificate:
+            from wire.transport import TlsError, TlsFiles
+
+            try:  # expired, not PEM, key of another certificate, another CA: say so now, not at connect time
+                TlsFiles(self.root_ca_certificate, self.connect_certificate, self.connect_private_key).check()
+            except TlsError as exc:
+                fail("connect_certificate" if self.connect_certificate else "root_ca_certificate", str(exc))
         return self
 
 

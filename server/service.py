@@ -603,7 +603,9 @@ class PolicyServer:
         while not self.stopped.wait(0.2):
             now = time.monotonic()
             for s in self.sessions.all():
-                if s.alive_lost_mono is not None and now - s.alive_lost_mono >= grace:
+                if s.alive_lost_mono is not None and s.last_seen_mono > s.alive_lost_mono:
+                    s.alive_lost_mono = None  # it kept speaking: the token drop was not the client leaving (spoofed)
+                elif s.alive_lost_mono is not None and now - s.alive_lost_mono >= grace:
                     self._close_session(s, f"client liveliness lost for {grace:g} s")
                 elif idle > 0 and now - s.last_seen_mono > idle:
                     # a paused robot loses nothing: its next observation gets UNKNOWN_SESSION and it re-handshakes

@@ -181,13 +181,18 @@ def open_session(*, connect: list[str], lease_ms: int = 1000, tls: TlsFiles | No
     except zenoh.ZError as exc:
         if tls is not None:
             raise ConnectionError(
-                f"{what}: no TLS session with a router at {', '.join(connect)} ({exc}); either the router is down, "
+                f"{what}: no TLS session with a router at {', '.join(connect)} ({_short(exc)}); either the router is down, "
                 "or it refused the handshake: the certificate must be signed by the router's CA, unexpired, and "
                 "the router's certificate must name this endpoint's host") from None
         raise ConnectionError(
-            f"{what}: cannot reach a Zenoh router at {', '.join(connect)} ({exc}); "
+            f"{what}: cannot reach a Zenoh router at {', '.join(connect)} ({_short(exc)}); "
             "start the router or fix the endpoint"
         ) from None
+
+
+def _short(exc: Exception) -> str:
+    """Zenoh's error text without the Rust source location it appends."""
+    return str(exc).split(" at /")[0].strip()
 
 
 def main(argv: list[str] | None = None) -> int:
