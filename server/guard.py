@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgpack
 
@@ -32,18 +32,20 @@ TOKEN_LOSS_CONFIRM_S = 1.0  # a client token gone this long with no observation 
 
 @dataclass
 class TokenBucket:
+    """`burst` requests at once, then `rate_hz` per second; rate 0 = no limit."""
+
     rate_hz: float
     burst: float
-    tokens: float = -1.0
-    stamp: float = field(default_factory=time.monotonic)
+    tokens: float = 0.0
+    stamp: float | None = None
 
     def take(self, now: float | None = None) -> bool:
         if self.rate_hz <= 0:
             return True
         now = time.monotonic() if now is None else now
-        if self.tokens < 0:
-            self.tokens = self.burst
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate_hz)
+        if self.stamp is None:
+            self.tokens, self.stamp = self.burst, now
+        self.tokens = min(self.burst, self.tokens + max(0.0, now - self.stamp) * self.rate_hz)
         self.stamp = now
         if self.tokens >= 1.0:
             self.tokens -= 1.0
@@ -83,10 +85,13 @@ class Guard:
     """The `security` manifest block of one replica, plus the denial counters and audit throttle."""
 
     def __init__(self, cfg, metrics, audit, replica_id: str, default_max_bytes: int):
-        g = (lambda k, d: getattr(cfg, k, d) if cfg is not None else d)
+        def g(key: str, default):
+            v = cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
+            return default if v is None else v
+
         self.require_session_auth = bool(g("require_session_auth", True))
         self.max_observation_bytes = int(g("max_observation_bytes", None) or default_max_bytes)
-        self.max_request_rate_hz = float(g("max_request_rate_hz", 0.0) or 0.0)
+        self.max_request_rate_hz = float(g("max_request_rate_hz", 100.0))
         self.request_burst = float(g("request_burst", 0) or max(1.0, self.max_request_rate_hz))
         self.max_sessions_per_client = int(g("max_sessions_per_client", 4) or 4)
         self.reopen_idle_s = float(g("reopen_idle_s", 5.0))
