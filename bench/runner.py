@@ -134,6 +134,7 @@ class Run:
         self.progress_enabled = progress
         self.sites: dict[str, SiteLink] = {}
         self.servers: dict[str, dict] = {}  # replica id -> {child, manifest, health_port, audit}
+        self.identities: dict[tuple[str, int], dict] = {}  # (group, index) -> client_uuid [+ TLS files]
         self.control: ControlServer | None = None
         self.cpu = CpuSampler()
         self.server_samples: list[dict] = []
