@@ -184,3 +184,21 @@ def _open_body(uuid, **kw):
 
     return SessionOpen(client_uuid=uuid, schema_version=SCHEMA_VERSION, fps=30.0, action_names=["x", "y", "grip"],
                        state_dim=4, rtc_enabled=True, **kw)
+
+
+def test_a_token_drop_followed_by_observations_never_frees_a_session():
+    """On a router without rules anyone can declare and drop a token on someone else's key."""
+    from types import SimpleNamespace
+
+    from server.guard import TOKEN_LOSS_CONFIRM_S, Guard
+
+    g = Guard({"reopen_idle_s": 5.0}, metrics=None, audit=None, replica_id="r0", default_max_bytes=1 << 20)
+    now = 100.0
+    spoken_after_drop = SimpleNamespace(last_seen_mono=now - 0.1, alive_lost_mono=now - 3.0)
+    assert g.session_live(spoken_after_drop, now)
+    left = SimpleNamespace(last_seen_mono=now - 3.5, alive_lost_mono=now - 3.0)  # silent since its token went
+    assert not g.session_live(left, now)
+    just_dropped = SimpleNamespace(last_seen_mono=now - 0.5, alive_lost_mono=now - TOKEN_LOSS_CONFIRM_S / 2)
+    assert g.session_live(just_dropped, now)  # too early to tell: the next observation decides
+    quiet = SimpleNamespace(last_seen_mono=now - 6.0, alive_lost_mono=None)
+    assert not g.session_live(quiet, now)
