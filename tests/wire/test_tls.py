@@ -124,3 +124,23 @@ def test_the_router_rules_keep_a_robot_off_another_robots_keys(pki, secure_route
         for z in (a, b, mon):
             if z is not None:
                 z.close()
+
+
+def test_an_edge_engine_refused_by_the_router_says_why_and_gives_up_after_max_offline_s(secure_router, tmp_path):
+    from edge import make_engine
+    from edge.remote import RemoteEngineConfig
+
+    other = Pki(tmp_path / "other", ca_name="other")  # a consistent set of files the router does not trust
+    f = other.robot("robot-a")
+    eng = make_engine(RemoteEngineConfig(connect_endpoints=[secure_router], model_id="arm", action_names=["x"],
+                                         state_dim=1, client_uuid="robot-a", tls_ca=f.ca, tls_cert=f.cert, tls_key=f.key,
+                                         max_offline_s=2.0, reconnect_initial_backoff_s=0.2, reconnect_max_backoff_s=0.5))
+    eng.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not eng.failed and time.monotonic() < deadline:
+            time.sleep(0.1)  # the engine's own worker retries; we watch its state from outside
+        assert eng.failed, "the engine must give up (DEAD) after max_offline_s, not hang"
+        assert "refused the handshake" in eng.last_error
+    finally:
+        eng.stop()
