@@ -606,6 +606,9 @@ class Run:
             "faults": self.fault_log,
             "processes": [{"name": n, "log": str(p.relative_to(self.run_dir))} for n, p in self._logs()],
             "kill_report": getattr(self, "kill_report", []),
+            "security": {"mode": self.s.security, "attacks": [
+                {k: a.get(k) for k in ("attacker", "attack", "attempts", "outcome", "evidence")}
+                for a in (getattr(data, "attacks", None) or [])]} if (self.s.security != "tcp" or self.s.attackers) else {},
             "chaos_proxy": {"real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
                             "stand_ins": getattr(self, "network_stand_ins", {})},
         }
