@@ -336,6 +336,7 @@ class Run:
                                  name=f"attacker-{a['name']}", env={"PYTHONPATH": _pythonpath()})
             self.procs.add(f"attacker:{a['name']}", child)
             child.start()
+            self.cpu.track(f"attacker:{a['name']}", child.pid)  # on this host the attackers share the CPU: show it
 
     def collect_attacks(self, audit_rows: list[dict]) -> list[dict]:
         """attacks.jsonl, with the `audit_forged` verdicts resolved from the servers' audit lines."""
