@@ -90,8 +90,8 @@ class Ctx:
                            cameras={n: [sp["cam_h"], sp["cam_w"], 3] for n in sp.get("cameras", [])},
                            task=sp["victim_task"])
 
-    def obs(self, session_id: str, seq: int, key: str | None = None, session_key: str | None = None,
-            state=None, **extra) -> tuple[bytes, bytes]:
+    def obs(self, session_id: str, seq: int, session_key: str | None = None, state=None,
+            **extra) -> tuple[bytes, bytes]:
         from wire import Header, MsgType, Observation, SCHEMA_VERSION
         from wire import auth as wauth
         from wire.images import encode_image
@@ -159,8 +159,7 @@ def subscribe_other_action(ctx: Ctx) -> None:
 
 
 def publish_other_obs(ctx: Ctx) -> None:
-    from wire import auth as wauth  # noqa: F401  (the rogue has no key of the victim's session to use)
-
+    # the rogue has no key of the victim's session: its forgeries carry the victim's (sniffed) session id only
     sid = ctx.sniffed_session_id or "0123456789abcdef"
     z = ctx.session()
     n = 40
