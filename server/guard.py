@@ -3,7 +3,7 @@
     obs sample ──► key uuid ──► peek(session_id, auth) ──► session of that uuid? ──► tag ok? ──► size ok?
                                  (no full decode)          no: silent drop          no: drop   no: TOO_LARGE
                    ──► token bucket ok? ──► full decode ──► mailbox
-                        no: RATE_LIMITED (to that session only, at most one answer per second)
+                        no: RATE_LIMITED (to that session only, at most max_request_rate_hz answers/s)
 
 Owns `Guard` (the manifest's `security` block applied), `TokenBucket` and `peek_identity`.
 

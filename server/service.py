@@ -259,7 +259,8 @@ class PolicyServer:
         horizon = min(int(req.execution_horizon or self.info.execution_horizon), self.info.chunk_size)
         s = Session(SessionRegistry.new_id(), req.client_uuid, keys, d.task, d.rtc_enabled, horizon, req.fps,
                     client_type=req.client_type, tags=dict(req.tags), pipeline=self.runtime.new_pipeline(),
-                    publisher=publisher, session_key=new_session_key(), bucket=self.guard.new_bucket())
+                    publisher=publisher, session_key=new_session_key(), bucket=self.guard.new_bucket(),
+                    answer_bucket=self.guard.new_bucket())
         known = self.info.known_clients.get(req.client_uuid)
         s.latency_budget_ms = (req.latency_budget_ms or _get(known, "latency_budget_ms", None)
                                or self.default_latency_budget_ms)
@@ -384,7 +385,7 @@ class PolicyServer:
             if authed and not owner.bucket.take():
                 g.deny("rate_limited", client, session_id=sid, seq_id=header.seq_id)
                 self.metrics.inc("observation_errors", code=ErrorCode.RATE_LIMITED)
-                if g.should_answer(client, "rate_limited"):
+                if owner.answer_bucket is None or owner.answer_bucket.take():  # answered at up to the same rate
                     self._event_error(key, header, Error(ErrorCode.RATE_LIMITED, f"over {g.max_request_rate_hz:g} "
                                       "observations/s (security.max_request_rate_hz); requests are being dropped",
                                       seq_id=header.seq_id), session=owner)

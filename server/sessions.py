@@ -94,6 +94,7 @@ class Session:
     alive_lost_mono: float | None = None  # client liveliness lost at; GC after the grace period
     session_key: str = ""  # the secret of wire.auth proofs (SessionAck.session_key); never logged
     bucket: Any = None  # server.guard.TokenBucket: the session's request-rate budget
+    answer_bucket: Any = None  # and its budget of RATE_LIMITED answers (a flood never becomes a reply flood)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one request at a time through the pipeline
 
     def touch(self, now: float, alpha: float) -> None:
