@@ -275,13 +275,13 @@ class Run:
         robots += [a["name"] for a in self.s.attackers if a["credentials"] == "own_cert"]  # enrolled, then rogue
         acl = router_access_control(FleetIdentities(tuple(robots), tuple(r.id for r in self.s.replicas),
                                                     monitors=("bench-monitor",)))
-        (self.run_dir / "router-access-control.json").write_text(json.dumps(acl, indent=1))
+        rules = self.run_dir / "router-access-control.json"
+        rules.write_text(json.dumps({"access_control": acl}, indent=1))
         r = self.pki.router()
         port = free_port()
         endpoint = f"tls/127.0.0.1:{port}"
         child = ChildProcess([sys.executable, "-m", "wire.transport", "--listen", endpoint, "--tls-ca", r.ca,
-                              "--tls-cert", r.cert, "--tls-key", r.key, "--config-json",
-                              json.dumps({"access_control": acl})],
+                              "--tls-cert", r.cert, "--tls-key", r.key, "--access-control", str(rules)],
                              self.logs / "router.log", ready_text="router ready", name="zenoh-router",
                              env={"PYTHONPATH": _pythonpath()})
         child.start(timeout_s=15)

@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m wire.transport", description="Run a Zenoh router in this process.")
     ap.add_argument("--listen", action="append", required=True, help="endpoint, e.g. tcp/127.0.0.1:7447 (repeatable)")
     ap.add_argument("--config-json", default=None, help="extra config as a JSON object of key -> value (e.g. access_control)")
+    ap.add_argument("--access-control", metavar="FILE",
+                    help="router access rules: a JSON file {access_control: ...} from `python -m wire.acl` or `bench pki --acl`")
     ap.add_argument("--tls-ca"), ap.add_argument("--tls-cert"), ap.add_argument("--tls-key")
     args = ap.parse_args(argv)
     import zenoh
@@ -207,6 +209,18 @@ def main(argv: list[str] | None = None) -> int:
         zenoh.init_log_from_env_or("error")
     tls = TlsFiles(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None
     extra = json.loads(args.config_json) if args.config_json else None
+    if args.access_control:
+        try:
+            with open(args.access_control) as f:
+                rules = json.load(f)
+        except (OSError, ValueError) as exc:
+            print(f"router: cannot read the access rules {args.access_control!r}: {exc}", file=sys.stderr)
+            return 2
+        extra = {**(extra or {}), "access_control": rules.get("access_control", rules)}
+        if extra["access_control"].get("enabled") and not tls:
+            print("router: access rules key on certificate common names: give --tls-ca/--tls-cert/--tls-key "
+                  "(mTLS) too", file=sys.stderr)
+            return 2
     try:
         session = zenoh.open(make_config("router", listen=args.listen, tls=tls, extra=extra))
     except zenoh.ZError as exc:
