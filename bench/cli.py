@@ -7,6 +7,8 @@
     bench sweep FILE --key K --values a,b [--capacity]    one run per value; --capacity: load steps, knee, P10
     bench incident --edge LOG --audit A --from T0 --to T1 --out F.yaml   replay one robot's incident
     bench train --robot TYPE [--out DIR] [--seed N]        build bench/checkpoints/<TYPE>/
+    bench pki --dir DIR [--robot UUID ...] [--replica ID ...] [--router] [--acl FILE]
+                                                           a test CA and certificates (docs/security.md)
 
 Owns argument parsing and exit codes only; the work is in bench.scenario, bench.runner, bench.train.
 """
@@ -178,6 +180,35 @@ def cmd_train(args) -> int:
     return EXIT_PASS
 
 
+def cmd_pki(args) -> int:
+    import json
+
+    from bench.pki import Pki
+
+    try:
+        pki = Pki(args.dir, days=args.days)
+    except RuntimeError as exc:
+        print(f"bench pki: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    issued = []
+    if args.router:
+        issued.append(("router", pki.router()))
+    for rid in args.replica:
+        issued.append((f"server-{rid}", pki.server(rid)))
+    for uuid in args.robot:
+        issued.append((uuid, pki.robot(uuid)))
+    print(f"CA {pki.ca_cert_path} (key {pki.ca_key_path}, mode 0600)")
+    for cn, f in issued:
+        print(f"  CN {cn}: cert {f.cert} key {f.key}")
+    if args.acl:
+        from wire.acl import FleetIdentities, router_access_control
+
+        acl = router_access_control(FleetIdentities(tuple(args.robot), tuple(args.replica)))
+        Path(args.acl).write_text(json.dumps({"access_control": acl}, indent=1))
+        print(f"router access rules for {len(args.robot)} robot(s) and {len(args.replica)} replica(s): {args.acl}")
+    return EXIT_PASS
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bench", description="The digital twin: run robot fleets against real servers.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -237,6 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--episodes", type=int, default=None, help="expert demonstrations to collect")
     tr.add_argument("--steps", type=int, default=None, help="training steps")
     tr.set_defaults(func=cmd_train)
+
+    pk = sub.add_parser("pki", help="a test CA and certificates: robots (CN = client uuid), replicas, the router")
+    pk.add_argument("--dir", required=True, help="directory for ca.pem/ca.key and the leaves (created 0700)")
+    pk.add_argument("--robot", action="append", default=[], metavar="UUID", help="a robot certificate (repeatable)")
+    pk.add_argument("--replica", action="append", default=[], metavar="ID", help="a server replica certificate")
+    pk.add_argument("--router", action="store_true", help="the router certificate (names localhost, 127.0.0.1)")
+    pk.add_argument("--acl", default=None, metavar="FILE", help="also write the router access rules for these")
+    pk.add_argument("--days", type=int, default=30, help="validity of new certificates")
+    pk.set_defaults(func=cmd_pki)
     return ap
 
 

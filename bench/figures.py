@@ -41,6 +41,9 @@ class RunData:
     session_checkpoints: dict[str, str] = field(default_factory=dict)  # session_id -> checkpoint hash (audit)
     seam: dict[int, tuple] = field(default_factory=dict)  # robot -> seam_inputs(...) entry
     parity: dict[int, dict] = field(default_factory=dict)  # robot -> bench.parity counts (shadow groups)
+    attacks: list[dict] = field(default_factory=list)  # bench.attacker outcome lines (runner-resolved)
+    server_crashes: int = 0  # replicas found dead when the run stopped
+    security_denials: list[dict] = field(default_factory=list)  # audit lines with outcome denied:<reason>
 
 
 def table_to_numpy(table) -> dict[str, np.ndarray]:
@@ -342,6 +345,20 @@ scalar("seam_step_p95")(_seam("seam_step_p95"))
 scalar("seam_jerk_p95")(_seam("seam_jerk_p95"))
 scalar("seam_step_ratio")(_seam("step_ratio"))
 scalar("seam_jerk_ratio")(_seam("jerk_ratio"))
+
+
+def _attack_count(*outcomes: str):
+    return lambda s: float(sum(1 for a in s.data.attacks if a.get("outcome") in outcomes))
+
+
+scalar("attacks")(lambda s: float(len(s.data.attacks)))
+scalar("attack_attempts")(lambda s: float(sum(int(a.get("attempts", 0)) for a in s.data.attacks)))
+scalar("attacks_denied")(_attack_count("denied"))
+scalar("attacks_contained")(_attack_count("denied", "contained"))
+scalar("attacks_breached")(_attack_count("breached"))
+scalar("attack_errors")(_attack_count("error", "pending"))
+scalar("server_crashes")(lambda s: float(s.data.server_crashes))
+scalar("security_denials")(lambda s: float(sum(int(r.get("denied_count") or 1) for r in s.data.security_denials)))
 
 
 def _server_max(s: _Scope, metric: str) -> float:

@@ -130,6 +130,7 @@ def summary_dict(o: RunOutcome) -> dict:
         "camera_kind": o.meta.get("camera_kind"),
         "inference_emulated": o.meta.get("inference_emulated"),
         "faults": o.meta.get("faults", []),
+        "security": o.meta.get("security", {}),
         "chaos_proxy": o.meta.get("chaos_proxy", {}),
         "processes": o.meta.get("processes", []),
         "host": {"cores": o.meta.get("cores"), "python": platform.python_version(), "machine": platform.machine(),
@@ -203,6 +204,17 @@ def render_html(o: RunOutcome, summary: dict) -> str:
         res = "pass" if r.passed else ("error: " + r.error if r.error else "fail")
         out.append(f"<tr class={cls}><td class=l><code>{e(r.expression)}</code></td><td>{_v(r.value)}</td><td class=l>{e(res)}</td></tr>")
     out.append("</table>")
+
+    attacks = (o.meta.get("security") or {}).get("attacks") or []
+    if attacks:
+        out.append(f"<h2>Attacks</h2><p class=muted>security: {e(str(o.meta['security'].get('mode')))}; verdicts are "
+                   "ground truth (bench/attacker.py)</p><table><tr><th class=l>attacker</th><th class=l>attack</th>"
+                   "<th>attempts</th><th>outcome</th><th class=l>evidence</th></tr>")
+        for a in attacks:
+            out.append(f"<tr><td class=l>{e(str(a['attacker']))}</td><td class=l>{e(str(a['attack']))}</td>"
+                       f"<td>{a['attempts']}</td><td>{e(str(a['outcome']))}</td>"
+                       f"<td class=l>{e(str(a['evidence'])[:300])}</td></tr>")
+        out.append("</table>")
 
     f = o.figures
     out.append("<h2>Figures</h2><table><tr><th class=l>figure</th><th>all</th>"

@@ -170,6 +170,7 @@ class Run:
         self.progress_enabled = progress
         self.sites: dict[str, SiteLink] = {}
         self.servers: dict[str, dict] = {}  # replica id -> {child, manifest, health_port, audit}
+        self.identities: dict[tuple[str, int], dict] = {}  # (group, index) -> client_uuid [+ TLS files]
         self.control: ControlServer | None = None
         self.cpu = CpuSampler()
         self.server_samples: list[dict] = []
@@ -223,7 +224,11 @@ class Run:
 
     def start_processes(self) -> None:
         self.cpu.start()
-        router, self.router_endpoint = start_router(None, self.logs / "router.log")
+        self.assign_identities()
+        if self.s.security == "mtls":
+            router, self.router_endpoint = self.start_secure_router()
+        else:
+            router, self.router_endpoint = start_router(None, self.logs / "router.log")
         self.router_child = self.procs.add("router", router)
         self.cpu.track("router", router.pid)
         self.start_proxy()
@@ -254,7 +259,8 @@ class Run:
                 toxics = chaos_profiles.real_toxiproxy_equivalent(toxics)
             for toxic in toxics:
                 api.add_toxic(f"site-{name}", **toxic)
-            self.sites[name] = SiteLink(name, f"tcp/{proxy['listen']}", proxy)
+            scheme = "tls" if self.s.security == "mtls" else "tcp"
+            self.sites[name] = SiteLink(name, f"{scheme}/{proxy['listen']}", proxy)
 
     def manifest_for(self, replica) -> dict:
         port = free_port()
@@ -270,9 +276,123 @@ class Run:
         }
         if replica.emulated_latency is not None:
             m["emulated_latency"] = _plain(replica.emulated_latency)  # a mapping from YAML is a LineDict
+        if self.s.security == "mtls":
+            f = self.pki.server(replica.id)
+            m["zenoh"]["tls"] = {"root_ca_certificate": f.ca, "connect_certificate": f.cert, "connect_private_key": f.key}
         _deep_merge(m, _undot(self.s.server_manifest))
         _deep_merge(m, _undot(replica.manifest))
         return m
+
+    # --- security: identities, PKI, router rules, attackers (docs/security.md) ------------------------
+
+    def assign_identities(self) -> None:
+        """Fixed client uuids (GROUP-INDEX) when certificates or attackers need to name robots; with mtls,
+        a run PKI under <run>/pki (keys 0600) and each robot's certificate (CN = its uuid)."""
+        self.identities: dict[tuple[str, int], dict] = {}
+        if self.s.security != "mtls" and not self.s.attackers:
+            return
+        if self.s.security == "mtls":
+            from bench.pki import Pki
+
+            self.pki = Pki(self.run_dir / "pki")
+        for g in self.s.groups:
+            for i in range(g.count):
+                uuid = g.engine.get("client_uuid") if g.count == 1 and g.engine.get("client_uuid") else f"{g.name}-{i}"
+                ident = {"client_uuid": uuid}
+                if self.s.security == "mtls":
+                    f = self.pki.robot(uuid)
+                    ident.update(tls_ca=f.ca, tls_cert=f.cert, tls_key=f.key)
+                self.identities[(g.name, i)] = ident
+
+    def start_secure_router(self) -> tuple[ChildProcess, str]:
+        from wire.acl import FleetIdentities, router_access_control
+
+        robots = [v["client_uuid"] for v in self.identities.values()]
+        robots += [a["name"] for a in self.s.attackers if a["credentials"] == "own_cert"]  # enrolled, then rogue
+        acl = router_access_control(FleetIdentities(tuple(robots), tuple(r.id for r in self.s.replicas),
+                                                    monitors=("bench-monitor",)))
+        rules = self.run_dir / "router-access-control.json"
+        rules.write_text(json.dumps({"access_control": acl}, indent=1))
+        r = self.pki.router()
+        port = free_port()
+        endpoint = f"tls/127.0.0.1:{port}"
+        child = ChildProcess([sys.executable, "-m", "wire.transport", "--listen", endpoint, "--tls-ca", r.ca,
+                              "--tls-cert", r.cert, "--tls-key", r.key, "--access-control", str(rules)],
+                             self.logs / "router.log", ready_text="router ready", name="zenoh-router",
+                             env={"PYTHONPATH": _pythonpath()})
+        child.start(timeout_s=15)
+        return child, endpoint
+
+    def attacker_spec(self, a: dict, start_unix: float) -> dict:
+        from bench.robots.core import robot_type
+
+        gname, _, idx = a["target"].partition("/")
+        g = self.s.group(gname)
+        cls = robot_type(g.robot)
+        replica = next((r for r in self.s.replicas if r.model_id == g.model_id), self.s.replicas[0])
+        manifest = _deep_merge(_undot(self.s.server_manifest), _undot(replica.manifest))
+        sec = manifest.get("security", {}) or {}
+        lim = manifest.get("limits", {}) or {}
+        from wire.keys import task_slug
+
+        spec = {"name": a["name"], "credentials": a["credentials"], "attacks": a["attacks"], "start_unix": start_unix,
+                "uuid": a["name"], "victim_uuid": self.identities[(gname, int(idx))]["client_uuid"],
+                "victim_task": task_slug(g.task), "model_id": g.model_id, "replica_id": replica.id,
+                "fps": g.fps, "action_names": list(cls.action_names), "state_dim": len(cls.state_names),
+                "cameras": list(g.cameras.names) if g.cameras else [], "cam_h": g.cameras.height if g.cameras else 0,
+                "cam_w": g.cameras.width if g.cameras else 0, "flood_hz": a["flood_hz"], "flood_s": a["flood_s"],
+                "rate_limit_hz": sec.get("max_request_rate_hz", 100.0), "rate_burst": sec.get("request_burst"),
+                "max_observation_bytes": sec.get("max_observation_bytes") or lim.get("max_message_bytes"),
+                "endpoint": self.sites[g.site].endpoint}
+        if spec["rate_burst"] is None:
+            spec["rate_burst"] = spec["rate_limit_hz"]
+        if self.s.security == "mtls":
+            from bench.pki import Pki
+
+            mon = self.pki.issue("bench-monitor")
+            spec["monitor_tls"] = {"ca": mon.ca, "cert": mon.cert, "key": mon.key}
+            if a["credentials"] == "own_cert":
+                f = self.pki.robot(a["name"])
+                spec["tls"] = {"ca": f.ca, "cert": f.cert, "key": f.key}
+            elif a["credentials"] == "none":
+                spec["tls"] = {"ca": self.pki.ca_cert_path.as_posix()}
+            else:
+                f = Pki(self.run_dir / "pki-foreign", ca_name="foreign-ca").robot(a["name"])
+                spec["tls"] = {"ca": self.pki.ca_cert_path.as_posix(), "cert": f.cert, "key": f.key}
+        return spec
+
+    def start_attackers(self) -> None:
+        self.attack_log = self.run_dir / "attacks.jsonl"
+        for a in self.s.attackers:
+            start_unix = time.time() + (self.state.t0_mono + float(a["at"]) - time.monotonic())
+            path = self.run_dir / "manifests" / f"attacker-{a['name']}.json"
+            path.write_text(json.dumps(self.attacker_spec(a, start_unix), indent=1))
+            child = ChildProcess([sys.executable, "-m", "bench.attacker", "--spec", str(path), "--out",
+                                  str(self.attack_log)], self.logs / f"attacker-{a['name']}.log",
+                                 name=f"attacker-{a['name']}", env={"PYTHONPATH": _pythonpath()})
+            self.procs.add(f"attacker:{a['name']}", child)
+            child.start()
+            self.cpu.track(f"attacker:{a['name']}", child.pid)  # on this host the attackers share the CPU: show it
+
+    def collect_attacks(self, audit_rows: list[dict]) -> list[dict]:
+        """attacks.jsonl, with the `audit_forged` verdicts resolved from the servers' audit lines."""
+        path = getattr(self, "attack_log", None)
+        rows = []
+        if path is not None and path.is_file():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for r in rows:
+            if r.get("judge") == "audit_forged":
+                served = [a for a in audit_rows if a.get("client_uuid") == r["victim"]
+                          and isinstance(a.get("seq_id"), (int, float)) and a["seq_id"] >= r["seq_base"]
+                          and str(a.get("outcome", "")) == "ok"]
+                r["outcome"] = "breached" if served else "denied"
+                r["evidence"] += f"; the server served {len(served)} of them (audit)"
+        started = {a["name"] for a in self.s.attackers}
+        finished = {r["attacker"] for r in rows}
+        for name in sorted(started - finished):  # an attacker that died or never ran must not read as "all denied"
+            rows.append({"attacker": name, "attack": "*", "attempts": 0, "outcome": "error",
+                         "evidence": f"attacker {name} wrote no results; see logs/attacker-{name}.log"})
+        return rows
 
     def start_servers(self) -> None:
         import yaml
@@ -315,6 +435,7 @@ class Run:
             for i in range(g.count):
                 shard = rid % self.s.shards
                 spec = robot_spec(rid, gi, i, g, self.s.seed, self.sites[g.site].endpoint)
+                spec["engine"].update(self.identities.get((g.name, i), {}))
                 specs[shard]["robots"].append(spec)
                 self.robot_table.append({"robot": rid, "group": g.name, "index": i, "site": g.site, "shard": shard,
                                          "robot_type": g.robot, "fps": g.fps,
@@ -372,6 +493,8 @@ class Run:
 
     def _check_children(self) -> None:
         for name, child in list(self.procs.children):
+            if name.startswith("attacker:"):
+                continue  # attackers end when their attacks are done
             if isinstance(child, ChildProcess) and child.proc is not None and not child.alive():
                 if name.startswith("server:") and self._restarting(name):
                     continue
@@ -392,6 +515,8 @@ class Run:
         self.cpu.t0 = self.state.t0_mono
         self.control.broadcast({"type": "start", "start_mono": start_at, "t0_mono": self.state.t0_mono,
                                 "end_mono": self.state.end_mono})
+        if self.s.attackers:
+            self.start_attackers()
         self.state.phase = "warmup"
         threading.Thread(target=self._scrape_servers, name="scrape", daemon=True).start()
         timeline_started = False
@@ -485,6 +610,11 @@ class Run:
                 except queue.Empty:
                     if not any(c.alive() for n, c in self.procs.children if n.startswith("shard:")):
                         break
+        deadline = time.monotonic() + 20.0  # an attacker still running at the end gets a moment to write
+        while any(c.alive() for n, c in self.procs.children if n.startswith("attacker:")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.server_crashes = sum(1 for n, c in self.procs.children if n.startswith("server:")
+                                  and isinstance(c, ChildProcess) and c.proc is not None and not c.alive())
         self._stop_scrape.set()
         self.cpu_split = self.cpu.split(0.0, self.s.duration_s)
         self.cpu.stop()
@@ -519,6 +649,9 @@ class Run:
             "processes": [{"name": n, "log": str(p.relative_to(self.run_dir))} for n, p in self._logs()],
             "kill_report": getattr(self, "kill_report", []),
             "loop_priority": sorted({str(d.get("loop_priority", "normal")) for d in self.state.done.values()}),
+            "security": {"mode": self.s.security, "attacks": [
+                {k: a.get(k) for k in ("attacker", "attack", "attempts", "outcome", "evidence")}
+                for a in (getattr(data, "attacks", None) or [])]} if (self.s.security != "tcp" or self.s.attackers) else {},
             "chaos_proxy": {"real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
                             "stand_ins": getattr(self, "network_stand_ins", {})},
         }
@@ -580,7 +713,11 @@ class Run:
             fault_windows=[w for w in self.fault_log if w.get("t_start") is not None],
             server_samples=self.server_samples, cpu_samples=self.cpu.samples, final_states=final_states, parity=parity,
             session_checkpoints={r["session_id"]: r["checkpoint_hash"] for r in (server_rows or [])
-                                 if r.get("session_id") and r.get("checkpoint_hash")})
+                                 if r.get("session_id") and r.get("checkpoint_hash")},
+            attacks=self.collect_attacks(server_rows or []), server_crashes=getattr(self, "server_crashes", 0),
+            security_denials=[r for r in (server_rows or []) if str(r.get("outcome", "")).startswith("denied:")])
+        if data.attacks:
+            (self.run_dir / "attacks.json").write_text(json.dumps(data.attacks, indent=1))
         if tables["ticks"].num_rows:
             t = tables["ticks"]
             m = t.column("t").to_numpy() >= 0

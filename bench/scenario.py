@@ -59,6 +59,20 @@ SCHEMA_TOP = {
     "faults": ("list", [], "the chaos timeline (see chaos.timeline); times relative to t=0"),
     "assertions": ("list", [], "expressions over the run's figures; all must hold for verdict pass"),
     "sweep": ("mapping", None, "optional: run the scenario once per value of one key"),
+    "security": ("security_mode", "tcp", "tcp: plain links, no router rules; mtls: a run PKI (bench.pki), TLS links, "
+                                         "per-robot certificates and router access rules generated from the fleet"),
+    "attackers": ("list", [], "hostile clients started during the run (bench.attacker): a rogue robot with its own "
+                              "valid certificate, intruders without one or with another CA's"),
+}
+
+SCHEMA_ATTACKER = {
+    "name": ("name", REQUIRED, "attacker name (its log is logs/attacker-NAME.log)"),
+    "credentials": ("credentials", "own_cert", "own_cert (an enrolled robot gone rogue) | none | foreign_ca"),
+    "target": ("str", None, "victim robot as GROUP/INDEX; default: robot 0 of the first group"),
+    "at": ("nonneg_number", 2.0, "seconds after t=0 when the attacks start"),
+    "attacks": ("any", "all", "attack words (bench.attacker.ATTACKS) or `all` for every attack of these credentials"),
+    "flood_hz": ("pos_number", 300, "observation rate of the flood attack"),
+    "flood_s": ("pos_number", 4.0, "length of the flood attack"),
 }
 
 SCHEMA_FLEET = {
@@ -193,6 +207,8 @@ class Scenario:
     faults: list[dict]
     assertions: list[AssertionSpec]
     sweep: dict | None
+    security: str = "tcp"
+    attackers: list = field(default_factory=list)
     source: str = "<string>"
     raw: dict = field(default_factory=dict, repr=False)
 
@@ -269,6 +285,8 @@ KINDS: dict[str, Callable[[Any], Any]] = {
     "robot_type": _robot_type,
     "camera_kind": lambda v: _choice(camera_kinds())(v),
     "profile": _profile,
+    "security_mode": _choice(("tcp", "mtls")),
+    "credentials": _choice(("own_cert", "none", "foreign_ca")),
 }
 
 
@@ -426,11 +444,13 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
     faults = _read_faults(source, top, sites, replicas, groups)
     assertions = _read_assertions(source, top, groups)
     sweep = _read_sweep(source, top, data)
+    attackers = _read_attackers(source, top, groups)
     return Scenario(
         name=name, description=top.get("description").strip(), duration_s=float(top.get("duration_s")),
         warmup_s=float(top.get("warmup_s")), seed=top.get("seed"), shards=fleet.get("shards"), groups=groups,
         sites=sites, replicas=replicas, server_manifest=server_sec.get("manifest"), faults=faults,
-        assertions=assertions, sweep=sweep, source=source, raw=data,
+        assertions=assertions, sweep=sweep, source=source, raw=data, security=top.get("security"),
+        attackers=attackers,
     )
 
 
@@ -531,6 +551,39 @@ def _read_replicas(source: str, sec: _Section) -> list[Replica]:
             max_sessions=rsec.get("max_sessions"), emulated_latency=rsec.get("emulated_latency"),
             manifest=dict(rsec.get("manifest")), line=_item_line(raw, i),
         ))
+    return out
+
+
+def _read_attackers(source: str, top: _Section, groups: list[Group]) -> list[dict]:
+    raw = top.get("attackers")
+    out: list[dict] = []
+    try:
+        from bench.attacker import attacks_for
+    except Exception:  # the attacker module needs zenoh; validation without it checks names only
+        attacks_for = None
+    for i, body in enumerate(raw):
+        path = f"attackers[{i}]"
+        sec = _Section(source, body, path, SCHEMA_ATTACKER, _item_line(raw, i))
+        a = {k: sec.get(k) for k in SCHEMA_ATTACKER}
+        if any(o["name"] == a["name"] for o in out):
+            raise sec.fail("name", f"attacker name {a['name']!r} is used twice")
+        target = a["target"] or f"{groups[0].name}/0"
+        gname, _, idx = target.partition("/")
+        match = [g for g in groups if g.name == gname]
+        if not match or not idx.isdigit() or int(idx) >= match[0].count:
+            raise sec.fail("target", f"{target!r} is not GROUP/INDEX of a robot; groups: "
+                                     + ", ".join(f"{g.name} (0..{g.count - 1})" for g in groups))
+        a["target"] = target
+        if float(a["at"]) > float(top.get("duration_s")):
+            raise sec.fail("at", f"{a['at']} s is after the end of the run ({top.get('duration_s')} s)")
+        if attacks_for is not None:
+            known = attacks_for(a["credentials"])
+            words = known if a["attacks"] == "all" else a["attacks"]
+            if not isinstance(words, list) or not words or any(w not in known for w in words):
+                raise sec.fail("attacks", f"{a['attacks']!r}: give `all` or a list of attacks for credentials "
+                                          f"{a['credentials']}: {', '.join(known)}")
+            a["attacks"] = list(words)
+        out.append(a)
     return out
 
 

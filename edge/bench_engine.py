@@ -71,7 +71,8 @@ def main(argv=None) -> int:
         manifest = tmp / "m.yaml"
         manifest.write_text(yaml.safe_dump({"model": {"repo_or_path": str(ckpt)}, "model_id": "arm", "max_sessions": 512,
                                             "zenoh": {"connect_endpoints": [endpoint]}, "health_port": -1,
-                                            "scheduling": {"max_batch": 64}}))
+                                            "scheduling": {"max_batch": 64},
+                                            "security": {"max_request_rate_hz": 0}}))  # always requesting
         server = ChildProcess([sys.executable, "-m", "server.cli", "--manifest", str(manifest), "--log-level", "WARNING"],
                               tmp / "server.log", ready_text="policy-server ready").start(timeout_s=120)
         try:

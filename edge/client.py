@@ -8,8 +8,10 @@
 
 Per model handle (one session on one replica): liveliness token on its own `alive` key, action
 subscriber, obs publisher, liveliness subscriber on the replica's token, then the session-open query
-(docs/protocol-contract.md). Replicas come from one discovery query, ordered ready-and-not-draining
-first, lowest load first (or `replica_order`); CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY and a replica
+on the client's own `session` key (docs/protocol-contract.md). Every observation and reset carries
+the session's auth tag (wire.auth, keyed by SessionAck.session_key); a re-handshake on the same
+replica proves it owned the session it replaces (previous_auth). Replicas come from one discovery query, ordered ready-and-not-draining
+first, lowest load first (or `replica_order`); CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY, SESSION_LIVE and a replica
 that does not answer its session query move on to the next replica; any other refusal raises `SessionRefused` (never run an incompatible model).
 
 Events: an Error EVENT with UNKNOWN_SESSION sets `model.needs_handshake` (the server forgot the session:
@@ -36,9 +38,11 @@ from wire import (
     ResetAck, SCHEMA_VERSION, SessionAck, SessionOpen, Status, WireError, decode_message, discovery_key, encode_image,
     replicas_alive_key, unpack_header,
 )
+from wire import auth as wauth
 from wire.qos import CONTROL_TIMEOUTS_S, declare_publisher
 
-RETRY_ELSEWHERE = {ErrorCode.CAPACITY, ErrorCode.EXCLUSIVE_BUSY, ErrorCode.DRAINING, ErrorCode.NOT_READY}
+RETRY_ELSEWHERE = {ErrorCode.CAPACITY, ErrorCode.EXCLUSIVE_BUSY, ErrorCode.DRAINING, ErrorCode.NOT_READY,
+                   ErrorCode.SESSION_LIVE}  # SESSION_LIVE: our previous process's session is not gone yet
 INBOX_MAX = 64
 
 
@@ -180,6 +184,7 @@ class Model:
         self._decl: list[Any] = []
         self._pub = None
         self._gen = 0  # callbacks of an undeclared session check it and fall silent
+        self._prev_ack: SessionAck | None = None  # the last session opened: a re-handshake proves it owned it
         self.server_alive = False
         self.server_lost = threading.Event()
         self.draining = False
@@ -255,6 +260,7 @@ class Model:
     def _open_on(self, st: Status, task: str | None) -> SessionAck:
         import zenoh
 
+        prev = self.ack if self.ack is not None and self.ack.replica_id == st.replica_id else self._prev_ack
         self._undeclare()
         rk = ReplicaKeys(self.model_id, self.revision, st.replica_id, self.conn.root)
         eff_task = (task if task is not None else self.open_args["task"]) or st.default_task
@@ -280,8 +286,12 @@ class Model:
         self._pub = declare_publisher(z, keys.obs, "obs")
         body = SessionOpen(client_uuid=self.conn.client_id, schema_version=SCHEMA_VERSION,
                            client_type=self.conn.client_type, **{**self.open_args, "task": eff_task})
+        if prev is not None and prev.replica_id == st.replica_id and prev.session_key:
+            # a re-handshake proves it owns the session it replaces (server.guard: a live session is never hijacked)
+            body.previous_session_id = prev.session_id
+            body.previous_auth = wauth.reopen_tag(prev.session_key, prev.session_id, self.conn.client_id)
         try:
-            reply = self._query(rk.session, body, CONTROL_TIMEOUTS_S["session"])
+            reply = self._query(keys.session, body, CONTROL_TIMEOUTS_S["session"])
         except BaseException:
             self._undeclare()
             raise
@@ -292,6 +302,7 @@ class Model:
             self._undeclare()
             raise SessionRefused(ErrorCode.MALFORMED, f"session open answered with {type(reply).__name__}")
         self.replica, self.keys, self.ack = rk, keys, reply
+        self._prev_ack = reply
         return reply
 
     def _query(self, key: str, body, timeout_s: float, episode_id: int = 0):
@@ -330,8 +341,10 @@ class Model:
         obs = Observation(self.ack.session_id, np.asarray(state, np.float32), images=enc, tensors=tensors,
                           metadata=metadata, urgency=float(urgency),
                           priority=int(self.priority if priority is None else priority), **kw)
-        header = Header(SCHEMA_VERSION, MsgType.OBS, seq, self.episode_id, time.monotonic_ns(), self.epoch)
-        self._pub.put(obs.encode(), attachment=header.pack())
+        header = Header(SCHEMA_VERSION, MsgType.OBS, seq, self.episode_id, time.monotonic_ns(), self.epoch).pack()
+        if self.ack.session_key:
+            obs.auth = wauth.obs_tag(self.ack.session_key, self.ack.session_id, header)
+        self._pub.put(obs.encode(), attachment=header)
         self.last_seq = seq
         return seq
 
@@ -413,7 +426,7 @@ class Model:
         if self.ack is None:
             return False
         try:
-            reply = self._query(self.keys.reset, Reset(self.ack.session_id, int(episode_id)), timeout_s, int(episode_id))
+            reply = self._query(self.keys.reset, self._reset_body(episode_id), timeout_s, int(episode_id))
         except TimeoutError:
             return False
         if isinstance(reply, Error) and reply.code == ErrorCode.UNKNOWN_SESSION:
@@ -450,9 +463,14 @@ class Model:
         import zenoh
 
         header = Header(SCHEMA_VERSION, MsgType.CONTROL, 0, int(episode_id)).pack()
-        self.conn.z.get(self.keys.reset, zenoh.handlers.Callback(on_answer, indirect=False), payload=Reset(self.ack.session_id, int(episode_id)).encode(),
+        self.conn.z.get(self.keys.reset, zenoh.handlers.Callback(on_answer, indirect=False), payload=self._reset_body(episode_id).encode(),
                         attachment=header, timeout=timeout_s)
         return True
+
+    def _reset_body(self, episode_id: int) -> Reset:
+        ack = self.ack
+        tag = wauth.reset_tag(ack.session_key, ack.session_id, int(episode_id)) if ack.session_key else None
+        return Reset(ack.session_id, int(episode_id), auth=tag)
 
     # --- teardown ------------------------------------------------------------------------------------
 

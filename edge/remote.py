@@ -129,6 +129,15 @@ class RemoteEngineConfig:
             p = getattr(self, name)
             if p is not None and not os.path.isfile(p):
                 bad(name, f"file {p!r} does not exist; check the path")
+        if (self.tls_cert or self.tls_key) and not self.tls_ca:
+            bad("tls_ca", "a client certificate needs the CA file that signed the router's certificate")
+        if self.tls_ca:
+            from wire.transport import TlsError, TlsFiles
+
+            try:  # expired, not PEM, a key of another certificate, another CA: fail at construction, not later
+                TlsFiles(self.tls_ca, self.tls_cert, self.tls_key).check()
+            except TlsError as exc:
+                bad("tls_cert" if self.tls_cert else "tls_ca", str(exc))
 
     @classmethod
     def from_dict(cls, d: dict) -> "RemoteEngineConfig":

@@ -45,7 +45,9 @@ def _start_server(tmp: Path, ckpt: Path, endpoint: str, max_batch: int, emulated
 
     m = {"model": {"repo_or_path": str(ckpt)}, "model_id": "bench", "replica_id": tag, "max_sessions": 128,
          "warmup_inferences": 2, "zenoh": {"connect_endpoints": [endpoint]},
-         "scheduling": {"strategy": "round_robin", "max_batch": max_batch, "batch_window_ms": 1.0}}
+         "scheduling": {"strategy": "round_robin", "max_batch": max_batch, "batch_window_ms": 1.0},
+         # closed-loop clients send far above a robot's rate: the per-session limit would cap the measurement
+         "security": {"max_request_rate_hz": 0}}
     if emulated:
         m["emulated_latency"] = emulated
     path = tmp / f"{tag}.yaml"

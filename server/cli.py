@@ -93,9 +93,11 @@ def _serve(args) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_int)
+    from wire.transport import TlsError
+
     try:
         server.start()
-    except ConnectionError as exc:
+    except (ConnectionError, TlsError) as exc:
         print(f"policy-server: {exc}", file=sys.stderr)
         server.stop()
         return 2

@@ -42,7 +42,7 @@ __all__ = [
     "add_cli_arguments", "overrides_from_args", "schema_doc",
     "ModelConfig", "EmulatedLatency", "ZenohConfig", "TlsConfig", "DebugConfig", "SchedulingConfig",
     "PipelineDispatch", "ModelsConfig", "ModelLimits", "ClientsConfig", "ClientDefaults", "KnownClient",
-    "SessionConfig", "LimitsConfig", "ResponseTracking", "MetricsConfig", "DrainConfig",
+    "SessionConfig", "SecurityConfig", "LimitsConfig", "ResponseTracking", "MetricsConfig", "DrainConfig",
 ]
 
 OVERRIDE = "override"  # the "line" of a value that came from a flag or --set
@@ -175,6 +175,13 @@ class TlsConfig(_Section):
         if self.connect_certificate and not self.root_ca_certificate:
             fail("root_ca_certificate", "a client certificate without root_ca_certificate does not enable TLS; "
                                         "give the CA file")
+        if self.root_ca_certificate:
+            from wire.transport import TlsError, TlsFiles
+
+            try:  # expired, not PEM, key of another certificate, another CA: say so now, not at connect time
+                TlsFiles(self.root_ca_certificate, self.connect_certificate, self.connect_private_key).check()
+            except TlsError as exc:
+                fail("connect_certificate" if self.connect_certificate else "root_ca_certificate", str(exc))
         return self
 
 
@@ -312,6 +319,23 @@ class SessionConfig(_Section):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SecurityConfig(_Section):
+    """Per-session protection (server/guard.py; docs/security.md): identity proofs and limits."""
+
+    require_session_auth: bool = _f(True, "observations and resets must carry the session's auth tag (wire.auth); "
+                                          "false accepts untagged ones (old clients; no identity binding)")
+    max_observation_bytes: int | None = _f(None, "largest observation body a session may send (answered TOO_LARGE); "
+                                                 "null = limits.max_message_bytes", lo=1024)
+    max_request_rate_hz: float = _f(100.0, "observations per second one session may send (token bucket, answered "
+                                           "RATE_LIMITED); 0 = no limit", lo=0.0)
+    request_burst: int | None = _f(None, "token bucket depth; null = one second of max_request_rate_hz", lo=1)
+    max_sessions_per_client: int = _f(4, "sessions one client uuid may hold on this replica (answered "
+                                         "TOO_MANY_SESSIONS)", lo=1, hi=1000)
+    reopen_idle_s: float = _f(5.0, "a session without observations for this long (or whose client token is gone) "
+                                   "may be replaced by an open without previous_auth", gt=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
 class LimitsConfig(_Section):
     """Decoder size limits (wire.tensors.Limits, field for field)."""
 
@@ -399,6 +423,7 @@ class Manifest(ServedModel):
     clients: ClientsConfig = _f(ClientsConfig, "clients")
     session: SessionConfig = _f(SessionConfig, "sessions")
     limits: LimitsConfig = _f(LimitsConfig, "decoder limits")
+    security: SecurityConfig = _f(SecurityConfig, "per-session identity binding and limits")
     response_tracking: ResponseTracking = _f(ResponseTracking, "cadence and disconnects")
     metrics: MetricsConfig = _f(MetricsConfig, "metrics")
     drain: DrainConfig = _f(DrainConfig, "drain on SIGTERM")
@@ -419,6 +444,10 @@ class Manifest(ServedModel):
                 fail("extra_models", f"extra_models[{i}] has model_id {extra.model_id!r}, already served by "
                                      f"{seen[extra.model_id]}; give each model its own model_id")
             seen[extra.model_id] = f"extra_models[{i}]"
+        mob = resolved.security.max_observation_bytes
+        if mob is not None and mob > resolved.limits.max_message_bytes:
+            fail("security", f"max_observation_bytes {mob} exceeds limits.max_message_bytes "
+                             f"{resolved.limits.max_message_bytes} (the decoder refuses larger bodies anyway); lower it")
         return resolved
 
     def for_model(self, model_id: str) -> "Manifest":

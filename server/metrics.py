@@ -77,6 +77,8 @@ KNOWN_METRICS: dict[str, MetricSpec] = {
     "sessions_opened": MetricSpec(COUNTER, "Session opens accepted."),
     "sessions_rejected": MetricSpec(COUNTER, "Session opens rejected (label reason)."),
     "chunks_sent": MetricSpec(COUNTER, "Action chunks published."),
+    "security_denials": MetricSpec(COUNTER, "Requests refused or dropped by the session guard (label reason: bad_auth, "
+                                            "foreign_session, session_live, too_large, rate_limited, ...)."),
     "metric_callback_errors": MetricSpec(COUNTER, "Exceptions raised by on_metric callbacks (swallowed)."),
 }
 

@@ -37,10 +37,12 @@ from wire import (
     ActionChunk, DrainNotice, Error, ErrorCode, Header, MsgType, Observation, ReplicaKeys, Reset, ResetAck,
     SessionOpen, WireError, decode_message, parse_client_key, unpack_header,
 )
+from wire.auth import new_session_key
 from wire.keys import ClientKeys
 from wire.qos import declare_publisher
 from wire.tensors import Limits
 from server.audit import AuditLog
+from server.guard import Guard, peek_identity
 from server.health import HealthServer
 from server.metrics import Metrics
 from server.runtime import EmulatedLatency, InferItem, ModelRuntime
@@ -142,6 +144,8 @@ class PolicyServer:
             from server.capture import CaptureWriter
 
             self.capture = CaptureWriter(capture_dir, int(_get(m, "debug.capture_max", 256)), self)
+        self.guard = Guard(_get(m, "security", None), self.metrics, self.audit, self.keys.replica_id,
+                           self.limits.max_message_bytes)
         n = int(_get(m, "warmup_inferences", 2))
         ms = self.runtime.warmup(n)
         self.warmed_up = True
@@ -175,6 +179,7 @@ class PolicyServer:
         z = self._z
         self._decl.append(z.declare_queryable(k.status, self._on_status))
         self._decl.append(z.declare_queryable(k.session, self._on_session_open))
+        self._decl.append(z.declare_queryable(k.all_client_session, self._on_session_open))  # per-client open key
         self._decl.append(z.declare_queryable(k.all_reset, self._on_reset))
         self._decl.append(z.declare_subscriber(k.all_obs, self._on_obs))
         self._decl.append(z.liveliness().declare_subscriber(k.all_client_alive, self._on_client_alive, history=False))
@@ -244,6 +249,10 @@ class PolicyServer:
             payload = query.payload.to_bytes() if query.payload is not None else b""
             req = decode_message(payload, expect=SessionOpen, limits=self.limits)
             keys = self.keys.client(req.task or self.info.default_task, req.client_uuid)
+            qkey = str(query.key_expr)
+            # on the per-client key the uuid in the key is the identity (router access rules bind it to the
+            # robot's certificate); the replica-level key takes the body's word for it
+            key_uuid = parse_client_key(qkey, self.keys.root).client_uuid if qkey != self.keys.session else req.client_uuid
         except WireError as exc:
             self.metrics.inc("sessions_rejected", reason="malformed")
             return self._reply(query, Error(exc.code, f"session open: {exc}"))
@@ -253,11 +262,16 @@ class PolicyServer:
         old = self.sessions.by_client(req.client_uuid)
         active = self._active() - (1 if old is not None else 0)  # a re-handshake replaces its own session
         d = validate_open(req, self.info, active=active, ready=self.ready, draining=self.draining,
-                          client_uuid_from_key=req.client_uuid)
+                          client_uuid_from_key=key_uuid)
         if not d.ok:
             self.metrics.inc("sessions_rejected", reason=d.reason)
+            if d.reason == "identity":
+                self.guard.deny("identity", key_uuid, detail=f"session open for {req.client_uuid!r} on the key of {key_uuid!r}")
             log.info("session open refused for %s: %s", req.client_uuid, d.error.message)
             return self._reply(query, d.error)
+        refusal = self._guard_open(req, old)
+        if refusal is not None:
+            return self._reply(query, refusal)
         try:
             publisher = declare_publisher(self._z, keys.action, "action")
         except Exception as exc:
@@ -265,7 +279,8 @@ class PolicyServer:
         horizon = min(int(req.execution_horizon or self.info.execution_horizon), self.info.chunk_size)
         s = Session(SessionRegistry.new_id(), req.client_uuid, keys, d.task, d.rtc_enabled, horizon, req.fps,
                     client_type=req.client_type, tags=dict(req.tags), pipeline=self.runtime.new_pipeline(),
-                    publisher=publisher)
+                    publisher=publisher, session_key=new_session_key(), bucket=self.guard.new_bucket(),
+                    answer_bucket=self.guard.new_bucket())
         known = self.info.known_clients.get(req.client_uuid)
         s.latency_budget_ms = (req.latency_budget_ms or _get(known, "latency_budget_ms", None)
                                or self.default_latency_budget_ms)
@@ -281,6 +296,25 @@ class PolicyServer:
         log.info("session %s opened for %s (task %r, rtc %s)%s", s.session_id, s.client_uuid, s.task, s.rtc_enabled,
                  "; warnings: " + "; ".join(d.warnings) if d.warnings else "")
 
+    def _guard_open(self, req: SessionOpen, old: Session | None) -> Error | None:
+        """A live session is replaced only by its owner (previous_auth); identities hold a bounded number."""
+        g = self.guard
+        if old is not None and g.session_live(old) and not g.reopen_ok(old, req):
+            self.metrics.inc("sessions_rejected", reason="session_live")
+            g.deny("session_live", req.client_uuid, session_id=old.session_id,
+                   detail="open without the previous session's proof while it is live")
+            return Error(ErrorCode.SESSION_LIVE, f"client {req.client_uuid!r} has a live session on replica "
+                         f"{self.info.replica_id}; a re-handshake must carry previous_session_id and previous_auth, "
+                         f"or wait {g.reopen_idle_s:g} s after the old session went quiet", details={
+                             "retry_after_s": g.reopen_idle_s})
+        held = self.sessions.count_client(req.client_uuid) - (1 if old is not None else 0)
+        if held >= g.max_sessions_per_client:
+            self.metrics.inc("sessions_rejected", reason="sessions_per_client")
+            g.deny("sessions_per_client", req.client_uuid, detail=f"holds {held}")
+            return Error(ErrorCode.TOO_MANY_SESSIONS, f"client {req.client_uuid!r} already holds {held} sessions on "
+                         f"this replica (security.max_sessions_per_client = {g.max_sessions_per_client}); close one")
+        return None
+
     def _on_reset(self, query) -> None:
         try:
             parsed = parse_client_key(str(query.key_expr), self.keys.root)
@@ -290,7 +324,12 @@ class PolicyServer:
             return self._reply(query, Error(exc.code, f"reset: {exc}"))
         s, err = self.sessions.lookup(req.session_id, parsed.client_uuid)
         if err is not None:
-            return self._reply(query, err)
+            self.guard.deny("reset_" + err.code.lower(), parsed.client_uuid, session_id=req.session_id)
+            return self._reply(query, err)  # a control reply reaches the querier only: safe to answer
+        if not self.guard.reset_ok(s, req):
+            self.guard.deny("bad_auth", parsed.client_uuid, session_id=s.session_id, detail="reset")
+            return self._reply(query, Error(ErrorCode.IDENTITY_MISMATCH, "reset refused: its auth tag does not prove "
+                                            "the session (wire.auth.reset_tag with the SessionAck's session_key)"))
         # The control plane never waits for a forward pass: the dispatch thread applies the reset under the
         # session's lock before this session's next preprocess (never between a preprocess and its postprocess).
         s.episode_id = req.episode_id
@@ -346,16 +385,43 @@ class PolicyServer:
             self.metrics.inc("observation_errors", code=ErrorCode.BAD_KEY)
             return
         raw = sample.payload.to_bytes()
+        att = sample.attachment.to_bytes() if sample.attachment is not None else None
+        g, client = self.guard, parsed.client_uuid
+        # Identity first, from the header and two body fields only: nothing unauthenticated is answered on the
+        # key of a client that holds a session (server.guard invariant).
+        owner = self.sessions.by_client(client)
+        sid, tag = peek_identity(raw)
+        authed = owner is not None and sid == owner.session_id and att is not None and g.obs_ok(owner, sid, tag, att)
+        if owner is not None and not authed:
+            g.deny("foreign_session" if sid != owner.session_id else "bad_auth", client, session_id=sid)
+            return
         header = None
         try:
-            header = unpack_header(sample.attachment.to_bytes() if sample.attachment is not None else None)
+            header = unpack_header(att)
             if header.msg_type != MsgType.OBS:
                 raise WireError(ErrorCode.MALFORMED, f"msg_type {header.msg_type.name} on an obs key; expected OBS")
+            if authed and len(raw) > g.max_observation_bytes:
+                raise WireError(ErrorCode.TOO_LARGE, f"observation is {len(raw)} bytes; this replica accepts at most "
+                                f"{g.max_observation_bytes} (security.max_observation_bytes)")
+            if authed and not owner.bucket.take():
+                g.deny("rate_limited", client, session_id=sid, seq_id=header.seq_id)
+                self.metrics.inc("observation_errors", code=ErrorCode.RATE_LIMITED)
+                if owner.answer_bucket is None or owner.answer_bucket.take():  # answered at up to the same rate
+                    self._event_error(key, header, Error(ErrorCode.RATE_LIMITED, f"over {g.max_request_rate_hz:g} "
+                                      "observations/s (security.max_request_rate_hz); requests are being dropped",
+                                      seq_id=header.seq_id), session=owner)
+                return
             obs = decode_message(raw, expect=Observation, limits=self.limits)
         except WireError as exc:
             self.metrics.inc("observation_errors", code=exc.code)
+            reason = "too_large" if exc.code == ErrorCode.TOO_LARGE else "malformed"
+            if authed:
+                g.deny(reason, client, session_id=sid, seq_id=header.seq_id if header else None,
+                       detail=f"{len(raw)} bytes: {str(exc)[:200]}")
+            if not g.should_answer(client, reason):
+                return  # one answer per second and reason: a flood of bad input never becomes a flood of replies
             return self._event_error(key, header, Error(exc.code, f"observation refused: {exc}",
-                                                        seq_id=header.seq_id if header else None))
+                                                        seq_id=header.seq_id if header else None), session=owner)
         if self.draining:
             return self._event_error(key, header, Error(ErrorCode.DRAINING, "replica is draining; open a session "
                                                         "on another replica", seq_id=header.seq_id))
@@ -363,7 +429,9 @@ class PolicyServer:
         if err is not None:
             self.metrics.inc("observation_errors", code=err.code)
             err.seq_id = header.seq_id
-            return self._event_error(key, header, err)
+            if g.should_answer(client, err.code):  # no session on this key: the answer harms nobody, but stays rare
+                self._event_error(key, header, err)
+            return
         if header.seq_id <= s.last_seq and not obs.episode_start:
             self.metrics.inc("observation_errors", code="STALE_SEQ")
             return  # a duplicate or reordered observation: the newer one is already queued or answered
@@ -559,7 +627,9 @@ class PolicyServer:
         while not self.stopped.wait(0.2):
             now = time.monotonic()
             for s in self.sessions.all():
-                if s.alive_lost_mono is not None and now - s.alive_lost_mono >= grace:
+                if s.alive_lost_mono is not None and s.last_seen_mono > s.alive_lost_mono:
+                    s.alive_lost_mono = None  # it kept speaking: the token drop was not the client leaving (spoofed)
+                elif s.alive_lost_mono is not None and now - s.alive_lost_mono >= grace:
                     self._close_session(s, f"client liveliness lost for {grace:g} s")
                 elif idle > 0 and now - s.last_seen_mono > idle:
                     # a paused robot loses nothing: its next observation gets UNKNOWN_SESSION and it re-handshakes

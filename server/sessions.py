@@ -8,7 +8,8 @@ SessionAck report about the model), `validate_open` and `SessionRegistry`.
 
 Invariants:
 - A session is bound to the client uuid of the key it was opened on; any message for it on another
-  client's key is refused (IDENTITY_MISMATCH). Session ids are random and unguessable.
+  client's key is refused (IDENTITY_MISMATCH). Session ids are random and unguessable; the proof
+  that a message comes from the session's owner is its auth tag (wire.auth, server.guard).
 - Rejections name the check, both values, and what to do; the client gets them verbatim.
 - Capacity counts open sessions; `exclusive` serving mode means one session, whatever max_sessions.
 """
@@ -91,6 +92,9 @@ class Session:
     priority: int | None = None  # clients.known priority tier; None = the observation's own
     reset_pending: bool = False  # an acked reset the dispatch thread applies before the next preprocess
     alive_lost_mono: float | None = None  # client liveliness lost at; GC after the grace period
+    session_key: str = ""  # the secret of wire.auth proofs (SessionAck.session_key); never logged
+    bucket: Any = None  # server.guard.TokenBucket: the session's request-rate budget
+    answer_bucket: Any = None  # and its budget of RATE_LIMITED answers (a flood never becomes a reply flood)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one request at a time through the pipeline
 
     def touch(self, now: float, alpha: float) -> None:
@@ -242,6 +246,10 @@ class SessionRegistry:
             return None, Error(ErrorCode.IDENTITY_MISMATCH, f"session {session_id!r} belongs to another client")
         return s, None
 
+    def count_client(self, client_uuid: str) -> int:
+        with self._lock:
+            return sum(1 for s in self._by_id.values() if s.client_uuid == client_uuid)
+
     def remove(self, session_id: str) -> Session | None:
         with self._lock:
             s = self._by_id.pop(session_id, None)
@@ -263,4 +271,4 @@ def make_status(info: ReplicaInfo, active: int, ready: bool, warmed_up: bool, dr
 def make_ack(info: ReplicaInfo, session: Session, decision: Decision, active: int, schema_version: int) -> SessionAck:
     return SessionAck(**info.model_fields(active, True), session_id=session.session_id, schema_version=schema_version,
                       rtc_enabled=decision.rtc_enabled, execution_horizon=session.execution_horizon,
-                      task=decision.task, warnings=list(decision.warnings))
+                      task=decision.task, warnings=list(decision.warnings), session_key=session.session_key or None)

@@ -9,6 +9,9 @@ so a third party's ``**`` subscriber on a shared router never scrapes it):
     <root>/<model_id>/<revision>/<replica_id>/<task>/<client>/obs      client -> server (pub/sub)
     <root>/<model_id>/<revision>/<replica_id>/<task>/<client>/action   server -> client (pub/sub)
     <root>/<model_id>/<revision>/<replica_id>/<task>/<client>/reset    server queryable
+    <root>/<model_id>/<revision>/<replica_id>/<task>/<client>/session  server queryable (the session open;
+                                                                       on the client's own key, so router
+                                                                       access rules can bind it to its uuid)
     <root>/<model_id>/<revision>/<replica_id>/<task>/<client>/alive    client liveliness token
 
 The replica segment binds each session to exactly one replica: several replicas of one model share
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from wire.errors import WireError
 
 DEFAULT_ROOT = "@fleet"
-CLIENT_TOPICS = ("obs", "action", "reset", "alive")
+CLIENT_TOPICS = ("obs", "action", "reset", "alive", "session")
 SERVER_TOPICS = ("status", "session", "alive")
 
 _FORBIDDEN = set("*$?#/")
@@ -124,6 +127,10 @@ class ReplicaKeys:
         return f"{self.prefix}/*/*/reset"
 
     @property
+    def all_client_session(self) -> str:
+        return f"{self.prefix}/*/*/session"
+
+    @property
     def all_client_alive(self) -> str:
         return f"{self.prefix}/*/*/alive"
 
@@ -156,6 +163,10 @@ class ClientKeys:
     @property
     def alive(self) -> str:
         return f"{self.prefix}/alive"
+
+    @property
+    def session(self) -> str:
+        return f"{self.prefix}/session"
 
 
 def discovery_key(model_id: str, revision: str, root: str = DEFAULT_ROOT) -> str:

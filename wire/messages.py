@@ -43,8 +43,10 @@ class ErrorCode:
     EXCLUSIVE_BUSY = "EXCLUSIVE_BUSY"  # exclusive serving mode already has its session
     WRONG_MODEL = "WRONG_MODEL"  # checkpoint differs from the one the client pinned
     UNKNOWN_SESSION = "UNKNOWN_SESSION"
-    IDENTITY_MISMATCH = "IDENTITY_MISMATCH"  # session belongs to another client
-    RATE_LIMITED = "RATE_LIMITED"
+    IDENTITY_MISMATCH = "IDENTITY_MISMATCH"  # session belongs to another client, or its proof (auth) is wrong
+    SESSION_LIVE = "SESSION_LIVE"  # this client uuid has a live session here; a re-open must prove it (previous_auth)
+    TOO_MANY_SESSIONS = "TOO_MANY_SESSIONS"  # the client identity holds security.max_sessions_per_client sessions
+    RATE_LIMITED = "RATE_LIMITED"  # the session sent more than security.max_request_rate_hz; this request is dropped
     DRAINING = "DRAINING"  # server is shutting down; go to another replica
     NOT_READY = "NOT_READY"  # still warming up
     EXPIRED = "EXPIRED"  # the request waited longer than the server's request_ttl_ms; the next one may pass
@@ -271,6 +273,7 @@ class Observation(Message):
         F("priority", "uint", False, 0, hi=255, doc="0 = highest"),
         F("steps_remaining", "uint?", False, unit="control steps", doc="actions left in the client queue"),
         F("metadata", "str_map", False, {}, doc="free-form labels"),
+        F("auth", "str", False, None, doc="session proof: wire.auth.obs_tag(session_key, session_id, attachment header)"),
     )
     session_id: str
     state: np.ndarray
@@ -285,6 +288,7 @@ class Observation(Message):
     priority: int = 0
     steps_remaining: int | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    auth: str | None = None
 
 
 @_register
@@ -433,6 +437,9 @@ class SessionOpen(Message):
         F("tags", "str_map", False, {}),
         F("latency_budget_ms", "float", False, 0.0, 0.0, unit="ms",
           doc="the client's latency budget for deadline scheduling; 0 = the server's setting"),
+        F("previous_session_id", "str", False, None, doc="re-handshake: the session this one replaces"),
+        F("previous_auth", "str", False, None,
+          doc="re-handshake proof: wire.auth.reopen_tag(previous session_key, previous_session_id, client_uuid)"),
     )
     client_uuid: str
     schema_version: int
@@ -448,6 +455,8 @@ class SessionOpen(Message):
     client_type: str = ""
     tags: dict[str, str] = field(default_factory=dict)
     latency_budget_ms: float = 0.0
+    previous_session_id: str | None = None
+    previous_auth: str | None = None
 
 
 @_register
@@ -461,6 +470,8 @@ class SessionAck(Message):
         F("execution_horizon", "uint", False, 0),
         F("task", "str", False, "", doc="effective task"),
         F("warnings", "str_list", False, []),
+        F("session_key", "str", False, None,
+          doc="per-session secret (hex) for the auth tags of observations and resets; never logged, never re-sent"),
     )
     replica_id: str
     model_id: str
@@ -485,6 +496,7 @@ class SessionAck(Message):
     execution_horizon: int = 0
     task: str = ""
     warnings: list[str] = field(default_factory=list)
+    session_key: str | None = None
 
 
 @_register
@@ -494,9 +506,11 @@ class Reset(Message):
     FIELDS: ClassVar[tuple[F, ...]] = (
         F("session_id", "str", True),
         F("episode_id", "uint", True, hi=(1 << 32) - 1, doc="the new episode"),
+        F("auth", "str", False, None, doc="session proof: wire.auth.reset_tag(session_key, session_id, episode_id)"),
     )
     session_id: str
     episode_id: int
+    auth: str | None = None
 
 
 @_register

@@ -24,6 +24,10 @@ import threading
 from dataclasses import dataclass
 
 
+class TlsError(ValueError):
+    """A TLS file is missing, unreadable, not PEM, expired, not yet valid, or does not match its key/CA."""
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     root_ca_certificate: str
@@ -31,10 +35,86 @@ class TlsFiles:
     private_key: str | None = None
 
     def check(self) -> None:
+        """Raise TlsError naming the file and the fix; never let Zenoh fail later with a vaguer message.
+
+        Existence and PEM shape are always checked; with the `cryptography` package (the server and
+        bench extras have it, a robot may not) also validity dates, key/certificate match and that
+        the certificate is signed by the CA."""
         for name in ("root_ca_certificate", "certificate", "private_key"):
             path = getattr(self, name)
-            if path is not None and not os.path.isfile(path):
-                raise FileNotFoundError(f"TLS {name} file {path!r} does not exist; check the path or regenerate the PKI")
+            if path is None:
+                continue
+            if not os.path.isfile(path):
+                raise TlsError(f"TLS {name} file {path!r} does not exist; check the path or regenerate the PKI "
+                               "(bench pki --help)")
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(1 << 20)
+            except OSError as exc:
+                raise TlsError(f"TLS {name} file {path!r} cannot be read ({exc.strerror}); fix its permissions") from None
+            marker = b"PRIVATE KEY-----" if name == "private_key" else b"-----BEGIN CERTIFICATE-----"
+            if marker not in head:
+                raise TlsError(f"TLS {name} file {path!r} is not a PEM {'private key' if name == 'private_key' else 'certificate'}"
+                               "; give the PEM file")
+        if bool(self.certificate) != bool(self.private_key):
+            raise TlsError("mTLS needs both a certificate and its private key; give the other one")
+        try:
+            from cryptography import x509  # noqa: F401
+        except ImportError:
+            return
+        _deep_check(self)
+
+
+def _deep_check(t: "TlsFiles") -> None:
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    def load_cert(path: str, what: str):
+        try:
+            with open(path, "rb") as f:
+                return x509.load_pem_x509_certificate(f.read())
+        except ValueError as exc:
+            raise TlsError(f"TLS {what} file {path!r} is not a valid certificate ({exc}); regenerate it") from None
+
+    now = dt.datetime.now(dt.timezone.utc)
+    ca = load_cert(t.root_ca_certificate, "root_ca_certificate")
+    certs = [("root_ca_certificate", t.root_ca_certificate, ca)]
+    if t.certificate:
+        certs.append(("certificate", t.certificate, load_cert(t.certificate, "certificate")))
+    for what, path, cert in certs:
+        if cert.not_valid_after_utc < now:
+            raise TlsError(f"TLS {what} {path!r} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; "
+                           "issue a new certificate")
+        if cert.not_valid_before_utc > now:
+            raise TlsError(f"TLS {what} {path!r} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC; "
+                           "check this machine's clock or the certificate")
+    if not t.certificate:
+        return
+    cert = certs[1][2]
+    try:
+        with open(t.private_key, "rb") as f:
+            key = serialization.load_pem_private_key(f.read(), password=None)
+    except (ValueError, TypeError) as exc:
+        raise TlsError(f"TLS private_key {t.private_key!r} cannot be loaded ({exc}); give an unencrypted PEM key") from None
+    pub = serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(serialization.Encoding.DER, pub) != cert.public_key().public_bytes(
+            serialization.Encoding.DER, pub):
+        raise TlsError(f"TLS private_key {t.private_key!r} does not belong to certificate {t.certificate!r}; "
+                       "give the key it was issued for")
+    try:
+        cert.verify_directly_issued_by(ca)
+    except Exception:
+        raise TlsError(f"TLS certificate {t.certificate!r} (CN {common_name(cert)!r}) is not signed by the CA "
+                       f"{t.root_ca_certificate!r}; the router will refuse it. Use a certificate of this fleet's CA") from None
+
+
+def common_name(cert) -> str:
+    from cryptography.x509.oid import NameOID
+
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if names else ""
 
 
 TX_WAIT_BEFORE_DROP_US = 20_000
@@ -89,25 +169,58 @@ def open_session(*, connect: list[str], lease_ms: int = 1000, tls: TlsFiles | No
     """Open a client session or raise ConnectionError naming the endpoint and the fix."""
     import zenoh
 
+    if tls is None and any(e.startswith(("tls/", "quic/")) for e in connect):
+        raise TlsError(f"{what}: endpoint {connect[0]} needs TLS files (root CA, and for mTLS a certificate and key)")
+    if tls is not None:
+        try:
+            tls.check()
+        except TlsError as exc:
+            raise TlsError(f"{what}: {exc}") from None
     try:
         return zenoh.open(make_config("client", connect=connect, lease_ms=lease_ms, tls=tls))
     except zenoh.ZError as exc:
+        if tls is not None:
+            raise ConnectionError(
+                f"{what}: no TLS session with a router at {', '.join(connect)} ({_short(exc)}); either the router is down, "
+                "or it refused the handshake: the certificate must be signed by the router's CA, unexpired, and "
+                "the router's certificate must name this endpoint's host") from None
         raise ConnectionError(
-            f"{what}: cannot reach a Zenoh router at {', '.join(connect)} ({exc}); "
+            f"{what}: cannot reach a Zenoh router at {', '.join(connect)} ({_short(exc)}); "
             "start the router or fix the endpoint"
         ) from None
+
+
+def _short(exc: Exception) -> str:
+    """Zenoh's error text without the Rust source location it appends."""
+    return str(exc).split(" at /")[0].strip()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m wire.transport", description="Run a Zenoh router in this process.")
     ap.add_argument("--listen", action="append", required=True, help="endpoint, e.g. tcp/127.0.0.1:7447 (repeatable)")
     ap.add_argument("--config-json", default=None, help="extra config as a JSON object of key -> value (e.g. access_control)")
+    ap.add_argument("--access-control", metavar="FILE",
+                    help="router access rules: a JSON file {access_control: ...} from `python -m wire.acl` or `bench pki --acl`")
     ap.add_argument("--tls-ca"), ap.add_argument("--tls-cert"), ap.add_argument("--tls-key")
     args = ap.parse_args(argv)
     import zenoh
 
+    if os.environ.get("RUST_LOG"):  # e.g. RUST_LOG=zenoh::net::routing::interceptor=debug shows access-rule denials
+        zenoh.init_log_from_env_or("error")
     tls = TlsFiles(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None
     extra = json.loads(args.config_json) if args.config_json else None
+    if args.access_control:
+        try:
+            with open(args.access_control) as f:
+                rules = json.load(f)
+        except (OSError, ValueError) as exc:
+            print(f"router: cannot read the access rules {args.access_control!r}: {exc}", file=sys.stderr)
+            return 2
+        extra = {**(extra or {}), "access_control": rules.get("access_control", rules)}
+        if extra["access_control"].get("enabled") and not tls:
+            print("router: access rules key on certificate common names: give --tls-ca/--tls-cert/--tls-key "
+                  "(mTLS) too", file=sys.stderr)
+            return 2
     try:
         session = zenoh.open(make_config("router", listen=args.listen, tls=tls, extra=extra))
     except zenoh.ZError as exc:

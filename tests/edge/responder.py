@@ -102,6 +102,7 @@ class Responder:
             z.liveliness().declare_subscriber(k.all_client_alive, lambda s: self._on_client_alive(s, gen)),
             z.declare_queryable(k.status, self._on_status),
             z.declare_queryable(k.session, lambda q: self._on_session(q, gen)),
+            z.declare_queryable(k.all_client_session, lambda q: self._on_session(q, gen)),
             z.liveliness().declare_token(k.alive),
         ]
         if self._worker is None:
@@ -182,7 +183,7 @@ class Responder:
         try:
             req = decode_message(query.payload.to_bytes() if query.payload is not None else b"", expect=SessionOpen)
         except WireError as exc:
-            query.reply(self.keys.session, Error(exc.code, str(exc)).encode(), attachment=header)
+            query.reply(query.key_expr, Error(exc.code, str(exc)).encode(), attachment=header)
             return
         with self.cv:
             if gen != self._gen:
@@ -203,7 +204,7 @@ class Responder:
                 self.cv.notify_all()
             else:
                 body = err
-        query.reply(self.keys.session, body.encode(), attachment=header)
+        query.reply(query.key_expr, body.encode(), attachment=header)
 
     def _validate(self, req: SessionOpen) -> Error | None:
         if self.draining:

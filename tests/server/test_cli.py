@@ -111,3 +111,28 @@ def test_sigterm_drains_notifies_clients_and_exits_zero(tmp_path, ckpt, router):
         c.close()
         child.stop()
 
+
+
+def test_bad_tls_files_and_a_refused_handshake_are_one_line_errors(tmp_path, ckpt):  # noqa: F811
+    import datetime as dt
+
+    from bench.pki import Pki
+    from wire.procs import free_port
+
+    pki = Pki(tmp_path / "pki")
+    now = dt.datetime.now(dt.timezone.utc)
+    old = pki.issue("server-r0", not_before=now - dt.timedelta(days=3), not_after=now - dt.timedelta(days=1))
+    tls = {"root_ca_certificate": old.ca, "connect_certificate": old.cert, "connect_private_key": old.key}
+    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0,
+                            "zenoh": {"connect_endpoints": [f"tls/127.0.0.1:{free_port()}"], "tls": tls}})
+    out = run(["--manifest", str(path)])
+    assert out.returncode == 2 and "zenoh.tls.connect_certificate" in out.stderr and "expired on" in out.stderr
+    assert "Traceback" not in out.stderr
+    good = pki.server("r0")  # valid files, nobody listening (or a router refusing): fails fast, no hang
+    tls = {"root_ca_certificate": good.ca, "connect_certificate": good.cert, "connect_private_key": good.key}
+    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0,
+                            "zenoh": {"connect_endpoints": [f"tls/127.0.0.1:{free_port()}"], "tls": tls}})
+    t0 = time.monotonic()
+    out = run(["--manifest", str(path)])
+    assert out.returncode == 2 and "refused the handshake" in out.stderr and "Traceback" not in out.stderr
+    assert time.monotonic() - t0 < 30

@@ -96,14 +96,14 @@ def test_a_chunk_echoes_the_observation_header(server, router):
         c.close()
 
 
-def test_unknown_session_and_foreign_session_are_refused_to_that_client(server, router):
+def test_unknown_and_foreign_sessions_are_answered_only_on_a_key_without_a_session(server, router):
     a, b = client(router, "robot-a"), client(router, "robot-b")
     try:
         a.open()
-        b.open()
         seq = b.send(np.ones(S), session_id="not-a-session")
         h, err = b.wait_for(lambda h, m: h.seq_id == seq and isinstance(m, Error))
         assert err.code == ErrorCode.UNKNOWN_SESSION and h.msg_type == MsgType.EVENT
+        time.sleep(1.1)  # answers are throttled to one per client and reason per second
         seq = b.send(np.ones(S), session_id=a.session_id)  # a's session id on b's keys
         h, err = b.wait_for(lambda h, m: h.seq_id == seq and isinstance(m, Error))
         assert err.code == ErrorCode.IDENTITY_MISMATCH
@@ -111,6 +111,22 @@ def test_unknown_session_and_foreign_session_are_refused_to_that_client(server, 
         assert a.chunk_for(seq, timeout=10) is not None
     finally:
         a.close()
+        b.close()
+
+
+def test_traffic_on_the_key_of_a_client_with_a_session_is_never_answered_unless_it_proves_the_session(server, router):
+    # an answer there would let anyone make that robot re-handshake (UNKNOWN_SESSION) or give up (IDENTITY_MISMATCH)
+    b = client(router, "robot-b")
+    try:
+        b.open()
+        for body in (dict(session_id="not-a-session"), dict(sign=False), dict(auth="0" * 32)):
+            seq = b.send(np.ones(S), **body)
+            assert b.wait_for(lambda h, m, s=seq: h.seq_id == s, timeout=1.0) is None, body
+        assert (server.metrics.get_latest("security_denials", reason="foreign_session") or 0) >= 1
+        assert (server.metrics.get_latest("security_denials", reason="bad_auth") or 0) >= 2
+        seq = b.send(np.ones(S))
+        assert b.chunk_for(seq, timeout=10) is not None
+    finally:
         b.close()
 
 
@@ -133,7 +149,7 @@ def test_capacity_rejection_names_the_load(ckpt, router, tmp_path):
         assert isinstance(a.open(), SessionAck)
         err = b.open()
         assert isinstance(err, Error) and err.code == ErrorCode.CAPACITY and err.details["load"] == 1.0
-        assert isinstance(a.open(), SessionAck)  # a re-handshake replaces the client's own session
+        assert isinstance(a.reopen(), SessionAck)  # a re-handshake replaces the client's own session
     finally:
         a.close()
         b.close()
@@ -203,7 +219,7 @@ HOSTILE = st.one_of(
 @given(bodies=st.lists(HOSTILE, min_size=1, max_size=5), bad_header=st.booleans())
 def test_hostile_messages_from_one_client_leave_other_sessions_unaffected(shared_server, bodies, bad_header):
     srv, good, evil = shared_server
-    errors_before = _count(srv, "observation_errors")
+    errors_before = _count(srv, "observation_errors") + _count(srv, "security_denials")
     for body in bodies:
         evil.send(None, raw_body=body, raw_header=b"\x01\x02" if bad_header else None)
     seq = good.send(np.ones(S))
@@ -211,9 +227,10 @@ def test_hostile_messages_from_one_client_leave_other_sessions_unaffected(shared
     assert got is not None, "a good client must still be served"
     assert np.isfinite(got[1].chunk_robot).all()
     deadline = time.monotonic() + 5
-    while _count(srv, "observation_errors") < errors_before + len(bodies) and time.monotonic() < deadline:
+    refused = lambda: _count(srv, "observation_errors") + _count(srv, "security_denials")  # noqa: E731
+    while refused() < errors_before + len(bodies) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _count(srv, "observation_errors") >= errors_before + len(bodies)
+    assert refused() >= errors_before + len(bodies)
 
 
 def _count(srv, name) -> float:

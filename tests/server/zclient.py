@@ -11,6 +11,7 @@ import numpy as np
 from wire import (
     Header, MsgType, Observation, ReplicaKeys, SCHEMA_VERSION, SessionOpen, decode_message, unpack_header,
 )
+from wire import auth as wauth
 from wire.messages import Reset
 from wire.qos import declare_publisher
 from wire.transport import open_session
@@ -52,23 +53,34 @@ class RawClient:
         replies = list(self.z.get(self.rk.status, timeout=3.0))
         return decode_message(replies[0].ok.payload.to_bytes())
 
-    def open(self, **kw):
+    def open(self, key: str | None = None, **kw):
+        """Open on the client's own `session` key (or `key`)."""
         body = dict(client_uuid=self.uuid, schema_version=SCHEMA_VERSION, fps=30.0, action_names=["x", "y", "grip"],
                     state_dim=4, task=self.task, rtc_enabled=True)
         body.update(kw)
-        reply = self.query(self.rk.session, SessionOpen(**body))
+        reply = self.query(key or self.keys.session, SessionOpen(**body))
         if getattr(reply, "session_id", None):
             self.session_id = reply.session_id
             self.ack = reply
         return reply
 
+    def reopen(self, **kw):
+        """A re-handshake that proves it owned the current session (previous_auth)."""
+        prev = self.ack
+        return self.open(previous_session_id=prev.session_id,
+                         previous_auth=wauth.reopen_tag(prev.session_key, prev.session_id, self.uuid), **kw)
+
     def send(self, state, seq=None, episode=0, epoch=0, session_id=None, raw_body: bytes | None = None,
-             raw_header: bytes | None = None, **kw) -> int:
+             raw_header: bytes | None = None, sign: bool = True, **kw) -> int:
+        """Publish an observation; signed with this client's session key unless `sign` is False."""
         self.seq = seq if seq is not None else self.seq + 1
-        if raw_body is None:
-            raw_body = Observation(session_id or self.session_id, np.asarray(state, np.float32), **kw).encode()
         header = raw_header if raw_header is not None else Header(
             SCHEMA_VERSION, MsgType.OBS, self.seq, episode, time.monotonic_ns(), epoch).pack()
+        if raw_body is None:
+            sid = session_id or self.session_id
+            if sign and self.ack is not None and self.ack.session_key and "auth" not in kw:
+                kw["auth"] = wauth.obs_tag(self.ack.session_key, sid, header)
+            raw_body = Observation(sid, np.asarray(state, np.float32), **kw).encode()
         self.pub.put(raw_body, attachment=header)
         return self.seq
 
@@ -89,8 +101,12 @@ class RawClient:
     def chunk_for(self, seq, timeout=5.0):
         return self.wait_for(lambda h, m: h.seq_id == seq and h.msg_type == MsgType.CHUNK, timeout)
 
-    def reset(self, episode_id: int):
-        return self.query(self.keys.reset, Reset(self.session_id, episode_id), timeout=2.0)
+    def reset(self, episode_id: int, session_id: str | None = None, sign: bool = True):
+        sid = session_id or self.session_id
+        tag = None
+        if sign and self.ack is not None and self.ack.session_key:
+            tag = wauth.reset_tag(self.ack.session_key, sid, episode_id)
+        return self.query(self.keys.reset, Reset(sid, episode_id, auth=tag), timeout=2.0)
 
     def close(self):
         for d in (self.token, self.sub, self.pub):

@@ -1,0 +1,154 @@
+"""A throw-away PKI for bench runs and tests: one CA, a certificate per robot, replica and router.
+
+    ca.pem ──signs──► router.pem     (CN router, SAN 127.0.0.1 + localhost: robots verify the name)
+                 ├──► server-<replica>.pem   (CN server-<replica>)
+                 └──► robot-<uuid>.pem       (CN = the robot's client uuid: the router's access rules key on it)
+
+Files land in one directory (the run directory's `pki/`), keys with mode 0600 and the directory
+0700. Real fleets bring their own CA and certificates (docs/security.md says how); nothing here is
+needed on a robot: the edge only reads the three files it is given.
+
+Invariant: a certificate's common name is exactly the identity the access rules name (the client
+uuid, `server-<replica>`, `router`), and every certificate is signed by `ca.pem` of the same
+directory unless it was issued by another `Pki` on purpose (the foreign-CA intruder).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ROUTER_CN = "router"
+
+
+def server_cn(replica_id: str) -> str:
+    return f"server-{replica_id}"
+
+
+@dataclass(frozen=True)
+class Issued:
+    """The three files a Zenoh TLS side needs (wire.transport.TlsFiles takes them as is)."""
+
+    ca: str
+    cert: str
+    key: str
+
+
+class Pki:
+    """A CA in `directory` (created on first use, reused afterwards) that issues leaf certificates."""
+
+    def __init__(self, directory: str | Path, ca_name: str = "fleet-bench-ca", days: int = 30):
+        try:
+            from cryptography import x509  # noqa: F401
+        except ImportError as exc:  # the edge's plain install does not need it; the bench does
+            raise RuntimeError("the PKI helper needs the `cryptography` package: pip install -e .[sim]") from exc
+        self.dir = Path(directory)
+        self.ca_name = ca_name
+        self.days = days
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        self.ca_cert_path = self.dir / "ca.pem"
+        self.ca_key_path = self.dir / "ca.key"
+        if not self.ca_cert_path.exists():
+            self._make_ca()
+
+    # -- the CA -----------------------------------------------------------------------------------
+    def _make_ca(self) -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, self.ca_name)])
+        now = _now()
+        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+                .not_valid_after(now + dt.timedelta(days=self.days))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                             content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                             key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+                .sign(key, hashes.SHA256()))
+        _write_key(self.ca_key_path, key)
+        _write_public(self.ca_cert_path, cert)
+
+    def _ca(self):
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+
+        cert = x509.load_pem_x509_certificate(self.ca_cert_path.read_bytes())
+        key = serialization.load_pem_private_key(self.ca_key_path.read_bytes(), password=None)
+        return cert, key
+
+    # -- leaves -----------------------------------------------------------------------------------
+    def issue(self, common_name: str, *, server: bool = False, file_stem: str | None = None,
+              not_before: dt.datetime | None = None, not_after: dt.datetime | None = None) -> Issued:
+        """A certificate + key for `common_name`; `server` adds the 127.0.0.1/localhost names a router needs.
+        `not_before`/`not_after` exist for tests (an expired certificate)."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        ca_cert, ca_key = self._ca()
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = _now()
+        b = (x509.CertificateBuilder()
+             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+             .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(not_before or now - dt.timedelta(minutes=5))
+             .not_valid_after(not_after or now + dt.timedelta(days=self.days))
+             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]),
+                            critical=False)
+             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False))
+        names: list = [x509.DNSName(common_name if _dns_safe(common_name) else "leaf.invalid")]
+        if server:
+            names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        cert = b.sign(ca_key, hashes.SHA256())
+        stem = file_stem or common_name
+        cert_path, key_path = self.dir / f"{stem}.pem", self.dir / f"{stem}.key"
+        _write_key(key_path, key)
+        _write_public(cert_path, cert)
+        return Issued(str(self.ca_cert_path), str(cert_path), str(key_path))
+
+    def router(self) -> Issued:
+        return self.issue(ROUTER_CN, server=True)
+
+    def server(self, replica_id: str) -> Issued:
+        return self.issue(server_cn(replica_id))
+
+    def robot(self, client_uuid: str) -> Issued:
+        return self.issue(client_uuid, file_stem=f"robot-{client_uuid}")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _dns_safe(name: str) -> bool:
+    return all(c.isalnum() or c in "-." for c in name) and not name.startswith(("-", "."))
+
+
+def _write_key(path: Path, key) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never world-readable, not even briefly
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
+
+
+def _write_public(path: Path, cert) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    os.chmod(path, 0o644)
