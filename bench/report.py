@@ -132,6 +132,7 @@ def summary_dict(o: RunOutcome) -> dict:
         "faults": o.meta.get("faults", []),
         "security": o.meta.get("security", {}),
         "chaos_proxy": o.meta.get("chaos_proxy", {}),
+        "parity": o.meta.get("parity", {}),
         "processes": o.meta.get("processes", []),
         "host": {"cores": o.meta.get("cores"), "python": platform.python_version(), "machine": platform.machine(),
                  "loop_priority": o.meta.get("loop_priority", [])},

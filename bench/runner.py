@@ -652,6 +652,8 @@ class Run:
             "security": {"mode": self.s.security, "attacks": [
                 {k: a.get(k) for k in ("attacker", "attack", "attempts", "outcome", "evidence")}
                 for a in (getattr(data, "attacks", None) or [])]} if (self.s.security != "tcp" or self.s.attackers) else {},
+            # shadow groups: per robot, the comparison counts and the first mismatch, in words
+            "parity": {str(r): c for r, c in sorted((data.parity if data is not None else {}).items())},
             "chaos_proxy": {"real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
                             "stand_ins": getattr(self, "network_stand_ins", {})},
         }
