@@ -192,6 +192,9 @@ class Run:
         # the scenario as run: after --set overrides and the sweep value, as plain YAML
         (self.run_dir / "scenario.yaml").write_text(yaml.safe_dump(_plain(self.s.raw), sort_keys=False))
         error, interrupted = None, False
+        from bench.hostcpu import speed_probe_ms
+
+        self.speed_probe = {"before_ms": round(speed_probe_ms(), 1)}
         prog = Progress(self._snapshot, enabled=self.progress_enabled)
         try:
             self.start_processes()
@@ -206,6 +209,7 @@ class Run:
         finally:
             prog.stop()
             self.shutdown()
+        self.speed_probe["after_ms"] = round(speed_probe_ms(), 1)
         outcome = self.judge(error)
         outcome.meta["interrupted"] = interrupted
         if isinstance(error, str) and error.startswith("environment:"):
@@ -649,6 +653,7 @@ class Run:
             "processes": [{"name": n, "log": str(p.relative_to(self.run_dir))} for n, p in self._logs()],
             "kill_report": getattr(self, "kill_report", []),
             "loop_priority": sorted({str(d.get("loop_priority", "normal")) for d in self.state.done.values()}),
+            "speed_probe_ms": getattr(self, "speed_probe", {}),
             "security": {"mode": self.s.security, "attacks": [
                 {k: a.get(k) for k in ("attacker", "attack", "attempts", "outcome", "evidence")}
                 for a in (getattr(data, "attacks", None) or [])]} if (self.s.security != "tcp" or self.s.attackers) else {},

@@ -84,6 +84,7 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert summary["robots"] == 4 and summary["ticks"] > 1000
     # every shard reported how its control loop ran (SCHED_FIFO where the host permits it)
     assert summary["host"]["loop_priority"] and set(summary["host"]["loop_priority"]) <= {"SCHED_FIFO 10", "nice -10", "normal"}
+    assert summary["host"]["speed_probe_ms"]["before_ms"] > 0 and summary["host"]["speed_probe_ms"]["after_ms"] > 0
     assert summary["figures"]["rtt_ms"]["count"] > 10
     assert [f["target"] for f in summary["faults"]] == ["site:lab"]
     cases = ET.parse(run / "junit.xml").getroot().find("testsuite").findall("testcase")
