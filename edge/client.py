@@ -477,27 +477,26 @@ class Model:
     def _undeclare(self) -> None:
         self._gen += 1
         for d in reversed(self._decl):
-            try:
-                d.undeclare()
-            except Exception:
-                pass
+            _undeclare_quietly(d)
         self._decl.clear()
-        if self._pub is not None:
-            try:
-                self._pub.undeclare()
-            except Exception:
-                pass
-            self._pub = None
+        _undeclare_quietly(self._pub)
+        self._pub = None
         self.ack = None
 
     def close(self) -> None:
         self._undeclare()
-        if self._watch is not None:
-            try:
-                self._watch.undeclare()
-            except Exception:
-                pass
-            self._watch = None
+        _undeclare_quietly(self._watch)
+        self._watch = None
+
+
+def _undeclare_quietly(entity) -> None:
+    """Undeclare a Zenoh entity; one whose session is already gone (router restart, close) is not an error."""
+    if entity is None:
+        return
+    try:
+        entity.undeclare()
+    except Exception:
+        pass
 
 
 def camera_shapes(cameras: dict[str, list[int]] | list[str] | tuple | None) -> dict[str, list[int]]:
