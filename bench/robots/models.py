@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
 
 if TYPE_CHECKING:
     from bench.robots.core import RobotType
@@ -56,6 +57,17 @@ def substeps_for(fps: float, nominal_physics_dt: float, max_physics_dt: float | 
     return n, 1.0 / (fps * n)
 
 
+def can_collide(model: mujoco.MjModel) -> bool:
+    """Whether any contact can ever be generated: an explicit <pair>, or two geoms whose contype and
+    conaffinity bits match (MuJoCo's own filter: (ct1 & ca2) | (ct2 & ca1)), a geom with itself aside."""
+    if model.npair > 0:
+        return True
+    ct, ca = model.geom_contype.astype(int), model.geom_conaffinity.astype(int)
+    match = (ct[:, None] & ca[None, :]) | (ct[None, :] & ca[:, None])
+    np.fill_diagonal(match, 0)
+    return bool(match.any())
+
+
 def shared_model(robot_type: type[RobotType], physics_dt: float) -> mujoco.MjModel:
     """The one MjModel for `robot_type` at `physics_dt`, compiled on first use."""
     key = (robot_type.name, round(physics_dt, 12))
@@ -72,6 +84,11 @@ def shared_model(robot_type: type[RobotType], physics_dt: float) -> mujoco.MjMod
             spec.visual.global_.offwidth = max(spec.visual.global_.offwidth, MAX_RENDER_WIDTH)
             spec.visual.quality.offsamples = RENDER_SAMPLES
             model = spec.compile()
+            if not can_collide(model):
+                # Every geom pair is filtered out by its contype/conaffinity bits (Reacher-v5's MJCF
+                # sets contype 0 everywhere), yet mj_collision still runs its broad phase at every
+                # RK4 stage: a third of the reacher's step. Skipping it cannot change a state.
+                model.opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_CONTACT
             _MODELS[key] = model
     return model
 

@@ -234,3 +234,29 @@ def test_reacher_at_30_hz_takes_two_rk4_substeps_that_track_like_the_mjcf_step(m
     fine_n, fine = run()
     assert (coarse_n, fine_n) == (2, 3)
     np.testing.assert_allclose(coarse, fine, atol=5e-5)
+
+
+def test_a_model_whose_geoms_cannot_collide_skips_collision_with_identical_states():
+    """Reacher-v5's MJCF gives every geom contype 0: no contact can ever arise, so the shared model
+    disables the collision pass (a third of its step). The states must not change by one bit. The arm's
+    MJCF has no colliding geoms either; the base's chassis meets the walls and keeps the pass."""
+    import mujoco
+
+    from bench.robots.models import can_collide
+
+    batch = RobotBatch("reacher", 3, seed=11, fps=30)
+    assert not can_collide(batch.model)
+    assert batch.model.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_CONTACT
+    rng = np.random.default_rng(2)
+    actions = rng.uniform(-1, 1, (60, 3, 2))
+    skipped = [batch.step(a).copy() for a in actions]
+    batch.model.opt.disableflags &= ~int(mujoco.mjtDisableBit.mjDSBL_CONTACT)
+    try:
+        batch.reset(seed=11)
+        full = [batch.step(a).copy() for a in actions]
+    finally:
+        batch.model.opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_CONTACT
+    np.testing.assert_array_equal(np.array(skipped), np.array(full))
+    arm, base = RobotBatch("arm", 1, seed=0).model, RobotBatch("base", 1, seed=0).model
+    assert not can_collide(arm) and arm.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_CONTACT
+    assert can_collide(base) and not base.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_CONTACT
