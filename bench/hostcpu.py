@@ -38,8 +38,8 @@ def _children_map() -> dict[int, list[int]]:
     return kids
 
 
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime (seconds) of a process, including its reaped children."""
+def proc_cpu_s(pid: int, children: bool = True) -> float:
+    """utime + stime (seconds) of a process, with its reaped children's unless `children` is False."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             s = f.read()
@@ -47,7 +47,7 @@ def proc_cpu_s(pid: int) -> float:
         return 0.0
     fields = s[s.rindex(")") + 2:].split()
     utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
-    return (utime + stime + cutime + cstime) / _CLK
+    return (utime + stime + ((cutime + cstime) if children else 0)) / _CLK
 
 
 def tree_cpu_s(pid: int, kids: dict[int, list[int]] | None = None) -> float:
@@ -75,11 +75,14 @@ class CpuSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._last: dict[str, float] = {}
+        self._pid_of: dict[str, int] = {}
         self._last_host: tuple[int, int] | None = None
         self._last_t: float | None = None
         self.cores = os.cpu_count() or 1
 
-    def track(self, name: str, pid: int | None) -> None:
+    def track(self, name: str, pid) -> None:
+        """`pid`: a process id, or a callable returning the current one (a replica the fault timeline
+        restarts gets a new pid under the same name)."""
         if pid:
             self.pids[name] = pid
 
@@ -98,14 +101,24 @@ class CpuSampler:
         now = self.clock()
         busy, total = host_jiffies()
         kids = _children_map()
-        cur = {name: tree_cpu_s(pid, kids) for name, pid in list(self.pids.items())}
-        cur["runner"] = proc_cpu_s(os.getpid())
+        cur, last = {}, dict(self._last)
+        for name, pid in list(self.pids.items()):
+            pid = pid() if callable(pid) else pid
+            if not pid:
+                continue
+            if self._pid_of.get(name, pid) != pid:
+                last[name] = 0.0  # restarted: everything the new process used is new
+            self._pid_of[name] = pid
+            cur[name] = tree_cpu_s(pid, kids)
+        # the runner's own threads only: a process it reaps (a replica killed by a fault) adds its whole
+        # lifetime to the runner's cutime, which is not the runner's work
+        cur["runner"] = proc_cpu_s(os.getpid(), children=False)
         out = None
         if self._last_t is not None and now > self._last_t:
             dt = now - self._last_t
             db, dt_j = busy - self._last_host[0], total - self._last_host[1]
             host_pct = 100.0 * db / dt_j if dt_j > 0 else 0.0
-            procs = {n: max(0.0, 100.0 * (v - self._last.get(n, v)) / dt) for n, v in cur.items()}
+            procs = {n: max(0.0, 100.0 * (v - last.get(n, v)) / dt) for n, v in cur.items()}
             out = {"t": now - self.t0, "host_percent": host_pct, "processes": procs}
             self.samples.append(out)
         self._last, self._last_host, self._last_t = cur, (busy, total), now

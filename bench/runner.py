@@ -425,7 +425,7 @@ class Run:
         if errors:
             raise RuntimeError("a server replica did not start:\n" + "\n".join(errors))
         for rid, info in self.servers.items():
-            self.cpu.track(f"server:{rid}", info["child"].pid)
+            self.cpu.track(f"server:{rid}", lambda c=info["child"]: c.pid)  # a restart changes the pid
 
     def shard_specs(self) -> list[dict]:
         """Deal robots round-robin over the shards (each group spread over all shards)."""

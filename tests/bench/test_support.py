@@ -65,6 +65,27 @@ def test_cpu_sampler_attributes_a_busy_process():
     assert split["split"]["me"] > 50
 
 
+def test_cpu_sampler_follows_a_restarted_process_and_keeps_reaped_children_out_of_the_runner():
+    import subprocess
+    import sys
+
+    busy = [sys.executable, "-c", "import time\nend = time.monotonic() + 0.4\nwhile time.monotonic() < end: pass"]
+    current = {"pid": None}
+    s = CpuSampler(period_s=10)
+    s.track("server:r1", lambda: current["pid"])
+    first = subprocess.Popen(busy)
+    current["pid"] = first.pid
+    s.sample()
+    first.wait()  # reaped by this process, the "runner": its CPU must not show up as the runner's
+    second = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)\n" + busy[2]])
+    current["pid"] = second.pid  # the replica came back under a new pid
+    time.sleep(0.5)
+    out = s.sample()
+    second.wait()
+    assert out["processes"]["runner"] < 40, out  # the first child burnt ~0.4 s of a ~0.5 s window
+    assert out["processes"]["server:r1"] > 20, out  # the new process is followed from its start
+
+
 def test_progress_line_shows_states_and_figures():
     line = format_status(12.0, 60, "run", {"states": {"STREAMING": 290, "STALLED": 10}, "ticks": 1000, "none_ticks": 10,
                                           "late_ticks": 1, "host_late_ticks": 2, "rtt_p50_ms": 60.0, "rtt_p99_ms": 140.0},
