@@ -64,9 +64,23 @@ class ObservationEncoder(nn.Module):
         return self.head(torch.nn.functional.silu(torch.cat(parts, dim=-1)))
 
 
+_FREQS: dict[tuple[int, str], Tensor] = {}
+
+
+def _time_freqs(half: int, device: torch.device) -> Tensor:
+    """The embedding's frequencies, computed once per (size, device): every Euler step of every request
+    asked for the same arange/exp again (a sixth of a guided step's time)."""
+    key = (half, str(device))
+    freqs = _FREQS.get(key)
+    if freqs is None:
+        with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable under autograd too
+            freqs = torch.exp(torch.arange(half, device=device, dtype=torch.float32) * (-math.log(1000.0) / max(half - 1, 1)))
+        _FREQS[key] = freqs
+    return freqs
+
+
 def time_embedding(t: Tensor, dim: int) -> Tensor:
     """Sinusoidal features of the flow time t in [0, 1]: (B,) -> (B, dim)."""
-    half = dim // 2
-    freqs = torch.exp(torch.arange(half, device=t.device, dtype=torch.float32) * (-math.log(1000.0) / max(half - 1, 1)))
+    freqs = _time_freqs(dim // 2, t.device)
     angles = t.float()[:, None] * 1000.0 * freqs[None, :]
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1).to(t.dtype)
