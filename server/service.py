@@ -234,7 +234,10 @@ class PolicyServer:
     def _on_status(self, query) -> None:
         try:
             st = make_status(self.info, self._active(), self.ready, self.warmed_up, self.draining)
-            query.reply(query.key_expr, st.encode(), attachment=Header(1, MsgType.CONTROL).pack())
+            # On this replica's own key, never the query's: discovery asks `<model>/<rev>/*/status`, and
+            # replies that all carry that one wildcard key are consolidated into ONE by the querier's get
+            # (every robot of the headline saw a single replica and herded onto it).
+            query.reply(self.keys.status, st.encode(), attachment=Header(1, MsgType.CONTROL).pack())
         except Exception:
             log.exception("status reply failed")
 

@@ -188,3 +188,26 @@ def test_the_latency_budget_travels_in_the_session_open(router, responders):
     with Connection(router, "robot-1", "test") as conn:
         m = open_model(conn, latency_budget_ms=35.0)
         assert r0.sessions[m.ack.session_id]["latency_budget_ms"] == 35.0
+
+
+def test_discovery_spreads_a_herd_by_free_capacity():
+    """Robots reading the same Status at once must not all pick one replica: with equal loads each
+    replica comes first about equally often; a fuller replica comes first in proportion to its room;
+    a full one comes last."""
+    import random
+
+    from edge.client import spread_key
+
+    rng = random.Random(3)
+
+    def first(loads: dict[str, float], n: int = 6000) -> dict[str, float]:
+        wins = {r: 0 for r in loads}
+        for _ in range(n):
+            wins[max(loads, key=lambda r: spread_key(loads[r], rng))] += 1
+        return {r: w / n for r, w in wins.items()}
+
+    even = first({"r0": 0.0, "r1": 0.0, "r2": 0.0})
+    assert all(abs(share - 1 / 3) < 0.03 for share in even.values()), even
+    skewed = first({"r0": 0.5, "r1": 0.0})  # weights 0.5 : 1 -> first 1/3 : 2/3
+    assert abs(skewed["r1"] - 2 / 3) < 0.03, skewed
+    assert first({"r0": 1.0, "r1": 0.9})["r1"] == 1.0

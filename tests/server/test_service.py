@@ -447,3 +447,26 @@ def test_a_chunk_stateful_policy_is_served_exclusively_and_reset_per_episode(rou
     finally:
         second.close()
         srv.stop()
+
+
+def test_discovery_sees_every_replica_of_a_model(ckpt, router, tmp_path):
+    """Each replica answers the discovery wildcard on its own status key: replies that all carried the
+    query's wildcard key were consolidated into one by the querier, so every robot saw one replica."""
+    from edge.client import Connection
+
+    servers = [PolicyServer(manifest(ckpt, router, tmp_path / rid, replica_id=rid,
+                                     audit_path=str(tmp_path / f"audit-{rid}.jsonl"))).start() for rid in ("r0", "r1", "r2")]
+    conn = Connection([router], "robot-discovery")
+    try:
+        model = conn.model("arm", "main", open=False, action_names=["x", "y", "grip"], state_dim=S)
+        deadline = time.monotonic() + 10
+        seen: list[str] = []
+        while time.monotonic() < deadline:  # replicas' queryables reach the router one by one
+            seen = sorted(st.replica_id for st in model.discover())
+            if len(seen) == 3:
+                break
+        assert seen == ["r0", "r1", "r2"]
+    finally:
+        conn.close()
+        for srv in servers:
+            srv.stop()
