@@ -46,14 +46,17 @@ def substeps_for(fps: float, nominal_physics_dt: float, max_physics_dt: float | 
     """(n_substeps, physics_dt) so that n_substeps * physics_dt is exactly one control tick.
 
     The physics step is nudged off the nominal value instead of letting the control period drift:
-    a 30 Hz robot must take exactly 1/30 s of simulated time per tick. With `max_physics_dt`, the
-    fewest substeps whose step does not exceed it (a coarser step the integrator is known to take).
+    a 30 Hz robot must take exactly 1/30 s of simulated time per tick. With `max_physics_dt`: where a
+    tick is a whole number of nominal steps, exactly those (the MJCF's own stepping, e.g. Reacher-v5's
+    2 x 10 ms at 50 Hz); otherwise the fewest substeps whose step does not exceed it (a coarser step the
+    integrator is known to take).
     """
     if fps <= 0:
         raise ValueError(f"fps must be positive, got {fps}")
-    if max_physics_dt:
+    nominal_n = 1.0 / (fps * nominal_physics_dt)
+    if max_physics_dt and abs(nominal_n - round(nominal_n)) > 1e-9:
         return (n := max(1, math.ceil(1.0 / (fps * max_physics_dt) - 1e-9))), 1.0 / (fps * n)
-    n = max(1, round(1.0 / (fps * nominal_physics_dt)))
+    n = max(1, round(nominal_n))
     return n, 1.0 / (fps * n)
 
 
