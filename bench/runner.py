@@ -49,6 +49,17 @@ SHARD_READY_TIMEOUT_S = 60.0
 SHARD_DONE_TIMEOUT_S = 30.0
 
 
+def cpu_table(samples: list[dict]):
+    """The CPU samples as columns `t`, `host_percent` and `cpu:<process>` (percent of one core) for every
+    process ever sampled: one not yet started or already gone is null in that row (`from_pylist` would
+    keep the first row's processes only, and the first samples precede the servers and shards)."""
+    import pyarrow as pa
+
+    names = list(dict.fromkeys(k for s in samples for k in s["processes"]))
+    return pa.table({"t": [s["t"] for s in samples], "host_percent": [s["host_percent"] for s in samples],
+                     **{f"cpu:{k}": pa.array([s["processes"].get(k) for s in samples], pa.float64()) for k in names}})
+
+
 class EnvironmentInvalid(RuntimeError):
     """The machine or the checkout cannot run this scenario (missing package, checkpoint...)."""
 
@@ -696,9 +707,7 @@ class Run:
         if self.server_samples:
             pq.write_table(pa.Table.from_pylist(self.server_samples), self.run_dir / "server_metrics.parquet")
         if self.cpu.samples:
-            rows = [{"t": s["t"], "host_percent": s["host_percent"], **{f"cpu:{k}": v for k, v in s["processes"].items()}}
-                    for s in self.cpu.samples]
-            pq.write_table(pa.Table.from_pylist(rows), self.run_dir / "cpu.parquet")
+            pq.write_table(cpu_table(self.cpu.samples), self.run_dir / "cpu.parquet")
         for p in self.rec_dir.glob("*.arrow"):
             p.unlink()  # merged into the parquet files above
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -62,12 +63,13 @@ def _serve(args) -> int:
         return 2
     if args.log_level is None:  # the flag overrides the manifest, as every CLI flag does
         logging.getLogger().setLevel(getattr(logging, str(manifest.log_level).upper(), logging.INFO))
-    try:
-        import torch
+    threads = max(1, int(getattr(manifest, "torch_threads", 1) or 1))
+    # Before torch loads OpenMP: the default team size of every thread the process will start (each dispatch
+    # loop sets its own again, server.runtime.set_torch_threads, for a torch that was already imported).
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    from server.runtime import set_torch_threads
 
-        torch.set_num_threads(max(1, int(getattr(manifest, "torch_threads", 1) or 1)))
-    except Exception:
-        pass
+    set_torch_threads(threads)
     from server.policies.base import PolicyError
     from server.process import ServerProcess
 

@@ -35,6 +35,15 @@ from server.processors import Pipeline, ProcessorError, make_session_pipeline, p
 log = logging.getLogger(__name__)
 
 
+def set_torch_threads(n: int) -> None:
+    """Give the CALLING thread `n` intra-op threads (OpenMP and MKL). Both keep the count per thread: a
+    thread the process starts later (a dispatch loop) begins with OpenMP's default, one per core, and its
+    first large op spawns a helper team that spin-waits between the policy's many small ops. Seen on the
+    2-core host: one replica in two or three, at random, burned 2-3x the CPU of its siblings for the same
+    batches (52 % of its samples in libgomp). Call it at the start of every thread that runs a forward."""
+    torch.set_num_threads(max(1, int(n)))
+
+
 @dataclass
 class EmulatedLatency:
     """Accelerator time added to every forward pass (reported as emulated wherever it shows)."""

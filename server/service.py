@@ -45,7 +45,7 @@ from server.audit import AuditLog
 from server.guard import Guard, peek_identity
 from server.health import HealthServer
 from server.metrics import Metrics
-from server.runtime import EmulatedLatency, InferItem, ModelRuntime
+from server.runtime import EmulatedLatency, InferItem, ModelRuntime, set_torch_threads
 from server.sessions import ReplicaInfo, Session, SessionRegistry, make_ack, make_status, validate_open
 
 log = logging.getLogger("policy_server")
@@ -484,6 +484,7 @@ class PolicyServer:
     # --- data plane: dispatch ----------------------------------------------------------------------
 
     def _dispatch_loop(self) -> None:
+        set_torch_threads(_get(self.m, "torch_threads", 1) or 1)  # per thread: see server.runtime.set_torch_threads
         while not self.stopped.is_set():
             batch = self.mailbox.take(self.max_batch, 0.25)
             if batch.closed:

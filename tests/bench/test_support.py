@@ -86,6 +86,19 @@ def test_cpu_sampler_follows_a_restarted_process_and_keeps_reaped_children_out_o
     assert out["processes"]["server:r1"] > 20, out  # the new process is followed from its start
 
 
+def test_cpu_table_keeps_every_process_ever_sampled():
+    from bench.runner import cpu_table
+
+    samples = [{"t": -1.0, "host_percent": 10.0, "processes": {"router": 1.0}},
+               {"t": 0.0, "host_percent": 90.0, "processes": {"router": 2.0, "server-r0": 40.0, "shard-0": 30.0}},
+               {"t": 1.0, "host_percent": 80.0, "processes": {"server-r0": 35.0, "shard-0": 31.0}}]
+    t = cpu_table(samples).to_pydict()
+    assert t["t"] == [-1.0, 0.0, 1.0] and t["host_percent"] == [10.0, 90.0, 80.0]
+    assert t["cpu:server-r0"] == [None, 40.0, 35.0]  # started after the first sample: still a column
+    assert t["cpu:shard-0"] == [None, 30.0, 31.0]
+    assert t["cpu:router"] == [1.0, 2.0, None]
+
+
 def test_progress_line_shows_states_and_figures():
     line = format_status(12.0, 60, "run", {"states": {"STREAMING": 290, "STALLED": 10}, "ticks": 1000, "none_ticks": 10,
                                           "late_ticks": 1, "host_late_ticks": 2, "rtt_p50_ms": 60.0, "rtt_p99_ms": 140.0},

@@ -120,3 +120,40 @@ def test_local_predictor_matches_the_server_path(tmp_path):
     model, robot = lp.predict_action_chunk({"state": st}, 2, prefix)
     ref = rt.infer([InferItem(rt.new_pipeline(), st, {}, 2, prefix, None, rtc=True)])[0]
     assert model.tobytes() == ref.chunk_model.tobytes() and robot.tobytes() == ref.chunk_robot.tobytes()
+
+
+def _omp_team_size_in_new_thread(setup=None) -> int:
+    """OpenMP's team size (nthreads-var) as a thread the process starts after import sees it."""
+    import ctypes
+    import threading
+
+    libs = {line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line}
+    if not libs:
+        pytest.skip("this torch does not use libgomp")
+    omp = ctypes.CDLL(sorted(libs)[0])
+    got = []
+
+    def run():
+        if setup is not None:
+            setup()
+        got.append(omp.omp_get_max_threads())
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return got[0]
+
+
+def test_set_torch_threads_sets_the_calling_threads_openmp_team():
+    """A dispatch thread does not inherit the main thread's torch.set_num_threads: OpenMP keeps the team size
+    per thread, so a new thread starts with the default (one per core unless OMP_NUM_THREADS says otherwise)."""
+    import os
+
+    from server.runtime import set_torch_threads
+
+    torch.set_num_threads(1)  # in this (the main) thread only
+    default = _omp_team_size_in_new_thread()
+    if os.cpu_count() > 1 and "OMP_NUM_THREADS" not in os.environ:
+        assert default == os.cpu_count()  # the hazard: the new thread's first large op spawns a spinning team
+    assert _omp_team_size_in_new_thread(lambda: set_torch_threads(1)) == 1
+    assert _omp_team_size_in_new_thread(lambda: set_torch_threads(3)) == 3

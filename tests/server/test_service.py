@@ -470,3 +470,25 @@ def test_discovery_sees_every_replica_of_a_model(ckpt, router, tmp_path):
         conn.close()
         for srv in servers:
             srv.stop()
+
+
+def test_every_dispatch_loop_sets_its_own_torch_threads(ckpt, router, tmp_path, monkeypatch):
+    """OpenMP keeps the team size per thread: the loop that runs the forward passes must set it itself."""
+    import threading
+
+    import server.service as service
+
+    calls = []
+    real = service.set_torch_threads
+    monkeypatch.setattr(service, "set_torch_threads", lambda n: (calls.append((threading.current_thread().name, n)),
+                                                                 real(n)))
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, torch_threads=1,
+                                models={"default_max_inflight": 2})).start()
+    c = client(router, "robot-1")
+    try:
+        c.open()
+        assert c.chunk_for(c.send(np.ones(S)), timeout=10) is not None
+        assert sorted(calls) == [("dispatch-arm-0", 1), ("dispatch-arm-1", 1)]
+    finally:
+        c.close()
+        srv.stop()
