@@ -33,11 +33,14 @@ EXIT_CODES = {"pass": 0, "fail": 1, "error": 2}
 BUDGET_REFERENCE = {
     "client encode": ("2-9 ms", "2-9 ms"),
     "network (up + down)": ("~4 ms", "~81 ms"),
+    "uplink (tx + 1/2 RTT)": ("~2 ms", "~54 ms"),
+    "downlink (+ 1/2 RTT)": ("~2 ms", "~27 ms"),
     "server queue wait": ("0 - 1x inference", "0 - 1x inference"),
     "inference": ("15-150 ms", "15-150 ms"),
     "total (rtt)": ("~110-175 ms", "~190-250 ms"),
 }
 BUDGET_SERIES = [("client encode", "encode_ms"), ("network (up + down)", "network_ms"),
+                 ("uplink (tx + 1/2 RTT)", "uplink_ms"), ("downlink (+ 1/2 RTT)", "downlink_ms"),
                  ("server queue wait", "queue_wait_ms"), ("inference", "inference_ms"), ("total (rtt)", "rtt_ms")]
 
 

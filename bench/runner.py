@@ -60,6 +60,31 @@ def cpu_table(samples: list[dict]):
                      **{f"cpu:{k}": pa.array([s["processes"].get(k) for s in samples], pa.float64()) for k in names}})
 
 
+def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, server_rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Each answered request's uplink and downlink, ms: `uplink_ms` from the robot stamping it (`sent_ns`, its
+    header's client_mono_ns) to the server receiving it (audit `received_mono_ms`), `downlink_ms` from the server
+    handing the chunk to Zenoh (audit `sent_mono_ms`) to the robot receiving it (`t_recv_s`, monotonic seconds).
+    Valid because every process of a run shares this host's monotonic clock (a real deployment's do not: there
+    only their sum, `network_ms`, exists). Joined on client_mono_ns; NaN where no audit line matches."""
+    known = [(int(r["client_mono_ns"]), float(r["received_mono_ms"]), float(r["sent_mono_ms"])) for r in server_rows
+             if r.get("outcome") == "ok" and r.get("client_mono_ns") and r.get("received_mono_ms") is not None
+             and r.get("sent_mono_ms") is not None]
+    up = np.full(len(sent_ns), np.nan, dtype=np.float32)
+    down = np.full(len(sent_ns), np.nan, dtype=np.float32)
+    if not known or not len(sent_ns):
+        return up, down
+    known.sort()
+    keys = np.array([k[0] for k in known], dtype=np.int64)
+    received = np.array([k[1] for k in known])
+    sent = np.array([k[2] for k in known])
+    sent_ns = np.asarray(sent_ns, dtype=np.int64)
+    at = np.clip(np.searchsorted(keys, sent_ns), 0, len(keys) - 1)
+    hit = (keys[at] == sent_ns) & (sent_ns > 0)
+    up[hit] = received[at[hit]] - sent_ns[hit] / 1e6
+    down[hit] = np.asarray(t_recv_s, dtype=float)[hit] * 1e3 - sent[at[hit]]
+    return up, down
+
+
 class EnvironmentInvalid(RuntimeError):
     """The machine or the checkout cannot run this scenario (missing package, checkpoint...)."""
 
@@ -691,17 +716,21 @@ class Run:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        server_rows = self.collect_audit()
         tables = {}
         for kind in records.SCHEMAS:
             t = records.collect(self.rec_dir, kind)
             if kind in ("ticks", "requests", "transitions") and t.num_rows:
                 t = t.sort_by([("robot", "ascending"), ("t", "ascending")])
+            if kind == "requests":
+                t_recv = t.column("t").to_numpy() + float(getattr(self.state, "t0_mono", 0.0) or 0.0)
+                up, down = hop_split(t.column("sent_ns").to_numpy(), t_recv, server_rows)
+                t = t.append_column("uplink_ms", pa.array(up)).append_column("downlink_ms", pa.array(down))
             pq.write_table(t, self.run_dir / f"{kind}.parquet")
             tables[kind] = t
         robots_tab = pa.Table.from_pylist(getattr(self, "robot_table", []) or [], schema=None) \
             if getattr(self, "robot_table", None) else pa.table({"robot": pa.array([], pa.int32())})
         pq.write_table(robots_tab, self.run_dir / "robots.parquet")
-        server_rows = self.collect_audit()
         if server_rows:
             pq.write_table(pa.Table.from_pylist(server_rows), self.run_dir / "server_requests.parquet")
         if self.server_samples:

@@ -91,6 +91,7 @@ class Result:
     t_recv: float = 0.0  # monotonic seconds
     session_id: str = ""
     error: None = None
+    sent_ns: int = 0  # the request's client_mono_ns (echoed): when it was sent, on this client's monotonic clock
 
 
 @dataclass
@@ -420,7 +421,7 @@ class Model:
             return Result(h.seq_id, h.episode_id, h.session_epoch, msg.chunk_model, msg.chunk_robot,
                           (t_ns - msg.client_mono_ns_echo) / 1e9, msg.queue_wait_ms, msg.inference_ms,
                           msg.superseded_seqs, msg.server_load, msg.rtc_applied, msg.inference_emulated, t_ns / 1e9,
-                          msg.session_id)
+                          msg.session_id, sent_ns=msg.client_mono_ns_echo)
         if isinstance(msg, DrainNotice):
             if self.replica is not None and msg.replica_id != self.replica.replica_id:
                 return None  # from the replica this client already left (it opened elsewhere meanwhile)

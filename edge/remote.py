@@ -719,7 +719,7 @@ class RemoteEngine(Engine):
         self._records.append({"t": r.t_recv, "seq": seq, "rtt_ms": rtt_ms, "queue_wait_ms": r.queue_wait_ms,
                               "inference_ms": r.inference_ms, "network_ms": rtt_ms - r.queue_wait_ms - r.inference_ms,
                               "encode_ms": encode_ms, "delay_steps": delay, "superseded": r.superseded_seqs,
-                              "outcome": "ok", "real_delay": real_delay})
+                              "outcome": "ok", "real_delay": real_delay, "sent_ns": r.sent_ns})
         if self._link in (S.DEGRADED, S.CONNECTING, S.RECONNECTING):
             self._set_state(S.STREAMING, "chunk merged")
         return "merged"

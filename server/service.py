@@ -62,6 +62,7 @@ class Pending:
     obs: Observation
     payload_bytes: int
     raw: bytes | None = None  # kept only when debug capture is on
+    received_ns: int = 0  # this server's monotonic clock when the observation reached it (audit: received_mono_ms)
 
 
 @dataclass
@@ -381,6 +382,7 @@ class PolicyServer:
         """Deposit only: decode, look up, hand to the mailbox. Any failure answers that client alone."""
         from server.scheduling import Request
 
+        received_ns = time.monotonic_ns()
         key = str(sample.key_expr)
         try:
             parsed = parse_client_key(key, self.keys.root)
@@ -449,7 +451,8 @@ class PolicyServer:
                       steps_remaining=obs.steps_remaining, cadence_s=1.0 / s.fps if s.fps > 0 else s.cadence_s,
                       latency_budget_ms=s.latency_budget_ms,
                       batch_key=self.info.model_id,
-                      payload=Pending(s, header, obs, len(raw), raw if self.capture is not None else None))
+                      payload=Pending(s, header, obs, len(raw), raw if self.capture is not None else None,
+                                      received_ns))
         res = self.mailbox.deposit(req)
         if not self._dispatch_started:
             self._start_dispatch()
@@ -603,22 +606,25 @@ class PolicyServer:
         header = Header(h.schema_version, MsgType.CHUNK, h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch)
         try:
             s.publisher.put(body, attachment=header.pack())
+            sent_ns = time.monotonic_ns()
             self.metrics.inc("chunks_sent", client=s.client_uuid)
             outcome = "ok"
         except Exception as exc:
             self.metrics.inc("send_errors", client=s.client_uuid)
-            outcome = f"send_error:{type(exc).__name__}"
+            outcome, sent_ns = f"send_error:{type(exc).__name__}", None
         self.metrics.observe("scheduling_wait_ms", wait_ms, **labels)
         self.metrics.observe("inference_latency_ms", res.inference_ms, **labels)
         self.metrics.observe("e2e_latency_ms", (time.monotonic() - req.arrived) * 1e3, **labels)
         self.metrics.observe("observation_staleness_ms", wait_ms, client=s.client_uuid)
         self._audit(s, h, wait_ms, res.inference_ms, [0, int(res.chunk_robot.shape[0])], superseded, outcome,
-                    emulated_ms=res.emulated_ms, rtc_applied=res.rtc_applied)
+                    emulated_ms=res.emulated_ms, rtc_applied=res.rtc_applied,
+                    received_mono_ms=round(p.received_ns / 1e6, 3) if p.received_ns else None,
+                    sent_mono_ms=round(sent_ns / 1e6, 3) if sent_ns else None)
         return body
 
     def _audit(self, s: Session, h: Header, wait_ms, inference_ms, chunk_range, superseded, outcome, **extra) -> None:
         self.audit.write({"session_id": s.session_id, "client_uuid": s.client_uuid, "seq_id": h.seq_id,
-                          "episode_id": h.episode_id, "queue_wait_ms": round(wait_ms, 3),
+                          "episode_id": h.episode_id, "client_mono_ns": h.client_mono_ns, "queue_wait_ms": round(wait_ms, 3),
                           "inference_ms": round(inference_ms, 3), "chunk_range": chunk_range,
                           "superseded_seqs": superseded, "outcome": outcome, "model_id": self.info.model_id,
                           "replica_id": self.info.replica_id, "checkpoint_hash": self.info.checkpoint_hash, **extra})

@@ -86,6 +86,11 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert summary["host"]["loop_priority"] and set(summary["host"]["loop_priority"]) <= {"SCHED_FIFO 10", "nice -10", "normal"}
     assert summary["host"]["speed_probe_ms"]["before_ms"] > 0 and summary["host"]["speed_probe_ms"]["after_ms"] > 0
     assert summary["figures"]["rtt_ms"]["count"] > 10
+    # the network time split at the server: each leg is real time, and the two fit inside the round trip
+    f = summary["figures"]
+    assert f["uplink_ms"]["count"] > 0.9 * f["rtt_ms"]["count"] and f["downlink_ms"]["count"] == f["uplink_ms"]["count"]
+    assert 0 < f["uplink_ms"]["p50"] and 0 < f["downlink_ms"]["p50"]
+    assert f["uplink_ms"]["p50"] + f["downlink_ms"]["p50"] <= f["network_ms"]["p50"] + 1.0
     assert [f["target"] for f in summary["faults"]] == ["site:lab"]
     cases = ET.parse(run / "junit.xml").getroot().find("testsuite").findall("testcase")
     assert len(cases) == 5

@@ -8,6 +8,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from bench import records
 from bench.control import ControlClient, ControlServer
@@ -97,6 +98,21 @@ def test_cpu_table_keeps_every_process_ever_sampled():
     assert t["cpu:server-r0"] == [None, 40.0, 35.0]  # started after the first sample: still a column
     assert t["cpu:shard-0"] == [None, 30.0, 31.0]
     assert t["cpu:router"] == [1.0, 2.0, None]
+
+
+def test_hop_split_joins_audit_lines_on_the_client_stamp():
+    from bench.runner import hop_split
+
+    rows = [{"outcome": "ok", "client_mono_ns": 1_000_000_000, "received_mono_ms": 1030.0, "sent_mono_ms": 1055.0},
+            {"outcome": "ok", "client_mono_ns": 2_000_000_000, "received_mono_ms": 2010.5, "sent_mono_ms": 2020.0},
+            {"outcome": "expired", "client_mono_ns": 3_000_000_000, "received_mono_ms": 3001.0, "sent_mono_ms": None},
+            {"outcome": "ok", "client_mono_ns": 4_000_000_000}]  # an older server: no timings
+    sent = np.array([2_000_000_000, 1_000_000_000, 3_000_000_000, 4_000_000_000, 5_000_000_000, 0], np.int64)
+    t_recv = np.array([2.05, 1.08, 3.5, 4.1, 5.1, 6.0])
+    up, down = hop_split(sent, t_recv, rows)
+    assert up[:2] == pytest.approx([10.5, 30.0]) and down[:2] == pytest.approx([30.0, 25.0], abs=1e-6)
+    assert np.isnan(up[2:]).all() and np.isnan(down[2:]).all()  # not answered, no timings, no audit line, no stamp
+    assert [len(x) for x in hop_split(sent, t_recv, [])] == [6, 6]
 
 
 def test_progress_line_shows_states_and_figures():

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from wire import ActionChunk, DrainNotice, Error, ErrorCode, Header, MsgType, ReplicaKeys, ResetAck, SessionAck
 from server.policies import PolicyConfig, make_policy, save_checkpoint
+from server.audit import read_audit
 from server.service import PolicyServer
 from tests.server.zclient import RawClient
 
@@ -92,6 +93,16 @@ def test_a_chunk_echoes_the_observation_header(server, router):
         assert chunk.seq_id_echo == seq and chunk.client_mono_ns_echo == h.client_mono_ns
         assert chunk.chunk_robot.shape == (T, A) and chunk.rtc_applied
         assert chunk.inference_ms > 0
+        # the audit line carries the client's stamp and when this server received and answered (same host here,
+        # so the three clocks are one): stamped <= received <= sent, inside the round trip
+        t_back = time.monotonic_ns()
+        deadline, line = time.monotonic() + 5, None
+        while line is None and time.monotonic() < deadline:  # written just after the chunk left: poll the file
+            line = next((a for a in read_audit(server.audit.path) if a["seq_id"] == seq and a["outcome"] == "ok"), None)
+            time.sleep(0.01)
+        assert line is not None, "no audit line for the answered request"
+        assert line["client_mono_ns"] == h.client_mono_ns
+        assert h.client_mono_ns / 1e6 <= line["received_mono_ms"] <= line["sent_mono_ms"] <= t_back / 1e6
     finally:
         c.close()
 
