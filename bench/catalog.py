@@ -31,7 +31,7 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "staleness_violations": ("scalar", "", "executed actions older than the robot's max_action_age_s"),
     "max_action_age_s": ("scalar", "s", "oldest action executed"),
     "requests": ("scalar", "", "inference requests sent by the engines"),
-    "request_errors": ("scalar", "", "requests that ended in an error or timeout"),
+    "request_errors": ("scalar", "", "requests that ended in an error or timeout (not superseded or abandoned at an episode reset)"),
     "request_error_ratio": ("scalar", "", "request_errors / requests"),
     "goodput_requests": ("scalar", "", "answered requests whose rtt met the robot's RTC latency budget H*dt/2 (execution_horizon / fps / 2)"),
     "goodput_ratio": ("scalar", "", "goodput_requests / answered requests"),

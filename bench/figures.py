@@ -208,7 +208,9 @@ def _ok_requests(s: _Scope) -> np.ndarray:
 
 
 scalar("requests")(lambda s: len(s.col(s.requests, "t")))
-scalar("request_errors")(lambda s: int(np.count_nonzero(~_ok_requests(s) & ~np.isin(s.col(s.requests, "outcome", object), ["superseded"]))))
+# not errors: a request the server superseded with a newer one, or one an episode reset stopped waiting for
+NOT_ERRORS = ["superseded", "abandoned"]
+scalar("request_errors")(lambda s: int(np.count_nonzero(~_ok_requests(s) & ~np.isin(s.col(s.requests, "outcome", object), NOT_ERRORS))))
 scalar("request_error_ratio")(lambda s: _ratio(SCALARS["request_errors"](s), SCALARS["requests"](s)))
 
 

@@ -199,6 +199,7 @@ class Model:
         self.last_seq = 0
         self._inbox: deque = deque(maxlen=INBOX_MAX)  # full: the oldest item goes, Zenoh's thread never waits
         self._cv = threading.Condition()
+        self._interrupted = False  # set by interrupt(): a waiting get_result returns None at once
         self._decl: list[Any] = []
         self._pub = None
         self._gen = 0  # callbacks of an undeclared session check it and fall silent
@@ -397,7 +398,8 @@ class Model:
             with self._cv:
                 while not self._inbox:
                     left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
+                    if self._interrupted or (left is not None and left <= 0):
+                        self._interrupted = False
                         return None
                     self._cv.wait(left)
                 t_ns, payload, att = self._inbox.popleft()
@@ -407,6 +409,13 @@ class Model:
 
     def poll(self) -> Result | Event | None:
         return self.get_result(0)
+
+    def interrupt(self) -> None:
+        """Wake the thread blocked in get_result (it returns None now, or its next wait does): its caller has
+        something better to do than wait, e.g. the episode it was waiting for has ended."""
+        with self._cv:
+            self._interrupted = True
+            self._cv.notify_all()
 
     def _decode(self, t_ns: int, payload: bytes, att: bytes):
         try:

@@ -187,6 +187,7 @@ class RemoteEngine(Engine):
         self._stalled = False
         self._awaiting_first = True  # start() and reset(): None until the first chunk is expected
         self._episode = 0
+        self._abandoned_seq: int | None = None  # the request an episode reset stopped waiting for (_request)
         # worker side
         self._state = S.STOPPED  # what callers see (see _publish)
         self._link = S.STOPPED  # the worker's view of the session
@@ -248,6 +249,9 @@ class RemoteEngine(Engine):
         self._last_action = None
         self.counters["resets"] += 1
         self._wake.set()
+        m = self._model
+        if m is not None:  # a worker waiting for the finished episode's chunk stops waiting (see _request)
+            m.interrupt()
 
     def pause(self) -> None:
         self._paused = True
@@ -624,6 +628,18 @@ class RemoteEngine(Engine):
         self._outstanding = (seq, m.epoch, episode, t_obs, idx_before, delay, encode_ms)
         deadline = t0 + c.request_timeout_s
         while not self._stop.is_set():
+            if self._episode != episode:
+                # The episode ended while this request was in flight: its chunk would be discarded on arrival,
+                # so waiting for it only delays the new episode's first request by the rest of a round trip
+                # (a quarter of a 2 s episode's ticks were None at a 200 ms round trip). Abandoned, not timed
+                # out: its chunk, if it comes, is counted as discarded.
+                self._abandoned_seq = seq
+                self._outstanding = None
+                self._records.append({"t": time.monotonic(), "seq": seq, "rtt_ms": float("nan"),
+                                      "queue_wait_ms": float("nan"), "inference_ms": float("nan"),
+                                      "network_ms": float("nan"), "encode_ms": encode_ms, "delay_steps": delay,
+                                      "superseded": 0, "outcome": "abandoned", "sent_ns": int(t0 * 1e9)})
+                return "ok"
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -695,6 +711,9 @@ class RemoteEngine(Engine):
             return "ignored"
         # a chunk
         if out is None or r.seq_id != out[0] or r.session_epoch != out[1]:
+            if r.seq_id == self._abandoned_seq:
+                self.counters["discarded_chunks"] += 1  # the finished episode's, no longer awaited
+                return "ignored"
             self.counters["late_chunks"] += 1
             return "ignored"
         seq, epoch, episode, t_obs, idx_before, delay, encode_ms = out

@@ -336,3 +336,25 @@ def test_a_replica_appearing_cuts_the_reconnect_backoff_short(router, server_fac
         assert eng.stats["replica_nudges"] >= 1
     finally:
         eng.stop()
+
+
+def test_a_reset_abandons_the_request_in_flight_and_sends_the_new_episode_at_once(router, server_factory, ckpt):
+    """A slow server (0.8 s a forward) holds episode 0's request when the episode ends: the worker must not wait
+    for a chunk it would discard. Episode 1's first request leaves before episode 0's could have been answered."""
+    server_factory(ckpt, emulated_latency=800)
+    eng = engine(router, buffer_time_s=0.2, request_timeout_s=3.0)
+    eng.start()
+    try:
+        loop(eng, 10.0, until=lambda tr: eng.stats["chunks"] >= 1 and eng.stats["requests"] > eng.stats["chunks"])
+        chunks = eng.stats["chunks"]
+        eng.reset()  # episode 0's request is in the server for up to 0.8 s more
+        # (at 0.8 s a chunk of 10 steps is all consumed by the delay: count merges, not executed actions)
+        loop(eng, 8.0, until=lambda tr: eng.stats["chunks"] > chunks)
+        recs = eng.drain_records()
+        abandoned = [r for r in recs if r["outcome"] == "abandoned"]
+        assert len(abandoned) == 1 and not [r for r in recs if r["outcome"] == "timeout"]
+        first_new = next(r for r in recs if r["outcome"] == "ok" and r["seq"] > abandoned[0]["seq"])
+        assert (first_new["sent_ns"] - abandoned[0]["sent_ns"]) / 1e9 < 0.8
+        assert eng.stats["discarded_chunks"] <= 1 and eng.stats["timeouts"] == 0
+    finally:
+        eng.stop()
