@@ -91,6 +91,8 @@ SCHEMA_GROUP = {
     "model_id": ("name", None, "model the robots ask for; default: the policy's model id"),
     "task": ("str", "", "task string sent with each observation"),
     "episode_s": ("pos_number", None, "episode length; default the robot type's; robot and engine reset after it"),
+    "stagger_episodes": ("bool", False, "lengthen each robot's first episode by a random part of one, so the "
+                         "group's episodes do not all start on the same tick"),
     "engine": ("mapping", {}, "RemoteEngineConfig overrides (any field of edge.RemoteEngineConfig)"),
     "shadow": ("mapping", None, "golden parity: a local engine beside each robot's remote one, in lockstep (bench.parity)"),
 }
@@ -165,6 +167,7 @@ class Group:
     engine: dict
     shadow: dict | None = None
     line: int = 0
+    stagger_episodes: bool = False
 
 
 @dataclass
@@ -518,7 +521,7 @@ def _read_groups(source: str, fleet: _Section, sites: dict[str, Site]) -> list[G
             name=gname, robot=sec.get("robot"), count=sec.get("count"), fps=float(sec.get("fps")), site=site,
             cameras=cams, policy=policy, model_id=sec.get("model_id") or checkpoint_model_id(policy),
             task=sec.get("task"), episode_s=_episode_s(sec.get("episode_s"), sec.get("robot")), engine=dict(engine),
-            shadow=shadow, line=line,
+            shadow=shadow, line=line, stagger_episodes=bool(sec.get("stagger_episodes")),
         ))
     return groups
 

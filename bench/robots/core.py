@@ -197,6 +197,7 @@ class RobotBatch:
         num_actions = len(cls.action_names)
         self.last_command = np.zeros((n, num_actions))
         self.tick = np.zeros(n, dtype=np.int64)
+        self.episode_limit = np.full(n, self.episode_ticks, dtype=np.int64)  # ticks of each robot's episode
         self.scored_ticks = np.zeros(n, dtype=np.int64)
         self.within_ticks = np.zeros(n, dtype=np.int64)
         self.error_sum = np.zeros(n)
@@ -217,7 +218,11 @@ class RobotBatch:
 
     @property
     def done(self) -> np.ndarray:
-        return self.terminated | (self.tick >= self.episode_ticks)
+        return self.terminated | (self.tick >= self.episode_limit)
+
+    def extend_episode(self, extra_ticks: np.ndarray) -> None:
+        """Lengthen each robot's CURRENT episode by extra_ticks[i] (the next reset restores episode_ticks)."""
+        self.episode_limit += np.asarray(extra_ticks, dtype=np.int64)
 
     def reset(self, indices: Sequence[int] | np.ndarray | None = None, seed: int | None = None) -> np.ndarray:
         """Start a new episode for `indices` (default all). With `seed`, robot i is reseeded with
@@ -234,6 +239,7 @@ class RobotBatch:
             for name, buf in self.mirror.items():
                 buf[i] = getattr(d, name)
             self.tick[i] = 0
+            self.episode_limit[i] = self.episode_ticks
             self.scored_ticks[i] = self.within_ticks[i] = self.bad_commands[i] = 0
             self.error_sum[i] = 0.0
             self.terminated[i] = False
@@ -409,7 +415,7 @@ class TwinEnv(gym.Env):
     def step(self, action: np.ndarray | None):
         b = self._batch
         b.step(None if action is None else np.asarray(action, dtype=np.float64).reshape(1, -1))
-        terminated, truncated = bool(b.terminated[0]), bool(b.tick[0] >= b.episode_ticks)
+        terminated, truncated = bool(b.terminated[0]), bool(b.tick[0] >= b.episode_limit[0])
         info: dict[str, Any] = {
             "tracking_error": float(b.tracking_error[0]),
             "within_tolerance": bool(b.within[0]),

@@ -263,3 +263,19 @@ def test_a_model_whose_geoms_cannot_collide_skips_collision_with_identical_state
     arm, base = RobotBatch("arm", 1, seed=0).model, RobotBatch("base", 1, seed=0).model
     assert not can_collide(arm) and arm.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_CONTACT
     assert can_collide(base) and not base.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_CONTACT
+
+
+def test_extend_episode_lengthens_only_the_current_episode():
+    from bench.robots import RobotBatch
+
+    b = RobotBatch("reacher", 3, seed=0, fps=30, episode_s=0.2)  # 6 ticks
+    b.extend_episode(np.array([0, 2, 5]))
+    ends = {}
+    for k in range(1, 20):
+        b.step(None)
+        for i in np.nonzero(b.done)[0]:
+            ends.setdefault(int(i), []).append(k)
+        if b.done.any():
+            b.reset(np.nonzero(b.done)[0])
+    assert [ends[i][0] for i in range(3)] == [6, 8, 11]  # first episodes: 6 + extra ticks
+    assert [ends[i][1] - ends[i][0] for i in range(3)] == [6, 6, 6]  # later ones: episode_s again
