@@ -630,9 +630,8 @@ class RemoteEngine(Engine):
         while not self._stop.is_set():
             if self._episode != episode:
                 # The episode ended while this request was in flight: its chunk would be discarded on arrival,
-                # so waiting for it only delays the new episode's first request by the rest of a round trip
-                # (a quarter of a 2 s episode's ticks were None at a 200 ms round trip). Abandoned, not timed
-                # out: its chunk, if it comes, is counted as discarded.
+                # so waiting for it only delays the new episode's first request by the rest of a round trip.
+                # Abandoned, not timed out: its chunk, if it comes, is counted as discarded.
                 self._abandoned_seq = seq
                 self._outstanding = None
                 self._records.append({"t": time.monotonic(), "seq": seq, "rtt_ms": float("nan"),
