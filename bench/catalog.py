@@ -67,6 +67,8 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "inference_ms": ("series", "ms", "server inference time per request"),
     "queue_wait_ms": ("series", "ms", "server queue wait per request"),
     "network_ms": ("series", "ms", "rtt - queue wait - inference"),
+    "uplink_ms": ("series", "ms", "robot's send to the server's receipt (one host's monotonic clock; bench only)"),
+    "downlink_ms": ("series", "ms", "server's publish to the robot's receipt (one host's monotonic clock; bench only)"),
     "encode_ms": ("series", "ms", "client encode time per request, when the engine reports it"),
     "delay_steps": ("series", "steps", "inference delay in control steps per request"),
     "action_age_s": ("series", "s", "age of each executed action"),

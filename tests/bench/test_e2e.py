@@ -45,6 +45,7 @@ assertions:
   - staleness_violations == 0
   - requests > 10
   - p99(rtt_ms) < 1000
+  - p99(uplink_ms) + p99(downlink_ms) < 2000
   - states(group=lab) contains [STREAMING, STALLED, STREAMING]
 """
 
@@ -93,7 +94,7 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert f["uplink_ms"]["p50"] + f["downlink_ms"]["p50"] <= f["network_ms"]["p50"] + 1.0
     assert [f["target"] for f in summary["faults"]] == ["site:lab"]
     cases = ET.parse(run / "junit.xml").getroot().find("testsuite").findall("testcase")
-    assert len(cases) == 5
+    assert len(cases) == 6
     assert "<svg" in (run / "report.html").read_text()
     for name in ("ticks.parquet", "requests.parquet", "transitions.parquet", "logs/router.log", "logs/server-r0.log"):
         assert (run / name).is_file(), name
