@@ -7,6 +7,7 @@ of ONE core for processes and of ALL cores for the host.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -66,8 +67,9 @@ def tree_cpu_s(pid: int, kids: dict[int, list[int]] | None = None) -> float:
 class CpuSampler:
     """Samples host and per-process-tree CPU once per `period_s` on its own thread."""
 
-    def __init__(self, period_s: float = 1.0, clock=time.monotonic, t0: float = 0.0):
+    def __init__(self, period_s: float = 1.0, clock=time.monotonic, t0: float = 0.0, probe_every: int = 10):
         self.period_s = period_s
+        self.probe_every = probe_every  # every n-th sample also times the speed probe (0: never)
         self.clock = clock
         self.t0 = t0
         self.pids: dict[str, int] = {}
@@ -120,9 +122,19 @@ class CpuSampler:
             host_pct = 100.0 * db / dt_j if dt_j > 0 else 0.0
             procs = {n: max(0.0, 100.0 * (v - last.get(n, v)) / dt) for n, v in cur.items()}
             out = {"t": now - self.t0, "host_percent": host_pct, "processes": procs}
+            if self.probe_every and len(self.samples) % self.probe_every == 0:
+                out["speed_probe_ms"] = speed_probe_cpu_ms()
             self.samples.append(out)
         self._last, self._last_host, self._last_t = cur, (busy, total), now
         return out
+
+    def probes(self, t_from: float = -math.inf, t_to: float = math.inf) -> dict:
+        """The in-run speed probes over [t_from, t_to]: min, median, max (ms), and how many."""
+        v = sorted(s["speed_probe_ms"] for s in self.samples if "speed_probe_ms" in s and t_from <= s["t"] <= t_to)
+        if not v:
+            return {}
+        return {"min_ms": round(v[0], 1), "median_ms": round(v[len(v) // 2], 1), "max_ms": round(v[-1], 1),
+                "count": len(v)}
 
     def latest(self) -> dict | None:
         return self.samples[-1] if self.samples else None
@@ -161,3 +173,16 @@ def speed_probe_ms(repeats: int = 3) -> float:
             s += i
         times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def speed_probe_cpu_ms(fraction: float = 0.25) -> float:
+    """The speed probe during a run: `fraction` of its loop, timed in this thread's CPU time and scaled to a
+    whole probe (ms), so it compares with `speed_probe_ms`. CPU time, not wall time: on a busy host the wall
+    time would mostly say how long the thread waited for a core; the CPU time says how fast the core ran
+    when it had one (this VM's slow phases slow both; a saturated host only the first)."""
+    n = max(1, int(PROBE_ITERATIONS * fraction))
+    t0 = time.thread_time()
+    s = 0
+    for i in range(n):
+        s += i
+    return (time.thread_time() - t0) * 1e3 * PROBE_ITERATIONS / n

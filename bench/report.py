@@ -262,8 +262,13 @@ def render_html(o: RunOutcome, summary: dict) -> str:
         out.append("</div>")
     cpu = summary.get("cpu") or {}
     if cpu.get("split"):
+        probe = o.meta.get("speed_probe_ms") or {}
+        during = probe.get("during") or {}
+        speed = (f" Speed probe (ms, lower is faster): {_v(probe.get('before_ms'))} before, "
+                 f"{_v(during.get('min_ms'))}-{_v(during.get('max_ms'))} during, {_v(probe.get('after_ms'))} after."
+                 if probe else "")
         out.append("<h2>CPU split</h2><p class=muted>Mean over the measured window; 100 % = one core; host "
-                   f"{_v(cpu.get('host_percent'))} % of all {o.meta.get('cores')} cores.</p>")
+                   f"{_v(cpu.get('host_percent'))} % of all {o.meta.get('cores')} cores.{e(speed)}</p>")
         out.append(svg.hbar_chart(sorted(cpu["split"].items(), key=lambda kv: -kv[1]), "CPU per process (% of a core)", "%"))
     if windows:
         out.append("<h2>Faults</h2><table><tr><th>start s</th><th>end s</th><th class=l>fault</th><th class=l>detail</th></tr>")

@@ -50,13 +50,14 @@ SHARD_DONE_TIMEOUT_S = 30.0
 
 
 def cpu_table(samples: list[dict]):
-    """The CPU samples as columns `t`, `host_percent` and `cpu:<process>` (percent of one core) for every
+    """The CPU samples as columns `t`, `host_percent`, `speed_probe_ms` (every 10th) and `cpu:<process>` (% of a core) for every
     process ever sampled: one not yet started or already gone is null in that row (`from_pylist` would
     keep the first row's processes only, and the first samples precede the servers and shards)."""
     import pyarrow as pa
 
     names = list(dict.fromkeys(k for s in samples for k in s["processes"]))
     return pa.table({"t": [s["t"] for s in samples], "host_percent": [s["host_percent"] for s in samples],
+                     "speed_probe_ms": pa.array([s.get("speed_probe_ms") for s in samples], pa.float64()),
                      **{f"cpu:{k}": pa.array([s["processes"].get(k) for s in samples], pa.float64()) for k in names}})
 
 
@@ -246,6 +247,9 @@ class Run:
             prog.stop()
             self.shutdown()
         self.speed_probe["after_ms"] = round(speed_probe_ms(), 1)
+        during = self.cpu.probes(0.0, self.s.duration_s)
+        if during:  # every 10 s of the run, in CPU time (bench.hostcpu.speed_probe_cpu_ms)
+            self.speed_probe["during"] = during
         outcome = self.judge(error)
         outcome.meta["interrupted"] = interrupted
         if isinstance(error, str) and error.startswith("environment:"):

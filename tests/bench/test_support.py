@@ -90,7 +90,7 @@ def test_cpu_sampler_follows_a_restarted_process_and_keeps_reaped_children_out_o
 def test_cpu_table_keeps_every_process_ever_sampled():
     from bench.runner import cpu_table
 
-    samples = [{"t": -1.0, "host_percent": 10.0, "processes": {"router": 1.0}},
+    samples = [{"t": -1.0, "host_percent": 10.0, "processes": {"router": 1.0}, "speed_probe_ms": 25.0},
                {"t": 0.0, "host_percent": 90.0, "processes": {"router": 2.0, "server-r0": 40.0, "shard-0": 30.0}},
                {"t": 1.0, "host_percent": 80.0, "processes": {"server-r0": 35.0, "shard-0": 31.0}}]
     t = cpu_table(samples).to_pydict()
@@ -98,6 +98,23 @@ def test_cpu_table_keeps_every_process_ever_sampled():
     assert t["cpu:server-r0"] == [None, 40.0, 35.0]  # started after the first sample: still a column
     assert t["cpu:shard-0"] == [None, 30.0, 31.0]
     assert t["cpu:router"] == [1.0, 2.0, None]
+    assert t["speed_probe_ms"] == [25.0, None, None]
+
+
+def test_the_in_run_speed_probe_compares_with_the_probe_and_is_summarised():
+    from bench.hostcpu import speed_probe_cpu_ms, speed_probe_ms
+
+    whole, part = speed_probe_ms(repeats=1), speed_probe_cpu_ms()
+    assert 0.5 < part / whole < 2.0  # a quarter of the loop, scaled to a whole one (the VM may shift meanwhile)
+    s = CpuSampler(probe_every=2)
+    s.track("me", os.getpid())
+    for _ in range(5):
+        s.sample()
+    probed = [x for x in s.samples if "speed_probe_ms" in x]
+    assert len(s.samples) == 4 and len(probed) == 2  # the first call only sets the baseline
+    summary = s.probes()
+    assert summary["count"] == 2 and 0 < summary["min_ms"] <= summary["median_ms"] <= summary["max_ms"]
+    assert CpuSampler(probe_every=0).probes() == {}
 
 
 def test_hop_split_joins_audit_lines_on_the_client_stamp():
