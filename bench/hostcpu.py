@@ -168,11 +168,16 @@ def speed_probe_ms(repeats: int = 3) -> float:
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        s = 0
-        for i in range(PROBE_ITERATIONS):
-            s += i
+        _probe_loop(PROBE_ITERATIONS)
         times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def _probe_loop(n: int) -> int:
+    s = 0
+    for i in range(n):
+        s += i
+    return s
 
 
 def speed_probe_cpu_ms(fraction: float = 0.25) -> float:
@@ -182,7 +187,5 @@ def speed_probe_cpu_ms(fraction: float = 0.25) -> float:
     when it had one (this VM's slow phases slow both; a saturated host only the first)."""
     n = max(1, int(PROBE_ITERATIONS * fraction))
     t0 = time.thread_time()
-    s = 0
-    for i in range(n):
-        s += i
+    _probe_loop(n)
     return (time.thread_time() - t0) * 1e3 * PROBE_ITERATIONS / n

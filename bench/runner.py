@@ -50,9 +50,10 @@ SHARD_DONE_TIMEOUT_S = 30.0
 
 
 def cpu_table(samples: list[dict]):
-    """The CPU samples as columns `t`, `host_percent`, `speed_probe_ms` (every 10th) and `cpu:<process>` (% of a core) for every
-    process ever sampled: one not yet started or already gone is null in that row (`from_pylist` would
-    keep the first row's processes only, and the first samples precede the servers and shards)."""
+    """The CPU samples as columns `t`, `host_percent`, `speed_probe_ms` (null but every 10th) and
+    `cpu:<process>` (% of a core) for every process ever sampled: one not yet started or already gone is
+    null in that row (`from_pylist` would keep the first row's processes only, and the first samples
+    precede the servers and shards)."""
     import pyarrow as pa
 
     names = list(dict.fromkeys(k for s in samples for k in s["processes"]))
