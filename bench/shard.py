@@ -33,7 +33,14 @@ import numpy as np
 from bench.records import RecordWriter
 from bench.ticks import HOST_LATE, LATE, TOO_LATE, TickSchedule, classify_tick, slot_starved
 
-SLOTS_PER_PERIOD = 6
+# Robots of a shard tick in this many slots per period, each slot one wake-up of the loop. Few and large:
+# after its sleep a slot starts on cold caches (the VM's other processes ran in between), and that costs
+# every slot ~0.5-1 ms of CPU however few robots it steps (the loop body alone, with 5 ms sleeps between
+# slots: 53-73 us per robot-tick at 17 robots a slot, 39-45 at 34, 33 at 100; 20-25 without the sleeps).
+# In the headline (100 robots a shard) 2 slots instead of 6 took the loop from 62-68 to 43-48 us per
+# robot-tick. More than 2: a slot's last robots wait for the first ones (host_delay), and a long slot
+# holds the shard's GIL longer against its engine threads.
+SLOTS_PER_PERIOD = 2
 LOOP_FIFO_PRIORITY = 10  # SCHED_FIFO priority of the control loop thread, as a robot's real-time loop runs
 STATUS_PERIOD_S = 1.0
 FLUSH_PERIOD_S = 2.0
@@ -277,22 +284,28 @@ class Shard:
             period = sched.slots[sid][0]
             batch = self.batches[sid]
             states = batch.states
-            actions: list = [None] * len(members)
+            n = len(members)
+            actions: list = [None] * n
+            got: list = [None] * n  # (action, t_begin, t_end, engine state) of each robot, in slot order
             rel = due - t0
+            # The engines first, every robot of the slot, then the bench's bookkeeping: a robot's host_delay
+            # is then the engine calls of the robots before it in the slot, not their records too.
             for j, r in enumerate(members):
                 rs = robots[r]
-                state = states[j]
                 images = {name: cam.frame() for name, cam in rs.cameras} if rs.cameras else {}
                 tb = mono()
                 a = None
                 if not rs.killed:
-                    rs.engine.notify_observation({"state": state, "images": images})
+                    rs.engine.notify_observation({"state": states[j], "images": images})
                     a = rs.engine.get_action()
-                te = mono()
+                got[j] = (a, tb, mono(), engine_state_name(rs.engine) if not rs.killed else "DEAD")
+            for j, r in enumerate(members):
+                rs = robots[r]
+                state = states[j]
+                a, tb, te, est = got[j]
                 lateness = te - due
                 host_delay = tb - due
                 cls = classify_tick(lateness, host_delay, period)
-                est = engine_state_name(rs.engine) if not rs.killed else "DEAD"
                 if a is None:
                     ticks.append(robot=rs.rid, t=rel, lateness_ms=lateness * 1e3, host_delay_ms=host_delay * 1e3,
                                  engine_ms=(te - tb) * 1e3, tick_class=cls, state_digest=zlib.crc32(state.tobytes()),

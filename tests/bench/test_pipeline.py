@@ -101,3 +101,53 @@ def test_report_is_self_contained(finished_run):
     html = (run.run_dir / "report.html").read_text()
     assert "<svg" in html and "Latency budget" in html and "Per-robot state timelines" in html
     assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_a_slot_calls_every_engine_before_it_records_any_tick(tmp_path):
+    """A robot's host_delay is the engine calls of the robots before it in its slot, not their tick records:
+    the loop asks all engines of a slot first. Fails if records are written between engine calls."""
+    s = parse_scenario(textwrap.dedent("""\
+        name: order
+        description: call order within a slot
+        duration_s: 0.4
+        warmup_s: 0.1
+        fleet:
+          groups: [{name: a, robot: reacher, count: 6, site: lab}]
+        sites: {lab: lan}
+        servers: {replicas: [{id: r0, checkpoint: reacher}]}
+        assertions: [dead_robots == 0]
+    """))
+    run = Run(s, tmp_path, progress=False)
+    for d in (run.logs, run.rec_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    run.sites = {"lab": SiteLink("lab", "tcp/127.0.0.1:9")}
+    spec = run.shard_specs()[0]
+    spec["engine_factory"] = "tests.bench.fake_engine:make"
+    shard = Shard(spec, None)
+    shard.build()
+    events: list[tuple[str, int]] = []
+    for slot in shard.robots:
+        engine, rid = slot.engine, slot.rid
+        inner = engine.get_action
+        engine.get_action = lambda inner=inner, rid=rid: (events.append(("engine", rid)), inner())[1]
+    append = shard.ticks.append
+    shard.ticks.append = lambda **row: (events.append(("record", row["robot"])), append(**row))[1]
+    now = time.monotonic()
+    shard.start_msg = {"start_mono": now, "t0_mono": now + s.warmup_s, "end_mono": now + s.warmup_s + s.duration_s}
+    shard.t0 = now + s.warmup_s
+    shard.run_loop()
+    shard.stop_event.set()
+    shard.teardown()
+    slots = [[shard.robots[j].rid for j in m] for m in shard.schedule.members if m]
+    assert sum(map(len, slots)) == 6 and max(map(len, slots)) > 1
+    slot_of = {rid: members for members in slots for rid in members}
+    # the event stream is a sequence of slot visits: the slot's engine calls, then its records, in one order
+    i = visits = 0
+    while i < len(events):
+        members = slot_of[events[i][1]]
+        size = len(members)
+        assert events[i:i + size] == [("engine", r) for r in members], f"engine calls of a slot at event {i}"
+        assert events[i + size:i + 2 * size] == [("record", r) for r in members], f"records of a slot at event {i}"
+        i += 2 * size
+        visits += 1
+    assert visits > 10
