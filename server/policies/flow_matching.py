@@ -14,7 +14,8 @@ noise to 0 at data; the target velocity is noise - data):
   r^-2 = ((1 - tau)^2 + tau^2) / (1 - tau)^2; the step uses v_t - w * correction.
 - Euler steps at t = 1, 1 - 1/n, ..., 1/n with dt = -1/n (n = num_steps), as LeRobot's pi0/smolvla.
 - `guidance_jacobian`: "network" (default) backpropagates the VJP through the velocity network, as
-  the RTC paper and the formula above say. "identity" is what LeRobot main actually computes: its
+  the RTC paper and the formula above say (written out for the MLP, not through autograd: see
+  `_velocity_and_vjp`). "identity" is what LeRobot main actually computes: its
   RTCProcessor calls the denoiser before x_t requires grad, so d x1_hat / d x_t = I and
   correction == err (cheaper: no backward pass; pick it for numerical parity with LeRobot).
 
@@ -27,7 +28,7 @@ Invariants: with `noise_seed` set (default 0) every sample of every call starts 
 so the output is a pure function of (observation, delay, prefix): byte-identical on repeat, and
 sample b of a batch equals the same sample run alone (up to matmul rounding). A sample whose prefix
 is None gets exactly the unguided velocity. Works under torch.no_grad() and torch.inference_mode()
-callers: grad is enabled locally for the VJP only.
+callers (the VJP needs no autograd).
 """
 
 from __future__ import annotations
@@ -145,20 +146,53 @@ class FlowMatchingPolicy(ChunkPolicy):
 
     def _guided_velocity(self, x_t: Tensor, t: float, cond: Tensor, weights: Tensor, target: Tensor) -> Tensor:
         t_batch = torch.full((x_t.shape[0],), t, device=x_t.device, dtype=x_t.dtype)
-        x_t = x_t.detach()
-        with torch.enable_grad():
+        with torch.no_grad():
             if self.hp["guidance_jacobian"] == "identity":
-                with torch.no_grad():
-                    v_t = self.velocity(x_t, t_batch, cond)
+                v_t = self.velocity(x_t, t_batch, cond)
                 correction = (target - (x_t - t * v_t)) * weights
             else:
-                x_t.requires_grad_(True)
-                v_t = self.velocity(x_t, t_batch, cond)
-                x1_hat = x_t - t * v_t
-                err = ((target - x1_hat) * weights).detach()
-                (correction,) = torch.autograd.grad(x1_hat, x_t, err)
-                v_t = v_t.detach()
+                v_t, correction = self._velocity_and_vjp(x_t, t_batch, cond, weights, target, t)
         return v_t - guidance_weight(t, float(self.hp["max_guidance_weight"])) * correction
+
+    @torch.no_grad()
+    def _velocity_and_vjp(self, x_t: Tensor, t_batch: Tensor, cond: Tensor, weights: Tensor, target: Tensor,
+                          t: float) -> tuple[Tensor, Tensor]:
+        """v(x_t) and the VJP of x1_hat = x_t - t * v(x_t) wrt x_t with err = (target - x1_hat) * W.
+
+        The network is an MLP (Linear, SiLU, ..., Linear) plus a(t) * x_t, so the VJP is written out:
+        J_v^T g = (back through the MLP)[:, :T*A] + a(t) * g, with SiLU'(h) = s(h) * (1 + h * (1 - s(h))).
+        Equal to torch.autograd.grad through `velocity` up to float rounding (tested), at ~3/4 of its
+        CPU time: autograd's graph and engine cost more than the matmuls of a network this small.
+        """
+        size = x_t.shape[0]
+        t_emb = time_embedding(t_batch, self.hp["time_embed_dim"])
+        flat = x_t.reshape(size, -1)
+        linears = self._linears
+        h = torch.cat([flat, cond, t_emb], dim=-1)
+        pre: list[Tensor] = []
+        for k, layer in enumerate(linears):
+            h = torch.nn.functional.linear(h, layer.weight, layer.bias)
+            if k < len(linears) - 1:
+                pre.append(h)
+                h = torch.nn.functional.silu(h)
+        gain = self.skip_gain(t_emb)
+        v = h + gain * flat
+        err = (target.reshape(size, -1) - (flat - t * v)) * weights.expand_as(target).reshape(size, -1)
+        g = err
+        for k in range(len(linears) - 1, 0, -1):
+            g = g @ linears[k].weight
+            s = torch.sigmoid(pre[k - 1])
+            g = g * (s * (1.0 + pre[k - 1] * (1.0 - s)))
+        jtv = g @ linears[0].weight[:, : flat.shape[1]] + gain * err
+        return v.reshape(x_t.shape), (err - t * jtv).reshape(x_t.shape)
+
+    @property
+    def _linears(self) -> list[torch.nn.Linear]:
+        layers = list(self.velocity_net)
+        linears = [m for m in layers if isinstance(m, torch.nn.Linear)]
+        # the written-out VJP above assumes mlp()'s shape: Linear, then (SiLU, Linear) pairs
+        assert len(layers) == 2 * len(linears) - 1 and all(isinstance(m, torch.nn.SiLU) for m in layers[1::2])
+        return linears
 
     def predict_action_chunk(
         self,
@@ -167,25 +201,22 @@ class FlowMatchingPolicy(ChunkPolicy):
         prefix: Sequence[Tensor | None],
     ) -> Tensor:
         size, delays, prefixes = self.check_chunk_args(batch, inference_delay, prefix)
-        # inference_mode(False): a caller's inference mode would forbid the autograd the VJP needs.
-        with torch.inference_mode(False):
+        with torch.no_grad():  # no autograd anywhere, the VJP included (_velocity_and_vjp)
             inputs = self.model_inputs(batch)
             guidance = self._guidance_targets(delays, prefixes)
-            with torch.no_grad():
-                cond = self.encoder(inputs)
+            cond = self.encoder(inputs)
             x_t = self._noise(size)
             num_steps = int(self.hp["num_steps"])
             dt = -1.0 / num_steps
             for step in range(num_steps):
                 t = 1.0 + step * dt
                 if guidance is None:
-                    with torch.no_grad():
-                        t_batch = torch.full((size,), t, device=x_t.device, dtype=x_t.dtype)
-                        v_t = self.velocity(x_t, t_batch, cond)
+                    t_batch = torch.full((size,), t, device=x_t.device, dtype=x_t.dtype)
+                    v_t = self.velocity(x_t, t_batch, cond)
                 else:
                     v_t = self._guided_velocity(x_t, t, cond, *guidance)
                 x_t = x_t + dt * v_t
-            return x_t.detach().float()
+            return x_t.float()
 
     def training_loss(
         self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None

@@ -68,6 +68,39 @@ def test_guidance_weight_is_lerobots_clipped_schedule():
     assert guidance_weight(0.9, 2.0) == 2.0
 
 
+@pytest.mark.parametrize("num_layers", [1, 2, 3, 4])
+@pytest.mark.parametrize("t", [1.0, 0.7, 0.3, 0.1])
+def test_the_written_out_vjp_equals_autograds(num_layers, t):
+    """`network` guidance writes the VJP of x1_hat = x_t - t v(x_t) out for the MLP instead of running
+    autograd; the reference here is torch.autograd.grad through `velocity`, as the RTC paper states it."""
+    p = policy(num_layers=num_layers)
+    size = 3
+    gen = torch.Generator().manual_seed(num_layers)
+    x_t = torch.randn(size, T, A, generator=gen)
+    cond = torch.randn(size, 32, generator=gen)
+    weights = torch.rand(size, T, 1, generator=gen)
+    target = torch.randn(size, T, A, generator=gen)
+    t_batch = torch.full((size,), t)
+    with torch.enable_grad():
+        x = x_t.clone().requires_grad_(True)
+        v_ref = p.velocity(x, t_batch, cond)
+        x1_hat = x - t * v_ref
+        (correction_ref,) = torch.autograd.grad(x1_hat, x, ((target - x1_hat) * weights).detach())
+    v, correction = p._velocity_and_vjp(x_t, t_batch, cond, weights, target, t)
+    torch.testing.assert_close(v, v_ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(correction, correction_ref, rtol=1e-4, atol=1e-5)
+    assert correction.abs().max() > 1e-3  # not trivially zero
+
+
+def test_guided_sampling_runs_inside_a_callers_inference_mode():
+    p = policy()
+    obs = {"observation.state": states(2)}
+    expected = p.predict_action_chunk(obs, [3, 3], [rows(H, 0), rows(H, 1)])
+    with torch.inference_mode():
+        got = p.predict_action_chunk(obs, [3, 3], [rows(H, 0), rows(H, 1)])
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("jacobian", ["network", "identity"])
 @pytest.mark.parametrize("delay", [1, 3, 6])
 def test_guidance_pulls_the_first_delay_actions_onto_the_prefix(jacobian, delay):
