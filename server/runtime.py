@@ -155,7 +155,7 @@ class ModelRuntime:
         state = np.zeros(self.config.state_dim, np.float32)
         images = {name: np.zeros((s[1], s[2], 3), np.uint8) for name, s in self.config.image_features.items()}
         t0 = time.perf_counter()
-        for _ in range(n):  # both paths each time: the first guided pass pays autograd's set-up
+        for _ in range(n):  # both paths each time: the first guided pass pays its own set-up
             for prefix in (None, np.zeros((self.execution_horizon, self.config.action_dim), np.float32)):
                 if prefix is not None and not self.supports_rtc:
                     continue
