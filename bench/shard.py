@@ -38,7 +38,7 @@ from bench.ticks import HOST_LATE, LATE, TOO_LATE, TickSchedule, classify_tick, 
 # every slot ~0.5-1 ms of CPU however few robots it steps (the loop body alone, with 5 ms sleeps between
 # slots: 53-73 us per robot-tick at 17 robots a slot, 39-45 at 34, 33 at 100; 20-25 without the sleeps).
 # In the headline (100 robots a shard) 2 slots instead of 6 took the loop from 62-68 to 43-48 us per
-# robot-tick. More than 2: a slot's last robots wait for the first ones (host_delay), and a long slot
+# robot-tick. Not 1: a slot's last robots wait for the first ones (host_delay), and a longer slot
 # holds the shard's GIL longer against its engine threads.
 SLOTS_PER_PERIOD = 2
 LOOP_FIFO_PRIORITY = 10  # SCHED_FIFO priority of the control loop thread, as a robot's real-time loop runs
