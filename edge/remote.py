@@ -634,10 +634,7 @@ class RemoteEngine(Engine):
                 # Abandoned, not timed out: its chunk, if it comes, is counted as discarded.
                 self._abandoned_seq = seq
                 self._outstanding = None
-                self._records.append({"t": time.monotonic(), "seq": seq, "rtt_ms": float("nan"),
-                                      "queue_wait_ms": float("nan"), "inference_ms": float("nan"),
-                                      "network_ms": float("nan"), "encode_ms": encode_ms, "delay_steps": delay,
-                                      "superseded": 0, "outcome": "abandoned", "sent_ns": int(t0 * 1e9)})
+                self._record_timeout(seq, delay, encode_ms, "abandoned", sent_ns=int(t0 * 1e9))
                 return "ok"
             left = deadline - time.monotonic()
             if left <= 0:
@@ -669,10 +666,14 @@ class RemoteEngine(Engine):
             return "streak"
         return "timeout"
 
-    def _record_timeout(self, seq, delay, encode_ms, outcome) -> None:
-        self._records.append({"t": time.monotonic(), "seq": seq, "rtt_ms": float("nan"), "queue_wait_ms": float("nan"),
-                              "inference_ms": float("nan"), "network_ms": float("nan"), "encode_ms": encode_ms,
-                              "delay_steps": delay, "superseded": 0, "outcome": outcome})
+    def _record_timeout(self, seq, delay, encode_ms, outcome, sent_ns: int | None = None) -> None:
+        """The record of a request that got no chunk: timeout, lost, abandoned."""
+        rec = {"t": time.monotonic(), "seq": seq, "rtt_ms": float("nan"), "queue_wait_ms": float("nan"),
+               "inference_ms": float("nan"), "network_ms": float("nan"), "encode_ms": encode_ms,
+               "delay_steps": delay, "superseded": 0, "outcome": outcome}
+        if sent_ns is not None:
+            rec["sent_ns"] = sent_ns
+        self._records.append(rec)
 
     def _drain_inbox(self) -> None:
         m = self._model

@@ -106,6 +106,9 @@ class FlowMatchingPolicy(ChunkPolicy):
         # a(t) in v = a(t) * x_t + MLP(x_t, t, obs): the exact velocity of a chunk determined by the
         # observation is (x_t - x1) / t, and a hidden layer narrower than T*A cannot pass x_t through.
         self.skip_gain = mlp(hp["time_embed_dim"], 64, 1, num_layers=2)
+        # _velocity_and_vjp walks these; it assumes mlp()'s shape: Linear, then (SiLU, Linear) pairs
+        self._linears = [m for m in self.velocity_net if isinstance(m, torch.nn.Linear)]
+        assert len(self.velocity_net) == 2 * len(self._linears) - 1
 
     def velocity(self, x_t: Tensor, t: Tensor, cond: Tensor) -> Tensor:
         """v(x_t, t, obs): (B, T, A), (B,), (B, E) -> (B, T, A)."""
@@ -146,12 +149,11 @@ class FlowMatchingPolicy(ChunkPolicy):
 
     def _guided_velocity(self, x_t: Tensor, t: float, cond: Tensor, weights: Tensor, target: Tensor) -> Tensor:
         t_batch = torch.full((x_t.shape[0],), t, device=x_t.device, dtype=x_t.dtype)
-        with torch.no_grad():
-            if self.hp["guidance_jacobian"] == "identity":
-                v_t = self.velocity(x_t, t_batch, cond)
-                correction = (target - (x_t - t * v_t)) * weights
-            else:
-                v_t, correction = self._velocity_and_vjp(x_t, t_batch, cond, weights, target, t)
+        if self.hp["guidance_jacobian"] == "identity":
+            v_t = self.velocity(x_t, t_batch, cond)
+            correction = (target - (x_t - t * v_t)) * weights
+        else:
+            v_t, correction = self._velocity_and_vjp(x_t, t_batch, cond, weights, target, t)
         return v_t - guidance_weight(t, float(self.hp["max_guidance_weight"])) * correction
 
     @torch.no_grad()
@@ -185,14 +187,6 @@ class FlowMatchingPolicy(ChunkPolicy):
             g = g * (s * (1.0 + pre[k - 1] * (1.0 - s)))
         jtv = g @ linears[0].weight[:, : flat.shape[1]] + gain * err
         return v.reshape(x_t.shape), (err - t * jtv).reshape(x_t.shape)
-
-    @property
-    def _linears(self) -> list[torch.nn.Linear]:
-        layers = list(self.velocity_net)
-        linears = [m for m in layers if isinstance(m, torch.nn.Linear)]
-        # the written-out VJP above assumes mlp()'s shape: Linear, then (SiLU, Linear) pairs
-        assert len(layers) == 2 * len(linears) - 1 and all(isinstance(m, torch.nn.SiLU) for m in layers[1::2])
-        return linears
 
     def predict_action_chunk(
         self,
