@@ -10,7 +10,7 @@
     bench pki --dir DIR [--robot UUID ...] [--replica ID ...] [--router] [--acl FILE]
                                                            a test CA and certificates (docs/security.md)
 
-Owns argument parsing and exit codes only; the work is in bench.scenario, bench.runner, bench.train.
+Owns argument parsing and exit codes only; the work is in bench.scenario.schema, bench.run.runner, bench.training.train.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ def _parse_value(text: str):
 
 def load_with_overrides(path: str, sets: list[str]):
     """Load a scenario and apply `--set key=value` overrides (dotted keys, YAML values)."""
-    from bench import scenario as sc
-
+    from bench.scenario import schema as sc
     s = sc.load_scenario(path)
     if not sets:
         return s
@@ -54,7 +53,7 @@ def load_with_overrides(path: str, sets: list[str]):
 
 
 def cmd_validate(args) -> int:
-    from bench.scenario import ScenarioError, missing_checkpoints
+    from bench.scenario.schema import ScenarioError, missing_checkpoints
 
     rc = EXIT_PASS
     for path in args.files:
@@ -75,7 +74,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from bench.scenario import SCENARIOS_DIR, list_scenarios
+    from bench.scenario.schema import SCENARIOS_DIR, list_scenarios
 
     items = list_scenarios(Path(args.dir) if args.dir else SCENARIOS_DIR)
     if not items:
@@ -90,8 +89,8 @@ def cmd_list(args) -> int:
 
 
 def cmd_figures(args) -> int:
-    from bench.assertions import FUNCTIONS
-    from bench.catalog import FIGURES, STATES
+    from bench.scenario.assertions import FUNCTIONS
+    from bench.scenario.catalog import FIGURES, STATES
 
     for name, (kind, unit, doc) in FIGURES.items():
         print(f"{name:<24} {kind:<7} {unit:<6} {doc}")
@@ -100,21 +99,21 @@ def cmd_figures(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bench.scenario import ScenarioError
+    from bench.scenario.schema import ScenarioError
 
     try:
         s = load_with_overrides(args.file, args.set)
     except ScenarioError as exc:
         print(f"bench: invalid scenario: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    from bench import runner
-
+    from bench.run import runner
     return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet)
 
 
 def cmd_incident(args) -> int:
-    from bench import incident, runner
-    from bench.scenario import ScenarioError, load_scenario
+    from bench.evidence import incident
+    from bench.run import runner
+    from bench.scenario.schema import ScenarioError, load_scenario
 
     out = Path(args.out)
     try:
@@ -150,7 +149,7 @@ def cmd_incident(args) -> int:
 
 def cmd_sweep(args) -> int:
     """`bench sweep FILE --key K --values a,b,c [--capacity]`: the scenario's sweep section from the command line."""
-    from bench.scenario import ScenarioError, build_scenario
+    from bench.scenario.schema import ScenarioError, build_scenario
 
     try:
         s = load_with_overrides(args.file, args.set)
@@ -161,14 +160,12 @@ def cmd_sweep(args) -> int:
     except ScenarioError as exc:
         print(f"bench: invalid scenario: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    from bench import runner
-
+    from bench.run import runner
     return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet)
 
 
 def cmd_train(args) -> int:
-    from bench import train
-
+    from bench.training import train
     out = Path(args.out) if args.out else None
     try:
         path = train.train_robot_policy(args.robot, out, seed=args.seed, policy_type=args.policy_type,
@@ -183,7 +180,7 @@ def cmd_train(args) -> int:
 def cmd_pki(args) -> int:
     import json
 
-    from bench.pki import Pki
+    from bench.security.pki import Pki
 
     try:
         pki = Pki(args.dir, days=args.days)

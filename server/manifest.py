@@ -784,7 +784,7 @@ def _failer(source: str, loc: int | str | None, key: str) -> Callable[[str], Non
 
 # ---- YAML with line numbers --------------------------------------------------------------------------------------
 
-# Our own small loader rather than bench.yamlines: the server never imports the bench twin (the
+# Our own small loader rather than bench.scenario.yamlines: the server never imports the bench twin (the
 # twin drives the server, not the reverse), and overrides need a third kind of "line".
 class _Map(dict):
     """A mapping that remembers the 1-based line of each key (`lines`); overridden keys say OVERRIDE."""

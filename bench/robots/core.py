@@ -325,7 +325,7 @@ class RobotBatch:
 
 
 class RobotView:
-    """One robot of a batch as a camera sees it (bench.cameras): model, scene and view."""
+    """One robot of a batch as a camera sees it (bench.robots.cameras): model, scene and view."""
 
     def __init__(self, batch: RobotBatch, i: int):
         self.batch, self.index = batch, i
@@ -373,7 +373,7 @@ class TwinEnv(gym.Env):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (num_states,), dtype=np.float32)
         self.camera = None
         if camera is not None or render_mode == "rgb_array":
-            from bench.cameras import make_camera  # cameras import robots' views, not the reverse
+            from bench.robots.cameras import make_camera  # cameras import robots' views, not the reverse
 
             self.camera = make_camera(camera or "rendered", self, *camera_size, seed=seed or 0)
 
@@ -456,7 +456,7 @@ def make_robot(
     episode_s: float | None = None,
     render_mode: str | None = None,
 ) -> TwinEnv:
-    """A robot twin by type name ("arm", "reacher", "base"); camera is a bench.cameras kind."""
+    """A robot twin by type name ("arm", "reacher", "base"); camera is a bench.robots.cameras kind."""
     return TwinEnv(
         robot_type_name,
         seed=seed,

@@ -31,7 +31,7 @@ ASSETS = Path(__file__).parent / "assets"
 # a wall; 256 KB leaves headroom for a corner, and untouched pages cost no resident memory.
 ARENA_BYTES = 256 * 1024
 
-# Largest offscreen frame a camera may ask for (bench.cameras); MuJoCo sizes the offscreen buffer
+# Largest offscreen frame a camera may ask for (bench.robots.cameras); MuJoCo sizes the offscreen buffer
 # from the model, so it has to be set before compiling.
 MAX_RENDER_HEIGHT, MAX_RENDER_WIDTH = 480, 640
 # Offscreen multisampling: 4x MSAA makes software GL (llvmpipe) 3-5x slower per frame

@@ -10,9 +10,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from bench.procset import install_signal_handlers
-from bench.runner import Run, SiteLink
-from bench.scenario import parse_scenario
+from bench.run.procset import install_signal_handlers
+from bench.run.runner import Run, SiteLink
+from bench.scenario.schema import parse_scenario
 
 SCENARIO = """\
 name: lifecycle

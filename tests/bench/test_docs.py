@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import scenario
-from bench.catalog import FIGURES
+from bench.scenario import schema as scenario
+from bench.scenario.catalog import FIGURES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from bench import incident
+from bench.evidence import incident
 from edge.edge_log import EdgeLogWriter
 
 

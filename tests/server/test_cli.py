@@ -116,7 +116,7 @@ def test_sigterm_drains_notifies_clients_and_exits_zero(tmp_path, ckpt, router):
 def test_bad_tls_files_and_a_refused_handshake_are_one_line_errors(tmp_path, ckpt):  # noqa: F811
     import datetime as dt
 
-    from bench.pki import Pki
+    from bench.security.pki import Pki
     from wire.procs import free_port
 
     pki = Pki(tmp_path / "pki")

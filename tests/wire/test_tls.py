@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bench.pki import Pki
+from bench.security.pki import Pki
 from wire.acl import FleetIdentities, router_access_control
 from wire.keys import ReplicaKeys
 from wire.procs import ChildProcess, free_port

@@ -1,6 +1,6 @@
 """The toxic registry: the JSON API's `type` word -> the toxic class, one module per toxic.
 
-Adding a fault = one module here (plus its `_test.py` beside it) and one line in `REGISTRY`.
+Adding a fault = one module here (plus its test in tests/chaos/toxics/) and one line in `REGISTRY`.
 """
 
 from __future__ import annotations

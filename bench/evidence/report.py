@@ -1,0 +1,354 @@
+"""The outputs of a run: summary.json (the contract), junit.xml, report.html.
+
+Owns the shape of summary.json, which CI and users parse: keep keys additive. Invariant: the three
+files are written for every run that got as far as a run directory, including runs that ended in
+`error` (then with the error and whatever figures exist), so a reader always finds a verdict.
+
+    summary.json  {scenario, verdict, exit_code, duration_s, robots, ticks, assertions[], figures{},
+                   groups{}, latency_budget[], cpu{}, camera_kind, inference_emulated, faults[], files{}}
+    junit.xml     one <testcase> per assertion (failure/error with value and expression)
+    report.html   self-contained: inline SVG, inline CSS, no JS
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import platform
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bench.evidence import svg
+from bench.scenario.assertions import AssertionResult
+from bench.scenario.catalog import FIGURES
+from bench.evidence.figures import RunData, state_intervals, _Scope
+
+EXIT_CODES = {"pass": 0, "fail": 1, "error": 2}
+
+# Design section 11 (Pi0-class reference), shown beside the measured budget.
+BUDGET_REFERENCE = {
+    "client encode": ("2-9 ms", "2-9 ms"),
+    "network (up + down)": ("~4 ms", "~81 ms"),
+    "uplink (tx + 1/2 RTT)": ("~2 ms", "~54 ms"),
+    "downlink (+ 1/2 RTT)": ("~2 ms", "~27 ms"),
+    "server queue wait": ("0 - 1x inference", "0 - 1x inference"),
+    "inference": ("15-150 ms", "15-150 ms"),
+    "total (rtt)": ("~110-175 ms", "~190-250 ms"),
+}
+BUDGET_SERIES = [("client encode", "encode_ms"), ("network (up + down)", "network_ms"),
+                 ("uplink (tx + 1/2 RTT)", "uplink_ms"), ("downlink (+ 1/2 RTT)", "downlink_ms"),
+                 ("server queue wait", "queue_wait_ms"), ("inference", "inference_ms"), ("total (rtt)", "rtt_ms")]
+
+
+@dataclass
+class RunOutcome:
+    scenario_name: str
+    description: str
+    run_dir: Path
+    verdict: str
+    started_utc: str
+    wall_s: float
+    duration_s: float
+    robots: int
+    assertions: list[AssertionResult] = field(default_factory=list)
+    figures: dict = field(default_factory=dict)
+    group_figures: dict = field(default_factory=dict)
+    data: RunData | None = None
+    meta: dict = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+
+def verdict_of(results: list[AssertionResult], error: str | None) -> str:
+    if error:
+        return "error"
+    if any(r.error for r in results):
+        return "error"
+    return "pass" if all(r.passed for r in results) else "fail"
+
+
+def latency_budget(figures: dict) -> list[dict]:
+    rows = []
+    for stage, key in BUDGET_SERIES:
+        s = figures.get(key) or {}
+        ref = BUDGET_REFERENCE[stage]
+        rows.append({"stage": stage, "figure": key, "p50_ms": s.get("p50"), "p95_ms": s.get("p95"),
+                     "p99_ms": s.get("p99"), "count": s.get("count", 0), "design_lan": ref[0], "design_wan": ref[1]})
+    return rows
+
+
+def write_all(o: RunOutcome) -> dict[str, Path]:
+    o.run_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"summary": o.run_dir / "summary.json", "junit": o.run_dir / "junit.xml", "html": o.run_dir / "report.html"}
+    summary = summary_dict(o)
+    paths["summary"].write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+    write_junit(o, paths["junit"])
+    try:
+        paths["html"].write_text(render_html(o, summary))
+    except Exception as exc:  # the HTML is a convenience; the contract files are already written
+        paths["html"].write_text(f"<!doctype html><title>{html.escape(o.scenario_name)}</title>"
+                                 f"<p>report rendering failed: {html.escape(repr(exc))}</p>")
+    return paths
+
+
+def _json_default(v):
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, Path):
+        return str(v)
+    return str(v)
+
+
+def summary_dict(o: RunOutcome) -> dict:
+    files = sorted(str(p.relative_to(o.run_dir)) for p in o.run_dir.rglob("*") if p.is_file())
+    f = o.figures
+    return {
+        "scenario": o.scenario_name,
+        "description": o.description,
+        "verdict": o.verdict,
+        "exit_code": o.exit_code,
+        "error": o.error,
+        "started_utc": o.started_utc,
+        "wall_s": round(o.wall_s, 3),
+        "duration_s": o.duration_s,
+        "robots": o.robots,
+        "ticks": f.get("ticks", 0),
+        "assertions": [r.to_json() for r in o.assertions],
+        "figures": f,
+        "groups": o.group_figures,
+        "latency_budget": latency_budget(f),
+        "cpu": o.meta.get("cpu", {}),
+        "camera_kind": o.meta.get("camera_kind"),
+        "inference_emulated": o.meta.get("inference_emulated"),
+        "faults": o.meta.get("faults", []),
+        "security": o.meta.get("security", {}),
+        "chaos_proxy": o.meta.get("chaos_proxy", {}),
+        "parity": o.meta.get("parity", {}),
+        "processes": o.meta.get("processes", []),
+        "host": {"cores": o.meta.get("cores"), "python": platform.python_version(), "machine": platform.machine(),
+                 "loop_priority": o.meta.get("loop_priority", []), "speed_probe_ms": o.meta.get("speed_probe_ms", {})},
+        "files": files,
+    }
+
+
+def write_junit(o: RunOutcome, path: Path) -> None:
+    failures = sum(1 for r in o.assertions if not r.passed and not r.error)
+    errors = sum(1 for r in o.assertions if r.error) + (1 if o.error else 0)
+    suite = ET.Element("testsuite", name=f"bench.{o.scenario_name}", tests=str(len(o.assertions) + (1 if o.error else 0)),
+                       failures=str(failures), errors=str(errors), time=f"{o.wall_s:.3f}", timestamp=o.started_utc)
+    if o.error:
+        case = ET.SubElement(suite, "testcase", classname=f"bench.{o.scenario_name}", name="run", time=f"{o.wall_s:.3f}")
+        ET.SubElement(case, "error", message=o.error[:500], type="RunError").text = o.error
+    for r in o.assertions:
+        case = ET.SubElement(suite, "testcase", classname=f"bench.{o.scenario_name}", name=r.expression, time="0")
+        if r.error:
+            ET.SubElement(case, "error", message=r.error, type="AssertionError").text = f"{r.expression}\n{r.error}"
+        elif not r.passed:
+            ET.SubElement(case, "failure", message=f"value {r.value!r}", type="AssertionFailed").text = \
+                f"{r.expression}\nvalue: {r.value!r}\n(line {r.line} of the scenario)"
+        ET.SubElement(case, "system-out").text = f"value: {r.value!r}"
+    suites = ET.Element("testsuites")
+    suites.append(suite)
+    ET.indent(suites)
+    path.write_text('<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n")
+
+
+# --- HTML ---------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{margin-bottom:4px} h2{border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
+.verdict{display:inline-block;padding:4px 12px;border-radius:4px;color:#fff;font-weight:bold}
+.pass{background:#2ca02c}.fail{background:#d62728}.error{background:#7f7f7f}
+table{border-collapse:collapse;font-size:13px;margin:6px 0}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:right} th{background:#f4f4f4}
+td.l,th.l{text-align:left} tr.bad td{background:#fde0e0} tr.good td{background:#e6f5e6}
+.grid{display:flex;flex-wrap:wrap;gap:12px} .muted{color:#777;font-size:12px}
+.legend span{display:inline-block;margin-right:10px;font-size:12px}
+.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px}
+"""
+
+
+def _v(x) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    if isinstance(x, dict):
+        return ", ".join(f"{k} {_v(v)}" for k, v in x.items() if k in ("p50", "p95", "p99", "max"))
+    return html.escape(str(x))
+
+
+def render_html(o: RunOutcome, summary: dict) -> str:
+    e = html.escape
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(o.scenario_name)} – bench report</title>"
+           f"<style>{_CSS}</style></head><body>"]
+    out.append(f"<h1>{e(o.scenario_name)} <span class='verdict {o.verdict}'>{o.verdict.upper()}</span></h1>")
+    out.append(f"<p>{e(o.description)}</p><p class='muted'>started {e(o.started_utc)} UTC · {o.robots} robots · "
+               f"{o.duration_s:g} s measured · wall {o.wall_s:.1f} s · camera {e(str(summary.get('camera_kind')))} · "
+               f"inference emulated: {e(str(summary.get('inference_emulated')))} · {e(str(o.run_dir))}</p>")
+    if o.error:
+        out.append(f"<h2>Error</h2><pre>{e(o.error)}</pre>")
+    out.append("<h2>Assertions</h2><table><tr><th class=l>expression</th><th>value</th><th>result</th></tr>")
+    for r in o.assertions:
+        cls = "good" if r.passed else "bad"
+        res = "pass" if r.passed else ("error: " + r.error if r.error else "fail")
+        out.append(f"<tr class={cls}><td class=l><code>{e(r.expression)}</code></td><td>{_v(r.value)}</td><td class=l>{e(res)}</td></tr>")
+    out.append("</table>")
+
+    attacks = (o.meta.get("security") or {}).get("attacks") or []
+    if attacks:
+        out.append(f"<h2>Attacks</h2><p class=muted>security: {e(str(o.meta['security'].get('mode')))}; verdicts are "
+                   "ground truth (bench/security/attacker.py)</p><table><tr><th class=l>attacker</th><th class=l>attack</th>"
+                   "<th>attempts</th><th>outcome</th><th class=l>evidence</th></tr>")
+        for a in attacks:
+            out.append(f"<tr><td class=l>{e(str(a['attacker']))}</td><td class=l>{e(str(a['attack']))}</td>"
+                       f"<td>{a['attempts']}</td><td>{e(str(a['outcome']))}</td>"
+                       f"<td class=l>{e(str(a['evidence'])[:300])}</td></tr>")
+        out.append("</table>")
+
+    f = o.figures
+    out.append("<h2>Figures</h2><table><tr><th class=l>figure</th><th>all</th>"
+               + "".join(f"<th>{e(g)}</th>" for g in o.group_figures) + "<th class=l>meaning</th></tr>")
+    for name, (kind, unit, doc) in FIGURES.items():
+        if name not in f:
+            continue
+        cells = "".join(f"<td>{_v(gf.get(name))}</td>" for gf in o.group_figures.values())
+        out.append(f"<tr><td class=l>{e(name)}{(' (' + e(unit) + ')') if unit else ''}</td><td>{_v(f.get(name))}</td>{cells}"
+                   f"<td class=l muted>{e(doc)}</td></tr>")
+    out.append("</table>")
+
+    out.append("<h2>Latency budget</h2><p class=muted>Measured per request (engine records); design section 11 "
+               "reference for a Pi0-class model beside it. network = rtt - queue wait - inference.</p>")
+    out.append("<table><tr><th class=l>stage</th><th>p50 ms</th><th>p95 ms</th><th>p99 ms</th><th>n</th>"
+               "<th>design LAN</th><th>design WAN 50 ms</th></tr>")
+    for row in summary["latency_budget"]:
+        out.append(f"<tr><td class=l>{e(row['stage'])}</td><td>{_v(row['p50_ms'])}</td><td>{_v(row['p95_ms'])}</td>"
+                   f"<td>{_v(row['p99_ms'])}</td><td>{row['count']}</td><td>{e(row['design_lan'])}</td><td>{e(row['design_wan'])}</td></tr>")
+    out.append("</table>")
+
+    d = o.data
+    windows = [(w["t_start"], w["t_end"] if w.get("t_end") is not None else o.duration_s,
+                f"{w.get('action', '')} {w.get('target', '')}".strip())
+               for w in (o.meta.get("faults") or []) if w.get("t_start") is not None]
+    if d is not None:
+        out.append("<h2>Latency</h2><div class=grid>")
+        out.append(_cdfs(d))
+        out.append(_late_ticks_chart(d, windows))
+        out.append("</div>")
+        out.append("<h2>Robots per state</h2>")
+        out.append(_states_over_time(d, windows))
+        out.append("<h2>Per-robot state timelines</h2><div class=legend>"
+                   + "".join(f"<span><i style='background:{c}'></i>{s}</span>" for s, c in svg.STATE_COLORS.items())
+                   + "<span><i style='background:rgba(214,39,40,0.3)'></i>fault window</span></div>")
+        out.append(_timelines(d, windows))
+        out.append("<h2>Servers</h2><div class=grid>")
+        out.append(_server_chart(d, "queue_depth", "Server queue depth", windows))
+        out.append(_server_chart(d, "load", "Server load (active / max sessions)", windows))
+        out.append(_server_chart(d, "active_sessions", "Active sessions per replica", windows))
+        out.append("</div>")
+    cpu = summary.get("cpu") or {}
+    if cpu.get("split"):
+        probe = o.meta.get("speed_probe_ms") or {}
+        during = probe.get("during") or {}
+        speed = (f" Speed probe (ms, lower is faster): {_v(probe.get('before_ms'))} before, "
+                 f"{_v(during.get('min_ms'))}-{_v(during.get('max_ms'))} during, {_v(probe.get('after_ms'))} after."
+                 if probe else "")
+        out.append("<h2>CPU split</h2><p class=muted>Mean over the measured window; 100 % = one core; host "
+                   f"{_v(cpu.get('host_percent'))} % of all {o.meta.get('cores')} cores.{e(speed)}</p>")
+        out.append(svg.hbar_chart(sorted(cpu["split"].items(), key=lambda kv: -kv[1]), "CPU per process (% of a core)", "%"))
+    if windows:
+        out.append("<h2>Faults</h2><table><tr><th>start s</th><th>end s</th><th class=l>fault</th><th class=l>detail</th></tr>")
+        for w in o.meta.get("faults") or []:
+            out.append(f"<tr><td>{_v(w.get('t_start'))}</td><td>{_v(w.get('t_end'))}</td><td class=l>{e(str(w.get('action', '')))} "
+                       f"{e(str(w.get('target', '')))}</td><td class=l>{e(str(w.get('detail', '')))}</td></tr>")
+        out.append("</table>")
+    logs = [p for p in summary["files"] if p.startswith("logs/")]
+    if logs:
+        out.append("<h2>Process logs</h2><ul>" + "".join(f"<li><a href='{e(p)}'>{e(p)}</a></li>" for p in logs) + "</ul>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def _cdfs(d: RunData) -> str:
+    req = d.requests
+    if not req or not len(req.get("t", [])):
+        return svg.empty_chart("Request latency CDF", "no requests recorded")
+    m = (req["t"] >= 0) & (req["t"] <= d.duration_s)
+    ok = np.isin(req["outcome"], ["ok", "chunk", "merged", "success"]) & m
+    series = {k: req[k][ok] for k in ("rtt_ms", "network_ms", "queue_wait_ms", "inference_ms") if k in req}
+    return svg.cdf_chart(series, "Request latency CDF", "ms (log scale)")
+
+
+def _late_ticks_chart(d: RunData, windows) -> str:
+    tk = d.ticks
+    if not tk or not len(tk.get("t", [])):
+        return svg.empty_chart("Late ticks per second", "no ticks recorded")
+    t = tk["t"]
+    m = (t >= 0) & (t <= d.duration_s)
+    bins = np.arange(0, math.ceil(d.duration_s) + 1)
+    lines = {}
+    for name, cls in (("late (SUT)", 1), ("too late (SUT)", 2), ("host late", 3)):
+        h, _ = np.histogram(t[m & (tk["tick_class"] == cls)], bins=bins)
+        lines[name] = (bins[:-1], h)
+    h, _ = np.histogram(t[m & tk["is_none"].astype(bool)], bins=bins)
+    lines["None ticks"] = (bins[:-1], h)
+    return svg.line_chart(lines, "Late and None ticks per second", "time since t=0 (s)", "ticks / s", windows,
+                          x_range=(0, d.duration_s))
+
+
+def _timeline_rows(d: RunData) -> list[tuple[str, list]]:
+    scope = _Scope(d, None)
+    rows = []
+    groups = d.robots.get("group", [])
+    idx_in_group: dict[str, int] = {}
+    for r, g in zip(d.robots.get("robot", []), groups):
+        i = idx_in_group.get(g, 0)
+        idx_in_group[g] = i + 1
+        rows.append((f"{g}/{i}", state_intervals(scope, int(r), d.duration_s + 1e-6)))
+    return rows
+
+
+def _timelines(d: RunData, windows) -> str:
+    rows = _timeline_rows(d)
+    if not rows:
+        return svg.empty_chart("Engine state per robot", "no robots")
+    t0 = -min(5.0, max(0.0, -min((s[0][0] for _, s in rows if s), default=0.0)))
+    return svg.state_timeline(rows, t0, d.duration_s, windows)
+
+
+def _states_over_time(d: RunData, windows) -> str:
+    rows = _timeline_rows(d)
+    if not rows:
+        return svg.empty_chart("Robots per state", "no robots")
+    grid = np.arange(0, d.duration_s + 1e-9, max(d.duration_s / 300, 0.1))
+    counts: dict[str, np.ndarray] = {}
+    for _, segs in rows:
+        for a, b, st in segs:
+            c = counts.setdefault(st, np.zeros(len(grid)))
+            c[(grid >= a) & (grid < b)] += 1
+    order = [st for st in svg.STATE_COLORS if st in counts] + [st for st in counts if st not in svg.STATE_COLORS]
+    return svg.line_chart({k: (grid, counts[k]) for k in order}, "Robots per engine state", "time since t=0 (s)",
+                          "robots", windows, width=900, x_range=(0, d.duration_s), colors=svg.STATE_COLORS)
+
+
+def _server_chart(d: RunData, metric: str, title: str, windows) -> str:
+    by_replica: dict[str, list] = {}
+    for s in d.server_samples:
+        if s["metric"] == metric:
+            by_replica.setdefault(s["replica"], []).append((s["t"], s["value"]))
+    lines = {r: (np.array([a for a, _ in v]), np.array([b for _, b in v])) for r, v in by_replica.items()}
+    return svg.line_chart(lines, title, "time since t=0 (s)", metric, windows, x_range=(min(0.0, *[l[0].min() for l in lines.values()]) if lines else 0, d.duration_s))

@@ -1,0 +1,858 @@
+"""`bench run`: start every process of a scenario on 127.0.0.1, drive it, judge it, tear it down.
+
+    router (wire.transport) ◄── servers (policy-server, one per replica, direct)
+        ▲
+        └── chaos proxy: one proxy per site, the site's profile as toxics
+                 ▲
+                 └── fleet shards (python -m bench.fleet.shard): N robots each, one engine and one
+                     Zenoh session per robot, all through their site's proxy
+
+Phases: preflight (checkpoints, packages) → start router, proxy, servers, shards → start barrier
+→ warmup → measured window (fault timeline runs, progress line, samplers) → stop → aggregate
+records → figures → assertions → summary.json, junit.xml, report.html.
+
+Owns the run directory reports/<scenario>/<UTC timestamp>/ and the exit code (0 pass, 1 an
+assertion failed, 2 invalid scenario/environment or the run errored). Invariant: every process it
+starts is registered in a `ProcessSet` the moment it exists, and a `finally` stops the set in
+reverse order, so Ctrl-C, a crash or a failed assertion leaves no orphan and no bound port.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from bench.evidence import figures as figs
+from bench.fleet import records
+from bench.evidence import report
+from bench.scenario.assertions import evaluate
+from bench.fleet.control import ControlServer
+from bench.run.hostcpu import CpuSampler
+from bench.run.procset import ProcessSet, install_signal_handlers
+from bench.run.progress import Progress
+from bench.scenario.schema import REPO_ROOT, Scenario, checkpoint_dir, missing_checkpoints, sweep_variants
+from wire.procs import ChildProcess, free_port, start_router
+
+EXIT_PASS, EXIT_FAIL, EXIT_INVALID = 0, 1, 2
+SERVER_READY_TEXT = "policy-server ready"
+SHARD_READY_TIMEOUT_S = 60.0
+SHARD_DONE_TIMEOUT_S = 30.0
+
+
+def cpu_table(samples: list[dict]):
+    """The CPU samples as columns `t`, `host_percent`, `speed_probe_ms` (null but every 10th) and
+    `cpu:<process>` (% of a core) for every process ever sampled: one not yet started or already gone is
+    null in that row (`from_pylist` would keep the first row's processes only, and the first samples
+    precede the servers and shards)."""
+    import pyarrow as pa
+
+    names = list(dict.fromkeys(k for s in samples for k in s["processes"]))
+    return pa.table({"t": [s["t"] for s in samples], "host_percent": [s["host_percent"] for s in samples],
+                     "speed_probe_ms": pa.array([s.get("speed_probe_ms") for s in samples], pa.float64()),
+                     **{f"cpu:{k}": pa.array([s["processes"].get(k) for s in samples], pa.float64()) for k in names}})
+
+
+def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, server_rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Each answered request's uplink and downlink, ms: `uplink_ms` from the robot stamping it (`sent_ns`, its
+    header's client_mono_ns) to the server receiving it (audit `received_mono_ms`), `downlink_ms` from the server
+    handing the chunk to Zenoh (audit `sent_mono_ms`) to the robot receiving it (`t_recv_s`, monotonic seconds).
+    Valid because every process of a run shares this host's monotonic clock (a real deployment's do not: there
+    only their sum, `network_ms`, exists). Joined on client_mono_ns; NaN where no audit line matches."""
+    known = [(int(r["client_mono_ns"]), float(r["received_mono_ms"]), float(r["sent_mono_ms"])) for r in server_rows
+             if r.get("outcome") == "ok" and r.get("client_mono_ns") and r.get("received_mono_ms") is not None
+             and r.get("sent_mono_ms") is not None]
+    up = np.full(len(sent_ns), np.nan, dtype=np.float32)
+    down = np.full(len(sent_ns), np.nan, dtype=np.float32)
+    if not known or not len(sent_ns):
+        return up, down
+    known.sort()
+    keys = np.array([k[0] for k in known], dtype=np.int64)
+    received = np.array([k[1] for k in known])
+    sent = np.array([k[2] for k in known])
+    sent_ns = np.asarray(sent_ns, dtype=np.int64)
+    at = np.clip(np.searchsorted(keys, sent_ns), 0, len(keys) - 1)
+    hit = (keys[at] == sent_ns) & (sent_ns > 0)
+    up[hit] = received[at[hit]] - sent_ns[hit] / 1e6
+    down[hit] = np.asarray(t_recv_s, dtype=float)[hit] * 1e3 - sent[at[hit]]
+    return up, down
+
+
+class EnvironmentInvalid(RuntimeError):
+    """The machine or the checkout cannot run this scenario (missing package, checkpoint...)."""
+
+
+def utc_stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progress: bool = True,
+                 stamp: str | None = None) -> int:
+    """Run the scenario (every sweep variant); print where the reports are; return the exit code."""
+    install_signal_handlers()
+    problems = preflight(scenario)
+    if problems:
+        for p in problems:
+            print(f"bench: {p}", file=sys.stderr)
+        return EXIT_INVALID
+    base = Path(reports_dir) / scenario.name / (stamp or utc_stamp())
+    worst = EXIT_PASS
+    variants = sweep_variants(scenario)
+    sweep = scenario.sweep or {}
+    labels, rows, group = [], [], None
+    for (label, variant), value in zip(variants, sweep.get("values") or [None]):
+        run_dir = base / label if label else base
+        outcome = Run(variant, run_dir, progress=progress).execute()
+        print(f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
+              f"-> {outcome.run_dir}/summary.json", file=sys.stderr)
+        for r in outcome.assertions:
+            mark = "PASS" if r.passed else ("ERROR" if r.error else "FAIL")
+            print(f"  {mark:5} {r.expression}  (value: {r.value!r}{'; ' + r.error if r.error else ''})", file=sys.stderr)
+        if outcome.error:
+            print(f"  ERROR {outcome.error.splitlines()[0]}", file=sys.stderr)
+        worst = max(worst, outcome.exit_code)
+        if outcome.meta.get("interrupted"):
+            break
+        if label:
+            from bench.evidence import capacity
+            labels.append(label)
+            rows.append(capacity.step_row(value, json.loads((run_dir / "summary.json").read_text())))
+            group = variant.groups[0]  # the load steps' engine settings feed the formula
+            if outcome.exit_code == EXIT_INVALID:
+                break  # an errored run ends the sweep: the knee is read only off completed runs
+            if outcome.exit_code != EXIT_PASS and sweep.get("stop_after_failure"):
+                break
+    if sweep:
+        worst = finish_sweep(scenario, base, labels, rows, group, worst)
+    return worst
+
+
+def finish_sweep(scenario: Scenario, base: Path, labels: list[str], rows: list[dict], group, worst: int) -> int:
+    """sweep.json, the perf_analyzer-style table and, in capacity mode, the knee and its verdict."""
+    from bench.evidence import capacity
+    from bench.scenario.sweeps import evaluate_sweep_assertions
+
+    sweep = scenario.sweep
+    print(f"bench: sweep {sweep['key']}:\n" + capacity.format_table(rows) + "\n" + capacity.format_group_table(rows),
+          file=sys.stderr)
+    cap, results = None, []
+    if sweep.get("mode") == "capacity" and group is not None:
+        horizon = int(group.engine.get("execution_horizon", 10))
+        cap = capacity.capacity_report(rows, horizon, 1.0 / group.fps, sweep.get("formula"))
+        print(capacity.format_capacity(cap), file=sys.stderr)
+        results = evaluate_sweep_assertions(sweep.get("assertions") or [], cap["figures"])
+        for r in results:
+            print(f"  {r['result'].upper():5} {r['expression']}  (value: {r['value']!r}"
+                  f"{'; ' + r['error'] if r['error'] else ''})", file=sys.stderr)
+        # load steps past the knee fail by design: the verdict is the sweep's own assertions
+        if not rows or any(r["verdict"] == "error" for r in rows):
+            worst = EXIT_INVALID
+        else:
+            worst = EXIT_FAIL if any(r["result"] != "pass" for r in results) else EXIT_PASS
+    path = capacity.write_sweep(base, scenario, labels, rows, cap, results)
+    print(f"bench: sweep -> {path}", file=sys.stderr)
+    return worst
+
+
+def preflight(scenario: Scenario) -> list[str]:
+    """Everything that makes a run impossible, found before any process starts."""
+    out = list(missing_checkpoints(scenario))
+    for mod, why in (("zenoh", "eclipse-zenoh"), ("edge", "the edge engine (edge/)"), ("server", "the policy server"),
+                     ("chaos", "the chaos proxy (chaos/)"), ("pyarrow", "pyarrow (pip install -e .[sim])")):
+        try:
+            __import__(mod)
+        except Exception as exc:
+            out.append(f"environment: cannot import {mod} ({why}): {exc}")
+    try:
+        from edge import make_engine  # noqa: F401
+    except Exception as exc:
+        out.append(f"environment: edge.make_engine is not available: {exc}")
+    return out
+
+
+@dataclass
+class SiteLink:
+    name: str
+    endpoint: str  # what the site's robots connect to (the proxy's listen address)
+    proxy: object = None
+
+
+@dataclass
+class RunState:
+    phase: str = "starting"
+    t0_mono: float | None = None  # measured t = 0
+    end_mono: float | None = None
+    statuses: dict = field(default_factory=dict)  # shard -> latest status
+    done: dict = field(default_factory=dict)  # shard -> done message
+    errors: list = field(default_factory=list)
+
+
+class Run:
+    def __init__(self, scenario: Scenario, run_dir: Path, progress: bool = True, engine_factory: str | None = None):
+        self.s = scenario
+        self.engine_factory = engine_factory  # "module:function" for tests; None = edge's remote engine
+        self.run_dir = Path(run_dir)
+        self.logs = self.run_dir / "logs"
+        self.rec_dir = self.run_dir / "records"
+        self.procs = ProcessSet()
+        self.state = RunState()
+        self.progress_enabled = progress
+        self.sites: dict[str, SiteLink] = {}
+        self.servers: dict[str, dict] = {}  # replica id -> {child, manifest, health_port, audit}
+        self.identities: dict[tuple[str, int], dict] = {}  # (group, index) -> client_uuid [+ TLS files]
+        self.control: ControlServer | None = None
+        self.cpu = CpuSampler()
+        self.server_samples: list[dict] = []
+        self.fault_log: list[dict] = []
+        self.timeline = None
+        self.router_child: ChildProcess | None = None
+        self.router_endpoint = ""
+        self._stop_scrape = threading.Event()
+        self.started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.wall0 = time.monotonic()
+
+    # --- the whole run -------------------------------------------------------------------------
+
+    def execute(self) -> report.RunOutcome:
+        for d in (self.logs, self.rec_dir, self.run_dir / "manifests"):
+            d.mkdir(parents=True, exist_ok=True)
+        import yaml
+
+        # the scenario as run: after --set overrides and the sweep value, as plain YAML
+        (self.run_dir / "scenario.yaml").write_text(yaml.safe_dump(_plain(self.s.raw), sort_keys=False))
+        error, interrupted = None, False
+        from bench.run.hostcpu import speed_probe_ms
+
+        self.speed_probe = {"before_ms": round(speed_probe_ms(), 1)}
+        prog = Progress(self._snapshot, enabled=self.progress_enabled)
+        try:
+            self.start_processes()
+            prog.start()
+            self.drive()
+        except KeyboardInterrupt:
+            error, interrupted = "interrupted (Ctrl-C or SIGTERM): the run was stopped early", True
+        except EnvironmentInvalid as exc:
+            error = f"environment: {exc}"
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        finally:
+            prog.stop()
+            self.shutdown()
+        self.speed_probe["after_ms"] = round(speed_probe_ms(), 1)
+        during = self.cpu.probes(0.0, self.s.duration_s)
+        if during:  # every 10 s of the run, in CPU time (bench.run.hostcpu.speed_probe_cpu_ms)
+            self.speed_probe["during"] = during
+        outcome = self.judge(error)
+        outcome.meta["interrupted"] = interrupted
+        if isinstance(error, str) and error.startswith("environment:"):
+            outcome.meta["environment_invalid"] = True
+        return outcome
+
+    # --- start ---------------------------------------------------------------------------------
+
+    def write_process_table(self) -> None:
+        """processes.json: every child's name, pid (= its process group) and log, for people and tests."""
+        rows = [{"name": n, "pid": c.pid, "log": str(getattr(c, "log_path", ""))} for n, c in self.procs.children if c.pid]
+        proxy_pid = getattr(getattr(self, "proxy_server", None), "pid", None)
+        if proxy_pid:
+            rows.append({"name": "chaos-proxy", "pid": proxy_pid, "log": str(self.logs / "chaos-proxy.log")})
+        (self.run_dir / "processes.json").write_text(json.dumps(rows, indent=1))
+
+    def start_processes(self) -> None:
+        self.cpu.start()
+        self.assign_identities()
+        if self.s.security == "mtls":
+            router, self.router_endpoint = self.start_secure_router()
+        else:
+            router, self.router_endpoint = start_router(None, self.logs / "router.log")
+        self.router_child = self.procs.add("router", router)
+        self.cpu.track("router", router.pid)
+        self.start_proxy()
+        self.start_servers()
+        self.start_shards()
+        self.write_process_table()
+
+    def start_proxy(self) -> None:
+        from chaos import client as chaos_client
+        from chaos import launch as chaos_launch
+        from chaos import profiles as chaos_profiles
+
+        proxy_server = chaos_launch.start_proxy_server(log_path=self.logs / "chaos-proxy.log")
+        self.procs.on_stop("chaos-proxy", proxy_server.stop)
+        self.cpu.track("chaos-proxy", getattr(proxy_server, "pid", None))
+        self.proxy_server = proxy_server
+        api = chaos_client.ChaosClient(proxy_server.api_url)
+        self.chaos = api
+        router_hostport = self.router_endpoint.split("/", 1)[1]
+        real = bool(getattr(proxy_server, "real_toxiproxy", False))
+        self.network_stand_ins: dict[str, list[str]] = {}  # site -> toxics the real Toxiproxy lacks (replaced)
+        for name, site in self.s.sites.items():
+            proxy = api.create_proxy(f"site-{name}", upstream=router_hostport, listen="127.0.0.1:0")
+            toxics = chaos_profiles.profile_toxics(site.profile, site.overrides)
+            if real:  # the Go binary has no `loss`: send its stand-in and say so in the summary
+                if any(t["type"] == "loss" for t in toxics):
+                    self.network_stand_ins[name] = ["loss"]
+                toxics = chaos_profiles.real_toxiproxy_equivalent(toxics)
+            for toxic in toxics:
+                api.add_toxic(f"site-{name}", **toxic)
+            scheme = "tls" if self.s.security == "mtls" else "tcp"
+            self.sites[name] = SiteLink(name, f"{scheme}/{proxy['listen']}", proxy)
+
+    def manifest_for(self, replica) -> dict:
+        port = free_port()
+        audit = self.logs / f"audit-{replica.id}.jsonl"
+        m = {
+            "model": {"repo_or_path": str(checkpoint_dir(replica.checkpoint))},
+            "model_id": replica.model_id,
+            "replica_id": replica.id,
+            "max_sessions": replica.max_sessions,
+            "zenoh": {"connect_endpoints": [self.router_endpoint]},
+            "health_port": port,
+            "audit_path": str(audit),
+        }
+        if replica.emulated_latency is not None:
+            m["emulated_latency"] = _plain(replica.emulated_latency)  # a mapping from YAML is a LineDict
+        if self.s.security == "mtls":
+            f = self.pki.server(replica.id)
+            m["zenoh"]["tls"] = {"root_ca_certificate": f.ca, "connect_certificate": f.cert, "connect_private_key": f.key}
+        _deep_merge(m, _undot(self.s.server_manifest))
+        _deep_merge(m, _undot(replica.manifest))
+        return m
+
+    # --- security: identities, PKI, router rules, attackers (docs/security.md) ------------------------
+
+    def assign_identities(self) -> None:
+        """Fixed client uuids (GROUP-INDEX) when certificates or attackers need to name robots; with mtls,
+        a run PKI under <run>/pki (keys 0600) and each robot's certificate (CN = its uuid)."""
+        self.identities: dict[tuple[str, int], dict] = {}
+        if self.s.security != "mtls" and not self.s.attackers:
+            return
+        if self.s.security == "mtls":
+            from bench.security.pki import Pki
+
+            self.pki = Pki(self.run_dir / "pki")
+        for g in self.s.groups:
+            for i in range(g.count):
+                uuid = g.engine.get("client_uuid") if g.count == 1 and g.engine.get("client_uuid") else f"{g.name}-{i}"
+                ident = {"client_uuid": uuid}
+                if self.s.security == "mtls":
+                    f = self.pki.robot(uuid)
+                    ident.update(tls_ca=f.ca, tls_cert=f.cert, tls_key=f.key)
+                self.identities[(g.name, i)] = ident
+
+    def start_secure_router(self) -> tuple[ChildProcess, str]:
+        from wire.acl import FleetIdentities, router_access_control
+
+        robots = [v["client_uuid"] for v in self.identities.values()]
+        robots += [a["name"] for a in self.s.attackers if a["credentials"] == "own_cert"]  # enrolled, then rogue
+        acl = router_access_control(FleetIdentities(tuple(robots), tuple(r.id for r in self.s.replicas),
+                                                    monitors=("bench-monitor",)))
+        rules = self.run_dir / "router-access-control.json"
+        rules.write_text(json.dumps({"access_control": acl}, indent=1))
+        r = self.pki.router()
+        port = free_port()
+        endpoint = f"tls/127.0.0.1:{port}"
+        child = ChildProcess([sys.executable, "-m", "wire.transport", "--listen", endpoint, "--tls-ca", r.ca,
+                              "--tls-cert", r.cert, "--tls-key", r.key, "--access-control", str(rules)],
+                             self.logs / "router.log", ready_text="router ready", name="zenoh-router",
+                             env={"PYTHONPATH": _pythonpath()})
+        child.start(timeout_s=15)
+        return child, endpoint
+
+    def attacker_spec(self, a: dict, start_unix: float) -> dict:
+        from bench.robots.core import robot_type
+
+        gname, _, idx = a["target"].partition("/")
+        g = self.s.group(gname)
+        cls = robot_type(g.robot)
+        replica = next((r for r in self.s.replicas if r.model_id == g.model_id), self.s.replicas[0])
+        manifest = _deep_merge(_undot(self.s.server_manifest), _undot(replica.manifest))
+        sec = manifest.get("security", {}) or {}
+        lim = manifest.get("limits", {}) or {}
+        from wire.keys import task_slug
+
+        spec = {"name": a["name"], "credentials": a["credentials"], "attacks": a["attacks"], "start_unix": start_unix,
+                "uuid": a["name"], "victim_uuid": self.identities[(gname, int(idx))]["client_uuid"],
+                "victim_task": task_slug(g.task), "model_id": g.model_id, "replica_id": replica.id,
+                "fps": g.fps, "action_names": list(cls.action_names), "state_dim": len(cls.state_names),
+                "cameras": list(g.cameras.names) if g.cameras else [], "cam_h": g.cameras.height if g.cameras else 0,
+                "cam_w": g.cameras.width if g.cameras else 0, "flood_hz": a["flood_hz"], "flood_s": a["flood_s"],
+                "rate_limit_hz": sec.get("max_request_rate_hz", 100.0), "rate_burst": sec.get("request_burst"),
+                "max_observation_bytes": sec.get("max_observation_bytes") or lim.get("max_message_bytes"),
+                "endpoint": self.sites[g.site].endpoint}
+        if spec["rate_burst"] is None:
+            spec["rate_burst"] = spec["rate_limit_hz"]
+        if self.s.security == "mtls":
+            from bench.security.pki import Pki
+
+            mon = self.pki.issue("bench-monitor")
+            spec["monitor_tls"] = {"ca": mon.ca, "cert": mon.cert, "key": mon.key}
+            if a["credentials"] == "own_cert":
+                f = self.pki.robot(a["name"])
+                spec["tls"] = {"ca": f.ca, "cert": f.cert, "key": f.key}
+            elif a["credentials"] == "none":
+                spec["tls"] = {"ca": self.pki.ca_cert_path.as_posix()}
+            else:
+                f = Pki(self.run_dir / "pki-foreign", ca_name="foreign-ca").robot(a["name"])
+                spec["tls"] = {"ca": self.pki.ca_cert_path.as_posix(), "cert": f.cert, "key": f.key}
+        return spec
+
+    def start_attackers(self) -> None:
+        self.attack_log = self.run_dir / "attacks.jsonl"
+        for a in self.s.attackers:
+            start_unix = time.time() + (self.state.t0_mono + float(a["at"]) - time.monotonic())
+            path = self.run_dir / "manifests" / f"attacker-{a['name']}.json"
+            path.write_text(json.dumps(self.attacker_spec(a, start_unix), indent=1))
+            child = ChildProcess([sys.executable, "-m", "bench.security.attacker", "--spec", str(path), "--out",
+                                  str(self.attack_log)], self.logs / f"attacker-{a['name']}.log",
+                                 name=f"attacker-{a['name']}", env={"PYTHONPATH": _pythonpath()})
+            self.procs.add(f"attacker:{a['name']}", child)
+            child.start()
+            self.cpu.track(f"attacker:{a['name']}", child.pid)  # on this host the attackers share the CPU: show it
+
+    def collect_attacks(self, audit_rows: list[dict]) -> list[dict]:
+        """attacks.jsonl, with the `audit_forged` verdicts resolved from the servers' audit lines."""
+        path = getattr(self, "attack_log", None)
+        rows = []
+        if path is not None and path.is_file():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for r in rows:
+            if r.get("judge") == "audit_forged":
+                served = [a for a in audit_rows if a.get("client_uuid") == r["victim"]
+                          and isinstance(a.get("seq_id"), (int, float)) and a["seq_id"] >= r["seq_base"]
+                          and str(a.get("outcome", "")) == "ok"]
+                r["outcome"] = "breached" if served else "denied"
+                r["evidence"] += f"; the server served {len(served)} of them (audit)"
+        started = {a["name"] for a in self.s.attackers}
+        finished = {r["attacker"] for r in rows}
+        for name in sorted(started - finished):  # an attacker that died or never ran must not read as "all denied"
+            rows.append({"attacker": name, "attack": "*", "attempts": 0, "outcome": "error",
+                         "evidence": f"attacker {name} wrote no results; see logs/attacker-{name}.log"})
+        return rows
+
+    def start_servers(self) -> None:
+        import yaml
+
+        threads, errors = [], []
+        for replica in self.s.replicas:
+            manifest = self.manifest_for(replica)
+            path = self.run_dir / "manifests" / f"{replica.id}.yaml"
+            path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+            child = ChildProcess(server_argv(path), self.logs / f"server-{replica.id}.log",
+                                 ready_text=SERVER_READY_TEXT, name=f"server-{replica.id}")
+            self.procs.add(f"server:{replica.id}", child)
+            self.servers[replica.id] = {"child": child, "manifest": path, "health_port": manifest["health_port"],
+                                        "audit": Path(manifest.get("audit_path", ""))}
+
+            def start(c=child):
+                try:
+                    c.start(timeout_s=120)
+                except Exception as exc:
+                    errors.append(str(exc))
+            t = threading.Thread(target=start, daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        if errors:
+            raise RuntimeError("a server replica did not start:\n" + "\n".join(errors))
+        for rid, info in self.servers.items():
+            self.cpu.track(f"server:{rid}", lambda c=info["child"]: c.pid)  # a restart changes the pid
+
+    def shard_specs(self) -> list[dict]:
+        """Deal robots round-robin over the shards (each group spread over all shards)."""
+        from bench.fleet.shard import robot_spec
+
+        specs = [{"shard": k, "robots": [], "records_dir": str(self.rec_dir), "seed": self.s.seed,
+                  "engine_factory": self.engine_factory} for k in range(self.s.shards)]
+        rid = 0
+        self.robot_table: list[dict] = []
+        for gi, g in enumerate(self.s.groups):
+            for i in range(g.count):
+                shard = rid % self.s.shards
+                spec = robot_spec(rid, gi, i, g, self.s.seed, self.sites[g.site].endpoint)
+                spec["engine"].update(self.identities.get((g.name, i), {}))
+                specs[shard]["robots"].append(spec)
+                self.robot_table.append({"robot": rid, "group": g.name, "index": i, "site": g.site, "shard": shard,
+                                         "robot_type": g.robot, "fps": g.fps,
+                                         "max_action_age_s": spec["engine"].get("max_action_age_s", math.inf),
+                                         "deadline_s": _rtc_budget_s(spec["engine"], g.fps)})
+                rid += 1
+        return specs
+
+    def start_shards(self) -> None:
+        self.control = ControlServer()
+        self.procs.on_stop("control", self.control.close)
+        specs = self.shard_specs()
+        for spec in specs:
+            k = spec["shard"]
+            path = self.run_dir / "manifests" / f"shard-{k}.json"
+            path.write_text(json.dumps(spec, indent=1))
+            child = ChildProcess([sys.executable, "-m", "bench.fleet.shard", "--spec", str(path), "--control", self.control.path],
+                                 self.logs / f"shard-{k}.log", name=f"shard-{k}",
+                                 env={"PYTHONPATH": _pythonpath()})
+            self.procs.add(f"shard:{k}", child)
+            child.start()
+            self.cpu.track(f"shard:{k}", child.pid)
+        deadline = time.monotonic() + SHARD_READY_TIMEOUT_S + 0.2 * self.s.robots
+        ready: set[int] = set()
+        while len(ready) < len(specs):
+            msg = self._next_message(deadline, "shards to start their robots")
+            if msg.get("type") == "ready":
+                ready.add(msg["shard"])
+
+    def _next_message(self, deadline: float, waiting_for: str) -> dict:
+        """Next control message; raises if a shard died or the deadline passes."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"timed out waiting for {waiting_for}; see {self.logs}/shard-*.log")
+            try:
+                link, msg = self.control.messages.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                self._check_children()
+                continue
+            self._handle(link, msg)
+            return msg
+
+    def _handle(self, link, msg: dict) -> None:
+        kind = msg.get("type")
+        shard = msg.get("shard", link.shard)
+        if kind == "status":
+            self.state.statuses[shard] = msg
+        elif kind == "done":
+            self.state.done[shard] = msg
+            self.state.statuses[shard] = msg.get("status", self.state.statuses.get(shard, {}))
+        elif kind == "error":
+            self.state.errors.append(f"shard {shard}: {msg.get('error')}")
+            raise RuntimeError(f"shard {shard} failed: {msg.get('error')}")
+
+    def _check_children(self) -> None:
+        for name, child in list(self.procs.children):
+            if name.startswith("attacker:"):
+                continue  # attackers end when their attacks are done
+            if isinstance(child, ChildProcess) and child.proc is not None and not child.alive():
+                if name.startswith("server:") and self._restarting(name):
+                    continue
+                if name.startswith("shard:") and child.proc.returncode == 0 and (
+                        name.split(":", 1)[1] in {str(k) for k in self.state.done}
+                        or time.monotonic() >= (self.state.end_mono or math.inf) - 1.0):
+                    continue  # finished: its loop ends at its last slot due before the end, maybe before we look
+                raise RuntimeError(f"{name} exited with {child.proc.returncode}; log {child.log_path}:\n{child.tail(15)}")
+
+    def _restarting(self, name: str) -> bool:
+        """A server may be down on purpose while a fault holds it down."""
+        return any(w.get("target") == name and w.get("t_end") is None for w in self.fault_log) or self.state.phase == "stopping"
+
+    # --- drive ---------------------------------------------------------------------------------
+
+    def drive(self) -> None:
+        start_at = time.monotonic() + 0.3
+        self.state.t0_mono = start_at + self.s.warmup_s
+        # records say t (seconds since t=0); servers' audit lines say mono_ms: this joins them (bench incident)
+        (self.run_dir / "clock.json").write_text(json.dumps({"t0_mono_ms": self.state.t0_mono * 1e3}))
+        self.state.end_mono = self.state.t0_mono + self.s.duration_s
+        self.cpu.t0 = self.state.t0_mono
+        self.control.broadcast({"type": "start", "start_mono": start_at, "t0_mono": self.state.t0_mono,
+                                "end_mono": self.state.end_mono})
+        if self.s.attackers:
+            self.start_attackers()
+        self.state.phase = "warmup"
+        threading.Thread(target=self._scrape_servers, name="scrape", daemon=True).start()
+        timeline_started = False
+        while True:
+            now = time.monotonic()
+            if now >= self.state.end_mono:
+                break
+            if not timeline_started and now >= self.state.t0_mono:
+                self.state.phase = "run"
+                self.start_timeline()
+                timeline_started = True
+            wake = self.state.t0_mono if not timeline_started else self.state.end_mono
+            try:
+                link, msg = self.control.messages.get(timeout=max(0.01, min(0.5, wake - now)))
+                self._handle(link, msg)
+            except queue.Empty:
+                pass
+            self._check_children()
+            self._check_timeline()
+
+    def start_timeline(self) -> None:
+        if not self.s.faults:
+            return
+        from bench.run.faults import start_timeline
+
+        self.timeline = start_timeline(self)
+
+    def _check_timeline(self) -> None:
+        err = getattr(self.timeline, "error", None)
+        if err:
+            raise RuntimeError(f"fault timeline failed: {err}")
+
+    def _scrape_servers(self) -> None:
+        import urllib.request
+
+        from bench.run.prom import parse_prometheus
+
+        wanted = {"policy_server_queue_depth": "queue_depth", "policy_server_load": "load",
+                  "policy_server_active_sessions": "active_sessions", "policy_server_active_clients": "active_clients"}
+        query = "&".join(f"name[]={n}" for n in wanted)  # only these families: a full scrape costs the server
+        while not self._stop_scrape.wait(1.0):
+            t = time.monotonic() - (self.state.t0_mono or time.monotonic())
+            for rid, info in list(self.servers.items()):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{info['health_port']}/metrics?{query}", timeout=0.5) as r:
+                        text = r.read().decode()
+                except Exception:
+                    continue  # a restarting replica has no endpoint for a while
+                for name, _labels, value in parse_prometheus(text):
+                    if name in wanted:
+                        self.server_samples.append({"t": t, "replica": rid, "metric": wanted[name], "value": value})
+
+    def _snapshot(self):
+        total = self.s.duration_s
+        t0 = self.state.t0_mono
+        elapsed = (time.monotonic() - t0) if t0 else 0.0
+        merged: dict = {"states": {}}
+        rtt50, rtt99 = [], []
+        for st in list(self.state.statuses.values()):
+            for k, v in (st.get("states") or {}).items():
+                merged["states"][k] = merged["states"].get(k, 0) + v
+            for k in ("ticks", "none_ticks", "late_ticks", "host_late_ticks"):
+                merged[k] = merged.get(k, 0) + int(st.get(k, 0))
+            if st.get("rtt_p50_ms") is not None:
+                rtt50.append(st["rtt_p50_ms"])
+                rtt99.append(st.get("rtt_p99_ms", st["rtt_p50_ms"]))
+        if rtt50:
+            merged["rtt_p50_ms"], merged["rtt_p99_ms"] = float(np.mean(rtt50)), float(np.max(rtt99))
+        return elapsed, total, self.state.phase, merged, self.cpu.latest()
+
+    # --- stop ----------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        self.state.phase = "stopping"
+        try:
+            if self.timeline is not None:
+                self.timeline.stop()
+        except Exception as exc:
+            self.state.errors.append(f"timeline stop: {exc!r}")
+        if self.control is not None:
+            self.control.broadcast({"type": "stop"})
+            deadline = time.monotonic() + SHARD_DONE_TIMEOUT_S
+            # every started shard, alive or not: a shard that finished on its own before this point has its
+            # `done` (final states, loop priority) waiting in the queue
+            shards = {n for n, c in self.procs.children if n.startswith("shard:")}
+            while len(self.state.done) < len(shards) and time.monotonic() < deadline:
+                try:
+                    link, msg = self.control.messages.get(timeout=0.5)
+                    if msg.get("type") == "done":
+                        self.state.done[msg.get("shard", link.shard)] = msg
+                except queue.Empty:
+                    if not any(c.alive() for n, c in self.procs.children if n.startswith("shard:")):
+                        break
+        deadline = time.monotonic() + 20.0  # an attacker still running at the end gets a moment to write
+        while any(c.alive() for n, c in self.procs.children if n.startswith("attacker:")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.server_crashes = sum(1 for n, c in self.procs.children if n.startswith("server:")
+                                  and isinstance(c, ChildProcess) and c.proc is not None and not c.alive())
+        self._stop_scrape.set()
+        self.cpu_split = self.cpu.split(0.0, self.s.duration_s)
+        self.cpu.stop()
+        self.kill_report = self.procs.stop_all()
+
+    # --- judge ---------------------------------------------------------------------------------
+
+    def judge(self, error: str | None) -> report.RunOutcome:
+        data = None
+        figures_json: dict = {}
+        group_json: dict = {}
+        results = []
+        try:
+            data = self.collect()
+            top, _groups = figs.compute(data)
+            figures_json = figs.json_figures(top)
+            group_json = {g: figs.json_figures(f) for g, f in top.groups.items()}
+            if error is None:
+                results = [evaluate(a.expression, top, [g.name for g in self.s.groups], a.line) for a in self.s.assertions]
+        except Exception as exc:
+            error = (error + "\n" if error else "") + f"aggregation failed: {exc!r}\n{traceback.format_exc()}"
+        if error is not None and not results:
+            results = [report.AssertionResult(a.expression, False, None, error="not evaluated: the run did not complete",
+                                              line=a.line) for a in self.s.assertions]
+        verdict = report.verdict_of(results, error)
+        meta = {
+            "cpu": getattr(self, "cpu_split", {}),
+            "cores": os.cpu_count(),
+            "camera_kind": sorted({g.cameras.kind for g in self.s.groups if g.cameras}) or None,
+            "inference_emulated": any(r.emulated_latency is not None for r in self.s.replicas),
+            "faults": self.fault_log,
+            "processes": [{"name": n, "log": str(p.relative_to(self.run_dir))} for n, p in self._logs()],
+            "kill_report": getattr(self, "kill_report", []),
+            "loop_priority": sorted({str(d.get("loop_priority", "normal")) for d in self.state.done.values()}),
+            "speed_probe_ms": getattr(self, "speed_probe", {}),
+            "security": {"mode": self.s.security, "attacks": [
+                {k: a.get(k) for k in ("attacker", "attack", "attempts", "outcome", "evidence")}
+                for a in (getattr(data, "attacks", None) or [])]} if (self.s.security != "tcp" or self.s.attackers) else {},
+            # shadow groups: per robot, the comparison counts and the first mismatch, in words
+            "parity": {str(r): c for r, c in sorted((data.parity if data is not None else {}).items())},
+            "chaos_proxy": {"real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
+                            "stand_ins": getattr(self, "network_stand_ins", {})},
+        }
+        if meta["camera_kind"] and len(meta["camera_kind"]) == 1:
+            meta["camera_kind"] = meta["camera_kind"][0]
+        outcome = report.RunOutcome(
+            scenario_name=self.s.name, description=self.s.description, run_dir=self.run_dir, verdict=verdict,
+            started_utc=self.started_utc, wall_s=time.monotonic() - self.wall0, duration_s=self.s.duration_s,
+            robots=self.s.robots, assertions=results, figures=figures_json, group_figures=group_json, data=data,
+            meta=meta, error=error)
+        report.write_all(outcome)
+        return outcome
+
+    def _logs(self):
+        return [(p.stem, p) for p in sorted(self.logs.glob("*.log"))]
+
+    def collect(self) -> figs.RunData:
+        """Merge every shard's Arrow streams into parquet files; return numpy views for figures."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        server_rows = self.collect_audit()
+        tables = {}
+        for kind in records.SCHEMAS:
+            t = records.collect(self.rec_dir, kind)
+            if kind in ("ticks", "requests", "transitions") and t.num_rows:
+                t = t.sort_by([("robot", "ascending"), ("t", "ascending")])
+            if kind == "requests":
+                t_recv = t.column("t").to_numpy() + float(getattr(self.state, "t0_mono", 0.0) or 0.0)
+                up, down = hop_split(t.column("sent_ns").to_numpy(), t_recv, server_rows)
+                t = t.append_column("uplink_ms", pa.array(up)).append_column("downlink_ms", pa.array(down))
+            pq.write_table(t, self.run_dir / f"{kind}.parquet")
+            tables[kind] = t
+        robots_tab = pa.Table.from_pylist(getattr(self, "robot_table", []) or [], schema=None) \
+            if getattr(self, "robot_table", None) else pa.table({"robot": pa.array([], pa.int32())})
+        pq.write_table(robots_tab, self.run_dir / "robots.parquet")
+        if server_rows:
+            pq.write_table(pa.Table.from_pylist(server_rows), self.run_dir / "server_requests.parquet")
+        if self.server_samples:
+            pq.write_table(pa.Table.from_pylist(self.server_samples), self.run_dir / "server_metrics.parquet")
+        if self.cpu.samples:
+            pq.write_table(cpu_table(self.cpu.samples), self.run_dir / "cpu.parquet")
+        for p in self.rec_dir.glob("*.arrow"):
+            p.unlink()  # merged into the parquet files above
+        try:
+            self.rec_dir.rmdir()
+        except OSError:
+            pass
+        ticks = figs.table_to_numpy(tables["ticks"].drop_columns(["action"])) if tables["ticks"].num_rows else {}
+        final_states, parity = {}, {}
+        for msg in self.state.done.values():
+            for r, st in (msg.get("final_states") or {}).items():
+                final_states[int(r)] = st
+            for r, counts in (msg.get("parity") or {}).items():
+                parity[int(r)] = counts
+        data = figs.RunData(
+            robots={k: np.asarray(v) for k, v in figs.table_to_numpy(robots_tab).items()},
+            ticks=ticks, requests=figs.table_to_numpy(tables["requests"]),
+            transitions=figs.table_to_numpy(tables["transitions"]), episodes=figs.table_to_numpy(tables["episodes"]),
+            loop=figs.table_to_numpy(tables["loop"]), duration_s=self.s.duration_s,
+            fault_windows=[w for w in self.fault_log if w.get("t_start") is not None],
+            server_samples=self.server_samples, cpu_samples=self.cpu.samples, final_states=final_states, parity=parity,
+            session_checkpoints={r["session_id"]: r["checkpoint_hash"] for r in (server_rows or [])
+                                 if r.get("session_id") and r.get("checkpoint_hash")},
+            attacks=self.collect_attacks(server_rows or []), server_crashes=getattr(self, "server_crashes", 0),
+            security_denials=[r for r in (server_rows or []) if str(r.get("outcome", "")).startswith("denied:")])
+        if data.attacks:
+            (self.run_dir / "attacks.json").write_text(json.dumps(data.attacks, indent=1))
+        if tables["ticks"].num_rows:
+            t = tables["ticks"]
+            m = t.column("t").to_numpy() >= 0
+            t = t.filter(pa.array(m))
+            from bench.robots import robot_type
+
+            scale = {}
+            for row in getattr(self, "robot_table", []):
+                cls = robot_type(row["robot_type"])
+                scale[row["robot"]] = np.asarray(cls.action_high, float) - np.asarray(cls.action_low, float)
+            data.seam = figs.seam_inputs(t.column("robot").to_numpy(), t.column("seq").to_numpy(),
+                                         t.column("robot_episode").to_numpy(), t.column("is_none").to_numpy(zero_copy_only=False),
+                                         t.column("action").to_pylist(), scale)
+        return data
+
+    def collect_audit(self) -> list[dict]:
+        rows = []
+        for rid, info in self.servers.items():
+            path = info.get("audit")
+            if not path or not Path(path).is_file():
+                continue
+            for line in Path(path).read_text(errors="replace").splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                rec = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in rec.items()}
+                rec["replica"] = rid
+                rows.append(rec)
+        keys = sorted({k for r in rows for k in r})
+        return [{k: r.get(k) for k in keys} for r in rows]
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def server_argv(manifest: Path) -> list[str]:
+    """policy-server through this interpreter (no reliance on PATH)."""
+    return [sys.executable, "-c", "import sys; from server.cli import main; sys.exit(main())", "--manifest", str(manifest)]
+
+
+def _rtc_budget_s(engine: dict, fps: float) -> float:
+    """A request's deadline for goodput: the RTC latency budget H*dt/2 (design P10)."""
+    import dataclasses
+
+    from edge import RemoteEngineConfig
+
+    default = next(f.default for f in dataclasses.fields(RemoteEngineConfig) if f.name == "execution_horizon")
+    return float(engine.get("execution_horizon", default)) / float(fps) / 2.0
+
+
+def _pythonpath() -> str:
+    existing = os.environ.get("PYTHONPATH", "")
+    return str(REPO_ROOT) + (os.pathsep + existing if existing else "")
+
+
+def _plain(v):
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _undot(d: dict) -> dict:
+    """{"a.b": 1, "c": {"d": 2}} -> {"a": {"b": 1}, "c": {"d": 2}}."""
+    out: dict = {}
+    for k, v in (d or {}).items():
+        parts = str(k).split(".")
+        cur = out
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = _undot(v) if isinstance(v, dict) else v
+    return out
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_merge(base[k], v)
+        else:
+            base[k] = v
+    return base

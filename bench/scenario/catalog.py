@@ -1,0 +1,86 @@
+"""The names of every figure a run reports, what each means, and whether it is a number or a series.
+
+Owns the vocabulary shared by assertions, summary.json, junit.xml and docs/scenarios.md.
+Invariant: a figure is computed (bench.evidence.figures) under exactly the name listed here, and an
+assertion can only name figures listed here; adding a figure means adding one line here and one
+function in bench.evidence.figures.
+"""
+
+from __future__ import annotations
+
+# name -> (kind, unit, doc). kind: "scalar" (a number) or "series" (one value per record; wrap it in
+# p50/p95/p99/max/min/mean/count in assertions).
+FIGURES: dict[str, tuple[str, str, str]] = {
+    "robots": ("scalar", "", "robots in the run"),
+    "duration_s": ("scalar", "s", "measured duration (after warmup)"),
+    "ticks": ("scalar", "", "control ticks in the measured window"),
+    "on_time_ticks": ("scalar", "", "ticks whose action was ready within 20 % of the period"),
+    "late_ticks": ("scalar", "", "ticks later than 20 % of the period, caused by the system under test"),
+    "too_late_ticks": ("scalar", "", "ticks later than one period, caused by the system under test"),
+    "host_late_ticks": ("scalar", "", "late ticks caused by the bench host (the shard loop overran)"),
+    "late_tick_ratio": ("scalar", "", "(late_ticks + too_late_ticks) / ticks"),
+    "host_late_tick_ratio": ("scalar", "", "host_late_ticks / ticks"),
+    "none_ticks": ("scalar", "", "ticks where get_action returned None"),
+    "none_tick_ratio": ("scalar", "", "none_ticks / ticks"),
+    "fallback_ticks": ("scalar", "", "ticks served by the fallback (hold/None while stalled, zero, repeat_last)"),
+    "fallback_tick_ratio": ("scalar", "", "fallback_ticks / ticks"),
+    "wrong_model_actions": ("scalar", "", "chunk actions from a session whose checkpoint differs from the robot's first (audit lines)"),
+    "hold_ticks": ("scalar", "", "fallback ticks of the hold rung: None while STALLED, RECONNECTING or DEAD"),
+    "repeat_last_ticks": ("scalar", "", "fallback ticks of the repeat_last rung: the last action repeated"),
+    "zero_ticks": ("scalar", "", "fallback ticks of the zero rung: a zero command"),
+    "staleness_violations": ("scalar", "", "executed actions older than the robot's max_action_age_s"),
+    "max_action_age_s": ("scalar", "s", "oldest action executed"),
+    "requests": ("scalar", "", "inference requests sent by the engines"),
+    "request_errors": ("scalar", "", "requests that ended in an error or timeout (not superseded or abandoned at an episode reset)"),
+    "request_error_ratio": ("scalar", "", "request_errors / requests"),
+    "goodput_requests": ("scalar", "", "answered requests whose rtt met the robot's RTC latency budget H*dt/2 (execution_horizon / fps / 2)"),
+    "goodput_ratio": ("scalar", "", "goodput_requests / answered requests"),
+    "superseded": ("scalar", "", "requests superseded before they were served"),
+    "reconnects": ("scalar", "", "engine transitions into RECONNECTING"),
+    "dead_robots": ("scalar", "", "robots whose engine ended DEAD or failed"),
+    "recovered_within_s": ("scalar", "s", "worst time from a fault window's end until every robot streams again"),
+    "unrecovered_robots": ("scalar", "", "robots not STREAMING at the end of the run"),
+    "task_success_rate": ("scalar", "", "successful episodes / finished episodes"),
+    "episodes": ("scalar", "", "finished episodes"),
+    "seam_step_p95": ("scalar", "", "p95 of |a_t - a_t-1| where a new chunk starts (bench.evidence.seams, range-scaled)"),
+    "seam_jerk_p95": ("scalar", "", "p95 of the third difference of actions across chunk seams (range-scaled)"),
+    "seam_step_ratio": ("scalar", "", "median seam step / median within-chunk step (1 = seams invisible)"),
+    "seam_jerk_ratio": ("scalar", "", "median seam jerk / median within-chunk jerk (1 = seams invisible)"),
+    "server_load_max": ("scalar", "", "highest load a replica reported"),
+    "server_queue_depth_max": ("scalar", "", "deepest queue a replica reported"),
+    "host_cpu_percent": ("scalar", "%", "mean host CPU use (100 % = all cores)"),
+    "loop_overrun_ratio": ("scalar", "", "shard loop slots whose compute exceeded their time budget"),
+    "parity_queue_checks": ("scalar", "", "shadow groups: requests after which both engines' merged queues were compared"),
+    "parity_queue_mismatches": ("scalar", "", "shadow groups: compared requests whose merged queues (model or robot space) differ by a byte"),
+    "parity_action_checks": ("scalar", "", "shadow groups: ticks whose executed action was compared with the local engine's"),
+    "parity_action_mismatches": ("scalar", "", "shadow groups: compared ticks whose actions differ by a byte"),
+    "parity_request_failures": ("scalar", "", "shadow groups: remote requests that failed (the pair restarts from empty queues)"),
+    "attacks": ("scalar", "", "attacks run by the scenario's attackers (bench.security.attacker), one per attack word"),
+    "attack_attempts": ("scalar", "", "messages, queries, tokens or connections the attackers tried"),
+    "attacks_denied": ("scalar", "", "attacks refused before any effect (router rule, TLS handshake, server proof)"),
+    "attacks_contained": ("scalar", "", "attacks denied or contained (accepted by the transport, bounded by the server)"),
+    "attacks_breached": ("scalar", "", "attacks that worked (ground truth: a sample received, an ack, a served forgery)"),
+    "attack_errors": ("scalar", "", "attacks that could not be judged (the attacker failed); never counted as contained"),
+    "server_crashes": ("scalar", "", "server replicas found dead when the run stopped"),
+    "security_denials": ("scalar", "", "requests the servers refused or dropped (audit lines denied:<reason>, summed)"),
+    "rtt_ms": ("series", "ms", "request round trip measured by the engine (monotonic, echoed)"),
+    "inference_ms": ("series", "ms", "server inference time per request"),
+    "queue_wait_ms": ("series", "ms", "server queue wait per request"),
+    "network_ms": ("series", "ms", "rtt - queue wait - inference"),
+    "uplink_ms": ("series", "ms", "robot's send to the server's receipt (one host's monotonic clock; bench only)"),
+    "downlink_ms": ("series", "ms", "server's publish to the robot's receipt (one host's monotonic clock; bench only)"),
+    "encode_ms": ("series", "ms", "client encode time per request, when the engine reports it"),
+    "delay_steps": ("series", "steps", "inference delay in control steps per request"),
+    "action_age_s": ("series", "s", "age of each executed action"),
+    "tick_lateness_ms": ("series", "ms", "how late each tick's action was ready"),
+}
+
+STATES = ("CONNECTING", "STREAMING", "DEGRADED", "STALLED", "RECONNECTING", "DEAD", "PAUSED", "STOPPED")
+
+
+def scalar_names() -> list[str]:
+    return [n for n, (kind, _u, _d) in FIGURES.items() if kind == "scalar"]
+
+
+def series_names() -> list[str]:
+    return [n for n, (kind, _u, _d) in FIGURES.items() if kind == "series"]

@@ -1,0 +1,1 @@
+"""Security scenarios: a test PKI (`bench pki`) and the attacker process that probes a run's ACLs."""

@@ -1,0 +1,192 @@
+"""`bench train --robot TYPE`: build the behaviour-cloned checkpoint a robot type's fleet is served.
+
+    bench.training.demos.collect_demos (scripted expert + DART noise; chunks = the expert's plan per state)
+      -> server.policies.train.train_bc
+      -> bench/checkpoints/<type>/{config.json, model.safetensors, stats.json, training.json}
+      -> bench.training.demos.evaluate_closed_loop, the policy and the expert side by side
+      -> evaluation.json (success rate vs the expert's, seam smoothness, with and without RTC)
+
+Owns the per-type training recipe (`RECIPES`, keyed by robot type). Invariant: the same type,
+seed and recipe give the same checkpoint hash on a machine (demos are seeded numpy, train_bc is
+deterministic for fixed inputs and thread count, and training runs on `Recipe.threads` threads).
+Policies are state-only (no image features): cameras load the network and the server's decode path,
+but the policy does not look at them, which keeps training minutes, not hours.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from bench.scenario.schema import CHECKPOINTS_DIR
+
+EVALUATION_FILE = "evaluation.json"
+
+
+class TrainError(RuntimeError):
+    """Training cannot run (unknown type, missing package); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    policy_type: str = "flow_matching"  # supports RTC; "mlp_chunk" does not
+    chunk_size: int = 30
+    execution_horizon: int = 10
+    hyper_params: dict[str, Any] = field(default_factory=dict)  # the policy type's, over its defaults
+    # demonstrations (bench.training.demos.collect_demos)
+    episodes: int = 60
+    episode_s: float | None = None  # None: the type's own episode length
+    stride: int = 1
+    noise: float = 1.0
+    labels: str = "plan"
+    # optimisation (server.policies.train.train_bc)
+    epochs: int = 40
+    batch_size: int = 256
+    lr: float = 1e-3
+    threads: int = 1  # part of the recipe: a checkpoint's bytes depend on the thread count
+    # closed-loop evaluation: the first replan_every is the headline figure
+    eval_episodes: int = 20
+    replan_every: tuple[int, ...] = (15, 10)
+
+
+RECIPES: dict[str, Recipe] = {
+    # The reach is over in ~0.5 s of a 2 s episode: one-second demos keep half the states on it.
+    "reacher": Recipe(episodes=300, episode_s=1.0, epochs=120),
+    "arm": Recipe(episodes=40, stride=2, epochs=60),
+    "base": Recipe(episodes=30, epochs=40),
+}
+
+
+def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed: int = 0, *,
+                       policy_type: str | None = None, episodes: int | None = None, steps: int | None = None,
+                       evaluate: bool = True, recipe: Recipe | None = None) -> Path:
+    """Collect demos for `robot_type`, train a chunk policy, save it to `out_dir`; return the path.
+
+    `recipe` replaces RECIPES[robot_type]; `policy_type` and `episodes` override single fields, and
+    `steps` (optional) sets the epochs so that about that many optimiser steps run.
+    """
+    try:
+        import torch
+
+        from bench.training.demos import collect_demos
+        from bench.robots import robot_type as robot_cls
+        from server.policies.base import PolicyConfig
+        from server.policies.train import TRAINING_LOG_FILE, train_bc
+    except ImportError as exc:
+        raise TrainError(f"training needs the server and sim extras (pip install -e '.[server,sim]'): {exc}") from None
+    if recipe is None and robot_type not in RECIPES:
+        raise TrainError(f"no training recipe for robot type {robot_type!r}; recipes: {', '.join(sorted(RECIPES))}")
+    recipe = recipe or RECIPES[robot_type]
+    recipe = replace(recipe, policy_type=policy_type or recipe.policy_type, episodes=episodes or recipe.episodes)
+    out = Path(out_dir) if out_dir else CHECKPOINTS_DIR / robot_type
+    cls = robot_cls(robot_type)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(recipe.threads)
+    try:
+        started = time.perf_counter()
+        states, chunks = collect_demos(robot_type, recipe.episodes, seed, recipe.chunk_size, noise=recipe.noise,
+                                       episode_s=recipe.episode_s, labels=recipe.labels, stride=recipe.stride)
+        collect_seconds = time.perf_counter() - started
+        epochs = recipe.epochs
+        if steps:
+            per_epoch = max(1, -(-len(states) // recipe.batch_size))
+            epochs = max(1, steps // per_epoch)
+        config = PolicyConfig(
+            type=recipe.policy_type, state_dim=len(cls.state_names), action_dim=len(cls.action_names),
+            chunk_size=recipe.chunk_size, fps=30.0, action_names=list(cls.action_names),
+            state_names=list(cls.state_names), execution_horizon=recipe.execution_horizon,
+            hyper_params=dict(recipe.hyper_params),
+        )
+        path = Path(train_bc(recipe.policy_type, states, chunks, config, out, epochs=epochs, seed=seed,
+                             batch_size=recipe.batch_size, lr=recipe.lr))
+        log_file = path / TRAINING_LOG_FILE
+        log = json.loads(log_file.read_text())
+        log.update(robot_type=robot_type, recipe=asdict(recipe), collect_seconds=round(collect_seconds, 3),
+                   total_seconds=round(time.perf_counter() - started, 3))
+        log_file.write_text(json.dumps(log, indent=2) + "\n")
+        (path / EVALUATION_FILE).unlink(missing_ok=True)  # never leave a stale figure beside new weights
+        if evaluate and recipe.eval_episodes:
+            result = evaluate_checkpoint(path, robot_type, recipe.eval_episodes, seed + 10_000, recipe.replan_every)
+            (path / EVALUATION_FILE).write_text(json.dumps(result, indent=2, default=float) + "\n")
+    finally:
+        torch.set_num_threads(threads)
+    return path
+
+
+class CheckpointPolicy:
+    """A saved checkpoint as an `act(state) -> chunk` callable, normalised the way the server does it.
+
+    With `rtc`, every call after an episode's first is guided (flow_matching's RTC) by the rows of
+    the previous chunk that were planned but not executed: `replan_every` onwards, at most
+    execution_horizon of them, inference delay 0 (evaluate_closed_loop starts a chunk the tick it
+    asks for it).
+    """
+
+    def __init__(self, path: str | Path, replan_every: int = 0, rtc: bool = False):
+        import torch
+
+        from server.policies.checkpoint import load_checkpoint
+        from server.policies.stats import ACTION_KEY, STATE_KEY
+
+        self.torch = torch
+        loaded = load_checkpoint(path)
+        self.policy, self.config = loaded.policy, loaded.config
+        self.state_stats, self.action_stats = loaded.stats[STATE_KEY], loaded.stats[ACTION_KEY]
+        self.replan_every, self.rtc = replan_every, rtc and self.policy.supports_rtc
+        self.previous = None
+
+    def reset(self) -> None:
+        self.previous = None
+
+    def __call__(self, state):
+        torch = self.torch
+        x = (torch.as_tensor(state, dtype=torch.float32)[None] - self.state_stats["mean"]) / self.state_stats["std"]
+        prefix = None
+        if self.rtc and self.previous is not None:
+            prefix = self.previous[self.replan_every : self.replan_every + self.config.execution_horizon]
+        with torch.no_grad():
+            chunk = self.policy.predict_action_chunk({"observation.state": x}, [0], [prefix])[0]
+        self.previous = chunk
+        return (chunk * self.action_stats["std"] + self.action_stats["mean"]).numpy()
+
+
+def evaluate_checkpoint(path: Path, robot_type: str, episodes: int, seed: int,
+                        replan_every: int | tuple[int, ...], evaluate_closed_loop=None) -> dict:
+    """Closed-loop success of the saved checkpoint and of the expert, under the same chunked execution.
+
+    Headline fields are the policy's at the first `replan_every`; `expert` is the expert's own plan
+    (bench.training.experts.plan_chunks) run the same way, `success_vs_expert` their ratio, and
+    `by_replan_every` every rate for policy, policy with RTC guidance, and expert.
+    """
+    from bench.training.demos import evaluate_closed_loop as closed_loop
+    from bench.training.experts import plan_chunks
+
+    run = evaluate_closed_loop or closed_loop
+    periods = (replan_every,) if isinstance(replan_every, int) else tuple(replan_every)
+    chunk_size = CheckpointPolicy(path).config.chunk_size
+
+    def expert(state):
+        return plan_chunks(robot_type, state[None], chunk_size)[0]
+
+    def summary(result: dict) -> dict:
+        keys = ("success_rate", "mean_success_score", "mean_tracking_error", "held_ticks", "seam")
+        return {k: result[k] for k in keys}
+
+    by_period, headline = {}, None
+    for period in periods:
+        policy = run(robot_type, CheckpointPolicy(path, period), episodes, seed, period)
+        rtc = run(robot_type, CheckpointPolicy(path, period, rtc=True), episodes, seed, period)
+        reference = run(robot_type, expert, episodes, seed, period)
+        by_period[str(period)] = {"policy": summary(policy), "policy_rtc": summary(rtc), "expert": summary(reference)}
+        if headline is None:
+            headline = policy | {"expert": summary(reference), "policy_rtc": summary(rtc)}
+    expert_rate = headline["expert"]["success_rate"]
+    headline["seed"] = seed
+    headline["success_vs_expert"] = headline["success_rate"] / expert_rate if expert_rate else None
+    headline["by_replan_every"] = by_period
+    per_episode = headline.pop("per_episode")
+    return headline | {"per_episode": per_episode}

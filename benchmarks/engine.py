@@ -1,0 +1,145 @@
+"""Edge benchmark: get_action() latency under a busy worker, and the cost of an idle remote engine.
+
+    python -m benchmarks.engine [--seconds 5] [--idle-engines 100]
+
+1. One remote engine streams from a real policy server (its own process) through a real router
+   while the worker is kept busy (small buffer: a request is always in flight, JPEG cameras to
+   encode); the control loop calls notify_observation + get_action at 100 Hz and times each call.
+2. N idle remote engines (handshake done, no observations) in this process: resident memory and
+   threads per engine.
+Prints p50/p99 (microseconds) and the per-engine costs; writes reports/bench/edge_engine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from wire.procs import ChildProcess, start_router
+
+
+def _os_threads() -> int:
+    """Threads of this process as the kernel counts them (Python's and Zenoh's native ones)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _checkpoint(tmp: Path) -> Path:
+    import torch
+
+    from server.policies import PolicyConfig, make_policy, save_checkpoint
+
+    torch.manual_seed(0)
+    cfg = PolicyConfig(type="flow_matching", state_dim=6, action_dim=6, chunk_size=30, fps=30, execution_horizon=10,
+                       action_names=[f"j{i}" for i in range(6)], image_features={},
+                       hyper_params={"hidden_dim": 64, "obs_embed_dim": 32, "num_steps": 4})
+    stats = {"observation.state": {"mean": [0.0] * 6, "std": [1.0] * 6}, "action": {"mean": [0.0] * 6, "std": [1.0] * 6}}
+    return save_checkpoint(make_policy(cfg), stats, tmp / "edge_bench")
+
+
+def main(argv=None) -> int:
+    from edge import RemoteEngineConfig, make_engine
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--idle-engines", type=int, default=100)
+    ap.add_argument("--out", default="reports/bench/edge_engine.json")
+    args = ap.parse_args(argv)
+    names = [f"j{i}" for i in range(6)]
+    result: dict = {}
+    with tempfile.TemporaryDirectory() as tmpd:
+        tmp = Path(tmpd)
+        ckpt = _checkpoint(tmp)
+        router, endpoint = start_router(None, tmp / "router.log")
+        manifest = tmp / "m.yaml"
+        manifest.write_text(yaml.safe_dump({"model": {"repo_or_path": str(ckpt)}, "model_id": "arm", "max_sessions": 512,
+                                            "zenoh": {"connect_endpoints": [endpoint]}, "health_port": -1,
+                                            "scheduling": {"max_batch": 64},
+                                            "security": {"max_request_rate_hz": 0}}))  # always requesting
+        server = ChildProcess([sys.executable, "-m", "server.cli", "--manifest", str(manifest), "--log-level", "WARNING"],
+                              tmp / "server.log", ready_text="policy-server ready").start(timeout_s=120)
+        try:
+            # 1. get_action under a busy worker
+            cfg = RemoteEngineConfig(connect_endpoints=[endpoint], model_id="arm", fps=100.0, action_names=names,
+                                     state_dim=6, cameras=["front", "wrist"], buffer_time_s=5.0)  # always requesting
+            eng = make_engine(cfg)
+            eng.start()
+            frames = {n: np.random.default_rng(i).integers(0, 255, (240, 320, 3), np.uint8)
+                      for i, n in enumerate(cfg.cameras)}
+            times, nones = [], 0
+            t_end = time.monotonic() + args.seconds
+            k = 0
+            t0 = time.monotonic()
+            while time.monotonic() < t_end:
+                obs = {"state": np.full(6, k * 0.001, np.float32), "images": frames}
+                a = time.perf_counter_ns()
+                eng.notify_observation(obs)
+                act = eng.get_action()
+                times.append((time.perf_counter_ns() - a) / 1e3)
+                nones += act is None
+                k += 1
+                time.sleep(max(0.0, t0 + k * 0.01 - time.monotonic()))  # the 100 Hz control loop's own pacing
+            st = eng.stats
+            eng.stop()
+            us = np.array(times[100:])
+            result["get_action_us_p50"] = float(np.percentile(us, 50))
+            result["get_action_us_p99"] = float(np.percentile(us, 99))
+            result["get_action_us_max"] = float(us.max())
+            result["busy_worker_requests"] = st["requests"]
+            result["busy_worker_chunks"] = st["chunks"]
+            result["ticks"] = len(times)
+            print(f"get_action()+notify_observation() under a busy worker ({st['requests']} requests in {args.seconds:g} s, "
+                  f"2 JPEG cameras 320x240): p50 {result['get_action_us_p50']:.1f} us, p99 {result['get_action_us_p99']:.1f} us, "
+                  f"max {result['get_action_us_max']:.0f} us")
+            # 2. idle engines
+            rss0, threads0, native0 = _rss_mb(), threading.active_count(), _os_threads()
+            engines = []
+            for i in range(args.idle_engines):
+                e = make_engine(RemoteEngineConfig(connect_endpoints=[endpoint], model_id="arm", fps=30.0, action_names=names,
+                                                   state_dim=6, client_uuid=f"idle-{i}"))
+                e.start()
+                engines.append(e)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(e.ready for e in engines):
+                time.sleep(0.1)  # waiting for N handshakes to finish in their own threads
+            time.sleep(1.0)
+            rss1, threads1, native1 = _rss_mb(), threading.active_count(), _os_threads()
+            n = len(engines)
+            result["idle_engines"] = n
+            result["idle_engines_ready"] = sum(e.ready for e in engines)
+            result["rss_mb_per_idle_engine"] = (rss1 - rss0) / n
+            result["python_threads_per_idle_engine"] = (threads1 - threads0) / n
+            result["os_threads_per_idle_engine"] = (native1 - native0) / n  # Python + Zenoh's native threads
+            for e in engines:
+                e.stop()
+            print(f"{n} idle remote engines ({result['idle_engines_ready']} with an open session): "
+                  f"{result['rss_mb_per_idle_engine']:.2f} MiB and {result['python_threads_per_idle_engine']:.2f} Python "
+                  f"threads ({result['os_threads_per_idle_engine']:.2f} OS threads, Zenoh's included) per engine (each engine has its own Zenoh session; shared memory off)")
+        finally:
+            server.stop()
+            router.stop()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""Incident replay (bench.evidence.incident): logs -> faults, stutter comparison, and the shipped example
+incident replayed end to end (its stutter comes back where it was)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.evidence import incident
+from bench.evidence.incident import EdgeLog
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "scenarios" / "incidents" / "stutter_robot1"
+
+
+def _req(t, net=1.0, outcome="ok", queue=0.3):
+    return {"t": t, "seq": int(t * 10), "rtt_ms": net + queue + 5.0, "queue_wait_ms": queue, "inference_ms": 5.0,
+            "network_ms": net, "outcome": outcome}
+
+
+def _tr(t, frm, to, reason=""):
+    return {"t": t, "from": frm, "to": to, "reason": reason}
+
+
+def _log() -> EdgeLog:
+    reqs = [_req(t / 2) for t in range(0, 8)]  # 0..4 s: LAN
+    reqs += [_req(4 + t / 2, net=600.0) for t in range(0, 8)]  # 4..8 s: +600 ms round trip
+    reqs += [_req(8 + t / 2) for t in range(0, 8)]
+    reqs += [_req(13.0, outcome="timeout"), _req(14.0, outcome="timeout")]  # silent link
+    reqs += [_req(16 + t / 2) for t in range(0, 6)]
+    trans = [_tr(0.0, "CONNECTING", "STREAMING"), _tr(5.0, "STREAMING", "STALLED"), _tr(7.5, "STALLED", "STREAMING"),
+             _tr(12.5, "STREAMING", "DEGRADED", "no chunk for 0.5 s"), _tr(13.0, "DEGRADED", "STALLED"),
+             _tr(15.0, "STALLED", "STREAMING")]
+    return EdgeLog({"robot_type": "reacher", "fps": 30, "engine": {"degraded_after_s": 0.5}}, reqs, trans)
+
+
+def test_reconstruct_turns_slow_seconds_into_latency_and_failed_requests_into_an_outage():
+    rec = incident.reconstruct(_log(), 20.0, audit=[])
+    lat = [f for f in rec["faults"] if f["action"] == "latency"]
+    assert len(lat) == 1, rec["faults"]  # the answers received 4..7.5 s were in flight from 3.4 s
+    assert lat[0]["at"] == 3.0 and lat[0]["at"] + lat[0]["duration"] == 8.0
+    assert lat[0]["latency"] == pytest.approx(300, abs=2)  # half of the 600 ms excess each way
+    out = next(f for f in rec["faults"] if f["action"] == "timeout")
+    assert out["at"] == pytest.approx(11.5) and out["duration"] == pytest.approx(3.5)  # silent since the last answer
+    assert rec["base_network_ms"] == pytest.approx(1.0)
+
+
+def test_a_reconnect_in_the_stretch_makes_it_a_partition():
+    log = _log()
+    log.transitions.insert(5, _tr(13.5, "STALLED", "RECONNECTING", "server liveliness lost"))
+    rec = incident.reconstruct(log, 20.0, audit=[])
+    assert any(f["action"] == "partition" for f in rec["faults"])
+
+
+def test_stutter_comparison_scores_a_replay_against_the_original():
+    orig = _log()
+    same = incident.compare_stutter(orig, orig, 20.0)
+    assert same["recall"] == 1.0 and same["precision"] == 1.0 and incident.reproduced(same)
+    calm = EdgeLog({}, [], [_tr(0.0, "CONNECTING", "STREAMING")])
+    none = incident.compare_stutter(orig, calm, 20.0)
+    assert none["recall"] == 0.0 and not incident.reproduced(none)  # the negative check: a calm replay fails
+    shifted = EdgeLog({}, [], [_tr(0.0, "CONNECTING", "STREAMING"), _tr(9.0, "STREAMING", "STALLED"),
+                               _tr(11.0, "STALLED", "STREAMING")])
+    assert not incident.reproduced(incident.compare_stutter(orig, shifted, 20.0))
+
+
+def test_the_written_scenario_is_valid_and_names_its_evidence(tmp_path):
+    from bench.scenario.schema import load_scenario
+
+    src = tmp_path / "edge.jsonl"
+    incident.write_edge_log(_log(), src)
+    out = tmp_path / "inc.yaml"
+    scenario, window = incident.make_incident(str(src), [], 0.0, 20.0, out, name="inc")
+    s = load_scenario(out)
+    assert s.name == "inc" and s.duration_s == 20.0 and len(s.faults) == len(scenario["faults"]) >= 2
+    assert "group[robot].fallback_ticks > 0" in [a.expression for a in s.assertions]
+
+
+def test_the_example_incident_evidence_is_shipped():
+    assert (EXAMPLE / "edge-log.jsonl").is_file() and (EXAMPLE / "audit.jsonl").is_file()
+    log = incident.read_edge_log(EXAMPLE / "edge-log.jsonl")
+    assert log.robot["robot_type"] == "reacher" and log.requests and log.transitions
+    assert incident.stretches(log, 1e9), "the example incident must contain a stutter"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_replaying_the_example_incident_reproduces_its_stutter():
+    from tests.bench.scenario_runs import bench_run
+
+    run = bench_run("incident_replay")  # bench incident on the shipped evidence, window 0..26 s
+    assert "stutter REPRODUCED" in run.stderr, run.stderr[-3000:]
+    assert run.returncode == 0, run.stderr[-3000:]
+    (score,) = run.json_files("incident.json")
+    assert score["reproduced"] and score["recall"] >= 0.7 and score["precision"] >= 0.5

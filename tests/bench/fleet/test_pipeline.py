@@ -1,0 +1,153 @@
+"""The bench's own pipeline without the network: scenario -> shard loop (real robots, a fake engine)
+-> Arrow records -> parquet -> figures -> assertions -> summary.json, junit.xml, report.html."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import threading
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from bench.run.runner import Run, SiteLink
+from bench.scenario.schema import parse_scenario
+from bench.fleet.shard import Shard
+
+SCENARIO = textwrap.dedent("""\
+    name: pipeline
+    description: fake engines, real robots
+    duration_s: 2.5
+    warmup_s: 0.5
+    fleet:
+      groups:
+        - {name: a, robot: reacher, count: 3, site: lab, episode_s: 1.0, engine: {max_action_age_s: 1.0}}
+        - {name: b, robot: arm, count: 2, fps: 20, site: lab, engine: {max_action_age_s: 1.0}}
+    sites: {lab: lan}
+    servers: {replicas: [{id: r0, checkpoint: reacher}, {id: r1, checkpoint: arm}]}
+    assertions:
+      - dead_robots == 0
+      - staleness_violations == 0
+      - p99(rtt_ms) < 100
+      - group[a].none_ticks > 0
+      - states(group=a) contains [STREAMING, STALLED, STREAMING]
+      - group[b].none_ticks > 0
+""")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    s = parse_scenario(SCENARIO)
+    run = Run(s, tmp_path_factory.mktemp("run"), progress=False)
+    for d in (run.logs, run.rec_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    run.sites = {"lab": SiteLink("lab", "tcp/127.0.0.1:9")}
+    specs = run.shard_specs()
+    spec = specs[0]
+    spec["engine_factory"] = "tests.bench.fake_engine:make"
+    for r in spec["robots"]:
+        if r["group"] == "a":
+            r["engine"]["fake_stall"] = [1.2, 1.8]  # seconds after engine start
+    shard = Shard(spec, None)
+    shard.build()
+    now = time.monotonic()
+    shard.start_msg = {"start_mono": now, "t0_mono": now + s.warmup_s, "end_mono": now + s.warmup_s + s.duration_s}
+    shard.t0 = now + s.warmup_s
+    status = threading.Thread(target=shard.status_loop, daemon=True)
+    status.start()
+    shard.run_loop()
+    shard.stop_event.set()
+    final = shard.teardown()
+    run.state.done[0] = {"final_states": final}
+    outcome = run.judge(None)
+    return run, outcome
+
+
+def test_all_outputs_are_written(finished_run):
+    run, outcome = finished_run
+    for name in ("summary.json", "junit.xml", "report.html", "ticks.parquet", "requests.parquet",
+                 "transitions.parquet", "episodes.parquet", "loop.parquet", "robots.parquet"):
+        assert (run.run_dir / name).is_file(), name
+
+
+def test_summary_holds_verdict_assertions_and_figures(finished_run):
+    run, outcome = finished_run
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    assert summary["verdict"] == "fail"  # group b never went None: that assertion fails by design
+    results = {a["expression"]: a for a in summary["assertions"]}
+    assert results["group[b].none_ticks > 0"]["result"] == "fail"
+    assert results["states(group=a) contains [STREAMING, STALLED, STREAMING]"]["result"] == "pass"
+    assert results["staleness_violations == 0"]["result"] == "pass"
+    f = summary["figures"]
+    assert summary["robots"] == 5 and f["ticks"] > 200
+    assert f["none_ticks"] > 0 and f["episodes"] > 0 and f["rtt_ms"]["count"] > 0
+    assert f["on_time_ticks"] + f["late_ticks"] + f["too_late_ticks"] + f["host_late_ticks"] == f["ticks"]
+    assert set(summary["groups"]) == {"a", "b"}
+    assert summary["latency_budget"][-1]["stage"] == "total (rtt)"
+
+
+def test_junit_has_one_case_per_assertion(finished_run):
+    run, _ = finished_run
+    suite = ET.parse(run.run_dir / "junit.xml").getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) == 6
+    assert suite.get("failures") == "1"
+    assert cases[5].find("failure") is not None
+
+
+def test_report_is_self_contained(finished_run):
+    run, _ = finished_run
+    html = (run.run_dir / "report.html").read_text()
+    assert "<svg" in html and "Latency budget" in html and "Per-robot state timelines" in html
+    assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_a_slot_calls_every_engine_before_it_records_any_tick(tmp_path):
+    """A robot's host_delay is the engine calls of the robots before it in its slot, not their tick records:
+    the loop asks all engines of a slot first. Fails if records are written between engine calls."""
+    s = parse_scenario(textwrap.dedent("""\
+        name: order
+        description: call order within a slot
+        duration_s: 0.4
+        warmup_s: 0.1
+        fleet:
+          groups: [{name: a, robot: reacher, count: 6, site: lab}]
+        sites: {lab: lan}
+        servers: {replicas: [{id: r0, checkpoint: reacher}]}
+        assertions: [dead_robots == 0]
+    """))
+    run = Run(s, tmp_path, progress=False)
+    for d in (run.logs, run.rec_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    run.sites = {"lab": SiteLink("lab", "tcp/127.0.0.1:9")}
+    spec = run.shard_specs()[0]
+    spec["engine_factory"] = "tests.bench.fake_engine:make"
+    shard = Shard(spec, None)
+    shard.build()
+    events: list[tuple[str, int]] = []
+    for slot in shard.robots:
+        engine, rid = slot.engine, slot.rid
+        inner = engine.get_action
+        engine.get_action = lambda inner=inner, rid=rid: (events.append(("engine", rid)), inner())[1]
+    append = shard.ticks.append
+    shard.ticks.append = lambda **row: (events.append(("record", row["robot"])), append(**row))[1]
+    now = time.monotonic()
+    shard.start_msg = {"start_mono": now, "t0_mono": now + s.warmup_s, "end_mono": now + s.warmup_s + s.duration_s}
+    shard.t0 = now + s.warmup_s
+    shard.run_loop()
+    shard.stop_event.set()
+    shard.teardown()
+    slots = [[shard.robots[j].rid for j in m] for m in shard.schedule.members if m]
+    assert sum(map(len, slots)) == 6 and max(map(len, slots)) > 1
+    slot_of = {rid: members for members in slots for rid in members}
+    # the event stream is a sequence of slot visits: the slot's engine calls, then its records, in one order
+    i = visits = 0
+    while i < len(events):
+        members = slot_of[events[i][1]]
+        size = len(members)
+        assert events[i:i + size] == [("engine", r) for r in members], f"engine calls of a slot at event {i}"
+        assert events[i + size:i + 2 * size] == [("record", r) for r in members], f"records of a slot at event {i}"
+        i += 2 * size
+        visits += 1
+    assert visits > 10

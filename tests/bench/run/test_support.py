@@ -1,0 +1,158 @@
+"""Small parts of the runner: columnar records, /metrics parsing, CPU split, progress, control channel."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from bench.fleet import records
+from bench.fleet.control import ControlClient, ControlServer
+from bench.run.hostcpu import CpuSampler
+from bench.run.progress import format_status
+from bench.run.prom import parse_prometheus
+
+
+def test_records_roundtrip_and_torn_tail(tmp_path):
+    w = records.RecordWriter(tmp_path, "s0")
+    buf = w.buffer("requests", chunk_rows=4)
+    for i in range(10):
+        buf.append(robot=i, t=i * 0.1, seq=i, rtt_ms=10.0 + i, queue_wait_ms=1.0, inference_ms=5.0, network_ms=4.0,
+                   encode_ms=0.5, delay_steps=1, superseded=0, outcome="ok")
+    buf.flush()
+    w.close()
+    t = records.collect(tmp_path, "requests")
+    assert t.num_rows == 10 and t.column("rtt_ms").to_pylist()[-1] == 19.0
+    path = w.path("requests")
+    path.write_bytes(path.read_bytes()[:-37])  # a crash mid-write
+    assert records.collect(tmp_path, "requests").num_rows in (4, 8)
+
+
+def test_records_keep_float_vectors_and_strings(tmp_path):
+    w = records.RecordWriter(tmp_path, "s1")
+    buf = w.buffer("ticks", chunk_rows=8)
+    buf.append(robot=1, t=0.5, is_none=False, source="chunk", engine_state="STREAMING", action=np.array([0.1, 0.2], np.float32))
+    buf.append(robot=1, t=0.6, is_none=True, source="none", engine_state="STALLED", action=None)
+    buf.flush()
+    w.close()
+    t = records.collect(tmp_path, "ticks")
+    assert t.column("action").to_pylist()[0] == [np.float32(0.1), np.float32(0.2)]
+    assert t.column("action").to_pylist()[1] is None
+    assert t.column("engine_state").to_pylist() == ["STREAMING", "STALLED"]
+
+
+def test_prometheus_parser_reads_samples_and_skips_garbage():
+    text = '# HELP x\npolicy_server_load 0.5\npolicy_server_queue_depth{model="m"} 3\nbroken line\nx_bucket{le="+Inf"} 7\n'
+    got = parse_prometheus(text)
+    assert ("policy_server_load", {}, 0.5) in got
+    assert ("policy_server_queue_depth", {"model": "m"}, 3.0) in got
+    assert ("x_bucket", {"le": "+Inf"}, 7.0) in got
+
+
+def test_cpu_sampler_attributes_a_busy_process():
+    s = CpuSampler(period_s=10)
+    s.track("me", os.getpid())
+    s.sample()
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        pass
+    out = s.sample()
+    assert out["processes"]["me"] > 50 and 0 <= out["host_percent"] <= 100
+    split = s.split(-1e9, 1e9)
+    assert split["split"]["me"] > 50
+
+
+def test_cpu_sampler_follows_a_restarted_process_and_keeps_reaped_children_out_of_the_runner():
+    import subprocess
+    import sys
+
+    busy = [sys.executable, "-c", "import time\nend = time.monotonic() + 0.4\nwhile time.monotonic() < end: pass"]
+    current = {"pid": None}
+    s = CpuSampler(period_s=10)
+    s.track("server:r1", lambda: current["pid"])
+    first = subprocess.Popen(busy)
+    current["pid"] = first.pid
+    s.sample()
+    first.wait()  # reaped by this process, the "runner": its CPU must not show up as the runner's
+    second = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)\n" + busy[2]])
+    current["pid"] = second.pid  # the replica came back under a new pid
+    time.sleep(0.5)
+    out = s.sample()
+    second.wait()
+    assert out["processes"]["runner"] < 40, out  # the first child burnt ~0.4 s of a ~0.5 s window
+    assert out["processes"]["server:r1"] > 20, out  # the new process is followed from its start
+
+
+def test_cpu_table_keeps_every_process_ever_sampled():
+    from bench.run.runner import cpu_table
+
+    samples = [{"t": -1.0, "host_percent": 10.0, "processes": {"router": 1.0}, "speed_probe_ms": 25.0},
+               {"t": 0.0, "host_percent": 90.0, "processes": {"router": 2.0, "server-r0": 40.0, "shard-0": 30.0}},
+               {"t": 1.0, "host_percent": 80.0, "processes": {"server-r0": 35.0, "shard-0": 31.0}}]
+    t = cpu_table(samples).to_pydict()
+    assert t["t"] == [-1.0, 0.0, 1.0] and t["host_percent"] == [10.0, 90.0, 80.0]
+    assert t["cpu:server-r0"] == [None, 40.0, 35.0]  # started after the first sample: still a column
+    assert t["cpu:shard-0"] == [None, 30.0, 31.0]
+    assert t["cpu:router"] == [1.0, 2.0, None]
+    assert t["speed_probe_ms"] == [25.0, None, None]
+
+
+def test_the_in_run_speed_probe_compares_with_the_probe_and_is_summarised():
+    from bench.run.hostcpu import speed_probe_cpu_ms, speed_probe_ms
+
+    whole, part = speed_probe_ms(repeats=1), speed_probe_cpu_ms()
+    assert 0.5 < part / whole < 2.0  # a quarter of the loop, scaled to a whole one (the VM may shift meanwhile)
+    s = CpuSampler(probe_every=2)
+    s.track("me", os.getpid())
+    for _ in range(5):
+        s.sample()
+    probed = [x for x in s.samples if "speed_probe_ms" in x]
+    assert len(s.samples) == 4 and len(probed) == 2  # the first call only sets the baseline
+    summary = s.probes()
+    assert summary["count"] == 2 and 0 < summary["min_ms"] <= summary["median_ms"] <= summary["max_ms"]
+    assert CpuSampler(probe_every=0).probes() == {}
+
+
+def test_hop_split_joins_audit_lines_on_the_client_stamp():
+    from bench.run.runner import hop_split
+
+    rows = [{"outcome": "ok", "client_mono_ns": 1_000_000_000, "received_mono_ms": 1030.0, "sent_mono_ms": 1055.0},
+            {"outcome": "ok", "client_mono_ns": 2_000_000_000, "received_mono_ms": 2010.5, "sent_mono_ms": 2020.0},
+            {"outcome": "expired", "client_mono_ns": 3_000_000_000, "received_mono_ms": 3001.0, "sent_mono_ms": None},
+            {"outcome": "ok", "client_mono_ns": 4_000_000_000}]  # an older server: no timings
+    sent = np.array([2_000_000_000, 1_000_000_000, 3_000_000_000, 4_000_000_000, 5_000_000_000, 0], np.int64)
+    t_recv = np.array([2.05, 1.08, 3.5, 4.1, 5.1, 6.0])
+    up, down = hop_split(sent, t_recv, rows)
+    assert up[:2] == pytest.approx([10.5, 30.0]) and down[:2] == pytest.approx([30.0, 25.0], abs=1e-6)
+    assert np.isnan(up[2:]).all() and np.isnan(down[2:]).all()  # not answered, no timings, no audit line, no stamp
+    assert [len(x) for x in hop_split(sent, t_recv, [])] == [6, 6]
+
+
+def test_progress_line_shows_states_and_figures():
+    line = format_status(12.0, 60, "run", {"states": {"STREAMING": 290, "STALLED": 10}, "ticks": 1000, "none_ticks": 10,
+                                          "late_ticks": 1, "host_late_ticks": 2, "rtt_p50_ms": 60.0, "rtt_p99_ms": 140.0},
+                         {"host_percent": 150.0})
+    assert "12.0/60s" in line and "STRE:290" in line and "none 1.0%" in line and "rtt p50 60 p99 140" in line
+
+
+def test_control_channel_round_trip():
+    server = ControlServer()
+    try:
+        got = queue.Queue()
+        client = ControlClient(server.path, got.put)
+        client.send({"type": "hello", "shard": 3, "pid": 1})
+        link, msg = server.messages.get(timeout=5)
+        assert msg == {"type": "hello", "shard": 3, "pid": 1}
+        deadline = time.monotonic() + 5
+        while server.link(3) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.broadcast({"type": "start", "t0_mono": 1.5})
+        assert got.get(timeout=5) == {"type": "start", "t0_mono": 1.5}
+        client.close()
+    finally:
+        server.close()
+    assert not os.path.exists(server.path)

@@ -1,0 +1,132 @@
+"""The scenario schema: valid files load, and every error names the file, the line and the key."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from bench.scenario.schema import ScenarioError, SCENARIOS_DIR, load_scenario, parse_scenario, sweep_variants
+
+BASE = """\
+name: t
+description: a test
+duration_s: 10
+fleet:
+  shards: 1
+  groups:
+    - name: g
+      robot: reacher
+      count: 2
+      site: lab
+sites:
+  lab: {profile: lan}
+servers:
+  replicas:
+    - {id: r0, checkpoint: reacher}
+assertions:
+  - dead_robots == 0
+"""
+
+
+def parse(text: str):
+    return parse_scenario(textwrap.dedent(text), source="t.yaml")
+
+
+def error_of(text: str) -> ScenarioError:
+    with pytest.raises(ScenarioError) as info:
+        parse(text)
+    return info.value
+
+
+def test_minimal_scenario_loads_with_defaults():
+    s = parse(BASE)
+    assert s.name == "t" and s.robots == 2 and s.groups[0].fps == 30 and s.warmup_s == 5.0
+    assert s.groups[0].model_id == "reacher" and s.replicas[0].model_id == "reacher"
+    assert s.assertions[0].expression == "dead_robots == 0" and s.assertions[0].line == 17
+
+
+def test_unknown_top_level_key_names_key_line_and_suggestion():
+    err = error_of(BASE + "duraton_s: 5\n")
+    assert err.line == 18 and err.path == "duraton_s"
+    assert "unknown key" in str(err) and "did you mean 'duration_s'" in str(err)
+    assert str(err).startswith("t.yaml:18: duraton_s:")
+
+
+def test_unknown_group_key_names_nested_path_and_line():
+    err = error_of(BASE.replace("      count: 2\n", "      count: 2\n      cuont: 3\n"))
+    assert err.path == "fleet.groups[0].cuont" and err.line == 10
+
+
+def test_wrong_type_names_key_and_line():
+    err = error_of(BASE.replace("count: 2", "count: two"))
+    assert err.path == "fleet.groups[0].count" and err.line == 9 and "positive integer" in str(err)
+
+
+def test_missing_required_key_is_named():
+    err = error_of(BASE.replace("duration_s: 10\n", ""))
+    assert err.path == "duration_s" and "required" in str(err)
+
+
+def test_unknown_site_reference_lists_sites():
+    err = error_of(BASE.replace("site: lab", "site: moon"))
+    assert err.path == "fleet.groups[0].site" and "lab" in err.message
+
+
+def test_unknown_robot_type_and_profile_are_rejected():
+    assert "unknown robot type" in str(error_of(BASE.replace("robot: reacher", "robot: toaster")))
+    err = error_of(BASE.replace("profile: lan", "profile: dialup"))
+    assert err.path == "sites.lab.profile" and err.line == 12
+
+
+def test_bad_assertion_names_figure_and_line():
+    err = error_of(BASE.replace("dead_robots == 0", "p99(rtt) < 250"))
+    assert err.path == "assertions[0]" and err.line == 17
+    assert "unknown figure 'rtt'" in err.message and "rtt_ms" in err.message
+
+
+def test_unsafe_assertion_is_rejected_at_load():
+    err = error_of(BASE.replace("dead_robots == 0", "__import__('os').system('true') == 0"))
+    assert "only these functions may be called" in err.message
+
+
+def test_group_scoped_assertion_needs_a_known_group():
+    assert "unknown group 'nope'" in error_of(BASE.replace("dead_robots == 0", "group[nope].ticks > 0")).message
+    parse(BASE.replace("dead_robots == 0", "group[g].fallback_ticks >= 0"))
+
+
+def test_group_model_must_be_served():
+    err = error_of(BASE.replace("      site: lab\n", "      site: lab\n      model_id: other\n"))
+    assert "no server replica serves model 'other'" in err.message
+
+
+def test_fault_target_must_exist():
+    err = error_of(BASE + "faults:\n  - {at: 2, target: site:mars, action: partition, duration: 1}\n")
+    assert err.path == "faults[0].target" and err.line == 19 and "site:lab" in err.message
+
+
+def test_duplicate_keys_and_bad_yaml_report_a_line():
+    assert error_of(BASE + "name: again\n").line == 18
+    assert error_of("name: [unclosed\n").line >= 1
+
+
+def test_engine_keys_owned_by_the_bench_are_rejected():
+    err = error_of(BASE.replace("      site: lab\n", "      site: lab\n      engine: {fps: 10}\n"))
+    assert err.path == "fleet.groups[0].engine.fps"
+
+
+def test_sweep_makes_one_variant_per_value():
+    s = parse(BASE + "sweep: {key: fleet.groups.g.count, values: [1, 3]}\n")
+    variants = sweep_variants(s)
+    assert [v.robots for _, v in variants] == [1, 3]
+    assert variants[0][0] == "fleet.groups.g.count-1"
+
+
+def test_sweep_key_must_exist():
+    assert error_of(BASE + "sweep: {key: fleet.nothing, values: [1]}\n").path == "sweep.key"
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS_DIR.glob("**/*.yaml")), ids=lambda p: str(p.relative_to(SCENARIOS_DIR)))
+def test_shipped_scenarios_validate(path):
+    s = load_scenario(path)
+    assert s.description and s.assertions

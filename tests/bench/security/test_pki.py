@@ -1,0 +1,47 @@
+"""The bench PKI helper: one CA, leaves named by identity, keys never readable by others."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import stat
+
+from cryptography import x509
+
+from bench.security.pki import Pki, server_cn
+from wire.transport import TlsFiles, common_name
+
+
+def test_robot_router_and_server_certificates_chain_to_the_ca_with_the_identity_as_cn(tmp_path):
+    pki = Pki(tmp_path / "pki")
+    robot, router, server = pki.robot("honest-0"), pki.router(), pki.server("r0")
+    ca = x509.load_pem_x509_certificate(open(robot.ca, "rb").read())
+    for files, cn in ((robot, "honest-0"), (router, "router"), (server, server_cn("r0"))):
+        cert = x509.load_pem_x509_certificate(open(files.cert, "rb").read())
+        assert common_name(cert) == cn
+        cert.verify_directly_issued_by(ca)
+        TlsFiles(files.ca, files.cert, files.key).check()
+    san = x509.load_pem_x509_certificate(open(router.cert, "rb").read()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert "localhost" in san.get_values_for_type(x509.DNSName)  # robots verify the router's name
+
+
+def test_keys_are_0600_and_the_directory_0700(tmp_path):
+    pki = Pki(tmp_path / "pki")
+    files = pki.robot("honest-1")
+    assert stat.S_IMODE(os.stat(files.key).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(pki.ca_key_path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "pki").st_mode) == 0o700
+
+
+def test_the_ca_is_reused_across_instances_and_another_pki_is_another_ca(tmp_path):
+    a1 = Pki(tmp_path / "a").ca_cert_path.read_bytes()
+    assert Pki(tmp_path / "a").ca_cert_path.read_bytes() == a1
+    assert Pki(tmp_path / "b").ca_cert_path.read_bytes() != a1
+
+
+def test_validity_can_be_set_for_expired_certificate_tests(tmp_path):
+    now = dt.datetime.now(dt.timezone.utc)
+    files = Pki(tmp_path / "pki").issue("old", not_before=now - dt.timedelta(days=3), not_after=now - dt.timedelta(days=1))
+    cert = x509.load_pem_x509_certificate(open(files.cert, "rb").read())
+    assert cert.not_valid_after_utc < now
