@@ -19,7 +19,6 @@ process group; a fault on a process that is not running raises `ProcessGone`, ne
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import signal
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from wire.procs import ChildProcess, start_router
+from wire.suggest import did_you_mean
 
 
 class ProcessFaultError(RuntimeError):
@@ -260,8 +260,7 @@ FAULTS: dict[str, Callable[..., FaultHandle]] = {
 def apply_fault(processes: Mapping[str, ManagedProcess], target: str, action: str, **params) -> FaultHandle:
     """Apply fault `action` to `processes[target]` (e.g. "server:r1", "router")."""
     if target not in processes:
-        hint = difflib.get_close_matches(target, list(processes), n=1)
-        raise UnknownProcess(f"no process {target!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        raise UnknownProcess(f"no process {target!r}" + did_you_mean(target, processes)
                              + f"; known: {', '.join(sorted(processes)) or '(none)'}")
     fn = FAULTS.get(action)
     if fn is None:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 from typing import Any, Mapping
 
 from chaos.toxiproxy.toxics import REGISTRY
+from wire.suggest import did_you_mean
 
 STREAMS = ("upstream", "downstream")
 
@@ -87,8 +87,7 @@ PROFILES: dict[str, list[dict]] = {
 
 def _unknown(what: str, value: str, known) -> ValueError:
     known = sorted(known)
-    hint = difflib.get_close_matches(str(value), known, n=1)
-    return ValueError(f"unknown {what} {value!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+    return ValueError(f"unknown {what} {value!r}" + did_you_mean(value, known)
                       + f"; known: {', '.join(known)}")
 
 

@@ -19,7 +19,6 @@ target; when `stop()` returns, every windowed fault the runner applied has been 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import heapq
 import itertools
 import math
@@ -31,6 +30,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Protocol
 
 from chaos import profiles
+from wire.suggest import did_you_mean
 
 # --- the events --------------------------------------------------------------------------------
 
@@ -273,8 +273,7 @@ FAMILY_WORDS = {"site": "a site", "process": "a server or the router", "robot": 
 
 
 def _closest(word, options) -> str:
-    hint = difflib.get_close_matches(str(word), list(options), n=1)
-    return f" (did you mean {hint[0]!r}?)" if hint else ""
+    return did_you_mean(word, options)
 
 
 def _parse_target(i: int, raw) -> tuple[str, str, int | None]:

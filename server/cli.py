@@ -2,6 +2,7 @@
 
     policy-server --manifest m.yaml [--set scheduling.max_batch=8] [--max-sessions 16] ...
     policy-server replay CAPTURE_DIR --checkpoint DIR
+    policy-server schema manifest                      the manifest's JSON Schema (editors: docs/manifest.md)
 
 Exit codes: 0 clean stop or drain, 2 a user error (bad manifest, missing checkpoint, unreachable
 router) reported in one line without a traceback, 1 replay mismatch or an internal failure.
@@ -47,6 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "replay":
         return _replay(_replay_parser().parse_args(argv[1:]))
+    if argv and argv[0] == "schema":
+        ap = argparse.ArgumentParser(prog="policy-server schema",
+                                     description="Print a JSON Schema for editors (docs/manifest.md, Editor support).")
+        ap.add_argument("what", choices=["manifest"])
+        ap.parse_args(argv[1:])
+        from server.manifest import json_schema
+
+        print(json.dumps(json_schema(), indent=2))
+        return 0
     args = _serve_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level or "INFO").upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

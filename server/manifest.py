@@ -1,13 +1,14 @@
 """The policy server's manifest: one YAML file (design 004 8.6 merged with 003's scheduling/models/clients).
 
-    m.yaml ──► line-tracking YAML ──► overrides (flags, --set) ──► dataclass walk ──► Manifest
-               (every key keeps        merged into the same         unknown keys, types, ranges,
-                its line number)       tree, marked "override"      choices, files, cross-field checks
+    m.yaml ──► wire.yamlines ──► overrides (flags, --set) ──► pydantic validation ──► Manifest
+               (every key keeps   merged into the same         types, ranges, choices, files, unknown
+                its line number)  tree, marked "override"      keys, then each section's cross-field checks
 
-The dataclasses below ARE the schema: each field's type, default and `doc` metadata drive the
-validation, `Manifest.to_dict()` and the reference table in docs/manifest.md
-(`python -m server.manifest --doc`). Errors are `ManifestError`, whose text is
-``file:line: dotted.key: what is wrong; what to do``.
+The pydantic dataclasses below ARE the schema: each field's type, bounds and description drive the
+validation, `Manifest.to_dict()`, the JSON Schema editors use (`policy-server schema manifest`)
+and the reference table in docs/manifest.md (`python -m server.manifest --doc`). Errors are
+`ManifestError`, whose text is ``file:line: dotted.key: what is wrong; what to do``: pydantic's
+error records are translated here, with the line looked up in the YAML tree.
 
 Invariants: weights load only from a local directory (a hub id is refused with the command that
 downloads it); a value from `--set` or a flag goes through exactly the checks a file value does;
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
+import functools
 import json
 import math
 import os
@@ -27,25 +28,32 @@ import re
 import sys
 import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Annotated, Any, Callable, Literal, Mapping
 
+import annotated_types
 import yaml
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError, model_validator
+from pydantic.dataclasses import dataclass
+from pydantic_core import ArgsKwargs, PydanticCustomError
+from pydantic_core import PydanticUndefined as MISSING
 
+from wire import yamlines
 from wire.errors import WireError
 from wire.keys import sanitize, sanitize_root
+from wire.suggest import closest
 from wire.tensors import DEFAULT_LIMITS
+from wire.yamlines import OVERRIDE, LineDict
 
 __all__ = [
     "Manifest", "ManifestError", "load_manifest", "manifest_from_dict", "apply_overrides",
-    "add_cli_arguments", "overrides_from_args", "schema_doc",
+    "add_cli_arguments", "overrides_from_args", "schema_doc", "json_schema",
     "ModelConfig", "EmulatedLatency", "ZenohConfig", "TlsConfig", "DebugConfig", "SchedulingConfig",
     "PipelineDispatch", "ModelsConfig", "ModelLimits", "ClientsConfig", "ClientDefaults", "KnownClient",
     "SessionConfig", "SecurityConfig", "LimitsConfig", "ResponseTracking", "MetricsConfig", "DrainConfig",
 ]
 
-OVERRIDE = "override"  # the "line" of a value that came from a flag or --set
 FALLBACK_SCHEDULERS = ("round_robin", "deadline_aware", "model_deadline", "priority_tiered", "batch_optimized")
 DEFAULT_EXECUTION_HORIZON = 10
 
@@ -64,20 +72,114 @@ class ManifestError(ValueError):
         super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
 
 
-def _f(default: Any = MISSING, doc: str = "", **meta: Any) -> Any:
-    """A manifest field: `doc` explains it; meta may hold lo, hi, gt (strict lower bound), choices
-    (a tuple or a callable returning names), check (a `_CHECKS` word), noun, default_doc."""
-    meta["doc"] = doc
+# ---- field and value types ---------------------------------------------------------------------------------------
+
+class _Meta:
+    """What the docs table and the error text need beyond pydantic's field: `noun`, `default_doc`.
+    Rides on `json_schema_extra` (pydantic calls it while writing the JSON Schema; it adds nothing)."""
+
+    def __init__(self, **meta: Any):
+        self.meta = meta
+
+    def __call__(self, schema: dict) -> None:
+        pass
+
+
+def _f(default: Any = MISSING, doc: str = "", *, lo: float | None = None, hi: float | None = None,
+       gt: float | None = None, **meta: Any) -> Any:
+    """A manifest field: `doc` explains it; lo/hi/gt bound a number; meta may hold noun, default_doc."""
+    kw: dict[str, Any] = {"description": doc, "json_schema_extra": _Meta(**meta)}
+    for name, v in (("ge", lo), ("le", hi), ("gt", gt)):
+        if v is not None:
+            kw[name] = v
+    if default is MISSING:
+        return Field(**kw)
     if isinstance(default, (list, dict, set)):
         value = default
-        return field(default_factory=lambda: type(value)(value), metadata=meta)
+        return Field(default_factory=lambda: type(value)(value), **kw)
     if isinstance(default, type) and is_dataclass(default):
-        return field(default_factory=default, metadata=meta)
-    return field(default=default, metadata=meta)
+        return Field(default_factory=default, **kw)
+    return Field(default, **kw)
 
 
+class _Kind:
+    """A marker in a field's type naming the check it runs (for the docs table)."""
+
+    def __init__(self, word: str, names: Callable[[], list[str] | None] | None = None):
+        self.word, self.names = word, names
+
+
+def _raise(message: str) -> None:
+    raise PydanticCustomError("manifest", "{message}", {"message": message})
+
+
+def _run_check(word: str, v: Any) -> Any:
+    _CHECKS[word](v, _raise)
+    return v
+
+
+def _checked(word: str) -> Any:
+    return Annotated[str, Strict(), AfterValidator(functools.partial(_run_check, word)), _Kind(word)]
+
+
+def _in(names: Callable[[], list[str] | None]) -> Any:
+    def check(v: str) -> str:
+        known = names()
+        if known is not None and v not in known:
+            _raise(f"{v!r} is not one of {', '.join(known)}; pick one of them")
+        return v
+    return Annotated[str, Strict(), AfterValidator(check), _Kind("choices", names)]
+
+
+def _not_nan(v: float) -> float:
+    if math.isnan(v):
+        _raise("must be a number, got nan")
+    return v
+
+
+def _one_or_many(v: Any) -> Any:
+    return [v] if isinstance(v, str) else v
+
+
+def _upper(v: Any) -> Any:
+    return v.upper() if isinstance(v, str) else v
+
+
+Int = Annotated[int, Strict()]
+Num = Annotated[float, Strict(), AfterValidator(_not_nan)]
+Str = Annotated[str, Strict()]
+Bool = Annotated[bool, Strict()]
+Checkpoint = _checked("checkpoint_dir")
+File = _checked("file")
+Dir = _checked("not_file")
+OutFile = _checked("not_dir")
+KeyChunk = _checked("key_chunk")
+KeyRoot = _checked("key_root")
+Endpoint = _checked("endpoint")
+Device = _checked("device")
+Endpoints = Annotated[tuple[Endpoint, ...], BeforeValidator(_one_or_many)]
+Strs = Annotated[tuple[Str, ...], BeforeValidator(_one_or_many)]
+
+_CONFIG = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class _Section:
-    """Shared by every manifest section: back to plain data, and dict-style `get`."""
+    """Shared by every manifest section: cross-field checks after the fields, plain data, dict-style `get`."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        resolve = getattr(self, "_resolve", None)
+        if resolve is not None:
+            def fail(key: str, message: str) -> None:
+                raise PydanticCustomError("manifest_key", "{message}", {"message": message, "key": key})
+            resolve(fail)
+        return self
+
+    def _derive(self, **changes: Any) -> None:
+        """Fill derived defaults while the section is being validated (it is frozen afterwards)."""
+        for k, v in changes.items():
+            object.__setattr__(self, k, v)
 
     def to_dict(self) -> dict:
         return _plain(self)
@@ -116,42 +218,46 @@ def _scoring_names() -> list[str] | None:
 
 # ---- the schema ------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ModelConfig(_Section):
     """The checkpoint this replica serves (one model per process, design 004 8.1)."""
 
-    repo_or_path: str = _f(doc="local checkpoint directory (config.json, model.safetensors, stats.json); "
-                               "a hub id is refused: download it first", check="checkpoint_dir")
-    revision: str = _f(None, "revision in the keys and reported to clients", check="key_chunk",
+    repo_or_path: Checkpoint = _f(doc="local checkpoint directory (config.json, model.safetensors, stats.json); "
+                                      "a hub id is refused: download it first")
+    revision: KeyChunk | None = _f(None, "revision in the keys and reported to clients",
                        default_doc="checkpoint's, else `main`")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "weights dtype")
-    device: str = _f("cpu", "torch device: cpu, cuda or cuda:N (cuda needs a CUDA build of torch)", check="device")
+    device: Device = _f("cpu", "torch device: cpu, cuda or cuda:N (cuda needs a CUDA build of torch)")
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "ModelConfig":
         if self.revision is None:
             rev = _checkpoint_meta(self.repo_or_path).get("revision")
-            return dataclasses.replace(self, revision=rev if isinstance(rev, str) and _is_chunk(rev) else "main")
+            self._derive(revision=rev if isinstance(rev, str) and _is_chunk(rev) else "main")
         return self
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class EmulatedLatency(_Section):
     """Accelerator time added to every forward pass on a CPU host; reported as emulated everywhere."""
 
     distribution: Literal["fixed", "normal", "lognormal", "uniform"] = _f("fixed", "shape of the samples",
                                                                          noun="distribution")
-    mean_ms: float = _f(0.0, "mean (fixed: the value; uniform without max_ms: range is 0..2*mean)", lo=0.0)
-    std_ms: float = _f(0.0, "standard deviation (normal, lognormal)", lo=0.0)
-    min_ms: float = _f(0.0, "lower clamp (uniform: lower bound)", lo=0.0)
-    max_ms: float = _f(math.inf, "upper clamp (uniform: upper bound)", lo=0.0)
-    per_batch_item_ms: float = _f(0.0, "added per extra session in a micro-batch", lo=0.0)
-    seed: int | None = _f(None, "RNG seed for reproducible samples; null = fresh")
+    mean_ms: Num = _f(0.0, "mean (fixed: the value; uniform without max_ms: range is 0..2*mean)", lo=0.0)
+    std_ms: Num = _f(0.0, "standard deviation (normal, lognormal)", lo=0.0)
+    min_ms: Num = _f(0.0, "lower clamp (uniform: lower bound)", lo=0.0)
+    max_ms: Num = _f(math.inf, "upper clamp (uniform: upper bound)", lo=0.0)
+    per_batch_item_ms: Num = _f(0.0, "added per extra session in a micro-batch", lo=0.0)
+    seed: Int | None = _f(None, "RNG seed for reproducible samples; null = fresh")
 
+    @model_validator(mode="before")
     @classmethod
-    def _from_scalar(cls, v: Any, fail: Callable[[str], None]) -> dict:
+    def _from_scalar(cls, v: Any) -> Any:
+        """`emulated_latency: 20` is the fixed 20 ms."""
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return {"distribution": "fixed", "mean_ms": v}
-        fail(f"must be a number of ms or a mapping {{distribution, mean_ms, ...}}, got {_show(v)}")
+        if not isinstance(v, (Mapping, ArgsKwargs, EmulatedLatency)):
+            _raise(f"must be a number of ms or a mapping {{distribution, mean_ms, ...}}, got {_show(v)}")
+        return v
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "EmulatedLatency":
         if self.min_ms > self.max_ms:
@@ -159,14 +265,13 @@ class EmulatedLatency(_Section):
         return self
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class TlsConfig(_Section):
     """TLS towards the router (wire.transport.make_config); setting root_ca_certificate enables it."""
 
-    root_ca_certificate: str | None = _f(None, "CA file that signed the router's certificate (enables TLS)",
-                                         check="file")
-    connect_certificate: str | None = _f(None, "this server's certificate (mTLS)", check="file")
-    connect_private_key: str | None = _f(None, "its private key (mTLS)", check="file")
+    root_ca_certificate: File | None = _f(None, "CA file that signed the router's certificate (enables TLS)")
+    connect_certificate: File | None = _f(None, "this server's certificate (mTLS)")
+    connect_private_key: File | None = _f(None, "its private key (mTLS)")
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "TlsConfig":
         if bool(self.connect_certificate) != bool(self.connect_private_key):
@@ -185,15 +290,13 @@ class TlsConfig(_Section):
         return self
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ZenohConfig(_Section):
     """How the server reaches the router (client mode; design 004 6.6)."""
 
-    connect_endpoints: tuple[str, ...] = _f(doc="router endpoints, e.g. [tcp/127.0.0.1:7447] or [tls/host:7447]",
-                                            check="endpoint")
-    listen_endpoints: tuple[str, ...] = _f((), "endpoints this server also listens on (peers); usually empty",
-                                           check="endpoint")
-    lease_ms: int = _f(1000, "this session's lease: how fast the router notices the server died", lo=100, hi=600000)
+    connect_endpoints: Endpoints = _f(doc="router endpoints, e.g. [tcp/127.0.0.1:7447] or [tls/host:7447]")
+    listen_endpoints: Endpoints = _f((), "endpoints this server also listens on (peers); usually empty")
+    lease_ms: Int = _f(1000, "this session's lease: how fast the router notices the server died", lo=100, hi=600000)
     tls: TlsConfig = _f(TlsConfig, "TLS files")
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "ZenohConfig":
@@ -205,19 +308,19 @@ class ZenohConfig(_Section):
         return self
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class DebugConfig(_Section):
     """Debug capture for byte-exact offline replay (`policy-server replay`)."""
 
-    capture_dir: str | None = _f(None, "keep request/response batches here; null = off", check="not_file")
-    capture_max: int = _f(256, "newest forward passes kept (a ring of files)", lo=1)
+    capture_dir: Dir | None = _f(None, "keep request/response batches here; null = off")
+    capture_max: Int = _f(256, "newest forward passes kept (a ring of files)", lo=1)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class PipelineDispatch(_Section):
     """Per-model dispatch loops (design 003 "Pipeline Dispatch")."""
 
-    enabled: bool = _f(True, "one dispatch loop per model, `max_inflight` forward passes at a time; the "
+    enabled: Bool = _f(True, "one dispatch loop per model, `max_inflight` forward passes at a time; the "
                              "legacy single loop is not implemented, so only true is accepted")
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "PipelineDispatch":
@@ -226,21 +329,21 @@ class PipelineDispatch(_Section):
         return self
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class SchedulingConfig(_Section):
     """Which pending request runs next (server/scheduling.py) and how the queue overflows (003)."""
 
-    strategy: str = _f("round_robin", "scheduler strategy (server.scheduling registry)", choices=_scheduler_names)
-    scoring: str | None = _f(None, "registered scoring function for deadline_aware/model_deadline; null = built-in",
-                             choices=_scoring_names)
-    max_queue_size: int = _f(500, "pending requests (one per session) before the overflow policy", lo=1)
-    request_ttl_ms: float = _f(5000.0, "a request waiting longer is answered EXPIRED", gt=0.0)
+    strategy: _in(_scheduler_names) = _f("round_robin", "scheduler strategy (server.scheduling registry)")
+    scoring: _in(_scoring_names) | None = _f(None, "registered scoring function for deadline_aware/model_deadline; "
+                                                   "null = built-in")
+    max_queue_size: Int = _f(500, "pending requests (one per session) before the overflow policy", lo=1)
+    request_ttl_ms: Num = _f(5000.0, "a request waiting longer is answered EXPIRED", gt=0.0)
     overflow_policy: Literal["drop_oldest", "drop_newest", "reject"] = _f(
         "drop_oldest", "what a full queue does: evict the oldest request, refuse the new one quietly, or refuse "
                        "it with an error to the client")
-    max_retries: int = _f(0, "re-queue a failed forward pass up to N times", lo=0, hi=100)
-    max_batch: int = _f(1, "sessions per forward pass (1 = no micro-batching)", lo=1, hi=1024)
-    batch_window_ms: float = _f(2.0, "how long a partial batch waits for more sessions", lo=0.0, hi=1000.0)
+    max_retries: Int = _f(0, "re-queue a failed forward pass up to N times", lo=0, hi=100)
+    max_batch: Int = _f(1, "sessions per forward pass (1 = no micro-batching)", lo=1, hi=1024)
+    batch_window_ms: Num = _f(2.0, "how long a partial batch waits for more sessions", lo=0.0, hi=1000.0)
     pipeline_dispatch: PipelineDispatch = _f(PipelineDispatch, "per-model dispatch loops")
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "SchedulingConfig":
@@ -257,46 +360,46 @@ class SchedulingConfig(_Section):
         return self
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ModelLimits(_Section):
     """Dispatch concurrency of one model id."""
 
-    max_inflight: int = _f(1, "concurrent forward passes of this model", lo=1, hi=64)
+    max_inflight: Int = _f(1, "concurrent forward passes of this model", lo=1, hi=64)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ModelsConfig(_Section):
     """Per-model dispatch concurrency (003 "Pipeline Dispatch")."""
 
-    known: dict[str, ModelLimits] = _f({}, "per model id: {max_inflight: N}", check="key_chunk_keys")
-    default_max_inflight: int = _f(1, "concurrent forward passes of a model not in `known`", lo=1, hi=64)
+    known: dict[KeyChunk, ModelLimits] = _f({}, "per model id: {max_inflight: N}")
+    default_max_inflight: Int = _f(1, "concurrent forward passes of a model not in `known`", lo=1, hi=64)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ClientDefaults(_Section):
     """Settings of a client that `clients.known` does not list."""
 
-    latency_budget_ms: float = _f(50.0, "latency budget (deadline scheduling)", gt=0.0)
+    latency_budget_ms: Num = _f(50.0, "latency budget (deadline scheduling)", gt=0.0)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class KnownClient(_Section):
     """One enumerated client."""
 
-    id: str = _f(doc="client uuid (as in its keys)", check="key_chunk")
-    model: str | None = _f(None, "model id it uses; null = any", check="key_chunk")
-    latency_budget_ms: float | None = _f(None, "its latency budget; null = clients.defaults", gt=0.0)
-    priority: int = _f(0, "priority tier for priority_tiered (0 = most urgent)", lo=0, hi=1000)
+    id: KeyChunk = _f(doc="client uuid (as in its keys)")
+    model: KeyChunk | None = _f(None, "model id it uses; null = any")
+    latency_budget_ms: Num | None = _f(None, "its latency budget; null = clients.defaults", gt=0.0)
+    priority: Int = _f(0, "priority tier for priority_tiered (0 = most urgent)", lo=0, hi=1000)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ClientsConfig(_Section):
     """Who may open sessions and with which budget (003 "Configuration")."""
 
     defaults: ClientDefaults = _f(ClientDefaults, "settings of unlisted clients")
     known: tuple[KnownClient, ...] = _f((), "[{id, model, latency_budget_ms, priority}] per-client settings")
-    accept_unknown: bool = _f(True, "accept clients not in `known`")
-    allowlist: tuple[str, ...] = _f((), "client uuids or tag=value allowed to open sessions; empty = all")
+    accept_unknown: Bool = _f(True, "accept clients not in `known`")
+    allowlist: Strs = _f((), "client uuids or tag=value allowed to open sessions; empty = all")
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "ClientsConfig":
         seen: set[str] = set()
@@ -309,86 +412,86 @@ class ClientsConfig(_Section):
         return self
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class SessionConfig(_Section):
     """Session lifetime."""
 
-    gc_grace_s: float = _f(2.0, "a session whose client liveliness is lost is closed after this", lo=0.0, hi=3600.0)
-    max_prefix_rows: int | None = _f(None, "largest RTC prefix a client may send (rows); null = the chunk size",
+    gc_grace_s: Num = _f(2.0, "a session whose client liveliness is lost is closed after this", lo=0.0, hi=3600.0)
+    max_prefix_rows: Int | None = _f(None, "largest RTC prefix a client may send (rows); null = the chunk size",
                                      lo=1)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class SecurityConfig(_Section):
     """Per-session protection (server/guard.py; docs/security.md): identity proofs and limits."""
 
-    require_session_auth: bool = _f(True, "observations and resets must carry the session's auth tag (wire.auth); "
+    require_session_auth: Bool = _f(True, "observations and resets must carry the session's auth tag (wire.auth); "
                                           "false accepts untagged ones (old clients; no identity binding)")
-    max_observation_bytes: int | None = _f(None, "largest observation body a session may send (answered TOO_LARGE); "
+    max_observation_bytes: Int | None = _f(None, "largest observation body a session may send (answered TOO_LARGE); "
                                                  "null = limits.max_message_bytes", lo=1024)
-    max_request_rate_hz: float = _f(100.0, "observations per second one session may send (token bucket, answered "
+    max_request_rate_hz: Num = _f(100.0, "observations per second one session may send (token bucket, answered "
                                            "RATE_LIMITED); 0 = no limit", lo=0.0)
-    request_burst: int | None = _f(None, "token bucket depth; null = one second of max_request_rate_hz", lo=1)
-    max_sessions_per_client: int = _f(4, "sessions one client uuid may hold on this replica (answered "
+    request_burst: Int | None = _f(None, "token bucket depth; null = one second of max_request_rate_hz", lo=1)
+    max_sessions_per_client: Int = _f(4, "sessions one client uuid may hold on this replica (answered "
                                          "TOO_MANY_SESSIONS)", lo=1, hi=1000)
-    reopen_idle_s: float = _f(5.0, "a session without observations for this long (or whose client token is gone) "
+    reopen_idle_s: Num = _f(5.0, "a session without observations for this long (or whose client token is gone) "
                                    "may be replaced by an open without previous_auth", gt=0.0)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class LimitsConfig(_Section):
     """Decoder size limits (wire.tensors.Limits, field for field)."""
 
-    max_message_bytes: int = _f(DEFAULT_LIMITS.max_message_bytes, "largest observation body", lo=1024)
-    max_tensors: int = _f(DEFAULT_LIMITS.max_tensors, "tensors per message", lo=1)
-    max_rank: int = _f(DEFAULT_LIMITS.max_rank, "dimensions per tensor", lo=1)
-    max_elements: int = _f(DEFAULT_LIMITS.max_elements, "elements per tensor", lo=1)
-    max_images: int = _f(DEFAULT_LIMITS.max_images, "images per message", lo=0)
-    max_image_pixels: int = _f(DEFAULT_LIMITS.max_image_pixels, "pixels per image", lo=1)
-    max_string_chars: int = _f(DEFAULT_LIMITS.max_string_chars, "characters per string (task)", lo=1)
-    max_map_entries: int = _f(DEFAULT_LIMITS.max_map_entries, "entries per map", lo=1)
-    max_list_items: int = _f(DEFAULT_LIMITS.max_list_items, "items per list", lo=1)
+    max_message_bytes: Int = _f(DEFAULT_LIMITS.max_message_bytes, "largest observation body", lo=1024)
+    max_tensors: Int = _f(DEFAULT_LIMITS.max_tensors, "tensors per message", lo=1)
+    max_rank: Int = _f(DEFAULT_LIMITS.max_rank, "dimensions per tensor", lo=1)
+    max_elements: Int = _f(DEFAULT_LIMITS.max_elements, "elements per tensor", lo=1)
+    max_images: Int = _f(DEFAULT_LIMITS.max_images, "images per message", lo=0)
+    max_image_pixels: Int = _f(DEFAULT_LIMITS.max_image_pixels, "pixels per image", lo=1)
+    max_string_chars: Int = _f(DEFAULT_LIMITS.max_string_chars, "characters per string (task)", lo=1)
+    max_map_entries: Int = _f(DEFAULT_LIMITS.max_map_entries, "entries per map", lo=1)
+    max_list_items: Int = _f(DEFAULT_LIMITS.max_list_items, "items per list", lo=1)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ResponseTracking(_Section):
     """How the server follows each client's request cadence."""
 
-    cadence_alpha: float = _f(0.3, "EWMA weight of a session's request cadence", gt=0.0, hi=1.0)
-    disconnect_timeout_s: float = _f(10.0, "a session without observations for this long is closed; 0 = never",
+    cadence_alpha: Num = _f(0.3, "EWMA weight of a session's request cadence", gt=0.0, hi=1.0)
+    disconnect_timeout_s: Num = _f(10.0, "a session without observations for this long is closed; 0 = never",
                                      lo=0.0)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class MetricsConfig(_Section):
     """In-process metrics."""
 
-    ring_buffer_size: int = _f(10000, "samples kept per series for percentiles", lo=10, hi=10_000_000)
+    ring_buffer_size: Int = _f(10000, "samples kept per series for percentiles", lo=10, hi=10_000_000)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class DrainConfig(_Section):
     """SIGTERM behaviour."""
 
-    timeout_s: float = _f(10.0, "longest wait for the work in flight before exiting", lo=0.0, hi=3600.0)
+    timeout_s: Num = _f(10.0, "longest wait for the work in flight before exiting", lo=0.0, hi=3600.0)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ServedModel(_Section):
     """What one served model is: the top level of a manifest, and each entry of `extra_models`."""
 
     model: ModelConfig = _f(doc="the checkpoint")
-    model_id: str = _f(None, "model id in the keys (unique in the process)", check="key_chunk",
+    model_id: KeyChunk | None = _f(None, "model id in the keys (unique in the process)",
                        default_doc="checkpoint directory name")
-    default_task: str = _f("", "task used when a client sends none")
-    pin_task: bool = _f(False, "refuse sessions asking for another task than default_task")
+    default_task: Str = _f("", "task used when a client sends none")
+    pin_task: Bool = _f(False, "refuse sessions asking for another task than default_task")
     serving_mode: Literal["shared", "exclusive"] = _f(
         "shared", "shared: many sessions; exclusive: one (forced for chunk-stateful policies)")
-    max_sessions: int = _f(8, "capacity; session opens beyond it get CAPACITY with the load", lo=1, hi=100000)
-    warmup_inferences: int = _f(2, "dummy forward passes before the replica declares itself ready", lo=0, hi=1000)
-    strict_fps: bool = _f(False, "reject clients whose fps differs from the trained fps (else warn)")
-    trained_fps: float | None = _f(None, "override the checkpoint's trained fps; null = the checkpoint's", gt=0.0)
-    execution_horizon: int = _f(None, "RTC prefix rows", lo=1, default_doc="checkpoint's, else 10")
+    max_sessions: Int = _f(8, "capacity; session opens beyond it get CAPACITY with the load", lo=1, hi=100000)
+    warmup_inferences: Int = _f(2, "dummy forward passes before the replica declares itself ready", lo=0, hi=1000)
+    strict_fps: Bool = _f(False, "reject clients whose fps differs from the trained fps (else warn)")
+    trained_fps: Num | None = _f(None, "override the checkpoint's trained fps; null = the checkpoint's", gt=0.0)
+    execution_horizon: Int | None = _f(None, "RTC prefix rows", lo=1, default_doc="checkpoint's, else 10")
     emulated_latency: EmulatedLatency | None = _f(None, "emulated accelerator time per forward pass: ms, or a mapping; "
                                                         "null = none")
 
@@ -396,27 +499,28 @@ class ServedModel(_Section):
         return _resolve_model_fields(self, fail)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ExtraModel(ServedModel):
     """Another model this process serves beside `model` (same replica_id, router, scheduling, clients,
     limits, health port and audit log). Fields left out take their defaults, not the top level's."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class Manifest(ServedModel):
     """One policy server replica: `load_manifest(path, overrides)` or `Manifest.from_dict(d)`."""
 
-    replica_id: str = _f("r0", "replica id in the keys (replicas of a model share a router)", check="key_chunk")
-    root: str = _f("@fleet", "the verbatim root key chunk", check="key_root")
+    replica_id: KeyChunk = _f("r0", "replica id in the keys (replicas of a model share a router)")
+    root: KeyRoot = _f("@fleet", "the verbatim root key chunk")
     extra_models: tuple[ExtraModel, ...] = _f((), "more models served by this process, each with its own sessions, "
                                                    "mailbox and dispatch loop (started at its first request)")
-    torch_threads: int = _f(1, "torch intra-op threads (1 keeps a 2-core host responsive)", lo=1, hi=1024)
+    torch_threads: Int = _f(1, "torch intra-op threads (1 keeps a 2-core host responsive)", lo=1, hi=1024)
     zenoh: ZenohConfig = _f(doc="router connection")
-    health_port: int | None = _f(0, "HTTP /healthz /readyz /metrics port; 0 = any free port, -1 or null = off",
+    health_port: Int | None = _f(0, "HTTP /healthz /readyz /metrics port; 0 = any free port, -1 or null = off",
                                  lo=-1, hi=65535)
-    health_host: str = _f("127.0.0.1", "address the health server binds")
-    audit_path: str | None = _f(None, "JSON-lines audit log (one line per request); null = off", check="not_dir")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = _f("INFO", "server log level", upper=True)
+    health_host: Str = _f("127.0.0.1", "address the health server binds")
+    audit_path: OutFile | None = _f(None, "JSON-lines audit log (one line per request); null = off")
+    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper)] = _f(
+        "INFO", "server log level")
     debug: DebugConfig = _f(DebugConfig, "debug capture")
     scheduling: SchedulingConfig = _f(SchedulingConfig, "scheduling")
     models: ModelsConfig = _f(ModelsConfig, "per-model dispatch")
@@ -482,10 +586,12 @@ def _resolve_model_fields(section, fail: Callable[[str, str], None]):
     chunk = meta.get("chunk_size")
     if isinstance(chunk, int) and horizon > chunk:
         fail("execution_horizon", f"{horizon} exceeds the checkpoint's chunk_size {chunk}; use at most {chunk}")
-    return dataclasses.replace(section, **changes) if changes else section
+    section._derive(**changes)
+    return section
 
 
 manifest_from_dict = Manifest.from_dict
+
 
 
 # ---- value checks keyed by the `check` word ---------------------------------------------------------------------
@@ -595,8 +701,7 @@ def _checkpoint_meta(directory: str) -> dict:
         return {}
     return meta if isinstance(meta, dict) else {}
 
-
-# ---- the walk: raw YAML data -> dataclasses ----------------------------------------------------------------------
+# ---- pydantic's error records -> ManifestError -------------------------------------------------------------------
 
 def _show(v: Any) -> str:
     kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(type(v))
@@ -607,90 +712,190 @@ def _show(v: Any) -> str:
     return f"{v!r} ({kind})" if kind else repr(v)
 
 
-def _loc(raw: Any, key: Any, parent: int | str | None) -> int | str | None:
-    lines = getattr(raw, "lines", None)
-    if isinstance(lines, dict) and key in lines:
-        return lines[key]
-    if isinstance(lines, list) and isinstance(key, int) and 0 <= key < len(lines):
-        return lines[key]
-    return parent
+def _unwrap(tp: Any) -> tuple[Any, bool]:
+    """(the type without None and without Annotated, whether None is allowed)."""
+    nullable = False
+    while True:
+        if typing.get_origin(tp) is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif typing.get_origin(tp) in (typing.Union, types.UnionType):
+            args = typing.get_args(tp)
+            rest = [a for a in args if a is not type(None)]
+            nullable = nullable or len(rest) < len(args)
+            tp = rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]
+            if len(rest) != 1:
+                return tp, nullable
+        else:
+            return tp, nullable
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
+def _markers(tp: Any) -> list[Any]:
+    """The Annotated metadata of `tp` and of its non-None union member."""
+    out: list[Any] = []
+    while True:
+        if typing.get_origin(tp) is Annotated:
+            out.extend(typing.get_args(tp)[1:])
+            tp = typing.get_args(tp)[0]
+        elif typing.get_origin(tp) in (typing.Union, types.UnionType):
+            rest = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(rest) != 1:
+                return out
+            tp = rest[0]
+        else:
+            return out
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
+def _field_at(cls: type, loc: tuple) -> tuple[Any, Any]:
+    """(the pydantic FieldInfo of the last field named on `loc`, the type at `loc`); (None, None) off the schema."""
+    tp, info = cls, None
+    for part in loc:
+        tp = _unwrap(tp)[0]
+        if is_dataclass(tp) and isinstance(part, str):
+            info = tp.__pydantic_fields__.get(part)
+            if info is None:
+                return None, None
+            tp = info.annotation
+        elif typing.get_origin(tp) is tuple and isinstance(part, int):
+            tp = typing.get_args(tp)[0]
+        elif typing.get_origin(tp) is dict:
+            if part == "[key]":
+                tp = typing.get_args(tp)[0]
+            else:
+                tp = typing.get_args(tp)[1]
+        else:
+            return info, None
+    return info, tp
 
 
-def _required(f: dataclasses.Field) -> bool:
-    return f.default is MISSING and f.default_factory is MISSING
+def _meta(info: Any) -> dict:
+    extra = getattr(info, "json_schema_extra", None)
+    return extra.meta if isinstance(extra, _Meta) else {}
+
+
+def _bounds(info: Any) -> tuple[Any, Any, Any]:
+    lo = hi = gt = None
+    for m in getattr(info, "metadata", ()) or ():
+        if isinstance(m, annotated_types.Ge):
+            lo = m.ge
+        elif isinstance(m, annotated_types.Le):
+            hi = m.le
+        elif isinstance(m, annotated_types.Gt):
+            gt = m.gt
+    return lo, hi, gt
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
 
 
 def _all_leaf_paths(cls: type, prefix: str = "") -> list[str]:
     out = []
-    for f in fields(cls):
-        tp = _unwrap(_hints(cls)[f.name])[0]
-        p = f"{prefix}{f.name}"
+    for name, info in cls.__pydantic_fields__.items():
+        tp = _unwrap(info.annotation)[0]
+        p = f"{prefix}{name}"
         out.extend(_all_leaf_paths(tp, p + ".") if is_dataclass(tp) else [p])
     return out
 
 
 def _unknown_key_hint(cls: type, key: str, path: str) -> str:
-    here = [f.name for f in fields(cls)]
+    here = list(cls.__pydantic_fields__)
     elsewhere = [p for p in _all_leaf_paths(Manifest) if p.rsplit(".", 1)[-1] == key]
     if elsewhere:
         return f"did you mean {elsewhere[0]}?"
-    close = difflib.get_close_matches(key, here, n=1)
+    close = closest(key, here)
     if close:
-        return f"did you mean {path + '.' if path else ''}{close[0]}?"
-    close = difflib.get_close_matches(key, _all_leaf_paths(Manifest), n=1, cutoff=0.75)
+        return f"did you mean {path + '.' if path else ''}{close}?"
+    close = closest(key, _all_leaf_paths(Manifest), cutoff=0.75)
     if close:
-        return f"did you mean {close[0]}?"
+        return f"did you mean {close}?"
     return f"known keys here: {', '.join(here)}"
 
 
+def _first_required(cls: type, loc: tuple) -> tuple:
+    """A missing section reports the first key it requires, as a missing key would."""
+    _, tp = _field_at(cls, loc)
+    tp = _unwrap(tp)[0] if tp is not None else None
+    while tp is not None and is_dataclass(tp):
+        name = next((n for n, i in tp.__pydantic_fields__.items() if i.is_required()), None)
+        if name is None:
+            break
+        loc = (*loc, name)
+        tp = _unwrap(tp.__pydantic_fields__[name].annotation)[0]
+    return loc
+
+
+_TYPE_WORDS = {
+    "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be an integer",
+    "float_type": "must be a number", "float_parsing": "must be a number", "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false", "string_type": "must be a string", "tuple_type": "must be a list",
+    "list_type": "must be a list", "dict_type": "must be a mapping",
+}
+
+
+def _message(cls: type, err: dict, loc: tuple) -> tuple[tuple, str]:
+    """(where the error points, what it says) for one pydantic error record."""
+    kind, value = err["type"], err.get("input")
+    info, tp = _field_at(cls, loc)
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        owner = _unwrap(_field_at(cls, loc[:-1])[1] if loc[:-1] else cls)[0]
+        return loc, f"unknown key; {_unknown_key_hint(owner, str(loc[-1]), _dotted(loc[:-1]))}"
+    if kind in ("missing", "missing_keyword_argument"):
+        full = _first_required(cls, loc)
+        info, _ = _field_at(cls, full)
+        return full, f"is required: {getattr(info, 'description', '') or ''}"
+    if kind in ("manifest", "manifest_key"):
+        ctx = err.get("ctx") or {}
+        key = ctx.get("key")
+        return ((*loc, key) if key else loc), ctx.get("message", err["msg"])
+    if value is None and info is not None:
+        return loc, f"may not be null; {info.description or 'give a value'}"
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        lo, hi, gt = _bounds(info)
+        bounds = f"[{_num(lo if lo is not None else gt)}, {_num(hi) if hi is not None else 'inf'}]"
+        return loc, f"{_num(value)} is outside {bounds}; give a value {_range_text(lo, hi, gt)}"
+    if kind in ("literal_error", "enum"):
+        choices = typing.get_args(_unwrap(tp)[0]) if tp is not None else ()
+        noun = _meta(info).get("noun")
+        return loc, (f"{noun + ' ' if noun else ''}{value!r} is not one of {', '.join(map(str, choices))}; "
+                     "pick one of them")
+    if kind in ("dataclass_type", "dataclass_exact_type", "dataclass_args_type", "model_type"):
+        names = list(_unwrap(tp)[0].__pydantic_fields__) if tp is not None else []
+        return loc, f"must be a mapping of {', '.join(names)}, got {_show(value)}"
+    if kind in _TYPE_WORDS:
+        hint = f"; quote it: '{value}'" if kind == "string_type" and isinstance(value, (int, float, bool)) else ""
+        if kind == "string_type" and isinstance(value, float):
+            hint = "; quote it"
+        return loc, f"{_TYPE_WORDS[kind]}, got {_show(value)}{hint}"
+    return loc, err["msg"]
+
+
+_RANK = {"unexpected_keyword_argument": 0, "extra_forbidden": 0}
+
+
 def _build(cls: type, raw: Any, path: str, loc: int | str | None, source: str):
-    if raw is None:
-        raw = {}
-    names = [f.name for f in fields(cls)]
-    if not isinstance(raw, Mapping):
-        raise ManifestError(source, loc, path or "(top level)",
-                            f"must be a mapping of {', '.join(names)}, got {_show(raw)}")
-    for key in raw:
-        if key not in names:
-            raise ManifestError(source, _loc(raw, key, loc), f"{path}.{key}" if path else str(key),
-                                f"unknown key; {_unknown_key_hint(cls, str(key), path)}")
-    hints = _hints(cls)
-    values: dict[str, Any] = {}
-    for f in fields(cls):
-        p = f"{path}.{f.name}" if path else f.name
-        if f.name in raw:
-            values[f.name] = _convert(hints[f.name], raw[f.name], p, _loc(raw, f.name, loc), source, f.metadata)
-        elif _required(f):
-            tp = _unwrap(hints[f.name])[0]
-            if is_dataclass(tp):  # a missing section: report the first missing key inside it
-                values[f.name] = _build(tp, {}, p, loc, source)
-            else:
-                raise ManifestError(source, loc, p, f"is required: {f.metadata.get('doc', '')}")
-    obj = cls(**values)
-    resolve = getattr(obj, "_resolve", None)
-    if resolve is not None:
-        def fail(key: str, message: str):
-            raise ManifestError(source, _loc(raw, key, loc), f"{path}.{key}" if path else key, message)
-        obj = resolve(fail)
-    return obj
+    """Validate `raw` (plain or line-tracking data) as `cls`; the first problem becomes a ManifestError
+    naming `source`, the line of the key (or of the nearest key above it) and the dotted key."""
+    prefix = tuple(p for p in path.split(".") if p) if path else ()
+    try:
+        return _adapter(cls).validate_python(raw)
+    except ValidationError as exc:
+        errors = sorted(exc.errors(include_url=False), key=lambda e: _RANK.get(e["type"], 1))
+        err = errors[0]
+        where, message = _message(cls, err, tuple(err["loc"]))
+        where = tuple(p for p in where if p != "[key]")  # a bad dict key is blamed on the key itself
+        # a missing key has no line: point at the mapping that lacks it (for a section, its parent)
+        missing = err["type"] in ("missing", "missing_keyword_argument")
+        anchor = where[: len(err["loc"]) - 1] if missing else where
+        line = yamlines.line_at(raw, anchor, loc) if isinstance(raw, Mapping) else loc
+        raise ManifestError(source, line, _dotted(prefix + where) or (path or "(top level)"), message) from None
 
 
-def _unwrap(tp: Any) -> tuple[Any, bool]:
-    """(the type without None, whether None is allowed)."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        rest = [a for a in args if a is not type(None)]
-        return (rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]), len(rest) < len(args)
-    return tp, False
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
 
 
 def _num(x: float) -> str:
@@ -705,140 +910,13 @@ def _range_text(lo, hi, gt) -> str:
     return f">= {_num(lo)}" if lo is not None else f"<= {_num(hi)}"
 
 
-def _convert(tp: Any, v: Any, path: str, loc, source: str, meta: Mapping):
-    fail = _failer(source, loc, path)
-    tp, nullable = _unwrap(tp)
-    if v is None:
-        if nullable or meta.get("default_doc"):
-            return None
-        fail(f"may not be null; {meta.get('doc', 'give a value')}")
-    origin = typing.get_origin(tp)
-    if is_dataclass(tp):
-        if not isinstance(v, Mapping) and hasattr(tp, "_from_scalar"):
-            v = tp._from_scalar(v, fail)
-        return _build(tp, v, path, loc, source)
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if meta.get("upper") and isinstance(v, str):
-            v = v.upper()
-        if v not in choices:
-            noun = f"{meta['noun']} " if meta.get("noun") else ""
-            fail(f"{noun}{v!r} is not one of {', '.join(choices)}; pick one of them")
-        return v
-    if origin is tuple:
-        item_tp = typing.get_args(tp)[0]
-        if isinstance(v, str) and item_tp is str:
-            v = [v]
-        if not isinstance(v, (list, tuple)):
-            fail(f"must be a list, got {_show(v)}")
-        return tuple(_convert(item_tp, x, f"{path}[{i}]", _loc(v, i, loc), source, meta) for i, x in enumerate(v))
-    if origin is dict:
-        item_tp = typing.get_args(tp)[1]
-        if not isinstance(v, Mapping):
-            fail(f"must be a mapping, got {_show(v)}")
-        out = {}
-        for k, x in v.items():
-            kloc = _loc(v, k, loc)
-            if not isinstance(k, str):
-                raise ManifestError(source, kloc, f"{path}.{k}", f"keys must be strings, got {_show(k)}; quote it")
-            if meta.get("check") == "key_chunk_keys":
-                _check_key_chunk(k, _failer(source, kloc, f"{path}.{k}"))
-            out[k] = _convert(item_tp, x, f"{path}.{k}", kloc, source, {})
-        return out
-    if tp is bool:
-        if not isinstance(v, bool):
-            fail(f"must be true or false, got {_show(v)}")
-        return v
-    if tp in (int, float):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (tp is int and not isinstance(v, int)):
-            fail(f"must be {'an integer' if tp is int else 'a number'}, got {_show(v)}")
-        if isinstance(v, float) and math.isnan(v):
-            fail("must be a number, got nan")
-        lo, hi, gt = meta.get("lo"), meta.get("hi"), meta.get("gt")
-        if (lo is not None and v < lo) or (hi is not None and v > hi) or (gt is not None and v <= gt):
-            bounds = f"[{_num(lo if lo is not None else gt)}, {_num(hi) if hi is not None else 'inf'}]"
-            fail(f"{_num(v)} is outside {bounds}; give a value {_range_text(lo, hi, gt)}")
-        v = float(v) if tp is float else v
-    elif tp is str:
-        if not isinstance(v, str):
-            hint = f"; quote it: '{v}'" if isinstance(v, (int, float, bool)) else ""
-            fail(f"must be a string, got {_show(v)}{hint}")
-    else:  # pragma: no cover - a schema bug
-        raise AssertionError(f"{path}: unsupported manifest type {tp!r}")
-    choices = meta.get("choices")
-    if choices is not None:
-        names = choices() if callable(choices) else choices
-        if names is not None and v not in names:
-            fail(f"{v!r} is not one of {', '.join(names)}; pick one of them")
-    check = meta.get("check")
-    if check in _CHECKS:
-        _CHECKS[check](v, fail)
-    return v
-
-
-def _failer(source: str, loc: int | str | None, key: str) -> Callable[[str], None]:
-    def fail(message: str) -> None:
-        raise ManifestError(source, loc, key, message)
-    return fail
-
-
-# ---- YAML with line numbers --------------------------------------------------------------------------------------
-
-# Our own small loader rather than bench.scenario.yamlines: the server never imports the bench twin (the
-# twin drives the server, not the reverse), and overrides need a third kind of "line".
-class _Map(dict):
-    """A mapping that remembers the 1-based line of each key (`lines`); overridden keys say OVERRIDE."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.lines: dict[Any, int | str] = {}
-
-
-class _Seq(list):
-    """A sequence that remembers the line of each item."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.lines: list[int | str] = []
-
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
-    loader.flatten_mapping(node)
-    out = _Map()
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if not isinstance(key, (str, int, float, bool)) and key is not None:
-            raise yaml.constructor.ConstructorError(None, None, "keys must be plain words", key_node.start_mark)
-        if key in out:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first at line {out.lines[key]})", key_node.start_mark)
-        out[key] = loader.construct_object(value_node, deep=True)
-        out.lines[key] = key_node.start_mark.line + 1
-    return out
-
-
-def _construct_seq(loader: _Loader, node: yaml.SequenceNode) -> _Seq:
-    out = _Seq(loader.construct_object(child, deep=True) for child in node.value)
-    out.lines = [child.start_mark.line + 1 for child in node.value]
-    return out
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_seq)
-
+# ---- YAML with line numbers: wire.yamlines (shared with the scenario language) -------------------------------------
 
 def _parse(text: str, source: str) -> Any:
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader derives from SafeLoader
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ManifestError(source, mark.line + 1 if mark else None, "",
-                            f"not valid YAML: {problem}; fix it at that line") from None
+        return yamlines.load(text)
+    except yamlines.YamlError as exc:
+        raise ManifestError(source, exc.line or None, "", f"not valid YAML: {exc.problem}; fix it at that line") from None
 
 
 # ---- loading and overrides ---------------------------------------------------------------------------------------
@@ -875,7 +953,7 @@ def apply_overrides(raw: dict, overrides: list[str] | Mapping[str, Any] | None, 
         for i, p in enumerate(parts[:-1]):
             nxt = cur.get(p)
             if nxt is None:
-                nxt = _Map()
+                nxt = LineDict()
                 _set(cur, p, nxt)
             elif not isinstance(nxt, dict):
                 raise ManifestError(source, OVERRIDE, ".".join(parts[: i + 1]),
@@ -888,8 +966,8 @@ def apply_overrides(raw: dict, overrides: list[str] | Mapping[str, Any] | None, 
 
 def _set(m: dict, key: str, value: Any) -> None:
     m[key] = value
-    if isinstance(getattr(m, "lines", None), dict):
-        m.lines[key] = OVERRIDE
+    if isinstance(m, LineDict):
+        m.key_lines[key] = OVERRIDE
 
 
 def _merge(m: dict, key: str, value: Any) -> None:
@@ -911,6 +989,7 @@ def _split(text: str) -> tuple[str, Any]:
         return key.strip(), yaml.safe_load(value)
     except yaml.YAMLError:
         return key.strip(), value
+
 
 
 # ---- command-line flags ------------------------------------------------------------------------------------------
@@ -963,39 +1042,46 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-# ---- reference documentation ------------------------------------------------------------------------------------
 
-def _type_text(tp: Any, meta: Mapping) -> str:
+# ---- reference documentation and JSON Schema ---------------------------------------------------------------------
+
+_KIND_TEXT = {"checkpoint_dir": "directory", "file": "file", "not_file": "str", "not_dir": "str",
+              "endpoint": "endpoint", "key_chunk": "key chunk", "key_root": "@chunk", "device": "cpu \\| cuda \\| cuda:N"}
+
+
+def _type_text(tp: Any, info: Any) -> str:
+    marks = _markers(tp) + list(getattr(info, "metadata", ()) or ())
     tp, nullable = _unwrap(tp)
+    nullable = nullable and not _meta(info).get("default_doc")
     origin = typing.get_origin(tp)
     if origin is Literal:
         text = " \\| ".join(typing.get_args(tp))
     elif origin is tuple:
-        text = f"list of {_type_text(typing.get_args(tp)[0], {})}"
+        text = f"list of {_type_text(typing.get_args(tp)[0], None)}"
     elif origin is dict:
         text = "mapping"
     elif is_dataclass(tp):
-        text = "number (ms) or mapping" if hasattr(tp, "_from_scalar") else "mapping"
+        text = "number (ms) or mapping" if tp is EmulatedLatency else "mapping"
     else:
         text = {bool: "bool", int: "int", float: "float", str: "str"}[tp]
-        check = meta.get("check")
-        text = {"checkpoint_dir": "directory", "file": "file", "endpoint": "endpoint", "key_chunk": "key chunk",
-                "key_root": "@chunk", "device": "cpu \\| cuda \\| cuda:N"}.get(check, text)
-        choices = meta.get("choices")
-        if choices is not None and callable(choices) and choices() is not None:
-            text = " \\| ".join(choices())
-        lo, hi, gt = meta.get("lo"), meta.get("hi"), meta.get("gt")
+        for m in marks:
+            if isinstance(m, _Kind) and m.word in _KIND_TEXT:
+                text = _KIND_TEXT[m.word]
+            elif isinstance(m, _Kind) and m.word == "choices" and m.names() is not None:
+                text = " \\| ".join(m.names())
+        lo, hi, gt = _bounds(info)
         if lo is not None or hi is not None or gt is not None:
             text += " " + _range_text(lo, hi, gt)
     return text + (" or null" if nullable else "")
 
 
-def _default_text(f: dataclasses.Field) -> str:
-    if f.metadata.get("default_doc"):
-        return f.metadata["default_doc"]
-    if _required(f):
+def _default_text(info: Any) -> str:
+    meta = _meta(info)
+    if meta.get("default_doc"):
+        return meta["default_doc"]
+    if info.is_required():
         return "**required**"
-    v = f.default_factory() if f.default is MISSING else f.default
+    v = info.default_factory() if info.default is MISSING else info.default
     if is_dataclass(v):
         return ""
     if v is None:
@@ -1010,30 +1096,63 @@ def schema_doc() -> str:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
 
     def walk(cls: type, prefix: str) -> None:
-        hints = _hints(cls)
-        for f in fields(cls):
-            key = f"{prefix}{f.name}"
-            tp = _unwrap(hints[f.name])[0]
-            doc = f.metadata.get("doc", "").replace("|", "\\|")
+        for name, info in cls.__pydantic_fields__.items():
+            key = f"{prefix}{name}"
+            tp = _unwrap(info.annotation)[0]
+            doc = (info.description or "").replace("|", "\\|")
             origin = typing.get_origin(tp)
-            if is_dataclass(tp) and not hasattr(tp, "_from_scalar"):
+            if is_dataclass(tp) and tp is not EmulatedLatency:
                 walk(tp, key + ".")
                 continue
-            rows.append(f"| `{key}` | {_type_text(hints[f.name], f.metadata)} | {_default_text(f)} | {doc} |")
+            rows.append(f"| `{key}` | {_type_text(info.annotation, info)} | {_default_text(info)} | {doc} |")
             if is_dataclass(tp):
                 walk(tp, key + ".")
-            elif origin is dict and is_dataclass(typing.get_args(tp)[1]):
-                walk(typing.get_args(tp)[1], key + ".<model_id>.")
-            elif origin is tuple and is_dataclass(typing.get_args(tp)[0]):
-                walk(typing.get_args(tp)[0], key + "[].")
+            elif origin is dict and is_dataclass(_unwrap(typing.get_args(tp)[1])[0]):
+                walk(_unwrap(typing.get_args(tp)[1])[0], key + ".<model_id>.")
+            elif origin is tuple and is_dataclass(_unwrap(typing.get_args(tp)[0])[0]):
+                walk(_unwrap(typing.get_args(tp)[0])[0], key + "[].")
 
     walk(Manifest, "")
     return "\n".join(rows)
 
 
+def _finite(node: Any) -> Any:
+    """JSON has no Infinity: a default of inf (no clamp) is left out of the schema."""
+    if isinstance(node, dict):
+        return {k: _finite(v) for k, v in node.items()
+                if not (k == "default" and isinstance(v, float) and math.isinf(v))}
+    if isinstance(node, list):
+        return [_finite(v) for v in node]
+    return node
+
+
+def json_schema() -> dict:
+    """The manifest as JSON Schema (draft 2020-12), for editors (docs/manifest.md "Editor support").
+
+    It checks shapes, types, bounds and fixed choices; what needs the file system or the plugin
+    registries (files exist, scheduler names, cross-field rules) only `load_manifest` checks."""
+    schema = _finite(_adapter(Manifest).json_schema())
+    defs = schema.setdefault("$defs", {})
+    # what the validators accept beyond the field's type: a number for emulated_latency, a single
+    # string for a list of strings, the log level in any case
+    for owner in [schema, *defs.values()]:
+        for name, prop in owner.get("properties", {}).items():
+            if name == "emulated_latency":
+                prop["anyOf"] = [{"type": "number", "minimum": 0}, *prop.get("anyOf", [])]
+            elif name in ("connect_endpoints", "listen_endpoints", "allowlist"):
+                prop["anyOf"] = [{"type": "string"}, {k: prop.pop(k) for k in ("type", "items") if k in prop}]
+            elif name == "log_level" and "enum" in prop:
+                prop["enum"] = prop["enum"] + [v.lower() for v in prop["enum"]]
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "fleet-inference policy server manifest"
+    return schema
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--doc"]:
         print(schema_doc())
+    elif sys.argv[1:] == ["--json-schema"]:
+        print(json.dumps(json_schema(), indent=2))
     elif len(sys.argv) >= 2 and sys.argv[1] == "--check":
         try:
             print(load_manifest(sys.argv[2], sys.argv[3:]).to_yaml(), end="")
@@ -1041,4 +1160,4 @@ if __name__ == "__main__":
             print(f"server.manifest: {exc}", file=sys.stderr)
             raise SystemExit(2)
     else:
-        print("usage: python -m server.manifest --doc | --check M.YAML [KEY=VALUE ...]")
+        print("usage: python -m server.manifest --doc | --json-schema | --check M.YAML [KEY=VALUE ...]")

@@ -2,6 +2,11 @@
 
 Everything both sides of the network agree on lives here and nowhere else. The normative
 description is docs/wire-protocol.md; tests fail if the two drift.
+
+Also at this floor, because every package above may import it and none below exists: the YAML
+loader that keeps line numbers (`wire.yamlines`) and the "did you mean" rule (`wire.suggest`)
+that the server manifest, the scenario language and the chaos timeline share; process helpers
+(`wire.procs`) and the doc-table generator (`wire.docgen`). None of these imports torch.
 """
 
 from wire.errors import WireError

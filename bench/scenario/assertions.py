@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bench.scenario.catalog import FIGURES, STATES, scalar_names, series_names
+from wire.suggest import did_you_mean
 
 MAX_EXPRESSION_CHARS = 500
 _CONTAINS_RE = re.compile(r"\bcontains\b")
@@ -350,10 +351,7 @@ def _scalar_or_fail(v, node):
 
 
 def _closest(word: str, options: list[str]) -> str:
-    import difflib
-
-    hint = difflib.get_close_matches(word, options, n=1)
-    return f" (did you mean {hint[0]!r}?)" if hint else ""
+    return did_you_mean(word, options)
 
 
 def parse(expression: str) -> ast.Expression:

@@ -13,16 +13,14 @@ with the code that consumes it.
 from __future__ import annotations
 
 import copy
-import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
-from bench.scenario import yamlines
-from bench.scenario.yamlines import LineDict, LineList
+from wire import yamlines
+from wire.suggest import did_you_mean
+from wire.yamlines import LineDict, LineList
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS_DIR = REPO_ROOT / "bench" / "checkpoints"
@@ -369,8 +367,7 @@ class _Section:
         self.data = data
         for key in data:
             if key not in schema:
-                hint = difflib.get_close_matches(str(key), list(schema), n=1)
-                suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+                suggestion = did_you_mean(key, schema)
                 raise ScenarioError(source, self.line_of(key), self.key_path(key),
                                     f"unknown key{suggestion}; known keys: {', '.join(schema)}")
 
@@ -415,11 +412,8 @@ def load_scenario(path: str | Path, *, check_checkpoints: bool = False) -> Scena
 def parse_scenario(text: str, source: str = "<string>", *, check_checkpoints: bool = False) -> Scenario:
     try:
         data = yamlines.load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = mark.line + 1 if mark else 0
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError(source, line, "", f"not valid YAML: {problem}") from None
+    except yamlines.YamlError as exc:
+        raise ScenarioError(source, exc.line, "", f"not valid YAML: {exc.problem}") from None
     if data is None:
         raise ScenarioError(source, 1, "", "the file is empty; a scenario needs name, duration_s, fleet, sites, servers")
     scenario = build_scenario(data, source)
@@ -500,10 +494,9 @@ def _read_groups(source: str, fleet: _Section, sites: dict[str, Site]) -> list[G
         if engine_fields is not None:
             for key in engine:
                 if key not in engine_fields:
-                    hint = difflib.get_close_matches(str(key), sorted(engine_fields), n=1)
                     esec_line = engine.line_of(key) if isinstance(engine, LineDict) else sec.line_of("engine")
                     raise ScenarioError(source, esec_line, f"{path}.engine.{key}",
-                                        "not a RemoteEngineConfig field" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                                        "not a RemoteEngineConfig field" + did_you_mean(key, sorted(engine_fields))
                                         + f"; fields: {', '.join(sorted(engine_fields))}")
         for owned in ("connect_endpoints", "action_names", "state_dim", "fps", "cameras"):
             if owned in engine:

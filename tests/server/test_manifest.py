@@ -360,3 +360,25 @@ def test_shipped_example_manifests_load(name, monkeypatch):
 def test_full_example_sets_every_section():
     raw = yaml.safe_load((ROOT / "examples" / "manifests" / "full.yaml").read_text())
     assert set(raw) >= {f.name for f in dataclasses.fields(Manifest)} - {"trained_fps", "torch_threads"}
+
+
+# ---- JSON Schema for editors -----------------------------------------------------------------------------------
+
+def test_json_schema_is_shipped_current_and_validates_the_examples():
+    import jsonschema
+
+    printed = subprocess.run([sys.executable, "-m", "server.cli", "schema", "manifest"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout
+    schema = json.loads(printed)
+    assert schema == json.loads((ROOT / "docs" / "schemas" / "manifest.schema.json").read_text()), \
+        "docs/schemas/manifest.schema.json is stale: policy-server schema manifest > docs/schemas/manifest.schema.json"
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for name in ("minimal.yaml", "full.yaml"):
+        data = yaml.safe_load((ROOT / "examples" / "manifests" / name).read_text())
+        assert not list(validator.iter_errors(data)), name
+    base_data = {"model": {"repo_or_path": "ckpt"}, "zenoh": {"connect_endpoints": "tcp/a:1"}, "emulated_latency": 20}
+    assert validator.is_valid(base_data)
+    for bad in ({"max_sesions": 3}, {"scheduling": {"max_batch": 0}}, {"serving_mode": "pooled"},
+                {"clients": {"known": [{"id": "a", "name": "x"}]}}):
+        assert not validator.is_valid({**base_data, **bad}), bad
