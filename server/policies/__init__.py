@@ -1,7 +1,7 @@
 """Torch policies the server runs: the contract, the registry, checkpoints and training.
 
     base.py         PolicyConfig, ChunkPolicy, register_policy / make_policy / classify
-    flow_matching.py, mlp_chunk.py, stateful_chunk.py, no_chunk.py   one registered type each
+    flow_matching.py, flow_transformer.py, mlp_chunk.py, stateful_chunk.py, no_chunk.py   one type each
     checkpoint.py   config.json + model.safetensors + stats.json, local paths only, hashed
     stats.py        normalisation stats (stats.json)
     train.py        train_bc: behaviour cloning into a checkpoint
@@ -9,7 +9,7 @@
 Importing this package registers every shipped type. Server side only: it imports torch.
 """
 
-from server.policies import flow_matching, mlp_chunk, no_chunk, stateful_chunk  # noqa: F401  (registration)
+from server.policies import flow_matching, flow_transformer, mlp_chunk, no_chunk, stateful_chunk  # noqa: F401  (registration)
 from server.policies.base import (
     POLICY_REGISTRY,
     ChunkPolicy,

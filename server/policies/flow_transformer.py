@@ -1,0 +1,352 @@
+"""`flow_transformer`: a transformer flow-matching chunk policy (an action expert) with RTC guidance.
+
+    observation ──► obs tokens: state (1) + per camera image tokens (conv grid or ViT patches)
+                    ──► obs_layers encoder blocks ──► memory (B, N_obs, d)      once per call
+    noise x(t=1) ──► action tokens (B, T, d) = in(x_t) + pos + time(t)
+                    ──► num_layers blocks: self-attention over the chunk, cross-attention to memory
+                    ──► v = out(tokens) + a(t) * x_t    ──Euler, num_steps──►  x(t=0) = the chunk
+
+The sampler and the guidance are flow_matching's (same Euler times, same LeRobot prefix weights and
+guidance weight schedule, imported from there); the VJP of x1_hat = x_t - t * v(x_t) runs through
+torch.autograd here, which is cheap next to the forward of a network this size on a GPU (the
+written-out MLP VJP stays with `flow_matching`). Sizes come from `hyper_params`, so one class is
+tiny on a CPU (`PRESETS["tiny"]`: trains on the reacher demos in minutes) and VLA-sized on a GPU
+(`PRESETS["vla_300m"]`: a pi0-like action expert, ~330M parameters with its ViT stem).
+
+GPU path (written for CUDA; CPU exercises all but the CUDA-only calls):
+- `autocast: "bf16"` runs the forward under torch.autocast(cuda, bfloat16); the chunk comes back float32.
+- `batch_buckets`: a batch is padded to the next bucket size (pad rows copy row 0 and are dropped
+  afterwards), so a CUDA graph or a torch.compile specialisation exists for a few shapes only.
+- `compile`: torch.compile(mode="reduce-overhead") of the velocity network on CUDA (CUDA graphs per
+  bucket); ignored elsewhere.
+- No host sync inside the sampling loop: every Euler time and guidance weight is a Python float
+  computed before the loop, noise and prefix targets reach the device once, and nothing in the loop
+  reads a device value back (tests/server/test_policies_flow_transformer.py enforces it on CPU).
+
+Invariants: every block is per-sample (LayerNorm, attention within a sample), so sample b of a
+padded or micro-batched call equals the same sample alone up to matmul rounding; with `noise_seed`
+set the output is a pure function of (observation, delay, prefix). A prefix of None gets the
+unguided velocity exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from server.policies.base import (
+    STATE_KEY,
+    ChunkPolicy,
+    PolicyConfig,
+    PolicyConfigError,
+    image_key,
+    register_policy,
+    resolve_hyper_params,
+)
+from server.policies.flow_matching import guidance_weight, prefix_weights
+from server.policies.layers import mlp, time_embedding
+
+DEFAULTS: dict[str, Any] = {
+    "d_model": 64,
+    "num_heads": 4,
+    "num_layers": 2,  # action expert blocks (self + cross attention + MLP)
+    "obs_layers": 1,  # encoder blocks over the observation tokens
+    "mlp_ratio": 2,
+    "image_encoder": "conv",  # "conv": strided convs pooled to a grid; "vit": patches + positions
+    "image_grid": 2,  # conv: grid x grid tokens per camera
+    "patch_size": 16,  # vit: patch side in pixels (the image side must be a multiple)
+    "num_steps": 10,
+    "noise_seed": 0,  # None: fresh noise from torch's global RNG on every call
+    "max_guidance_weight": 10.0,
+    "guidance_jacobian": "network",  # or "identity" (LeRobot main's effective behaviour)
+    "autocast": "bf16",  # on CUDA only: "bf16" or "none"
+    "batch_buckets": [],  # e.g. [1, 8, 16, 32, 64]: pad a batch to the next size (CUDA graphs, compile)
+    "compile": False,  # torch.compile the velocity network (CUDA only)
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # trains on the reacher demos on one CPU thread in minutes (bench/training/train.py)
+    "tiny": {"d_model": 64, "num_heads": 4, "num_layers": 2, "obs_layers": 1, "mlp_ratio": 2},
+    # a pi0-sized action expert (18 blocks of width 1024) over a ViT stem, for 2 x 224x224 cameras
+    "vla_300m": {"d_model": 1024, "num_heads": 16, "num_layers": 18, "obs_layers": 2, "mlp_ratio": 4,
+                 "image_encoder": "vit", "patch_size": 16, "batch_buckets": [1, 8, 16, 32, 64]},
+}
+IMAGE_ENCODERS = ("conv", "vit")
+AUTOCASTS = ("bf16", "none")
+GUIDANCE_JACOBIANS = ("network", "identity")
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: self-attention, optional cross-attention to a memory, MLP."""
+
+    def __init__(self, d: int, heads: int, mlp_ratio: int, cross: bool):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.cross = cross
+        if cross:
+            self.norm2 = nn.LayerNorm(d)
+            self.cross_attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.norm3 = nn.LayerNorm(d)
+        self.mlp = mlp(d, d * mlp_ratio, d, num_layers=2)
+
+    def forward(self, x: Tensor, memory: Tensor | None = None) -> Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        if self.cross:
+            h = self.norm2(x)
+            x = x + self.cross_attn(h, memory, memory, need_weights=False)[0]
+        return x + self.mlp(self.norm3(x))
+
+
+class ConvTokens(nn.Module):
+    """(B, 3, H, W) -> (B, grid^2, d): two strided convs, average-pooled to a grid."""
+
+    def __init__(self, d: int, grid: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 16, kernel_size=5, stride=2, padding=2), nn.SiLU(),
+            nn.Conv2d(16, 32, kernel_size=3, stride=2, padding=1), nn.SiLU(),
+            nn.AdaptiveAvgPool2d(grid),
+        )
+        self.proj = nn.Linear(32, d)
+
+    def forward(self, image: Tensor) -> Tensor:
+        return self.proj(self.net(image).flatten(2).transpose(1, 2))
+
+
+class PatchTokens(nn.Module):
+    """(B, 3, H, W) -> (B, (H/p)(W/p), d): ViT patch embedding plus learned positions."""
+
+    def __init__(self, d: int, patch: int, height: int, width: int):
+        super().__init__()
+        self.proj = nn.Conv2d(3, d, kernel_size=patch, stride=patch)
+        self.pos = nn.Parameter(torch.zeros(1, (height // patch) * (width // patch), d))
+        nn.init.normal_(self.pos, std=0.02)
+
+    def forward(self, image: Tensor) -> Tensor:
+        return self.proj(image).flatten(2).transpose(1, 2) + self.pos
+
+
+@register_policy("flow_transformer")
+class FlowTransformerPolicy(ChunkPolicy):
+    supports_rtc = True
+    chunk_stateless = True
+
+    def __init__(self, config: PolicyConfig):
+        hp = resolve_hyper_params(config, DEFAULTS)
+        hp["batch_buckets"] = sorted({int(b) for b in hp["batch_buckets"]})
+        _check_hyper_params(config, hp)
+        super().__init__(PolicyConfig.from_dict({**config.to_dict(), "hyper_params": hp}))
+        self.hp = hp
+        d, heads, ratio = int(hp["d_model"]), int(hp["num_heads"]), int(hp["mlp_ratio"])
+        self.image_names = sorted(config.image_features)
+        self.state_in = nn.Linear(config.state_dim, d)
+        stems: dict[str, nn.Module] = {}
+        for name in self.image_names:
+            _, height, width = config.image_features[name]
+            if hp["image_encoder"] == "vit":
+                stems[name] = PatchTokens(d, int(hp["patch_size"]), height, width)
+            else:
+                stems[name] = ConvTokens(d, int(hp["image_grid"]))
+        self.stems = nn.ModuleDict(stems)
+        # which token is which: the state, then each camera
+        self.source_embed = nn.Parameter(torch.zeros(1 + len(self.image_names), d))
+        self.obs_blocks = nn.ModuleList(Block(d, heads, ratio, cross=False) for _ in range(int(hp["obs_layers"])))
+        self.obs_norm = nn.LayerNorm(d)
+        self.action_in = nn.Linear(config.action_dim, d)
+        self.action_pos = nn.Parameter(torch.zeros(1, config.chunk_size, d))
+        nn.init.normal_(self.action_pos, std=0.02)
+        self.time_mlp = mlp(d, d, d, num_layers=2)
+        self.blocks = nn.ModuleList(Block(d, heads, ratio, cross=True) for _ in range(int(hp["num_layers"])))
+        self.out_norm = nn.LayerNorm(d)
+        self.action_out = nn.Linear(d, config.action_dim)
+        # a(t) * x_t, as flow_matching's: the exact velocity of a determined chunk is (x_t - x1) / t
+        self.skip_gain = mlp(d, 64, 1, num_layers=2)
+        self._velocity_fn = self.velocity
+        self._compiled = False
+
+    # -- the network ---------------------------------------------------------------------------
+
+    def encode(self, batch: dict[str, Tensor]) -> Tensor:
+        """Observation tokens after the encoder blocks: (B, 1 + tokens per camera * cameras, d)."""
+        tokens = [self.state_in(batch[STATE_KEY])[:, None, :] + self.source_embed[0]]
+        for k, name in enumerate(self.image_names):
+            tokens.append(self.stems[name](batch[image_key(name)]) + self.source_embed[1 + k])
+        memory = torch.cat(tokens, dim=1)
+        for block in self.obs_blocks:
+            memory = block(memory)
+        return self.obs_norm(memory)
+
+    def velocity(self, x_t: Tensor, t: Tensor, memory: Tensor) -> Tensor:
+        """v(x_t, t, obs): (B, T, A), (B,), (B, N, d) -> (B, T, A)."""
+        t_emb = time_embedding(t, int(self.hp["d_model"]))
+        h = self.action_in(x_t) + self.action_pos + self.time_mlp(t_emb)[:, None, :]
+        for block in self.blocks:
+            h = block(h, memory)
+        return self.action_out(self.out_norm(h)) + self.skip_gain(t_emb)[:, :, None] * x_t
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def _autocast(self, device: torch.device):
+        if device.type == "cuda" and self.hp["autocast"] == "bf16":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _maybe_compile(self, device: torch.device) -> None:
+        """torch.compile the velocity network once, on CUDA only (reduce-overhead: CUDA graphs per bucket)."""
+        if self._compiled or not self.hp["compile"] or device.type != "cuda":
+            return
+        self._compiled = True
+        self._velocity_fn = torch.compile(self.velocity, mode="reduce-overhead", dynamic=False)
+
+    def bucket(self, size: int) -> int:
+        """The padded batch size for `size` samples: the smallest bucket >= size, else size itself."""
+        return next((b for b in self.hp["batch_buckets"] if b >= size), size)
+
+    def _noise(self, size: int) -> Tensor:
+        shape = (self.config.chunk_size, self.config.action_dim)
+        seed = self.hp["noise_seed"]
+        if seed is None:
+            noise = torch.randn((size, *shape))
+        else:
+            generator = torch.Generator().manual_seed(int(seed))
+            noise = torch.randn(shape, generator=generator).expand(size, *shape).clone()
+        return noise.to(device=self.param_device, dtype=self.param_dtype, non_blocking=True)
+
+    def _guidance_targets(self, delays: list[int], prefixes: list[Tensor | None], size: int) -> tuple[Tensor, Tensor] | None:
+        """(W (size, T, 1), padded prefix (size, T, A)) built on the host, one copy each to the device."""
+        if all(p is None for p in prefixes):
+            return None
+        total, action_dim = self.config.chunk_size, self.config.action_dim
+        weights = torch.zeros(size, total)
+        target = torch.zeros(size, total, action_dim)
+        for b, (delay, prefix) in enumerate(zip(delays, prefixes)):
+            if prefix is None:
+                continue  # W = 0 and target = 0: the correction is exactly zero
+            rows = min(prefix.shape[0], total)
+            horizon = min(self.config.execution_horizon, rows)
+            weights[b] = prefix_weights(delay, horizon, total)
+            target[b, :rows] = prefix[:rows].detach().to(device="cpu", dtype=torch.float32)
+        kw = {"device": self.param_device, "dtype": self.param_dtype, "non_blocking": True}
+        return weights.unsqueeze(-1).to(**kw), target.to(**kw)
+
+    def sample(self, memory: Tensor, x_t: Tensor, guidance: tuple[Tensor, Tensor] | None) -> Tensor:
+        """The Euler loop. Host-side values only (Python floats): nothing here waits for the device."""
+        num_steps = int(self.hp["num_steps"])
+        dt = -1.0 / num_steps
+        times = [1.0 + step * dt for step in range(num_steps)]
+        weights = [guidance_weight(t, float(self.hp["max_guidance_weight"])) for t in times]
+        size = x_t.shape[0]
+        velocity = self._velocity_fn
+        for t, w in zip(times, weights):
+            t_batch = torch.full((size,), t, device=x_t.device, dtype=x_t.dtype)
+            if guidance is None:
+                v_t = velocity(x_t, t_batch, memory)
+            else:
+                v_t = self._guided_velocity(velocity, x_t, t, t_batch, memory, w, *guidance)
+            x_t = x_t + dt * v_t
+        return x_t
+
+    def _guided_velocity(self, velocity, x_t: Tensor, t: float, t_batch: Tensor, memory: Tensor, w: float,
+                         weights: Tensor, target: Tensor) -> Tensor:
+        if self.hp["guidance_jacobian"] == "identity":
+            v_t = velocity(x_t, t_batch, memory)
+            return v_t - w * (target - (x_t - t * v_t)) * weights
+        with torch.enable_grad():
+            x = x_t.detach().requires_grad_(True)
+            v_t = velocity(x, t_batch, memory)
+            x1_hat = x - t * v_t
+            err = (target - x1_hat) * weights
+            # VJP of x1_hat wrt x_t with err: (I - t J_v)^T err, the RTC paper's correction
+            (correction,) = torch.autograd.grad(x1_hat, x, grad_outputs=err.detach())
+        return v_t.detach() - w * correction
+
+    def predict_action_chunk(
+        self,
+        batch: dict[str, Tensor],
+        inference_delay: Sequence[int],
+        prefix: Sequence[Tensor | None],
+    ) -> Tensor:
+        size, delays, prefixes = self.check_chunk_args(batch, inference_delay, prefix)
+        device = self.param_device
+        self._maybe_compile(device)
+        padded = self.bucket(size)
+        # the guidance VJP needs autograd, so an inference_mode caller is stepped out of (the inputs
+        # are cloned into normal tensors by model_inputs)
+        with torch.inference_mode(False), torch.no_grad():
+            inputs = {k: _pad_rows(v, padded) for k, v in self.model_inputs(batch).items()}
+            guidance = self._guidance_targets(delays, prefixes, padded)
+            with self._autocast(device):
+                memory = self.encode(inputs)
+                x_t = self.sample(memory, self._noise(padded), guidance)
+            return x_t[:size].float()
+
+    def training_loss(
+        self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1."""
+        x1 = action_chunk
+        noise = torch.randn(x1.shape, generator=generator, device=x1.device, dtype=x1.dtype)
+        t = torch.rand((x1.shape[0],), generator=generator, device=x1.device, dtype=x1.dtype)
+        x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * x1
+        v = self.velocity(x_t, t, self.encode(batch))
+        return torch.nn.functional.mse_loss(v, noise - x1)
+
+
+def _pad_rows(tensor: Tensor, size: int) -> Tensor:
+    """`tensor` with rows appended (copies of row 0) up to `size`; pad rows are computed and dropped."""
+    missing = size - tensor.shape[0]
+    if missing <= 0:
+        return tensor
+    return torch.cat([tensor, tensor[:1].expand(missing, *tensor.shape[1:])], dim=0)
+
+
+def _check_hyper_params(config: PolicyConfig, hp: dict[str, Any]) -> None:
+    for name in ("d_model", "num_heads", "num_layers", "mlp_ratio", "num_steps", "image_grid", "patch_size"):
+        value = hp[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PolicyConfigError(f"flow_transformer {name}={value!r} must be a positive int")
+    if isinstance(hp["obs_layers"], bool) or not isinstance(hp["obs_layers"], int) or hp["obs_layers"] < 0:
+        raise PolicyConfigError(f"flow_transformer obs_layers={hp['obs_layers']!r} must be an int >= 0")
+    if hp["d_model"] % hp["num_heads"] or hp["d_model"] % 2:
+        raise PolicyConfigError(
+            f"flow_transformer d_model={hp['d_model']} must be even and a multiple of num_heads={hp['num_heads']}"
+        )
+    for name, allowed in (("image_encoder", IMAGE_ENCODERS), ("autocast", AUTOCASTS),
+                          ("guidance_jacobian", GUIDANCE_JACOBIANS)):
+        if hp[name] not in allowed:
+            raise PolicyConfigError(f"flow_transformer {name}={hp[name]!r}; use one of {allowed}")
+    if any(b < 1 for b in hp["batch_buckets"]):
+        raise PolicyConfigError(f"flow_transformer batch_buckets {hp['batch_buckets']} must be positive ints")
+    if hp["image_encoder"] == "vit":
+        patch = hp["patch_size"]
+        for name, (_, height, width) in config.image_features.items():
+            if height % patch or width % patch:
+                raise PolicyConfigError(
+                    f"flow_transformer vit: camera {name!r} is {height}x{width}, not a multiple of "
+                    f"patch_size={patch}; declare another image size or patch size"
+                )
+
+
+def preset_hyper_params(name: str, **overrides: Any) -> dict[str, Any]:
+    """A preset's hyper_params (with overrides): `PolicyConfig(type="flow_transformer", hyper_params=...)`."""
+    if name not in PRESETS:
+        raise PolicyConfigError(f"flow_transformer preset {name!r} unknown; presets: {sorted(PRESETS)}")
+    return {**PRESETS[name], **overrides}
+
+
+def count_parameters(config: PolicyConfig) -> int:
+    """Parameters of the policy `config` describes, built on the meta device (no memory, any size)."""
+    from server.policies.base import make_policy
+
+    with torch.device("meta"):
+        policy = make_policy(config)
+    return sum(p.numel() for p in policy.parameters())
+
+
+__all__ = ["FlowTransformerPolicy", "PRESETS", "preset_hyper_params", "count_parameters"]
