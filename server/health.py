@@ -2,11 +2,13 @@
 
     GET /healthz  200 "ok"                     while live_fn() is true, else 503   (restart me)
     GET /readyz   200 {"ready": true, ...}     while ready_fn() is true, else 503  (send me sessions)
-    GET /metrics  200 text/plain; version=0.0.4  Metrics.render_prometheus()
+    GET /metrics  200 text 0.0.4, or OpenMetrics  Metrics.render() (`Accept` picks; `?name[]=` restricts)
+    GET /sessions 200 {"models": {...}}          sessions_fn(client): each session's counters and latency
+                                                 percentiles, the per-robot detail /metrics never labels
     anything else 404
 
 Owns one `ThreadingHTTPServer` on a daemon thread; it never touches the inference path except by
-calling the three functions it was given. Invariant: a probe answers from the functions' value at
+calling the functions it was given. Invariant: a probe answers from the functions' value at
 the moment of the request, a probe function that raises is answered 503 (never a crash or a 200),
 and no request is ever logged to stderr.
 """
@@ -18,12 +20,11 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
+from urllib.parse import parse_qs
 
 from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # ready_fn may answer a bare bool, or (ready, reason) to say why in the /readyz body.
 ReadyFn = Callable[[], "bool | tuple[bool, str]"]
@@ -38,11 +39,12 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class HealthServer:
-    """Serves /healthz, /readyz and /metrics on `host:port` (port 0 picks a free one; read `.port`)."""
+    """Serves /healthz, /readyz, /metrics and /sessions on `host:port` (port 0 picks a free one; read `.port`)."""
 
     def __init__(self, port: int, metrics: Metrics | None, ready_fn: ReadyFn, live_fn: Callable[[], bool] = lambda: True,
-                 host: str = "127.0.0.1"):
+                 host: str = "127.0.0.1", sessions_fn: Callable[[str | None], dict] | None = None):
         self.host = host
+        self.sessions_fn = sessions_fn
         self.port = port
         self.metrics = metrics
         self.ready_fn = ready_fn
@@ -102,34 +104,45 @@ class HealthServer:
         body = json.dumps({"ready": ready, "reason": reason}).encode() + b"\n"
         return (200 if ready else 503), "application/json", body
 
-    def _metrics(self, query: str = "") -> tuple[int, str, bytes]:
+    def _metrics(self, query: str = "", accept: str = "") -> tuple[int, str, bytes]:
         """`/metrics?name[]=policy_server_load&name[]=...` renders only those families (a cheap scrape)."""
         if self.metrics is None:
             return 404, "text/plain; charset=utf-8", b"no metrics registry\n"
-        from urllib.parse import parse_qs
-
         params = parse_qs(query)
         names = set(params.get("name[]", []) + params.get("name", [])) or None
         try:
-            return 200, PROMETHEUS_CONTENT_TYPE, self.metrics.render_prometheus(names).encode("utf-8")
+            body, ctype = self.metrics.render(accept, names)
+            return 200, ctype, body
         except Exception as e:
-            log.exception("render_prometheus failed")
-            return 500, "text/plain; charset=utf-8", f"render_prometheus failed: {type(e).__name__}: {e}\n".encode()
+            log.exception("metrics render failed")
+            return 500, "text/plain; charset=utf-8", f"metrics render failed: {type(e).__name__}: {e}\n".encode()
+
+    def _sessions(self, query: str = "", accept: str = "") -> tuple[int, str, bytes]:
+        """`/sessions?client=<uuid>` answers that robot's sessions only."""
+        if self.sessions_fn is None:
+            return 404, "text/plain; charset=utf-8", b"no session status on this endpoint\n"
+        client = (parse_qs(query).get("client") or [None])[0]
+        try:
+            return 200, "application/json", json.dumps(self.sessions_fn(client)).encode() + b"\n"
+        except Exception as e:
+            log.exception("session status failed")
+            return 500, "text/plain; charset=utf-8", f"session status failed: {type(e).__name__}: {e}\n".encode()
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        routes = {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
-        metrics_route = self._metrics
+        routes = {"/healthz": self._healthz, "/readyz": self._readyz}
+        with_query = {"/metrics": self._metrics, "/sessions": self._sessions}
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
                 path, _, query = self.path.partition("?")
-                route = routes.get(path)
-                if route is None:
-                    status, ctype, body = 404, "text/plain; charset=utf-8", b"not found\n"
+                if path in with_query:
+                    status, ctype, body = with_query[path](query, self.headers.get("Accept", ""))
+                elif path in routes:
+                    status, ctype, body = routes[path]()
                 else:
-                    status, ctype, body = route(query) if route == metrics_route else route()
+                    status, ctype, body = 404, "text/plain; charset=utf-8", b"not found\n"
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))

@@ -1,64 +1,68 @@
-"""In-process metrics of one policy-server replica: what it counts, times and exposes.
+"""The metrics of one policy-server process: Prometheus families on `prometheus-client`, and fixed-size sketches.
 
-    observe / inc / set ──► series[(name, labels)] ─┬─► ring buffer of recent (t, value) ──► get_stats, get_latest
-       (hot path, any thread)                        └─► Prometheus state: total | value |  ──► render_prometheus
-                                                         le-buckets + _sum + _count            (/metrics scrape)
+    observe / inc / set ──► child of a prometheus-client family ──► /metrics (text 0.0.4 or OpenMetrics,
+       (hot path, any thread)   (labels: model, reason, code, error)     plus process_* and python_* families)
+    Sketch.add ──────────────► fixed log-spaced bins ──► percentiles for the status query (/sessions)
 
-A metric name has one type for the life of the process: the type in `KNOWN_METRICS`, or for an
-unregistered name the type of the method that first used it. A call with the wrong method raises
-`TypeError` naming the right one; it is a programming error, found on the first call.
+Owns the list of families (`KNOWN_METRICS`: type, help, label names) and their exposition. Per-robot
+detail never becomes a label: it goes to the audit log (one line per request) and to the status query
+(each session's counters and sketches, `server.service.PolicyServer.session_report`).
 
-Invariant: both views of a series are updated in one critical section of one lock, so a scrape
-never sees `_count` disagree with the buckets, and a counter never goes down. The lock is held
-for a few array and float assignments per call; percentiles, formatting and callbacks run outside it.
+Invariants:
+- Memory is bounded by the families x their label values (models, reasons, codes: a few dozen series
+  in all), never by the robots served: a label outside a family's declared names, `client` included,
+  raises ValueError on first use.
+- A name has one type for the life of the process; the wrong method raises TypeError naming the right one.
+- A `Sketch` is a fixed array (`Sketch.BINS` uint32 counters, < 1 KB): its memory does not grow with the
+  values it has seen; a percentile is within `Sketch.RELATIVE_ERROR` of an observed value.
 """
 
 from __future__ import annotations
 
-import bisect
-import logging
 import math
-import re
 import threading
 import time
 from array import array
-from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from dataclasses import dataclass
 
-import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import choose_encoder
 
-log = logging.getLogger(__name__)
-
-PREFIX = "policy_server_"
+NAMESPACE = "policy_server"
+PREFIX = NAMESPACE + "_"
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 METHOD_FOR_KIND = {COUNTER: "inc", GAUGE: "set", HISTOGRAM: "observe"}
 
-# Design 11: inference 15-150 ms, end-to-end up to ~250 ms; staleness and queue waits reach seconds under overload.
+# Design 11: inference 15-150 ms, end-to-end up to ~250 ms; queue waits reach seconds under overload.
 LATENCY_MS_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 75.0, 100.0, 150.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
 # Three JPEG cameras plus state land at tens to hundreds of KiB per observation.
 PAYLOAD_BYTES_BUCKETS = tuple(float(1024 * 4**k) for k in range(9))  # 1 KiB .. 64 MiB
 BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-DEFAULT_BUCKETS = LATENCY_MS_BUCKETS  # for histograms typed by first use: most of what a server times is in ms
+
+# Labels a family may carry: each takes a handful of values per process (models served, error codes,
+# refusal reasons). `client` is not among them: 1,000 robots would make 1,000 series per family.
+BOUNDED_LABELS = frozenset({"model", "replica", "outcome", "reason", "code", "error"})
 
 
 @dataclass(frozen=True)
 class MetricSpec:
     kind: str  # COUNTER | GAUGE | HISTOGRAM
     help: str
+    labels: tuple[str, ...] = ("model",)
     buckets: tuple[float, ...] = ()  # histogram upper bounds, ascending; +Inf is implicit
 
 
 def _hist(help: str, buckets: tuple[float, ...] = LATENCY_MS_BUCKETS) -> MetricSpec:
-    return MetricSpec(HISTOGRAM, help, buckets)
+    return MetricSpec(HISTOGRAM, help, ("model",), buckets)
 
 
-# The metric word used in code is the word in Grafana (prefixed `policy_server_`, counters suffixed `_total`).
-# Labels in use: client, model, error, code, reason.
+# The name in code is the name on the wire, in the audit log and in bench figures (`queue_wait_ms`,
+# `inference_ms`); Prometheus shows it as `policy_server_<name>`, counters suffixed `_total`.
 KNOWN_METRICS: dict[str, MetricSpec] = {
-    "inference_latency_ms": _hist("Time spent in model inference (pre + forward + post), ms."),
-    "scheduling_wait_ms": _hist("Time a request sat in the queue before inference started, ms."),
-    "e2e_latency_ms": _hist("Total server-side time per request (queue wait + inference), ms."),
-    "observation_staleness_ms": _hist("Age of an observation when the worker picked it up, ms (server monotonic clock)."),
+    "inference_ms": _hist("Time spent in model inference (pre + forward + post) per request, ms."),
+    "queue_wait_ms": _hist("Time a request sat in the queue before inference started, ms."),
+    "e2e_latency_ms": _hist("Total server-side time per request (queue wait + inference + publish), ms."),
     "payload_size_bytes": _hist("Size of the binary observation payload, bytes.", PAYLOAD_BYTES_BUCKETS),
     "batch_size": _hist("Requests per inference dispatch.", BATCH_BUCKETS),
     "queue_depth": MetricSpec(GAUGE, "Sessions with a pending observation, sampled at dispatch time."),
@@ -66,449 +70,223 @@ KNOWN_METRICS: dict[str, MetricSpec] = {
     "active_sessions": MetricSpec(GAUGE, "Sessions currently open on this replica."),
     "load": MetricSpec(GAUGE, "active_sessions / max_sessions of this replica."),
     "queue_full_drops": MetricSpec(COUNTER, "Requests dropped because the queue was full."),
-    "dispatch_errors": MetricSpec(COUNTER, "Failed dispatches after retries were exhausted (label error)."),
+    "dispatch_errors": MetricSpec(COUNTER, "Failed dispatches after retries were exhausted (label error).",
+                                  ("model", "error")),
     "dispatch_retries": MetricSpec(COUNTER, "Dispatch retry attempts."),
     "send_errors": MetricSpec(COUNTER, "Action chunks or events that could not be published."),
     "requests_expired": MetricSpec(COUNTER, "Requests dropped because they outlived their deadline."),
-    "observation_errors": MetricSpec(COUNTER, "Malformed observations rejected (label code)."),
+    "observation_errors": MetricSpec(COUNTER, "Malformed or refused observations (label code).", ("model", "code")),
     "client_disconnected": MetricSpec(COUNTER, "Client disconnect events (liveliness lost or session closed)."),
     "superseded_requests": MetricSpec(COUNTER, "Observations replaced unanswered by a newer one of the same session."),
     "requests": MetricSpec(COUNTER, "Observations accepted for inference."),
     "sessions_opened": MetricSpec(COUNTER, "Session opens accepted."),
-    "sessions_rejected": MetricSpec(COUNTER, "Session opens rejected (label reason)."),
+    "sessions_rejected": MetricSpec(COUNTER, "Session opens rejected (label reason).", ("model", "reason")),
     "chunks_sent": MetricSpec(COUNTER, "Action chunks published."),
     "security_denials": MetricSpec(COUNTER, "Requests refused or dropped by the session guard (label reason: bad_auth, "
-                                            "foreign_session, session_live, too_large, rate_limited, ...)."),
-    "metric_callback_errors": MetricSpec(COUNTER, "Exceptions raised by on_metric callbacks (swallowed)."),
+                                            "foreign_session, session_live, too_large, rate_limited, ...).", ("reason",)),
 }
 
-_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-_LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
-
-@dataclass(frozen=True)
-class Stats:
-    """Summary of the values recorded into matching series; `count == 0` means no data (all fields 0.0)."""
-
-    count: int
-    mean: float
-    p50: float
-    p95: float
-    p99: float
-    max: float
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-
-EMPTY_STATS = Stats(0, 0.0, 0.0, 0.0, 0.0, 0.0)
-
-
-class _Series:
-    """One (name, labels) pair. Every field is guarded by `Metrics._lock`."""
-
-    __slots__ = ("name", "kind", "labels", "label_key", "bounds", "buckets", "sum", "count", "value", "vals", "ts", "pos", "last", "last_t")
-
-    def __init__(self, name: str, kind: str, labels: dict[str, str], bounds: tuple[float, ...]):
-        self.name = name
-        self.kind = kind
-        self.labels = labels
-        self.label_key = tuple(sorted(labels.items()))
-        self.bounds = bounds
-        self.buckets = [0] * (len(bounds) + 1)  # non-cumulative; the last slot is +Inf
-        self.sum = 0.0
-        self.count = 0
-        self.value = 0.0  # counter total or gauge value
-        self.vals = array("d")  # grows to ring_buffer_size, then wraps at `pos`
-        self.ts = array("d")
-        self.pos = 0
-        self.last = 0.0
-        self.last_t = -math.inf
-
-
-def _merge_labels_arg(labels: dict[str, Any]) -> dict[str, Any]:
-    """Accept design 003's `labels={"model": ...}` spelling as well as `model=...` keywords."""
-    mapping = labels.pop("labels")
-    if not isinstance(mapping, dict):
-        raise TypeError(f"labels= must be a dict of label name -> value, got {type(mapping).__name__}")
-    return {**mapping, **labels}
-
-
-def _matches(series: _Series, want: dict[str, str]) -> bool:
-    labels = series.labels
-    return all(labels.get(k) == v for k, v in want.items())
-
-
-def _stats(values: np.ndarray) -> Stats:
-    if values.size == 0:
-        return EMPTY_STATS
-    p50, p95, p99 = np.percentile(values, (50.0, 95.0, 99.0))
-    return Stats(int(values.size), float(values.mean()), float(p50), float(p95), float(p99), float(values.max()))
-
-
-def _fmt_float(v: float) -> str:
-    if v != v:
-        return "NaN"
-    if v == math.inf:
-        return "+Inf"
-    if v == -math.inf:
-        return "-Inf"
-    return repr(float(v))
-
-
-def _escape_label_value(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _escape_help(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _fmt_labels(pairs: tuple[tuple[str, str], ...]) -> str:
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape_label_value(v)}"' for k, v in pairs) + "}"
-
-
-def _json_number(v: float) -> float | None:
-    return v if math.isfinite(v) else None
+def exposed_names(name: str) -> list[str]:
+    """The sample names a family shows in a text-0.0.4 scrape (what a dashboard or the bench queries)."""
+    spec = KNOWN_METRICS[name]
+    full = PREFIX + name
+    if spec.kind == COUNTER:
+        return [full + "_total"]
+    if spec.kind == HISTOGRAM:
+        return [full + "_bucket", full + "_sum", full + "_count"]
+    return [full]
 
 
 class Metrics:
-    """Thread-safe registry of counters, gauges and distributions, keyed by (name, labels).
+    """The process's families, on its own `CollectorRegistry` (several servers in one test process never mix).
 
-    `ring_buffer_size` bounds the recent values each series keeps for percentiles (design 003); a
-    series' buffer grows on demand up to 16 bytes x ring_buffer_size, so call `forget(client=...)`
-    for clients that leave for good. `clock` is the monotonic clock that stamps values; tests pass
-    a fake one. Labels are keywords (`client="a"`) or, as in design 003, `labels={"client": "a"}`;
-    label values are stored as strings.
+    Labels are keywords (`model="pi0"`), exactly the family's declared names. `process=True` also
+    registers the standard `process_*` (RSS, CPU, open fds), `python_gc_*` and `python_info` collectors.
     """
 
-    def __init__(self, ring_buffer_size: int = 10000, clock: Callable[[], float] = time.monotonic):
-        if ring_buffer_size < 1:
-            raise ValueError(f"ring_buffer_size must be >= 1, got {ring_buffer_size}")
-        self.ring_buffer_size = int(ring_buffer_size)
-        self._clock = clock
+    def __init__(self, process: bool = True):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._families: dict[str, object] = {}
+        self._children: dict[tuple, object] = {}  # (name, *label items in call order) -> child: the hot-path lookup
         self._lock = threading.Lock()
-        self._kinds: dict[str, str] = {}  # name -> kind, fixed at first use (or by KNOWN_METRICS)
-        self._families: dict[str, dict[tuple, _Series]] = {}  # name -> label_key -> series
-        self._cache: dict[Any, _Series] = {}  # (name, *kwargs items in call order) -> series: the hot-path lookup
-        self._callbacks: tuple[Callable[[str, float, dict], Any], ...] = ()  # copy-on-write: iterated without the lock
-        self._reported_callbacks: set[int] = set()
+        for name, spec in KNOWN_METRICS.items():
+            cls = {COUNTER: Counter, GAUGE: Gauge, HISTOGRAM: Histogram}[spec.kind]
+            kw = {"buckets": spec.buckets} if spec.kind == HISTOGRAM else {}
+            self._families[name] = cls(name, spec.help, spec.labels, namespace=NAMESPACE, registry=self.registry, **kw)
+        if process:
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
 
-    # ---- hot path ---------------------------------------------------------------------------------
-    # The three recorders repeat the ring-buffer write instead of sharing a helper: a method call
-    # would cost more than the write itself. The cache is read without the lock (a dict get is
-    # atomic under the GIL); it is only written under the lock, in _resolve and forget.
+    # ---- hot path: one dict lookup and the library's own lock per call -----------------------------------
 
-    def observe(self, name: str, value: float, **labels: Any) -> None:
-        """Record one value of a distribution (latencies, sizes): ring buffer + histogram buckets."""
-        v = float(value)
-        if v != v:
+    def observe(self, name: str, value: float, **labels) -> None:
+        """Record one value of a distribution (latencies, sizes)."""
+        if value != value:
             raise ValueError(f"observe({name!r}) got NaN")
         try:
-            s = self._cache[(name, *labels.items())] if labels else self._cache[name]
-        except (KeyError, TypeError):
-            s = self._series(name, HISTOGRAM, labels)
-        if s.kind is not HISTOGRAM:
-            self._wrong_kind(name, HISTOGRAM, s.kind)
-        now = self._clock()
-        with self._lock:
-            s.buckets[bisect.bisect_left(s.bounds, v)] += 1  # bucket i counts v <= bounds[i] (Prometheus `le`)
-            s.sum += v
-            s.count += 1
-            s.last = v
-            s.last_t = now
-            pos = s.pos
-            if pos == len(s.vals):  # still growing towards ring_buffer_size
-                s.vals.append(v)
-                s.ts.append(now)
-            else:
-                s.vals[pos] = v
-                s.ts[pos] = now
-            s.pos = pos + 1 if pos + 1 < self.ring_buffer_size else 0
-        if self._callbacks:
-            self._fire(name, v, s.labels)
-
-    def inc(self, name: str, n: float = 1, **labels: Any) -> None:
-        """Add `n` (>= 0) to a counter. The ring buffer keeps the increments, so `get_stats` counts recent events."""
-        v = float(n)
-        if not v >= 0.0:
-            raise ValueError(f"inc({name!r}) needs n >= 0 (counters never go down), got {n!r}")
-        try:
-            s = self._cache[(name, *labels.items())] if labels else self._cache[name]
-        except (KeyError, TypeError):
-            s = self._series(name, COUNTER, labels)
-        if s.kind is not COUNTER:
-            self._wrong_kind(name, COUNTER, s.kind)
-        now = self._clock()
-        with self._lock:
-            s.value += v
-            s.count += 1
-            s.last = v
-            s.last_t = now
-            pos = s.pos
-            if pos == len(s.vals):  # still growing towards ring_buffer_size
-                s.vals.append(v)
-                s.ts.append(now)
-            else:
-                s.vals[pos] = v
-                s.ts[pos] = now
-            s.pos = pos + 1 if pos + 1 < self.ring_buffer_size else 0
-        if self._callbacks:
-            self._fire(name, v, s.labels)
-
-    def set(self, name: str, value: float, **labels: Any) -> None:
-        """Set a gauge. The ring buffer keeps past settings, so `get_stats` summarises a gauge over time."""
-        v = float(value)
-        try:
-            s = self._cache[(name, *labels.items())] if labels else self._cache[name]
-        except (KeyError, TypeError):
-            s = self._series(name, GAUGE, labels)
-        if s.kind is not GAUGE:
-            self._wrong_kind(name, GAUGE, s.kind)
-        now = self._clock()
-        with self._lock:
-            s.value = v
-            s.count += 1
-            s.last = v
-            s.last_t = now
-            pos = s.pos
-            if pos == len(s.vals):  # still growing towards ring_buffer_size
-                s.vals.append(v)
-                s.ts.append(now)
-            else:
-                s.vals[pos] = v
-                s.ts[pos] = now
-            s.pos = pos + 1 if pos + 1 < self.ring_buffer_size else 0
-        if self._callbacks:
-            self._fire(name, v, s.labels)
-
-    def _series(self, name: str, kind: str, labels: dict[str, Any]) -> _Series:
-        """Slow lookup for a call the hot-path cache missed: first use, `labels=` mapping, unhashable values."""
-        if "labels" in labels:
-            labels = _merge_labels_arg(labels)
-        key = (name, *labels.items()) if labels else name
-        try:
-            s = self._cache[key]
+            child = self._children[(name, HISTOGRAM, *labels.items())]
         except KeyError:
-            s = self._resolve(name, kind, labels, key)
-        except TypeError:
-            s = self._resolve(name, kind, labels, None)
-        return s
+            child = self._child(name, HISTOGRAM, labels)
+        child.observe(value)
 
-    # ---- cold path: first use of a series ---------------------------------------------------------
+    def inc(self, name: str, n: float = 1, **labels) -> None:
+        """Add `n` (>= 0) to a counter."""
+        try:
+            child = self._children[(name, COUNTER, *labels.items())]
+        except KeyError:
+            child = self._child(name, COUNTER, labels)
+        child.inc(n)
 
-    def _resolve(self, name: str, kind: str, labels: dict[str, Any], cache_key: Any) -> _Series:
-        canonical = {k: str(v) for k, v in labels.items()}
-        label_key = tuple(sorted(canonical.items()))
-        with self._lock:
-            family_kind = self._kinds.get(name)
-            if family_kind is None:
-                family_kind = self._register_family(name, kind)
-            if family_kind != kind:
-                self._wrong_kind(name, kind, family_kind)
-            family = self._families[name]
-            s = family.get(label_key)
-            if s is None:
-                for k in canonical:
-                    if not _LABEL_RE.match(k) or k.startswith("__"):
-                        raise ValueError(f"label name {k!r} of metric {name!r} is not a valid Prometheus label name")
-                    if kind == HISTOGRAM and k == "le":
-                        raise ValueError(f"histogram {name!r} cannot take a label named 'le' (reserved for buckets)")
-                spec = KNOWN_METRICS.get(name)
-                bounds = (spec.buckets if spec and spec.buckets else DEFAULT_BUCKETS) if kind == HISTOGRAM else ()
-                s = family[label_key] = _Series(name, kind, canonical, bounds)
-            if cache_key is not None:
-                self._cache[cache_key] = s
-            return s
+    def set(self, name: str, value: float, **labels) -> None:
+        """Set a gauge."""
+        try:
+            child = self._children[(name, GAUGE, *labels.items())]
+        except KeyError:
+            child = self._child(name, GAUGE, labels)
+        child.set(value)
 
-    def _register_family(self, name: str, kind: str) -> str:
+    # ---- cold path: first use of a label set -----------------------------------------------------------
+
+    def _child(self, name: str, kind: str, labels: dict):
         spec = KNOWN_METRICS.get(name)
         if spec is None:
-            if not _NAME_RE.match(name):
-                raise ValueError(f"metric name {name!r} must match [a-zA-Z_][a-zA-Z0-9_]* (it becomes a Prometheus name)")
-            family_kind = kind
-        else:
-            family_kind = spec.kind
-        self._kinds[name] = family_kind
-        self._families[name] = {}
-        return family_kind
-
-    @staticmethod
-    def _wrong_kind(name: str, called: str, actual: str) -> None:
-        raise TypeError(
-            f"metric {name!r} is a {actual}: use Metrics.{METHOD_FOR_KIND[actual]}(), not {METHOD_FOR_KIND[called]}()"
-        )
-
-    # ---- callbacks -------------------------------------------------------------------------------
-
-    def on_metric(self, callback: Callable[[str, float, dict], Any]) -> Callable[[str, float, dict], Any]:
-        """Call `callback(name, value, labels)` after every observe/inc/set (value = the increment for inc).
-
-        Runs on the recording thread, after the lock is released; keep it short. Exceptions are
-        swallowed, counted in `metric_callback_errors` and logged once per callback. Usable as a decorator.
-        """
+            raise ValueError(f"metric {name!r} is not in server.metrics.KNOWN_METRICS; add it there with its type, "
+                             "help and label names")
+        if spec.kind != kind:
+            raise TypeError(f"metric {name!r} is a {spec.kind}: use Metrics.{METHOD_FOR_KIND[spec.kind]}(), "
+                            f"not {METHOD_FOR_KIND[kind]}()")
+        if set(labels) != set(spec.labels):
+            unbounded = sorted(set(labels) - BOUNDED_LABELS)
+            why = (f"; {', '.join(unbounded)} would make a series per value (per-robot detail belongs in the audit "
+                   "log and the /sessions status)") if unbounded else ""
+            raise ValueError(f"metric {name!r} takes labels {list(spec.labels)}, got {sorted(labels)}{why}")
+        family = self._families[name]
+        child = family.labels(**labels) if spec.labels else family
         with self._lock:
-            self._callbacks = (*self._callbacks, callback)
-        return callback
+            self._children[(name, kind, *labels.items())] = child
+        return child
 
-    def _fire(self, name: str, value: float, labels: dict[str, str]) -> None:
-        for cb in self._callbacks:
-            try:
-                cb(name, value, dict(labels))  # a copy: a callback must not be able to rename a series
-            except Exception:
-                self._count_callback_error(cb)
+    # ---- exposition ------------------------------------------------------------------------------------
 
-    def _count_callback_error(self, cb: Callable) -> None:
-        # Recorded like inc() but without firing callbacks: a failing callback must not recurse.
-        s = self._series("metric_callback_errors", COUNTER, {})
+    def render(self, accept: str = "", names: set[str] | None = None) -> tuple[bytes, str]:
+        """(body, content type) of a scrape: OpenMetrics when `accept` asks for it, else text 0.0.4.
+
+        `names` (family names, short `load` or full `policy_server_load`, or sample names such as
+        `policy_server_requests_total`) restricts the scrape to those families: a cheap poll."""
+        encoder, content_type = choose_encoder(accept or "")
+        registry = self.registry
+        if names:
+            samples: set[str] = set()
+            for n in names:
+                short = n[len(PREFIX):] if n.startswith(PREFIX) else n
+                for suffix in ("_total", "_bucket", "_sum", "_count"):
+                    if short.endswith(suffix) and short[: -len(suffix)] in KNOWN_METRICS:
+                        short = short[: -len(suffix)]
+                samples.update(exposed_names(short) if short in KNOWN_METRICS else [n])
+            registry = registry.restricted_registry(samples)
+        return encoder(registry), content_type
+
+    def text(self, names: set[str] | None = None) -> str:
+        """The text-0.0.4 scrape as a string (what `GET /metrics` answers a plain Prometheus)."""
+        return self.render("", names)[0].decode("utf-8")
+
+
+class Sketch:
+    """Percentiles of a stream in fixed memory: log-spaced bins from `LO` to `HI` (ms), ratio `GAMMA`.
+
+    A value v lands in bin floor(log(v / LO) / log(GAMMA)) (clamped to the first and last); a
+    percentile answers the geometric middle of its bin, clamped to [min, max] seen, so it is within
+    RELATIVE_ERROR of a value in that bin. Not locked: each sketch has one writer at a time (a
+    session's is written under the session's lock, a replica's by `WindowedSketch` under its lock).
+    """
+
+    LO, HI, GAMMA = 0.01, 100_000.0, 1.1
+    BINS = int(math.ceil(math.log(HI / LO) / math.log(GAMMA))) + 1
+    RELATIVE_ERROR = (GAMMA - 1) / 2
+    _LOG_LO, _LOG_GAMMA = math.log(LO), math.log(GAMMA)
+
+    __slots__ = ("bins", "count", "total", "min", "max")
+
+    def __init__(self):
+        self.bins = array("I", bytes(4 * self.BINS))
+        self.count = 0
+        self.total = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def add(self, v: float) -> None:
+        i = int((math.log(v) - self._LOG_LO) / self._LOG_GAMMA) if v > self.LO else 0
+        self.bins[i if i < self.BINS else self.BINS - 1] += 1
+        self.count += 1
+        self.total += v
+        if v < self.min:
+            self.min = v
+        if v > self.max:
+            self.max = v
+
+    def merge(self, other: "Sketch") -> None:
+        for i, n in enumerate(other.bins):
+            if n:
+                self.bins[i] += n
+        self.count += other.count
+        self.total += other.total
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile (0..1), or None before the first value."""
+        if not self.count:
+            return None
+        rank = q * (self.count - 1)
+        seen = 0
+        for i, n in enumerate(self.bins):
+            seen += n
+            if seen > rank:
+                if i == self.BINS - 1:  # the overflow bin: its values are beyond HI, the max is the best answer
+                    return self.max
+                mid = self.LO * self.GAMMA ** (i + 0.5)
+                return min(max(mid, self.min), self.max)
+        return self.max
+
+    def summary(self, digits: int = 3) -> dict:
+        """{count, mean, p50, p95, p99, max} (None where empty), JSON-ready."""
+        if not self.count:
+            return {"count": 0, "mean": None, "p50": None, "p95": None, "p99": None, "max": None}
+        r = lambda v: round(v, digits)  # noqa: E731
+        return {"count": self.count, "mean": r(self.total / self.count), "p50": r(self.quantile(0.5)),
+                "p95": r(self.quantile(0.95)), "p99": r(self.quantile(0.99)), "max": r(self.max)}
+
+
+class WindowedSketch:
+    """Recent-value percentiles of a replica: the current and the previous `window_s` (two `Sketch`es rotated),
+    so a figure says how the replica does now, not since it started. Thread-safe."""
+
+    def __init__(self, window_s: float = 60.0, clock=time.monotonic):
+        self.window_s = window_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cur, self._prev = Sketch(), Sketch()
+        self._rotated = clock()
+
+    def add(self, v: float) -> None:
+        with self._lock:
+            if self._clock() - self._rotated >= self.window_s:
+                self._rotate()
+            self._cur.add(v)
+
+    def _rotate(self) -> None:
         now = self._clock()
+        self._prev = self._cur if now - self._rotated < 2 * self.window_s else Sketch()
+        self._cur, self._rotated = Sketch(), now
+
+    def recent(self) -> Sketch:
+        """The values of the last one to two windows, merged into a new Sketch."""
         with self._lock:
-            s.value += 1.0
-            s.count += 1
-            s.last = 1.0
-            s.last_t = now
-            if s.pos == len(s.vals):
-                s.vals.append(1.0)
-                s.ts.append(now)
-            else:
-                s.vals[s.pos] = 1.0
-                s.ts[s.pos] = now
-            s.pos = s.pos + 1 if s.pos + 1 < self.ring_buffer_size else 0
-            first = id(cb) not in self._reported_callbacks
-            self._reported_callbacks.add(id(cb))
-        if first:
-            log.warning("on_metric callback %r raised; swallowed (further failures are only counted)", cb, exc_info=True)
-
-    # ---- queries -----------------------------------------------------------------------------------
-
-    def _matching(self, name: str, labels: dict[str, Any]) -> list[_Series]:
-        """Series of `name` whose labels include all of `labels`. Caller holds the lock."""
-        want = {k: str(v) for k, v in labels.items()}
-        return [s for s in self._families.get(name, {}).values() if _matches(s, want)]
-
-    def get_stats(self, name: str, window_seconds: float | None = None, **labels: Any) -> Stats:
-        """Stats over the ring-buffered values of every series of `name` whose labels include `labels`.
-
-        With `window_seconds`, only values recorded in the last `window_seconds` (monotonic clock) count.
-        For a counter the values are the increments; for a gauge, the values it was set to.
-        """
-        if "labels" in labels:
-            labels = _merge_labels_arg(labels)
-        with self._lock:
-            # np.array copies, so the arrays can keep growing once the lock is released.
-            parts = [(np.array(s.vals, dtype=np.float64), np.array(s.ts, dtype=np.float64)) for s in self._matching(name, labels)]
-            now = self._clock()
-        if not parts:
-            return EMPTY_STATS
-        values = np.concatenate([v for v, _ in parts])
-        if window_seconds is not None:
-            stamps = np.concatenate([t for _, t in parts])
-            values = values[stamps >= now - window_seconds]
-        return _stats(values)
-
-    def get_latest(self, name: str, **labels: Any) -> float | None:
-        """A counter's total (summed over matching series); otherwise the most recent value among matching series.
-
-        None when no series of `name` matches.
-        """
-        if "labels" in labels:
-            labels = _merge_labels_arg(labels)
-        with self._lock:
-            matching = self._matching(name, labels)
-            if not matching:
-                return None
-            if self._kinds[name] == COUNTER:
-                return math.fsum(s.value for s in matching)
-            return max(matching, key=lambda s: s.last_t).last
-
-    def forget(self, **labels: Any) -> int:
-        """Drop every series (of any name) whose labels include `labels`, e.g. `forget(client=uuid)` when a
-        client leaves for good, so fleet churn does not grow memory. Returns the number of series dropped."""
-        if not labels:
-            raise ValueError("forget() needs at least one label; it would drop every series")
-        if "labels" in labels:
-            labels = _merge_labels_arg(labels)
-        want = {k: str(v) for k, v in labels.items()}
-        with self._lock:
-            dropped = 0
-            for family in self._families.values():
-                for key in [k for k, s in family.items() if _matches(s, want)]:
-                    del family[key]
-                    dropped += 1
-            self._cache = {k: s for k, s in self._cache.items() if not _matches(s, want)}
-            return dropped
-
-    def snapshot(self) -> dict[str, dict]:
-        """JSON-friendly view: {name: {"type", "help", "series": [...]}}. Non-finite numbers become None.
-
-        Counter and gauge series carry `value`; histogram series carry `count`, `sum`, `latest` and
-        `stats` (over the ring buffer, no window).
-        """
-        with self._lock:
-            copied = []
-            for name, family in self._families.items():
-                rows = []
-                for s in family.values():
-                    ring = np.array(s.vals, dtype=np.float64) if s.kind == HISTOGRAM else None
-                    rows.append((s.label_key, s.kind, s.value, s.count, s.sum, s.last, ring))
-                copied.append((name, self._kinds[name], rows))
-        out: dict[str, dict] = {}
-        for name, kind, rows in sorted(copied):
-            series = []
-            for label_key, _, value, count, total, last, ring in sorted(rows, key=lambda r: r[0]):
-                row: dict[str, Any] = {"labels": dict(label_key)}
-                if kind == HISTOGRAM:
-                    stats = _stats(ring)
-                    row.update(count=count, sum=_json_number(total), latest=_json_number(last) if count else None,
-                               stats={k: _json_number(v) if isinstance(v, float) else v for k, v in stats.as_dict().items()})
-                else:
-                    row["value"] = _json_number(value)
-                series.append(row)
-            out[name] = {"type": kind, "help": self._help(name), "series": series}
+            if self._clock() - self._rotated >= self.window_s:
+                self._rotate()
+            out = Sketch()
+            out.merge(self._prev)
+            out.merge(self._cur)
         return out
-
-    @staticmethod
-    def _help(name: str) -> str:
-        spec = KNOWN_METRICS.get(name)
-        return spec.help if spec else f"{name} (not in server.metrics.KNOWN_METRICS; typed by first use)."
-
-    # ---- Prometheus ---------------------------------------------------------------------------------
-
-    def render_prometheus(self, names: set[str] | None = None) -> str:
-        """The registry (or only the families in `names`, short or full names) in Prometheus text format 0.0.4.
-
-        Every family in `KNOWN_METRICS` gets HELP and TYPE lines even before its first sample, so a
-        scrape documents what this server can report; names are `policy_server_<name>`, counters
-        end in `_total`, histograms expose cumulative `le` buckets ending in `+Inf` plus `_sum`/`_count`.
-        """
-        want = None if not names else {n[len(PREFIX):] if n.startswith(PREFIX) else n for n in names}
-        want = None if want is None else want | {n[:-len("_total")] for n in want if n.endswith("_total")}
-        with self._lock:
-            copied = {
-                name: (self._kinds[name], [(s.label_key, s.value, list(s.buckets), s.bounds, s.sum, s.count) for s in family.values()])
-                for name, family in self._families.items() if want is None or name in want
-            }
-        for name, spec in KNOWN_METRICS.items():
-            if want is None or name in want:
-                copied.setdefault(name, (spec.kind, []))
-        lines: list[str] = []
-        for name in sorted(copied):
-            kind, rows = copied[name]
-            full = PREFIX + name
-            if kind == COUNTER and not full.endswith("_total"):
-                full += "_total"
-            lines.append(f"# HELP {full} {_escape_help(self._help(name))}")
-            lines.append(f"# TYPE {full} {kind}")
-            for label_key, value, buckets, bounds, total, count in sorted(rows, key=lambda r: r[0]):
-                if kind != HISTOGRAM:
-                    lines.append(f"{full}{_fmt_labels(label_key)} {_fmt_float(value)}")
-                    continue
-                cumulative = 0
-                for bound, n in zip((*bounds, math.inf), buckets):
-                    cumulative += n
-                    lines.append(f"{full}_bucket{_fmt_labels((*label_key, ('le', _fmt_float(bound))))} {cumulative}")
-                lines.append(f"{full}_sum{_fmt_labels(label_key)} {_fmt_float(total)}")
-                lines.append(f"{full}_count{_fmt_labels(label_key)} {count}")
-        return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 
     manifest (model + extra_models) ──► ServerProcess
         ├── PolicyServer per model: keys, sessions, mailbox, dispatch loop(s) started by its first request
-        └── shared: the Zenoh session, metrics + health endpoint (/healthz /readyz /metrics), audit log
+        └── shared: the Zenoh session, metrics + health endpoint (/healthz /readyz /metrics /sessions), audit log
 
 Owns: start-up order across models (every model loaded and warmed up before any liveliness token is
 declared), the process's health endpoint, and drain/stop of all models.
@@ -27,8 +27,7 @@ log = logging.getLogger("policy_server")
 class ServerProcess:
     def __init__(self, manifest):
         self.m = manifest
-        self.shared = Shared(None, Metrics(ring_buffer_size=int(_get(manifest, "metrics.ring_buffer_size", 10000))),
-                             AuditLog(_get(manifest, "audit_path", None)))
+        self.shared = Shared(None, Metrics(), AuditLog(_get(manifest, "audit_path", None)))
         self.metrics = self.shared.metrics
         self.models: dict[str, PolicyServer] = {
             mid: PolicyServer(manifest.for_model(mid), shared=self.shared) for mid in manifest.model_ids}
@@ -46,10 +45,14 @@ class ServerProcess:
         port = _get(self.m, "health_port", None)
         if port is not None and int(port) >= 0:
             self.health = HealthServer(int(port), self.metrics, self._ready_reason, lambda: not self.stopped.is_set(),
-                                       host=_get(self.m, "health_host", "127.0.0.1")).start()
+                                       host=_get(self.m, "health_host", "127.0.0.1"), sessions_fn=self.session_report).start()
         health = f" health http://127.0.0.1:{self.health.port}" if self.health else ""
         print(f"{READY_TEXT}: {'; '.join(s.describe() for s in self.models.values())}{health}", flush=True)
         return self
+
+    def session_report(self, client: str | None = None) -> dict:
+        """/sessions: every model's sessions (server.service.PolicyServer.session_report)."""
+        return {"models": {mid: server.session_report(client) for mid, server in self.models.items()}}
 
     def _ready_reason(self):
         for mid, server in self.models.items():

@@ -44,7 +44,7 @@ from wire.tensors import Limits
 from server.audit import AuditLog
 from server.guard import Guard, peek_identity
 from server.health import HealthServer
-from server.metrics import Metrics
+from server.metrics import Metrics, WindowedSketch
 from server.runtime import EmulatedLatency, InferItem, ModelRuntime, set_torch_threads
 from server.sessions import ReplicaInfo, Session, SessionRegistry, make_ack, make_status, validate_open
 
@@ -83,10 +83,11 @@ class PolicyServer:
         """`manifest` is a server.manifest.Manifest; `loaded` an already loaded checkpoint (tests)."""
         self.m = manifest
         self._shared = shared
-        ring = int(_get(manifest, "metrics.ring_buffer_size", 10000))
-        self.metrics = shared.metrics if shared else Metrics(ring_buffer_size=ring)
+        self.metrics = shared.metrics if shared else Metrics()
         self.audit = shared.audit if shared else AuditLog(_get(manifest, "audit_path", None))
         self.sessions = SessionRegistry()
+        self.recent_queue_wait_ms = WindowedSketch()  # the replica's last 1-2 minutes, for the status
+        self.recent_inference_ms = WindowedSketch()
         self.ready = False
         self.warmed_up = False
         self.draining = False
@@ -188,7 +189,9 @@ class PolicyServer:
         port = _get(m, "health_port", None)
         if self._shared is None and port is not None and int(port) >= 0:
             self.health = HealthServer(int(port), self.metrics, self._ready_reason, lambda: not self.stopped.is_set(),
-                                       host=_get(m, "health_host", "127.0.0.1")).start()
+                                       host=_get(m, "health_host", "127.0.0.1"),
+                                       sessions_fn=lambda c: {"models": {self.info.model_id: self.session_report(c)}}
+                                       ).start()
         self._token = z.liveliness().declare_token(k.alive)
         self.ready = True
         self._set_load()
@@ -258,17 +261,17 @@ class PolicyServer:
             # robot's certificate); the replica-level key takes the body's word for it
             key_uuid = parse_client_key(qkey, self.keys.root).client_uuid if qkey != self.keys.session else req.client_uuid
         except WireError as exc:
-            self.metrics.inc("sessions_rejected", reason="malformed")
+            self.metrics.inc("sessions_rejected", model=self.info.model_id, reason="malformed")
             return self._reply(query, Error(exc.code, f"session open: {exc}"))
         except Exception as exc:
-            self.metrics.inc("sessions_rejected", reason="malformed")
+            self.metrics.inc("sessions_rejected", model=self.info.model_id, reason="malformed")
             return self._reply(query, Error(ErrorCode.MALFORMED, f"session open: {type(exc).__name__}: {exc}"))
         old = self.sessions.by_client(req.client_uuid)
         active = self._active() - (1 if old is not None else 0)  # a re-handshake replaces its own session
         d = validate_open(req, self.info, active=active, ready=self.ready, draining=self.draining,
                           client_uuid_from_key=key_uuid)
         if not d.ok:
-            self.metrics.inc("sessions_rejected", reason=d.reason)
+            self.metrics.inc("sessions_rejected", model=self.info.model_id, reason=d.reason)
             if d.reason == "identity":
                 self.guard.deny("identity", key_uuid, detail=f"session open for {req.client_uuid!r} on the key of {key_uuid!r}")
             log.info("session open refused for %s: %s", req.client_uuid, d.error.message)
@@ -294,7 +297,7 @@ class PolicyServer:
             self._close_session(replaced, "replaced by a new handshake", count=False)
         s.reset_pending = True  # exclusive mode: the policy is reset before this session's first forward pass
         active = self._active()
-        self.metrics.inc("sessions_opened")
+        self.metrics.inc("sessions_opened", model=self.info.model_id)
         self._set_load()
         self._reply(query, make_ack(self.info, s, d, active, req.schema_version))
         log.info("session %s opened for %s (task %r, rtc %s)%s", s.session_id, s.client_uuid, s.task, s.rtc_enabled,
@@ -304,7 +307,7 @@ class PolicyServer:
         """A live session is replaced only by its owner (previous_auth); identities hold a bounded number."""
         g = self.guard
         if old is not None and g.session_live(old) and not g.reopen_ok(old, req):
-            self.metrics.inc("sessions_rejected", reason="session_live")
+            self.metrics.inc("sessions_rejected", model=self.info.model_id, reason="session_live")
             g.deny("session_live", req.client_uuid, session_id=old.session_id,
                    detail="open without the previous session's proof while it is live")
             return Error(ErrorCode.SESSION_LIVE, f"client {req.client_uuid!r} has a live session on replica "
@@ -313,7 +316,7 @@ class PolicyServer:
                              "retry_after_s": g.reopen_idle_s})
         held = self.sessions.count_client(req.client_uuid) - (1 if old is not None else 0)
         if held >= g.max_sessions_per_client:
-            self.metrics.inc("sessions_rejected", reason="sessions_per_client")
+            self.metrics.inc("sessions_rejected", model=self.info.model_id, reason="sessions_per_client")
             g.deny("sessions_per_client", req.client_uuid, detail=f"holds {held}")
             return Error(ErrorCode.TOO_MANY_SESSIONS, f"client {req.client_uuid!r} already holds {held} sessions on "
                          f"this replica (security.max_sessions_per_client = {g.max_sessions_per_client}); close one")
@@ -362,11 +365,26 @@ class PolicyServer:
             s.publisher.undeclare()
         except Exception:
             pass
-        self.metrics.forget(client=s.client_uuid)
         if count:
-            self.metrics.inc("client_disconnected", client=s.client_uuid)
+            self.metrics.inc("client_disconnected", model=self.info.model_id)
         self._set_load()
         log.info("session %s of %s closed: %s", s.session_id, s.client_uuid, why)
+
+    def session_report(self, client: str | None = None) -> dict:
+        """The per-robot detail that metrics never label: each session's counters and latency percentiles
+        (fixed-size sketches), plus the replica's recent percentiles. `client` keeps that robot's only."""
+        now = time.monotonic()
+        rows = [{"session_id": s.session_id, "client_uuid": s.client_uuid, "task": s.task, "client_type": s.client_type,
+                 "open_s": round(now - s.opened_mono, 3), "idle_s": round(now - s.last_seen_mono, 3),
+                 "requests": s.requests, "outcomes": dict(s.outcomes), "queue_wait_ms": s.queue_wait_ms.summary(),
+                 "inference_ms": s.inference_ms.summary()}
+                for s in self.sessions.all() if client is None or s.client_uuid == client]
+        return {"replica_id": self.info.replica_id, "active_sessions": self._active(),
+                "max_sessions": self.info.effective_max_sessions,
+                "recent": {"window_s": self.recent_queue_wait_ms.window_s,
+                           "queue_wait_ms": self.recent_queue_wait_ms.recent().summary(),
+                           "inference_ms": self.recent_inference_ms.recent().summary()},
+                "sessions": sorted(rows, key=lambda r: r["client_uuid"])}
 
     def _set_load(self) -> None:
         active = self._active()
@@ -387,7 +405,7 @@ class PolicyServer:
         try:
             parsed = parse_client_key(key, self.keys.root)
         except WireError:
-            self.metrics.inc("observation_errors", code=ErrorCode.BAD_KEY)
+            self.metrics.inc("observation_errors", model=self.info.model_id, code=ErrorCode.BAD_KEY)
             return
         raw = sample.payload.to_bytes()
         att = sample.attachment.to_bytes() if sample.attachment is not None else None
@@ -410,7 +428,7 @@ class PolicyServer:
                                 f"{g.max_observation_bytes} (security.max_observation_bytes)")
             if authed and not owner.bucket.take():
                 g.deny("rate_limited", client, session_id=sid, seq_id=header.seq_id)
-                self.metrics.inc("observation_errors", code=ErrorCode.RATE_LIMITED)
+                self.metrics.inc("observation_errors", model=self.info.model_id, code=ErrorCode.RATE_LIMITED)
                 if owner.answer_bucket is None or owner.answer_bucket.take():  # answered at up to the same rate
                     self._event_error(key, header, Error(ErrorCode.RATE_LIMITED, f"over {g.max_request_rate_hz:g} "
                                       "observations/s (security.max_request_rate_hz); requests are being dropped",
@@ -418,7 +436,7 @@ class PolicyServer:
                 return
             obs = decode_message(raw, expect=Observation, limits=self.limits)
         except WireError as exc:
-            self.metrics.inc("observation_errors", code=exc.code)
+            self.metrics.inc("observation_errors", model=self.info.model_id, code=exc.code)
             reason = "too_large" if exc.code == ErrorCode.TOO_LARGE else "malformed"
             if authed:
                 g.deny(reason, client, session_id=sid, seq_id=header.seq_id if header else None,
@@ -432,20 +450,21 @@ class PolicyServer:
                                                         "on another replica", seq_id=header.seq_id))
         s, err = self.sessions.lookup(obs.session_id, parsed.client_uuid)
         if err is not None:
-            self.metrics.inc("observation_errors", code=err.code)
+            self.metrics.inc("observation_errors", model=self.info.model_id, code=err.code)
             err.seq_id = header.seq_id
             if g.should_answer(client, err.code):  # no session on this key: the answer harms nobody, but stays rare
                 self._event_error(key, header, err)
             return
         if header.seq_id <= s.last_seq and not obs.episode_start:
-            self.metrics.inc("observation_errors", code="STALE_SEQ")
+            self.metrics.inc("observation_errors", model=self.info.model_id, code="STALE_SEQ")
             return  # a duplicate or reordered observation: the newer one is already queued or answered
         now = time.monotonic()
         s.touch(now, float(_get(self.m, "response_tracking.cadence_alpha", 0.3)))
         s.last_seq = header.seq_id
         s.requests += 1
-        self.metrics.observe("payload_size_bytes", len(raw), client=s.client_uuid)
-        self.metrics.inc("requests", client=s.client_uuid)
+        model = self.info.model_id
+        self.metrics.observe("payload_size_bytes", len(raw), model=model)
+        self.metrics.inc("requests", model=model)
         req = Request(session_id=s.session_id, client=s.client_uuid, model=self.info.model_id, seq_id=header.seq_id,
                       arrived=now, urgency=obs.urgency, priority=obs.priority if s.priority is None else s.priority,
                       steps_remaining=obs.steps_remaining, cadence_s=1.0 / s.fps if s.fps > 0 else s.cadence_s,
@@ -457,13 +476,14 @@ class PolicyServer:
         if not self._dispatch_started:
             self._start_dispatch()
         if getattr(res, "superseded", None) is not None:
-            self.metrics.inc("superseded_requests", client=s.client_uuid)
+            self.metrics.inc("superseded_requests", model=model)
         dropped = res.dropped
         if res.reason == "closed":
             return self._event_error(key, header, Error(ErrorCode.DRAINING, "replica is stopping; open a session on "
                                                         "another replica", seq_id=header.seq_id))
         if dropped is not None:
-            self.metrics.inc("queue_full_drops", client=dropped.client)
+            self.metrics.inc("queue_full_drops", model=model)
+            dropped.payload.session.outcomes["dropped:queue_full"] += 1
             p: Pending = dropped.payload
             self._audit(p.session, p.header, (now - dropped.arrived) * 1e3, 0.0, None, 0, "dropped:queue_full")
             self._event_error(p.session.keys.action, p.header, Error(
@@ -482,7 +502,7 @@ class PolicyServer:
             else:
                 self._z.put(action_key, err.encode(), attachment=h.pack(), **_event_qos())
         except Exception:
-            self.metrics.inc("send_errors")
+            self.metrics.inc("send_errors", model=self.info.model_id)
 
     # --- data plane: dispatch ----------------------------------------------------------------------
 
@@ -516,8 +536,9 @@ class PolicyServer:
                         break
                 batch = type(batch)(reqs, expired, depth, batch.taken_at)
             for req in batch.expired:
-                self.metrics.inc("requests_expired")
+                self.metrics.inc("requests_expired", model=self.info.model_id)
                 p: Pending = req.payload
+                p.session.outcomes["expired"] += 1
                 self._audit(p.session, p.header, (time.monotonic() - req.arrived) * 1e3, 0.0, None, 0, "expired")
                 self._event_error(p.session.keys.action, p.header, Error(
                     ErrorCode.EXPIRED, f"request waited over {_get(self.m, 'scheduling.request_ttl_ms', 5000)} ms in the "
@@ -531,7 +552,7 @@ class PolicyServer:
             except Exception:
                 log.exception("dispatch failed for a batch of %d", len(reqs))
                 for req in reqs:
-                    self.metrics.inc("dispatch_errors", client=req.client, error="internal")
+                    self.metrics.inc("dispatch_errors", model=self.info.model_id, error="internal")
             finally:
                 with self._inflight_cv:
                     self._inflight -= 1
@@ -541,7 +562,7 @@ class PolicyServer:
         t_pick = time.monotonic()
         model = self.info.model_id
         self.metrics.set("queue_depth", queue_depth, model=model)
-        self.metrics.observe("batch_size", len(reqs))
+        self.metrics.observe("batch_size", len(reqs), model=model)
         locked: list = []
         items: list[InferItem] = []
         for req in reqs:
@@ -549,7 +570,7 @@ class PolicyServer:
             s = p.session
             if not s.lock.acquire(blocking=False):  # this session's previous request is still in flight
                 if not self.mailbox.requeue(req).requeued:
-                    self.metrics.inc("superseded_requests", client=s.client_uuid)
+                    self.metrics.inc("superseded_requests", model=model)
                 continue
             locked.append(req)
             obs = p.obs
@@ -585,16 +606,17 @@ class PolicyServer:
         s, h = p.session, p.header
         wait_ms = (t_pick - req.arrived) * 1e3
         superseded = self.mailbox.take_superseded(s.session_id)
-        labels = {"client": s.client_uuid, "model": self.info.model_id}
+        model = self.info.model_id
         if res.error:
             if res.error_code == "INTERNAL" and req.retries < self.mailbox.max_retries and self.mailbox.requeue(req).requeued:
-                self.metrics.inc("dispatch_retries", **labels)
+                self.metrics.inc("dispatch_retries", model=model)
                 return
             code = res.error_code or ErrorCode.INTERNAL
             if code == "INTERNAL":
-                self.metrics.inc("dispatch_errors", client=s.client_uuid, error="forward")
+                self.metrics.inc("dispatch_errors", model=model, error="forward")
             else:
-                self.metrics.inc("observation_errors", code=code)
+                self.metrics.inc("observation_errors", model=model, code=code)
+            s.outcomes[f"error:{code}"] += 1
             self._event_error(s.keys.action, h, Error(code, f"inference failed: {res.error}", seq_id=h.seq_id), session=s)
             self._audit(s, h, wait_ms, res.inference_ms, None, superseded, f"error:{code}")
             return
@@ -607,15 +629,20 @@ class PolicyServer:
         try:
             s.publisher.put(body, attachment=header.pack())
             sent_ns = time.monotonic_ns()
-            self.metrics.inc("chunks_sent", client=s.client_uuid)
+            self.metrics.inc("chunks_sent", model=model)
             outcome = "ok"
         except Exception as exc:
-            self.metrics.inc("send_errors", client=s.client_uuid)
+            self.metrics.inc("send_errors", model=model)
             outcome, sent_ns = f"send_error:{type(exc).__name__}", None
-        self.metrics.observe("scheduling_wait_ms", wait_ms, **labels)
-        self.metrics.observe("inference_latency_ms", res.inference_ms, **labels)
-        self.metrics.observe("e2e_latency_ms", (time.monotonic() - req.arrived) * 1e3, **labels)
-        self.metrics.observe("observation_staleness_ms", wait_ms, client=s.client_uuid)
+        s.outcomes[outcome] += 1
+        self.metrics.observe("queue_wait_ms", wait_ms, model=model)
+        self.metrics.observe("inference_ms", res.inference_ms, model=model)
+        self.metrics.observe("e2e_latency_ms", (time.monotonic() - req.arrived) * 1e3, model=model)
+        # per-robot percentiles in fixed memory, for the /sessions status (never a metric label)
+        s.queue_wait_ms.add(wait_ms)
+        s.inference_ms.add(res.inference_ms)
+        self.recent_queue_wait_ms.add(wait_ms)
+        self.recent_inference_ms.add(res.inference_ms)
         self._audit(s, h, wait_ms, res.inference_ms, [0, int(res.chunk_robot.shape[0])], superseded, outcome,
                     emulated_ms=res.emulated_ms, rtc_applied=res.rtc_applied,
                     received_mono_ms=round(p.received_ns / 1e6, 3) if p.received_ns else None,
@@ -659,7 +686,7 @@ class PolicyServer:
             try:
                 s.publisher.put(notice.encode(), attachment=Header(1, MsgType.EVENT, 0, s.episode_id).pack())
             except Exception:
-                self.metrics.inc("send_errors", client=s.client_uuid)
+                self.metrics.inc("send_errors", model=self.info.model_id)
         with self._inflight_cv:
             while self._inflight and time.monotonic() < deadline:
                 self._inflight_cv.wait(max(0.0, deadline - time.monotonic()))

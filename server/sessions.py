@@ -19,12 +19,14 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from wire import MAX_SUPPORTED as SCHEMA_MAX, MIN_SUPPORTED as SCHEMA_MIN, ErrorCode
 from wire.keys import ClientKeys
 from wire.messages import Error, SessionAck, SessionOpen, Status
+from server.metrics import Sketch
 
 
 @dataclass
@@ -96,6 +98,10 @@ class Session:
     bucket: Any = None  # server.guard.TokenBucket: the session's request-rate budget
     answer_bucket: Any = None  # and its budget of RATE_LIMITED answers (a flood never becomes a reply flood)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one request at a time through the pipeline
+    # the per-robot detail of the /sessions status, in fixed memory (metrics carry no client label)
+    outcomes: Counter = field(default_factory=Counter)  # audit outcome -> requests (ok, expired, error:<code>, ...)
+    queue_wait_ms: Sketch = field(default_factory=Sketch)
+    inference_ms: Sketch = field(default_factory=Sketch)
 
     def touch(self, now: float, alpha: float) -> None:
         gap = now - self.last_seen_mono

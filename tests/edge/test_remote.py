@@ -15,6 +15,7 @@ import pytest
 from edge import EngineState, RemoteEngineConfig, make_engine
 from edge.engine import ConfigError
 from tests.edge.conftest import ACTION_NAMES, S
+from tests.server.scrape import scraped
 
 FPS = 30.0
 
@@ -67,7 +68,7 @@ def test_steady_streaming_never_starves_after_the_first_chunk(router, server_fac
         assert st["chunks"] >= 3 and st["timeouts"] == 0 and st["staleness_refusals"] == 0
         recs = eng.drain_records()
         assert recs and all(r["outcome"] == "ok" for r in recs) and all(r["rtt_ms"] > 0 for r in recs)
-        assert srv.metrics.get_latest("active_sessions") == 1
+        assert scraped(srv.metrics, "policy_server_active_sessions") == 1
     finally:
         eng.stop()
 

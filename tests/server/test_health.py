@@ -75,13 +75,43 @@ def test_healthz_follows_live_fn(metrics):
 
 
 def test_metrics_serves_the_prometheus_text_of_the_registry(metrics):
-    metrics.inc("requests", client="robot-217")
+    metrics.inc("requests", model="pi0")
     with HealthServer(0, metrics, ready_fn=lambda: True) as server:
         status, ctype, body = get(server, "/metrics")
         assert status == 200
         assert ctype.startswith("text/plain; version=0.0.4")
-        assert 'policy_server_requests_total{client="robot-217"} 1.0\n' in body.decode()
-        assert body.decode() == metrics.render_prometheus()
+        assert 'policy_server_requests_total{model="pi0"} 1.0\n' in body.decode()
+        assert "process_resident_memory_bytes" in body.decode()
+
+
+def test_metrics_answers_openmetrics_to_a_scraper_that_asks_for_it(metrics):
+    import urllib.request
+
+    metrics.inc("requests", model="pi0")
+    with HealthServer(0, metrics, ready_fn=lambda: True) as server:
+        req = urllib.request.Request(f"http://127.0.0.1:{server.port}/metrics?name[]=policy_server_requests_total",
+                                     headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        with urllib.request.urlopen(req, timeout=2) as r:
+            body, ctype = r.read().decode(), r.headers["Content-Type"]
+    assert ctype.startswith("application/openmetrics-text")
+    assert 'policy_server_requests_total{model="pi0"} 1.0\n' in body and body.endswith("# EOF\n")
+    assert "process_" not in body  # restricted to the family asked for
+
+
+def test_sessions_serves_the_status_function_and_filters_by_client(metrics):
+    seen = []
+
+    def sessions_fn(client):
+        seen.append(client)
+        return {"models": {"pi0": {"sessions": [{"client_uuid": client}]}}}
+
+    with HealthServer(0, metrics, ready_fn=lambda: True, sessions_fn=sessions_fn) as server:
+        status, ctype, body = get(server, "/sessions?client=robot-7")
+        assert status == 200 and ctype == "application/json"
+        assert json.loads(body)["models"]["pi0"]["sessions"] == [{"client_uuid": "robot-7"}]
+        assert get(server, "/sessions")[0] == 200 and seen == ["robot-7", None]
+    with HealthServer(0, metrics, ready_fn=lambda: True) as server:
+        assert get(server, "/sessions")[0] == 404
 
 
 def test_unknown_paths_are_404_and_query_strings_are_ignored(metrics):

@@ -16,6 +16,7 @@ from server.policies import PolicyConfig, make_policy, save_checkpoint
 from server.process import ServerProcess
 from tests.server.test_service import STATS, A, S, manifest
 from tests.server.zclient import RawClient
+from tests.server.scrape import scraped
 
 
 def _ckpt(root, name, seed, kind="flow_matching"):
@@ -74,7 +75,7 @@ def test_two_models_share_one_process_and_each_answers_its_own_sessions(process,
         assert got is not None and got[1].session_id == ack_g.session_id
         assert len(_dispatch_threads("gripper")) == 2  # models.known.gripper.max_inflight
         assert len(arm.sessions) == 1 and len(gripper.sessions) == 1
-        assert process.metrics.get_latest("active_sessions", model="gripper") == 1
+        assert scraped(process.metrics, "policy_server_active_sessions", model="gripper") == 1
     finally:
         g.close()
         a.close()

@@ -17,6 +17,7 @@ from server.guard import TokenBucket, peek_identity
 from server.service import PolicyServer
 from tests.server.test_service import S, ckpt, keys, manifest  # noqa: F401  (the module's checkpoint fixture)
 from tests.server.zclient import RawClient
+from tests.server.scrape import scraped
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def audit_lines(tmp_path) -> list[dict]:
 
 
 def denials(srv, reason) -> float:
-    return srv.metrics.get_latest("security_denials", reason=reason) or 0.0
+    return scraped(srv.metrics, "policy_server_security_denials_total", reason=reason)
 
 
 def test_the_ack_carries_a_session_key_and_observations_without_its_tag_are_never_served(guarded, router):

@@ -21,6 +21,7 @@ from server.policies import PolicyConfig, make_policy, save_checkpoint
 from server.audit import read_audit
 from server.service import PolicyServer
 from tests.server.zclient import RawClient
+from tests.server.scrape import scraped
 
 S, A, T = 4, 3, 8
 STATS = {
@@ -133,8 +134,8 @@ def test_traffic_on_the_key_of_a_client_with_a_session_is_never_answered_unless_
         for body in (dict(session_id="not-a-session"), dict(sign=False), dict(auth="0" * 32)):
             seq = b.send(np.ones(S), **body)
             assert b.wait_for(lambda h, m, s=seq: h.seq_id == s, timeout=1.0) is None, body
-        assert (server.metrics.get_latest("security_denials", reason="foreign_session") or 0) >= 1
-        assert (server.metrics.get_latest("security_denials", reason="bad_auth") or 0) >= 2
+        assert scraped(server.metrics, "policy_server_security_denials_total", reason="foreign_session") >= 1
+        assert scraped(server.metrics, "policy_server_security_denials_total", reason="bad_auth") >= 2
         seq = b.send(np.ones(S))
         assert b.chunk_for(seq, timeout=10) is not None
     finally:
@@ -176,7 +177,7 @@ def test_client_liveliness_loss_garbage_collects_the_session(server, router):
     while len(server.sessions) and time.monotonic() < deadline:
         time.sleep(0.05)  # observing another thread's state; no event crosses the process boundary
     assert len(server.sessions) == 0
-    assert server.metrics.get_latest("active_sessions") == 0
+    assert scraped(server.metrics, "policy_server_active_sessions") == 0
 
 
 def test_newest_observation_wins_and_superseded_are_reported(ckpt, router, tmp_path):
@@ -245,10 +246,7 @@ def test_hostile_messages_from_one_client_leave_other_sessions_unaffected(shared
 
 
 def _count(srv, name) -> float:
-    total = 0.0
-    for series in srv.metrics.snapshot().get(name, {}).get("series", []):
-        total += float(series.get("value", 0) or 0)
-    return total
+    return scraped(srv.metrics, f"policy_server_{name}_total")
 
 
 @pytest.fixture(scope="module")
