@@ -51,7 +51,7 @@ __all__ = [
     "add_cli_arguments", "overrides_from_args", "schema_doc", "json_schema",
     "ModelConfig", "EmulatedLatency", "ZenohConfig", "TlsConfig", "DebugConfig", "SchedulingConfig",
     "PipelineDispatch", "ModelsConfig", "ModelLimits", "ClientsConfig", "ClientDefaults", "KnownClient",
-    "SessionConfig", "SecurityConfig", "LimitsConfig", "ResponseTracking", "MetricsConfig", "DrainConfig",
+    "SessionConfig", "SecurityConfig", "LimitsConfig", "ResponseTracking", "DrainConfig",
 ]
 
 FALLBACK_SCHEDULERS = ("round_robin", "deadline_aware", "model_deadline", "priority_tiered", "batch_optimized")
@@ -463,13 +463,6 @@ class ResponseTracking(_Section):
 
 
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)
-class MetricsConfig(_Section):
-    """In-process metrics."""
-
-    ring_buffer_size: Int = _f(10000, "samples kept per series for percentiles", lo=10, hi=10_000_000)
-
-
-@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class DrainConfig(_Section):
     """SIGTERM behaviour."""
 
@@ -515,7 +508,7 @@ class Manifest(ServedModel):
                                                    "mailbox and dispatch loop (started at its first request)")
     torch_threads: Int = _f(1, "torch intra-op threads (1 keeps a 2-core host responsive)", lo=1, hi=1024)
     zenoh: ZenohConfig = _f(doc="router connection")
-    health_port: Int | None = _f(0, "HTTP /healthz /readyz /metrics port; 0 = any free port, -1 or null = off",
+    health_port: Int | None = _f(0, "HTTP /healthz /readyz /metrics /sessions port; 0 = any free port, -1 or null = off",
                                  lo=-1, hi=65535)
     health_host: Str = _f("127.0.0.1", "address the health server binds")
     audit_path: OutFile | None = _f(None, "JSON-lines audit log (one line per request); null = off")
@@ -529,7 +522,6 @@ class Manifest(ServedModel):
     limits: LimitsConfig = _f(LimitsConfig, "decoder limits")
     security: SecurityConfig = _f(SecurityConfig, "per-session identity binding and limits")
     response_tracking: ResponseTracking = _f(ResponseTracking, "cadence and disconnects")
-    metrics: MetricsConfig = _f(MetricsConfig, "metrics")
     drain: DrainConfig = _f(DrainConfig, "drain on SIGTERM")
 
     @classmethod

@@ -261,7 +261,11 @@ class Sketch:
 
 class WindowedSketch:
     """Recent-value percentiles of a replica: the current and the previous `window_s` (two `Sketch`es rotated),
-    so a figure says how the replica does now, not since it started. Thread-safe."""
+    so a figure says how the replica does now, not since it started.
+
+    `add` is the hot path: no lock, no clock (a value racing a rotation lands in the window just closed,
+    which `recent` still reads). `tick` rotates; the replica's housekeeping thread calls it, and `recent`
+    calls it first."""
 
     def __init__(self, window_s: float = 60.0, clock=time.monotonic):
         self.window_s = window_s
@@ -271,22 +275,22 @@ class WindowedSketch:
         self._rotated = clock()
 
     def add(self, v: float) -> None:
-        with self._lock:
-            if self._clock() - self._rotated >= self.window_s:
-                self._rotate()
-            self._cur.add(v)
+        self._cur.add(v)
 
-    def _rotate(self) -> None:
+    def tick(self) -> None:
         now = self._clock()
-        self._prev = self._cur if now - self._rotated < 2 * self.window_s else Sketch()
-        self._cur, self._rotated = Sketch(), now
+        if now - self._rotated < self.window_s:
+            return
+        with self._lock:
+            if now - self._rotated >= self.window_s:
+                self._prev = self._cur if now - self._rotated < 2 * self.window_s else Sketch()
+                self._cur, self._rotated = Sketch(), now
 
     def recent(self) -> Sketch:
         """The values of the last one to two windows, merged into a new Sketch."""
+        self.tick()
+        out = Sketch()
         with self._lock:
-            if self._clock() - self._rotated >= self.window_s:
-                self._rotate()
-            out = Sketch()
             out.merge(self._prev)
             out.merge(self._cur)
         return out

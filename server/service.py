@@ -672,6 +672,8 @@ class PolicyServer:
                     # a paused robot loses nothing: its next observation gets UNKNOWN_SESSION and it re-handshakes
                     self._close_session(s, f"no observation for {idle:g} s (response_tracking.disconnect_timeout_s)")
             self.metrics.set("queue_depth", self.mailbox.depth(), model=self.info.model_id)
+            self.recent_queue_wait_ms.tick()
+            self.recent_inference_ms.tick()
 
     def drain(self, reason: str = "SIGTERM") -> None:
         """Refuse new work, tell every client, wait for the batch in flight, then stop."""

@@ -11,7 +11,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 def test_plain_dependencies_pull_no_torch_or_mujoco():
     deps = " ".join(PYPROJECT["project"]["dependencies"]).lower()
-    for heavy in ("torch", "mujoco", "gymnasium"):
+    for heavy in ("torch", "mujoco", "gymnasium", "prometheus", "psutil"):
         assert heavy not in deps
 
 
@@ -27,4 +27,10 @@ def test_console_scripts_are_declared():
 
 def test_importing_the_wire_imports_no_torch():
     code = "import sys, wire, wire.transport, wire.procs; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_robot_side_imports_no_server_or_bench_library():
+    code = ("import sys, wire, wire.transport, edge; "
+            "bad = {'prometheus_client', 'psutil', 'torch'} & set(sys.modules); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

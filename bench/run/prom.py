@@ -1,31 +1,29 @@
-"""A minimal Prometheus text-format parser for scraping the servers' /metrics during a run.
+"""Scrapes of the servers' /metrics during a run, parsed by prometheus-client's own parser.
 
-Invariant: malformed lines are skipped, never raised; only (name, labels, value) samples come out.
+Invariant: a malformed line is skipped, never raised (a scrape cut by a restarting replica still
+yields its good lines); NaN samples are skipped; only (sample name, labels, value) come out.
 """
 
 from __future__ import annotations
 
 import math
-import re
 
-_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def parse_prometheus(text: str) -> list[tuple[str, dict, float]]:
-    out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(4))
-        except ValueError:
-            continue
-        if math.isnan(value):
-            continue
-        labels = dict(_LABEL.findall(m.group(3) or ""))
-        out.append((m.group(1), labels, value))
-    return out
+    try:
+        return _samples(text)
+    except ValueError:  # one bad line fails the library's whole parse: parse line by line, skipping it
+        out = []
+        for line in text.splitlines():
+            try:
+                out += _samples(line + "\n")
+            except ValueError:
+                continue
+        return out
+
+
+def _samples(text: str) -> list[tuple[str, dict, float]]:
+    return [(s.name, dict(s.labels), float(s.value)) for family in text_string_to_metric_families(text)
+            for s in family.samples if not math.isnan(s.value)]

@@ -51,6 +51,7 @@ def test_prometheus_parser_reads_samples_and_skips_garbage():
     assert ("policy_server_load", {}, 0.5) in got
     assert ("policy_server_queue_depth", {"model": "m"}, 3.0) in got
     assert ("x_bucket", {"le": "+Inf"}, 7.0) in got
+    assert parse_prometheus('m{error="a}b \\"q\\""} 2\n') == [("m", {"error": 'a}b "q"'}, 2.0)]  # escapes, } inside
 
 
 def test_cpu_sampler_attributes_a_busy_process():
