@@ -4,6 +4,7 @@
     bench validate FILE [FILE ...]                         check scenario files without running (exit 0/2)
     bench list                                             the shipped scenarios with their descriptions
     bench figures                                          the figures assertions may use
+    bench schema scenario                                  the scenario language's JSON Schema (editors)
     bench sweep FILE --key K --values a,b [--capacity]    one run per value; --capacity: load steps, knee, P10
     bench incident --edge LOG --audit A --from T0 --to T1 --out F.yaml   replay one robot's incident
     bench train --robot TYPE [--out DIR] [--seed N]        build bench/checkpoints/<TYPE>/
@@ -32,10 +33,12 @@ def _parse_value(text: str):
 
 
 def load_with_overrides(path: str, sets: list[str]):
-    """Load a scenario and apply `--set key=value` overrides (dotted keys, YAML values)."""
+    """Load a scenario, apply `--set key=value` overrides (dotted keys, YAML values) and check that its
+    checkpoints are on disk: everything `bench run` needs before a process starts (validate calls this too)."""
     from bench.scenario import schema as sc
     s = sc.load_scenario(path)
     if not sets:
+        sc.check_checkpoints_present(s)
         return s
     import copy
 
@@ -49,11 +52,13 @@ def load_with_overrides(path: str, sets: list[str]):
         except (KeyError, TypeError, IndexError):
             parent, _, _ = key.rpartition(".")
             raise sc.ScenarioError(path, 0, key, f"--set: {parent or key!r} does not exist in the scenario") from None
-    return sc.build_scenario(data, f"{path} (with --set)")
+    s = sc.build_scenario(data, f"{path} (with --set)")
+    sc.check_checkpoints_present(s)
+    return s
 
 
 def cmd_validate(args) -> int:
-    from bench.scenario.schema import ScenarioError, missing_checkpoints
+    from bench.scenario.schema import ScenarioError
 
     rc = EXIT_PASS
     for path in args.files:
@@ -68,9 +73,16 @@ def cmd_validate(args) -> int:
               f"{', '.join(f'{n}:{x.profile}' for n, x in s.sites.items())}; {len(s.replicas)} replica(s); "
               f"{len(s.faults)} fault(s); {len(s.assertions)} assertion(s); {s.duration_s:g} s"
               + (f"; sweep {s.sweep['key']} over {len(s.sweep['values'])} values" if s.sweep else ""))
-        for msg in missing_checkpoints(s):
-            print(f"  note: {msg}", file=sys.stderr)
     return rc
+
+
+def cmd_schema(args) -> int:
+    import json
+
+    from bench.scenario.model import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return EXIT_PASS
 
 
 def cmd_list(args) -> int:
@@ -256,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     fig = sub.add_parser("figures", help="figures and functions usable in assertions")
     fig.set_defaults(func=cmd_figures)
+
+    sch = sub.add_parser("schema", help="print a JSON Schema for editors (docs/scenarios.md, Editor support)")
+    sch.add_argument("what", choices=["scenario"])
+    sch.set_defaults(func=cmd_schema)
 
     tr = sub.add_parser("train", help="train a behaviour-cloned checkpoint into bench/checkpoints/<robot>/")
     tr.add_argument("--robot", required=True, help="robot type (arm, reacher, base)")

@@ -113,7 +113,8 @@ def check_attribute(type_word: str, attr: str, value) -> int | float:
         raise _unknown("toxic type", type_word, TOXIC_ATTRIBUTES)
     attrs = TOXIC_ATTRIBUTES[type_word]
     if attr not in attrs:
-        raise ValueError(f"unknown attribute {type_word}.{attr}; {type_word} attributes: {', '.join(attrs)}")
+        raise ValueError(f"unknown attribute {type_word}.{attr}{did_you_mean(attr, attrs)}; {type_word} attributes: "
+                         f"{', '.join(attrs)}")
     default = attrs[attr]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"{type_word}.{attr} must be a number >= 0, got {value!r}")

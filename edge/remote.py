@@ -148,6 +148,48 @@ class RemoteEngineConfig:
         return cls(**d)
 
 
+# What each RemoteEngineConfig field means, for the generated docs (docs/scenarios.md's engine table)
+# and the scenario JSON Schema; a test fails when a field has no line here.
+FIELD_DOCS = {
+    "connect_endpoints": "Zenoh router endpoints",
+    "model_id": "the model id the server serves (its manifest's model_id)",
+    "revision": "checkpoint revision in the keys",
+    "fps": "control rate in Hz; one get_action per tick",
+    "action_names": "the robot's ordered action names: chunk column i drives action i",
+    "state_dim": "the robot's state size",
+    "cameras": "camera names the robot sends",
+    "task": "task string sent with each observation",
+    "client_uuid": "this client's id in the keys; empty: a random uuid at start()",
+    "client_type": "free text reported to the server",
+    "tls_cert": "client certificate (mTLS)",
+    "tls_key": "its private key",
+    "tls_ca": "CA file that signed the router's certificate (enables TLS)",
+    "jpeg_quality": "JPEG quality of camera frames, 1..100; 0 = raw frames (LAN, debug)",
+    "buffer_time_s": "send the next observation when the queue holds this much playback or less",
+    "max_action_age_s": "staleness bound: an action older than this is never executed (safety)",
+    "degraded_after_s": "no chunk for this long: DEGRADED",
+    "request_timeout_s": "a request without an answer for this long counts as a timeout",
+    "timeout_streak": "consecutive timeouts that make the engine RECONNECTING",
+    "reconnect_initial_backoff_s": "first wait between reconnect attempts (doubles, with jitter)",
+    "reconnect_max_backoff_s": "longest wait between reconnect attempts",
+    "max_offline_s": "offline longer than this: DEAD (the robot's own safety takes over)",
+    "fallback": "what get_action returns when STALLED: hold (nothing), repeat_last, zero",
+    "rtc_enabled": "real-time chunking: guide the next chunk with the executed prefix; false = append mode",
+    "execution_horizon": "prefix rows shipped to the server with each observation (RTC)",
+    "trim": "how a late chunk is trimmed: real_delay (LeRobot: by the measured delay) or consumed (by the "
+            "actions executed since the request, which fixes the first chunk's over-trim)",
+    "latency_mode": "the delay estimate RTC plans with: all_time_max (LeRobot), window_max, percentile",
+    "latency_window": "requests in the latency window (window_max, percentile)",
+    "tags": "tag=value labels sent at session open (server allowlists may use them)",
+    "root": "the verbatim root key chunk",
+    "lease_ms": "this client's Zenoh lease: how fast the router notices it is gone",
+    "expected_checkpoint_hash": "non-empty: refuse any other checkpoint from the start",
+    "replica_order": "preferred replica ids, in order; default: the least loaded",
+    "urgency": "0..1, sent with each request for deadline-aware scheduling",
+    "priority": "priority tier for priority_tiered scheduling (0 = most urgent)",
+}
+
+
 @dataclass(frozen=True)
 class _Meta:
     """Provenance of a merged chunk (shared by its rows)."""

@@ -32,14 +32,14 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Mapping
 
-import annotated_types
 import yaml
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
-from pydantic_core import ArgsKwargs, PydanticCustomError
+from pydantic_core import ArgsKwargs
 from pydantic_core import PydanticUndefined as MISSING
 
-from wire import yamlines
+from wire import configerrors as ce, yamlines
+from wire.configerrors import Doc, problem
 from wire.errors import WireError
 from wire.keys import sanitize, sanitize_root
 from wire.suggest import closest
@@ -74,21 +74,10 @@ class ManifestError(ValueError):
 
 # ---- field and value types ---------------------------------------------------------------------------------------
 
-class _Meta:
-    """What the docs table and the error text need beyond pydantic's field: `noun`, `default_doc`.
-    Rides on `json_schema_extra` (pydantic calls it while writing the JSON Schema; it adds nothing)."""
-
-    def __init__(self, **meta: Any):
-        self.meta = meta
-
-    def __call__(self, schema: dict) -> None:
-        pass
-
-
 def _f(default: Any = MISSING, doc: str = "", *, lo: float | None = None, hi: float | None = None,
        gt: float | None = None, **meta: Any) -> Any:
     """A manifest field: `doc` explains it; lo/hi/gt bound a number; meta may hold noun, default_doc."""
-    kw: dict[str, Any] = {"description": doc, "json_schema_extra": _Meta(**meta)}
+    kw: dict[str, Any] = {"description": doc, "json_schema_extra": Doc(**meta)}
     for name, v in (("ge", lo), ("le", hi), ("gt", gt)):
         if v is not None:
             kw[name] = v
@@ -110,7 +99,7 @@ class _Kind:
 
 
 def _raise(message: str) -> None:
-    raise PydanticCustomError("manifest", "{message}", {"message": message})
+    problem(message)
 
 
 def _run_check(word: str, v: Any) -> Any:
@@ -161,6 +150,8 @@ Endpoints = Annotated[tuple[Endpoint, ...], BeforeValidator(_one_or_many)]
 Strs = Annotated[tuple[Str, ...], BeforeValidator(_one_or_many)]
 
 _CONFIG = ConfigDict(extra="forbid")
+_show, _unwrap, _markers, _bounds, _num, _range_text = ce.show, ce.unwrap, ce.markers, ce.bounds, ce.num, ce.range_text
+_meta = ce.doc_meta
 
 
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)
@@ -171,9 +162,7 @@ class _Section:
     def _cross_checks(self):
         resolve = getattr(self, "_resolve", None)
         if resolve is not None:
-            def fail(key: str, message: str) -> None:
-                raise PydanticCustomError("manifest_key", "{message}", {"message": message, "key": key})
-            resolve(fail)
+            resolve(lambda key, message: problem(message, key))
         return self
 
     def _derive(self, **changes: Any) -> None:
@@ -695,98 +684,10 @@ def _checkpoint_meta(directory: str) -> dict:
 
 # ---- pydantic's error records -> ManifestError -------------------------------------------------------------------
 
-def _show(v: Any) -> str:
-    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(type(v))
-    if isinstance(v, Mapping):
-        kind = "a mapping"
-    elif isinstance(v, (list, tuple)):
-        kind = "a list"
-    return f"{v!r} ({kind})" if kind else repr(v)
-
-
-def _unwrap(tp: Any) -> tuple[Any, bool]:
-    """(the type without None and without Annotated, whether None is allowed)."""
-    nullable = False
-    while True:
-        if typing.get_origin(tp) is Annotated:
-            tp = typing.get_args(tp)[0]
-        elif typing.get_origin(tp) in (typing.Union, types.UnionType):
-            args = typing.get_args(tp)
-            rest = [a for a in args if a is not type(None)]
-            nullable = nullable or len(rest) < len(args)
-            tp = rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]
-            if len(rest) != 1:
-                return tp, nullable
-        else:
-            return tp, nullable
-
-
-def _markers(tp: Any) -> list[Any]:
-    """The Annotated metadata of `tp` and of its non-None union member."""
-    out: list[Any] = []
-    while True:
-        if typing.get_origin(tp) is Annotated:
-            out.extend(typing.get_args(tp)[1:])
-            tp = typing.get_args(tp)[0]
-        elif typing.get_origin(tp) in (typing.Union, types.UnionType):
-            rest = [a for a in typing.get_args(tp) if a is not type(None)]
-            if len(rest) != 1:
-                return out
-            tp = rest[0]
-        else:
-            return out
-
-
-def _field_at(cls: type, loc: tuple) -> tuple[Any, Any]:
-    """(the pydantic FieldInfo of the last field named on `loc`, the type at `loc`); (None, None) off the schema."""
-    tp, info = cls, None
-    for part in loc:
-        tp = _unwrap(tp)[0]
-        if is_dataclass(tp) and isinstance(part, str):
-            info = tp.__pydantic_fields__.get(part)
-            if info is None:
-                return None, None
-            tp = info.annotation
-        elif typing.get_origin(tp) is tuple and isinstance(part, int):
-            tp = typing.get_args(tp)[0]
-        elif typing.get_origin(tp) is dict:
-            if part == "[key]":
-                tp = typing.get_args(tp)[0]
-            else:
-                tp = typing.get_args(tp)[1]
-        else:
-            return info, None
-    return info, tp
-
-
-def _meta(info: Any) -> dict:
-    extra = getattr(info, "json_schema_extra", None)
-    return extra.meta if isinstance(extra, _Meta) else {}
-
-
-def _bounds(info: Any) -> tuple[Any, Any, Any]:
-    lo = hi = gt = None
-    for m in getattr(info, "metadata", ()) or ():
-        if isinstance(m, annotated_types.Ge):
-            lo = m.ge
-        elif isinstance(m, annotated_types.Le):
-            hi = m.le
-        elif isinstance(m, annotated_types.Gt):
-            gt = m.gt
-    return lo, hi, gt
-
-
-def _dotted(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
 def _all_leaf_paths(cls: type, prefix: str = "") -> list[str]:
     out = []
     for name, info in cls.__pydantic_fields__.items():
-        tp = _unwrap(info.annotation)[0]
+        tp = ce.unwrap(info.annotation)[0]
         p = f"{prefix}{name}"
         out.extend(_all_leaf_paths(tp, p + ".") if is_dataclass(tp) else [p])
     return out
@@ -806,65 +707,8 @@ def _unknown_key_hint(cls: type, key: str, path: str) -> str:
     return f"known keys here: {', '.join(here)}"
 
 
-def _first_required(cls: type, loc: tuple) -> tuple:
-    """A missing section reports the first key it requires, as a missing key would."""
-    _, tp = _field_at(cls, loc)
-    tp = _unwrap(tp)[0] if tp is not None else None
-    while tp is not None and is_dataclass(tp):
-        name = next((n for n, i in tp.__pydantic_fields__.items() if i.is_required()), None)
-        if name is None:
-            break
-        loc = (*loc, name)
-        tp = _unwrap(tp.__pydantic_fields__[name].annotation)[0]
-    return loc
-
-
-_TYPE_WORDS = {
-    "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be an integer",
-    "float_type": "must be a number", "float_parsing": "must be a number", "bool_type": "must be true or false",
-    "bool_parsing": "must be true or false", "string_type": "must be a string", "tuple_type": "must be a list",
-    "list_type": "must be a list", "dict_type": "must be a mapping",
-}
-
-
-def _message(cls: type, err: dict, loc: tuple) -> tuple[tuple, str]:
-    """(where the error points, what it says) for one pydantic error record."""
-    kind, value = err["type"], err.get("input")
-    info, tp = _field_at(cls, loc)
-    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
-        owner = _unwrap(_field_at(cls, loc[:-1])[1] if loc[:-1] else cls)[0]
-        return loc, f"unknown key; {_unknown_key_hint(owner, str(loc[-1]), _dotted(loc[:-1]))}"
-    if kind in ("missing", "missing_keyword_argument"):
-        full = _first_required(cls, loc)
-        info, _ = _field_at(cls, full)
-        return full, f"is required: {getattr(info, 'description', '') or ''}"
-    if kind in ("manifest", "manifest_key"):
-        ctx = err.get("ctx") or {}
-        key = ctx.get("key")
-        return ((*loc, key) if key else loc), ctx.get("message", err["msg"])
-    if value is None and info is not None:
-        return loc, f"may not be null; {info.description or 'give a value'}"
-    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
-        lo, hi, gt = _bounds(info)
-        bounds = f"[{_num(lo if lo is not None else gt)}, {_num(hi) if hi is not None else 'inf'}]"
-        return loc, f"{_num(value)} is outside {bounds}; give a value {_range_text(lo, hi, gt)}"
-    if kind in ("literal_error", "enum"):
-        choices = typing.get_args(_unwrap(tp)[0]) if tp is not None else ()
-        noun = _meta(info).get("noun")
-        return loc, (f"{noun + ' ' if noun else ''}{value!r} is not one of {', '.join(map(str, choices))}; "
-                     "pick one of them")
-    if kind in ("dataclass_type", "dataclass_exact_type", "dataclass_args_type", "model_type"):
-        names = list(_unwrap(tp)[0].__pydantic_fields__) if tp is not None else []
-        return loc, f"must be a mapping of {', '.join(names)}, got {_show(value)}"
-    if kind in _TYPE_WORDS:
-        hint = f"; quote it: '{value}'" if kind == "string_type" and isinstance(value, (int, float, bool)) else ""
-        if kind == "string_type" and isinstance(value, float):
-            hint = "; quote it"
-        return loc, f"{_TYPE_WORDS[kind]}, got {_show(value)}{hint}"
-    return loc, err["msg"]
-
-
-_RANK = {"unexpected_keyword_argument": 0, "extra_forbidden": 0}
+def _unknown_key(cls: type, key: str, path: str) -> str:
+    return f"unknown key; {_unknown_key_hint(cls, key, path)}"
 
 
 def _build(cls: type, raw: Any, path: str, loc: int | str | None, source: str):
@@ -874,32 +718,13 @@ def _build(cls: type, raw: Any, path: str, loc: int | str | None, source: str):
     try:
         return _adapter(cls).validate_python(raw)
     except ValidationError as exc:
-        errors = sorted(exc.errors(include_url=False), key=lambda e: _RANK.get(e["type"], 1))
-        err = errors[0]
-        where, message = _message(cls, err, tuple(err["loc"]))
-        where = tuple(p for p in where if p != "[key]")  # a bad dict key is blamed on the key itself
-        # a missing key has no line: point at the mapping that lacks it (for a section, its parent)
-        missing = err["type"] in ("missing", "missing_keyword_argument")
-        anchor = where[: len(err["loc"]) - 1] if missing else where
-        line = yamlines.line_at(raw, anchor, loc) if isinstance(raw, Mapping) else loc
-        raise ManifestError(source, line, _dotted(prefix + where) or (path or "(top level)"), message) from None
+        where, line, message = ce.locate(cls, exc, raw, _unknown_key, loc)
+        raise ManifestError(source, line, ce.dotted(prefix + where) or (path or "(top level)"), message) from None
 
 
 @functools.cache
 def _adapter(cls: type) -> TypeAdapter:
     return TypeAdapter(cls)
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
-
-
-def _range_text(lo, hi, gt) -> str:
-    if gt is not None:
-        return f"> {_num(gt)}" + (f" and <= {_num(hi)}" if hi is not None else "")
-    if lo is not None and hi is not None:
-        return f"from {_num(lo)} to {_num(hi)}"
-    return f">= {_num(lo)}" if lo is not None else f"<= {_num(hi)}"
 
 
 # ---- YAML with line numbers: wire.yamlines (shared with the scenario language) -------------------------------------
@@ -1108,22 +933,12 @@ def schema_doc() -> str:
     return "\n".join(rows)
 
 
-def _finite(node: Any) -> Any:
-    """JSON has no Infinity: a default of inf (no clamp) is left out of the schema."""
-    if isinstance(node, dict):
-        return {k: _finite(v) for k, v in node.items()
-                if not (k == "default" and isinstance(v, float) and math.isinf(v))}
-    if isinstance(node, list):
-        return [_finite(v) for v in node]
-    return node
-
-
 def json_schema() -> dict:
     """The manifest as JSON Schema (draft 2020-12), for editors (docs/manifest.md "Editor support").
 
     It checks shapes, types, bounds and fixed choices; what needs the file system or the plugin
     registries (files exist, scheduler names, cross-field rules) only `load_manifest` checks."""
-    schema = _finite(_adapter(Manifest).json_schema())
+    schema = ce.finite(_adapter(Manifest).json_schema())
     defs = schema.setdefault("$defs", {})
     # what the validators accept beyond the field's type: a number for emulated_latency, a single
     # string for a list of strings, the log level in any case

@@ -8,10 +8,15 @@ from typing import Iterable
 
 
 def closest(word: object, options: Iterable[object], cutoff: float = 0.6) -> str | None:
-    """The option nearest to `word` by difflib's ratio, or None when none is at least `cutoff` alike."""
+    """The option nearest to `word` by difflib's ratio, or None when none is at least `cutoff` alike;
+    failing that, the one snake_case option that has `word` as a whole part."""
     names = [str(o) for o in options]
     hit = difflib.get_close_matches(str(word), names, n=1, cutoff=cutoff)
-    return hit[0] if hit else None
+    if hit:
+        return hit[0]
+    # a short word that is one part of exactly one snake_case name: `rtc` -> `rtc_enabled`
+    parts = [n for n in names if str(word) and str(word) in n.split("_")]
+    return parts[0] if len(parts) == 1 else None
 
 
 def did_you_mean(word: object, options: Iterable[object], cutoff: float = 0.6, quote: bool = True) -> str:

@@ -35,7 +35,9 @@ class ParityEngine:
     def __init__(self, engine_cfg: dict, shadow: dict, seed: int = 0, remote_factory=None, policy=None):
         from edge import RemoteEngineConfig
         from edge.remote import RemoteEngine
-        from edge.rtc import RTCEngine, RTCEngineConfig
+        from edge.rtc import RTCEngine
+
+        from bench.scenario.schema import shadow_engine_config
 
         cfg = RemoteEngineConfig.from_dict(dict(engine_cfg))
         self.cfg = cfg
@@ -49,10 +51,7 @@ class ParityEngine:
             from server.runtime import LocalPredictor
 
             policy = LocalPredictor.from_checkpoint(str(shadow["checkpoint"]), rtc=cfg.rtc_enabled)
-        self.local = RTCEngine(RTCEngineConfig(fps=cfg.fps, execution_horizon=cfg.execution_horizon,
-                                               rtc_enabled=cfg.rtc_enabled, trim=cfg.trim,
-                                               latency_mode=cfg.latency_mode, latency_window=cfg.latency_window),
-                               policy=policy, latency_override=override)
+        self.local = RTCEngine(shadow_engine_config(cfg), policy=policy, latency_override=override)
         self._obs: dict | None = None
         self._fresh = False
         self.parity: dict[str, Any] = {"queue_checks": 0, "queue_mismatches": 0, "action_checks": 0,

@@ -53,17 +53,9 @@ def robot_seed(seed: int, group_index: int, index: int) -> int:
 
 def robot_spec(rid: int, group_index: int, index: int, group, seed: int, endpoint: str) -> dict:
     """What a shard needs to build one robot and its engine (JSON-able; written by the runner)."""
-    from bench.robots.core import robot_type
+    from bench.scenario.schema import engine_config
 
-    cls = robot_type(group.robot)
-    engine = dict(group.engine)
-    engine.setdefault("fallback", cls.safe_fallback)  # what keeps this robot type safe when stalled
-    engine.update(
-        connect_endpoints=[endpoint], model_id=group.model_id, fps=group.fps, action_names=list(cls.action_names),
-        state_dim=len(cls.state_names), task=group.task,
-    )
-    if group.cameras is not None:
-        engine["cameras"] = list(group.cameras.names)
+    engine = engine_config(group, endpoint)  # the config `bench validate` built and the engine accepted
     cams = None
     if group.cameras is not None:
         c = group.cameras

@@ -354,6 +354,10 @@ def _closest(word: str, options: list[str]) -> str:
     return did_you_mean(word, options)
 
 
+# a number with a unit glued on (`5ms`, `2 s`, `50 %`): only looked for once the expression fails to parse
+_UNIT_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*(ms|us|µs|s|min|%|hz|Hz|kHz|B|kB|KB|MB|GB|bps|kbps|Mbps|Mbit|mbit)(?!\w)")
+
+
 def parse(expression: str) -> ast.Expression:
     if not isinstance(expression, str) or not expression.strip():
         raise AssertionSyntaxError("empty assertion")
@@ -365,6 +369,11 @@ def parse(expression: str) -> ast.Expression:
     try:
         return ast.parse(source, mode="eval")
     except SyntaxError as exc:
+        unit = _UNIT_RE.search(expression)
+        if unit:
+            raise AssertionSyntaxError(
+                f"units are not written: write {unit.group(1)} instead of {unit.group(0).strip()}; each figure has "
+                f"one fixed unit, in its name (rtt_ms, duration_s) and in `bench figures`") from None
         raise AssertionSyntaxError(f"not an expression: {exc.msg} at column {exc.offset}") from None
 
 

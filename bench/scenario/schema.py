@@ -1,13 +1,16 @@
-"""Scenario files: the schema, its validation, and the typed `Scenario` the runner consumes.
+"""Scenario files: validation and the typed `Scenario` the runner consumes.
 
-Owns the meaning of every key a scenario YAML may hold (the tables `SCHEMA_*` below are the single
-source; docs/scenarios.md describes the same keys). Invariant: `load_scenario` either returns a
-fully checked `Scenario` or raises `ScenarioError` whose message starts ``file:line: key.path:``;
-unknown keys are always rejected, with the known keys listed and the closest one suggested.
+    FILE ──► wire.yamlines ──► bench.scenario.model (pydantic) ──► cross checks ──► Scenario
+             (every key keeps    keys, types, bounds, choices      sites, models served, engines built
+              its line)          of each section                   by edge, profiles, checkpoints, faults,
+                                                                   assertions, sweep, attackers
 
-Checks that need other packages (engine fields, network profiles, fault timeline, assertion
-figures) are done through those packages when they are importable, so the schema stays in step
-with the code that consumes it.
+Owns the checks that need several keys or other packages; `bench.scenario.model` owns each key's
+shape and meaning. Invariant: `load_scenario` either returns a fully checked `Scenario` or raises
+`ScenarioError` whose message starts ``file:line: key.path:``; `bench validate` and `bench run`
+call the same function, so a file validate passes is one run accepts (engine configs are built by
+the engines' own constructors, site overrides by chaos.profiles, checkpoints looked up on disk).
+Unknown keys are always rejected, with the known keys listed and the closest one suggested.
 """
 
 from __future__ import annotations
@@ -16,20 +19,21 @@ import copy
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from wire import yamlines
+from pydantic import ValidationError
+
+from bench.scenario import model as sm
+from bench.scenario.model import CAMERA_KINDS, PROFILES_FALLBACK, ROBOT_TYPES_FALLBACK  # noqa: F401 - re-exported
+from bench.scenario.model import camera_kinds, profile_names, robot_types  # noqa: F401 - re-exported
+from wire import configerrors, yamlines
 from wire.suggest import did_you_mean
-from wire.yamlines import LineDict, LineList
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS_DIR = REPO_ROOT / "bench" / "checkpoints"
 SCENARIOS_DIR = REPO_ROOT / "scenarios"
-
-ROBOT_TYPES_FALLBACK = ("arm", "reacher", "base")
-CAMERA_KINDS = ("synthetic", "rendered")
-PROFILES_FALLBACK = ("lan", "wifi", "lte", "wan_50ms", "satellite", "congested")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+FAULT_TARGET_RE = re.compile(r"^(robot|site|server):[^\s]+$|^router$")
+PLACEHOLDER_ENDPOINT = "tcp/127.0.0.1:7447"  # the engine check's router; the run's comes from the router it starts
 
 
 class ScenarioError(ValueError):
@@ -41,105 +45,7 @@ class ScenarioError(ValueError):
         super().__init__(f"{where}: {path}: {message}" if path else f"{where}: {message}")
 
 
-# --- schema tables: key -> (kind, default, doc). `REQUIRED` marks keys without a default. -------
-
-REQUIRED = object()
-
-SCHEMA_TOP = {
-    "name": ("name", REQUIRED, "scenario name; the report folder reports/<name>/"),
-    "description": ("str", "", "one or two sentences shown by `bench list`"),
-    "duration_s": ("pos_number", REQUIRED, "measured run length in seconds (after warmup_s)"),
-    "warmup_s": ("nonneg_number", 5.0, "robots tick and connect for this long before t=0; not measured"),
-    "seed": ("int", 0, "base seed: robot i of group g gets a seed derived from (seed, g, i)"),
-    "fleet": ("mapping", REQUIRED, "the robots: shards and groups"),
-    "sites": ("mapping", REQUIRED, "site name -> network profile between its robots and the router"),
-    "servers": ("mapping", REQUIRED, "the policy-server replicas"),
-    "faults": ("list", [], "the chaos timeline (see chaos.timeline); times relative to t=0"),
-    "assertions": ("list", [], "expressions over the run's figures; all must hold for verdict pass"),
-    "sweep": ("mapping", None, "optional: run the scenario once per value of one key"),
-    "security": ("security_mode", "tcp", "tcp: plain links, no router rules; mtls: a run PKI (bench.security.pki), TLS links, "
-                                         "per-robot certificates and router access rules generated from the fleet"),
-    "attackers": ("list", [], "hostile clients started during the run (bench.security.attacker): a rogue robot with its own "
-                              "valid certificate, intruders without one or with another CA's"),
-}
-
-SCHEMA_ATTACKER = {
-    "name": ("name", REQUIRED, "attacker name (its log is logs/attacker-NAME.log)"),
-    "credentials": ("credentials", "own_cert", "own_cert (an enrolled robot gone rogue) | none | foreign_ca"),
-    "target": ("str", None, "victim robot as GROUP/INDEX; default: robot 0 of the first group"),
-    "at": ("nonneg_number", 2.0, "seconds after t=0 when the attacks start"),
-    "attacks": ("any", "all", "attack words (bench.security.attacker.ATTACKS) or `all` for every attack of these credentials"),
-    "flood_hz": ("pos_number", 300, "observation rate of the flood attack"),
-    "flood_s": ("pos_number", 4.0, "length of the flood attack"),
-}
-
-SCHEMA_FLEET = {
-    "shards": ("pos_int", 1, "fleet shard processes; robots are dealt round-robin over them"),
-    "groups": ("list", REQUIRED, "robot groups (each: same type, fps, cameras, site, engine)"),
-}
-
-SCHEMA_GROUP = {
-    "name": ("name", REQUIRED, "group name; used by group[NAME].figure and states(group=NAME)"),
-    "robot": ("robot_type", REQUIRED, "robot type from bench.robots (arm, reacher, base)"),
-    "count": ("pos_int", REQUIRED, "number of robots"),
-    "fps": ("pos_number", 30, "control rate in Hz; every tick calls the engine"),
-    "site": ("name", REQUIRED, "a key of `sites`: the network between these robots and the router"),
-    "cameras": ("mapping", None, "cameras of every robot: kind, names, height, width"),
-    "policy": ("str", None, "checkpoint name under bench/checkpoints/ or a path; default: the robot type"),
-    "model_id": ("name", None, "model the robots ask for; default: the policy's model id"),
-    "task": ("str", "", "task string sent with each observation"),
-    "episode_s": ("pos_number", None, "episode length; default the robot type's; robot and engine reset after it"),
-    "stagger_episodes": ("bool", False, "lengthen each robot's first episode by a random part of one, so the "
-                         "group's episodes do not all start on the same tick"),
-    "engine": ("mapping", {}, "RemoteEngineConfig overrides (any field of edge.RemoteEngineConfig)"),
-    "shadow": ("mapping", None, "golden parity: a local engine beside each robot's remote one, in lockstep (bench.fleet.parity)"),
-}
-
-SCHEMA_SHADOW = {
-    "engine": ("shadow_engine", "rtc", "the local engine compared with the remote one (rtc)"),
-    "max_delay_steps": ("nonneg_int", 0, "request n of both engines merges with a delay drawn from 0..N control steps"),
-    "policy": ("str", None, "checkpoint of the local engine; default the group's (another one must mismatch)"),
-}
-
-SCHEMA_CAMERAS = {
-    "kind": ("camera_kind", "synthetic", "synthetic (cheap, procedurally drawn) or rendered (MuJoCo)"),
-    "names": ("str_list", ["front"], "camera names; one image each per observation"),
-    "height": ("pos_int", 64, "image height in pixels"),
-    "width": ("pos_int", 64, "image width in pixels"),
-}
-
-SCHEMA_SITE = {
-    "profile": ("profile", "lan", "network profile from chaos.profiles"),
-    "overrides": ("mapping", {}, "toxic attribute overrides merged into the profile"),
-}
-
-SCHEMA_SERVERS = {
-    "replicas": ("list", REQUIRED, "server replicas, one policy-server process each"),
-    "manifest": ("mapping", {}, "manifest keys applied to every replica (dotted or nested)"),
-}
-
-SCHEMA_REPLICA = {
-    "id": ("name", REQUIRED, "replica id (key chunk); also the fault target server:<id>"),
-    "checkpoint": ("str", REQUIRED, "checkpoint name under bench/checkpoints/ or a path"),
-    "model_id": ("name", None, "served model id; default: the checkpoint's model id"),
-    "max_sessions": ("pos_int", 64, "sessions this replica accepts"),
-    "emulated_latency": ("any", None, "server-side emulated inference latency (manifest emulated_latency)"),
-    "manifest": ("mapping", {}, "manifest keys for this replica only (override servers.manifest)"),
-}
-
-SCHEMA_SWEEP = {
-    "key": ("str", REQUIRED, "dotted key to vary, e.g. sites.eu.profile or fleet.groups.0.count"),
-    "values": ("list", REQUIRED, "one run per value"),
-    "mode": ("sweep_mode", "runs", "runs: every run is judged; capacity: runs are load steps, the verdict is the sweep's assertions"),
-    "stop_after_failure": ("bool", None, "stop at the first failing value (default: true in capacity mode)"),
-    "formula": ("mapping", None, "capacity: nominal P10 inputs r_hz, t_ms, horizon, dt_s, rtt_ms"),
-    "assertions": ("list", [], "capacity: expressions over knee, n_max, knee_ratio, ... (bench.evidence.capacity)"),
-}
-
-FAULT_TARGET_RE = re.compile(r"^(robot|site|server):[^\s]+$|^router$")
-
-
-# --- typed result ----------------------------------------------------------------------------
+# --- typed result (what the runner consumes) ---------------------------------------------------
 
 
 @dataclass
@@ -224,109 +130,6 @@ class Scenario:
         raise KeyError(name)
 
 
-# --- value checks: kind word -> checker returning the value or raising ValueError ----------------
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _name(v):
-    if not isinstance(v, str) or not _NAME_RE.match(v):
-        raise ValueError(f"{v!r} is not a name (letters, digits, _ . -; starts with a letter or digit)")
-    return v
-
-
-def _robot_type(v):
-    known = robot_types()
-    if v not in known:
-        raise ValueError(f"unknown robot type {v!r}; known: {', '.join(known)}")
-    return v
-
-
-def _profile(v):
-    known = profile_names()
-    if v not in known:
-        raise ValueError(f"unknown network profile {v!r}; known: {', '.join(known)}")
-    return v
-
-
-def _choice(options):
-    def check(v):
-        if v not in options:
-            raise ValueError(f"{v!r} is not one of {', '.join(options)}")
-        return v
-    return check
-
-
-def _typed(pred: Callable[[Any], bool], what: str):
-    def check(v):
-        if not pred(v):
-            raise ValueError(f"expected {what}, got {type(v).__name__} {v!r}")
-        return v
-    return check
-
-
-KINDS: dict[str, Callable[[Any], Any]] = {
-    "any": lambda v: v,
-    "str": _typed(lambda v: isinstance(v, str), "a string"),
-    "name": _name,
-    "int": _typed(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "pos_int": _typed(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"),
-    "pos_number": _typed(lambda v: _is_number(v) and v > 0, "a positive number"),
-    "nonneg_number": _typed(lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    "nonneg_int": _typed(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
-    "shadow_engine": lambda v: _choice(("rtc",))(v),
-    "sweep_mode": lambda v: _choice(("runs", "capacity"))(v),
-    "bool": _typed(lambda v: isinstance(v, bool), "true or false"),
-    "mapping": _typed(lambda v: isinstance(v, dict), "a mapping"),
-    "list": _typed(lambda v: isinstance(v, list), "a list"),
-    "str_list": _typed(lambda v: isinstance(v, list) and v and all(isinstance(x, str) and x for x in v),
-                       "a non-empty list of strings"),
-    "robot_type": _robot_type,
-    "camera_kind": lambda v: _choice(camera_kinds())(v),
-    "profile": _profile,
-    "security_mode": _choice(("tcp", "mtls")),
-    "credentials": _choice(("own_cert", "none", "foreign_ca")),
-}
-
-
-# --- discovery of names other packages own -----------------------------------------------------
-
-
-def robot_types() -> tuple[str, ...]:
-    try:
-        from bench import robots
-        reg = getattr(robots, "ROBOT_TYPES", None) or getattr(robots, "REGISTRY", None)
-        if reg:
-            return tuple(sorted(reg))
-    except Exception:  # bench.robots is another package; its absence must not break validation
-        pass
-    return ROBOT_TYPES_FALLBACK
-
-
-def camera_kinds() -> tuple[str, ...]:
-    try:
-        from bench.robots.cameras import CAMERA_KINDS as kinds
-
-        if kinds:
-            return tuple(sorted(kinds))
-    except Exception:
-        pass
-    return CAMERA_KINDS
-
-
-def profile_names() -> tuple[str, ...]:
-    try:
-        from chaos import profiles
-
-        for attr in ("PROFILES", "profiles", "REGISTRY"):
-            reg = getattr(profiles, attr, None)
-            if isinstance(reg, dict) and reg:
-                return tuple(sorted(reg))
-    except Exception:
-        pass
-    return PROFILES_FALLBACK
 
 
 def engine_field_names() -> set[str] | None:
@@ -353,48 +156,28 @@ def checkpoint_model_id(name_or_path: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(name_or_path).name).strip("-.") or "policy"
 
 
-# --- the reader --------------------------------------------------------------------------------
+def engine_config(group: Group, endpoint: str) -> dict:
+    """The RemoteEngineConfig fields a robot of `group` runs with (bench.fleet.shard builds its robots
+    from this; the scenario check builds the same one, so both refuse the same values)."""
+    from bench.robots.core import robot_type
+
+    cls = robot_type(group.robot)
+    engine = dict(group.engine)
+    engine.setdefault("fallback", cls.safe_fallback)  # what keeps this robot type safe when stalled
+    engine.update(connect_endpoints=[endpoint], model_id=group.model_id, fps=group.fps,
+                  action_names=list(cls.action_names), state_dim=len(cls.state_names), task=group.task)
+    if group.cameras is not None:
+        engine["cameras"] = list(group.cameras.names)
+    return engine
 
 
-class _Section:
-    """Reads one mapping against one schema table, with errors naming file, line and key path."""
+def shadow_engine_config(remote_cfg):
+    """The local RTC engine's config beside a remote engine's (bench.fleet.parity runs it)."""
+    from edge.rtc import RTCEngineConfig
 
-    def __init__(self, source: str, data: Any, path: str, schema: dict, line: int = 0):
-        self.source, self.path, self.schema = source, path, schema
-        if not isinstance(data, dict):
-            raise ScenarioError(source, getattr(data, "line", line), path or "(top level)",
-                                f"expected a mapping, got {type(data).__name__}")
-        self.data = data
-        for key in data:
-            if key not in schema:
-                suggestion = did_you_mean(key, schema)
-                raise ScenarioError(source, self.line_of(key), self.key_path(key),
-                                    f"unknown key{suggestion}; known keys: {', '.join(schema)}")
-
-    def line_of(self, key) -> int:
-        return self.data.line_of(key) if isinstance(self.data, LineDict) else 0
-
-    def key_path(self, key) -> str:
-        return f"{self.path}.{key}" if self.path else str(key)
-
-    def fail(self, key, message: str) -> ScenarioError:
-        return ScenarioError(self.source, self.line_of(key), self.key_path(key), message)
-
-    def get(self, key):
-        kind, default, _doc = self.schema[key]
-        if key not in self.data or self.data[key] is None:
-            if default is REQUIRED:
-                raise ScenarioError(self.source, getattr(self.data, "line", 0), self.key_path(key),
-                                    "required key is missing")
-            return copy.deepcopy(default)
-        try:
-            return KINDS[kind](self.data[key])
-        except ValueError as exc:
-            raise self.fail(key, str(exc)) from None
-
-
-def _item_line(lst, i: int) -> int:
-    return lst.line_of(i) if isinstance(lst, LineList) else 0
+    return RTCEngineConfig(fps=remote_cfg.fps, execution_horizon=remote_cfg.execution_horizon,
+                           rtc_enabled=remote_cfg.rtc_enabled, trim=remote_cfg.trim,
+                           latency_mode=remote_cfg.latency_mode, latency_window=remote_cfg.latency_window)
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -418,104 +201,159 @@ def parse_scenario(text: str, source: str = "<string>", *, check_checkpoints: bo
         raise ScenarioError(source, 1, "", "the file is empty; a scenario needs name, duration_s, fleet, sites, servers")
     scenario = build_scenario(data, source)
     if check_checkpoints:
-        missing = missing_checkpoints(scenario)
-        if missing:
-            raise ScenarioError(source, 0, "", missing[0])
+        check_checkpoints_present(scenario)
     return scenario
 
 
+class _Where:
+    """Errors against one scenario tree: `fail(path, message)` finds the line of the deepest key of `path`."""
+
+    def __init__(self, source: str, data: Any):
+        self.source, self.data = source, data
+
+    def line(self, *path) -> int:
+        return yamlines.line_at(self.data, path, 0) or 0
+
+    def fail(self, path: tuple, message: str, shown: str | None = None) -> ScenarioError:
+        return ScenarioError(self.source, self.line(*path), shown or configerrors.dotted(path), message)
+
+
+def _unknown_key(model, key: str, path: str) -> str:
+    known = list(configerrors.model_fields(model))
+    return f"unknown key{did_you_mean(key, known)}; known keys: {', '.join(known)}"
+
+
+def _unknown_engine_key(model, key: str, path: str) -> str:
+    if key in sm.ENGINE_OWNED:
+        return "set by the bench from the robot, its site and the group; remove it"
+    known = sorted(configerrors.model_fields(model))
+    return f"not a RemoteEngineConfig field{did_you_mean(key, known)}; fields: {', '.join(known)}"
+
+
 def build_scenario(data: Any, source: str = "<string>") -> Scenario:
-    top = _Section(source, data, "", SCHEMA_TOP)
-    name = top.get("name")
-    sites = _read_sites(source, top)
-    fleet = _Section(source, top.get("fleet"), "fleet", SCHEMA_FLEET, top.line_of("fleet"))
-    groups = _read_groups(source, fleet, sites)
-    server_sec = _Section(source, top.get("servers"), "servers", SCHEMA_SERVERS, top.line_of("servers"))
-    replicas = _read_replicas(source, server_sec)
-    served = {r.model_id for r in replicas}
-    for g in groups:
-        if g.model_id not in served:
-            raise ScenarioError(source, g.line, f"fleet.groups[{g.name}].model_id",
-                                f"no server replica serves model {g.model_id!r}; served: {', '.join(sorted(served))}")
-    faults = _read_faults(source, top, sites, replicas, groups)
-    assertions = _read_assertions(source, top, groups)
-    sweep = _read_sweep(source, top, data)
-    attackers = _read_attackers(source, top, groups)
+    w = _Where(source, data)
+    if not isinstance(data, dict):
+        raise ScenarioError(source, getattr(data, "line", 0) or 1, "(top level)",
+                            f"expected a mapping of keys, got {type(data).__name__}")
+    try:
+        m = sm.ScenarioFile.model_validate(data)
+    except ValidationError as exc:
+        where, line, message = configerrors.locate(sm.ScenarioFile, exc, data, _unknown_key, 0)
+        raise ScenarioError(source, line or 0, configerrors.dotted(where), message) from None
+    sites = _read_sites(w, m)
+    groups = _read_groups(w, m, sites)
+    replicas = [Replica(id=r.id, checkpoint=r.checkpoint, model_id=r.model_id or checkpoint_model_id(r.checkpoint),
+                        max_sessions=r.max_sessions, emulated_latency=r.emulated_latency, manifest=dict(r.manifest),
+                        line=w.line("servers", "replicas", i)) for i, r in enumerate(m.servers.replicas)]
+    _check_unique(w, [r.id for r in replicas], ("servers", "replicas"), "id", "replica id")
+    _check_served(w, groups, replicas)
+    faults = _read_faults(w, m, sites, replicas, groups)
+    assertions = _read_assertions(w, m, groups)
+    sweep = _read_sweep(w, m, data)
+    attackers = _read_attackers(w, m, groups)
     return Scenario(
-        name=name, description=top.get("description").strip(), duration_s=float(top.get("duration_s")),
-        warmup_s=float(top.get("warmup_s")), seed=top.get("seed"), shards=fleet.get("shards"), groups=groups,
-        sites=sites, replicas=replicas, server_manifest=server_sec.get("manifest"), faults=faults,
-        assertions=assertions, sweep=sweep, source=source, raw=data, security=top.get("security"),
-        attackers=attackers,
+        name=m.name, description=m.description.strip(), duration_s=float(m.duration_s), warmup_s=float(m.warmup_s),
+        seed=m.seed, shards=m.fleet.shards, groups=groups, sites=sites, replicas=replicas,
+        server_manifest=dict(m.servers.manifest), faults=faults, assertions=assertions, sweep=sweep, source=source,
+        raw=data, security=m.security, attackers=attackers,
     )
 
 
-def _read_sites(source: str, top: _Section) -> dict[str, Site]:
-    raw = top.get("sites")
-    if not raw:
-        raise top.fail("sites", "needs at least one site, e.g. `lab: {profile: lan}`")
+def _check_unique(w: _Where, names: list, path: tuple, key: str, what: str) -> None:
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            raise w.fail((*path, i, key), f"{what} {n!r} is used twice; {what}s must be unique")
+
+
+def _read_sites(w: _Where, m: sm.ScenarioFile) -> dict[str, Site]:
     sites = {}
-    for name, body in raw.items():
-        path = f"sites.{name}"
-        line = raw.line_of(name) if isinstance(raw, LineDict) else 0
-        try:
-            _name(name)
-        except ValueError as exc:
-            raise ScenarioError(source, line, path, str(exc)) from None
-        if isinstance(body, str):  # shorthand `eu: wan_50ms`
-            body = {"profile": body}
-        sec = _Section(source, body, path, SCHEMA_SITE, line)
-        sites[name] = Site(name=name, profile=sec.get("profile"), overrides=sec.get("overrides"), line=line)
+    for name, s in m.sites.items():
+        for key, value in s.overrides.items():  # chaos.profiles builds the toxics the run's proxy gets
+            try:
+                from chaos.profiles import profile_toxics
+            except Exception:  # the chaos package is another install; without it only the shape is checked
+                break
+            try:
+                profile_toxics(s.profile, {key: value})
+            except ValueError as exc:
+                raise w.fail(("sites", name, "overrides", key), str(exc)) from None
+        sites[name] = Site(name=name, profile=s.profile, overrides=dict(s.overrides), line=w.line("sites", name))
     return sites
 
 
-def _read_groups(source: str, fleet: _Section, sites: dict[str, Site]) -> list[Group]:
-    raw = fleet.get("groups")
-    if not raw:
-        raise fleet.fail("groups", "needs at least one group")
+def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, Site]) -> list[Group]:
     groups: list[Group] = []
-    engine_fields = engine_field_names()
-    for i, body in enumerate(raw):
-        path = f"fleet.groups[{i}]"
-        line = _item_line(raw, i)
-        sec = _Section(source, body, path, SCHEMA_GROUP, line)
-        gname = sec.get("name")
-        if any(g.name == gname for g in groups):
-            raise sec.fail("name", f"group name {gname!r} is used twice; group names must be unique")
-        site = sec.get("site")
-        if site not in sites:
-            raise sec.fail("site", f"unknown site {site!r}; sites: {', '.join(sites)}")
-        cams = None
-        if sec.data.get("cameras") is not None:
-            csec = _Section(source, sec.get("cameras"), f"{path}.cameras", SCHEMA_CAMERAS, sec.line_of("cameras"))
-            cams = Cameras(kind=csec.get("kind"), names=list(csec.get("names")), height=csec.get("height"),
-                           width=csec.get("width"))
-        engine = sec.get("engine")
-        if engine_fields is not None:
-            for key in engine:
-                if key not in engine_fields:
-                    esec_line = engine.line_of(key) if isinstance(engine, LineDict) else sec.line_of("engine")
-                    raise ScenarioError(source, esec_line, f"{path}.engine.{key}",
-                                        "not a RemoteEngineConfig field" + did_you_mean(key, sorted(engine_fields))
-                                        + f"; fields: {', '.join(sorted(engine_fields))}")
-        for owned in ("connect_endpoints", "action_names", "state_dim", "fps", "cameras"):
-            if owned in engine:
-                raise ScenarioError(source, engine.line_of(owned) if isinstance(engine, LineDict) else line,
-                                    f"{path}.engine.{owned}",
-                                    "set by the bench from the robot, its site and the group; remove it")
-        policy = sec.get("policy") or sec.get("robot")
+    for i, g in enumerate(m.fleet.groups):
+        path = ("fleet", "groups", i)
+        if any(o.name == g.name for o in groups):
+            raise w.fail((*path, "name"), f"group name {g.name!r} is used twice; group names must be unique")
+        if g.site not in sites:
+            raise w.fail((*path, "site"), f"unknown site {g.site!r}{did_you_mean(g.site, sites)}; sites: {', '.join(sites)}")
+        _check_engine_keys(w, path, g.engine)
+        cams = None if g.cameras is None else Cameras(kind=g.cameras.kind, names=list(g.cameras.names),
+                                                       height=g.cameras.height, width=g.cameras.width)
+        policy = g.policy or g.robot
         shadow = None
-        if sec.data.get("shadow") is not None:
-            ssec = _Section(source, sec.get("shadow"), f"{path}.shadow", SCHEMA_SHADOW, sec.line_of("shadow"))
-            shadow = {"engine": ssec.get("engine"), "max_delay_steps": ssec.get("max_delay_steps"),
-                      "policy": ssec.get("policy") or policy}
-        groups.append(Group(
-            name=gname, robot=sec.get("robot"), count=sec.get("count"), fps=float(sec.get("fps")), site=site,
-            cameras=cams, policy=policy, model_id=sec.get("model_id") or checkpoint_model_id(policy),
-            task=sec.get("task"), episode_s=_episode_s(sec.get("episode_s"), sec.get("robot")), engine=dict(engine),
-            shadow=shadow, line=line, stagger_episodes=bool(sec.get("stagger_episodes")),
-        ))
+        if g.shadow is not None:
+            shadow = {"engine": g.shadow.engine, "max_delay_steps": g.shadow.max_delay_steps,
+                      "policy": g.shadow.policy or policy}
+        group = Group(name=g.name, robot=g.robot, count=g.count, fps=float(g.fps), site=g.site, cameras=cams,
+                      policy=policy, model_id=g.model_id or checkpoint_model_id(policy), task=g.task,
+                      episode_s=_episode_s(g.episode_s, g.robot), engine=dict(g.engine), shadow=shadow,
+                      line=w.line(*path), stagger_episodes=g.stagger_episodes)
+        _check_engine(w, path, group)
+        groups.append(group)
     return groups
+
+
+def _check_engine_keys(w: _Where, path: tuple, engine: dict) -> None:
+    """Each `engine:` key against the fields of edge.RemoteEngineConfig (types and fixed choices)."""
+    try:
+        model = sm.engine_model()
+    except Exception:  # the edge package is another install; without it the engine is not checked
+        return
+    for key in engine:
+        if key in sm.ENGINE_OWNED:
+            raise w.fail((*path, "engine", key), _unknown_engine_key(model, key, ""))
+    try:
+        model.model_validate(engine)
+    except ValidationError as exc:
+        where, _line, message = configerrors.locate(model, exc, engine, _unknown_engine_key)
+        raise w.fail((*path, "engine", *where), message) from None
+
+
+def _check_engine(w: _Where, path: tuple, group: Group) -> None:
+    """Build the engine configs the run would build: their constructors are the authority on values."""
+    try:
+        from edge.engine import ConfigError
+        from edge.remote import RemoteEngineConfig
+
+        cfg = engine_config(group, PLACEHOLDER_ENDPOINT)
+    except ImportError:
+        return
+    try:
+        remote = RemoteEngineConfig.from_dict(cfg)
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise w.fail(_engine_key_path(path, group, exc), f"the engine refuses it: {_config_words(exc)}") from None
+    if group.shadow:
+        try:
+            shadow_engine_config(remote)
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise w.fail(_engine_key_path(path, group, exc, fallback="shadow"),
+                         f"the shadow engine ({group.shadow['engine']}, local) refuses it: {_config_words(exc)}; "
+                         "the remote engine alone accepts it, so drop `shadow` or change the value") from None
+
+
+def _config_words(exc: Exception) -> str:
+    return re.sub(r"^\w+Config\.\w+: ", "", str(exc))
+
+
+def _engine_key_path(path: tuple, group: Group, exc: Exception, fallback: str = "engine") -> tuple:
+    m = re.match(r"^\w+Config\.(\w+):", str(exc))
+    key = m.group(1) if m else None
+    if key and key in group.engine:
+        return (*path, "engine", key)
+    return (*path, fallback) if key is None else (*path, fallback if fallback == "shadow" else "engine", key)
 
 
 def _episode_s(value, robot: str) -> float:
@@ -529,95 +367,113 @@ def _episode_s(value, robot: str) -> float:
         return 10.0
 
 
-def _read_replicas(source: str, sec: _Section) -> list[Replica]:
-    raw = sec.get("replicas")
-    if not raw:
-        raise sec.fail("replicas", "needs at least one replica")
-    out: list[Replica] = []
-    for i, body in enumerate(raw):
-        path = f"servers.replicas[{i}]"
-        rsec = _Section(source, body, path, SCHEMA_REPLICA, _item_line(raw, i))
-        rid = rsec.get("id")
-        if any(r.id == rid for r in out):
-            raise rsec.fail("id", f"replica id {rid!r} is used twice")
-        ckpt = rsec.get("checkpoint")
-        out.append(Replica(
-            id=rid, checkpoint=ckpt, model_id=rsec.get("model_id") or checkpoint_model_id(ckpt),
-            max_sessions=rsec.get("max_sessions"), emulated_latency=rsec.get("emulated_latency"),
-            manifest=dict(rsec.get("manifest")), line=_item_line(raw, i),
-        ))
-    return out
+def _check_served(w: _Where, groups: list[Group], replicas: list[Replica]) -> None:
+    served = {r.model_id for r in replicas}
+    for i, g in enumerate(groups):
+        if g.model_id in served:
+            continue
+        missing = [(j, r) for j, r in enumerate(replicas) if not _checkpoint_present(r.checkpoint)]
+        if missing:  # the likelier cause: a misspelt checkpoint names another model
+            j, r = missing[0]
+            raise w.fail(("servers", "replicas", j, "checkpoint"), _missing_checkpoint_words(r.checkpoint, groups))
+        key = "model_id" if w.line("fleet", "groups", i, "model_id") else "policy" if g.policy != g.robot else "robot"
+        raise w.fail(("fleet", "groups", i, key),
+                     f"no server replica serves model {g.model_id!r}{did_you_mean(g.model_id, served)}; served: "
+                     f"{', '.join(sorted(served))}; give the group a model_id a replica serves, or add a replica",
+                     shown=f"fleet.groups[{g.name}].{key}")
 
 
-def _read_attackers(source: str, top: _Section, groups: list[Group]) -> list[dict]:
-    raw = top.get("attackers")
+def _checkpoint_present(name_or_path: str) -> bool:
+    d = checkpoint_dir(name_or_path)
+    return (d / "config.json").is_file() and (d / "model.safetensors").is_file()
+
+
+def _missing_checkpoint_words(name_or_path: str, groups: list[Group]) -> str:
+    d = checkpoint_dir(name_or_path)
+    shipped = sorted(p.name for p in CHECKPOINTS_DIR.iterdir() if (p / "config.json").is_file()) \
+        if CHECKPOINTS_DIR.is_dir() else []
+    robot = next((g.robot for g in groups if g.model_id == checkpoint_model_id(name_or_path)),
+                 groups[0].robot if groups else "reacher")
+    return (f"checkpoint {name_or_path!r} is missing ({d} has no config.json and model.safetensors)"
+            f"{did_you_mean(name_or_path, shipped)}; build it with: bench train --robot {robot}"
+            + (f" --out {d}" if d.name != robot else "") + (f" (present: {', '.join(shipped)})" if shipped else ""))
+
+
+def check_checkpoints_present(scenario: Scenario) -> None:
+    """Raise ScenarioError at the first replica (or shadow) whose checkpoint is not on disk."""
+    w = _Where(scenario.source, scenario.raw)
+    for j, r in enumerate(scenario.replicas):
+        if not _checkpoint_present(r.checkpoint):
+            raise w.fail(("servers", "replicas", j, "checkpoint"), _missing_checkpoint_words(r.checkpoint, scenario.groups))
+    for i, g in enumerate(scenario.groups):
+        if g.shadow and not _checkpoint_present(g.shadow["policy"]):
+            raise w.fail(("fleet", "groups", i, "shadow", "policy"), _missing_checkpoint_words(g.shadow["policy"], [g]))
+
+
+def _read_attackers(w: _Where, m: sm.ScenarioFile, groups: list[Group]) -> list[dict]:
     out: list[dict] = []
     try:
         from bench.security.attacker import attacks_for
     except Exception:  # the attacker module needs zenoh; validation without it checks names only
         attacks_for = None
-    for i, body in enumerate(raw):
-        path = f"attackers[{i}]"
-        sec = _Section(source, body, path, SCHEMA_ATTACKER, _item_line(raw, i))
-        a = {k: sec.get(k) for k in SCHEMA_ATTACKER}
+    for i, atk in enumerate(m.attackers):
+        path = ("attackers", i)
+        a = atk.model_dump()
         if any(o["name"] == a["name"] for o in out):
-            raise sec.fail("name", f"attacker name {a['name']!r} is used twice")
+            raise w.fail((*path, "name"), f"attacker name {a['name']!r} is used twice")
         target = a["target"] or f"{groups[0].name}/0"
         gname, _, idx = target.partition("/")
         match = [g for g in groups if g.name == gname]
         if not match or not idx.isdigit() or int(idx) >= match[0].count:
-            raise sec.fail("target", f"{target!r} is not GROUP/INDEX of a robot; groups: "
-                                     + ", ".join(f"{g.name} (0..{g.count - 1})" for g in groups))
+            raise w.fail((*path, "target"), f"{target!r} is not GROUP/INDEX of a robot; groups: "
+                                            + ", ".join(f"{g.name} (0..{g.count - 1})" for g in groups))
         a["target"] = target
-        if float(a["at"]) > float(top.get("duration_s")):
-            raise sec.fail("at", f"{a['at']} s is after the end of the run ({top.get('duration_s')} s)")
+        if float(a["at"]) > float(m.duration_s):
+            raise w.fail((*path, "at"), f"{a['at']:g} s is after the end of the run ({m.duration_s:g} s)")
         if attacks_for is not None:
             known = attacks_for(a["credentials"])
             words = known if a["attacks"] == "all" else a["attacks"]
-            if not isinstance(words, list) or not words or any(w not in known for w in words):
-                raise sec.fail("attacks", f"{a['attacks']!r}: give `all` or a list of attacks for credentials "
-                                          f"{a['credentials']}: {', '.join(known)}")
+            if not isinstance(words, list) or not words or any(x not in known for x in words):
+                raise w.fail((*path, "attacks"), f"{a['attacks']!r}: give `all` or a list of attacks for credentials "
+                                                 f"{a['credentials']}: {', '.join(known)}")
             a["attacks"] = list(words)
         out.append(a)
     return out
 
 
-def _read_faults(source, top: _Section, sites, replicas, groups) -> list[dict]:
-    raw = top.get("faults")
+def _read_faults(w: _Where, m: sm.ScenarioFile, sites, replicas, groups) -> list[dict]:
+    raw = m.faults
     targets_known = {"router"} | {f"site:{s}" for s in sites} | {f"server:{r.id}" for r in replicas}
     for i, item in enumerate(raw):
-        line = _item_line(raw, i)
-        path = f"faults[{i}]"
-        if not isinstance(item, dict):
-            raise ScenarioError(source, line, path, f"expected a mapping, got {type(item).__name__}")
+        path = ("faults", i)
         target = item.get("target")
         if isinstance(target, str) and FAULT_TARGET_RE.match(target):
             if target.startswith("robot:"):
-                _check_robot_target(source, item.line_of("target") if isinstance(item, LineDict) else line,
-                                    f"{path}.target", target, groups)
+                _check_robot_target(w, (*path, "target"), target, groups)
             elif target not in targets_known:
-                raise ScenarioError(source, item.line_of("target") if isinstance(item, LineDict) else line,
-                                    f"{path}.target", f"unknown target {target!r}; known: {', '.join(sorted(targets_known))}, robot:<group>[/<index>]")
+                raise w.fail((*path, "target"), f"unknown target {target!r}{did_you_mean(target, targets_known)}; "
+                                                f"known: {', '.join(sorted(targets_known))}, robot:<group>[/<index>]")
         t = item.get("at", item.get("t"))
-        duration = float(top.get("duration_s"))
-        if _is_number(t) and t > duration:
-            raise ScenarioError(source, line, f"{path}.at", f"fault at {t}s is after the end of the run ({duration}s)")
-    _check_timeline_with_chaos(source, raw)
+        duration = float(m.duration_s)
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and t > duration:
+            raise ScenarioError(w.source, w.line(*path), f"faults[{i}].at",
+                                f"fault at {t}s is after the end of the run ({duration}s)")
+    _check_timeline_with_chaos(w, raw)
     return [dict(item) for item in raw]
 
 
-def _check_robot_target(source, line, path, target, groups):
+def _check_robot_target(w: _Where, path: tuple, target: str, groups) -> None:
     body = target.split(":", 1)[1]
     gname, _, idx = body.partition("/")
     for g in groups:
         if g.name == gname:
             if idx and (not idx.isdigit() or int(idx) >= g.count):
-                raise ScenarioError(source, line, path, f"robot index {idx!r} is not in 0..{g.count - 1} of group {gname!r}")
+                raise w.fail(path, f"robot index {idx!r} is not in 0..{g.count - 1} of group {gname!r}")
             return
-    raise ScenarioError(source, line, path, f"unknown group {gname!r} in {target!r}; groups: {', '.join(g.name for g in groups)}")
+    raise w.fail(path, f"unknown group {gname!r} in {target!r}; groups: {', '.join(g.name for g in groups)}")
 
 
-def _check_timeline_with_chaos(source: str, raw: list) -> None:
+def _check_timeline_with_chaos(w: _Where, raw: list) -> None:
     """Let chaos.timeline parse the faults when it is importable: its grammar is the authority."""
     try:
         from chaos import timeline
@@ -631,60 +487,47 @@ def _check_timeline_with_chaos(source: str, raw: list) -> None:
     except Exception as exc:  # its error names the entry; we add the file and line
         msg = str(exc)
         m = re.search(r"\[(\d+)\]", msg)
-        line = _item_line(raw, int(m.group(1))) if m else getattr(raw, "line", 0)
-        raise ScenarioError(source, line, "faults", msg) from None
+        line = w.line("faults", int(m.group(1))) if m else w.line("faults")
+        raise ScenarioError(w.source, line, "faults", msg) from None
 
 
-def _read_assertions(source: str, top: _Section, groups: list[Group]) -> list[AssertionSpec]:
+def _read_assertions(w: _Where, m: sm.ScenarioFile, groups: list[Group]) -> list[AssertionSpec]:
     from bench.scenario import assertions as asserts
-    raw = top.get("assertions")
+
     out = []
-    for i, expr in enumerate(raw):
-        line = _item_line(raw, i)
-        if not isinstance(expr, str):
-            raise ScenarioError(source, line, f"assertions[{i}]", "an assertion is an expression string; quote it")
+    for i, expr in enumerate(m.assertions):
+        line = w.line("assertions", i)
         try:
             asserts.check_expression(expr, groups=[g.name for g in groups])
         except asserts.AssertionSyntaxError as exc:
-            raise ScenarioError(source, line, f"assertions[{i}]", str(exc)) from None
+            raise ScenarioError(w.source, line, f"assertions[{i}]", str(exc)) from None
         out.append(AssertionSpec(expression=expr, line=line))
     return out
 
 
-def _read_sweep(source: str, top: _Section, data: dict) -> dict | None:
-    raw = top.get("sweep")
-    if raw is None:
+def _read_sweep(w: _Where, m: sm.ScenarioFile, data: dict) -> dict | None:
+    sw = m.sweep
+    if sw is None:
         return None
-    sec = _Section(source, raw, "sweep", SCHEMA_SWEEP, top.line_of("sweep"))
-    key, values = sec.get("key"), sec.get("values")
-    if not values:
-        raise sec.fail("values", "needs at least one value")
     try:
-        get_dotted(data, key)
+        get_dotted(data, sw.key)
     except KeyError as exc:
-        raise sec.fail("key", f"{key!r} does not name a key of this scenario ({exc.args[0]})") from None
-    if key.split(".")[0] in ("sweep", "name"):
-        raise sec.fail("key", "sweep cannot vary `sweep` or `name`")
-    mode = sec.get("mode")
-    stop = sec.get("stop_after_failure")
-    formula = sec.get("formula")
-    if formula:
-        fsec = _Section(source, formula, "sweep.formula", {k: ("pos_number", None, "") for k in
-                                                          ("r_hz", "t_ms", "horizon", "dt_s", "rtt_ms")},
-                        sec.line_of("formula"))
-        formula = {k: fsec.get(k) for k in fsec.data}
-    asserts = sec.get("assertions")
+        raise w.fail(("sweep", "key"), f"{sw.key!r} does not name a key of this scenario ({exc.args[0]})") from None
+    if sw.key.split(".")[0] in ("sweep", "name"):
+        raise w.fail(("sweep", "key"), "sweep cannot vary `sweep` or `name`")
     from bench.scenario.assertions import AssertionSyntaxError
     from bench.scenario.sweeps import check_sweep_expression
 
-    for i, expr in enumerate(asserts):
+    for i, expr in enumerate(sw.assertions):
         try:
-            check_sweep_expression(str(expr))
+            check_sweep_expression(expr)
         except AssertionSyntaxError as exc:
-            raise ScenarioError(source, _item_line(asserts, i), f"sweep.assertions[{i}]", str(exc)) from None
-    return {"key": key, "values": list(values), "mode": mode,
-            "stop_after_failure": (mode == "capacity") if stop is None else stop,
-            "formula": dict(formula) if formula else None, "assertions": [str(a) for a in asserts]}
+            raise ScenarioError(w.source, w.line("sweep", "assertions", i), f"sweep.assertions[{i}]", str(exc)) from None
+    formula = {k: v for k, v in sw.formula.model_dump().items() if k in (data["sweep"].get("formula") or {})} \
+        if sw.formula else None
+    return {"key": sw.key, "values": list(sw.values), "mode": sw.mode,
+            "stop_after_failure": (sw.mode == "capacity") if sw.stop_after_failure is None else sw.stop_after_failure,
+            "formula": formula or None, "assertions": list(sw.assertions)}
 
 
 # --- sweep helpers -----------------------------------------------------------------------------
@@ -738,17 +581,12 @@ def sweep_variants(scenario: Scenario) -> list[tuple[str, Scenario]]:
 
 def missing_checkpoints(scenario: Scenario) -> list[str]:
     """Messages naming each missing checkpoint and the command that builds it."""
-    msgs = []
-    seen = set()
+    msgs, seen = [], set()
     for r in scenario.replicas:
         d = checkpoint_dir(r.checkpoint)
-        if d in seen:
-            continue
+        if d not in seen and not _checkpoint_present(r.checkpoint):
+            msgs.append(f"servers.replicas[{r.id}].checkpoint: {_missing_checkpoint_words(r.checkpoint, scenario.groups)}")
         seen.add(d)
-        if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
-            robot = next((g.robot for g in scenario.groups if g.model_id == r.model_id), r.checkpoint)
-            msgs.append(f"servers.replicas[{r.id}].checkpoint: checkpoint {str(d)!r} is missing; "
-                        f"build it with: bench train --robot {robot}")
     return msgs
 
 

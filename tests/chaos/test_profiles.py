@@ -98,7 +98,7 @@ def test_unknown_profile_names_it_and_lists_known():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"latncy.latency": 4}, r"unknown toxic type 'latncy' \(did you mean 'latency'\?\); known: .*bandwidth"),
-    ({"latency.jiter": 4}, r"unknown attribute latency.jiter; latency attributes: latency, jitter"),
+    ({"latency.jiter": 4}, r"unknown attribute latency.jiter \(did you mean 'jitter'\?\); latency attributes: latency, jitter"),
     ({"latency": {"lag": 4}}, r"unknown attribute latency.lag"),
     ({"latency": 4}, r"override key 'latency' is not TYPE.ATTRIBUTE"),
     ({"latency.latency": -1}, r"latency.latency must be a number >= 0"),

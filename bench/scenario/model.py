@@ -1,0 +1,362 @@
+"""The scenario file's shape as typed models: every key, its type, bounds, default and meaning.
+
+Owns what a scenario YAML may hold key by key (pydantic v2): `bench.scenario.schema` validates a
+file against `ScenarioFile`, then runs the checks that need several keys or other packages (sites
+referenced, models served, engines built, faults, assertions). The same models give the JSON
+Schema editors use (`bench schema scenario`, docs/schemas/scenario.schema.json) and the key tables
+of docs/scenarios.md (`python -m bench.scenario.docs`). Names other packages own (robot types,
+network profiles, camera kinds, engine fields and their choices) are read from those packages, so
+the schema cannot fall behind the code that consumes it.
+
+Invariants: every model forbids unknown keys; a field's description is its one meaning (the docs
+table and the editor's hover text are generated from it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import typing
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, WithJsonSchema, create_model
+
+from wire.configerrors import Doc, problem
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+ROBOT_TYPES_FALLBACK = ("arm", "reacher", "base")
+CAMERA_KINDS = ("synthetic", "rendered")
+PROFILES_FALLBACK = ("lan", "wifi", "lte", "wan_50ms", "satellite", "congested")
+# engine fields the bench sets from the robot, its site and the group: a scenario may not
+ENGINE_OWNED = ("connect_endpoints", "action_names", "state_dim", "fps", "cameras", "model_id", "task")
+
+
+# --- names other packages own -----------------------------------------------------------------
+
+
+def robot_types() -> tuple[str, ...]:
+    try:
+        from bench import robots
+        reg = getattr(robots, "ROBOT_TYPES", None) or getattr(robots, "REGISTRY", None)
+        if reg:
+            return tuple(sorted(reg))
+    except Exception:  # bench.robots is another room; its absence must not break validation
+        pass
+    return ROBOT_TYPES_FALLBACK
+
+
+def camera_kinds() -> tuple[str, ...]:
+    try:
+        from bench.robots.cameras import CAMERA_KINDS as kinds
+
+        if kinds:
+            return tuple(sorted(kinds))
+    except Exception:
+        pass
+    return CAMERA_KINDS
+
+
+def profile_names() -> tuple[str, ...]:
+    try:
+        from chaos import profiles
+
+        for attr in ("PROFILES", "profiles", "REGISTRY"):
+            reg = getattr(profiles, attr, None)
+            if isinstance(reg, dict) and reg:
+                return tuple(sorted(reg))
+    except Exception:
+        pass
+    return PROFILES_FALLBACK
+
+
+# --- value types --------------------------------------------------------------------------------
+
+
+def _name(v: str) -> str:
+    if not NAME_RE.match(v):
+        problem(f"{v!r} is not a name (letters, digits, _ . -; starts with a letter or digit)")
+    return v
+
+
+def _one_of(names, what: str):
+    def check(v: str) -> str:
+        known = names()
+        if v not in known:
+            from wire.suggest import did_you_mean
+
+            problem(f"unknown {what} {v!r}{did_you_mean(v, known)}; known: {', '.join(known)}")
+        return v
+    return check
+
+
+def _site_shorthand(v: Any) -> Any:
+    return {"profile": v} if isinstance(v, str) else v  # `eu: wan_50ms`
+
+
+Str = Annotated[str, Strict()]
+Bool = Annotated[bool, Strict()]
+Int = Annotated[int, Strict()]
+Num = Annotated[float, Strict()]
+Name = Annotated[str, Strict(), AfterValidator(_name),
+                 WithJsonSchema({"type": "string", "pattern": NAME_RE.pattern})]
+PosInt = Annotated[int, Strict(), Field(gt=0)]
+NonNegInt = Annotated[int, Strict(), Field(ge=0)]
+PosNum = Annotated[float, Strict(), Field(gt=0)]
+NonNegNum = Annotated[float, Strict(), Field(ge=0)]
+RobotType = Annotated[str, Strict(), AfterValidator(_one_of(robot_types, "robot type"))]
+Profile = Annotated[str, Strict(), AfterValidator(_one_of(profile_names, "network profile"))]
+CameraKind = Annotated[str, Strict(), AfterValidator(_one_of(camera_kinds, "camera kind"))]
+
+
+def _f(default: Any = ..., doc: str = "", enum=None, **meta: Any) -> Any:
+    """A scenario key: `doc` is its meaning; `default_doc` words a default computed later;
+    `enum` names a registry whose names the JSON Schema lists (for completion)."""
+    extra = Doc(enum=enum, **meta)
+    if isinstance(default, (list, dict)):
+        value = default
+        return Field(default_factory=lambda: type(value)(value), description=doc, json_schema_extra=extra)
+    return Field(default, description=doc, json_schema_extra=extra)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- the engine overrides: the fields of edge.RemoteEngineConfig ---------------------------------
+
+
+def _engine_choices() -> dict[str, tuple[str, ...]]:
+    from edge.engine import FallbackBehavior
+    from edge.latency import LATENCY_MODES
+    from edge.queue import TRIM_MODES
+
+    return {"fallback": tuple(f.value for f in FallbackBehavior), "trim": tuple(TRIM_MODES),
+            "latency_mode": tuple(LATENCY_MODES)}
+
+
+def _engine_type(name: str, tp: Any) -> Any:
+    choices = _engine_choices().get(name)
+    if choices:
+        return Literal[choices]
+    base, nullable = tp, False
+    if typing.get_origin(tp) in (Union, getattr(__import__("types"), "UnionType")):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        base, nullable = args[0], True
+    strict = {str: Str, bool: Bool, int: Int, float: Num}.get(base, base)
+    return (strict | None) if nullable else strict
+
+
+@functools.cache
+def engine_model() -> type[BaseModel]:
+    """The `engine:` mapping of a group: every RemoteEngineConfig field the bench does not set."""
+    from edge.remote import FIELD_DOCS, RemoteEngineConfig
+
+    hints = typing.get_type_hints(RemoteEngineConfig)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(RemoteEngineConfig):
+        if f.name in ENGINE_OWNED:
+            continue
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        doc = FIELD_DOCS.get(f.name, "")
+        if f.name == "fallback":
+            doc += "; default: the robot type's safe fallback"
+        fields[f.name] = (_engine_type(f.name, hints[f.name]), _f(default, doc))
+    return create_model("Engine", __config__=ConfigDict(extra="forbid"),
+                        __doc__="Overrides of edge.RemoteEngineConfig for every robot of the group.", **fields)
+
+
+# --- the sections --------------------------------------------------------------------------------
+
+
+class Cameras(_Model):
+    """Cameras of every robot of a group."""
+
+    kind: CameraKind = _f("synthetic", "synthetic (cheap, procedurally drawn) or rendered (MuJoCo)",
+                          enum=camera_kinds)
+    names: list[Str] = Field(default_factory=lambda: ["front"], min_length=1,
+                             description="camera names; one image each per observation")
+    height: PosInt = _f(64, "image height in pixels")
+    width: PosInt = _f(64, "image width in pixels")
+
+
+class Shadow(_Model):
+    """Golden parity: a local engine beside each robot's remote one, in lockstep (bench.fleet.parity)."""
+
+    engine: Literal["rtc"] = _f("rtc", "the local engine compared with the remote one")
+    max_delay_steps: NonNegInt = _f(0, "request n of both engines merges with a delay drawn from 0..N control steps")
+    policy: Str | None = _f(None, "the local engine's checkpoint (another one must mismatch)",
+                            default_doc="the group's")
+
+
+class Group(_Model):
+    """Robots of one type, rate, cameras, site and engine."""
+
+    name: Name = _f(..., "used by `group[NAME].figure`, `states(group=NAME)` and `robot:NAME/i` fault targets")
+    robot: RobotType = _f(..., "robot type from `bench.robots`", enum=robot_types)
+    count: PosInt = _f(..., "robots in the group")
+    fps: PosNum = _f(30, "control rate in Hz; every tick calls the engine's notify_observation and get_action")
+    site: Name = _f(..., "a key of `sites`: the network between these robots and the router")
+    cameras: Cameras | None = _f(None, "cameras of every robot: `{kind, names, height, width}` (below)")
+    policy: Str | None = _f(None, "checkpoint name under `bench/checkpoints/` or a path", default_doc="the robot type")
+    model_id: Name | None = _f(None, "the model the robots ask for; some replica must serve it",
+                               default_doc="the policy's name")
+    task: Str = _f("", "task string sent with each observation")
+    episode_s: PosNum | None = _f(None, "episode length; robot and engine `reset()` at its end",
+                                  default_doc="the robot type's")
+    stagger_episodes: Bool = _f(False, "lengthen each robot's first episode by a seeded random part of one (0 to "
+                                       "`episode_s`), so the group's episode boundaries spread instead of falling on "
+                                       "the same tick: a real fleet does not start its episodes in lockstep, and one "
+                                       "that does sends its episodes' first requests as a burst")
+    engine: dict = _f({}, "overrides of `edge.RemoteEngineConfig` fields (the engine table below); "
+                          "`connect_endpoints`, `action_names`, `state_dim`, `fps`, `cameras`, `model_id` and `task` "
+                          "are set by the bench from the robot, the site and the group, and refused here; every value is checked by the engine's own constructor at validate time")
+    shadow: Shadow | None = _f(None, "golden parity: a local engine in lockstep beside each robot's remote one "
+                                      "(below, and `rtc_parity`)")
+
+
+class Fleet(_Model):
+    """The robots: shard processes and groups."""
+
+    shards: PosInt = _f(1, "fleet shard processes; robots are dealt round-robin over them (2 on a 2-core machine)")
+    groups: list[Group] = Field(..., min_length=1, description="robot groups (below)")
+
+
+class Site(_Model):
+    """The network between a site's robots and the router: its own proxy, its own toxics."""
+
+    profile: Profile = _f("lan", "network profile from `chaos.profiles`", enum=profile_names)
+    overrides: dict = _f({}, "toxic attributes merged into the profile: `TYPE.ATTRIBUTE: value` or "
+                             "`TYPE: {ATTRIBUTE: value}` (`chaos.profiles.TOXIC_ATTRIBUTES`), e.g. "
+                             "`bandwidth.rate: 250`; checked by `chaos.profiles` at validate time")
+
+
+SiteOrProfile = Annotated[Site, BeforeValidator(_site_shorthand)]
+
+
+class Replica(_Model):
+    """One policy-server process."""
+
+    id: Name = _f(..., "replica id (key chunk); also the fault target `server:<id>`")
+    checkpoint: Str = _f(..., "checkpoint name under `bench/checkpoints/` or a path; it must exist when the file "
+                              "is validated or run: `bench train --robot TYPE` builds one")
+    model_id: Name | None = _f(None, "served model id", default_doc="the checkpoint's name")
+    max_sessions: PosInt = _f(64, "sessions this replica accepts")
+    emulated_latency: Any = _f(None, "emulated inference latency: ms or a mapping (the manifest's "
+                                     "`emulated_latency`); reported as `inference_emulated`")
+    manifest: dict = _f({}, "manifest keys for this replica only (win over `servers.manifest`)")
+
+
+class Servers(_Model):
+    """The policy-server replicas."""
+
+    replicas: list[Replica] = Field(..., min_length=1, description="server replicas, one `policy-server` process each "
+                                                                    "(below)")
+    manifest: dict = _f({}, "manifest keys applied to every replica (nested or dotted, e.g. `scheduling.max_batch: 8`)")
+
+
+class Formula(_Model):
+    """Nominal inputs of design P10's capacity formula, printed beside the measured ones."""
+
+    r_hz: PosNum | None = _f(None, "request rate of one robot")
+    t_ms: PosNum | None = _f(None, "inference time")
+    horizon: PosNum | None = _f(None, "execution horizon")
+    dt_s: PosNum | None = _f(None, "control period")
+    rtt_ms: PosNum | None = _f(None, "network round trip")
+
+
+class Sweep(_Model):
+    """Run the scenario once per value of one key."""
+
+    key: Str = _f(..., "dotted key to vary, e.g. `sites.eu.profile` or `fleet.groups.eu.count`")
+    values: list = Field(..., min_length=1, description="one run per value")
+    mode: Literal["runs", "capacity"] = _f("runs", "`runs`: every run is judged by the assertions and the exit code is "
+                                                   "the worst run's. `capacity`: the values are load steps; the "
+                                                   "assertions are the target one step must hold; the knee is the last "
+                                                   "value before the first failing step, and the exit code is the "
+                                                   "verdict of the sweep's own `assertions`")
+    stop_after_failure: Bool | None = _f(None, "stop at the first failing value",
+                                         default_doc="true in capacity mode")
+    formula: Formula | None = _f(None, "`capacity`: nominal inputs of P10's formula, printed beside the measured ones")
+    assertions: list[Str] = _f([], "`capacity`: expressions over the sweep figures `knee`, `first_failure`, `n_max`, "
+                                   "`n_max_nominal`, `knee_ratio`, `knee_ratio_nominal`, `steps` (bench.evidence.capacity)")
+
+
+class Attacker(_Model):
+    """A hostile client started during the run (bench.security.attacker)."""
+
+    name: Name = _f(..., "attacker name (log `logs/attacker-NAME.log`); with `own_cert` also its client uuid and "
+                          "certificate CN (an enrolled robot gone rogue)")
+    credentials: Literal["own_cert", "none", "foreign_ca"] = _f(
+        "own_cert", "`own_cert` (a valid certificate of the fleet CA), `none` (no client certificate), `foreign_ca` "
+                    "(a certificate of another CA)")
+    target: Str | None = _f(None, "the victim robot, `GROUP/INDEX`", default_doc="robot 0 of the first group")
+    at: NonNegNum = _f(2.0, "seconds after t=0 when the attacks start (they run one after the other, about 25 s "
+                             "for `all`)")
+    attacks: Literal["all"] | list[Str] = _f("all", "attack words of `bench.security.attacker.ATTACKS`: with "
+                                                    "`own_cert` `subscribe_other_obs`, `publish_other_obs`, "
+                                                    "`subscribe_other_action`, `token_other_robot`, `token_server`, "
+                                                    "`open_other_session`, `reset_other_session`, "
+                                                    "`open_fabricated_sessions`, `flood`, `oversized`, `malformed`; "
+                                                    "otherwise `connect`; `all`: every attack of the credentials")
+    flood_hz: PosNum = _f(300, "observation rate of `flood` (on the rogue's own session)")
+    flood_s: PosNum = _f(4.0, "length of `flood`")
+
+
+class ScenarioFile(_Model):
+    """A scenario: a fleet, its networks, its servers, a fault timeline and the assertions that judge it."""
+
+    name: Name = _f(..., "scenario name (letters, digits, `_ . -`); the report folder `reports/<name>/`")
+    description: Str = _f("", "one or two sentences shown by `bench list`")
+    duration_s: PosNum = _f(..., "measured run length in seconds (after warmup_s)")
+    warmup_s: NonNegNum = _f(5.0, "robots tick and connect for this long before t=0; not measured; the fault "
+                                  "timeline starts at t=0")
+    seed: Int = _f(0, "robot `i` of group `g` is seeded from `(seed, g, i)`")
+    fleet: Fleet = _f(..., "the robots: shards and groups")
+    sites: dict[Name, SiteOrProfile] = Field(..., min_length=1, description=(
+        "site name -> network profile between its robots and the router: a mapping, or just the profile name"))
+    servers: Servers = _f(..., "the policy-server replicas")
+    faults: list[dict] = _f([], "the chaos timeline (`chaos.timeline`, below); times in seconds from t=0")
+    assertions: list[Str] = _f([], "expressions over the run's figures (below, `bench figures`); all must hold for `pass`")
+    sweep: Sweep | None = _f(None, "`{key, values}`: run the scenario once per value of one key (below)")
+    security: Literal["tcp", "mtls"] = _f("tcp", "`tcp`: plain links, no router rules; `mtls`: a run PKI under "
+                                                 "`<run>/pki/` (keys 0600), TLS links, one certificate per robot (CN = its "
+                                                 "client uuid `GROUP-INDEX`), router access rules generated from the fleet "
+                                                 "(docs/security.md)")
+    attackers: list[Attacker] = _f([], "hostile clients started during the run (below)")
+
+
+SECTIONS: list[tuple[str, type[BaseModel]]] = [
+    ("top level", ScenarioFile), ("fleet", Fleet), ("fleet.groups[]", Group), ("fleet.groups[].cameras", Cameras),
+    ("fleet.groups[].shadow", Shadow), ("sites.<name>", Site), ("servers", Servers), ("servers.replicas[]", Replica),
+    ("sweep", Sweep), ("sweep.formula", Formula), ("attackers[]", Attacker),
+]
+
+
+def json_schema() -> dict:
+    """The scenario language as JSON Schema (draft 2020-12), for editors (docs/scenarios.md "Editor support").
+
+    It checks each key's shape, type, bounds and the names registries know (robot types, profiles,
+    engine choices); what needs several keys or the disk (sites referenced, models served, engine
+    values the engine refuses, checkpoints, assertions) only `bench validate` checks."""
+    from wire.configerrors import finite
+
+    schema = finite(ScenarioFile.model_json_schema())
+    defs = schema.setdefault("$defs", {})
+    try:
+        engine = finite(engine_model().model_json_schema())
+    except ImportError:  # no edge package: any mapping
+        engine = None
+    if engine is not None:
+        defs.update(engine.pop("$defs", {}))
+        defs["Engine"] = engine
+        defs["Group"]["properties"]["engine"] = {"$ref": "#/$defs/Engine", "description":
+                                                 defs["Group"]["properties"]["engine"].get("description", "")}
+    # `eu: wan_50ms` is short for `eu: {profile: wan_50ms}`
+    sites = schema["properties"]["sites"]
+    for pattern, site in list(sites.get("patternProperties", {}).items()):
+        sites["patternProperties"][pattern] = {"anyOf": [{"type": "string", "enum": list(profile_names())}, site]}
+    sites["additionalProperties"] = False  # a site name that is not a name
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "fleet-inference bench scenario"
+    return schema

@@ -1,0 +1,139 @@
+"""`bench validate` refuses what `bench run` would refuse, before any process starts, with file:line,
+the key and what to do: one test per case the twin evaluation found (shared/notes/twin-evaluation-2026-11.md,
+"Friction in the scenario language"), each of which validate used to pass or word badly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.cli import main
+from bench.scenario.schema import SCENARIOS_DIR
+
+ROOT = Path(__file__).resolve().parents[3]
+
+BASE = """\
+name: t
+duration_s: 10
+fleet:
+  groups:
+    - name: g
+      robot: reacher
+      count: 2
+      site: lab
+      engine:
+        buffer_time_s: 0.5
+sites:
+  lab: {profile: lan}
+servers:
+  replicas:
+    - {id: r0, checkpoint: reacher}
+assertions:
+  - dead_robots == 0
+"""
+
+
+def validate(tmp_path: Path, text: str, capsys) -> tuple[int, str]:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    rc = main(["validate", str(path)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return rc, err.replace(str(path), "s.yaml")
+
+
+CASES = [
+    # (id, the base with one change, line, key, words)
+    ("fallback holdd", BASE.replace("buffer_time_s: 0.5", "fallback: holdd"), 10, "fleet.groups[0].engine.fallback",
+     "did you mean 'hold'"),
+    ("profile override bandwidth.rat", BASE.replace("lab: {profile: lan}", "lab:\n    profile: lan\n"
+                                                    "    overrides: {bandwidth.rat: 250}"),
+     14, "sites.lab.overrides.bandwidth.rat", "unknown attribute bandwidth.rat (did you mean 'rate'?)"),
+    ("horizon 0 with a shadow engine", BASE.replace("buffer_time_s: 0.5", "execution_horizon: 0\n      shadow: {engine: rtc}"),
+     10, "fleet.groups[0].engine.execution_horizon", "the shadow engine (rtc, local) refuses it"),
+    ("site shorthand with a bad profile", BASE.replace("lab: {profile: lan}", "lab: wan50"), 12, "sites.lab.profile",
+     "unknown network profile 'wan50' (did you mean 'wan_50ms'?)"),
+    ("misspelt checkpoint", BASE.replace("checkpoint: reacher}", "checkpoint: reacherr}"), 15,
+     "servers.replicas[0].checkpoint", "bench train --robot reacher"),
+    ("missing checkpoint with a matching model id", BASE.replace("checkpoint: reacher}", "checkpoint: reacher_v9, "
+                                                                 "model_id: reacher}"), 15,
+     "servers.replicas[0].checkpoint", "is missing"),
+    ("rtc for rtc_enabled", BASE.replace("buffer_time_s: 0.5", "rtc: false"), 10, "fleet.groups[0].engine.rtc",
+     "not a RemoteEngineConfig field (did you mean 'rtc_enabled'?)"),
+    ("fixed_delay_steps is not an engine field", BASE.replace("buffer_time_s: 0.5", "fixed_delay_steps: 2"), 10,
+     "fleet.groups[0].engine.fixed_delay_steps", "not a RemoteEngineConfig field"),
+    ("engine value the engine refuses", BASE.replace("buffer_time_s: 0.5", "reconnect_initial_backoff_s: 5\n"
+                                                     "        reconnect_max_backoff_s: 1"), 11,
+     "fleet.groups[0].engine.reconnect_max_backoff_s", "must be >= reconnect_initial_backoff_s"),
+    ("engine type", BASE.replace("buffer_time_s: 0.5", "buffer_time_s: soon"), 10, "fleet.groups[0].engine.buffer_time_s",
+     "must be a number"),
+    ("assertion with a unit", BASE.replace("dead_robots == 0", "p99(rtt_ms) < 5ms"), 17, "assertions[0]",
+     "units are not written: write 5 instead of 5ms"),
+    ("assertion with a spaced unit", BASE.replace("dead_robots == 0", "duration_s > 2 s"), 17, "assertions[0]",
+     "units are not written"),
+    ("group key typo", BASE.replace("count: 2", "count: 2\n      stagger_episode: true"), 8,
+     "fleet.groups[0].stagger_episode", "did you mean 'stagger_episodes'"),
+    ("robot type typo", BASE.replace("robot: reacher", "robot: reachr"), 6, "fleet.groups[0].robot",
+     "did you mean 'reacher'"),
+]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_validate_refuses_with_file_line_key_and_fix(tmp_path, capsys, case):
+    _, text, line, key, words = next(c for c in CASES if c[0] == case)
+    rc, err = validate(tmp_path, text, capsys)
+    assert rc == 2, err
+    assert err.startswith(f"INVALID s.yaml:{line}: {key}: "), err
+    assert words in err, err
+
+
+def test_the_base_validates_and_run_refuses_exactly_what_validate_does(tmp_path, capsys):
+    assert validate(tmp_path, BASE, capsys)[0] == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BASE.replace("buffer_time_s: 0.5", "fallback: holdd"))
+    assert main(["run", str(bad), "--reports", str(tmp_path / "reports")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bench: invalid scenario: {bad}:10: fleet.groups[0].engine.fallback: ")
+    assert not (tmp_path / "reports").exists()  # refused before anything started
+
+
+def test_set_overrides_pass_the_same_checks(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE)
+    assert main(["validate", str(path), "--set", "fleet.groups.0.engine.fallback=holdd"]) == 2
+    assert "fleet.groups[0].engine.fallback" in capsys.readouterr().err
+
+
+# ---- the JSON Schema editors use ---------------------------------------------------------------------------------
+
+def _schema() -> dict:
+    printed = subprocess.run([sys.executable, "-m", "bench.cli", "schema", "scenario"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout
+    return json.loads(printed)
+
+
+def test_the_json_schema_validates_every_shipped_scenario_and_rejects_unknown_keys():
+    import jsonschema
+
+    schema = _schema()
+    assert schema == json.loads((ROOT / "docs" / "schemas" / "scenario.schema.json").read_text()), \
+        "docs/schemas/scenario.schema.json is stale: bench schema scenario > docs/schemas/scenario.schema.json"
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    shipped = sorted(SCENARIOS_DIR.glob("**/*.yaml"))
+    assert len(shipped) >= 10
+    for path in shipped:
+        errors = [e.message for e in validator.iter_errors(yaml.safe_load(path.read_text()))]
+        assert not errors, f"{path}: {errors}"
+    base = yaml.safe_load(BASE)
+    assert validator.is_valid(base)
+    for change in ({"duraton_s": 5}, {"sites": {"lab": "dialup"}}, {"security": "tls"}):
+        assert not validator.is_valid({**base, **change}), change
+    group = base["fleet"]["groups"][0]
+    for bad in ({"cuont": 2}, {"engine": {"rtc": False}}, {"engine": {"fallback": "holdd"}}, {"count": 0}):
+        assert not validator.is_valid({**base, "fleet": {"groups": [{**group, **bad}]}}), bad
