@@ -40,7 +40,7 @@ from bench.scenario.assertions import evaluate
 from bench.fleet.control import ControlServer
 from bench.run.hostcpu import CpuSampler
 from bench.run.procset import ProcessSet, install_signal_handlers
-from bench.run.progress import Progress
+from bench.run.progress import Progress, print_verdict
 from bench.scenario.schema import REPO_ROOT, Scenario, checkpoint_dir, missing_checkpoints, sweep_variants
 from wire.procs import ChildProcess, free_port, start_router
 
@@ -113,13 +113,8 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
     for (label, variant), value in zip(variants, sweep.get("values") or [None]):
         run_dir = base / label if label else base
         outcome = Run(variant, run_dir, progress=progress).execute()
-        print(f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
-              f"-> {outcome.run_dir}/summary.json", file=sys.stderr)
-        for r in outcome.assertions:
-            mark = "PASS" if r.passed else ("ERROR" if r.error else "FAIL")
-            print(f"  {mark:5} {r.expression}  (value: {r.value!r}{'; ' + r.error if r.error else ''})", file=sys.stderr)
-        if outcome.error:
-            print(f"  ERROR {outcome.error.splitlines()[0]}", file=sys.stderr)
+        print_verdict(f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
+                      f"-> {outcome.run_dir}/summary.json", outcome.assertions, outcome.error)
         worst = max(worst, outcome.exit_code)
         if outcome.meta.get("interrupted"):
             break

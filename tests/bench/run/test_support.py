@@ -157,3 +157,49 @@ def test_control_channel_round_trip():
     finally:
         server.close()
     assert not os.path.exists(server.path)
+
+
+class _Tty(__import__("io").StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _results():
+    from types import SimpleNamespace as NS
+
+    return [NS(passed=True, error="", expression="dead_robots == 0", value=0),
+            NS(passed=False, error="", expression="rtt_ms_p99 < 50", value=72.5)]
+
+
+def test_verdict_is_plain_lines_off_a_terminal_and_a_table_on_one():
+    import io
+
+    from bench.run.progress import print_verdict
+
+    plain = io.StringIO()
+    print_verdict("bench: t: FAIL -> r/summary.json", _results(), "boom\nmore", stream=plain)
+    assert plain.getvalue().splitlines() == ["bench: t: FAIL -> r/summary.json", "  PASS  dead_robots == 0  (value: 0)",
+                                             "  FAIL  rtt_ms_p99 < 50  (value: 72.5)", "  ERROR boom"]
+    tty = _Tty()
+    print_verdict("bench: t: FAIL -> r/summary.json", _results(), stream=tty)
+    out = tty.getvalue()
+    assert "\x1b[" in out and "assertion" in out and "rtt_ms_p99 < 50" in out and "72.5" in out  # rich, coloured
+
+
+def test_progress_on_a_terminal_is_one_bar_per_phase():
+    from bench.run.progress import Progress
+
+    phase = ["warmup", 2.0]
+    tty = _Tty()
+    p = Progress(lambda: (phase[1], 5.0, phase[0], {"states": {"STREAMING": 3}, "ticks": 10}, None), stream=tty)
+    p.start()
+    p.emit()
+    phase[:] = ["run", 1.0]
+    p.emit()
+    p.stop()
+    out = tty.getvalue()
+    assert "warmup" in out and "run" in out and "STRE:3" in out and len(p._tasks) == 2
+    quiet = _Tty()
+    q = Progress(lambda: (0.0, 1.0, "run", {}, None), stream=quiet, enabled=False).start()
+    q.stop()
+    assert quiet.getvalue() == ""
