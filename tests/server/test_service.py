@@ -7,6 +7,7 @@ test_cli.py.
 
 from __future__ import annotations
 
+import json
 import time
 
 import msgpack
@@ -500,4 +501,34 @@ def test_every_dispatch_loop_sets_its_own_torch_threads(ckpt, router, tmp_path, 
         assert sorted(calls) == [("dispatch-arm-0", 1), ("dispatch-arm-1", 1)]
     finally:
         c.close()
+        srv.stop()
+
+
+@pytest.mark.integration
+def test_a_replica_with_1000_sessions_scrapes_under_100_kb_and_names_no_robot(ckpt, router, tmp_path):
+    """The per-robot detail is in /sessions; /metrics stays the size of a one-robot replica's."""
+    import urllib.request
+
+    from benchmarks.server_memory import Drive, per_robot_labels
+
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, max_sessions=1010, scheduling={"max_queue_size": 1010},
+                                security={"max_request_rate_hz": 0})).start()
+    drive = Drive(router, 1000, prefix="robot", replica=srv.keys)
+    try:
+        drive.open_all()
+        drive.drive(seconds=2.0, rate=1000.0)
+        port = srv.health.port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert len(text.encode()) < 100_000 and per_robot_labels(text, "robot") == []
+        assert scraped(srv.metrics, "policy_server_active_sessions") == 1000
+        assert scraped(srv.metrics, "policy_server_requests_total") >= 1000
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/sessions?client=robot-00007", timeout=10) as r:
+            status = json.loads(r.read())["models"]["arm"]
+        (row,) = status["sessions"]
+        assert row["client_uuid"] == "robot-00007" and row["requests"] >= 1
+        assert row["queue_wait_ms"]["count"] <= row["requests"] and set(row["outcomes"]) <= {"ok", "expired"}
+        assert status["active_sessions"] == 1000 and status["recent"]["inference_ms"]["count"] >= 1
+    finally:
+        drive.close()
         srv.stop()
