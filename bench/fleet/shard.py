@@ -426,8 +426,8 @@ class Shard:
         self.recent_rtt = rtt
         msg = {"type": "status", "robots": len(self.robots), "states": states, **self.counts}
         if rtt:
-            msg["rtt_p50_ms"] = float(np.percentile(rtt, 50))
-            msg["rtt_p99_ms"] = float(np.percentile(rtt, 99))
+            msg["rtt_ms_p50"] = float(np.percentile(rtt, 50))
+            msg["rtt_ms_p99"] = float(np.percentile(rtt, 99))
         return msg
 
     def status_loop(self) -> None:

@@ -26,8 +26,8 @@ def _status_text(status: dict, cpu: dict | None) -> str:
     none = status.get("none_ticks", 0)
     late = status.get("late_ticks", 0)
     host = status.get("host_late_ticks", 0)
-    rtt = status.get("rtt_p50_ms")
-    rtt99 = status.get("rtt_p99_ms")
+    rtt = status.get("rtt_ms_p50")
+    rtt99 = status.get("rtt_ms_p99")
     parts = [st or "no robots yet",
              f"ticks {ticks}", f"none {100 * none / ticks:.1f}%" if ticks else "none -",
              f"late {100 * late / ticks:.2f}% host-late {100 * host / ticks:.2f}%" if ticks else "",

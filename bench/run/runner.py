@@ -625,11 +625,11 @@ class Run:
                 merged["states"][k] = merged["states"].get(k, 0) + v
             for k in ("ticks", "none_ticks", "late_ticks", "host_late_ticks"):
                 merged[k] = merged.get(k, 0) + int(st.get(k, 0))
-            if st.get("rtt_p50_ms") is not None:
-                rtt50.append(st["rtt_p50_ms"])
-                rtt99.append(st.get("rtt_p99_ms", st["rtt_p50_ms"]))
+            if st.get("rtt_ms_p50") is not None:
+                rtt50.append(st["rtt_ms_p50"])
+                rtt99.append(st.get("rtt_ms_p99", st["rtt_ms_p50"]))
         if rtt50:
-            merged["rtt_p50_ms"], merged["rtt_p99_ms"] = float(np.mean(rtt50)), float(np.max(rtt99))
+            merged["rtt_ms_p50"], merged["rtt_ms_p99"] = float(np.mean(rtt50)), float(np.max(rtt99))
         return elapsed, total, self.state.phase, merged, self.cpu.latest()
 
     # --- stop ----------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def test_hop_split_joins_audit_lines_on_the_client_stamp():
 
 def test_progress_line_shows_states_and_figures():
     line = format_status(12.0, 60, "run", {"states": {"STREAMING": 290, "STALLED": 10}, "ticks": 1000, "none_ticks": 10,
-                                          "late_ticks": 1, "host_late_ticks": 2, "rtt_p50_ms": 60.0, "rtt_p99_ms": 140.0},
+                                          "late_ticks": 1, "host_late_ticks": 2, "rtt_ms_p50": 60.0, "rtt_ms_p99": 140.0},
                          {"host_percent": 150.0})
     assert "12.0/60s" in line and "STRE:290" in line and "none 1.0%" in line and "rtt p50 60 p99 140" in line
 
