@@ -7,7 +7,8 @@
     bench schema scenario                                  the scenario language's JSON Schema (editors)
     bench sweep FILE --key K --values a,b [--capacity]    one run per value; --capacity: load steps, knee, P10
     bench incident --edge LOG --audit A --from T0 --to T1 --out F.yaml   replay one robot's incident
-    bench train --robot TYPE [--out DIR] [--seed N]        build bench/checkpoints/<TYPE>/
+    bench train --robot TYPE [--out DIR] [--seed N] [--policy-type T] [--fps HZ]   build bench/checkpoints/<TYPE>/
+    bench init-weights NAME                                random weights for a config-only checkpoint (reacher_vla)
     bench pki --dir DIR [--robot UUID ...] [--replica ID ...] [--router] [--acl FILE]
                                                            a test CA and certificates (docs/security.md)
 
@@ -32,13 +33,14 @@ def _parse_value(text: str):
         return text
 
 
-def load_with_overrides(path: str, sets: list[str]):
+def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool = True):
     """Load a scenario, apply `--set key=value` overrides (dotted keys, YAML values) and check that its
     checkpoints are on disk: everything `bench run` needs before a process starts (validate calls this too)."""
     from bench.scenario import schema as sc
     s = sc.load_scenario(path)
     if not sets:
-        sc.check_checkpoints_present(s)
+        if check_checkpoints:
+            sc.check_checkpoints_present(s)
         return s
     import copy
 
@@ -53,6 +55,23 @@ def load_with_overrides(path: str, sets: list[str]):
             parent, _, _ = key.rpartition(".")
             raise sc.ScenarioError(path, 0, key, f"--set: {parent or key!r} does not exist in the scenario") from None
     s = sc.build_scenario(data, f"{path} (with --set)")
+    if check_checkpoints:
+        sc.check_checkpoints_present(s)
+    return s
+
+
+def load_runnable(path: str, sets: list[str]):
+    """`load_with_overrides` for `bench run`/`sweep`, or None after printing why this host cannot run it
+    (a CUDA scenario without CUDA: said before the checkpoint check, whose weights it would build there)."""
+    from bench.run.runner import cuda_problems
+    from bench.scenario import schema as sc
+
+    s = load_with_overrides(path, sets, check_checkpoints=False)
+    problems = cuda_problems(s)
+    for problem in problems:
+        print(f"bench: {problem}", file=sys.stderr)
+    if problems:
+        return None
     sc.check_checkpoints_present(s)
     return s
 
@@ -114,9 +133,11 @@ def cmd_run(args) -> int:
     from bench.scenario.schema import ScenarioError
 
     try:
-        s = load_with_overrides(args.file, args.set)
+        s = load_runnable(args.file, args.set)
     except ScenarioError as exc:
         print(f"bench: invalid scenario: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if s is None:
         return EXIT_INVALID
     from bench.run import runner
     return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet)
@@ -164,7 +185,9 @@ def cmd_sweep(args) -> int:
     from bench.scenario.schema import ScenarioError, build_scenario
 
     try:
-        s = load_with_overrides(args.file, args.set)
+        s = load_runnable(args.file, args.set)
+        if s is None:
+            return EXIT_INVALID
         data = dict(s.raw)
         data["sweep"] = {"key": args.key, "values": [_parse_value(v) for v in args.values.split(",")],
                          "mode": "capacity" if args.capacity else "runs", "assertions": list(args.assert_ or [])}
@@ -181,11 +204,24 @@ def cmd_train(args) -> int:
     out = Path(args.out) if args.out else None
     try:
         path = train.train_robot_policy(args.robot, out, seed=args.seed, policy_type=args.policy_type,
-                                        episodes=args.episodes, steps=args.steps)
+                                        episodes=args.episodes, steps=args.steps, fps=args.fps)
     except train.TrainError as exc:
         print(f"bench train: {exc}", file=sys.stderr)
         return EXIT_INVALID
     print(f"checkpoint written to {path}")
+    return EXIT_PASS
+
+
+def cmd_init_weights(args) -> int:
+    from bench.scenario.schema import checkpoint_dir
+    from server.policies.checkpoint import CheckpointError, init_weights
+
+    try:
+        path = init_weights(checkpoint_dir(args.checkpoint), seed=args.seed)
+    except CheckpointError as exc:
+        print(f"bench init-weights: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"random weights (seed {args.seed}) written to {path}/model.safetensors")
     return EXIT_PASS
 
 
@@ -277,10 +313,18 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--robot", required=True, help="robot type (arm, reacher, base)")
     tr.add_argument("--out", default=None, help="output directory (default bench/checkpoints/<robot>)")
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--policy-type", default=None, help="flow_matching (supports RTC) or mlp_chunk")
+    tr.add_argument("--policy-type", default=None,
+                    help="flow_matching (supports RTC), flow_transformer (RTC; its own recipe) or mlp_chunk")
+    tr.add_argument("--fps", type=float, default=None, help="control rate of the demos = the checkpoint's trained fps")
     tr.add_argument("--episodes", type=int, default=None, help="expert demonstrations to collect")
     tr.add_argument("--steps", type=int, default=None, help="training steps")
     tr.set_defaults(func=cmd_train)
+
+    iw = sub.add_parser("init-weights", help="seeded random weights for a checkpoint shipped as config.json + "
+                                             "stats.json only (bench/checkpoints/reacher_vla: timing, not skill)")
+    iw.add_argument("checkpoint", help="checkpoint name under bench/checkpoints/ or a path")
+    iw.add_argument("--seed", type=int, default=0)
+    iw.set_defaults(func=cmd_init_weights)
 
     pk = sub.add_parser("pki", help="a test CA and certificates: robots (CN = client uuid), replicas, the router")
     pk.add_argument("--dir", required=True, help="directory for ca.pem/ca.key and the leaves (created 0700)")

@@ -471,7 +471,9 @@ class ServedModel(_Section):
         "shared", "shared: many sessions; exclusive: one (forced for chunk-stateful policies)")
     max_sessions: Int = _f(8, "capacity; session opens beyond it get CAPACITY with the load", lo=1, hi=100000)
     warmup_inferences: Int = _f(2, "dummy forward passes before the replica declares itself ready", lo=0, hi=1000)
-    strict_fps: Bool = _f(False, "reject clients whose fps differs from the trained fps (else warn)")
+    allow_resampling: Bool = _f(False, "accept clients whose control rate differs from the trained fps (each chunk "
+                                       "then plays at the client's rate, stretched or squeezed in time; the ack "
+                                       "warns); false = refuse them with FPS_MISMATCH")
     trained_fps: Num | None = _f(None, "override the checkpoint's trained fps; null = the checkpoint's", gt=0.0)
     execution_horizon: Int | None = _f(None, "RTC prefix rows", lo=1, default_doc="checkpoint's, else 10")
     emulated_latency: EmulatedLatency | None = _f(None, "emulated accelerator time per forward pass: ms, or a mapping; "

@@ -36,12 +36,15 @@ class ProcessorError(ValueError):
     """An observation, chunk or prefix does not fit the session's policy; the message says which."""
 
 
-def images_to_model(frames: np.ndarray, shape: Sequence[int]) -> Tensor:
+def images_to_model(frames: np.ndarray | Tensor, shape: Sequence[int]) -> Tensor:
     """(N, H, W, 3) or (H, W, 3) uint8 RGB -> (N, 3, h, w) float32 in [0, 1] at the declared shape.
 
     Bilinear with antialias, stretched to (h, w) (no letterbox), per sample: a frame gives the same
-    tensor alone or in a batch.
+    tensor alone or in a batch. A torch uint8 frame (a GPU-decoded JPEG, server.accel) is converted
+    on its own device by the same arithmetic.
     """
+    if isinstance(frames, Tensor):
+        return _tensor_images_to_model(frames, shape)
     frames = np.asarray(frames)
     if frames.ndim == 3:
         frames = frames[None]
@@ -52,6 +55,19 @@ def images_to_model(frames: np.ndarray, shape: Sequence[int]) -> Tensor:
         )
     # astype copies: decoded wire frames are read-only views, which torch.from_numpy warns about
     images = torch.from_numpy(frames.astype(np.float32)).permute(0, 3, 1, 2).div_(255.0).contiguous()
+    height, width = int(shape[1]), int(shape[2])
+    if images.shape[-2:] != (height, width):
+        images = F.interpolate(images, size=(height, width), mode="bilinear", align_corners=False, antialias=True)
+        images = images.clamp_(0.0, 1.0)
+    return images
+
+
+def _tensor_images_to_model(frames: Tensor, shape: Sequence[int]) -> Tensor:
+    if frames.ndim == 3:
+        frames = frames[None]
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != torch.uint8:
+        raise ProcessorError(f"image has shape {tuple(frames.shape)} dtype {frames.dtype}; expected (H, W, 3) uint8 RGB")
+    images = frames.to(torch.float32).permute(0, 3, 1, 2).div_(255.0).contiguous()
     height, width = int(shape[1]), int(shape[2])
     if images.shape[-2:] != (height, width):
         images = F.interpolate(images, size=(height, width), mode="bilinear", align_corners=False, antialias=True)

@@ -1,8 +1,10 @@
 """One loaded model and the batched inference path every request goes through.
 
     [InferItem(pipeline, obs, delay, prefixes), ...]          one per session, same model
+        -> on CUDA: the batch's JPEGs in one nvjpeg call       server.accel (CPU decode otherwise)
         -> per-session preprocess (own Pipeline)               robot numpy -> model tensors
-        -> stack -> predict_action_chunk(batch, delays, prefixes)   ONE forward pass
+        -> stack (pinned, non-blocking copy on CUDA)
+        -> predict_action_chunk(batch, delays, prefixes)       ONE forward pass
         -> emulated accelerator latency (manifest)             honest capacity figures on a CPU
         -> split -> per-session postprocess                    model -> robot space
     [InferResult(chunk_model, chunk_robot, timings) | error, ...]
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from server.accel import GpuJpegDecoder, decode_item_jpegs, to_device
 from server.policies.base import STATE_KEY, image_key
 from server.policies.checkpoint import LoadedCheckpoint
 from server.processors import Pipeline, ProcessorError, make_session_pipeline, prepare_prefix
@@ -130,6 +133,8 @@ class ModelRuntime:
         self.supports_rtc = bool(getattr(type(self.policy), "supports_rtc", False))
         self.forward_lock = threading.Lock()
         self.forward_count = 0
+        # CUDA only (None elsewhere, or without torchvision): the batch's JPEGs in one nvjpeg call
+        self.jpeg_decoder = GpuJpegDecoder.for_device(self.policy.param_device)
 
     # -- descriptors the session layer reads --------------------------------------------------
     @property
@@ -172,11 +177,14 @@ class ModelRuntime:
         live: list[int] = []
         delays: list[int] = []
         prefixes: list[torch.Tensor | None] = []
+        images = [item.images for item in items]
+        if self.jpeg_decoder is not None and any(images):
+            images = decode_item_jpegs(self.jpeg_decoder, images)
         for i, item in enumerate(items):
             t0 = time.perf_counter()
             try:
                 obs = {STATE_KEY: item.state}
-                for name, frame in item.images.items():
+                for name, frame in images[i].items():
                     obs[image_key(name)] = frame
                 batch = item.pipeline.preprocess(obs)
                 prefix = None
@@ -197,11 +205,10 @@ class ModelRuntime:
         if not live:
             return results
         t0 = time.perf_counter()
-        stacked = {k: torch.cat([b[k] for b in batches], dim=0) for k in batches[0]}
         device = self.policy.param_device
         dtype = self.policy.param_dtype
-        stacked = {k: v.to(device=device, dtype=dtype) for k, v in stacked.items()}
-        prefixes = [p.to(device=device, dtype=dtype) if p is not None else None for p in prefixes]
+        stacked = {k: _stack([b[k] for b in batches], device, dtype) for k in batches[0]}
+        prefixes = [to_device(p, device, dtype) if p is not None else None for p in prefixes]
         try:
             with self.forward_lock:
                 chunks = self.policy.predict_action_chunk(stacked, delays, prefixes)
@@ -233,6 +240,13 @@ class ModelRuntime:
             results[i].emulated_ms = emulated_ms
             results[i].postprocess_ms = (time.perf_counter() - t1) * 1e3
         return results
+
+
+def _stack(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """One batch tensor on the model's device: CPU rows are concatenated on the host and copied once."""
+    if all(t.device.type == "cpu" for t in tensors):
+        return to_device(torch.cat(tensors, dim=0), device, dtype)
+    return torch.cat([t.to(device=device, dtype=dtype, non_blocking=True) for t in tensors], dim=0)
 
 
 class LocalPredictor:

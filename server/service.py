@@ -135,7 +135,7 @@ class PolicyServer:
             trained_fps=float(_get(m, "trained_fps", None) or loaded.config.fps), supports_rtc=self.runtime.supports_rtc,
             serving_mode=mode, max_sessions=int(_get(m, "max_sessions", 8)), execution_horizon=int(horizon),
             default_task=_get(m, "default_task", "") or "", pin_task=bool(_get(m, "pin_task", False)),
-            strict_fps=bool(_get(m, "strict_fps", False)), inference_emulated=emulated is not None,
+            allow_resampling=bool(_get(m, "allow_resampling", False)), inference_emulated=emulated is not None,
             allowlist=tuple(_get(clients, "allowlist", ()) or ()) if clients is not None else (),
             known_clients={c.id if hasattr(c, "id") else c["id"]: c for c in (_get(clients, "known", ()) or ())},
             accept_unknown=bool(_get(clients, "accept_unknown", True)),

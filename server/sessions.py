@@ -49,7 +49,7 @@ class ReplicaInfo:
     execution_horizon: int
     default_task: str = ""
     pin_task: bool = False
-    strict_fps: bool = False
+    allow_resampling: bool = False  # accept a client fps other than trained_fps (else FPS_MISMATCH)
     inference_emulated: bool = False
     allowlist: tuple[str, ...] = ()  # client uuids or "tag=value"; empty = everyone
     known_clients: dict[str, Any] = field(default_factory=dict)  # client uuid -> manifest clients.known entry
@@ -185,11 +185,13 @@ def validate_open(req: SessionOpen, info: ReplicaInfo, *, active: int, ready: bo
             warnings.append(f"camera {name!r}: client {h}x{w} has another aspect ratio than training "
                             f"{shape[0]}x{shape[1]}; frames are resized to the training size")
     if abs(req.fps - info.trained_fps) > 1e-6:
+        # a chunk is a plan in time steps of the trained rate: played at another rate it is another motion
         msg = f"client runs at {req.fps:g} fps but the policy was trained at {info.trained_fps:g} fps"
-        if info.strict_fps:
-            return _reject(ErrorCode.FPS_MISMATCH, msg + " (strict_fps is on); run the robot at the trained rate",
-                           "fps", trained_fps=info.trained_fps)
-        warnings.append(msg)
+        if not info.allow_resampling:
+            return _reject(ErrorCode.FPS_MISMATCH, msg + ". Run the robot at the trained rate, or set allow_resampling: "
+                           "true in the server's manifest to accept it", "fps", trained_fps=info.trained_fps,
+                           client_fps=req.fps)
+        warnings.append(msg + " (allow_resampling is on: each chunk plays at the client's rate, stretched in time)")
     task = req.task or info.default_task
     if info.pin_task and req.task and req.task != info.default_task:
         return _reject(ErrorCode.TASK_PINNED, f"this replica is pinned to task {info.default_task!r}; the client asked "

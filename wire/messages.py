@@ -37,7 +37,7 @@ class ErrorCode:
     ACTION_MISMATCH = "ACTION_MISMATCH"  # action names or order differ
     CAMERA_MISMATCH = "CAMERA_MISMATCH"  # client cameras do not cover the policy's
     STATE_DIM_MISMATCH = "STATE_DIM_MISMATCH"
-    FPS_MISMATCH = "FPS_MISMATCH"  # only with strict_fps
+    FPS_MISMATCH = "FPS_MISMATCH"  # fps differs from the trained fps and allow_resampling is off
     TASK_PINNED = "TASK_PINNED"  # pin_task and a different task
     CAPACITY = "CAPACITY"  # max_sessions reached; details carry the load
     EXCLUSIVE_BUSY = "EXCLUSIVE_BUSY"  # exclusive serving mode already has its session

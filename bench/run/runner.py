@@ -92,6 +92,27 @@ class EnvironmentInvalid(RuntimeError):
     """The machine or the checkout cannot run this scenario (missing package, checkpoint...)."""
 
 
+def cuda_problems(scenario: Scenario) -> list[str]:
+    """A replica whose manifest puts the model on CUDA cannot run on a host without a CUDA device."""
+    wants = []
+    for replica in scenario.replicas:
+        model = _deep_merge(_undot(scenario.server_manifest), _undot(replica.manifest)).get("model") or {}
+        if str(model.get("device", "cpu")).startswith("cuda"):
+            wants.append(f"{replica.id} (model.device: {model['device']})")
+    if not wants:
+        return []
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return []
+        why = f"torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is false)"
+    except ImportError:
+        why = "torch is not installed"
+    return [f"scenario {scenario.name!r} needs a CUDA GPU: replicas {', '.join(wants)} serve on CUDA, but on this "
+            f"host {why}. It measures real GPU inference, which a CPU cannot stand in for: run it on a GPU host"]
+
+
 def utc_stamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
@@ -161,6 +182,9 @@ def finish_sweep(scenario: Scenario, base: Path, labels: list[str], rows: list[d
 
 def preflight(scenario: Scenario) -> list[str]:
     """Everything that makes a run impossible, found before any process starts."""
+    cuda = cuda_problems(scenario)
+    if cuda:  # nothing else matters on a host that cannot run the scenario at all
+        return cuda
     out = list(missing_checkpoints(scenario))
     for mod, why in (("zenoh", "eclipse-zenoh"), ("edge", "the edge engine (edge/)"), ("server", "the policy server"),
                      ("chaos", "the chaos proxy (chaos/)"), ("pyarrow", "pyarrow (pip install -e .[sim])")):

@@ -390,6 +390,9 @@ def _checkpoint_present(name_or_path: str) -> bool:
 
 def _missing_checkpoint_words(name_or_path: str, groups: list[Group]) -> str:
     d = checkpoint_dir(name_or_path)
+    if (d / "config.json").is_file() and (d / "stats.json").is_file():  # shipped without weights (reacher_vla)
+        return (f"checkpoint {name_or_path!r} ships without weights ({d} has config.json and stats.json only); "
+                f"make random ones (timing only, no task skill) with: bench init-weights {name_or_path}")
     shipped = sorted(p.name for p in CHECKPOINTS_DIR.iterdir() if (p / "config.json").is_file()) \
         if CHECKPOINTS_DIR.is_dir() else []
     robot = next((g.robot for g in groups if g.model_id == checkpoint_model_id(name_or_path)),

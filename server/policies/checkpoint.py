@@ -154,3 +154,27 @@ def load_checkpoint(
         "checkpoint_hash": digest,
     }
     return LoadedCheckpoint(policy, policy.config, stats_to_tensors(stats), digest, revision_info)
+
+
+def init_weights(path: str | os.PathLike, seed: int = 0, dtype: torch.dtype | str = torch.bfloat16) -> Path:
+    """Write model.safetensors with seeded random weights into a directory holding config.json and stats.json.
+
+    For a model too large to ship (the GPU capacity scenario's VLA-sized flow_transformer): the
+    config and stats travel in git, the weights are made where they are served. Random weights
+    measure time and capacity, never task success. Saved in `dtype` (bf16 halves the file).
+    """
+    directory = Path(path)
+    missing = [name for name in (CONFIG_FILE, STATS_FILE) if not (directory / name).is_file()]
+    if missing:
+        raise CheckpointError(f"{str(directory)!r} lacks {missing}; init_weights needs {CONFIG_FILE} and {STATS_FILE}")
+    config = PolicyConfig.from_json((directory / CONFIG_FILE).read_bytes())
+    stats = json.loads((directory / STATS_FILE).read_text())
+    validate_stats(stats, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        policy = make_policy(config)
+    weights = {k: v.detach().to(dtype=_as_dtype(dtype)).contiguous() for k, v in policy.state_dict().items()}
+    # one metadata key, as save_checkpoint: safetensors writes a map's keys in a per-process random
+    # order, so two keys would make the same weights hash differently from run to run
+    safetensors.torch.save_file(weights, str(directory / WEIGHTS_FILE), metadata={"type": config.type})
+    return directory

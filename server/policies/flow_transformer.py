@@ -3,7 +3,7 @@
     observation ──► obs tokens: state (1) + per camera image tokens (conv grid or ViT patches)
                     ──► obs_layers encoder blocks ──► memory (B, N_obs, d)      once per call
     noise x(t=1) ──► action tokens (B, T, d) = in(x_t) + pos + time(t)
-                    ──► num_layers blocks: self-attention over the chunk, cross-attention to memory
+                    ──► num_layers blocks (adaLN on t + pooled obs): self-attention, cross-attention to memory
                     ──► v = out(tokens) + a(t) * x_t    ──Euler, num_steps──►  x(t=0) = the chunk
 
 The sampler and the guidance are flow_matching's (same Euler times, same LeRobot prefix weights and
@@ -11,7 +11,7 @@ guidance weight schedule, imported from there); the VJP of x1_hat = x_t - t * v(
 torch.autograd here, which is cheap next to the forward of a network this size on a GPU (the
 written-out MLP VJP stays with `flow_matching`). Sizes come from `hyper_params`, so one class is
 tiny on a CPU (`PRESETS["tiny"]`: trains on the reacher demos in minutes) and VLA-sized on a GPU
-(`PRESETS["vla_300m"]`: a pi0-like action expert, ~330M parameters with its ViT stem).
+(`PRESETS["vla_300m"]`: a pi0-sized action expert, ~350M parameters with its ViT stem).
 
 GPU path (written for CUDA; CPU exercises all but the CUDA-only calls):
 - `autocast: "bf16"` runs the forward under torch.autocast(cuda, bfloat16); the chunk comes back float32.
@@ -71,8 +71,8 @@ DEFAULTS: dict[str, Any] = {
 PRESETS: dict[str, dict[str, Any]] = {
     # trains on the reacher demos on one CPU thread in minutes (bench/training/train.py)
     "tiny": {"d_model": 64, "num_heads": 4, "num_layers": 2, "obs_layers": 1, "mlp_ratio": 2},
-    # a pi0-sized action expert (18 blocks of width 1024) over a ViT stem, for 2 x 224x224 cameras
-    "vla_300m": {"d_model": 1024, "num_heads": 16, "num_layers": 18, "obs_layers": 2, "mlp_ratio": 4,
+    # a pi0-sized action expert (14 adaLN blocks of width 1024) over a ViT stem, for 2 x 224x224 cameras
+    "vla_300m": {"d_model": 1024, "num_heads": 16, "num_layers": 14, "obs_layers": 2, "mlp_ratio": 4,
                  "image_encoder": "vit", "patch_size": 16, "batch_buckets": [1, 8, 16, 32, 64]},
 }
 IMAGE_ENCODERS = ("conv", "vit")
@@ -81,7 +81,12 @@ GUIDANCE_JACOBIANS = ("network", "identity")
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block: self-attention, optional cross-attention to a memory, MLP."""
+    """Pre-LN transformer block: self-attention, optional cross-attention to a memory, MLP.
+
+    An action block (`cross`) is conditioned by adaLN: each of its three norms is shifted and scaled
+    by a projection of (flow time + pooled observation) (zero-initialised: a plain block at first).
+    The velocity changes sharply with t, and a time feature added at the input alone fades.
+    """
 
     def __init__(self, d: int, heads: int, mlp_ratio: int, cross: bool):
         super().__init__()
@@ -91,16 +96,23 @@ class Block(nn.Module):
         if cross:
             self.norm2 = nn.LayerNorm(d)
             self.cross_attn = nn.MultiheadAttention(d, heads, batch_first=True)
+            self.modulation = nn.Linear(d, 6 * d)
+            nn.init.zeros_(self.modulation.weight)
+            nn.init.zeros_(self.modulation.bias)
         self.norm3 = nn.LayerNorm(d)
         self.mlp = mlp(d, d * mlp_ratio, d, num_layers=2)
 
-    def forward(self, x: Tensor, memory: Tensor | None = None) -> Tensor:
-        h = self.norm1(x)
+    def forward(self, x: Tensor, memory: Tensor | None = None, time: Tensor | None = None) -> Tensor:
+        if not self.cross:
+            h = self.norm1(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            return x + self.mlp(self.norm3(x))
+        shift1, scale1, shift2, scale2, shift3, scale3 = self.modulation(time)[:, None, :].chunk(6, dim=-1)
+        h = self.norm1(x) * (1 + scale1) + shift1
         x = x + self.attn(h, h, h, need_weights=False)[0]
-        if self.cross:
-            h = self.norm2(x)
-            x = x + self.cross_attn(h, memory, memory, need_weights=False)[0]
-        return x + self.mlp(self.norm3(x))
+        h = self.norm2(x) * (1 + scale2) + shift2
+        x = x + self.cross_attn(h, memory, memory, need_weights=False)[0]
+        return x + self.mlp(self.norm3(x) * (1 + scale3) + shift3)
 
 
 class ConvTokens(nn.Module):
@@ -162,6 +174,9 @@ class FlowTransformerPolicy(ChunkPolicy):
         self.action_pos = nn.Parameter(torch.zeros(1, config.chunk_size, d))
         nn.init.normal_(self.action_pos, std=0.02)
         self.time_mlp = mlp(d, d, d, num_layers=2)
+        # adaLN conditions on the time AND the pooled observation: cross-attention to a single state
+        # token is a constant per sample (softmax over one key), the scales and shifts are not
+        self.obs_cond = nn.Linear(d, d)
         self.blocks = nn.ModuleList(Block(d, heads, ratio, cross=True) for _ in range(int(hp["num_layers"])))
         self.out_norm = nn.LayerNorm(d)
         self.action_out = nn.Linear(d, config.action_dim)
@@ -185,9 +200,11 @@ class FlowTransformerPolicy(ChunkPolicy):
     def velocity(self, x_t: Tensor, t: Tensor, memory: Tensor) -> Tensor:
         """v(x_t, t, obs): (B, T, A), (B,), (B, N, d) -> (B, T, A)."""
         t_emb = time_embedding(t, int(self.hp["d_model"]))
-        h = self.action_in(x_t) + self.action_pos + self.time_mlp(t_emb)[:, None, :]
+        time = self.time_mlp(t_emb)
+        h = self.action_in(x_t) + self.action_pos + time[:, None, :]
+        cond = torch.nn.functional.silu(time + self.obs_cond(memory.mean(dim=1)))
         for block in self.blocks:
-            h = block(h, memory)
+            h = block(h, memory, cond)
         return self.action_out(self.out_norm(h)) + self.skip_gain(t_emb)[:, :, None] * x_t
 
     # -- serving -------------------------------------------------------------------------------
@@ -219,21 +236,22 @@ class FlowTransformerPolicy(ChunkPolicy):
         return noise.to(device=self.param_device, dtype=self.param_dtype, non_blocking=True)
 
     def _guidance_targets(self, delays: list[int], prefixes: list[Tensor | None], size: int) -> tuple[Tensor, Tensor] | None:
-        """(W (size, T, 1), padded prefix (size, T, A)) built on the host, one copy each to the device."""
+        """(W (size, T, 1), padded prefix (size, T, A)): W from host ints, one copy; the prefix rows are
+        copied where they already are (the runtime puts them on the device): no device-to-host read."""
         if all(p is None for p in prefixes):
             return None
         total, action_dim = self.config.chunk_size, self.config.action_dim
+        kw = {"device": self.param_device, "dtype": self.param_dtype}
         weights = torch.zeros(size, total)
-        target = torch.zeros(size, total, action_dim)
+        target = torch.zeros(size, total, action_dim, **kw)
         for b, (delay, prefix) in enumerate(zip(delays, prefixes)):
             if prefix is None:
                 continue  # W = 0 and target = 0: the correction is exactly zero
             rows = min(prefix.shape[0], total)
             horizon = min(self.config.execution_horizon, rows)
             weights[b] = prefix_weights(delay, horizon, total)
-            target[b, :rows] = prefix[:rows].detach().to(device="cpu", dtype=torch.float32)
-        kw = {"device": self.param_device, "dtype": self.param_dtype, "non_blocking": True}
-        return weights.unsqueeze(-1).to(**kw), target.to(**kw)
+            target[b, :rows] = prefix[:rows].detach().to(**kw, non_blocking=True)
+        return weights.unsqueeze(-1).to(**kw, non_blocking=True), target
 
     def sample(self, memory: Tensor, x_t: Tensor, guidance: tuple[Tensor, Tensor] | None) -> Tensor:
         """The Euler loop. Host-side values only (Python floats): nothing here waits for the device."""

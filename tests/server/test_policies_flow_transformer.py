@@ -212,3 +212,33 @@ def test_bf16_autocast_on_cuda_returns_float32_close_to_float32():
     p.hp["autocast"] = "none"
     reference = p.predict_action_chunk(batch, [1] * 4, [rows(6, 0).cuda(), None, None, rows(6, 1).cuda()])
     torch.testing.assert_close(out, reference, rtol=0.1, atol=0.1)
+
+
+def test_the_shipped_vla_checkpoint_config_is_the_300m_preset_with_two_224_cameras():
+    from pathlib import Path
+
+    directory = Path(__file__).resolve().parents[2] / "bench" / "checkpoints" / "reacher_vla"
+    cfg = PolicyConfig.from_json((directory / "config.json").read_text())
+    assert cfg.type == "flow_transformer" and cfg.fps == 15.0
+    assert cfg.image_features == {"front": [3, 224, 224], "wrist": [3, 224, 224]}
+    assert count_parameters(cfg) >= 300_000_000
+
+
+def test_init_weights_makes_a_loadable_seeded_checkpoint_from_config_and_stats(tmp_path):
+    from server.policies.checkpoint import CheckpointError, init_weights
+
+    p = policy()
+    rng = np.random.default_rng(0)
+    save_checkpoint(p, compute_stats(rng.normal(size=(8, S)).astype(np.float32), rng.normal(size=(8, T, A)).astype(np.float32)),
+                    tmp_path / "a")
+    (tmp_path / "a" / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_checkpoint(tmp_path / "a")
+    init_weights(tmp_path / "a", seed=3)
+    first = load_checkpoint(tmp_path / "a")
+    init_weights(tmp_path / "a", seed=3)
+    assert load_checkpoint(tmp_path / "a").checkpoint_hash == first.checkpoint_hash
+    out = first.policy.predict_action_chunk(states(1), [0], [None])
+    assert out.shape == (1, T, A) and torch.isfinite(out).all()
+    with pytest.raises(CheckpointError, match="stats.json"):
+        init_weights(tmp_path / "empty")

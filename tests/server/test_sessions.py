@@ -39,7 +39,7 @@ REJECTS = [
     ("missing camera", request(cameras={"front": [96, 128, 3]}), INFO, 0, ErrorCode.CAMERA_MISMATCH, "wrist"),
     ("state dim", request(state_dim=7), INFO, 0, ErrorCode.STATE_DIM_MISMATCH, "expects 6"),
     ("schema too new", request(schema_version=9), INFO, 0, ErrorCode.SCHEMA_VERSION, "schema 9"),
-    ("strict fps", request(fps=15.0), dataclasses.replace(INFO, strict_fps=True), 0, ErrorCode.FPS_MISMATCH, "strict_fps"),
+    ("fps", request(fps=15.0), INFO, 0, ErrorCode.FPS_MISMATCH, "client runs at 15 fps but the policy was trained at 30 fps"),
     ("pinned task", request(task="fold"), dataclasses.replace(INFO, pin_task=True), 0, ErrorCode.TASK_PINNED, "pinned"),
     ("capacity", request(), INFO, 4, ErrorCode.CAPACITY, "4/4"),
     ("exclusive busy", request(), dataclasses.replace(INFO, serving_mode="exclusive"), 1, ErrorCode.EXCLUSIVE_BUSY,
@@ -74,10 +74,18 @@ def test_a_warming_or_draining_replica_refuses(ready, draining, code):
     assert decide(request(), ready=ready, draining=draining).error.code == code
 
 
-def test_fps_mismatch_and_aspect_ratio_only_warn():
-    d = decide(request(fps=15.0, cameras={"wrist": [480, 480, 3]}))
+def test_a_session_at_another_rate_is_refused_naming_both_rates_and_the_manifest_key():
+    d = decide(request(fps=15.0))
+    assert not d.ok and d.error.code == ErrorCode.FPS_MISMATCH and d.reason == "fps"
+    assert "15 fps" in d.error.message and "30 fps" in d.error.message and "allow_resampling" in d.error.message
+    assert d.error.details == {"trained_fps": 30.0, "client_fps": 15.0}
+    assert decide(request(fps=30.0)).ok
+
+
+def test_allow_resampling_and_aspect_ratio_only_warn():
+    d = decide(request(fps=15.0, cameras={"wrist": [480, 480, 3]}), dataclasses.replace(INFO, allow_resampling=True))
     assert d.ok
-    assert any("15 fps" in w for w in d.warnings)
+    assert any("15 fps" in w and "30 fps" in w and "allow_resampling" in w for w in d.warnings)
     assert any("aspect ratio" in w for w in d.warnings)
 
 

@@ -1,0 +1,186 @@
+"""flow_transformer forward time at batch 1/8/32/64 and the gain of micro-batching, on the GPU (or a CPU).
+
+    python -m benchmarks.gpu_forward                                  # CUDA: the vla_300m preset, 2 x 224x224 cameras
+    python -m benchmarks.gpu_forward --preset tiny --image-size 64   # any host: the same code at tiny size
+    python -m benchmarks.gpu_forward --compile                        # + torch.compile (CUDA graphs per bucket)
+
+Builds the policy with random weights in this process (time does not depend on the weights), then:
+- forward: `predict_action_chunk` at each batch size, every sample with an RTC prefix (an RTC
+  session's request: the guided sampler with its autograd VJP) and without; median ms per call
+  (CUDA: synchronised around each call, never inside the sampling loop);
+- runtime: `ModelRuntime.infer` at each batch size with JPEG-encoded camera frames, i.e. the
+  server's whole batched path (per-session preprocess, nvjpeg decode where CUDA and torchvision
+  are there, pinned copies, bucket padding, forward, postprocess);
+- micro-batching gain at the largest batch size N: time of N one-at-a-time calls / time of one
+  call of N (the throughput ratio of max_batch=N over max_batch=1 at N sessions).
+Prints a table and writes reports/bench/gpu_forward.json with the device, torch version, the
+host's load average and every figure. CPU figures are contaminated by whatever else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def build(preset: str, cameras: int, image_size: int, device: str, compile_: bool):
+    from server.policies import PolicyConfig, make_policy
+    from server.policies.flow_transformer import preset_hyper_params
+
+    names = ["front", "wrist", "left", "right"][:cameras]
+    hp = preset_hyper_params(preset, compile=compile_)
+    if preset == "tiny":
+        hp["batch_buckets"] = [1, 8, 16, 32, 64]  # exercise the padding path on a CPU too
+    config = PolicyConfig(type="flow_transformer", state_dim=10, action_dim=2, chunk_size=30, fps=15.0,
+                          execution_horizon=10, image_features={n: [3, image_size, image_size] for n in names},
+                          hyper_params=hp)
+    torch.manual_seed(0)
+    policy = make_policy(config).to(device).eval().requires_grad_(False)
+    return policy
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn, device: torch.device, repeat: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def forward_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
+    device = policy.param_device
+    cfg = policy.config
+    gen = torch.Generator().manual_seed(1)
+    out = {}
+    for n in sizes:
+        batch = {"observation.state": torch.randn(n, cfg.state_dim, generator=gen).to(device)}
+        for name, shape in cfg.image_features.items():
+            batch[f"observation.images.{name}"] = torch.rand(n, *shape, generator=gen).to(device)
+        prefix = [torch.randn(cfg.execution_horizon, cfg.action_dim, generator=gen).to(device) for _ in range(n)]
+        row = {}
+        for label, prefixes in (("guided", prefix), ("plain", [None] * n)):
+            ms = time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup)
+            row[label] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "per_sample_ms": statistics.median(ms) / n}
+        out[str(n)] = row
+    return out
+
+
+def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
+    """ModelRuntime.infer with JPEG frames: the server's batched path, one call per micro-batch."""
+    from server.policies.checkpoint import LoadedCheckpoint
+    from server.policies.stats import stats_to_tensors
+    from server.runtime import InferItem, ModelRuntime
+    from wire.images import encode_image
+
+    cfg = policy.config
+    stats = {"observation.state": {"mean": [0.0] * cfg.state_dim, "std": [1.0] * cfg.state_dim},
+             "action": {"mean": [0.0] * cfg.action_dim, "std": [1.0] * cfg.action_dim}}
+    runtime = ModelRuntime(LoadedCheckpoint(policy, cfg, stats_to_tensors(stats), "bench", {}))
+    rng = np.random.default_rng(0)
+    jpegs = {name: encode_image(rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8), "jpeg", 90)
+             for name, s in cfg.image_features.items()}
+    prefix = np.zeros((cfg.execution_horizon, cfg.action_dim), np.float32)
+    device = policy.param_device
+    out = {"gpu_jpeg_decode": runtime.jpeg_decoder is not None}
+    for n in sizes:
+        items = [InferItem(runtime.new_pipeline(), np.zeros(cfg.state_dim, np.float32), dict(jpegs), 3, prefix, prefix,
+                           rtc=True) for _ in range(n)]
+        ms = time_calls(lambda: runtime.infer(items, emulate=False), device, repeat, warmup)
+        out[str(n)] = {"median_ms": statistics.median(ms), "per_sample_ms": statistics.median(ms) / n}
+    return out
+
+
+def gain_figures(policy, n: int, repeat: int, warmup: int) -> dict:
+    """N sessions: N calls of batch 1 against one call of batch N (RTC prefixes on, as sessions run)."""
+    device = policy.param_device
+    cfg = policy.config
+    gen = torch.Generator().manual_seed(2)
+    batch = {"observation.state": torch.randn(n, cfg.state_dim, generator=gen).to(device)}
+    for name, shape in cfg.image_features.items():
+        batch[f"observation.images.{name}"] = torch.rand(n, *shape, generator=gen).to(device)
+    prefix = [torch.randn(cfg.execution_horizon, cfg.action_dim, generator=gen).to(device) for _ in range(n)]
+    singles = [{k: v[i:i + 1] for k, v in batch.items()} for i in range(n)]
+
+    def one_at_a_time():
+        for i in range(n):
+            policy.predict_action_chunk(singles[i], [3], [prefix[i]])
+
+    serial = statistics.median(time_calls(one_at_a_time, device, max(1, repeat // 2), 1))
+    batched = statistics.median(time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefix), device, repeat, warmup))
+    return {"sessions": n, "one_at_a_time_ms": serial, "micro_batched_ms": batched,
+            "throughput_one_at_a_time_rps": n / serial * 1e3, "throughput_micro_batched_rps": n / batched * 1e3,
+            "gain": serial / batched}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_forward", description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--preset", default=None, help="flow_transformer preset (default: vla_300m on CUDA, tiny elsewhere)")
+    ap.add_argument("--cameras", type=int, default=2)
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the velocity network (CUDA only)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--out", default="reports/bench/gpu_forward.json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("benchmarks.gpu_forward: --device cuda but torch sees no CUDA device; use --device cpu --preset tiny")
+        return 2
+    preset = args.preset or ("vla_300m" if device.type == "cuda" else "tiny")
+    policy = build(preset, args.cameras, args.image_size, args.device, args.compile)
+    params = sum(p.numel() for p in policy.parameters())
+    started = time.perf_counter()
+    report = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores, "
+                                                                                  f"{args.threads} thread(s))",
+        "torch": torch.__version__, "preset": preset, "parameters": params, "cameras": args.cameras,
+        "image_size": args.image_size, "compile": args.compile, "autocast": policy.hp["autocast"] if device.type == "cuda" else "none",
+        "load_avg_before": os.getloadavg(),
+        "forward": forward_figures(policy, args.batches, args.repeat, args.warmup),
+        "runtime": runtime_figures(policy, args.batches, args.repeat, args.warmup),
+        "micro_batching": gain_figures(policy, max(args.batches), args.repeat, args.warmup),
+    }
+    report["load_avg_after"] = os.getloadavg()
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    print(f"flow_transformer {preset} ({params / 1e6:.1f}M params) on {report['device']}, torch {torch.__version__}, "
+          f"{args.cameras} x {args.image_size}x{args.image_size} cameras, compile={args.compile}; "
+          f"load {report['load_avg_before'][0]:.2f} -> {report['load_avg_after'][0]:.2f}")
+    print(f"{'batch':>6} {'guided ms':>10} {'plain ms':>10} {'guided ms/sample':>17} {'runtime ms (jpeg)':>18}")
+    for n in args.batches:
+        f, r = report["forward"][str(n)], report["runtime"][str(n)]
+        print(f"{n:>6} {f['guided']['median_ms']:>10.2f} {f['plain']['median_ms']:>10.2f} "
+              f"{f['guided']['per_sample_ms']:>17.3f} {r['median_ms']:>18.2f}")
+    g = report["micro_batching"]
+    print(f"micro-batching at {g['sessions']} sessions: {g['throughput_one_at_a_time_rps']:.1f} -> "
+          f"{g['throughput_micro_batched_rps']:.1f} requests/s (gain {g['gain']:.2f}x); "
+          f"gpu jpeg decode: {report['runtime']['gpu_jpeg_decode']}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,32 @@
+"""scenarios/capacity_gpu.yaml measures real GPU inference: on a host without CUDA `bench run` refuses it
+with exit 2 and a message saying why, before any process starts; a CPU scenario is not affected."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.run.runner import cuda_problems
+from bench.scenario.schema import SCENARIOS_DIR, load_scenario
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has CUDA: the scenario would run, not be refused")
+def test_capacity_gpu_is_refused_with_exit_2_on_a_host_without_cuda(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", str(SCENARIOS_DIR / "capacity_gpu.yaml"),
+                           "--reports", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "needs a CUDA GPU" in proc.stderr and "model.device: cuda" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir())  # refused before a run directory, a router or a server existed
+
+
+def test_only_replicas_on_cuda_ask_for_it():
+    assert cuda_problems(load_scenario(SCENARIOS_DIR / "capacity_act.yaml")) == []
+    problems = cuda_problems(load_scenario(SCENARIOS_DIR / "capacity_gpu.yaml"))
+    assert (problems == []) == torch.cuda.is_available()
