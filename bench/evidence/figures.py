@@ -44,6 +44,7 @@ class RunData:
     attacks: list[dict] = field(default_factory=list)  # bench.security.attacker outcome lines (runner-resolved)
     server_crashes: int = 0  # replicas found dead when the run stopped
     security_denials: list[dict] = field(default_factory=list)  # audit lines with outcome denied:<reason>
+    leftovers: dict = field(default_factory=dict)  # bench.run.hostcpu.Leftovers.end(): processes, /dev/shm, fds
 
 
 def table_to_numpy(table) -> dict[str, np.ndarray]:
@@ -415,6 +416,68 @@ SERIES["action_age_s"] = lambda s: _policy_action_ages(s)[0]
 SERIES["tick_lateness_ms"] = lambda s: s.col(s.ticks, "lateness_ms").astype(float)
 
 
+@scalar("rtt_ms_p99_drift")
+def _rtt_drift(s: _Scope) -> float:
+    t = s.col(s.requests, "t").astype(float)
+    rtt = s.col(s.requests, "rtt_ms").astype(float)
+    ok = _ok_requests(s)
+    if t.size != rtt.size or ok.size != rtt.size:
+        return math.nan
+    t, rtt = t[ok], rtt[ok]
+    d = s.data.duration_s
+    w = min(300.0, d / 6.0)
+    first = rtt[(t >= 0) & (t < w) & np.isfinite(rtt)]
+    last = rtt[(t > d - w) & (t <= d) & np.isfinite(rtt)]
+    if not first.size or not last.size:
+        return math.nan
+    return float(np.percentile(last, 99) / np.percentile(first, 99) - 1.0)
+
+
+scalar("leftover_processes")(lambda s: float(s.data.leftovers.get("leftover_processes", math.nan)))
+scalar("leftover_shm")(lambda s: float(s.data.leftovers.get("leftover_shm", math.nan)))
+
+
+def rss_growth_ratio(rss: list[float], warmup_fraction: float = 0.2, tail_fraction: float = 0.1) -> float:
+    """How much a process grew after its warm-up: the median of its last `tail_fraction` of samples over the
+    median of the `tail_fraction` right after the first `warmup_fraction`, minus 1. NaN below 10 samples."""
+    n = len(rss)
+    if n < 10:
+        return math.nan
+    k = max(1, int(n * tail_fraction))
+    w = int(n * warmup_fraction)
+    base = float(np.median(rss[w:w + k]))
+    return round(float(np.median(rss[-k:])) / base - 1.0, 4) if base > 0 else math.nan
+
+
+def process_samples(data: RunData) -> dict[str, list[tuple[float, float, int | None, int | None]]]:
+    """Per process, its (t, rss_mb, fds, pid) samples in the measured window."""
+    out: dict[str, list] = {}
+    for x in data.cpu_samples:
+        if not 0 <= x["t"] <= data.duration_s:
+            continue
+        for name, rss in (x.get("rss_mb") or {}).items():
+            out.setdefault(name, []).append((x["t"], rss, (x.get("fds") or {}).get(name), (x.get("pids") or {}).get(name)))
+    return out
+
+
+def process_figures(data: RunData) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """(scalars, series) keyed `figure[process]`: rss_mb, open_fds, rss_growth_ratio and fds_growth of the last
+    incarnation (a restarted replica is judged from its restart), and rss_growth_ratio_max."""
+    scalars, series = {}, {}
+    growth = {}
+    for name, pts in process_samples(data).items():
+        series[f"rss_mb[{name}]"] = np.array([p[1] for p in pts], float)
+        series[f"open_fds[{name}]"] = np.array([p[2] for p in pts if p[2] is not None], float)
+        last = [p for p in pts if p[3] == pts[-1][3]]
+        g = rss_growth_ratio([p[1] for p in last])
+        scalars[f"rss_growth_ratio[{name}]"] = growth[name] = g
+        fds = [p[2] for p in last if p[2] is not None]
+        scalars[f"fds_growth[{name}]"] = float(fds[-1] - fds[int(len(fds) * 0.2)]) if len(fds) >= 10 else math.nan
+    judged = [v for n, v in growth.items() if n != "runner" and math.isfinite(v)]
+    scalars["rss_growth_ratio_max"] = max(judged) if judged else math.nan
+    return scalars, series
+
+
 def state_sequences(s: _Scope) -> list[list[str]]:
     out = []
     tr = s.transitions_all
@@ -451,6 +514,9 @@ def compute(data: RunData) -> tuple[Figures, dict[str, dict]]:
         return f
 
     top = figures_of(_Scope(data, None))
+    p_scalars, p_series = process_figures(data)  # the fleet's processes: no per-group view
+    top.scalars.update(p_scalars)
+    top.series.update(p_series)
     top.states["*"] = state_sequences(_Scope(data, None))
     for g in dict.fromkeys(groups.tolist()):
         scope = _Scope(data, robot_ids[groups == g])

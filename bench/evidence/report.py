@@ -5,7 +5,7 @@ files are written for every run that got as far as a run directory, including ru
 `error` (then with the error and whatever figures exist), so a reader always finds a verdict.
 
     summary.json  {scenario, verdict, exit_code, duration_s, robots, ticks, assertions[], figures{},
-                   groups{}, latency_budget[], cpu{}, camera_kind, inference_emulated, faults[], files{}}
+                   groups{}, latency_budget[], cpu{}, memory{}, camera_kind, inference_emulated, faults[], files{}}
     junit.xml     one <testcase> per assertion (failure/error with value and expression)
     report.html   self-contained: inline SVG, inline CSS, no JS
 """
@@ -130,6 +130,7 @@ def summary_dict(o: RunOutcome) -> dict:
         "groups": o.group_figures,
         "latency_budget": latency_budget(f),
         "cpu": o.meta.get("cpu", {}),
+        "memory": o.meta.get("memory", {}),
         "camera_kind": o.meta.get("camera_kind"),
         "inference_emulated": o.meta.get("inference_emulated"),
         "faults": o.meta.get("faults", []),
@@ -218,6 +219,21 @@ def render_html(o: RunOutcome, summary: dict) -> str:
             out.append(f"<tr><td class=l>{e(str(a['attacker']))}</td><td class=l>{e(str(a['attack']))}</td>"
                        f"<td>{a['attempts']}</td><td>{e(str(a['outcome']))}</td>"
                        f"<td class=l>{e(str(a['evidence'])[:300])}</td></tr>")
+        out.append("</table>")
+
+    mem = (summary.get("memory") or {})
+    if mem.get("processes"):
+        out.append("<h2>Memory and descriptors</h2><p class=muted>psutil every second, each process with its children; "
+                   "growth after warm-up (bench.evidence.figures.rss_growth_ratio), a restarted process from its "
+                   f"restart. Left at the end: {mem.get('leftover_processes')} processes, {mem.get('leftover_shm')} "
+                   f"/dev/shm entries; the runner's peak while building this report: "
+                   f"{_v((mem.get('report_phase') or {}).get('peak_rss_mb'))} MB.</p>")
+        out.append("<table><tr><th class=l>process</th><th>RSS start MB</th><th>end</th><th>max</th><th>growth</th>"
+                   "<th>fds start</th><th>end</th><th>restarts</th></tr>")
+        for name, m in sorted(mem["processes"].items()):
+            out.append(f"<tr><td class=l>{e(name)}</td><td>{_v(m.get('rss_mb_start'))}</td><td>{_v(m.get('rss_mb_end'))}</td>"
+                       f"<td>{_v(m.get('rss_mb_max'))}</td><td>{_v(m.get('rss_growth_ratio'))}</td>"
+                       f"<td>{_v(m.get('fds_start'))}</td><td>{_v(m.get('fds_end'))}</td><td>{_v(m.get('restarts'))}</td></tr>")
         out.append("</table>")
 
     f = o.figures

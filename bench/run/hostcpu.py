@@ -1,8 +1,12 @@
-"""CPU accounting from /proc: the host's use and each named process tree's share.
+"""Process accounting of a run on psutil: the host's CPU, and each named process tree's CPU, memory and descriptors.
 
-Owns the "CPU split" of a run (router, proxy, each server, each shard, the runner). Invariant:
-a sample never raises because a process vanished (it counts as 0 from then on); percentages are
-of ONE core for processes and of ALL cores for the host.
+Owns the "CPU split" and the memory record of a run (router, proxy, each server, each shard, the
+runner): every sample holds, per name, % of one core, resident set (MB, the tree's sum) and open file
+descriptors (the tree's sum), and what is left at the end (`Leftovers`: child processes still alive,
+new /dev/shm entries, the runner's descriptors). Invariants: a sample never raises because a process
+vanished (it counts as absent from then on); percentages are of ONE core for processes and of ALL cores
+for the host; a name whose pid changes (a restarted replica) starts afresh, and psutil's process
+identity (pid + start time) keeps a reused pid from being taken for the old process.
 """
 
 from __future__ import annotations
@@ -11,75 +15,71 @@ import math
 import os
 import threading
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
-_CLK = os.sysconf("SC_CLK_TCK")
+import psutil
 
+from bench.evidence.figures import rss_growth_ratio
 
-def host_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs since boot."""
-    with open("/proc/stat") as f:
-        parts = f.readline().split()[1:]
-    vals = [int(x) for x in parts[:8]]
-    idle = vals[3] + vals[4]
-    return sum(vals) - idle, sum(vals)
+SHM = Path("/dev/shm")
 
 
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                s = f.read()
-            ppid = int(s[s.rindex(")") + 2:].split()[1])
-        except (OSError, ValueError):
-            continue
-        kids.setdefault(ppid, []).append(int(name))
-    return kids
+def host_cpu_times() -> tuple[float, float]:
+    """(busy, total) CPU seconds of all cores since boot."""
+    t = psutil.cpu_times()
+    total = sum(t)
+    idle = t.idle + getattr(t, "iowait", 0.0)
+    return total - idle, total
 
 
-def proc_cpu_s(pid: int, children: bool = True) -> float:
-    """utime + stime (seconds) of a process, with its reaped children's unless `children` is False."""
+def _cpu_s(p: psutil.Process, children: bool = True) -> float:
+    t = p.cpu_times()
+    return t.user + t.system + ((t.children_user + t.children_system) if children else 0.0)
+
+
+def _tree(p: psutil.Process) -> list[psutil.Process]:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            s = f.read()
-    except OSError:
-        return 0.0
-    fields = s[s.rindex(")") + 2:].split()
-    utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
-    return (utime + stime + ((cutime + cstime) if children else 0)) / _CLK
+        return [p, *p.children(recursive=True)]
+    except psutil.Error:
+        return [p]
 
 
-def tree_cpu_s(pid: int, kids: dict[int, list[int]] | None = None) -> float:
-    kids = kids if kids is not None else _children_map()
-    total, stack, seen = 0.0, [pid], set()
-    while stack:
-        p = stack.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        total += proc_cpu_s(p)
-        stack.extend(kids.get(p, []))
-    return total
+def tree_usage(p: psutil.Process) -> tuple[float, float, int]:
+    """(CPU seconds with reaped children's, resident bytes, open fds) summed over the process and its descendants."""
+    cpu, rss, fds = 0.0, 0.0, 0
+    for q in _tree(p):
+        try:
+            with q.oneshot():
+                cpu += _cpu_s(q)
+                rss += q.memory_info().rss
+                fds += q.num_fds()
+        except psutil.Error:
+            continue  # gone between the listing and the read
+    return cpu, rss, fds
 
 
 class CpuSampler:
-    """Samples host and per-process-tree CPU once per `period_s` on its own thread."""
+    """Samples host and per-process-tree CPU, RSS and descriptors once per `period_s` on its own thread.
+
+    A sample: {t, host_percent, processes: {name: % of a core}, rss_mb: {name: MB}, fds: {name: n},
+    speed_probe_ms (every `probe_every`-th)}."""
 
     def __init__(self, period_s: float = 1.0, clock=time.monotonic, t0: float = 0.0, probe_every: int = 10):
         self.period_s = period_s
         self.probe_every = probe_every  # every n-th sample also times the speed probe (0: never)
         self.clock = clock
         self.t0 = t0
-        self.pids: dict[str, int] = {}
+        self.pids: dict[str, object] = {}
         self.samples: list[dict] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._last: dict[str, float] = {}
-        self._pid_of: dict[str, int] = {}
-        self._last_host: tuple[int, int] | None = None
+        self._procs: dict[str, psutil.Process] = {}
+        self._fresh: set[str] = set()
+        self._last_host: tuple[float, float] | None = None
         self._last_t: float | None = None
+        self._me = psutil.Process()
         self.cores = os.cpu_count() or 1
 
     def track(self, name: str, pid) -> None:
@@ -99,33 +99,50 @@ class CpuSampler:
             except Exception:  # sampling is diagnostics: never take the run down
                 pass
 
+    def _process(self, name: str, pid: int) -> psutil.Process | None:
+        p = self._procs.get(name)
+        if p is not None and p.pid == pid and p.is_running():
+            return p
+        try:
+            p = psutil.Process(pid)
+        except psutil.Error:
+            return None
+        if name in self._procs or name in self._last:
+            self._fresh.add(name)  # restarted: everything the new process used is new
+        self._procs[name] = p
+        return p
+
     def sample(self) -> dict | None:
         now = self.clock()
-        busy, total = host_jiffies()
-        kids = _children_map()
-        cur, last = {}, dict(self._last)
+        busy, total = host_cpu_times()
+        cur, rss, fds, pids = {}, {}, {}, {}
         for name, pid in list(self.pids.items()):
             pid = pid() if callable(pid) else pid
-            if not pid:
+            p = self._process(name, pid) if pid else None
+            if p is None or not p.is_running():
                 continue
-            if self._pid_of.get(name, pid) != pid:
-                last[name] = 0.0  # restarted: everything the new process used is new
-            self._pid_of[name] = pid
-            cur[name] = tree_cpu_s(pid, kids)
+            cur[name], r, fds[name] = tree_usage(p)
+            rss[name], pids[name] = r / 2**20, p.pid
         # the runner's own threads only: a process it reaps (a replica killed by a fault) adds its whole
-        # lifetime to the runner's cutime, which is not the runner's work
-        cur["runner"] = proc_cpu_s(os.getpid(), children=False)
+        # lifetime to the runner's children times, which is not the runner's work
+        with self._me.oneshot():
+            cur["runner"] = _cpu_s(self._me, children=False)
+            rss["runner"] = self._me.memory_info().rss / 2**20
+            fds["runner"] = self._me.num_fds()
         out = None
         if self._last_t is not None and now > self._last_t:
             dt = now - self._last_t
-            db, dt_j = busy - self._last_host[0], total - self._last_host[1]
-            host_pct = 100.0 * db / dt_j if dt_j > 0 else 0.0
+            db, dt_s = busy - self._last_host[0], total - self._last_host[1]
+            host_pct = 100.0 * db / dt_s if dt_s > 0 else 0.0
+            last = {**self._last, **{n: 0.0 for n in self._fresh}}
             procs = {n: max(0.0, 100.0 * (v - last.get(n, v)) / dt) for n, v in cur.items()}
-            out = {"t": now - self.t0, "host_percent": host_pct, "processes": procs}
+            out = {"t": now - self.t0, "host_percent": host_pct, "processes": procs,
+                   "rss_mb": {n: round(v, 2) for n, v in rss.items()}, "fds": fds, "pids": pids}
             if self.probe_every and len(self.samples) % self.probe_every == 0:
                 out["speed_probe_ms"] = speed_probe_cpu_ms()
             self.samples.append(out)
         self._last, self._last_host, self._last_t = cur, (busy, total), now
+        self._fresh.clear()
         return out
 
     def probes(self, t_from: float = -math.inf, t_to: float = math.inf) -> dict:
@@ -153,6 +170,61 @@ class CpuSampler:
         split = {n: sum(s["processes"].get(n, 0.0) for s in win) / len(win) for n in names}
         return {"host_percent": sum(s["host_percent"] for s in win) / len(win), "split": split,
                 "cores": self.cores, "samples": len(win)}
+
+    def memory(self, t_from: float, t_to: float) -> dict:
+        """Per process over [t_from, t_to]: RSS at start and end (MB), max, growth ratio after warm-up (of its last
+        incarnation: a restarted replica is judged from its restart), fds start/end, restarts."""
+        out = {}
+        names = sorted({n for s in self.samples for n in s.get("rss_mb", {})})
+        for n in names:
+            win = [s for s in self.samples if n in s.get("rss_mb", {}) and t_from <= s["t"] <= t_to]
+            if not win:
+                continue
+            last_pid = win[-1].get("pids", {}).get(n)
+            restarts = len({s.get("pids", {}).get(n) for s in win}) - 1
+            pts = [(s["t"], s["rss_mb"][n], s["fds"].get(n)) for s in win if s.get("pids", {}).get(n) == last_pid]
+            rs = [p[1] for p in pts]
+            out[n] = {"rss_mb_start": rs[0], "rss_mb_end": rs[-1], "rss_mb_max": max(rs),
+                      "rss_growth_ratio": rss_growth_ratio(rs), "fds_start": pts[0][2], "fds_end": pts[-1][2],
+                      "restarts": restarts}
+        return out
+
+
+@dataclass
+class Leftovers:
+    """What a run left behind: its child processes still alive, /dev/shm entries it created, the runner's fds."""
+
+    shm_before: set[str] = field(default_factory=set)
+    fds_before: int = 0
+
+    @classmethod
+    def begin(cls) -> "Leftovers":
+        return cls(_shm_entries(), psutil.Process().num_fds())
+
+    def end(self) -> dict:
+        me = psutil.Process()
+        try:
+            kids = [p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        except psutil.Error:
+            kids = []
+        shm = sorted(_shm_entries() - self.shm_before)
+        return {"leftover_processes": len(kids), "leftover_process_names": sorted({_name(p) for p in kids}),
+                "leftover_shm": len(shm), "leftover_shm_entries": shm[:20],
+                "runner_fds_start": self.fds_before, "runner_fds_end": me.num_fds()}
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {e.name for e in SHM.iterdir()}
+    except OSError:
+        return set()
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline()[:3]) or p.name()
+    except psutil.Error:
+        return str(p.pid)
 
 
 PROBE_ITERATIONS = 1_000_000

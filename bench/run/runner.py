@@ -38,7 +38,7 @@ from bench.fleet import records
 from bench.evidence import report
 from bench.scenario.assertions import evaluate
 from bench.fleet.control import ControlServer
-from bench.run.hostcpu import CpuSampler
+from bench.run.hostcpu import CpuSampler, Leftovers
 from bench.run.procset import ProcessSet, install_signal_handlers
 from bench.run.progress import Progress, print_verdict
 from bench.scenario.schema import REPO_ROOT, Scenario, checkpoint_dir, missing_checkpoints, sweep_variants
@@ -58,9 +58,18 @@ def cpu_table(samples: list[dict]):
     import pyarrow as pa
 
     names = list(dict.fromkeys(k for s in samples for k in s["processes"]))
+    cols = {f"cpu:{k}": pa.array([s["processes"].get(k) for s in samples], pa.float64()) for k in names}
+    for key, typ in (("rss_mb", pa.float64()), ("fds", pa.int64())):  # memory and descriptors, when sampled
+        for k in dict.fromkeys(k for s in samples for k in s.get(key, {})):
+            cols[f"{key}:{k}"] = pa.array([s.get(key, {}).get(k) for s in samples], typ)
     return pa.table({"t": [s["t"] for s in samples], "host_percent": [s["host_percent"] for s in samples],
-                     "speed_probe_ms": pa.array([s.get("speed_probe_ms") for s in samples], pa.float64()),
-                     **{f"cpu:{k}": pa.array([s["processes"].get(k) for s in samples], pa.float64()) for k in names}})
+                     "speed_probe_ms": pa.array([s.get("speed_probe_ms") for s in samples], pa.float64()), **cols})
+
+
+def psutil_rss_mb() -> float:
+    import psutil
+
+    return round(psutil.Process().memory_info().rss / 2**20, 1)
 
 
 def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, server_rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -253,6 +262,7 @@ class Run:
         from bench.run.hostcpu import speed_probe_ms
 
         self.speed_probe = {"before_ms": round(speed_probe_ms(), 1)}
+        self.leftovers = Leftovers.begin()
         prog = Progress(self._snapshot, enabled=self.progress_enabled)
         try:
             self.start_processes()
@@ -267,6 +277,7 @@ class Run:
         finally:
             prog.stop()
             self.shutdown()
+            self.leftover_report = self.leftovers.end()
         self.speed_probe["after_ms"] = round(speed_probe_ms(), 1)
         during = self.cpu.probes(0.0, self.s.duration_s)
         if during:  # every 10 s of the run, in CPU time (bench.run.hostcpu.speed_probe_cpu_ms)
@@ -686,12 +697,16 @@ class Run:
                                   and isinstance(c, ChildProcess) and c.proc is not None and not c.alive())
         self._stop_scrape.set()
         self.cpu_split = self.cpu.split(0.0, self.s.duration_s)
+        self.memory = self.cpu.memory(0.0, self.s.duration_s)
         self.cpu.stop()
         self.kill_report = self.procs.stop_all()
 
     # --- judge ---------------------------------------------------------------------------------
 
     def judge(self, error: str | None) -> report.RunOutcome:
+        import resource
+
+        rss_before_report = psutil_rss_mb()
         data = None
         figures_json: dict = {}
         group_json: dict = {}
@@ -709,8 +724,14 @@ class Run:
             results = [report.AssertionResult(a.expression, False, None, error="not evaluated: the run did not complete",
                                               line=a.line) for a in self.s.assertions]
         verdict = report.verdict_of(results, error)
+        # what collecting the records and computing figures held: the runner's peak, read before the report is
+        # written (ru_maxrss is the peak of the runner's life; the run itself holds little, so it is this phase's)
+        report_phase = {"rss_before_mb": rss_before_report, "rss_after_figures_mb": psutil_rss_mb(),
+                        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
         meta = {
             "cpu": getattr(self, "cpu_split", {}),
+            "memory": {"processes": getattr(self, "memory", {}), **getattr(self, "leftover_report", {}),
+                       "report_phase": report_phase},
             "cores": os.cpu_count(),
             "camera_kind": sorted({g.cameras.kind for g in self.s.groups if g.cameras}) or None,
             "inference_emulated": any(r.emulated_latency is not None for r in self.s.replicas),
@@ -789,6 +810,7 @@ class Run:
             session_checkpoints={r["session_id"]: r["checkpoint_hash"] for r in (server_rows or [])
                                  if r.get("session_id") and r.get("checkpoint_hash")},
             attacks=self.collect_attacks(server_rows or []), server_crashes=getattr(self, "server_crashes", 0),
+            leftovers=getattr(self, "leftover_report", {}),
             security_denials=[r for r in (server_rows or []) if str(r.get("outcome", "")).startswith("denied:")])
         if data.attacks:
             (self.run_dir / "attacks.json").write_text(json.dumps(data.attacks, indent=1))

@@ -198,6 +198,9 @@ class _Evaluator:
             raise AssertionSyntaxError(
                 f"unknown figure {name!r}{hint}; known figures: {', '.join(FIGURES)}")
         kind = FIGURES[name][0]
+        if kind.startswith("process_"):
+            raise AssertionSyntaxError(f"{name} is one value per process: name the process, e.g. {name}[server:r0] "
+                                       f"or {name}[router]; processes here: {', '.join(self.processes()) or '(none)'}")
         if kind == "series":
             return Series(name, scope.series.get(name, np.empty(0)))
         return scope.scalars.get(name, math.nan)
@@ -237,9 +240,12 @@ class _Evaluator:
             return self.figure(node.id, scope)
         if isinstance(node, ast.Call):
             return self._call(node)
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                and FIGURES.get(node.value.id, ("",))[0].startswith("process_"):
+            return self.process_figure(node.value.id, self._process_word(node.slice))
         if isinstance(node, ast.Subscript):
             if not (isinstance(node.value, ast.Name) and node.value.id == "group"):
-                raise AssertionSyntaxError("indexing is only allowed as group[NAME]")
+                raise AssertionSyntaxError("indexing is only allowed as group[NAME] and figure[PROCESS]")
             return self.group_scope(self._word(node.slice, "group name"))
         if isinstance(node, ast.Attribute):
             target = self.eval(node.value)
@@ -249,6 +255,23 @@ class _Evaluator:
         if isinstance(node, ast.List):
             raise AssertionSyntaxError("a list is only allowed after `contains`")
         raise AssertionSyntaxError(f"{type(node).__name__} is not allowed in an assertion; allowed: {_ALLOWED}")
+
+    def processes(self) -> list[str]:
+        return sorted({k[k.index("[") + 1:-1] for k in (*self.figures.scalars, *self.figures.series) if k.endswith("]")})
+
+    def process_figure(self, name: str, process: str) -> Any:
+        key = f"{name}[{process}]"
+        if FIGURES[name][0] == "process_series":
+            if key not in self.figures.series and self.processes() and process not in self.processes():
+                raise AssertionSyntaxError(f"no process {process!r} in this run; processes: {', '.join(self.processes())}")
+            return Series(key, self.figures.series.get(key, np.empty(0)))
+        return self.figures.scalars.get(key, math.nan)
+
+    def _process_word(self, node: ast.AST) -> str:
+        """`server:r0` parses as a slice, `shard:0` too, `router` as a name, "chaos-proxy" as a string."""
+        if isinstance(node, ast.Slice) and node.step is None and node.lower is not None and node.upper is not None:
+            return f"{self._word(node.lower, 'process name')}:{self._word(node.upper, 'process name')}"
+        return self._word(node, "process name (router, chaos-proxy, server:<replica>, shard:<k>, runner)")
 
     def _truth(self, v) -> bool:
         if isinstance(v, bool):

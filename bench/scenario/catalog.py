@@ -9,7 +9,9 @@ function in bench.evidence.figures.
 from __future__ import annotations
 
 # name -> (kind, unit, doc). kind: "scalar" (a number) or "series" (one value per record; wrap it in
-# p50/p95/p99/max/min/mean/count in assertions).
+# p50/p95/p99/max/min/mean/count in assertions); "process_scalar" and "process_series" are one such value per
+# process of the run, named with the process in brackets: `max(rss_mb[server:r0]) < 400`,
+# `rss_growth_ratio[router] < 0.05` (processes: router, chaos-proxy, server:<replica>, shard:<k>, runner).
 FIGURES: dict[str, tuple[str, str, str]] = {
     "robots": ("scalar", "", "robots in the run"),
     "duration_s": ("scalar", "s", "measured duration (after warmup)"),
@@ -73,6 +75,18 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "delay_steps": ("series", "steps", "inference delay in control steps per request"),
     "action_age_s": ("series", "s", "age of each executed action"),
     "tick_lateness_ms": ("series", "ms", "how late each tick's action was ready"),
+    "rtt_ms_p99_drift": ("scalar", "", "p99 rtt of the run's last window over its first, minus 1 (window: 5 min, or a "
+                                       "sixth of a shorter run): how much slower the end is"),
+    "rss_mb": ("process_series", "MB", "resident memory of a process and its children, sampled every second"),
+    "open_fds": ("process_series", "", "open file descriptors of a process and its children, sampled every second"),
+    "rss_growth_ratio": ("process_scalar", "", "RSS growth after warm-up: median of the last 10 % of samples over the "
+                                               "median of the 10 % after the first 20 %, minus 1 (a restarted process "
+                                               "from its restart)"),
+    "fds_growth": ("process_scalar", "", "open descriptors at the end minus after warm-up (same windows)"),
+    "rss_growth_ratio_max": ("scalar", "", "the largest rss_growth_ratio of the system's processes (the runner "
+                                           "excluded: it is the bench, and it keeps the run's samples)"),
+    "leftover_processes": ("scalar", "", "child processes of the runner still alive after the run stopped"),
+    "leftover_shm": ("scalar", "", "/dev/shm entries created during the run and still there after it stopped"),
 }
 
 STATES = ("CONNECTING", "STREAMING", "DEGRADED", "STALLED", "RECONNECTING", "DEAD", "PAUSED", "STOPPED")
@@ -84,3 +98,7 @@ def scalar_names() -> list[str]:
 
 def series_names() -> list[str]:
     return [n for n, (kind, _u, _d) in FIGURES.items() if kind == "series"]
+
+
+def process_names() -> list[str]:
+    return [n for n, (kind, _u, _d) in FIGURES.items() if kind.startswith("process_")]

@@ -47,6 +47,8 @@ assertions:
   - p99(rtt_ms) < 1000
   - p99(uplink_ms) + p99(downlink_ms) < 2000
   - states(group=lab) contains [STREAMING, STALLED, STREAMING]
+  - max(rss_mb[server:r0]) < 4000 and min(open_fds[server:r0]) > 0
+  - leftover_processes == 0 and leftover_shm == 0
 """
 
 
@@ -94,7 +96,13 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert f["uplink_ms"]["p50"] + f["downlink_ms"]["p50"] <= f["network_ms"]["p50"] + 1.0
     assert [f["target"] for f in summary["faults"]] == ["site:lab"]
     cases = ET.parse(run / "junit.xml").getroot().find("testsuite").findall("testcase")
-    assert len(cases) == 6
+    assert len(cases) == 8
+    # psutil's record of every process: memory and descriptors over time, what was left at the end
+    mem = summary["memory"]
+    assert {"router", "server:r0", "shard:0", "shard:1", "runner"} <= set(mem["processes"])
+    assert all(m["rss_mb_max"] > 0 and m["fds_end"] > 0 for m in mem["processes"].values())
+    assert mem["leftover_processes"] == 0 and mem["report_phase"]["peak_rss_mb"] > 0
+    assert f["rss_mb[server:r0]"]["count"] >= 5 and "rss_growth_ratio[router]" in f
     assert "<svg" in (run / "report.html").read_text()
     for name in ("ticks.parquet", "requests.parquet", "transitions.parquet", "logs/router.log", "logs/server-r0.log"):
         assert (run / name).is_file(), name

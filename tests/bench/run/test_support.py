@@ -203,3 +203,51 @@ def test_progress_on_a_terminal_is_one_bar_per_phase():
     q = Progress(lambda: (0.0, 1.0, "run", {}, None), stream=quiet, enabled=False).start()
     q.stop()
     assert quiet.getvalue() == ""
+
+
+def test_sampler_records_memory_and_descriptors_and_follows_a_restart():
+    import subprocess
+    import sys
+
+    from bench.evidence.figures import rss_growth_ratio
+
+    grow = "import sys, time\nblocks = []\nfor _ in range(30):\n    blocks.append(bytearray(2**20)); " \
+           "[b.__setitem__(slice(None), b'x' * len(b)) for b in blocks[-1:]]; time.sleep(0.02)\n" \
+           "print('done', flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", grow], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        s = CpuSampler(period_s=10)
+        s.track("server:r0", child.pid)
+        s.sample()
+        assert child.stdout.readline() == "done\n"  # the child has touched 30 MB
+        out = s.sample()
+        assert out["rss_mb"]["server:r0"] > 30 and out["fds"]["server:r0"] >= 3 and out["pids"]["server:r0"] == child.pid
+        assert out["rss_mb"]["runner"] > 0 and out["fds"]["runner"] > 0
+        mem = s.memory(-1e9, 1e9)
+        assert mem["server:r0"]["rss_mb_max"] > 30 and mem["server:r0"]["restarts"] == 0
+    finally:
+        child.kill()
+        child.wait()
+    assert rss_growth_ratio([100.0] * 20 + [110.0] * 10) == 0.1 and rss_growth_ratio([1.0] * 5) != rss_growth_ratio([1.0] * 5)
+
+
+def test_leftovers_name_a_live_child_and_a_new_shm_entry(tmp_path):
+    import subprocess
+    import sys
+    import uuid
+
+    from bench.run.hostcpu import SHM, Leftovers
+
+    before = Leftovers.begin()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    shm = SHM / f"soak-test-{uuid.uuid4().hex[:8]}"
+    shm.write_bytes(b"x")
+    try:
+        left = before.end()
+        assert left["leftover_processes"] >= 1 and shm.name in left["leftover_shm_entries"]
+    finally:
+        child.kill()
+        child.wait()
+        shm.unlink()
+    left = before.end()
+    assert shm.name not in left["leftover_shm_entries"]
