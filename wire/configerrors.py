@@ -14,8 +14,7 @@ from __future__ import annotations
 import math
 import types
 import typing
-from dataclasses import is_dataclass
-from typing import Annotated, Any, Callable, Literal, Mapping
+from typing import Annotated, Any, Callable, Mapping
 
 from wire import yamlines
 from wire.suggest import did_you_mean
@@ -92,7 +91,8 @@ def model_fields(tp: Any) -> dict[str, Any]:
 
 
 def is_model(tp: Any) -> bool:
-    return isinstance(tp, type) and bool(model_fields(tp)) or (is_dataclass(tp) and hasattr(tp, "__pydantic_fields__"))
+    """A pydantic model or pydantic dataclass (a section with keys), not a value type."""
+    return isinstance(tp, type) and (hasattr(tp, "__pydantic_fields__") or hasattr(tp, "model_fields"))
 
 
 def field_at(cls: type, loc: tuple) -> tuple[Any, Any]:
@@ -196,7 +196,8 @@ def explain(cls: type, err: Mapping, unknown_hint: Callable[[type, str, str], st
         return loc, f"may not be null; {info.description or 'give a value'}"
     if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
         lo, hi, gt = bounds(info, tp)
-        span = f"[{num(lo if lo is not None else gt)}, {num(hi) if hi is not None else 'inf'}]"
+        opening = f"({num(gt)}" if gt is not None else f"[{num(lo) if lo is not None else '-inf'}"
+        span = f"{opening}, {num(hi) + ']' if hi is not None else 'inf)'}"
         return loc, f"{num(value)} is outside {span}; give a value {range_text(lo, hi, gt)}"
     if kind in ("literal_error", "enum"):
         choices = [str(c) for c in typing.get_args(unwrap(tp)[0])] if tp is not None else []
@@ -248,4 +249,4 @@ def finite(node: Any) -> Any:
 
 
 __all__ = ["Doc", "problem", "show", "unwrap", "markers", "field_at", "bounds", "dotted", "num", "range_text",
-           "explain", "first_error", "locate", "finite", "model_fields", "doc_meta", "Literal"]
+           "explain", "first_error", "locate", "finite", "model_fields", "doc_meta", "is_model"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import types
 import typing
 from typing import Annotated, Any, Literal, Union
 
@@ -140,7 +141,7 @@ def _engine_type(name: str, tp: Any) -> Any:
     if choices:
         return Literal[choices]
     base, nullable = tp, False
-    if typing.get_origin(tp) in (Union, getattr(__import__("types"), "UnionType")):
+    if typing.get_origin(tp) in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         base, nullable = args[0], True
     strict = {str: Str, bool: Bool, int: Int, float: Num}.get(base, base)

@@ -234,7 +234,7 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
     w = _Where(source, data)
     if not isinstance(data, dict):
         raise ScenarioError(source, getattr(data, "line", 0) or 1, "(top level)",
-                            f"expected a mapping of keys, got {type(data).__name__}")
+                            f"expected a mapping of keys, got {'a list' if isinstance(data, list) else repr(data)}")
     try:
         m = sm.ScenarioFile.model_validate(data)
     except ValidationError as exc:
