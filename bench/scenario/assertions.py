@@ -177,7 +177,7 @@ _COMPARE = {
     ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
     ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b,
 }
-_ALLOWED = "figure names, numbers, + - * /, < <= > >= == !=, and/or/not, contains, group[NAME].figure, and the functions " \
+_ALLOWED = "figure names, numbers, + - * /, < <= > >= == !=, and/or/not, contains, group[NAME].figure, figure[PROCESS], and the functions " \
     + ", ".join(sorted(set(FUNCTIONS) | {"p50", "p90", "p95", "p99"}))
 
 

@@ -100,3 +100,18 @@ def test_a_bare_figure_is_not_an_assertion():
 def test_unknown_state_is_named():
     with pytest.raises(AssertionSyntaxError, match="unknown state 'FLYING'"):
         check_expression("states(group=g) contains [STREAMING, FLYING]", groups=["g"])
+
+
+def test_per_process_figures_are_named_with_the_process_in_brackets():
+    f = Figures(scalars={"rss_growth_ratio[router]": 0.01, "rss_growth_ratio[server:r0]": 0.07, "rss_growth_ratio_max": 0.07},
+                series={"rss_mb[server:r0]": np.array([250.0, 260.0, 270.0]), "rss_mb[chaos-proxy]": np.array([30.0])})
+    assert evaluate("max(rss_mb[server:r0]) < 300", f, [], 1).passed
+    assert evaluate('max(rss_mb["chaos-proxy"]) == 30', f, [], 1).passed
+    assert evaluate("rss_growth_ratio[router] < 0.05", f, [], 1).passed
+    r = evaluate("rss_growth_ratio[server:r0] < 0.05 and rss_growth_ratio_max < 0.05", f, [], 1)
+    assert not r.passed and r.error is None
+    r = evaluate("max(rss_mb[server:r9]) < 300", f, [], 1)
+    assert "no process 'server:r9'" in r.error and "server:r0" in r.error
+    r = evaluate("max(rss_mb) < 300", f, [], 1)
+    assert "one value per process: name the process, e.g. rss_mb[server:r0]" in r.error
+    assert math.isnan(evaluate("rss_growth_ratio[shard:3] < 1", f, [], 1).value or math.nan)  # no data never passes
