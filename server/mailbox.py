@@ -55,7 +55,7 @@ class Batch:
     requests: list[Request]  # one forward pass: same batch_key, at most max_batch
     expired: list[Request] = field(default_factory=list)  # outlived request_ttl_ms; tell their clients
     queue_depth: int = 0  # requests still pending after this batch left
-    taken_at: float = 0.0  # mailbox clock at selection: scheduling_wait = taken_at - arrived
+    taken_at: float = 0.0  # mailbox clock at selection: queue_wait = taken_at - arrived
     closed: bool = False  # the mailbox is closed: the dispatch loop should exit
 
 
