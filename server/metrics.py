@@ -217,8 +217,8 @@ class Sketch:
         self.max = -math.inf
 
     def add(self, v: float) -> None:
-        i = int((math.log(v) - self._LOG_LO) / self._LOG_GAMMA) if v > self.LO else 0
-        self.bins[i if i < self.BINS else self.BINS - 1] += 1
+        i = int((_log(v) - _SKETCH_LOG_LO) * _SKETCH_INV_LOG_GAMMA) if v > _SKETCH_LO else 0
+        self.bins[i if i < _SKETCH_BINS else _SKETCH_BINS - 1] += 1
         self.count += 1
         self.total += v
         if v < self.min:
@@ -257,6 +257,12 @@ class Sketch:
         r = lambda v: round(v, digits)  # noqa: E731
         return {"count": self.count, "mean": r(self.total / self.count), "p50": r(self.quantile(0.5)),
                 "p95": r(self.quantile(0.95)), "p99": r(self.quantile(0.99)), "max": r(self.max)}
+
+
+# module constants: the hot path reads them without an attribute lookup
+_log = math.log
+_SKETCH_LO, _SKETCH_BINS = Sketch.LO, Sketch.BINS
+_SKETCH_LOG_LO, _SKETCH_INV_LOG_GAMMA = math.log(Sketch.LO), 1.0 / math.log(Sketch.GAMMA)
 
 
 class WindowedSketch:
