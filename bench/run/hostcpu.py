@@ -38,17 +38,30 @@ def _cpu_s(p: psutil.Process, children: bool = True) -> float:
     return t.user + t.system + ((t.children_user + t.children_system) if children else 0.0)
 
 
-def _tree(p: psutil.Process) -> list[psutil.Process]:
-    try:
-        return [p, *p.children(recursive=True)]
-    except psutil.Error:
-        return [p]
+def children_map() -> dict[int, list[psutil.Process]]:
+    """ppid -> processes, read once per sample (one pass over /proc, not one per tracked process)."""
+    kids: dict[int, list[psutil.Process]] = {}
+    for q in psutil.process_iter(["ppid"]):
+        kids.setdefault(q.info["ppid"], []).append(q)
+    return kids
 
 
-def tree_usage(p: psutil.Process) -> tuple[float, float, int]:
+def _tree(p: psutil.Process, kids: dict[int, list[psutil.Process]]) -> list[psutil.Process]:
+    out, stack, seen = [], [p], set()
+    while stack:
+        q = stack.pop()
+        if q.pid in seen:
+            continue
+        seen.add(q.pid)
+        out.append(q)
+        stack.extend(kids.get(q.pid, []))
+    return out
+
+
+def tree_usage(p: psutil.Process, kids: dict[int, list[psutil.Process]] | None = None) -> tuple[float, float, int]:
     """(CPU seconds with reaped children's, resident bytes, open fds) summed over the process and its descendants."""
     cpu, rss, fds = 0.0, 0.0, 0
-    for q in _tree(p):
+    for q in _tree(p, kids if kids is not None else children_map()):
         try:
             with q.oneshot():
                 cpu += _cpu_s(q)
@@ -116,12 +129,13 @@ class CpuSampler:
         now = self.clock()
         busy, total = host_cpu_times()
         cur, rss, fds, pids = {}, {}, {}, {}
+        kids = children_map()
         for name, pid in list(self.pids.items()):
             pid = pid() if callable(pid) else pid
             p = self._process(name, pid) if pid else None
             if p is None or not p.is_running():
                 continue
-            cur[name], r, fds[name] = tree_usage(p)
+            cur[name], r, fds[name] = tree_usage(p, kids)
             rss[name], pids[name] = r / 2**20, p.pid
         # the runner's own threads only: a process it reaps (a replica killed by a fault) adds its whole
         # lifetime to the runner's children times, which is not the runner's work
