@@ -88,7 +88,10 @@ def cmd_validate(args) -> int:
             rc = EXIT_INVALID
             continue
         groups = ", ".join(f"{g.name}={g.count}x{g.robot}@{g.fps:g}Hz/{g.site}" for g in s.groups)
-        print(f"ok {path}: {s.name}: {s.robots} robots in {s.shards} shard(s) [{groups}]; sites "
+        from bench.run.sizing import shard_count
+
+        shards = f"{shard_count(s)} shard(s) (auto)" if s.shards == "auto" else f"{s.shards} shard(s)"
+        print(f"ok {path}: {s.name}: {s.robots} robots in {shards} [{groups}]; sites "
               f"{', '.join(f'{n}:{x.profile}' for n, x in s.sites.items())}; {len(s.replicas)} replica(s); "
               f"{len(s.faults)} fault(s); {len(s.assertions)} assertion(s); {s.duration_s:g} s"
               + (f"; sweep {s.sweep['key']} over {len(s.sweep['values'])} values" if s.sweep else ""))

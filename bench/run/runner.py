@@ -502,14 +502,16 @@ class Run:
     def shard_specs(self) -> list[dict]:
         """Deal robots round-robin over the shards (each group spread over all shards)."""
         from bench.fleet.shard import robot_spec
+        from bench.run.sizing import shard_count
 
+        self.n_shards = shard_count(self.s)  # `auto` sized from robots, fps and cores; an integer as written
         specs = [{"shard": k, "robots": [], "records_dir": str(self.rec_dir), "seed": self.s.seed,
-                  "engine_factory": self.engine_factory} for k in range(self.s.shards)]
+                  "engine_factory": self.engine_factory} for k in range(self.n_shards)]
         rid = 0
         self.robot_table: list[dict] = []
         for gi, g in enumerate(self.s.groups):
             for i in range(g.count):
-                shard = rid % self.s.shards
+                shard = rid % self.n_shards
                 spec = robot_spec(rid, gi, i, g, self.s.seed, self.sites[g.site].endpoint)
                 spec["engine"].update(self.identities.get((g.name, i), {}))
                 specs[shard]["robots"].append(spec)

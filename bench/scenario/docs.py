@@ -23,6 +23,8 @@ _BLOCK = re.compile(r"(<!-- schema: (?P<name>[\w .\[\]<>-]+) -->\n)(?P<body>.*?)
 
 
 def _type_text(info: Any) -> str:
+    if ce.doc_meta(info).get("type_doc"):
+        return ce.doc_meta(info)["type_doc"]
     tp, _ = ce.unwrap(info.annotation)
     origin = typing.get_origin(tp)
     if origin is Literal:

@@ -91,6 +91,12 @@ def _one_of(names, what: str):
     return check
 
 
+def _shards(v: Any) -> Any:
+    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+        return v
+    problem(f"expected a positive integer or auto, got {v!r}")
+
+
 def _site_shorthand(v: Any) -> Any:
     return {"profile": v} if isinstance(v, str) else v  # `eu: wan_50ms`
 
@@ -108,6 +114,8 @@ NonNegNum = Annotated[float, Strict(), Field(ge=0)]
 RobotType = Annotated[str, Strict(), AfterValidator(_one_of(robot_types, "robot type"))]
 Profile = Annotated[str, Strict(), AfterValidator(_one_of(profile_names, "network profile"))]
 CameraKind = Annotated[str, Strict(), AfterValidator(_one_of(camera_kinds, "camera kind"))]
+Shards = Annotated[Any, AfterValidator(_shards),
+                   WithJsonSchema({"anyOf": [{"const": "auto"}, {"type": "integer", "exclusiveMinimum": 0}]})]
 
 
 def _f(default: Any = ..., doc: str = "", enum=None, **meta: Any) -> Any:
@@ -219,7 +227,9 @@ class Group(_Model):
 class Fleet(_Model):
     """The robots: shard processes and groups."""
 
-    shards: PosInt = _f(1, "fleet shard processes; robots are dealt round-robin over them (2 on a 2-core machine)")
+    shards: Shards = _f("auto", "fleet shard processes; robots are dealt round-robin over them. `auto`: sized from "
+                                "robots, fps and this host's cores (`bench.run.sizing`, docs/bench.md \"Sizing the "
+                                "bench to the host\"); an integer always wins", type_doc="`auto` or int > 0")
     groups: list[Group] = Field(..., min_length=1, description="robot groups (below)")
 
 
@@ -304,6 +314,23 @@ class Attacker(_Model):
     flood_s: PosNum = _f(4.0, "length of `flood`")
 
 
+class Fidelity(_Model):
+    """The twin's own error budget: tolerances of the self-measurement every run makes (`summary.json` →
+    `fidelity`, docs/bench.md "Fidelity"). Out of tolerance, a failed assertion reads `inconclusive`."""
+
+    leg_error_ms: NonNegNum = _f(5.0, "a network leg's p99 of (delay the proxy applied - delay the profile asked) may "
+                                      "reach this many ms ...")
+    leg_error_ratio: NonNegNum = _f(0.2, "... or this share of the leg's asked delay, whichever is larger")
+    bandwidth_ratio: NonNegNum = _f(0.9, "a shaped leg (`bandwidth` toxic) delivers at least this share of its asked "
+                                         "rate while it has data queued")
+    host_late_ratio: NonNegNum = _f(0.01, "a shard's share of ticks made late by the bench host itself")
+    loop_overrun_ratio: NonNegNum = _f(0.05, "a shard's share of loop slots that ran past their budget")
+    scheduler_wait_ms: NonNegNum = _f(250.0, "a shard's worst wait for a core or its GIL in one loop slot (slot wall "
+                                             "time - its CPU time)")
+    forward_ratio: NonNegNum = _f(2.0, "a replica's forward-pass p50 over its own unloaded forward time at the same "
+                                       "batch size, measured when it started")
+
+
 class ScenarioFile(_Model):
     """A scenario: a fleet, its networks, its servers, a fault timeline and the assertions that judge it."""
 
@@ -325,12 +352,16 @@ class ScenarioFile(_Model):
                                                  "client uuid `GROUP-INDEX`), router access rules generated from the fleet "
                                                  "(docs/security.md)")
     attackers: list[Attacker] = _f([], "hostile clients started during the run (below)")
+    fidelity: Fidelity = Field(default_factory=Fidelity, description=(
+        "tolerances of the twin's self-measurement (below); out of tolerance, a failed assertion makes the "
+        "verdict `inconclusive` (exit 3) instead of `fail`"), json_schema_extra=Doc(default_doc="the defaults below"))
 
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("top level", ScenarioFile), ("fleet", Fleet), ("fleet.groups[]", Group), ("fleet.groups[].cameras", Cameras),
     ("fleet.groups[].shadow", Shadow), ("sites.<name>", Site), ("servers", Servers), ("servers.replicas[]", Replica),
     ("sweep", Sweep), ("sweep.formula", Formula), ("attackers[]", Attacker),
+    ("fidelity", Fidelity),
 ]
 
 

@@ -106,7 +106,7 @@ class Scenario:
     duration_s: float
     warmup_s: float
     seed: int
-    shards: int
+    shards: int | str  # "auto": bench.run.sizing picks the count on the host that runs it
     groups: list[Group]
     sites: dict[str, Site]
     replicas: list[Replica]
@@ -116,6 +116,7 @@ class Scenario:
     sweep: dict | None
     security: str = "tcp"
     attackers: list = field(default_factory=list)
+    fidelity: dict = field(default_factory=dict)  # tolerances (model.Fidelity); empty = the defaults
     source: str = "<string>"
     raw: dict = field(default_factory=dict, repr=False)
 
@@ -255,7 +256,7 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
         name=m.name, description=m.description.strip(), duration_s=float(m.duration_s), warmup_s=float(m.warmup_s),
         seed=m.seed, shards=m.fleet.shards, groups=groups, sites=sites, replicas=replicas,
         server_manifest=dict(m.servers.manifest), faults=faults, assertions=assertions, sweep=sweep, source=source,
-        raw=data, security=m.security, attackers=attackers,
+        raw=data, security=m.security, attackers=attackers, fidelity=m.fidelity.model_dump(),
     )
 
 

@@ -130,3 +130,29 @@ def test_sweep_key_must_exist():
 def test_shipped_scenarios_validate(path):
     s = load_scenario(path)
     assert s.description and s.assertions
+
+
+def test_shards_default_auto_and_sized_from_ticks_and_cores():
+    from bench.run.sizing import shard_count
+
+    s = parse(BASE.replace("  shards: 1\n", ""))
+    assert s.shards == "auto" and shard_count(s, cores=2) == 1
+    s.groups[0].count = 300
+    assert shard_count(s, cores=2) == 3  # 9000 robot-ticks/s at 3000 a shard
+    assert shard_count(s, cores=16) == 12  # spare cores: 25 robots a shard, within 16 - 2 - 1 replica
+    s.shards = 5
+    assert shard_count(s, cores=16) == 5  # an explicit count always wins
+
+
+def test_shards_rejects_words_other_than_auto():
+    err = error_of(BASE.replace("shards: 1", "shards: many"))
+    assert err.path == "fleet.shards" and "positive integer or auto" in str(err)
+
+
+def test_fidelity_defaults_and_overrides():
+    s = parse(BASE)
+    assert s.fidelity["host_late_ratio"] == 0.01 and s.fidelity["leg_error_ms"] == 5.0
+    s = parse(BASE + "fidelity: {host_late_ratio: 0.05}\n")
+    assert s.fidelity["host_late_ratio"] == 0.05 and s.fidelity["forward_ratio"] == 2.0
+    err = error_of(BASE + "fidelity: {host_late: 0.05}\n")
+    assert err.path == "fidelity.host_late" and "did you mean 'host_late_ratio'" in str(err)
