@@ -286,6 +286,9 @@ class ZenohConfig(_Section):
     connect_endpoints: Endpoints = _f(doc="router endpoints, e.g. [tcp/127.0.0.1:7447] or [tls/host:7447]")
     listen_endpoints: Endpoints = _f((), "endpoints this server also listens on (peers); usually empty")
     lease_ms: Int = _f(1000, "this session's lease: how fast the router notices the server died", lo=100, hi=600000)
+    connect_timeout_s: Num = _f(30.0, "keep retrying an unreachable router (backoff 0.1 s doubling to 2 s) this long "
+                                "before giving up with exit 2: a replica restarted while its router is busy or "
+                                "restarting waits for it; 0 = one attempt", lo=0.0)
     tls: TlsConfig = _f(TlsConfig, "TLS files")
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "ZenohConfig":

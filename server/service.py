@@ -730,8 +730,13 @@ class PolicyServer:
         self.audit.close()
 
 
-def open_manifest_session(m):
-    """The server's Zenoh session as the manifest's `zenoh` section says (endpoints, lease, TLS files)."""
+def open_manifest_session(m, *, sleep=time.sleep, clock=time.monotonic):
+    """The server's Zenoh session as the manifest's `zenoh` section says (endpoints, lease, TLS files).
+
+    An unreachable router is retried with backoff (0.1 s doubling to 2 s) until `zenoh.connect_timeout_s`
+    has passed: a replica restarted while its router is saturated or restarting must not exit on a refusal
+    that would have cleared a second later. Missing or bad TLS files fail at once (no retry can fix them).
+    """
     from wire.transport import TlsFiles, open_session
 
     tls = _get(m, "zenoh.tls", None)
@@ -739,8 +744,24 @@ def open_manifest_session(m):
     if tls is not None and _get(tls, "root_ca_certificate", None):
         tls_files = TlsFiles(_get(tls, "root_ca_certificate"), _get(tls, "connect_certificate", None),
                              _get(tls, "connect_private_key", None))
-    return open_session(connect=list(_get(m, "zenoh.connect_endpoints", [])), lease_ms=int(_get(m, "zenoh.lease_ms", 1000)),
-                        tls=tls_files, what="policy-server")
+    connect = list(_get(m, "zenoh.connect_endpoints", []))
+    deadline = clock() + float(_get(m, "zenoh.connect_timeout_s", 0.0) or 0.0)
+    delay, attempts = 0.1, 0
+    while True:
+        attempts += 1
+        try:
+            return open_session(connect=connect, lease_ms=int(_get(m, "zenoh.lease_ms", 1000)), tls=tls_files,
+                                what="policy-server")
+        except ConnectionError as exc:
+            left = deadline - clock()
+            if left <= 0:
+                if attempts > 1:
+                    raise ConnectionError(f"{exc} (gave up after {attempts} attempts; zenoh.connect_timeout_s "
+                                          f"{_get(m, 'zenoh.connect_timeout_s', 0.0)})") from None
+                raise
+            log.warning("router not reachable yet (attempt %d), retrying in %.1f s: %s", attempts, min(delay, left), exc)
+            sleep(min(delay, left))
+            delay = min(2.0, delay * 2)
 
 
 def _event_qos() -> dict:

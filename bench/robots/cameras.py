@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from bench.robots.models import MAX_RENDER_HEIGHT, MAX_RENDER_WIDTH
+from bench.robots.models import GL_UNAVAILABLE, MAX_RENDER_HEIGHT, MAX_RENDER_WIDTH
 
 CAMERA_KINDS: dict[str, type[Camera]] = {}
 
@@ -76,6 +76,8 @@ def shared_renderer(model, height: int, width: int):
     with _RENDERERS_LOCK:
         entry = _RENDERERS.get(key)
         if entry is None:
+            if GL_UNAVAILABLE:
+                raise RuntimeError(GL_UNAVAILABLE)
             renderer = mujoco.Renderer(model, height, width)
             renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
             renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False

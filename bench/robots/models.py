@@ -14,9 +14,31 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# Headless machines have no display: EGL (llvmpipe here) is the one backend that works everywhere we
-# run. Set before mujoco is imported so mujoco.Renderer picks it; an explicit MUJOCO_GL wins.
-os.environ.setdefault("MUJOCO_GL", "egl")
+
+def _choose_gl_backend() -> str | None:
+    """Pick MuJoCo's GL backend before mujoco is imported (it reads MUJOCO_GL once, at import).
+
+    Headless machines have no display: EGL (llvmpipe here) is the backend that works where we run. A
+    host without libEGL must still simulate robots with synthetic cameras, but `import mujoco` with
+    MUJOCO_GL=egl and no libEGL dies (AttributeError on eglQueryString), so there GL is switched off and
+    the reason kept for the first rendered camera to report. An explicit MUJOCO_GL other than egl wins.
+    Returns why rendering is unavailable, or None.
+    """
+    import ctypes.util
+
+    asked = os.environ.get("MUJOCO_GL", "").strip().lower()
+    if asked not in ("", "egl"):
+        return None
+    if ctypes.util.find_library("EGL"):
+        os.environ["MUJOCO_GL"] = "egl"
+        return None
+    os.environ["MUJOCO_GL"] = "disable"
+    return ("rendered cameras need libEGL (libEGL.so.1), which this host lacks: install it (Debian: "
+            "apt-get install libegl1) or set MUJOCO_GL=osmesa with libOSMesa installed; synthetic cameras "
+            "need no GL")
+
+
+GL_UNAVAILABLE = _choose_gl_backend()
 
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402

@@ -293,6 +293,11 @@ def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, Site]) -> list[
         _check_engine_keys(w, path, g.engine)
         cams = None if g.cameras is None else Cameras(kind=g.cameras.kind, names=list(g.cameras.names),
                                                        height=g.cameras.height, width=g.cameras.width)
+        if cams is not None and cams.kind == "rendered":
+            from bench.robots.models import GL_UNAVAILABLE
+
+            if GL_UNAVAILABLE:
+                raise w.fail((*path, "cameras", "kind"), f"{GL_UNAVAILABLE}; or use kind: synthetic")
         policy = g.policy or g.robot
         shadow = None
         if g.shadow is not None:

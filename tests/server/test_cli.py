@@ -84,9 +84,37 @@ def test_an_unreachable_router_is_a_one_line_error(tmp_path, ckpt):  # noqa: F81
     from wire.procs import free_port
 
     path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0,
-                            "zenoh": {"connect_endpoints": [f"tcp/127.0.0.1:{free_port()}"]}})
+                            "zenoh": {"connect_endpoints": [f"tcp/127.0.0.1:{free_port()}"], "connect_timeout_s": 0.5}})
     out = run(["--manifest", str(path)])
     assert out.returncode == 2 and "cannot reach a Zenoh router" in out.stderr and "Traceback" not in out.stderr
+    assert "gave up after" in out.stderr and "connect_timeout_s" in out.stderr
+
+
+def test_a_server_started_before_its_router_waits_for_it_and_serves(tmp_path, ckpt):  # noqa: F811
+    """The restart path of a replica whose router is down or saturated: retry with backoff, never exit 2 on a
+    refusal that clears before zenoh.connect_timeout_s (seen at 1,000 robots: the restarted replica exited)."""
+    from wire.procs import free_port, start_router
+
+    port = free_port()
+    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "model_id": "arm", "warmup_inferences": 0,
+                            "zenoh": {"connect_endpoints": [f"tcp/127.0.0.1:{port}"], "connect_timeout_s": 60}})
+    server = ChildProcess(CLI + ["--manifest", str(path)], tmp_path / "server.log", name="server",
+                          ready_text="router not reachable yet")
+    server.start(timeout_s=60)  # it tried, was refused, and is still alive
+    router = None
+    try:
+        router, endpoint = start_router(port, tmp_path / "router.log")
+        server.ready_text = "policy-server ready"
+        server.wait_ready(timeout_s=60)
+        c = RawClient(endpoint, ReplicaKeys("arm", "main", "r0"), "robot-1")
+        try:
+            assert isinstance(c.open(), SessionAck)
+        finally:
+            c.close()
+    finally:
+        server.stop()
+        if router is not None:
+            router.stop()
 
 
 def test_sigterm_drains_notifies_clients_and_exits_zero(tmp_path, ckpt, router):  # noqa: F811

@@ -1,0 +1,69 @@
+"""MuJoCo's GL backend: a host without libEGL still simulates robots with synthetic cameras, and the
+first rendered camera (or the scenario check) names the missing library instead of crashing at import."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# A host without libEGL, emulated in a fresh interpreter: ctypes finds no EGL library.
+NO_EGL = "import ctypes.util as u; _f = u.find_library; u.find_library = lambda n: None if n == 'EGL' else _f(n)\n"
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"}
+    e.update(env, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-c", NO_EGL + textwrap.dedent(code)], capture_output=True, text=True,
+                          env=e, cwd=ROOT, timeout=120)
+
+
+def test_without_libegl_synthetic_cameras_run_and_a_rendered_one_names_the_library():
+    out = _python("""
+        import numpy as np
+        from bench.robots import make_robot
+        from bench.robots.cameras import make_camera
+        robot = make_robot("reacher", seed=0)
+        robot.reset(seed=0)
+        robot.step(np.zeros(2))
+        frame = make_camera("synthetic", robot.unwrapped, 32, 32).frame()
+        assert frame.shape == (32, 32, 3), frame.shape
+        try:
+            make_camera("rendered", robot.unwrapped, 32, 32)
+        except RuntimeError as exc:
+            print("ERR", exc)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "ERR rendered cameras need libEGL" in out.stdout and "libegl1" in out.stdout
+
+
+def test_an_explicit_egl_without_libegl_does_not_crash_the_import():
+    out = _python("import bench.robots; import os; print(os.environ['MUJOCO_GL'])", MUJOCO_GL="egl")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "disable"
+
+
+def test_another_explicit_backend_is_left_alone():
+    out = _python("import bench.robots.models as m; import os; print(os.environ['MUJOCO_GL'], m.GL_UNAVAILABLE)",
+                  MUJOCO_GL="disable")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["disable", "None"]
+
+
+def test_a_scenario_with_rendered_cameras_is_refused_up_front_naming_the_library(tmp_path):
+    text = (ROOT / "scenarios" / "smoke.yaml").read_text()
+    assert "fleet:" in text
+    path = tmp_path / "rendered.yaml"
+    import yaml
+
+    data = yaml.safe_load(text)
+    data["fleet"]["groups"][0]["cameras"] = {"kind": "rendered", "names": ["front"], "height": 32, "width": 32}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = _python(f"import sys; from bench.cli import main; sys.exit(main(['validate', {str(path)!r}]))")
+    assert out.returncode == 2, out.stdout + out.stderr
+    err = out.stdout + out.stderr
+    assert "cameras.kind" in err and "libEGL" in err and "Traceback" not in err
