@@ -108,6 +108,11 @@ class ChaosClient:
             body["toxicity"] = toxicity
         return self._call("POST", f"/proxies/{proxy}/toxics/{name}", body)
 
+    def fidelity(self, proxy: str) -> dict:
+        """Per direction, what the proxy's links applied against what their toxics asked
+        (chaos.toxiproxy.fidelity; our proxy only: the real Toxiproxy answers 404)."""
+        return self._get(f"/proxies/{proxy}/fidelity")
+
     def populate(self, proxies: list[dict]) -> list[dict]:
         return self._call("POST", "/populate", proxies)["proxies"]
 

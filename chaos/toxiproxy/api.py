@@ -3,6 +3,7 @@
     GET  /version                          POST /reset            POST /populate
     GET  /proxies   POST /proxies          GET|POST|PATCH|DELETE /proxies/{proxy}
     GET|POST /proxies/{proxy}/toxics       GET|POST|PATCH|DELETE /proxies/{proxy}/toxics/{toxic}
+    GET  /proxies/{proxy}/fidelity         (ours, not Toxiproxy's: delay applied vs asked per direction)
 
 Owns request parsing (a small HTTP/1.1 server with keep-alive) and the mapping from requests to
 the proxy collection. Invariant: any request, however malformed, gets an HTTP answer (errors as
@@ -95,6 +96,7 @@ class Api:
             (re.compile(rf"/proxies/{P}"), {"GET": self.proxy_show, "POST": self.proxy_update,
                                             "PATCH": self.proxy_update, "DELETE": self.proxy_delete}),
             (re.compile(rf"/proxies/{P}/toxics"), {"GET": self.toxic_index, "POST": self.toxic_create}),
+            (re.compile(rf"/proxies/{P}/fidelity"), {"GET": self.proxy_fidelity}),
             (re.compile(rf"/proxies/{P}/toxics/{T}"), {"GET": self.toxic_show, "POST": self.toxic_update,
                                                        "PATCH": self.toxic_update, "DELETE": self.toxic_delete}),
             (re.compile(r"/version"), {"GET": self.version}),
@@ -162,6 +164,9 @@ class Api:
 
     async def proxy_show(self, body: bytes, proxy: str) -> Response:
         return Response.json(200, self.collection.get(proxy).to_json())
+
+    async def proxy_fidelity(self, body: bytes, proxy: str) -> Response:
+        return Response.json(200, self.collection.get(proxy).fidelity_json())
 
     async def proxy_update(self, body: bytes, proxy: str) -> Response:
         async with self.collection.lock:

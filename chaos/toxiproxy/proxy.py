@@ -25,6 +25,7 @@ import socket
 import struct
 from typing import Any
 
+from chaos.toxiproxy.fidelity import EDGES_MS, LegStats
 from chaos.toxiproxy.toxics import REGISTRY, NoopToxic
 from chaos.toxiproxy.toxics.toxic import RESET, Chunk, ChunkQueue, Meter, Toxic, ToxicStub
 
@@ -120,15 +121,17 @@ class Sink:
             self.link.conn.reset()
         else:
             self.link.dest.write(item.data)
+            self.link.leg.record(len(item.data), item.asked, self.link.conn.loop.time() - item.born)
 
 
 class Link:
     """One direction of one connection: source side -> stages -> sink -> destination side."""
 
-    __slots__ = ("conn", "direction", "source", "dest", "meter", "sink", "stages", "entry", "eof", "_pauses")
+    __slots__ = ("conn", "direction", "source", "dest", "meter", "sink", "stages", "entry", "eof", "_pauses", "leg")
 
     def __init__(self, conn: "Connection", direction: str, source: "_Side", dest: "_Side"):
         self.conn, self.direction, self.source, self.dest = conn, direction, source, dest
+        self.leg = conn.proxy.legs[direction]  # chunks through toxics record what the link applied
         self.meter = Meter(on_high=lambda: self.pause("chain"), on_low=lambda: self.resume("chain"))
         self.sink = Sink(self)
         self.stages: list[Stage] = []
@@ -167,7 +170,7 @@ class Link:
     # chain changes (called with the API lock held)
 
     def _new_stage(self, wrapper: ToxicWrapper, output) -> Stage:
-        stub = ToxicStub(ChunkQueue(self.meter), output, wrapper.toxic.new_state())
+        stub = ToxicStub(ChunkQueue(self.meter), output, wrapper.toxic.new_state(), self.leg)
         return Stage(wrapper, stub)
 
     def build(self, chain: list[ToxicWrapper]) -> None:
@@ -514,6 +517,10 @@ class Proxy:
         self.toxics = ToxicCollection(self)
         self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
+        self.legs = {d: LegStats() for d in DIRECTIONS}  # what its links applied (GET /proxies/{p}/fidelity)
+
+    def fidelity_json(self) -> dict:
+        return {"edges_ms": list(EDGES_MS), **{d: leg.to_json() for d, leg in self.legs.items()}}
 
     def to_json(self) -> dict:
         return {"name": self.name, "listen": self.listen, "upstream": self.upstream, "enabled": self.enabled,

@@ -20,6 +20,8 @@ class BandwidthToxic(Toxic):
 
     async def pipe(self, stub: ToxicStub) -> None:
         debt = 0.0  # seconds this stage owes the link; negative = overslept, credited
+        free = 0.0  # when an ideal link of this rate finishes what it was given (loop time)
+        last_sent = 0.0
         while True:
             chunk = await stub.recv()
             if chunk is None:
@@ -30,16 +32,27 @@ class BandwidthToxic(Toxic):
                 debt = 0.0
                 stub.send(chunk)
                 continue
-            data, ts = chunk.data, chunk.timestamp
-            debt += len(data) / (rate * 1000.0)
+            t_in = stub.now()
+            data, ts, born = chunk.data, chunk.timestamp, chunk.born
+            per_byte = 1.0 / (rate * 1000.0)
+            # the ideal link: the chunk starts when it arrives as asked upstream or when the link frees up
+            ideal = max(born + chunk.asked, free)
+            free = ideal + len(data) * per_byte
+            debt += len(data) * per_byte
             step = rate * 100  # bytes per 100 ms
+            n = len(data)
             while len(data) > step:
-                await sleep_or_flush(stub, 0.1, Chunk(data, ts))
-                stub.send(Chunk(data[:step], ts))
+                await sleep_or_flush(stub, 0.1, Chunk(data, ts, born, free - born))
+                ideal += step * per_byte
+                stub.send(Chunk(data[:step], ts, born, ideal - born))
                 data = data[step:]
                 debt -= 0.1
             start = stub.now()
-            rest = Chunk(data, ts)
+            rest = Chunk(data, ts, born, free - born)
             await sleep_or_flush(stub, debt, rest)
-            debt -= stub.now() - start
+            now = stub.now()
+            debt -= now - start
             stub.send(rest)
+            if stub.leg is not None:
+                stub.leg.shaped(n, n * per_byte, now - max(t_in, last_sent), rate)
+            last_sent = now

@@ -33,7 +33,9 @@ class LatencyToxic(Toxic):
             if chunk is None:
                 stub.close()
                 return
-            sleep = self.delay_s() - (stub.now() - chunk.timestamp)
+            delay = self.delay_s()
+            chunk.asked += delay  # what the profile asked of this chunk: the sink compares what it got
+            sleep = delay - (stub.now() - chunk.timestamp)
             await sleep_or_flush(stub, sleep, chunk)
             chunk.timestamp += sleep
             stub.send(chunk)

@@ -36,7 +36,7 @@ class LimitDataToxic(Toxic):
                 return
             remaining = max(self.bytes - state.transmitted, 0)
             if remaining < len(chunk.data):
-                chunk = Chunk(chunk.data[:remaining], chunk.timestamp)
+                chunk = Chunk(chunk.data[:remaining], chunk.timestamp, chunk.born, chunk.asked)
             if chunk.data:
                 stub.send(chunk)
                 state.transmitted += len(chunk.data)

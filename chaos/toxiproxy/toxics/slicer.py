@@ -52,12 +52,13 @@ class SlicerToxic(Toxic):
             if chunk is None:
                 stub.close()
                 return
-            data, ts = chunk.data, chunk.timestamp
+            data, ts, asked = chunk.data, chunk.timestamp, chunk.asked
             for start, end in self.offsets(len(data)):
-                stub.send(Chunk(data[start:end], ts))
+                stub.send(Chunk(data[start:end], ts, chunk.born, asked))
+                asked += max(self.delay, 0) / 1e6  # the next slice is meant to wait this much more
                 try:
                     await asyncio.sleep(max(self.delay, 0) / 1e6)
                 except asyncio.CancelledError:
                     if end < len(data):
-                        stub.send(Chunk(data[end:], ts))  # never drop data on the floor
+                        stub.send(Chunk(data[end:], ts, chunk.born, asked))  # never drop data on the floor
                     raise

@@ -30,13 +30,18 @@ RESET = object()  # sentinel: the sink resets the whole connection instead of cl
 
 
 class Chunk:
-    """One socket read (or a slice of one) and the loop time it was read."""
+    """One socket read (or a slice of one) and the loop time it was read.
 
-    __slots__ = ("data", "timestamp")
+    `timestamp` moves as toxics hold the chunk; `born` stays the read time and `asked` sums the delay
+    the toxics intended, so the sink can measure what the link really applied (chaos.toxiproxy.fidelity)."""
 
-    def __init__(self, data: bytes, timestamp: float):
+    __slots__ = ("data", "timestamp", "born", "asked")
+
+    def __init__(self, data: bytes, timestamp: float, born: float | None = None, asked: float = 0.0):
         self.data = data
         self.timestamp = timestamp
+        self.born = timestamp if born is None else born
+        self.asked = asked
 
     def __repr__(self) -> str:
         return f"Chunk({len(self.data)}B @ {self.timestamp:.6f})"
@@ -125,12 +130,13 @@ class ChunkQueue:
 class ToxicStub:
     """Where a toxic runs for one connection direction: its input queue, output and state."""
 
-    __slots__ = ("input", "output", "state", "closed", "loop")
+    __slots__ = ("input", "output", "state", "closed", "loop", "leg")
 
-    def __init__(self, input: ChunkQueue, output, state: Any = None):
+    def __init__(self, input: ChunkQueue, output, state: Any = None, leg: Any = None):
         self.input = input
         self.output = output  # a ChunkQueue or the link's sink: anything with put()
         self.state = state
+        self.leg = leg  # the link direction's chaos.toxiproxy.fidelity.LegStats, or None
         self.closed = False
         self.loop = asyncio.get_event_loop()
 

@@ -46,3 +46,50 @@ def test_toxicity_zero_passes_data_untouched_and_one_applies_the_toxic(api, echo
     s = connect(api.get_proxy("p")["listen"])
     assert min(round_trip(s) for _ in range(3)) >= 0.058
     s.close()
+
+
+def _ours(proxy_server):
+    import pytest
+
+    if getattr(proxy_server, "real_toxiproxy", False):
+        pytest.skip("fidelity stamps are ours: the real Toxiproxy has no /fidelity")
+
+
+def test_fidelity_reports_the_delay_asked_and_what_was_applied(api, echo, proxy_server):
+    from chaos.toxiproxy.fidelity import percentile_ms
+
+    _ours(proxy_server)
+    s = connect(proxy_to(api, echo))
+    api.add_toxic("p", "latency", {"latency": 40}, stream="downstream")
+    for _ in range(15):
+        round_trip(s)
+    f = api.fidelity("p")
+    down, up = f["downstream"], f["upstream"]
+    assert down["chunks"] >= 15 and up["chunks"] == 0  # no toxic upstream: the fast path, nothing stamped
+    assert abs(down["asked_ms_sum"] / down["chunks"] - 40.0) < 0.01  # exactly what the toxic drew
+    assert len(down["hist"]) == len(f["edges_ms"]) + 1 and sum(down["hist"]) == down["chunks"]
+    assert percentile_ms(down["hist"], 0.5) <= 15.0  # a timer fires on time give or take a busy host
+    s.close()
+
+
+def test_fidelity_sees_a_stalled_proxy_as_applied_delay_beyond_the_asked(api, echo, proxy_server):
+    import os
+    import signal
+    import time
+
+    _ours(proxy_server)
+    s = connect(proxy_to(api, echo))
+    api.add_toxic("p", "latency", {"latency": 40}, stream="downstream")
+    round_trip(s)
+    before = api.fidelity("p")["downstream"]["error_ms_max"]
+    s.sendall(b"y" * 64)
+    time.sleep(0.01)  # the echo is back and held by the toxic (40 ms) when the proxy stops
+    os.kill(proxy_server.pid, signal.SIGSTOP)  # a host that gives the proxy no CPU for 150 ms
+    time.sleep(0.15)
+    os.kill(proxy_server.pid, signal.SIGCONT)
+    from tests.chaos.harness import recv_exactly
+
+    recv_exactly(s, 64)
+    after = api.fidelity("p")["downstream"]
+    assert after["error_ms_max"] >= 80.0 > before, (before, after)  # applied ~150+ ms where 40 was asked
+    s.close()

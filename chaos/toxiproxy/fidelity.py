@@ -1,0 +1,88 @@
+"""What each link of a proxy really did: delay applied vs delay asked, bytes shaped vs rate asked.
+
+Every chunk carries `born` (the loop time its bytes were read, the link's existing read stamp, so the
+stamp costs no clock call) and `asked` (the delay its toxics intended so far: a latency toxic adds the
+delay it drew, a bandwidth toxic moves it to the chunk's departure on an ideal link of its rate). The
+sink stamps the write once and records `applied - asked` here. Invariant: memory is fixed per link
+direction (a histogram of `len(EDGES_MS) + 1` counters and a few sums), whatever the traffic; a
+recording is a bisect and a few additions.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+# Error bins (ms): 0.1 ms steps to 2 ms, then x1.15 steps to ~30 s. Percentiles read the bin's upper edge.
+EDGES_MS: tuple[float, ...] = tuple([round(0.1 * i, 3) for i in range(1, 21)] +
+                                    [round(2.0 * 1.15 ** k, 3) for k in range(1, 70)])
+
+
+class LegStats:
+    """One direction of one proxy, summed over its connections."""
+
+    __slots__ = ("chunks", "bytes", "asked_s", "error_s", "error_max_s", "early", "hist",
+                 "shaped_bytes", "shaped_ideal_s", "shaped_busy_s", "rate_kbps")
+
+    def __init__(self) -> None:
+        self.chunks = self.bytes = self.early = self.shaped_bytes = 0
+        self.asked_s = self.error_s = self.error_max_s = self.shaped_ideal_s = self.shaped_busy_s = 0.0
+        self.rate_kbps = 0
+        self.hist = [0] * (len(EDGES_MS) + 1)
+
+    def record(self, nbytes: int, asked_s: float, applied_s: float) -> None:
+        err = applied_s - asked_s
+        self.chunks += 1
+        self.bytes += nbytes
+        self.asked_s += asked_s
+        if err < 0.0:
+            self.early += 1  # a timer may fire up to the loop's clock resolution early
+            err = 0.0
+        self.error_s += err
+        if err > self.error_max_s:
+            self.error_max_s = err
+        self.hist[bisect_right(EDGES_MS, err * 1e3)] += 1
+
+    def shaped(self, nbytes: int, ideal_s: float, busy_s: float, rate_kbps: int) -> None:
+        """A bandwidth toxic sent `nbytes` that an ideal link of `rate_kbps` sends in `ideal_s`; it took `busy_s`."""
+        self.shaped_bytes += nbytes
+        self.shaped_ideal_s += ideal_s
+        self.shaped_busy_s += busy_s
+        self.rate_kbps = rate_kbps
+
+    def to_json(self) -> dict:
+        return {"chunks": self.chunks, "bytes": self.bytes, "asked_ms_sum": round(self.asked_s * 1e3, 3),
+                "error_ms_sum": round(self.error_s * 1e3, 3), "error_ms_max": round(self.error_max_s * 1e3, 3),
+                "early": self.early, "hist": list(self.hist), "shaped_bytes": self.shaped_bytes,
+                "shaped_ideal_s": round(self.shaped_ideal_s, 6), "shaped_busy_s": round(self.shaped_busy_s, 6),
+                "rate_kbps": self.rate_kbps}
+
+
+def percentile_ms(hist: list[int], q: float) -> float | None:
+    """The q-quantile (0..1) of a histogram over EDGES_MS, as its bin's upper edge (ms); None if empty."""
+    total = sum(hist)
+    if total <= 0:
+        return None
+    want = q * total
+    seen = 0
+    for i, n in enumerate(hist):
+        seen += n
+        if seen >= want and n:
+            return EDGES_MS[i] if i < len(EDGES_MS) else float("inf")
+    return EDGES_MS[-1]
+
+
+def subtract(end: dict, start: dict | None) -> dict:
+    """A leg's figures between two snapshots (the measured window without the warmup)."""
+    if not start:
+        return dict(end)
+    out = {}
+    for k, v in end.items():
+        if k == "hist":
+            out[k] = [a - b for a, b in zip(v, start.get(k) or [0] * len(v))]
+        elif k in ("error_ms_max", "rate_kbps"):
+            out[k] = v  # a maximum and a setting do not subtract; the window's max is at most this
+        elif isinstance(v, (int, float)):
+            out[k] = v - (start.get(k) or 0)
+        else:
+            out[k] = v
+    return out
