@@ -1,6 +1,6 @@
 """`bench`: run, validate and list scenarios; train the robots' checkpoints.
 
-    bench run FILE [--set KEY=VALUE ...] [--reports DIR]   run a scenario; exit 0 pass, 1 fail, 2 invalid/error
+    bench run FILE [--set KEY=VALUE ...] [--reports DIR] [--cluster ray]   run a scenario; exit 0 pass, 1 fail, 2 invalid/error
     bench validate FILE [FILE ...]                         check scenario files without running (exit 0/2)
     bench list                                             the shipped scenarios with their descriptions
     bench figures                                          the figures assertions may use
@@ -143,7 +143,7 @@ def cmd_run(args) -> int:
     if s is None:
         return EXIT_INVALID
     from bench.run import runner
-    return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet)
+    return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet, cluster=args.cluster)
 
 
 def cmd_incident(args) -> int:
@@ -267,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a scenario key, e.g. --set duration_s=10 --set fleet.groups.0.count=4")
     run.add_argument("--reports", default="reports", help="reports root (default ./reports)")
     run.add_argument("--quiet", action="store_true", help="no progress line")
+    run.add_argument("--cluster", default=None, metavar="ray|ray://HOST:PORT",
+                     help="place shards and replicas on a Ray cluster (`ray`: the address in RAY_ADDRESS); "
+                          "default: every process on this host (docs/cluster.md)")
     run.set_defaults(func=cmd_run)
 
     sw = sub.add_parser("sweep", help="run a scenario once per value of one key (a load test with --capacity)")

@@ -272,7 +272,7 @@ def apply_fault(processes: Mapping[str, ManagedProcess], target: str, action: st
         wanted = [p for p in inspect.signature(fn).parameters if p != "self"]
         raise ProcessFaultError(f"{target}: {action} takes {', '.join(wanted) or 'no parameters'}, "
                                 f"got {', '.join(params) or 'none'}") from None
-    return fn(proc, **params)
+    return getattr(proc, fn.__name__)(**params)  # by name: a process on another host has the same face
 
 
 def replace_arg(argv: list[str], flag: str, value: str) -> list[str]:

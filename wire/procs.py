@@ -102,10 +102,12 @@ class ChildProcess:
         self.stop()
 
 
-def start_router(port: int | None, log_path: str | Path, extra_args: list[str] | None = None) -> tuple[ChildProcess, str]:
-    """Start a Zenoh router in its own process; return it and its tcp endpoint."""
+def start_router(port: int | None, log_path: str | Path, extra_args: list[str] | None = None,
+                 host: str = "127.0.0.1") -> tuple[ChildProcess, str]:
+    """Start a Zenoh router in its own process; return it and its tcp endpoint (on `host`: loopback unless
+    processes on other hosts must reach it)."""
     port = port or free_port()
-    endpoint = f"tcp/127.0.0.1:{port}"
+    endpoint = f"tcp/{host}:{port}"
     child = ChildProcess(
         [sys.executable, "-m", "wire.transport", "--listen", endpoint, *(extra_args or [])],
         log_path, ready_text="router ready", name="zenoh-router",

@@ -136,6 +136,7 @@ def summary_dict(o: RunOutcome) -> dict:
         "faults": o.meta.get("faults", []),
         "security": o.meta.get("security", {}),
         "chaos_proxy": o.meta.get("chaos_proxy", {}),
+        "cluster": o.meta.get("cluster", {"kind": "local", "nodes": 1}),
         "parity": o.meta.get("parity", {}),
         "processes": o.meta.get("processes", []),
         "host": {"cores": o.meta.get("cores"), "python": platform.python_version(), "machine": platform.machine(),

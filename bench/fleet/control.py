@@ -5,7 +5,9 @@
       stop {} / robot_fault {...}                 ─────────►
       ◄─────────  hello {shard, pid} / ready {robots} / status {...} / done {...} / error {...}
 
-A Unix socket binds no port, and it lives in a private temporary directory the runner removes.
+A Unix socket binds no port, and it lives in a private temporary directory the runner removes. Shards on
+another host (`bench run --cluster ray`) reach the runner over TCP instead: the address is then
+`tcp:HOST:PORT`, the one form ControlClient parses besides a socket path.
 Invariant: messages are JSON objects with a "type" key (no pickle); each side reads on its own
 thread, so neither the shard's control loop nor the runner's progress display ever blocks on it.
 """
@@ -87,11 +89,16 @@ class ShardLink:
 class ControlServer:
     """Accepts shard connections; every message lands in `messages` (a queue of (link, msg))."""
 
-    def __init__(self):
+    def __init__(self, tcp_host: str | None = None):
         self.dir = tempfile.mkdtemp(prefix="bench-ctl-")
-        self.path = os.path.join(self.dir, "control.sock")
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(self.path)
+        if tcp_host is None:
+            self.path = os.path.join(self.dir, "control.sock")
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.bind(self.path)
+        else:
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.bind((tcp_host, 0))
+            self.path = f"tcp:{tcp_host}:{self.sock.getsockname()[1]}"
         self.sock.listen(64)
         self.links: list[ShardLink] = []
         self.messages: queue.Queue = queue.Queue()
@@ -135,8 +142,13 @@ class ControlClient:
         deadline = time.monotonic() + connect_timeout_s
         while True:
             try:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.connect(path)
+                if path.startswith("tcp:"):
+                    host, port = path[4:].rsplit(":", 1)
+                    self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    self.sock.connect((host, int(port)))
+                else:
+                    self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    self.sock.connect(path)
                 break
             except OSError:
                 self.sock.close()

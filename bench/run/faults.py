@@ -22,7 +22,12 @@ def start_timeline(run):
 
     processes = {}
     for rid, info in run.servers.items():
-        processes[f"server:{rid}"] = ManagedProcess(info["child"], name=f"server:{rid}", ready_timeout_s=120.0)
+        if hasattr(info["child"], "actor"):  # on a cluster node: the fault runs there (bench.run.cluster)
+            from bench.run.cluster import RemoteManaged
+
+            processes[f"server:{rid}"] = RemoteManaged(info["child"], f"server:{rid}")
+        else:
+            processes[f"server:{rid}"] = ManagedProcess(info["child"], name=f"server:{rid}", ready_timeout_s=120.0)
     if run.router_child is not None:
         processes["router"] = ManagedProcess(run.router_child, name="router", ready_timeout_s=15.0)
     site_toxics = {name: profiles.profile_toxics(site.profile, site.overrides) for name, site in run.s.sites.items()}

@@ -127,14 +127,34 @@ def utc_stamp() -> str:
 
 
 def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progress: bool = True,
-                 stamp: str | None = None) -> int:
-    """Run the scenario (every sweep variant); print where the reports are; return the exit code."""
+                 stamp: str | None = None, cluster: str | None = None) -> int:
+    """Run the scenario (every sweep variant); print where the reports are; return the exit code.
+
+    `cluster`: None runs every process here (the default, nothing to install); "ray" or "ray://HOST:PORT"
+    places shards and replicas on a Ray cluster (bench.run.cluster, docs/cluster.md)."""
     install_signal_handlers()
     problems = preflight(scenario)
     if problems:
         for p in problems:
             print(f"bench: {p}", file=sys.stderr)
         return EXIT_INVALID
+    ray_cluster = None
+    if cluster is not None:
+        from bench.run.cluster import ClusterError, connect
+
+        try:
+            ray_cluster = connect(None if cluster == "ray" else cluster)
+        except ClusterError as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+            return EXIT_INVALID
+    try:
+        return _run_variants(scenario, reports_dir, progress, stamp, ray_cluster)
+    finally:
+        if ray_cluster is not None:
+            ray_cluster.close()
+
+
+def _run_variants(scenario: Scenario, reports_dir: Path, progress: bool, stamp: str | None, ray_cluster) -> int:
     base = Path(reports_dir) / scenario.name / (stamp or utc_stamp())
     worst = EXIT_PASS
     variants = sweep_variants(scenario)
@@ -142,7 +162,7 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
     labels, rows, group = [], [], None
     for (label, variant), value in zip(variants, sweep.get("values") or [None]):
         run_dir = base / label if label else base
-        outcome = Run(variant, run_dir, progress=progress).execute()
+        outcome = Run(variant, run_dir, progress=progress, cluster=ray_cluster).execute()
         print_verdict(f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
                       f"-> {outcome.run_dir}/summary.json", outcome.assertions, outcome.error)
         worst = max(worst, outcome.exit_code)
@@ -226,10 +246,15 @@ class RunState:
 
 
 class Run:
-    def __init__(self, scenario: Scenario, run_dir: Path, progress: bool = True, engine_factory: str | None = None):
+    def __init__(self, scenario: Scenario, run_dir: Path, progress: bool = True, engine_factory: str | None = None,
+                 cluster=None):
         self.s = scenario
         self.engine_factory = engine_factory  # "module:function" for tests; None = edge's remote engine
-        self.run_dir = Path(run_dir)
+        # bench.run.cluster.Cluster: shards and replicas run as Ray actors' children; None = all here
+        self.cluster = cluster
+        # what other hosts reach this one's router, proxies and control socket on (loopback when all is here)
+        self.host = cluster.host_for_endpoints() if cluster is not None else "127.0.0.1"
+        self.run_dir = Path(run_dir).resolve() if cluster is not None else Path(run_dir)
         self.logs = self.run_dir / "logs"
         self.rec_dir = self.run_dir / "records"
         self.procs = ProcessSet()
@@ -304,7 +329,7 @@ class Run:
         if self.s.security == "mtls":
             router, self.router_endpoint = self.start_secure_router()
         else:
-            router, self.router_endpoint = start_router(None, self.logs / "router.log")
+            router, self.router_endpoint = start_router(None, self.logs / "router.log", host=self.host)
         self.router_child = self.procs.add("router", router)
         self.cpu.track("router", router.pid)
         self.start_proxy()
@@ -327,7 +352,7 @@ class Run:
         real = bool(getattr(proxy_server, "real_toxiproxy", False))
         self.network_stand_ins: dict[str, list[str]] = {}  # site -> toxics the real Toxiproxy lacks (replaced)
         for name, site in self.s.sites.items():
-            proxy = api.create_proxy(f"site-{name}", upstream=router_hostport, listen="127.0.0.1:0")
+            proxy = api.create_proxy(f"site-{name}", upstream=router_hostport, listen=f"{self.host}:0")
             toxics = chaos_profiles.profile_toxics(site.profile, site.overrides)
             if real:  # the Go binary has no `loss`: send its stand-in and say so in the summary
                 if any(t["type"] == "loss" for t in toxics):
@@ -478,8 +503,16 @@ class Run:
             manifest = self.manifest_for(replica)
             path = self.run_dir / "manifests" / f"{replica.id}.yaml"
             path.write_text(yaml.safe_dump(manifest, sort_keys=False))
-            child = ChildProcess(server_argv(path), self.logs / f"server-{replica.id}.log",
-                                 ready_text=SERVER_READY_TEXT, name=f"server-{replica.id}")
+            if self.cluster is not None:
+                cuda = str(manifest.get("model", {}).get("device", "cpu")).startswith("cuda")
+                c = self.s.cluster
+                child = self.cluster.place(f"server:{replica.id}", server_argv(path), self.logs / f"server-{replica.id}.log",
+                                           ready_text=SERVER_READY_TEXT, num_cpus=c.get("replica_cpus", 1.0),
+                                           num_gpus=c.get("replica_gpus", 1.0) if cuda else 0.0,
+                                           placement=c.get("placement", "spread"), files={str(path): path.read_bytes()})
+            else:
+                child = ChildProcess(server_argv(path), self.logs / f"server-{replica.id}.log",
+                                     ready_text=SERVER_READY_TEXT, name=f"server-{replica.id}")
             self.procs.add(f"server:{replica.id}", child)
             self.servers[replica.id] = {"child": child, "manifest": path, "health_port": manifest["health_port"],
                                         "audit": Path(manifest.get("audit_path", ""))}
@@ -497,7 +530,8 @@ class Run:
         if errors:
             raise RuntimeError("a server replica did not start:\n" + "\n".join(errors))
         for rid, info in self.servers.items():
-            self.cpu.track(f"server:{rid}", lambda c=info["child"]: c.pid)  # a restart changes the pid
+            if self._local(info["child"]):
+                self.cpu.track(f"server:{rid}", lambda c=info["child"]: c.pid)  # a restart changes the pid
 
     def shard_specs(self) -> list[dict]:
         """Deal robots round-robin over the shards (each group spread over all shards)."""
@@ -523,19 +557,25 @@ class Run:
         return specs
 
     def start_shards(self) -> None:
-        self.control = ControlServer()
+        self.control = ControlServer(None if self.host == "127.0.0.1" else self.host)
         self.procs.on_stop("control", self.control.close)
         specs = self.shard_specs()
         for spec in specs:
             k = spec["shard"]
             path = self.run_dir / "manifests" / f"shard-{k}.json"
             path.write_text(json.dumps(spec, indent=1))
-            child = ChildProcess([sys.executable, "-m", "bench.fleet.shard", "--spec", str(path), "--control", self.control.path],
-                                 self.logs / f"shard-{k}.log", name=f"shard-{k}",
-                                 env={"PYTHONPATH": _pythonpath()})
+            argv = [sys.executable, "-m", "bench.fleet.shard", "--spec", str(path), "--control", self.control.path]
+            if self.cluster is not None:
+                c = self.s.cluster
+                child = self.cluster.place(f"shard:{k}", argv, self.logs / f"shard-{k}.log",
+                                           env={"PYTHONPATH": _pythonpath()}, num_cpus=c.get("shard_cpus", 1.0),
+                                           placement=c.get("placement", "spread"), files={str(path): path.read_bytes()})
+            else:
+                child = ChildProcess(argv, self.logs / f"shard-{k}.log", name=f"shard-{k}", env={"PYTHONPATH": _pythonpath()})
             self.procs.add(f"shard:{k}", child)
             child.start()
-            self.cpu.track(f"shard:{k}", child.pid)
+            if self._local(child):
+                self.cpu.track(f"shard:{k}", child.pid)
         deadline = time.monotonic() + SHARD_READY_TIMEOUT_S + 0.2 * self.s.robots
         ready: set[int] = set()
         while len(ready) < len(specs):
@@ -580,7 +620,14 @@ class Run:
                         name.split(":", 1)[1] in {str(k) for k in self.state.done}
                         or time.monotonic() >= (self.state.end_mono or math.inf) - 1.0):
                     continue  # finished: its loop ends at its last slot due before the end, maybe before we look
-                raise RuntimeError(f"{name} exited with {child.proc.returncode}; log {child.log_path}:\n{child.tail(15)}")
+                how = child.exit_text() if hasattr(child, "exit_text") else f"exited with {child.proc.returncode}"
+                raise RuntimeError(f"{name} {how}; log {child.log_path}:\n{child.tail(15)}")
+
+    def _local(self, child) -> bool:
+        """Whether `child` runs on this host (its pid means something to this host's CPU sampler)."""
+        import socket
+
+        return not hasattr(child, "node") or child.node.get("hostname") == socket.gethostname()
 
     def _restarting(self, name: str) -> bool:
         """A server may be down on purpose while a fault holds it down."""
@@ -702,6 +749,14 @@ class Run:
         self.memory = self.cpu.memory(0.0, self.s.duration_s)
         self.cpu.stop()
         self.kill_report = self.procs.stop_all()
+        if self.cluster is not None:  # records and logs written on other hosts come back before judging
+            for child in self.cluster.children:
+                try:
+                    child.pull_files(self.run_dir)
+                except Exception as exc:
+                    self.state.errors.append(f"{child.name}: files not collected: {exc}")
+            self.cluster_facts = self.cluster.describe(self.s.cluster.get("placement", "spread"))
+            self.cluster.close()
 
     # --- judge ---------------------------------------------------------------------------------
 
@@ -747,6 +802,7 @@ class Run:
                 for a in (getattr(data, "attacks", None) or [])]} if (self.s.security != "tcp" or self.s.attackers) else {},
             # shadow groups: per robot, the comparison counts and the first mismatch, in words
             "parity": {str(r): c for r, c in sorted((data.parity if data is not None else {}).items())},
+            "cluster": getattr(self, "cluster_facts", None) or {"kind": "local", "nodes": 1},
             "chaos_proxy": {"real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
                             "stand_ins": getattr(self, "network_stand_ins", {})},
         }

@@ -331,6 +331,17 @@ class Fidelity(_Model):
                                        "batch size, measured when it started")
 
 
+class Cluster(_Model):
+    """Where a run's processes go under `bench run --cluster ray` (docs/cluster.md); ignored by local runs."""
+
+    placement: Literal["spread", "pack"] = _f("spread", "`spread`: shards and replicas over as many nodes as Ray can "
+                                                        "(its SPREAD strategy); `pack`: as few nodes as fit them")
+    shard_cpus: PosNum = _f(1.0, "CPUs Ray reserves for each fleet shard")
+    replica_cpus: PosNum = _f(1.0, "CPUs Ray reserves for each server replica")
+    replica_gpus: NonNegNum = _f(1.0, "GPUs Ray reserves for each replica whose `model.device` is cuda (0 for a CPU "
+                                      "replica, whatever this says)")
+
+
 class ScenarioFile(_Model):
     """A scenario: a fleet, its networks, its servers, a fault timeline and the assertions that judge it."""
 
@@ -355,13 +366,16 @@ class ScenarioFile(_Model):
     fidelity: Fidelity = Field(default_factory=Fidelity, description=(
         "tolerances of the twin's self-measurement (below); out of tolerance, a failed assertion makes the "
         "verdict `inconclusive` (exit 3) instead of `fail`"), json_schema_extra=Doc(default_doc="the defaults below"))
+    cluster: Cluster = Field(default_factory=Cluster, description=(
+        "placement on a Ray cluster under `bench run --cluster ray` (below); local runs ignore it"),
+        json_schema_extra=Doc(default_doc="the defaults below"))
 
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("top level", ScenarioFile), ("fleet", Fleet), ("fleet.groups[]", Group), ("fleet.groups[].cameras", Cameras),
     ("fleet.groups[].shadow", Shadow), ("sites.<name>", Site), ("servers", Servers), ("servers.replicas[]", Replica),
     ("sweep", Sweep), ("sweep.formula", Formula), ("attackers[]", Attacker),
-    ("fidelity", Fidelity),
+    ("fidelity", Fidelity), ("cluster", Cluster),
 ]
 
 

@@ -117,6 +117,7 @@ class Scenario:
     security: str = "tcp"
     attackers: list = field(default_factory=list)
     fidelity: dict = field(default_factory=dict)  # tolerances (model.Fidelity); empty = the defaults
+    cluster: dict = field(default_factory=dict)  # placement under --cluster ray (model.Cluster)
     source: str = "<string>"
     raw: dict = field(default_factory=dict, repr=False)
 
@@ -257,6 +258,7 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
         seed=m.seed, shards=m.fleet.shards, groups=groups, sites=sites, replicas=replicas,
         server_manifest=dict(m.servers.manifest), faults=faults, assertions=assertions, sweep=sweep, source=source,
         raw=data, security=m.security, attackers=attackers, fidelity=m.fidelity.model_dump(),
+        cluster=m.cluster.model_dump(),
     )
 
 

@@ -156,10 +156,11 @@ def test_bad_tls_files_and_a_refused_handshake_are_one_line_errors(tmp_path, ckp
     out = run(["--manifest", str(path)])
     assert out.returncode == 2 and "zenoh.tls.connect_certificate" in out.stderr and "expired on" in out.stderr
     assert "Traceback" not in out.stderr
-    good = pki.server("r0")  # valid files, nobody listening (or a router refusing): fails fast, no hang
+    good = pki.server("r0")  # valid files, nobody listening (or a router refusing): retried, then fails, no hang
     tls = {"root_ca_certificate": good.ca, "connect_certificate": good.cert, "connect_private_key": good.key}
     path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0,
-                            "zenoh": {"connect_endpoints": [f"tls/127.0.0.1:{free_port()}"], "tls": tls}})
+                            "zenoh": {"connect_endpoints": [f"tls/127.0.0.1:{free_port()}"], "tls": tls,
+                                      "connect_timeout_s": 2}})
     t0 = time.monotonic()
     out = run(["--manifest", str(path)])
     assert out.returncode == 2 and "refused the handshake" in out.stderr and "Traceback" not in out.stderr

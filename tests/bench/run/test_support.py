@@ -143,8 +143,10 @@ def test_progress_line_shows_states_and_figures():
     assert "12.0/60s" in line and "STRE:290" in line and "none 1.0%" in line and "rtt p50 60 p99 140" in line
 
 
-def test_control_channel_round_trip():
-    server = ControlServer()
+@pytest.mark.parametrize("tcp_host", [None, "127.0.0.1"], ids=["unix", "tcp"])
+def test_control_channel_round_trip(tcp_host):
+    server = ControlServer(tcp_host)
+    assert server.path.startswith("tcp:127.0.0.1:") if tcp_host else server.path.endswith("control.sock")
     try:
         got = queue.Queue()
         client = ControlClient(server.path, got.put)
@@ -159,7 +161,7 @@ def test_control_channel_round_trip():
         client.close()
     finally:
         server.close()
-    assert not os.path.exists(server.path)
+    assert tcp_host or not os.path.exists(server.path)
 
 
 class _Tty(__import__("io").StringIO):
