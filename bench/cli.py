@@ -1,6 +1,9 @@
 """`bench`: run, validate and list scenarios; train the robots' checkpoints.
 
-    bench run FILE [--set KEY=VALUE ...] [--reports DIR] [--cluster ray]   run a scenario; exit 0 pass, 1 fail, 2 invalid/error
+    bench run FILE [--set KEY=VALUE ...] [--reports DIR] [--cluster ray]   run a scenario; exit 0 pass, 1 fail,
+                                                           2 invalid/error, 3 inconclusive (failed while the host was
+                                                           out of its fidelity tolerances)
+    bench run --check FILE                                 the preflight: shards, CPU estimate, real time or not
     bench validate FILE [FILE ...]                         check scenario files without running (exit 0/2)
     bench list                                             the shipped scenarios with their descriptions
     bench figures                                          the figures assertions may use
@@ -21,7 +24,14 @@ import argparse
 import sys
 from pathlib import Path
 
-EXIT_PASS, EXIT_FAIL, EXIT_INVALID = 0, 1, 2
+EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+RUN_EXIT_CODES = """exit codes:
+  0  pass: every assertion held (a run out of its fidelity tolerances says so as a warning)
+  1  fail: an assertion failed and the run's fidelity was within tolerance: the system failed it
+  2  the scenario or the environment is invalid, or the run itself errored (a process died, Ctrl-C)
+  3  inconclusive: an assertion failed while the bench host was out of its fidelity tolerances
+     (summary.json fidelity.reasons names the shard, network leg or replica); rerun on a quieter
+     or bigger host, or see `bench run --check FILE`"""
 
 
 def _parse_value(text: str):
@@ -142,6 +152,12 @@ def cmd_run(args) -> int:
         return EXIT_INVALID
     if s is None:
         return EXIT_INVALID
+    if args.check:
+        from bench.run.sizing import estimate
+
+        est = estimate(s)
+        print("\n".join(est.lines()))
+        return EXIT_PASS
     from bench.run import runner
     return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet, cluster=args.cluster)
 
@@ -261,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bench", description="The digital twin: run robot fleets against real servers.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    run = sub.add_parser("run", help="run a scenario (exit 0 pass, 1 an assertion failed, 2 invalid or error)")
+    run = sub.add_parser("run", help="run a scenario (exit 0 pass, 1 fail, 2 invalid or error, 3 inconclusive)",
+                         epilog=RUN_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("file")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario key, e.g. --set duration_s=10 --set fleet.groups.0.count=4")
@@ -270,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cluster", default=None, metavar="ray|ray://HOST:PORT",
                      help="place shards and replicas on a Ray cluster (`ray`: the address in RAY_ADDRESS); "
                           "default: every process on this host (docs/cluster.md)")
+    run.add_argument("--check", action="store_true",
+                     help="print the preflight (shards, the host's speed, estimated cores, real time or not) and exit "
+                          "without running")
     run.set_defaults(func=cmd_run)
 
     sw = sub.add_parser("sweep", help="run a scenario once per value of one key (a load test with --capacity)")

@@ -113,6 +113,7 @@ class InferResult:
     rtc_applied: bool = False
     preprocess_ms: float = 0.0
     forward_ms: float = 0.0  # the shared forward pass (incl. emulated latency), same for the batch
+    batch: int = 0  # samples in that forward pass
     emulated_ms: float = 0.0
     postprocess_ms: float = 0.0
 
@@ -169,6 +170,24 @@ class ModelRuntime:
                     raise RuntimeError(f"warm-up forward pass failed: {res.error}")
         self.reset_policy()
         return (time.perf_counter() - t0) * 1e3 / n
+
+    def unloaded_forward_ms(self, max_batch: int, repeats: int = 3) -> dict[int, float]:
+        """Forward-pass ms (median of `repeats`) at batch sizes 1, 2, 4, ... up to min(max_batch, 16), the
+        way requests run (guided where the policy supports it, emulated latency included): the replica's own
+        unloaded reference, against which the bench reads a starved replica as a ratio (bench fidelity)."""
+        state = np.zeros(self.config.state_dim, np.float32)
+        images = {name: np.zeros((s[1], s[2], 3), np.uint8) for name, s in self.config.image_features.items()}
+        prefix = np.zeros((self.execution_horizon, self.config.action_dim), np.float32) if self.supports_rtc else None
+        out: dict[int, float] = {}
+        n = 1
+        while n <= min(max(1, max_batch), 16):
+            items = [InferItem(self.new_pipeline(), state, images, 1, prefix, prefix, rtc=self.supports_rtc)
+                     for _ in range(n)]
+            times = sorted(self.infer(items)[0].forward_ms for _ in range(repeats))
+            out[n] = round(times[len(times) // 2], 3)
+            n *= 2
+        self.reset_policy()
+        return out
 
     # -- the hot path -----------------------------------------------------------------------------
     def infer(self, items: list[InferItem], emulate: bool = True) -> list[InferResult]:
@@ -237,6 +256,7 @@ class ModelRuntime:
             results[i].chunk_model = chunks[row].numpy().copy()
             results[i].chunk_robot = robot.numpy().astype(np.float32, copy=False)
             results[i].forward_ms = forward_ms
+            results[i].batch = len(live)
             results[i].emulated_ms = emulated_ms
             results[i].postprocess_ms = (time.perf_counter() - t1) * 1e3
         return results

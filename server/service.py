@@ -23,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -153,6 +154,9 @@ class PolicyServer:
         self.warmed_up = True
         log.info("loaded %s (%s, hash %s...), %d warm-up passes, %.1f ms each", model_id, loaded.config.type,
                  loaded.checkpoint_hash[:12], n, ms)
+        if n > 0:  # the replica's own unloaded forward time: the bench reads starvation against it
+            sizes = self.runtime.unloaded_forward_ms(int(_get(_get(m, "scheduling", None), "max_batch", 1) or 1))
+            log.info("unloaded forward ms by batch size: %s", json.dumps(sizes))
 
     def start(self) -> "PolicyServer":
         from server.mailbox import Mailbox
@@ -644,7 +648,8 @@ class PolicyServer:
         self.recent_queue_wait_ms.add(wait_ms)
         self.recent_inference_ms.add(res.inference_ms)
         self._audit(s, h, wait_ms, res.inference_ms, [0, int(res.chunk_robot.shape[0])], superseded, outcome,
-                    emulated_ms=res.emulated_ms, rtc_applied=res.rtc_applied,
+                    emulated_ms=res.emulated_ms, rtc_applied=res.rtc_applied, forward_ms=round(res.forward_ms, 3),
+                    batch=res.batch,
                     received_mono_ms=round(p.received_ns / 1e6, 3) if p.received_ns else None,
                     sent_mono_ms=round(sent_ns / 1e6, 3) if sent_ns else None)
         return body

@@ -27,7 +27,7 @@ from bench.scenario.assertions import AssertionResult
 from bench.scenario.catalog import FIGURES
 from bench.evidence.figures import RunData, state_intervals, _Scope
 
-EXIT_CODES = {"pass": 0, "fail": 1, "error": 2}
+EXIT_CODES = {"pass": 0, "fail": 1, "error": 2, "inconclusive": 3}
 
 # Design section 11 (Pi0-class reference), shown beside the measured budget.
 BUDGET_REFERENCE = {
@@ -66,12 +66,16 @@ class RunOutcome:
         return EXIT_CODES[self.verdict]
 
 
-def verdict_of(results: list[AssertionResult], error: str | None) -> str:
+def verdict_of(results: list[AssertionResult], error: str | None, fidelity: dict | None = None) -> str:
+    """pass, fail, error, or inconclusive: an assertion failed while the run's fidelity was out of
+    tolerance, so the bench host, not the system, may have failed it. A pass stays a pass (with the warning)."""
     if error:
         return "error"
     if any(r.error for r in results):
         return "error"
-    return "pass" if all(r.passed for r in results) else "fail"
+    if all(r.passed for r in results):
+        return "pass"
+    return "inconclusive" if fidelity and not fidelity.get("valid", True) else "fail"
 
 
 def latency_budget(figures: dict) -> list[dict]:
@@ -137,6 +141,8 @@ def summary_dict(o: RunOutcome) -> dict:
         "security": o.meta.get("security", {}),
         "chaos_proxy": o.meta.get("chaos_proxy", {}),
         "cluster": o.meta.get("cluster", {"kind": "local", "nodes": 1}),
+        "fidelity": o.meta.get("fidelity"),
+        "shards": o.meta.get("shards"),
         "parity": o.meta.get("parity", {}),
         "processes": o.meta.get("processes", []),
         "host": {"cores": o.meta.get("cores"), "python": platform.python_version(), "machine": platform.machine(),
@@ -146,10 +152,15 @@ def summary_dict(o: RunOutcome) -> dict:
 
 
 def write_junit(o: RunOutcome, path: Path) -> None:
-    failures = sum(1 for r in o.assertions if not r.passed and not r.error)
+    inconclusive = o.verdict == "inconclusive"
+    why = "inconclusive: the bench host was out of its fidelity tolerances: " + "; ".join(
+        (o.meta.get("fidelity") or {}).get("reasons") or [])
+    failures = 0 if inconclusive else sum(1 for r in o.assertions if not r.passed and not r.error)
+    skipped = sum(1 for r in o.assertions if not r.passed and not r.error) if inconclusive else 0
     errors = sum(1 for r in o.assertions if r.error) + (1 if o.error else 0)
     suite = ET.Element("testsuite", name=f"bench.{o.scenario_name}", tests=str(len(o.assertions) + (1 if o.error else 0)),
-                       failures=str(failures), errors=str(errors), time=f"{o.wall_s:.3f}", timestamp=o.started_utc)
+                       failures=str(failures), errors=str(errors), skipped=str(skipped), time=f"{o.wall_s:.3f}",
+                       timestamp=o.started_utc)
     if o.error:
         case = ET.SubElement(suite, "testcase", classname=f"bench.{o.scenario_name}", name="run", time=f"{o.wall_s:.3f}")
         ET.SubElement(case, "error", message=o.error[:500], type="RunError").text = o.error
@@ -157,6 +168,8 @@ def write_junit(o: RunOutcome, path: Path) -> None:
         case = ET.SubElement(suite, "testcase", classname=f"bench.{o.scenario_name}", name=r.expression, time="0")
         if r.error:
             ET.SubElement(case, "error", message=r.error, type="AssertionError").text = f"{r.expression}\n{r.error}"
+        elif not r.passed and inconclusive:
+            ET.SubElement(case, "skipped", message=why[:500]).text = f"{r.expression}\nvalue: {r.value!r}\n{why}"
         elif not r.passed:
             ET.SubElement(case, "failure", message=f"value {r.value!r}", type="AssertionFailed").text = \
                 f"{r.expression}\nvalue: {r.value!r}\n(line {r.line} of the scenario)"
@@ -173,7 +186,8 @@ _CSS = """
 body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{margin-bottom:4px} h2{border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
 .verdict{display:inline-block;padding:4px 12px;border-radius:4px;color:#fff;font-weight:bold}
-.pass{background:#2ca02c}.fail{background:#d62728}.error{background:#7f7f7f}
+.pass{background:#2ca02c}.fail{background:#d62728}.error{background:#7f7f7f}.inconclusive{background:#e6a100}
+.banner{border:2px solid #e6a100;background:#fff6dd;padding:8px 12px;margin:10px 0}
 table{border-collapse:collapse;font-size:13px;margin:6px 0}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:right} th{background:#f4f4f4}
 td.l,th.l{text-align:left} tr.bad td{background:#fde0e0} tr.good td{background:#e6f5e6}
@@ -202,6 +216,13 @@ def render_html(o: RunOutcome, summary: dict) -> str:
     out.append(f"<p>{e(o.description)}</p><p class='muted'>started {e(o.started_utc)} UTC · {o.robots} robots · "
                f"{o.duration_s:g} s measured · wall {o.wall_s:.1f} s · camera {e(str(summary.get('camera_kind')))} · "
                f"inference emulated: {e(str(summary.get('inference_emulated')))} · {e(str(o.run_dir))}</p>")
+    fid = o.meta.get("fidelity") or {}
+    if fid and not fid.get("valid", True):
+        head = ("INCONCLUSIVE: an assertion failed while the bench host was out of its fidelity tolerances; the host, "
+                "not the system, may have caused it." if o.verdict == "inconclusive" else
+                "Warning: the bench host was out of its fidelity tolerances in this run (see Fidelity below).")
+        out.append(f"<div class=banner><b>{e(head)}</b><ul>" + "".join(f"<li>{e(x)}</li>" for x in fid.get("reasons", []))
+                   + "</ul></div>")
     if o.error:
         out.append(f"<h2>Error</h2><pre>{e(o.error)}</pre>")
     out.append("<h2>Assertions</h2><table><tr><th class=l>expression</th><th>value</th><th>result</th></tr>")
@@ -277,6 +298,8 @@ def render_html(o: RunOutcome, summary: dict) -> str:
         out.append(_server_chart(d, "load", "Server load (active / max sessions)", windows))
         out.append(_server_chart(d, "active_sessions", "Active sessions per replica", windows))
         out.append("</div>")
+    if fid:
+        out.append(_fidelity_section(o, fid, windows))
     cpu = summary.get("cpu") or {}
     if cpu.get("split"):
         probe = o.meta.get("speed_probe_ms") or {}
@@ -298,6 +321,131 @@ def render_html(o: RunOutcome, summary: dict) -> str:
         out.append("<h2>Process logs</h2><ul>" + "".join(f"<li><a href='{e(p)}'>{e(p)}</a></li>" for p in logs) + "</ul>")
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _fidelity_section(o: RunOutcome, fid: dict, windows) -> str:
+    """The twin's own error (bench.evidence.fidelity): tables, then per-second figures with the fault windows."""
+    e = html.escape
+    out = [f"<h2>Fidelity</h2><p class=muted>How far this host bent what the scenario asked for; tolerances from the "
+           f"scenario's <code>fidelity:</code> (docs/bench.md \"Fidelity\"). "
+           f"{'Within tolerance.' if fid.get('valid') else 'Out of tolerance.'} {e(str(fid.get('note') or ''))}</p>"]
+    legs = [g for g in fid.get("legs", []) if g.get("chunks")]
+    if legs:
+        out.append("<table><tr><th class=l>leg</th><th>chunks</th><th>asked ms</th><th>applied - asked p50 ms</th>"
+                   "<th>p99</th><th>max</th><th>tolerance</th><th>bandwidth asked / delivered kB/s</th></tr>")
+        for g in legs:
+            bw = g.get("bandwidth")
+            bad = g.get("error_ms_p99") is not None and g["error_ms_p99"] > g["tolerance_ms"]
+            out.append(f"<tr class={'bad' if bad else 'good'}><td class=l>{e(g['site'])} {e(g['leg'])}</td><td>{g['chunks']}</td>"
+                       f"<td>{_v(g['asked_ms_mean'])}</td><td>{_v(g['error_ms_p50'])}</td><td>{_v(g['error_ms_p99'])}</td>"
+                       f"<td>{_v(g['error_ms_max'])}</td><td>{_v(g['tolerance_ms'])}</td>"
+                       f"<td>{(_v(bw['asked_kBps']) + ' / ' + _v(bw['delivered_kBps'])) if bw else '–'}</td></tr>")
+        out.append("</table>")
+    elif fid.get("legs"):
+        out.append("<p class=muted>No toxic on any leg: the proxies forwarded bytes untouched.</p>")
+    tol = fid.get("tolerances") or {}
+    if fid.get("shards"):
+        out.append("<table><tr><th class=l>shard</th><th>ticks</th><th>host-late</th><th>loop overrun</th>"
+                   "<th>worst scheduler wait ms</th></tr>")
+        for sh in fid["shards"]:
+            bad = ((sh["host_late_ratio"] or 0) > tol.get("host_late_ratio", 1) or
+                   (sh["loop_overrun_ratio"] or 0) > tol.get("loop_overrun_ratio", 1) or
+                   (sh["scheduler_wait_ms_max"] or 0) > tol.get("scheduler_wait_ms", 1e9))
+            out.append(f"<tr class={'bad' if bad else 'good'}><td class=l>{sh['shard']}</td><td>{sh['ticks']}</td>"
+                       f"<td>{_v(sh['host_late_ratio'])}</td><td>{_v(sh['loop_overrun_ratio'])}</td>"
+                       f"<td>{_v(sh['scheduler_wait_ms_max'])}</td></tr>")
+        out.append("</table>")
+    if fid.get("replicas"):
+        out.append("<table><tr><th class=l>replica</th><th>requests</th><th>forward p50 ms</th><th>x unloaded p50</th>"
+                   "<th>p99</th><th class=l>unloaded ms by batch size</th></tr>")
+        for r in fid["replicas"]:
+            bad = (r.get("forward_ratio_p50") or 0) > tol.get("forward_ratio", 1e9)
+            out.append(f"<tr class={'bad' if bad else 'good'}><td class=l>{e(r['replica'])}</td><td>{r['requests']}</td>"
+                       f"<td>{_v(r['forward_ms_p50'])}</td><td>{_v(r['forward_ratio_p50'])}</td>"
+                       f"<td>{_v(r['forward_ratio_p99'])}</td><td class=l>{e(str(r.get('unloaded_ms') or r.get('note')))}</td></tr>")
+        out.append("</table>")
+    d = o.data
+    charts = []
+    if d is not None:
+        charts.append(_shard_fidelity_chart(d, windows))
+        charts.append(_sched_wait_chart(d, windows))
+    charts.append(_leg_error_chart(o.meta.get("leg_series") or [], o.duration_s, windows))
+    charts.append(_forward_ratio_chart(o.meta.get("forward_series") or {}, o.duration_s, windows))
+    out.append("<div class=grid>" + "".join(charts) + "</div>")
+    return "\n".join(out)
+
+
+def _per_second(t: np.ndarray, duration_s: float) -> np.ndarray:
+    return np.arange(0, math.ceil(duration_s) + 1)
+
+
+def _shard_fidelity_chart(d: RunData, windows) -> str:
+    """Host-late ticks per second as a share of each shard's ticks."""
+    tk, rb = d.ticks, d.robots
+    if not tk or not len(tk.get("t", [])) or "shard" not in rb:
+        return svg.empty_chart("Host-late ticks per shard", "no ticks recorded")
+    shard_of = dict(zip(np.asarray(rb["robot"]).tolist(), np.asarray(rb["shard"]).tolist()))
+    t = tk["t"]
+    m = (t >= 0) & (t <= d.duration_s)
+    sh = np.array([shard_of.get(int(r), -1) for r in tk["robot"][m]])
+    tt, cls = t[m], np.asarray(tk["tick_class"][m])
+    bins = _per_second(tt, d.duration_s)
+    lines = {}
+    for k in sorted(set(sh.tolist())):
+        all_, _ = np.histogram(tt[sh == k], bins=bins)
+        late, _ = np.histogram(tt[(sh == k) & (cls == 3)], bins=bins)
+        lines[f"shard {k}"] = (bins[:-1], 100.0 * late / np.maximum(all_, 1))
+    return svg.line_chart(lines, "Host-late ticks per shard", "time since t=0 (s)", "% of the shard's ticks", windows,
+                          x_range=(0, d.duration_s))
+
+
+def _sched_wait_chart(d: RunData, windows) -> str:
+    """Each shard's worst scheduler wait (slot wall - CPU time) per second."""
+    lp = d.loop
+    if not lp or not len(lp.get("t", [])) or "shard" not in lp:
+        return svg.empty_chart("Worst scheduler wait per shard", "no loop slots recorded")
+    m = (lp["t"] >= 0) & (lp["t"] <= d.duration_s)
+    bins = _per_second(lp["t"], d.duration_s)
+    lines = {}
+    wait = (lp["wall_ms"] - lp["cpu_ms"]).astype(float)
+    for k in sorted(set(np.asarray(lp["shard"][m]).tolist())):
+        mk = m & (lp["shard"] == k)
+        idx = np.clip(np.digitize(lp["t"][mk], bins) - 1, 0, len(bins) - 2)
+        worst = np.zeros(len(bins) - 1)
+        np.maximum.at(worst, idx, wait[mk])
+        lines[f"shard {k}"] = (bins[:-1], worst)
+    return svg.line_chart(lines, "Worst scheduler wait per shard", "time since t=0 (s)", "ms (slot wall - CPU)", windows,
+                          x_range=(0, d.duration_s))
+
+
+def _leg_error_chart(samples: list[dict], duration_s: float, windows) -> str:
+    """Mean (applied - asked) delay per second of each leg, from the proxy's counters sampled every second."""
+    lines: dict[str, tuple[list, list]] = {}
+    for a, b in zip(samples, samples[1:]):
+        for site, snap in (b.get("legs") or {}).items():
+            prev = ((a.get("legs") or {}).get(site) or {})
+            for d, name in (("upstream", "uplink"), ("downstream", "downlink")):
+                n = (snap.get(d) or {}).get("chunks", 0) - (prev.get(d) or {}).get("chunks", 0)
+                if n <= 0:
+                    continue
+                err = (snap[d]["error_ms_sum"] - (prev.get(d) or {}).get("error_ms_sum", 0.0)) / n
+                xs, ys = lines.setdefault(f"{site} {name}", ([], []))
+                xs.append(b["t"])
+                ys.append(err)
+    if not lines:
+        return svg.empty_chart("Network legs: applied - asked delay", "no toxic on any leg, or no samples")
+    return svg.line_chart({k: (np.array(x), np.array(y)) for k, (x, y) in lines.items()},
+                          "Network legs: applied - asked delay", "time since t=0 (s)", "mean ms per second", windows,
+                          x_range=(0, duration_s))
+
+
+def _forward_ratio_chart(series: dict, duration_s: float, windows) -> str:
+    """Each replica's forward time over its unloaded time at the same batch size, median per second."""
+    lines = {f"replica {rid}": (np.asarray(t), np.asarray(r)) for rid, (t, r) in series.items() if len(t)}
+    if not lines:
+        return svg.empty_chart("Replica forward time / unloaded", "no forward times, or no unloaded reference")
+    return svg.line_chart(lines, "Replica forward time / unloaded", "time since t=0 (s)", "ratio (median per second)",
+                          windows, x_range=(0, duration_s))
 
 
 def _cdfs(d: RunData) -> str:

@@ -38,7 +38,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "transitions": {"robot": "int32", "t": "float64", "from_state": "str", "to_state": "str", "reason": "str"},
     "episodes": {"robot": "int32", "t": "float64", "robot_episode": "int32", "success": "bool", "length_s": "float32"},
     "loop": {"slot": "int32", "t": "float64", "robots": "int32", "wall_ms": "float32", "cpu_ms": "float32",
-             "budget_ms": "float32", "overrun": "bool", "skipped_ticks": "int32"},
+             "budget_ms": "float32", "overrun": "bool", "skipped_ticks": "int32", "shard": "int32"},
 }
 
 

@@ -332,7 +332,7 @@ class Shard:
             budget = max(next_due - due, 0.0)
             self.loop_rec.append(slot=sid, t=rel, robots=len(members), wall_ms=wall * 1e3, cpu_ms=cpu * 1e3,
                                  budget_ms=budget * 1e3, overrun=t_done > next_due or slot_starved(wall, cpu, period),
-                                 skipped_ticks=skipped)
+                                 skipped_ticks=skipped, shard=self.index)
             if skipped and rel >= 0:
                 counts["host_late_ticks"] += skipped * len(members)
             if mono() >= next_flush:

@@ -12,7 +12,8 @@ Phases: preflight (checkpoints, packages) → start router, proxy, servers, shar
 records → figures → assertions → summary.json, junit.xml, report.html.
 
 Owns the run directory reports/<scenario>/<UTC timestamp>/ and the exit code (0 pass, 1 an
-assertion failed, 2 invalid scenario/environment or the run errored). Invariant: every process it
+assertion failed, 2 invalid scenario/environment or the run errored, 3 inconclusive: an assertion
+failed while the run's own fidelity was out of tolerance, so the host may have caused it). Invariant: every process it
 starts is registered in a `ProcessSet` the moment it exists, and a `finally` stops the set in
 reverse order, so Ctrl-C, a crash or a failed assertion leaves no orphan and no bound port.
 """
@@ -44,7 +45,7 @@ from bench.run.progress import Progress, print_verdict
 from bench.scenario.schema import REPO_ROOT, Scenario, checkpoint_dir, missing_checkpoints, sweep_variants
 from wire.procs import ChildProcess, free_port, start_router
 
-EXIT_PASS, EXIT_FAIL, EXIT_INVALID = 0, 1, 2
+EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 SERVER_READY_TEXT = "policy-server ready"
 SHARD_READY_TIMEOUT_S = 60.0
 SHARD_DONE_TIMEOUT_S = 30.0
@@ -122,6 +123,12 @@ def cuda_problems(scenario: Scenario) -> list[str]:
             f"host {why}. It measures real GPU inference, which a CPU cannot stand in for: run it on a GPU host"]
 
 
+def worse(a: int, b: int) -> int:
+    """The worse of two exit codes: error (2) > fail (1) > inconclusive (3) > pass (0)."""
+    rank = {EXIT_PASS: 0, EXIT_INCONCLUSIVE: 1, EXIT_FAIL: 2, EXIT_INVALID: 3}
+    return a if rank.get(a, 3) >= rank.get(b, 3) else b
+
+
 def utc_stamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
@@ -138,6 +145,11 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
         for p in problems:
             print(f"bench: {p}", file=sys.stderr)
         return EXIT_INVALID
+    if cluster is None:  # the estimate is of this host; a cluster's nodes are another matter
+        from bench.run.sizing import estimate
+
+        for line in estimate(scenario).lines():
+            print(f"bench: {line}", file=sys.stderr)
     ray_cluster = None
     if cluster is not None:
         from bench.run.cluster import ClusterError, connect
@@ -165,7 +177,11 @@ def _run_variants(scenario: Scenario, reports_dir: Path, progress: bool, stamp: 
         outcome = Run(variant, run_dir, progress=progress, cluster=ray_cluster).execute()
         print_verdict(f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
                       f"-> {outcome.run_dir}/summary.json", outcome.assertions, outcome.error)
-        worst = max(worst, outcome.exit_code)
+        if outcome.meta.get("fidelity"):
+            from bench.evidence.fidelity import table_lines
+
+            print("\n".join(table_lines(outcome.meta["fidelity"])), file=sys.stderr)
+        worst = worse(worst, outcome.exit_code)
         if outcome.meta.get("interrupted"):
             break
         if label:
@@ -266,6 +282,7 @@ class Run:
         self.control: ControlServer | None = None
         self.cpu = CpuSampler()
         self.server_samples: list[dict] = []
+        self.leg_series: list[dict] = []  # the proxy's fidelity counters, every second of the run
         self.fault_log: list[dict] = []
         self.timeline = None
         self.router_child: ChildProcess | None = None
@@ -654,6 +671,7 @@ class Run:
             if now >= self.state.end_mono:
                 break
             if not timeline_started and now >= self.state.t0_mono:
+                self.leg_start = self.proxy_legs()  # the measured window's legs start here (warmup excluded)
                 self.state.phase = "run"
                 self.start_timeline()
                 timeline_started = True
@@ -688,6 +706,10 @@ class Run:
         query = "&".join(f"name[]={n}" for n in wanted)  # only these families: a full scrape costs the server
         while not self._stop_scrape.wait(1.0):
             t = time.monotonic() - (self.state.t0_mono or time.monotonic())
+            if t >= -1.0 and self.state.phase == "run":
+                legs = self.proxy_legs()  # the report's per-second leg error (one small GET per site)
+                if legs:
+                    self.leg_series.append({"t": t, "legs": legs})
             for rid, info in list(self.servers.items()):
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{info['health_port']}/metrics?{query}", timeout=0.5) as r:
@@ -718,7 +740,20 @@ class Run:
 
     # --- stop ----------------------------------------------------------------------------------
 
+    def proxy_legs(self) -> dict | None:
+        """Every site proxy's fidelity counters now (chaos.toxiproxy.fidelity); None if the proxy cannot say."""
+        chaos = getattr(self, "chaos", None)
+        if chaos is None or getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False):
+            return None
+        try:
+            return {name: chaos.fidelity(f"site-{name}") for name in self.sites}
+        except Exception as exc:  # an old or foreign proxy: the legs go unmeasured, the run goes on
+            self.proxy_legs_error = f"the chaos proxy gave no fidelity counters: {exc}"
+            return None
+
     def shutdown(self) -> None:
+        if self.state.t0_mono is not None and time.monotonic() >= self.state.t0_mono:
+            self.leg_end = self.proxy_legs()  # before the timeline heals and the proxy stops
         self.state.phase = "stopping"
         try:
             if self.timeline is not None:
@@ -780,7 +815,8 @@ class Run:
         if error is not None and not results:
             results = [report.AssertionResult(a.expression, False, None, error="not evaluated: the run did not complete",
                                               line=a.line) for a in self.s.assertions]
-        verdict = report.verdict_of(results, error)
+        fidelity = self.fidelity(data)
+        verdict = report.verdict_of(results, error, fidelity)
         # what collecting the records and computing figures held: the runner's peak, read before the report is
         # written (ru_maxrss is the peak of the runner's life; the run itself holds little, so it is this phase's)
         report_phase = {"rss_before_mb": rss_before_report, "rss_after_figures_mb": psutil_rss_mb(),
@@ -805,6 +841,10 @@ class Run:
             "cluster": getattr(self, "cluster_facts", None) or {"kind": "local", "nodes": 1},
             "chaos_proxy": {"real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
                             "stand_ins": getattr(self, "network_stand_ins", {})},
+            "fidelity": fidelity,
+            "leg_series": self.leg_series,
+            "forward_series": self._forward_series(),
+            "shards": getattr(self, "n_shards", None),
         }
         if meta["camera_kind"] and len(meta["camera_kind"]) == 1:
             meta["camera_kind"] = meta["camera_kind"][0]
@@ -816,6 +856,43 @@ class Run:
         report.write_all(outcome)
         return outcome
 
+    def fidelity(self, data) -> dict:
+        """summary.json's `fidelity`: the bench host's own error in this run, judged by `fidelity:` tolerances."""
+        from bench.evidence import fidelity as fid
+        from chaos.toxiproxy.fidelity import subtract
+
+        tol = dict(self.s.fidelity) if self.s.fidelity else None
+        if not tol:
+            from bench.scenario.model import Fidelity
+
+            tol = Fidelity().model_dump()
+        start, end = getattr(self, "leg_start", None), getattr(self, "leg_end", None)
+        legs, note = None, getattr(self, "proxy_legs_error", None)
+        if end:
+            legs = {site: {"edges_ms": snap.get("edges_ms"),
+                           **{d: subtract(snap[d], ((start or {}).get(site) or {}).get(d)) for d in ("upstream", "downstream")}}
+                    for site, snap in end.items()}
+        elif getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False):
+            note = "the real Toxiproxy ran the network: it cannot say what delay it applied; legs not measured"
+        unloaded = {rid: fid.unloaded_forward(self.logs / f"server-{rid}.log") for rid in self.servers}
+        t0 = (self.state.t0_mono or 0.0) * 1e3
+        try:
+            return fid.compute(data, self.s.duration_s, tol, legs, getattr(self, "audit_rows", []), unloaded,
+                               (t0, t0 + self.s.duration_s * 1e3), note)
+        except Exception as exc:  # the verdict must still be written; say what could not be measured
+            return {"valid": True, "reasons": [], "tolerances": tol, "legs": [], "shards": [], "replicas": [],
+                    "note": f"fidelity could not be computed: {exc!r}"}
+
+    def _forward_series(self) -> dict:
+        from bench.evidence import fidelity as fid
+
+        try:
+            unloaded = {rid: fid.unloaded_forward(self.logs / f"server-{rid}.log") for rid in self.servers}
+            return fid.forward_series(getattr(self, "audit_rows", []), unloaded, (self.state.t0_mono or 0.0) * 1e3,
+                                      self.s.duration_s)
+        except Exception:
+            return {}  # a report figure only; fidelity itself says what it could not measure
+
     def _logs(self):
         return [(p.stem, p) for p in sorted(self.logs.glob("*.log"))]
 
@@ -825,6 +902,7 @@ class Run:
         import pyarrow.parquet as pq
 
         server_rows = self.collect_audit()
+        self.audit_rows = server_rows
         tables = {}
         for kind in records.SCHEMAS:
             t = records.collect(self.rec_dir, kind)

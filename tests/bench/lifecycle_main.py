@@ -1,7 +1,9 @@
 """Runs a scenario through the real runner with the proxy and servers stubbed out and fake engines.
 
 Used by test_runner_lifecycle to exercise process ownership (start, barrier, stop, Ctrl-C) without
-depending on the server and chaos packages. `python -m tests.bench.lifecycle_main RUN_DIR DURATION`
+depending on the server and chaos packages. `python -m tests.bench.lifecycle_main RUN_DIR DURATION [stall]`:
+with `stall`, the host starves the shards during the measured window (SIGSTOP 80 ms of every 200),
+as a saturated host would.
 """
 
 from __future__ import annotations
@@ -31,12 +33,41 @@ assertions:
 """
 
 
+def stall_shards(run: Run) -> None:
+    """A starved host: every shard gets no CPU for 80 ms of every 200 during the measured window."""
+    import os
+    import signal
+    import threading
+    import time
+
+    def loop():
+        while run.state.t0_mono is None or time.monotonic() < run.state.t0_mono:
+            time.sleep(0.05)
+        while time.monotonic() < run.state.end_mono - 0.3:
+            pids = [c.pid for n, c in run.procs.children if n.startswith("shard:") and c.pid]
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.08)
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+            time.sleep(0.12)
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
 def main() -> int:
     run_dir, duration = Path(sys.argv[1]), float(sys.argv[2])
     install_signal_handlers()
     s = parse_scenario(textwrap.dedent(SCENARIO.format(duration=duration)))
     Run.start_proxy = lambda self: setattr(self, "sites", {"lab": SiteLink("lab", "tcp/127.0.0.1:9")})
     Run.start_servers = lambda self: None
+    if sys.argv[3:] == ["stall"]:
+        drive = Run.drive
+
+        def stalled_drive(self):
+            stall_shards(self)
+            drive(self)
+        Run.drive = stalled_drive
     outcome = Run(s, run_dir, progress=False, engine_factory="tests.bench.fake_engine:make").execute()
     print(f"verdict {outcome.verdict}", flush=True)
     return outcome.exit_code

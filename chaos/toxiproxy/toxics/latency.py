@@ -28,13 +28,16 @@ class LatencyToxic(Toxic):
         return delay / 1000.0
 
     async def pipe(self, stub: ToxicStub) -> None:
+        free = 0.0  # when the chunk before left, on an ideal link (jitter never lets a chunk overtake it)
         while True:
             chunk = await stub.recv()
             if chunk is None:
                 stub.close()
                 return
             delay = self.delay_s()
-            chunk.asked += delay  # what the profile asked of this chunk: the sink compares what it got
+            # what the profile asked of this chunk; the sink compares what the link applied (fidelity)
+            free = max(chunk.born + chunk.asked + delay, free)
+            chunk.asked = free - chunk.born
             sleep = delay - (stub.now() - chunk.timestamp)
             await sleep_or_flush(stub, sleep, chunk)
             chunk.timestamp += sleep

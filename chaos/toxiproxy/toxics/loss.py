@@ -77,13 +77,17 @@ class LossToxic(Toxic):
 
     async def pipe(self, stub: ToxicStub) -> None:
         state: LossState = stub.state
+        free = 0.0  # when the chunk before left an ideal link: a held chunk holds the ones behind it, as TCP does
         while True:
             chunk = await stub.recv()
             if chunk is None:
                 stub.close()
                 return
             state.chunks += 1
-            for wait in self.hold_times_s(len(chunk.data)):
+            waits = self.hold_times_s(len(chunk.data))
+            free = max(chunk.born + chunk.asked, free) + sum(waits)
+            chunk.asked = free - chunk.born
+            for wait in waits:
                 state.lost_transmissions += 1
                 state.held_s += wait
                 await sleep_or_flush(stub, wait, chunk)

@@ -21,8 +21,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _start(run_dir: Path, duration: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.bench.lifecycle_main", str(run_dir), str(duration)],
+def _start(run_dir: Path, duration: float, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.bench.lifecycle_main", str(run_dir), str(duration), *extra],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -40,6 +40,8 @@ def test_failed_assertion_exits_1_and_leaves_no_process(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["verdict"] == "fail"
     assert [a["result"] for a in summary["assertions"]] == ["pass", "pass", "fail"]
+    assert summary["fidelity"]["valid"] is True, summary["fidelity"]  # an idle-enough host: the system failed it
+    assert {s["shard"] for s in summary["fidelity"]["shards"]} == {0, 1}
     table = json.loads((tmp_path / "run" / "processes.json").read_text())
     assert {r["name"] for r in table} >= {"router", "shard:0", "shard:1"}
     assert not [r for r in table if _alive(r["pid"])]
@@ -56,3 +58,22 @@ def test_ctrl_c_stops_every_child_and_still_reports(tmp_path):
     assert not [r for r in table if _alive(r["pid"])]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["verdict"] == "error" and "interrupted" in summary["error"]
+
+
+def test_a_starved_shard_turns_a_failed_assertion_inconclusive(tmp_path):
+    """The same failing scenario while the host starves the shards (SIGSTOP 80 ms of every 200): the
+    failure may be the host's, so the verdict is inconclusive, exit 3, and the reasons name the shard."""
+    import xml.etree.ElementTree as ET
+
+    proc = _start(tmp_path / "run", 3, "stall")
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 3, out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["verdict"] == "inconclusive" and summary["exit_code"] == 3
+    assert summary["fidelity"]["valid"] is False
+    reasons = " ".join(summary["fidelity"]["reasons"])
+    assert "shard 0" in reasons and "shard 1" in reasons, reasons
+    suite = ET.parse(tmp_path / "run" / "junit.xml").getroot().find("testsuite")
+    assert suite.get("failures") == "0" and suite.get("skipped") == "1"
+    assert "shard 0" in suite.find("testcase/skipped").get("message")
+    assert "INCONCLUSIVE" in (tmp_path / "run" / "report.html").read_text()

@@ -1,0 +1,242 @@
+"""The twin's own error: how far this run's bench host bent what the scenario asked for.
+
+Owns `summary.json` → `fidelity`: per network leg (site x direction) the delay each site's proxy
+applied against the delay its toxics asked (chaos.toxiproxy.fidelity) and the bandwidth it delivered
+against the rate asked; per shard the host-late tick ratio, the loop overrun ratio and the worst
+scheduler wait (slot wall time - its CPU time); per replica the forward pass against the same
+replica's unloaded forward at the same batch size, measured when it started. Each figure is judged
+against the scenario's `fidelity:` tolerances; `valid` is false when any is out, and `reasons` says
+which, in a sentence naming the shard, leg or replica. Invariant: a figure that could not be measured
+is reported as null with a note and never makes a run invalid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from bench.fleet.ticks import HOST_LATE
+
+LEG_NAMES = {"upstream": "uplink", "downstream": "downlink"}  # the proxy's words -> the robot's
+
+
+def _r(x, nd=3):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else round(float(x), nd)
+
+
+def _percentile(hist: list[int], edges_ms: list[float], q: float) -> float | None:
+    """The q-quantile of the proxy's error histogram (bins over `edges_ms`, the last one open) as its bin's
+    upper edge, ms; None if empty. The proxy sends its edges with its counts (chaos.toxiproxy.fidelity)."""
+    total = sum(hist)
+    if total <= 0 or not edges_ms:
+        return None
+    seen = 0
+    for i, n in enumerate(hist):
+        seen += n
+        if n and seen >= q * total:
+            return float(edges_ms[i]) if i < len(edges_ms) else math.inf
+    return float(edges_ms[-1])
+
+
+def leg_figures(site: str, direction: str, leg: dict, edges_ms: list[float], tol: dict) -> dict:
+    """One leg from the proxy's window counters (chaos.toxiproxy.fidelity.LegStats.to_json, subtracted)."""
+    n = int(leg.get("chunks") or 0)
+    out = {"site": site, "leg": LEG_NAMES.get(direction, direction), "chunks": n, "asked_ms_mean": None,
+           "error_ms_p50": None, "error_ms_p99": None, "error_ms_max": None, "tolerance_ms": None, "bandwidth": None}
+    if n <= 0:
+        out["note"] = "no toxic on this leg (the proxy forwards bytes untouched): nothing asked, nothing to measure"
+        return out
+    asked = leg["asked_ms_sum"] / n
+    out.update(asked_ms_mean=_r(asked), error_ms_p50=_r(_percentile(leg["hist"], edges_ms, 0.50)),
+               error_ms_p99=_r(_percentile(leg["hist"], edges_ms, 0.99)), error_ms_max=_r(leg.get("error_ms_max")),
+               error_ms_mean=_r(leg["error_ms_sum"] / n),
+               tolerance_ms=_r(max(tol["leg_error_ms"], tol["leg_error_ratio"] * asked)))
+    if leg.get("shaped_bytes") and leg.get("shaped_busy_s"):
+        rate = float(leg.get("rate_kbps") or 0)
+        delivered = leg["shaped_bytes"] / leg["shaped_busy_s"] / 1e3
+        out["bandwidth"] = {"asked_kBps": rate, "delivered_kBps": _r(delivered, 1),
+                            "ratio": _r(delivered / rate) if rate > 0 else None}
+    return out
+
+
+def shard_figures(data, duration_s: float) -> list[dict]:
+    """Per shard: host-late ticks / ticks, overrun slots / slots, worst (wall - cpu) of a slot, ms."""
+    out = []
+    ticks, robots, loop = data.ticks or {}, data.robots or {}, data.loop or {}
+    shard_of = {}
+    if len(robots.get("robot", [])) and "shard" in robots:
+        shard_of = dict(zip(np.asarray(robots["robot"]).tolist(), np.asarray(robots["shard"]).tolist()))
+    t_shard = None
+    if len(ticks.get("robot", [])) and shard_of:
+        tm = (ticks["t"] >= 0) & (ticks["t"] <= duration_s)
+        t_shard = np.array([shard_of.get(int(r), -1) for r in ticks["robot"][tm]])
+        t_class = np.asarray(ticks["tick_class"][tm])
+    shards = sorted(set(shard_of.values()))
+    lm = None
+    if len(loop.get("t", [])) and "shard" in loop:
+        lm = (loop["t"] >= 0) & (loop["t"] <= duration_s)
+    for k in shards:
+        row = {"shard": int(k), "ticks": 0, "host_late_ratio": None, "loop_overrun_ratio": None,
+               "scheduler_wait_ms_max": None}
+        if t_shard is not None:
+            mine = t_shard == k
+            row["ticks"] = int(np.count_nonzero(mine))
+            if row["ticks"]:
+                row["host_late_ratio"] = _r(np.count_nonzero(t_class[mine] == HOST_LATE) / row["ticks"], 5)
+        if lm is not None:
+            m = lm & (loop["shard"] == k)
+            slots = int(np.count_nonzero(m))
+            if slots:
+                row["loop_overrun_ratio"] = _r(np.count_nonzero(loop["overrun"][m]) / slots, 5)
+                row["scheduler_wait_ms_max"] = _r(float(np.max(loop["wall_ms"][m] - loop["cpu_ms"][m])), 2)
+        out.append(row)
+    return out
+
+
+UNLOADED_RE = re.compile(r"unloaded forward ms by batch size: (\{.*\})")
+
+
+def unloaded_forward(log_path: Path) -> dict[int, float] | None:
+    """A replica's own unloaded forward ms by batch size, from the first start's log line (server.service)."""
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                m = UNLOADED_RE.search(line)
+                if m:
+                    return {int(k): float(v) for k, v in json.loads(m.group(1)).items()}
+    except OSError:
+        return None
+    return None
+
+
+def _at_batch(ref: dict[int, float], b: np.ndarray) -> np.ndarray:
+    """The unloaded time at batch size b: linear between measured sizes, extrapolated past the largest."""
+    xs = np.array(sorted(ref), dtype=float)
+    ys = np.array([ref[int(x)] for x in xs])
+    out = np.interp(b, xs, ys)
+    if len(xs) >= 2:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        beyond = b > xs[-1]
+        out[beyond] = ys[-1] + slope * (b[beyond] - xs[-1])
+    return np.maximum(out, 1e-3)
+
+
+def replica_figures(audit_rows: list[dict], unloaded: dict[str, dict | None], window_ms: tuple[float, float]) -> list[dict]:
+    out = []
+    for rid in sorted(unloaded):
+        ref = unloaded[rid]
+        rows = [r for r in audit_rows if r.get("replica") == rid and r.get("outcome") == "ok"
+                and r.get("forward_ms") is not None and r.get("batch")
+                and r.get("mono_ms") is not None and window_ms[0] <= float(r["mono_ms"]) <= window_ms[1]]
+        row = {"replica": rid, "requests": len(rows), "unloaded_ms": ref, "forward_ms_p50": None,
+               "forward_ratio_p50": None, "forward_ratio_p99": None}
+        if not ref:
+            row["note"] = "no unloaded forward time in its log (warmup_inferences: 0?): not judged"
+        elif rows:
+            fwd = np.array([float(r["forward_ms"]) for r in rows])
+            ratio = fwd / _at_batch(ref, np.array([float(r["batch"]) for r in rows]))
+            row.update(forward_ms_p50=_r(np.percentile(fwd, 50)), forward_ratio_p50=_r(np.percentile(ratio, 50)),
+                       forward_ratio_p99=_r(np.percentile(ratio, 99)))
+        out.append(row)
+    return out
+
+
+def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict) -> list[str]:
+    """Plain sentences, one per figure out of tolerance."""
+    reasons = []
+    for s in shards:
+        k = s["shard"]
+        if s["host_late_ratio"] is not None and s["host_late_ratio"] > tol["host_late_ratio"]:
+            reasons.append(f"shard {k}: {100 * s['host_late_ratio']:.2f} % of its ticks were late because of the bench "
+                           f"host (tolerance {100 * tol['host_late_ratio']:.2f} %)")
+        if s["loop_overrun_ratio"] is not None and s["loop_overrun_ratio"] > tol["loop_overrun_ratio"]:
+            reasons.append(f"shard {k}: {100 * s['loop_overrun_ratio']:.2f} % of its loop slots overran their budget "
+                           f"(tolerance {100 * tol['loop_overrun_ratio']:.2f} %)")
+        if s["scheduler_wait_ms_max"] is not None and s["scheduler_wait_ms_max"] > tol["scheduler_wait_ms"]:
+            reasons.append(f"shard {k}: its control loop waited up to {s['scheduler_wait_ms_max']:.0f} ms in one slot "
+                           f"for a core or the GIL (tolerance {tol['scheduler_wait_ms']:.0f} ms)")
+    for g in legs:
+        where = f"site {g['site']} {g['leg']}"
+        if g.get("error_ms_p99") is not None and g["error_ms_p99"] > g["tolerance_ms"]:
+            reasons.append(f"{where}: the proxy applied up to {g['error_ms_p99']:.1f} ms (p99) more delay than the "
+                           f"{g['asked_ms_mean']:.1f} ms the profile asked (tolerance {g['tolerance_ms']:.1f} ms)")
+        bw = g.get("bandwidth")
+        if bw and bw.get("ratio") is not None and bw["ratio"] < tol["bandwidth_ratio"]:
+            reasons.append(f"{where}: delivered {bw['delivered_kBps']:.0f} kB/s while busy of the {bw['asked_kBps']:.0f} "
+                           f"asked ({bw['ratio']:.2f}; tolerance {tol['bandwidth_ratio']:.2f})")
+    for r in replicas:
+        if r.get("forward_ratio_p50") is not None and r["forward_ratio_p50"] > tol["forward_ratio"]:
+            reasons.append(f"replica {r['replica']}: its forward pass took {r['forward_ratio_p50']:.2f}x its own "
+                           f"unloaded time at the same batch size (p50; tolerance {tol['forward_ratio']:.2f}x): "
+                           "starved of CPU")
+    return reasons
+
+
+def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit_rows: list[dict],
+            unloaded: dict[str, dict | None], window_ms: tuple[float, float], proxy_note: str | None = None) -> dict:
+    """The `fidelity` mapping of summary.json. `proxy_legs`: site -> the proxy's window counters
+    ({"edges_ms", "upstream", "downstream"}), None when the proxy cannot say (real Toxiproxy)."""
+    legs = []
+    for site, snap in sorted((proxy_legs or {}).items()):
+        for d in ("upstream", "downstream"):
+            if d in snap:
+                legs.append(leg_figures(site, d, snap[d], snap.get("edges_ms") or [], tol))
+    shards = shard_figures(data, duration_s) if data is not None else []
+    replicas = replica_figures(audit_rows, unloaded, window_ms)
+    reasons = judge(legs, shards, replicas, tol)
+    out = {"valid": not reasons, "reasons": reasons, "tolerances": dict(tol), "legs": legs, "shards": shards,
+           "replicas": replicas}
+    if proxy_note:
+        out["note"] = proxy_note
+    return out
+
+
+def table_lines(f: dict) -> list[str]:
+    """The end-of-run table (stderr): one line per leg, shard and replica, then the verdict on the twin."""
+    lines = [f"  fidelity: {'VALID' if f.get('valid') else 'OUT OF TOLERANCE'}"]
+    for g in f.get("legs", []):
+        if g.get("error_ms_p99") is None:
+            continue
+        bw = g.get("bandwidth")
+        lines.append(f"    leg {g['site']}/{g['leg']:8} asked {g['asked_ms_mean']:7.1f} ms  applied-asked p50 "
+                     f"{g['error_ms_p50']:6.1f} p99 {g['error_ms_p99']:7.1f} ms (tol {g['tolerance_ms']:.1f})"
+                     + (f"  bw {bw['delivered_kBps']}/{bw['asked_kBps']:.0f} kB/s" if bw else ""))
+    for s in f.get("shards", []):
+        lines.append(f"    shard {s['shard']}: host-late {_pct(s['host_late_ratio'])}  overrun {_pct(s['loop_overrun_ratio'])}"
+                     f"  worst wait {s['scheduler_wait_ms_max']} ms")
+    for r in f.get("replicas", []):
+        lines.append(f"    replica {r['replica']}: forward p50 {r['forward_ms_p50']} ms, {r['forward_ratio_p50']}x "
+                     f"unloaded (p99 {r['forward_ratio_p99']}x)")
+    lines += [f"    ! {x}" for x in f.get("reasons", [])]
+    return lines
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.2f} %"
+
+
+def forward_series(audit_rows: list[dict], unloaded: dict[str, dict | None], t0_ms: float,
+                   duration_s: float) -> dict[str, tuple[list, list]]:
+    """Per replica, per second of the run: the median forward / unloaded ratio (the report's figure)."""
+    out = {}
+    for rid, ref in unloaded.items():
+        if not ref:
+            continue
+        rows = [r for r in audit_rows if r.get("replica") == rid and r.get("outcome") == "ok"
+                and r.get("forward_ms") is not None and r.get("batch") and r.get("mono_ms") is not None]
+        if not rows:
+            continue
+        t = (np.array([float(r["mono_ms"]) for r in rows]) - t0_ms) / 1e3
+        ratio = np.array([float(r["forward_ms"]) for r in rows]) / _at_batch(ref, np.array([float(r["batch"]) for r in rows]))
+        m = (t >= 0) & (t <= duration_s)
+        sec = np.floor(t[m]).astype(int)
+        xs, ys = [], []
+        for k in np.unique(sec):
+            xs.append(float(k))
+            ys.append(float(np.median(ratio[m][sec == k])))
+        out[rid] = (xs, ys)
+    return out

@@ -1,0 +1,139 @@
+"""The twin's self-measurement (bench.evidence.fidelity): each figure from known inputs, the reasons it
+writes, and the verdict it turns (inconclusive only when an assertion failed and fidelity is out)."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import numpy as np
+
+from bench.evidence import fidelity as fid
+from bench.evidence import report
+from bench.evidence.figures import RunData
+from bench.fleet.ticks import HOST_LATE, ON_TIME
+from bench.scenario.assertions import AssertionResult
+from bench.scenario.model import Fidelity
+from chaos.toxiproxy.fidelity import EDGES_MS, LegStats, subtract
+
+TOL = Fidelity().model_dump()
+
+
+def _leg(errors_ms, asked_ms=25.0, nbytes=100):
+    leg = LegStats()
+    for e in errors_ms:
+        leg.record(nbytes, asked_ms / 1e3, (asked_ms + e) / 1e3)
+    return leg.to_json()
+
+
+def test_leg_error_percentiles_and_tolerance():
+    g = fid.leg_figures("eu", "upstream", _leg([0.3] * 95 + [40.0] * 5), list(EDGES_MS), TOL)
+    assert g["leg"] == "uplink" and g["chunks"] == 100 and g["asked_ms_mean"] == 25.0
+    assert 0.3 <= g["error_ms_p50"] <= 0.4  # the bin's upper edge
+    assert 40.0 <= g["error_ms_p99"] <= 46.0 and g["error_ms_max"] == 40.0
+    assert g["tolerance_ms"] == 5.0  # max(5 ms, 20 % of 25 ms)
+    reasons = fid.judge([g], [], [], TOL)
+    assert reasons and reasons[0].startswith("site eu uplink:") and "25.0 ms the profile asked" in reasons[0]
+    g = fid.leg_figures("eu", "upstream", _leg([0.3] * 100, asked_ms=300.0), list(EDGES_MS), TOL)
+    assert g["tolerance_ms"] == 60.0 and not fid.judge([g], [], [], TOL)
+
+
+def test_leg_window_excludes_the_warmup():
+    start = _leg([100.0] * 10)
+    leg = LegStats()
+    for e in [100.0] * 10 + [0.5] * 50:
+        leg.record(100, 0.025, 0.025 + e / 1e3)
+    g = fid.leg_figures("eu", "downstream", subtract(leg.to_json(), start), list(EDGES_MS), TOL)
+    assert g["chunks"] == 50 and g["error_ms_p99"] <= 0.6
+
+
+def test_leg_without_toxics_is_not_judged():
+    g = fid.leg_figures("lab", "downstream", LegStats().to_json(), list(EDGES_MS), TOL)
+    assert g["chunks"] == 0 and "no toxic" in g["note"] and not fid.judge([g], [], [], TOL)
+
+
+def test_bandwidth_delivered_against_asked():
+    leg = LegStats()
+    leg.record(1000, 0.004, 0.004)
+    leg.shaped(250_000, 1.0, 1.25, 250)  # 250 kB that an ideal 250 kB/s link sends in 1 s took 1.25 s
+    g = fid.leg_figures("eu", "upstream", leg.to_json(), list(EDGES_MS), TOL)
+    assert g["bandwidth"] == {"asked_kBps": 250.0, "delivered_kBps": 200.0, "ratio": 0.8}
+    assert any("delivered 200 kB/s" in r for r in fid.judge([g], [], [], TOL))
+
+
+def _run_data(late_every: int) -> RunData:
+    robots = {"robot": np.array([0, 1]), "shard": np.array([0, 1])}
+    t = np.repeat(np.arange(0, 10, 0.1), 2)
+    robot = np.tile([0, 1], 100)
+    cls = np.full(200, ON_TIME, np.int8)
+    cls[(robot == 1) & (np.arange(200) % late_every == 1)] = HOST_LATE
+    loop = {"t": np.arange(0, 10, 0.5).repeat(2), "shard": np.tile([0, 1], 20), "overrun": np.zeros(40, bool),
+            "wall_ms": np.full(40, 3.0), "cpu_ms": np.full(40, 2.0)}
+    loop["wall_ms"][5] = 400.0  # shard 1 waited ~400 ms for a core once
+    loop["overrun"][5] = True
+    return RunData(robots=robots, ticks={"robot": robot, "t": t, "tick_class": cls}, requests={}, transitions={},
+                   episodes={}, loop=loop, duration_s=10.0)
+
+
+def test_shard_figures_and_reasons_name_the_shard():
+    shards = fid.shard_figures(_run_data(late_every=10), 10.0)
+    s0, s1 = shards
+    assert s0["host_late_ratio"] == 0.0 and s0["scheduler_wait_ms_max"] == 1.0
+    assert s1["ticks"] == 100 and s1["host_late_ratio"] == 0.2 and s1["loop_overrun_ratio"] == 0.05
+    assert s1["scheduler_wait_ms_max"] == 398.0
+    reasons = fid.judge([], shards, [], TOL)
+    assert all(r.startswith("shard 1:") for r in reasons) and len(reasons) == 2  # host-late and the 398 ms wait
+
+
+def test_replica_forward_ratio_against_its_unloaded_time_at_the_batch_size(tmp_path):
+    log = tmp_path / "server-r0.log"
+    log.write_text("x\nINFO unloaded forward ms by batch size: {\"1\": 2.0, \"2\": 3.0, \"4\": 5.0}\n")
+    ref = fid.unloaded_forward(log)
+    assert ref == {1: 2.0, 2: 3.0, 4: 5.0}
+    rows = [{"replica": "r0", "outcome": "ok", "forward_ms": 6.0, "batch": 2, "mono_ms": 1000.0 + i} for i in range(9)]
+    rows.append({"replica": "r0", "outcome": "ok", "forward_ms": 14.0, "batch": 8, "mono_ms": 1009.0})  # 14 / 9 ms
+    out = fid.replica_figures(rows, {"r0": ref, "r1": None}, (0.0, 5000.0))
+    r0, r1 = out
+    assert r0["requests"] == 10 and r0["forward_ratio_p50"] == 2.0 and "not judged" in r1["note"]
+    reasons = fid.judge([], [], out, TOL)
+    assert reasons == [] or reasons[0].startswith("replica r0")
+    assert fid.judge([], [], out, {**TOL, "forward_ratio": 1.5})[0].startswith("replica r0: its forward pass took 2.00x")
+
+
+def _outcome(tmp_path, passed: bool, valid: bool) -> report.RunOutcome:
+    f = {"valid": valid, "reasons": [] if valid else ["shard 0: 5.00 % of its ticks were late because of the bench host"],
+         "legs": [], "shards": [], "replicas": [], "tolerances": TOL}
+    results = [AssertionResult("ticks > 1", passed, 5)]
+    return report.RunOutcome("t", "", tmp_path, report.verdict_of(results, None, f), "now", 1.0, 1.0, 1, results,
+                             meta={"fidelity": f})
+
+
+def test_verdict_inconclusive_only_for_a_failure_with_bad_fidelity(tmp_path):
+    assert _outcome(tmp_path, False, False).verdict == "inconclusive"
+    assert _outcome(tmp_path, False, True).verdict == "fail"
+    assert _outcome(tmp_path, True, False).verdict == "pass"  # a pass stays a pass, with the warning
+    o = _outcome(tmp_path, False, False)
+    assert o.exit_code == 3
+    report.write_all(o)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["verdict"] == "inconclusive" and summary["exit_code"] == 3 and not summary["fidelity"]["valid"]
+    suite = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite")
+    assert suite.get("failures") == "0" and suite.get("skipped") == "1"
+    assert "shard 0" in suite.find("testcase/skipped").get("message")
+    page = (tmp_path / "report.html").read_text()
+    assert "INCONCLUSIVE" in page and "<h2>Fidelity</h2>" in page
+    o = _outcome(tmp_path, True, False)
+    report.write_all(o)
+    assert "Warning: the bench host was out of its fidelity tolerances" in (tmp_path / "report.html").read_text()
+
+
+def test_report_figures_render_with_fault_windows(tmp_path):
+    d = _run_data(late_every=10)
+    windows = [(2.0, 4.0, "partition site:eu")]
+    assert "Host-late ticks per shard" in report._shard_fidelity_chart(d, windows)
+    assert "Worst scheduler wait per shard" in report._sched_wait_chart(d, windows)
+    snap = lambda n, err: {"eu": {"upstream": {"chunks": n, "error_ms_sum": err}, "downstream": {"chunks": 0}}}
+    chart = report._leg_error_chart([{"t": 0.0, "legs": snap(0, 0)}, {"t": 1.0, "legs": snap(10, 30.0)}], 10.0, windows)
+    assert "eu uplink" in chart and "<polyline" in chart
+    chart = report._forward_ratio_chart({"r0": ([0.0, 1.0], [1.0, 2.5])}, 10.0, windows)
+    assert "replica r0" in chart and "rgba(214,39,40" in chart  # the fault window is shaded
