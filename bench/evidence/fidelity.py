@@ -21,6 +21,7 @@ import numpy as np
 
 from bench.fleet.ticks import HOST_LATE
 
+MIN_SHAPED_S = 0.5  # a leg's backlogged traffic must fill this much ideal link time before its rate is judged
 LEG_NAMES = {"upstream": "uplink", "downstream": "downlink"}  # the proxy's words -> the robot's
 
 
@@ -55,7 +56,7 @@ def leg_figures(site: str, direction: str, leg: dict, edges_ms: list[float], tol
                error_ms_p99=_r(_percentile(leg["hist"], edges_ms, 0.99)), error_ms_max=_r(leg.get("error_ms_max")),
                error_ms_mean=_r(leg["error_ms_sum"] / n),
                tolerance_ms=_r(max(tol["leg_error_ms"], tol["leg_error_ratio"] * asked)))
-    if leg.get("shaped_bytes") and leg.get("shaped_busy_s"):
+    if leg.get("shaped_bytes") and leg.get("shaped_busy_s") and leg.get("shaped_ideal_s", 0) >= MIN_SHAPED_S:
         rate = float(leg.get("rate_kbps") or 0)
         delivered = leg["shaped_bytes"] / leg["shaped_busy_s"] / 1e3
         out["bandwidth"] = {"asked_kBps": rate, "delivered_kBps": _r(delivered, 1),

@@ -43,7 +43,8 @@ class LegStats:
         self.hist[bisect_right(EDGES_MS, err * 1e3)] += 1
 
     def shaped(self, nbytes: int, ideal_s: float, busy_s: float, rate_kbps: int) -> None:
-        """A bandwidth toxic sent `nbytes` that an ideal link of `rate_kbps` sends in `ideal_s`; it took `busy_s`."""
+        """A backlogged chunk of `nbytes` that an ideal link of `rate_kbps` sends in `ideal_s` took `busy_s` from the
+        previous chunk's departure to its own (only backlogged chunks: an idle link has no rate to measure)."""
         self.shaped_bytes += nbytes
         self.shaped_ideal_s += ideal_s
         self.shaped_busy_s += busy_s

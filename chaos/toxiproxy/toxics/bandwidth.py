@@ -53,6 +53,8 @@ class BandwidthToxic(Toxic):
             now = stub.now()
             debt -= now - start
             stub.send(rest)
-            if stub.leg is not None:
+            if stub.leg is not None and (t_in <= last_sent + 1e-4 or n > step):
+                # backlogged (it waited for the chunk before, or it alone fills 100 ms of the link): the link was
+                # busy, so its rate is measurable; an idle link's small chunk mostly measures the loop's wake-up
                 stub.leg.shaped(n, n * per_byte, now - max(t_in, last_sent), rate)
             last_sent = now
