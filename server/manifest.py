@@ -462,6 +462,24 @@ class DrainConfig(_Section):
 
 
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)
+class DispatchConfig(_Section):
+    """Where a model's forward passes run (design 003 "Dispatcher ... LocalDispatcher or RayDispatcher"). Sessions,
+    validation, mailboxes, scheduling, micro-batching and the per-session processors stay in this process
+    either way; with `ray_serve` each micro-batch's forward pass (RTC guidance included) goes to a Ray Serve
+    deployment of the same checkpoint (server.dispatch, docs/server.md "Dispatch on Ray Serve")."""
+
+    backend: Literal["local", "ray_serve"] = _f("local", "`local`: this process's torch; `ray_serve`: a Ray Serve "
+                                                         "deployment (needs the `cluster` extra)")
+    replicas: Int = _f(1, "Serve replicas of the model (ray_serve)", lo=1, hi=1024)
+    gpus_per_replica: Num = _f(0.0, "GPUs each Serve replica reserves (ray_serve; 1 for a cuda model)", lo=0.0)
+    cpus_per_replica: Num = _f(1.0, "CPUs each Serve replica reserves (ray_serve)", gt=0.0)
+    max_inflight: Int = _f(4, "forward passes one Serve replica runs at once; beyond replicas x this, micro-batches "
+                              "wait here, in the mailbox, where queue depth and capacity refusals show it", lo=1, hi=1024)
+    address: Str | None = _f(None, "Ray cluster address (ray_serve); null = RAY_ADDRESS, else a local Ray started "
+                                   "by this process")
+
+
+@dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ServedModel(_Section):
     """What one served model is: the top level of a manifest, and each entry of `extra_models`."""
 
@@ -481,6 +499,7 @@ class ServedModel(_Section):
     execution_horizon: Int | None = _f(None, "RTC prefix rows", lo=1, default_doc="checkpoint's, else 10")
     emulated_latency: EmulatedLatency | None = _f(None, "emulated accelerator time per forward pass: ms, or a mapping; "
                                                         "null = none")
+    dispatch: DispatchConfig = _f(DispatchConfig, "where forward passes run: here, or on Ray Serve")
 
     def _resolve(self, fail: Callable[[str, str], None]):
         return _resolve_model_fields(self, fail)

@@ -122,6 +122,22 @@ class InferResult:
         return self.preprocess_ms + self.forward_ms + self.postprocess_ms
 
 
+class LocalForward:
+    """The batched forward pass on this process's policy: the default `dispatch.backend` (server.dispatch has
+    the Ray Serve one, with the same call)."""
+
+    backend = "local"
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def __call__(self, batch, delays, prefixes):
+        return self.policy.predict_action_chunk(batch, delays, prefixes)
+
+    def close(self) -> None:
+        pass
+
+
 class ModelRuntime:
     """A loaded checkpoint plus the batched forward path. One per model in the process."""
 
@@ -134,6 +150,8 @@ class ModelRuntime:
         self.supports_rtc = bool(getattr(type(self.policy), "supports_rtc", False))
         self.forward_lock = threading.Lock()
         self.forward_count = 0
+        # where the batched forward pass runs: this process (default) or Ray Serve (server.dispatch)
+        self.forward = LocalForward(self.policy)
         # CUDA only (None elsewhere, or without torchvision): the batch's JPEGs in one nvjpeg call
         self.jpeg_decoder = GpuJpegDecoder.for_device(self.policy.param_device)
 
@@ -230,7 +248,7 @@ class ModelRuntime:
         prefixes = [to_device(p, device, dtype) if p is not None else None for p in prefixes]
         try:
             with self.forward_lock:
-                chunks = self.policy.predict_action_chunk(stacked, delays, prefixes)
+                chunks = self.forward(stacked, delays, prefixes)
                 self.forward_count += 1
         except Exception as exc:
             msg = f"forward pass failed: {type(exc).__name__}: {exc}"

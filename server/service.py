@@ -113,12 +113,21 @@ class PolicyServer:
         from server.policies.checkpoint import load_checkpoint
 
         m = self.m
-        loaded = self._loaded or load_checkpoint(_get(m, "model.repo_or_path"), device=_get(m, "model.device", "cpu"),
+        remote_forward = (_get(m, "dispatch.backend", "local") or "local") != "local"
+        # forward passes on Ray Serve: the copy here only gives config, processors and stats, so it stays on the CPU
+        device = "cpu" if remote_forward else _get(m, "model.device", "cpu")
+        loaded = self._loaded or load_checkpoint(_get(m, "model.repo_or_path"), device=device,
                                                  dtype=_get(m, "model.dtype", "float32"))
         self.loaded = loaded
         emulated = EmulatedLatency.from_manifest(_get(m, "emulated_latency", None))
         horizon = _get(m, "execution_horizon", None) or loaded.config.execution_horizon
         self.runtime = ModelRuntime(loaded, emulated, horizon)
+        if remote_forward:
+            from server.dispatch import make_forward
+
+            model_id = _get(m, "model_id", None) or Path(str(_get(m, "model.repo_or_path"))).name
+            self.runtime.forward = make_forward(loaded.policy, lambda key, default: _get(m, key, default), model_id,
+                                                _get(m, "replica_id", "r0"))
         cls = classify(loaded.policy)
         mode = _get(m, "serving_mode", "shared")
         if cls == "stateful" and mode != "exclusive":
@@ -723,6 +732,8 @@ class PolicyServer:
                 s.publisher.undeclare()
             except Exception:
                 pass
+        if getattr(self, "runtime", None) is not None:
+            self.runtime.forward.close()  # a Ray Serve app of this replica goes with it
         if self._shared is not None:
             return  # the process closes its Zenoh session and audit log
         if self._z is not None:
