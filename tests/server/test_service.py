@@ -489,15 +489,23 @@ def test_every_dispatch_loop_sets_its_own_torch_threads(ckpt, router, tmp_path, 
     import server.service as service
 
     calls = []
+    both = threading.Event()  # the second loop may start its thread after the first answered (a loaded host)
     real = service.set_torch_threads
-    monkeypatch.setattr(service, "set_torch_threads", lambda n: (calls.append((threading.current_thread().name, n)),
-                                                                 real(n)))
+
+    def recording(n):
+        calls.append((threading.current_thread().name, n))
+        if len(calls) >= 2:
+            both.set()
+        return real(n)
+
+    monkeypatch.setattr(service, "set_torch_threads", recording)
     srv = PolicyServer(manifest(ckpt, router, tmp_path, torch_threads=1,
                                 models={"default_max_inflight": 2})).start()
     c = client(router, "robot-1")
     try:
         c.open()
         assert c.chunk_for(c.send(np.ones(S)), timeout=10) is not None
+        assert both.wait(10), calls
         assert sorted(calls) == [("dispatch-arm-0", 1), ("dispatch-arm-1", 1)]
     finally:
         c.close()
