@@ -258,14 +258,15 @@ class PolicyServer:
         except Exception:
             log.exception("status reply failed")
 
-    def _reply(self, query, body) -> None:
+    def _reply(self, query, body, episode_id: int = 0) -> None:
         try:
-            query.reply(query.key_expr, body.encode(), attachment=Header(1, MsgType.CONTROL).pack())
+            query.reply(query.key_expr, body.encode(), attachment=Header(1, MsgType.CONTROL, 0, episode_id).pack())
         except Exception:
             log.exception("control reply failed")
 
     def _on_session_open(self, query) -> None:
         try:
+            _control_header(query)
             payload = query.payload.to_bytes() if query.payload is not None else b""
             req = decode_message(payload, expect=SessionOpen, limits=self.limits)
             keys = self.keys.client(req.task or self.info.default_task, req.client_uuid)
@@ -298,6 +299,7 @@ class PolicyServer:
             return self._reply(query, Error(ErrorCode.INTERNAL, f"cannot declare the action publisher: {exc}"))
         horizon = min(int(req.execution_horizon or self.info.execution_horizon), self.info.chunk_size)
         s = Session(SessionRegistry.new_id(), req.client_uuid, keys, d.task, d.rtc_enabled, horizon, req.fps,
+                    schema_version=req.schema_version,
                     client_type=req.client_type, tags=dict(req.tags), pipeline=self.runtime.new_pipeline(),
                     publisher=publisher, session_key=new_session_key(), bucket=self.guard.new_bucket(),
                     answer_bucket=self.guard.new_bucket())
@@ -338,6 +340,7 @@ class PolicyServer:
     def _on_reset(self, query) -> None:
         try:
             parsed = parse_client_key(str(query.key_expr), self.keys.root)
+            _control_header(query)
             payload = query.payload.to_bytes() if query.payload is not None else b""
             req = decode_message(payload, expect=Reset, limits=self.limits)
         except WireError as exc:
@@ -354,7 +357,7 @@ class PolicyServer:
         # session's lock before this session's next preprocess (never between a preprocess and its postprocess).
         s.episode_id = req.episode_id
         s.reset_pending = True
-        self._reply(query, ResetAck(s.session_id, req.episode_id))
+        self._reply(query, ResetAck(s.session_id, req.episode_id), episode_id=req.episode_id)  # header echoes it
 
     def _on_client_alive(self, sample) -> None:
         import zenoh
@@ -436,6 +439,10 @@ class PolicyServer:
             header = unpack_header(att)
             if header.msg_type != MsgType.OBS:
                 raise WireError(ErrorCode.MALFORMED, f"msg_type {header.msg_type.name} on an obs key; expected OBS")
+            if authed and header.schema_version != owner.schema_version:
+                # both sides speak the version the open agreed (wire-protocol 8); a chunk never echoes another
+                raise WireError(ErrorCode.SCHEMA_VERSION, f"observation header says wire schema {header.schema_version}; "
+                                f"this session speaks {owner.schema_version} (agreed at the session open)")
             if authed and len(raw) > g.max_observation_bytes:
                 raise WireError(ErrorCode.TOO_LARGE, f"observation is {len(raw)} bytes; this replica accepts at most "
                                 f"{g.max_observation_bytes} (security.max_observation_bytes)")
@@ -450,11 +457,12 @@ class PolicyServer:
             obs = decode_message(raw, expect=Observation, limits=self.limits)
         except WireError as exc:
             self.metrics.inc("observation_errors", model=self.info.model_id, code=exc.code)
-            reason = "too_large" if exc.code == ErrorCode.TOO_LARGE else "malformed"
+            reason = {ErrorCode.TOO_LARGE: "too_large", ErrorCode.SCHEMA_VERSION: "schema_version"}.get(exc.code,
+                                                                                                        "malformed")
             if authed:
                 g.deny(reason, client, session_id=sid, seq_id=header.seq_id if header else None,
                        detail=f"{len(raw)} bytes: {str(exc)[:200]}")
-            if not g.should_answer(client, reason):
+            if not g.should_answer(client, exc.code):
                 return  # one answer per second and reason: a flood of bad input never becomes a flood of replies
             return self._event_error(key, header, Error(exc.code, f"observation refused: {exc}",
                                                         seq_id=header.seq_id if header else None), session=owner)
@@ -467,6 +475,13 @@ class PolicyServer:
             err.seq_id = header.seq_id
             if g.should_answer(client, err.code):  # no session on this key: the answer harms nobody, but stays rare
                 self._event_error(key, header, err)
+            return
+        if np.size(obs.state) != self.info.state_dim:  # the open agreed state_dim: same code as a refused open
+            self.metrics.inc("observation_errors", model=self.info.model_id, code=ErrorCode.STATE_DIM_MISMATCH)
+            if g.should_answer(client, ErrorCode.STATE_DIM_MISMATCH):
+                self._event_error(key, header, Error(ErrorCode.STATE_DIM_MISMATCH, f"state has {np.size(obs.state)} "
+                                  f"values; this policy takes {self.info.state_dim} (the session_ack's state_dim)",
+                                  seq_id=header.seq_id), session=s)
             return
         if header.seq_id <= s.last_seq and not obs.episode_start:
             self.metrics.inc("observation_errors", model=self.info.model_id, code="STALE_SEQ")
@@ -811,3 +826,11 @@ def _get(obj, dotted: str, default=...):
             raise KeyError(dotted)
         return default
     return cur
+
+
+def _control_header(query) -> Header:
+    """The 27-byte CONTROL header a session open or reset carries (wire-protocol 1, 3); MALFORMED without it."""
+    header = unpack_header(query.attachment.to_bytes() if query.attachment is not None else None)
+    if header.msg_type != MsgType.CONTROL:
+        raise WireError(ErrorCode.MALFORMED, f"msg_type {header.msg_type.name} on a control key; expected CONTROL")
+    return header

@@ -80,6 +80,7 @@ class Session:
     rtc_enabled: bool
     execution_horizon: int
     fps: float
+    schema_version: int = 1  # agreed at the open; every observation's header must carry it
     client_type: str = ""
     tags: dict[str, str] = field(default_factory=dict)
     pipeline: Any = None

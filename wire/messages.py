@@ -361,7 +361,7 @@ _MODEL_FIELDS = (
     F("replica_id", "str", True),
     F("model_id", "str", True),
     F("revision", "str", True),
-    F("checkpoint_hash", "str", True, doc="sha256 of the loaded checkpoint files"),
+    F("checkpoint_hash", "str", True, doc="sha256 of the loaded checkpoint (recipe: section 5.6)"),
     F("policy_type", "str", True),
     F("action_names", "str_list", True, doc="ordered; chunk column i drives action_names[i]"),
     F("state_dim", "uint", True),

@@ -149,8 +149,47 @@ def test_reset_is_acknowledged(server, router):
         c.open()
         ack = c.reset(7)
         assert isinstance(ack, ResetAck) and ack.episode_id == 7
+        assert c.last_header.msg_type == MsgType.CONTROL and c.last_header.episode_id == 7  # as in the spec's example
         seq = c.send(np.ones(S), episode=7, episode_start=True)
         assert c.chunk_for(seq, timeout=10) is not None
+    finally:
+        c.close()
+
+
+def test_a_session_open_or_reset_without_its_control_header_is_malformed(server, router):
+    # wire-protocol 1 and 3: control queries carry the 27-byte header; a short, missing or non-CONTROL one is refused
+    c = client(router, "robot-h")
+    try:
+        bad = [None, b"\x01" * 11, Header(1, MsgType.OBS).pack()]
+        for att in bad:
+            err = c.open(attachment=att)
+            assert isinstance(err, Error) and err.code == ErrorCode.MALFORMED, (att, err)
+        assert not server.sessions.all()
+        assert isinstance(c.open(), SessionAck)
+        for att in bad:
+            err = c.reset(2, attachment=att)
+            assert isinstance(err, Error) and err.code == ErrorCode.MALFORMED, (att, err)
+        assert isinstance(c.reset(2), ResetAck)
+    finally:
+        c.close()
+
+
+def test_an_observation_in_another_schema_version_is_refused_not_served(server, router):
+    # wire-protocol 8: the open agrees one version; an observation whose header says another gets SCHEMA_VERSION
+    c = client(router, "robot-v")
+    try:
+        c.open()
+        c.seq += 1
+        header = Header(99, MsgType.OBS, c.seq, 0, time.monotonic_ns(), 0).pack()
+        seq = c.send(np.ones(S), seq=c.seq, raw_header=header)
+        got = c.wait_for(lambda h, m: h.seq_id == seq, timeout=5)
+        assert got is not None, "no answer to a schema-99 observation"
+        h, err = got
+        assert isinstance(err, Error) and err.code == ErrorCode.SCHEMA_VERSION and h.schema_version == 1, err
+        assert c.wait_for(lambda h, m: isinstance(m, ActionChunk), timeout=0.5) is None
+        seq = c.send(np.ones(S))
+        h, chunk = c.chunk_for(seq, timeout=10)
+        assert isinstance(chunk, ActionChunk) and h.schema_version == 1
     finally:
         c.close()
 
@@ -385,7 +424,7 @@ def test_a_hostile_burst_changes_no_byte_of_another_clients_chunks(router, tmp_p
             baseline.append(good.chunk_for(seq, timeout=10)[1].chunk_robot.tobytes())
         hostile = [
             dict(state=np.zeros(5000)),  # oversize body (> 4096 bytes)
-            dict(state=np.ones(S + 3)),  # wrong state size
+            dict(state=np.ones(S + 3)),  # wrong state size: the code a refused open gets (issue 23)
             dict(state=np.full(S, np.nan)),  # not finite
             dict(state=np.ones(S), prefix_model=np.ones((99, 7), np.float32), inference_delay_steps=2),  # bad prefix
             dict(state=np.ones(S), session_id=good.session_id),  # the good client's session on evil's key
@@ -398,7 +437,7 @@ def test_a_hostile_burst_changes_no_byte_of_another_clients_chunks(router, tmp_p
             seq = evil.send(**h)
             answers.append(evil.wait_for(lambda hd, m, s=seq: hd.seq_id == s, timeout=5))
         kinds = [(type(a[1]).__name__, getattr(a[1], "code", "")) if a else None for a in answers]
-        assert kinds == [("Error", ErrorCode.TOO_LARGE), ("Error", ErrorCode.BAD_TENSOR), ("Error", ErrorCode.BAD_TENSOR),
+        assert kinds == [("Error", ErrorCode.TOO_LARGE), ("Error", ErrorCode.STATE_DIM_MISMATCH), ("Error", ErrorCode.BAD_TENSOR),
                          ("ActionChunk", "")], kinds  # evil's session runs in append mode: its prefix is never read
         denied_before = _count(srv, "security_denials")
         for h in hostile[4:6]:  # no proof of evil's own session: dropped, counted, never answered

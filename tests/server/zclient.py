@@ -33,6 +33,7 @@ class RawClient:
         self.session_id = ""
         self.seq = 0
         self.ack = None
+        self.last_header = None
 
     def _on(self, sample):
         h = unpack_header(sample.attachment.to_bytes())
@@ -41,11 +42,17 @@ class RawClient:
             self.inbox.append((h, msg, time.monotonic_ns()))
             self.cv.notify_all()
 
-    def query(self, key: str, body, timeout=3.0):
-        replies = list(self.z.get(key, payload=body.encode(), attachment=Header(SCHEMA_VERSION, MsgType.CONTROL).pack(),
-                                  timeout=timeout))
+    def query(self, key: str, body, timeout=3.0, attachment: bytes | None | str = "header"):
+        """One control query; `attachment` overrides the CONTROL header (None sends none). The reply's header
+        is kept in `last_header`."""
+        if isinstance(attachment, str):
+            attachment = Header(SCHEMA_VERSION, MsgType.CONTROL).pack()
+        kw = {} if attachment is None else {"attachment": attachment}
+        replies = list(self.z.get(key, payload=body.encode(), timeout=timeout, **kw))
         for r in replies:
             if r.ok is not None:
+                att = r.ok.attachment
+                self.last_header = unpack_header(att.to_bytes()) if att is not None else None
                 return decode_message(r.ok.payload.to_bytes())
         raise TimeoutError(f"no reply on {key}")
 
@@ -53,12 +60,12 @@ class RawClient:
         replies = list(self.z.get(self.rk.status, timeout=3.0))
         return decode_message(replies[0].ok.payload.to_bytes())
 
-    def open(self, key: str | None = None, **kw):
+    def open(self, key: str | None = None, attachment: bytes | None | str = "header", **kw):
         """Open on the client's own `session` key (or `key`)."""
         body = dict(client_uuid=self.uuid, schema_version=SCHEMA_VERSION, fps=30.0, action_names=["x", "y", "grip"],
                     state_dim=4, task=self.task, rtc_enabled=True)
         body.update(kw)
-        reply = self.query(key or self.keys.session, SessionOpen(**body))
+        reply = self.query(key or self.keys.session, SessionOpen(**body), attachment=attachment)
         if getattr(reply, "session_id", None):
             self.session_id = reply.session_id
             self.ack = reply
@@ -101,12 +108,13 @@ class RawClient:
     def chunk_for(self, seq, timeout=5.0):
         return self.wait_for(lambda h, m: h.seq_id == seq and h.msg_type == MsgType.CHUNK, timeout)
 
-    def reset(self, episode_id: int, session_id: str | None = None, sign: bool = True):
+    def reset(self, episode_id: int, session_id: str | None = None, sign: bool = True,
+              attachment: bytes | None | str = "header"):
         sid = session_id or self.session_id
         tag = None
         if sign and self.ack is not None and self.ack.session_key:
             tag = wauth.reset_tag(self.ack.session_key, sid, episode_id)
-        return self.query(self.keys.reset, Reset(sid, episode_id, auth=tag), timeout=2.0)
+        return self.query(self.keys.reset, Reset(sid, episode_id, auth=tag), timeout=2.0, attachment=attachment)
 
     def close(self):
         for d in (self.token, self.sub, self.pub):
