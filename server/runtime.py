@@ -227,8 +227,8 @@ class ModelRuntime:
                 prefix = None
                 if item.rtc and self.supports_rtc:
                     prefix = prepare_prefix(item.pipeline, item.prefix_model, item.prefix_robot, None, self.execution_horizon)
-            except (ProcessorError, ValueError) as exc:
-                results[i].error, results[i].error_code = str(exc), "BAD_TENSOR"
+            except (ProcessorError, ValueError) as exc:  # a WireError keeps its own code (a corrupt JPEG: BAD_IMAGE)
+                results[i].error, results[i].error_code = str(exc), getattr(exc, "code", "BAD_TENSOR")
                 continue
             except Exception as exc:  # a decoder or torch error on one sample must not fail the batch
                 results[i].error, results[i].error_code = f"{type(exc).__name__}: {exc}", "INTERNAL"
