@@ -64,7 +64,8 @@ def step_row(value, summary: dict) -> dict:
     }
 
 
-GROUP_COLUMNS = ("seam_jerk_p95", "seam_step_p95", "task_success_rate", "none_tick_ratio", "fallback_tick_ratio")
+GROUP_COLUMNS = ("seam_jerk_p95", "seam_step_p95", "task_success_rate", "none_tick_ratio", "gating_tick_ratio",
+                 "fallback_tick_ratio")
 
 
 def format_group_table(rows: list[dict]) -> str:

@@ -146,8 +146,16 @@ def _fallback_mask(s: _Scope) -> np.ndarray:
     return is_fb | stalled_none
 
 
+def _gating_mask(s: _Scope) -> np.ndarray:
+    """None ticks on a healthy link: waiting for a session's or an episode's first chunk, not a stall."""
+    state = s.col(s.ticks, "engine_state", object)
+    return _none_mask(s) & ~np.isin(state, ["STALLED", "RECONNECTING", "DEAD"])
+
+
 scalar("none_ticks")(lambda s: int(np.count_nonzero(_none_mask(s))))
 scalar("none_tick_ratio")(lambda s: _ratio(np.count_nonzero(_none_mask(s)), s.n_ticks))
+scalar("gating_ticks")(lambda s: int(np.count_nonzero(_gating_mask(s))))
+scalar("gating_tick_ratio")(lambda s: _ratio(np.count_nonzero(_gating_mask(s)), s.n_ticks))
 scalar("fallback_ticks")(lambda s: int(np.count_nonzero(_fallback_mask(s))))
 
 

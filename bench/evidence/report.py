@@ -469,8 +469,11 @@ def _late_ticks_chart(d: RunData, windows) -> str:
     for name, cls in (("late (SUT)", 1), ("too late (SUT)", 2), ("host late", 3)):
         h, _ = np.histogram(t[m & (tk["tick_class"] == cls)], bins=bins)
         lines[name] = (bins[:-1], h)
-    h, _ = np.histogram(t[m & tk["is_none"].astype(bool)], bins=bins)
-    lines["None ticks"] = (bins[:-1], h)
+    none = m & tk["is_none"].astype(bool)
+    stalled = np.isin(tk.get("engine_state", np.full(len(t), "", object)), ["STALLED", "RECONNECTING", "DEAD"])
+    for name, sel in (("None ticks while stalled", none & stalled), ("gating (awaiting a first chunk)", none & ~stalled)):
+        h, _ = np.histogram(t[sel], bins=bins)
+        lines[name] = (bins[:-1], h)
     return svg.line_chart(lines, "Late and None ticks per second", "time since t=0 (s)", "ticks / s", windows,
                           x_range=(0, d.duration_s))
 

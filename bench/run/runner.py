@@ -1018,13 +1018,18 @@ def server_argv(manifest: Path) -> list[str]:
 
 
 def _rtc_budget_s(engine: dict, fps: float) -> float:
-    """A request's deadline for goodput: the RTC latency budget H*dt/2 (design P10)."""
+    """A request's deadline for goodput. With an RTC prefix: the latency budget H*dt/2 (design P10). Without one
+    (rtc off or execution_horizon 0, where H*dt/2 is 0 and no request could meet it): buffer_time_s, the
+    playback the queue had left when the engine asked, so an answer within it arrives before the queue runs dry."""
     import dataclasses
 
     from edge import RemoteEngineConfig
 
-    default = next(f.default for f in dataclasses.fields(RemoteEngineConfig) if f.name == "execution_horizon")
-    return float(engine.get("execution_horizon", default)) / float(fps) / 2.0
+    defaults = {f.name: f.default for f in dataclasses.fields(RemoteEngineConfig)}
+    horizon = int(engine.get("execution_horizon", defaults["execution_horizon"]))
+    if engine.get("rtc_enabled", defaults["rtc_enabled"]) and horizon > 0:
+        return horizon / float(fps) / 2.0
+    return float(engine.get("buffer_time_s", defaults["buffer_time_s"]))
 
 
 def _pythonpath() -> str:

@@ -24,6 +24,9 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "host_late_tick_ratio": ("scalar", "", "host_late_ticks / ticks"),
     "none_ticks": ("scalar", "", "ticks where get_action returned None"),
     "none_tick_ratio": ("scalar", "", "none_ticks / ticks"),
+    "gating_ticks": ("scalar", "", "None ticks on a healthy link: waiting for a session's or an episode's first chunk "
+                     "(none_ticks = gating_ticks + hold_ticks; not a stall, not in fallback_ticks)"),
+    "gating_tick_ratio": ("scalar", "", "gating_ticks / ticks"),
     "fallback_ticks": ("scalar", "", "ticks served by the fallback (hold/None while stalled, zero, repeat_last)"),
     "fallback_tick_ratio": ("scalar", "", "fallback_ticks / ticks"),
     "wrong_model_actions": ("scalar", "", "chunk actions from a session whose checkpoint differs from the robot's first (audit lines)"),
@@ -35,7 +38,7 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "requests": ("scalar", "", "inference requests sent by the engines"),
     "request_errors": ("scalar", "", "requests that ended in an error or timeout (not superseded or abandoned at an episode reset)"),
     "request_error_ratio": ("scalar", "", "request_errors / requests"),
-    "goodput_requests": ("scalar", "", "answered requests whose rtt met the robot's RTC latency budget H*dt/2 (execution_horizon / fps / 2)"),
+    "goodput_requests": ("scalar", "", "answered requests whose rtt met the robot's latency budget: H*dt/2 (execution_horizon / fps / 2) with an RTC prefix (rtc_enabled, execution_horizon > 0), else buffer_time_s (the queue's playback left when it asked)"),
     "goodput_ratio": ("scalar", "", "goodput_requests / answered requests"),
     "superseded": ("scalar", "", "requests superseded before they were served"),
     "reconnects": ("scalar", "", "engine transitions into RECONNECTING"),
