@@ -216,9 +216,13 @@ class FlowMatchingPolicy(ChunkPolicy):
         self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None
     ) -> Tensor:
         """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1."""
-        x1 = action_chunk
-        noise = torch.randn(x1.shape, generator=generator, device=x1.device, dtype=x1.dtype)
-        t = torch.rand((x1.shape[0],), generator=generator, device=x1.device, dtype=x1.dtype)
-        x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * x1
-        v = self.velocity(x_t, t, self.encoder(batch))
-        return torch.nn.functional.mse_loss(v, noise - x1)
+        return flow_matching_loss(self.velocity, self.encoder(batch), action_chunk, generator)
+
+
+def flow_matching_loss(velocity, cond, x1: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """The flow-matching objective of every flow policy here: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1,
+    regress `velocity(x_t, t, cond)` onto noise - x1."""
+    noise = torch.randn(x1.shape, generator=generator, device=x1.device, dtype=x1.dtype)
+    t = torch.rand((x1.shape[0],), generator=generator, device=x1.device, dtype=x1.dtype)
+    x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * x1
+    return torch.nn.functional.mse_loss(velocity(x_t, t, cond), noise - x1)

@@ -47,7 +47,7 @@ from server.policies.base import (
     register_policy,
     resolve_hyper_params,
 )
-from server.policies.flow_matching import guidance_weight, prefix_weights
+from server.policies.flow_matching import flow_matching_loss, guidance_weight, prefix_weights
 from server.policies.layers import mlp, time_embedding
 
 DEFAULTS: dict[str, Any] = {
@@ -308,12 +308,7 @@ class FlowTransformerPolicy(ChunkPolicy):
         self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None
     ) -> Tensor:
         """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1."""
-        x1 = action_chunk
-        noise = torch.randn(x1.shape, generator=generator, device=x1.device, dtype=x1.dtype)
-        t = torch.rand((x1.shape[0],), generator=generator, device=x1.device, dtype=x1.dtype)
-        x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * x1
-        v = self.velocity(x_t, t, self.encode(batch))
-        return torch.nn.functional.mse_loss(v, noise - x1)
+        return flow_matching_loss(self.velocity, self.encode(batch), action_chunk, generator)
 
 
 def _pad_rows(tensor: Tensor, size: int) -> Tensor:
