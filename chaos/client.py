@@ -128,3 +128,53 @@ class ChaosClient:
                 msg = r.text
             raise ChaosError(f"{method} {path}: {r.status_code} {msg}")
         return r.json() if r.content else None
+
+
+class ProxyPool:
+    """Several proxy servers behind one ChaosClient face: each proxy lives on the server that created it
+    (dealt round-robin), and every call naming a proxy goes there. What spreads a run's sites over more
+    than one proxy process (one event loop each) while its faults and figures stay written per site."""
+
+    ROUTED = ("delete_proxy", "get_proxy", "set_enabled", "add_toxic", "remove_toxic", "toxics", "update_toxic",
+              "fidelity")
+
+    def __init__(self, clients: list[ChaosClient]):
+        if not clients:
+            raise ValueError("a ProxyPool needs at least one proxy server")
+        self.clients = list(clients)
+        self.home: dict[str, ChaosClient] = {}
+
+    def create_proxy(self, name: str, upstream: str, listen: str = "127.0.0.1:0", enabled: bool = True) -> dict:
+        client = self.clients[len(self.home) % len(self.clients)]
+        created = client.create_proxy(name, upstream, listen=listen, enabled=enabled)
+        self.home[name] = client
+        return created
+
+    def server_of(self, name: str) -> int:
+        return self.clients.index(self.home[name])
+
+    def __getattr__(self, attr: str):
+        if attr not in self.ROUTED:
+            raise AttributeError(attr)
+
+        def routed(proxy: str, *args, **kwargs):
+            try:
+                client = self.home[proxy]
+            except KeyError:
+                raise KeyError(f"no proxy {proxy!r} in this pool; proxies: {', '.join(self.home) or '(none)'}") from None
+            return getattr(client, attr)(proxy, *args, **kwargs)
+
+        return routed
+
+    def version(self) -> str:
+        return self.clients[0].version()
+
+    def list_proxies(self) -> dict:
+        out: dict = {}
+        for client in self.clients:
+            out.update(client.list_proxies())
+        return out
+
+    def reset(self) -> None:
+        for client in self.clients:
+            client.reset()

@@ -335,9 +335,9 @@ class Run:
     def write_process_table(self) -> None:
         """processes.json: every child's name, pid (= its process group) and log, for people and tests."""
         rows = [{"name": n, "pid": c.pid, "log": str(getattr(c, "log_path", ""))} for n, c in self.procs.children if c.pid]
-        proxy_pid = getattr(getattr(self, "proxy_server", None), "pid", None)
-        if proxy_pid:
-            rows.append({"name": "chaos-proxy", "pid": proxy_pid, "log": str(self.logs / "chaos-proxy.log")})
+        for i, server in enumerate(getattr(self, "proxy_servers", [])):
+            if getattr(server, "pid", None):
+                rows.append({"name": _proxy_name(i), "pid": server.pid, "log": str(self.logs / f"{_proxy_name(i)}.log")})
         (self.run_dir / "processes.json").write_text(json.dumps(rows, indent=1))
 
     def start_processes(self) -> None:
@@ -359,11 +359,17 @@ class Run:
         from chaos import launch as chaos_launch
         from chaos import profiles as chaos_profiles
 
-        proxy_server = chaos_launch.start_proxy_server(log_path=self.logs / "chaos-proxy.log")
-        self.procs.on_stop("chaos-proxy", proxy_server.stop)
-        self.cpu.track("chaos-proxy", getattr(proxy_server, "pid", None))
-        self.proxy_server = proxy_server
-        api = chaos_client.ChaosClient(proxy_server.api_url)
+        from bench.run.sizing import proxy_processes
+
+        # one event loop per proxy process: sites are dealt over as many as the load and the host call for
+        self.proxy_servers = []
+        for i in range(proxy_processes(self.s)):
+            server = chaos_launch.start_proxy_server(log_path=self.logs / f"{_proxy_name(i)}.log")
+            self.procs.on_stop(_proxy_name(i), server.stop)
+            self.cpu.track(_proxy_name(i), getattr(server, "pid", None))
+            self.proxy_servers.append(server)
+        proxy_server = self.proxy_server = self.proxy_servers[0]
+        api = chaos_client.ProxyPool([chaos_client.ChaosClient(s.api_url) for s in self.proxy_servers])
         self.chaos = api
         router_hostport = self.router_endpoint.split("/", 1)[1]
         real = bool(getattr(proxy_server, "real_toxiproxy", False))
@@ -839,7 +845,10 @@ class Run:
             # shadow groups: per robot, the comparison counts and the first mismatch, in words
             "parity": {str(r): c for r, c in sorted((data.parity if data is not None else {}).items())},
             "cluster": getattr(self, "cluster_facts", None) or {"kind": "local", "nodes": 1},
-            "chaos_proxy": {"real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
+            "chaos_proxy": {"processes": len(getattr(self, "proxy_servers", [])),
+                            "site_process": {n: self.chaos.server_of(f"site-{n}") for n in self.sites}
+                            if hasattr(getattr(self, "chaos", None), "server_of") else {},
+                            "real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
                             "stand_ins": getattr(self, "network_stand_ins", {})},
             "fidelity": fidelity,
             "leg_series": self.leg_series,
@@ -1010,6 +1019,11 @@ class ListRows:
 
 
 # --- helpers -----------------------------------------------------------------------------------
+
+
+def _proxy_name(i: int) -> str:
+    """Process name of chaos proxy server `i` (the first keeps the name runs always had)."""
+    return "chaos-proxy" if i == 0 else f"chaos-proxy-{i}"
 
 
 def server_argv(manifest: Path) -> list[str]:

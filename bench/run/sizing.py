@@ -47,6 +47,24 @@ def shard_count(scenario, cores: int | None = None) -> int:
     return max(needed, min(spare, wanted, scenario.robots))
 
 
+PROXY_BUSY_SHARE = 0.25  # keep each chaos proxy process's event loop below this share of a core
+
+
+def proxy_processes(scenario, cores: int | None = None) -> int:
+    """Chaos proxy processes for the run's sites: one event loop carries every site's chunks, and the
+    delay it applies is late by however long the loop waits, so a loop past ~25 % busy (queueing delay
+    grows with load: ~0.3 ms of proxy CPU per answered request, docs/bench.md) gets help, one site per
+    process at most, and only while the host has a core for each beyond shards and replicas."""
+    cores = cores or os.cpu_count() or 1
+    requests = robot_ticks_per_s(scenario) / TICKS_PER_REQUEST
+    busy = requests * COST_PER_REQUEST_MS["proxy"] / 1e3
+    wanted = max(1, math.ceil(busy / PROXY_BUSY_SHARE))
+    # cores beyond the router, the replicas and the fewest shards that carry the fleet (shard_count's
+    # spare-core shards are smaller for comfort; a proxy that applies delay late corrupts every leg)
+    spare = cores - 1 - max(1, math.ceil(robot_ticks_per_s(scenario) / SHARD_TICK_BUDGET)) - len(scenario.replicas)
+    return max(1, min(len(scenario.sites), wanted, spare))
+
+
 @dataclass
 class Estimate:
     shards: int

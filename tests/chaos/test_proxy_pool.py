@@ -1,0 +1,60 @@
+"""chaos.client.ProxyPool: a run's sites spread over several proxy processes, each proxy reached (toxics,
+enable/disable, fidelity) on the server that created it; and the rule that sizes the pool."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaos.client import ChaosClient, ProxyPool
+from chaos.launch import start_proxy_server
+from tests.chaos.harness import connect, echo  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def two_servers(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHAOS_PROXY", "python")
+    servers = [start_proxy_server(tmp_path / f"p{i}.log") for i in range(2)]
+    try:
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_sites_are_dealt_over_the_servers_and_every_call_reaches_the_right_one(two_servers, echo):  # noqa: F811
+    pool = ProxyPool([ChaosClient(s.api_url) for s in two_servers])
+    for name in ("site-eu", "site-us", "site-ap"):
+        pool.create_proxy(name, upstream=f"127.0.0.1:{echo.port}", listen="127.0.0.1:0")
+    assert [pool.server_of(n) for n in ("site-eu", "site-us", "site-ap")] == [0, 1, 0]
+    pool.add_toxic("site-us", type="latency", attributes={"latency": 30})
+    own = ChaosClient(two_servers[1].api_url)
+    assert [t["type"] for t in own.toxics("site-us")] == ["latency"]  # on server 1, where site-us lives
+    assert set(own.list_proxies()) == {"site-us"} and set(pool.list_proxies()) == {"site-eu", "site-us", "site-ap"}
+    pool.set_enabled("site-eu", False)
+    assert pool.get_proxy("site-eu")["enabled"] is False and pool.get_proxy("site-ap")["enabled"] is True
+    with pytest.raises(KeyError, match="no proxy 'site-xx'"):
+        pool.toxics("site-xx")
+    s = connect(pool.get_proxy("site-ap")["listen"])  # a proxy on a pooled server carries bytes
+    try:
+        s.sendall(b"ping")
+        assert s.recv(4) == b"ping"
+    finally:
+        s.close()
+
+
+def test_the_pool_size_follows_the_proxy_load_and_the_spare_cores():
+    from types import SimpleNamespace as NS
+
+    from bench.run.sizing import proxy_processes
+
+    def scenario(robots, sites=3, replicas=3):
+        groups = [NS(count=robots // sites, fps=30.0) for _ in range(sites)]
+        return NS(groups=groups, robots=robots, sites={f"s{i}": None for i in range(sites)},
+                  replicas=[None] * replicas, shards="auto")
+
+    assert proxy_processes(scenario(300), cores=2) == 1  # the headline here: one loop, no core to spare
+    assert proxy_processes(scenario(300), cores=64) == 1  # ~0.11 of a core of proxy work: one loop is enough
+    assert proxy_processes(scenario(3000), cores=64) == 3  # ~1.1 cores: one process per site
+    assert proxy_processes(scenario(3000, sites=1), cores=64) == 1  # never more processes than sites
