@@ -74,7 +74,7 @@ class RemoteEngineConfig:
     fallback: str = "hold"  # hold | repeat_last | zero
     rtc_enabled: bool = True  # replace merging with guidance; False = append mode
     execution_horizon: int = 10  # prefix rows shipped to the server
-    trim: str = "real_delay"  # real_delay (LeRobot) | consumed (fixes first-chunk over-trim)
+    trim: str = "consumed"  # consumed (what every shipped scenario runs) | real_delay (LeRobot; over-trims a first chunk)
     latency_mode: str = "all_time_max"  # all_time_max (LeRobot) | window_max | percentile
     latency_window: int = 100
     tags: dict[str, str] = field(default_factory=dict)

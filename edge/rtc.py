@@ -40,7 +40,7 @@ class RTCEngineConfig:
     execution_horizon: int = 10
     buffer_time_s: float = 0.5
     queue_threshold: int | None = None  # steps; default ceil(buffer_time_s * fps)
-    trim: str = "real_delay"
+    trim: str = "consumed"  # the remote engine's default (edge.remote.RemoteEngineConfig.trim)
     latency_mode: str = "all_time_max"
     latency_window: int = 100
     error_retry_s: float = 0.5

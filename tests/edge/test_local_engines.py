@@ -77,12 +77,22 @@ def test_rtc_engine_streams_without_starving_after_the_first_chunk():
 
 def test_measured_delay_trims_the_merge():
     pol = RampPolicy()
-    eng = RTCEngine(RTCEngineConfig(fps=10), policy=pol, latency_override=lambda n: 0.35)  # 4 steps at 10 Hz
+    eng = RTCEngine(RTCEngineConfig(fps=10, trim="real_delay"), policy=pol,
+                    latency_override=lambda n: 0.35)  # 4 steps at 10 Hz
     eng.notify_observation({"state": np.zeros(4)})
     eng.step_once()
     assert eng.queue.qsize() == T - 4 and eng.merges[-1]["real_delay"] == 4
     eng.step_once()
     assert pol.calls[-1][0] == 4  # the next request assumes the delay measured so far
+
+
+def test_the_default_trim_keeps_a_first_chunk_from_standstill_whole():
+    # trim: consumed is the default (what shipped scenarios run): no action was executed while the first chunk
+    # was computed, so none of it is dropped (LeRobot's real_delay drops 4 here)
+    eng = RTCEngine(RTCEngineConfig(fps=10), policy=RampPolicy(), latency_override=lambda n: 0.35)
+    eng.notify_observation({"state": np.zeros(4)})
+    eng.step_once()
+    assert eng.queue.qsize() == T and eng.merges[-1]["real_delay"] == 4
 
 
 def test_reset_during_inference_discards_the_stale_chunk():
