@@ -348,7 +348,7 @@ class Run:
         else:
             router, self.router_endpoint = start_router(None, self.logs / "router.log", host=self.host)
         self.router_child = self.procs.add("router", router)
-        self.cpu.track("router", router.pid)
+        self.cpu.track("router", lambda: router.pid)  # a router restart (fault) changes the pid
         self.start_proxy()
         self.start_servers()
         self.start_shards()
