@@ -119,13 +119,7 @@ class FlowMatchingPolicy(ChunkPolicy):
         return v.reshape(x_t.shape)
 
     def _noise(self, size: int) -> Tensor:
-        shape = (self.config.chunk_size, self.config.action_dim)
-        seed = self.hp["noise_seed"]
-        if seed is None:
-            noise = torch.randn((size, *shape))
-        else:
-            generator = torch.Generator().manual_seed(int(seed))
-            noise = torch.randn(shape, generator=generator).expand(size, *shape).clone()
+        noise = initial_noise(size, (self.config.chunk_size, self.config.action_dim), self.hp["noise_seed"])
         return noise.to(device=self.param_device, dtype=self.param_dtype)
 
     def _guidance_targets(
@@ -226,3 +220,12 @@ def flow_matching_loss(velocity, cond, x1: Tensor, generator: torch.Generator | 
     t = torch.rand((x1.shape[0],), generator=generator, device=x1.device, dtype=x1.dtype)
     x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * x1
     return torch.nn.functional.mse_loss(velocity(x_t, t, cond), noise - x1)
+
+
+def initial_noise(size: int, shape: tuple[int, int], seed: int | None) -> Tensor:
+    """The sampler's starting noise for `size` samples, on the CPU: with a seed every sample of every call
+    starts from the same draw (a sample's actions do not depend on its batch), else fresh global-RNG noise."""
+    if seed is None:
+        return torch.randn((size, *shape))
+    generator = torch.Generator().manual_seed(int(seed))
+    return torch.randn(shape, generator=generator).expand(size, *shape).clone()

@@ -47,7 +47,7 @@ from server.policies.base import (
     register_policy,
     resolve_hyper_params,
 )
-from server.policies.flow_matching import flow_matching_loss, guidance_weight, prefix_weights
+from server.policies.flow_matching import flow_matching_loss, guidance_weight, initial_noise, prefix_weights
 from server.policies.layers import mlp, time_embedding
 
 DEFAULTS: dict[str, Any] = {
@@ -226,13 +226,7 @@ class FlowTransformerPolicy(ChunkPolicy):
         return next((b for b in self.hp["batch_buckets"] if b >= size), size)
 
     def _noise(self, size: int) -> Tensor:
-        shape = (self.config.chunk_size, self.config.action_dim)
-        seed = self.hp["noise_seed"]
-        if seed is None:
-            noise = torch.randn((size, *shape))
-        else:
-            generator = torch.Generator().manual_seed(int(seed))
-            noise = torch.randn(shape, generator=generator).expand(size, *shape).clone()
+        noise = initial_noise(size, (self.config.chunk_size, self.config.action_dim), self.hp["noise_seed"])
         return noise.to(device=self.param_device, dtype=self.param_dtype, non_blocking=True)
 
     def _guidance_targets(self, delays: list[int], prefixes: list[Tensor | None], size: int) -> tuple[Tensor, Tensor] | None:
