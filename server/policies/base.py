@@ -190,10 +190,26 @@ class ChunkPolicy(nn.Module, abc.ABC):
     type_name: ClassVar[str] = ""
     supports_rtc: ClassVar[bool] = False
     chunk_stateless: ClassVar[bool] = False
+    # The type's hyper-parameters and their defaults; `config.hyper_params` may override, never add.
+    hyper_param_defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, config: PolicyConfig):
         super().__init__()
-        self.config = config
+        hp = self.normalize_hyper_params(resolve_hyper_params(config, self.hyper_param_defaults))
+        self.check_hyper_params(config, hp)
+        # The saved config records every hyper-parameter, defaults included, so a checkpoint never
+        # changes meaning when a later version changes a default.
+        self.config = PolicyConfig.from_dict({**config.to_dict(), "hyper_params": hp})
+        self.hp = hp
+
+    @classmethod
+    def normalize_hyper_params(cls, hp: dict[str, Any]) -> dict[str, Any]:
+        """Canonical forms of resolved hyper-parameters (sorted lists, ...); the default returns them as they are."""
+        return hp
+
+    @classmethod
+    def check_hyper_params(cls, config: PolicyConfig, hp: Mapping[str, Any]) -> None:
+        """Raise `PolicyConfigError` naming the field when resolved hyper-parameters are inconsistent."""
 
     @abc.abstractmethod
     def predict_action_chunk(

@@ -43,7 +43,6 @@ from server.policies.base import (
     PolicyConfig,
     PolicyConfigError,
     register_policy,
-    resolve_hyper_params,
 )
 from server.policies.layers import ObservationEncoder, mlp, time_embedding
 
@@ -88,16 +87,20 @@ class FlowMatchingPolicy(ChunkPolicy):
     supports_rtc = True
     chunk_stateless = True
 
-    def __init__(self, config: PolicyConfig):
-        hp = resolve_hyper_params(config, DEFAULTS)
+    hyper_param_defaults = DEFAULTS
+
+    @classmethod
+    def check_hyper_params(cls, config: PolicyConfig, hp) -> None:
         if hp["guidance_jacobian"] not in GUIDANCE_JACOBIANS:
             raise PolicyConfigError(
                 f"flow_matching guidance_jacobian={hp['guidance_jacobian']!r}; use one of {GUIDANCE_JACOBIANS}"
             )
         if int(hp["num_steps"]) < 1 or int(hp["time_embed_dim"]) % 2:
             raise PolicyConfigError("flow_matching needs num_steps >= 1 and an even time_embed_dim")
-        super().__init__(PolicyConfig.from_dict({**config.to_dict(), "hyper_params": hp}))
-        self.hp = hp
+
+    def __init__(self, config: PolicyConfig):
+        super().__init__(config)
+        hp = self.hp
         flat = config.chunk_size * config.action_dim
         self.encoder = ObservationEncoder(config, hp["obs_embed_dim"], hp["hidden_dim"])
         self.velocity_net = mlp(

@@ -45,7 +45,6 @@ from server.policies.base import (
     PolicyConfigError,
     image_key,
     register_policy,
-    resolve_hyper_params,
 )
 from server.policies.flow_matching import flow_matching_loss, guidance_weight, initial_noise, prefix_weights
 from server.policies.layers import mlp, time_embedding
@@ -149,12 +148,19 @@ class FlowTransformerPolicy(ChunkPolicy):
     supports_rtc = True
     chunk_stateless = True
 
-    def __init__(self, config: PolicyConfig):
-        hp = resolve_hyper_params(config, DEFAULTS)
-        hp["batch_buckets"] = sorted({int(b) for b in hp["batch_buckets"]})
+    hyper_param_defaults = DEFAULTS
+
+    @classmethod
+    def normalize_hyper_params(cls, hp: dict[str, Any]) -> dict[str, Any]:
+        return {**hp, "batch_buckets": sorted({int(b) for b in hp["batch_buckets"]})}
+
+    @classmethod
+    def check_hyper_params(cls, config: PolicyConfig, hp) -> None:
         _check_hyper_params(config, hp)
-        super().__init__(PolicyConfig.from_dict({**config.to_dict(), "hyper_params": hp}))
-        self.hp = hp
+
+    def __init__(self, config: PolicyConfig):
+        super().__init__(config)
+        hp = self.hp
         d, heads, ratio = int(hp["d_model"]), int(hp["num_heads"]), int(hp["mlp_ratio"])
         self.image_names = sorted(config.image_features)
         self.state_in = nn.Linear(config.state_dim, d)

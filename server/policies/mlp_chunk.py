@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from server.policies.base import ChunkPolicy, PolicyConfig, register_policy, resolve_hyper_params
+from server.policies.base import ChunkPolicy, PolicyConfig, register_policy
 from server.policies.layers import ObservationEncoder, mlp
 
 DEFAULTS = {"hidden_dim": 256, "num_layers": 3, "obs_embed_dim": 128}
@@ -24,10 +24,11 @@ class MlpChunkPolicy(ChunkPolicy):
     supports_rtc = False
     chunk_stateless = True
 
+    hyper_param_defaults = DEFAULTS
+
     def __init__(self, config: PolicyConfig):
-        hp = resolve_hyper_params(config, DEFAULTS)
-        super().__init__(PolicyConfig.from_dict({**config.to_dict(), "hyper_params": hp}))
-        self.hp = hp
+        super().__init__(config)
+        hp = self.hp
         self.encoder = ObservationEncoder(config, hp["obs_embed_dim"], hp["hidden_dim"])
         self.head = mlp(hp["obs_embed_dim"], hp["hidden_dim"], config.chunk_size * config.action_dim, hp["num_layers"])
 

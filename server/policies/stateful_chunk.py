@@ -23,7 +23,6 @@ from server.policies.base import (
     PolicyConfig,
     PolicyInputError,
     register_policy,
-    resolve_hyper_params,
 )
 from server.policies.layers import ObservationEncoder, mlp
 
@@ -35,10 +34,11 @@ class StatefulChunkPolicy(ChunkPolicy):
     supports_rtc = False
     chunk_stateless = False
 
+    hyper_param_defaults = DEFAULTS
+
     def __init__(self, config: PolicyConfig):
-        hp = resolve_hyper_params(config, DEFAULTS)
-        super().__init__(PolicyConfig.from_dict({**config.to_dict(), "hyper_params": hp}))
-        self.hp = hp
+        super().__init__(config)
+        hp = self.hp
         self.n_obs_steps = int(hp["n_obs_steps"])
         self.n_action_steps = int(hp["n_action_steps"] or config.chunk_size)
         self.encoder = ObservationEncoder(
