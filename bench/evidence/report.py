@@ -369,7 +369,7 @@ def _fidelity_section(o: RunOutcome, fid: dict, windows) -> str:
     if d is not None:
         charts.append(_shard_fidelity_chart(d, windows))
         charts.append(_sched_wait_chart(d, windows))
-    charts.append(_leg_error_chart(o.meta.get("leg_series") or [], o.duration_s, windows))
+    charts.append(_leg_error_chart(o.meta.get("leg_series") or {}, o.duration_s, windows))
     charts.append(_forward_ratio_chart(o.meta.get("forward_series") or {}, o.duration_s, windows))
     out.append("<div class=grid>" + "".join(charts) + "</div>")
     return "\n".join(out)
@@ -418,24 +418,13 @@ def _sched_wait_chart(d: RunData, windows) -> str:
                           x_range=(0, d.duration_s))
 
 
-def _leg_error_chart(samples: list[dict], duration_s: float, windows) -> str:
-    """Mean (applied - asked) delay per second of each leg, from the proxy's counters sampled every second."""
-    lines: dict[str, tuple[list, list]] = {}
-    for a, b in zip(samples, samples[1:]):
-        for site, snap in (b.get("legs") or {}).items():
-            prev = ((a.get("legs") or {}).get(site) or {})
-            for d, name in (("upstream", "uplink"), ("downstream", "downlink")):
-                n = (snap.get(d) or {}).get("chunks", 0) - (prev.get(d) or {}).get("chunks", 0)
-                if n <= 0:
-                    continue
-                err = (snap[d]["error_ms_sum"] - (prev.get(d) or {}).get("error_ms_sum", 0.0)) / n
-                xs, ys = lines.setdefault(f"{site} {name}", ([], []))
-                xs.append(b["t"])
-                ys.append(err)
+def _leg_error_chart(series: dict, duration_s: float, windows) -> str:
+    """Mean (applied - asked) delay per second of each leg (bench.evidence.fidelity.LegErrorSeries.to_json)."""
+    lines = {k: (np.asarray(v.get("t", []), dtype=float), np.asarray(v.get("error_ms", []), dtype=float))
+             for k, v in (series or {}).items() if len(v.get("t", []))}
     if not lines:
         return svg.empty_chart("Network legs: applied - asked delay", "no toxic on any leg, or no samples")
-    return svg.line_chart({k: (np.array(x), np.array(y)) for k, (x, y) in lines.items()},
-                          "Network legs: applied - asked delay", "time since t=0 (s)", "mean ms per second", windows,
+    return svg.line_chart(lines, "Network legs: applied - asked delay", "time since t=0 (s)", "mean ms per second", windows,
                           x_range=(0, duration_s))
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.evidence import fidelity as fid
 from bench.evidence import figures as figs
 from bench.fleet import records
 from bench.evidence import report
@@ -282,7 +283,7 @@ class Run:
         self.control: ControlServer | None = None
         self.cpu = CpuSampler()
         self.server_samples: list[dict] = []
-        self.leg_series: list[dict] = []  # the proxy's fidelity counters, every second of the run
+        self.leg_series = fid.LegErrorSeries()  # each leg's mean delay error, every second of the run
         self.fault_log: list[dict] = []
         self.timeline = None
         self.router_child: ChildProcess | None = None
@@ -715,7 +716,7 @@ class Run:
             if t >= -1.0 and self.state.phase == "run":
                 legs = self.proxy_legs()  # the report's per-second leg error (one small GET per site)
                 if legs:
-                    self.leg_series.append({"t": t, "legs": legs})
+                    self.leg_series.add(t, legs)
             for rid, info in list(self.servers.items()):
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{info['health_port']}/metrics?{query}", timeout=0.5) as r:
@@ -851,7 +852,7 @@ class Run:
                             "real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
                             "stand_ins": getattr(self, "network_stand_ins", {})},
             "fidelity": fidelity,
-            "leg_series": self.leg_series,
+            "leg_series": self.leg_series.to_json(),
             "forward_series": self._forward_series(),
             "shards": getattr(self, "n_shards", None),
         }
@@ -867,7 +868,6 @@ class Run:
 
     def fidelity(self, data) -> dict:
         """summary.json's `fidelity`: the bench host's own error in this run, judged by `fidelity:` tolerances."""
-        from bench.evidence import fidelity as fid
         from chaos.toxiproxy.fidelity import subtract
 
         tol = dict(self.s.fidelity) if self.s.fidelity else None
@@ -893,7 +893,6 @@ class Run:
                     "note": f"fidelity could not be computed: {exc!r}"}
 
     def _forward_series(self) -> dict:
-        from bench.evidence import fidelity as fid
 
         try:
             unloaded = {rid: fid.unloaded_forward(self.logs / f"server-{rid}.log") for rid in self.servers}

@@ -133,7 +133,12 @@ def test_report_figures_render_with_fault_windows(tmp_path):
     assert "Host-late ticks per shard" in report._shard_fidelity_chart(d, windows)
     assert "Worst scheduler wait per shard" in report._sched_wait_chart(d, windows)
     snap = lambda n, err: {"eu": {"upstream": {"chunks": n, "error_ms_sum": err}, "downstream": {"chunks": 0}}}
-    chart = report._leg_error_chart([{"t": 0.0, "legs": snap(0, 0)}, {"t": 1.0, "legs": snap(10, 30.0)}], 10.0, windows)
+    series = fid.LegErrorSeries()
+    for t, n, err in ((0.0, 0, 0.0), (1.0, 10, 30.0), (2.0, 10, 30.0), (3.0, 14, 50.0)):
+        series.add(t, snap(n, err))
+    # one point per second that moved chunks: its mean error over that second's chunks only
+    assert series.to_json() == {"eu uplink": {"t": [1.0, 3.0], "error_ms": [3.0, 5.0]}}
+    chart = report._leg_error_chart(series.to_json(), 10.0, windows)
     assert "eu uplink" in chart and "<polyline" in chart
     chart = report._forward_ratio_chart({"r0": ([0.0, 1.0], [1.0, 2.5])}, 10.0, windows)
     assert "replica r0" in chart and "rgba(214,39,40" in chart  # the fault window is shaded
