@@ -236,10 +236,19 @@ class Link:
 # --- connections -----------------------------------------------------------------------------
 
 
-class _Side(asyncio.Protocol):
-    """One socket of a connection. Reads feed one link; the other link writes to it."""
+READ_SIZE = 64 << 10  # bytes one socket read may take: the most a chunk holds
 
-    __slots__ = ("conn", "transport", "feeds", "drains", "lost", "closing")
+
+class _Side(asyncio.BufferedProtocol):
+    """One socket of a connection. Reads feed one link; the other link writes to it.
+
+    Reads land in this side's own buffer and leave it as an exact-size `bytes`: asyncio's plain Protocol
+    allocates 256 KiB for every read and shrinks it, and glibc, its mmap threshold raised by the first
+    such free, serves those from the heap and keeps the holes; a 52-robot soak's proxy grew 5-8 % that way
+    (measured; gone with MALLOC_MMAP_THRESHOLD_ set, and with this buffer).
+    """
+
+    __slots__ = ("conn", "transport", "feeds", "drains", "lost", "closing", "_buffer")
 
     def __init__(self, conn: "Connection"):
         self.conn = conn
@@ -248,12 +257,19 @@ class _Side(asyncio.Protocol):
         self.drains: Link | None = None
         self.lost = False
         self.closing = False
+        self._buffer: memoryview | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
-    def data_received(self, data: bytes) -> None:
-        self.feeds.feed(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._buffer is None:
+            self._buffer = memoryview(bytearray(READ_SIZE))
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # a copy: the buffer is reused by the next read, and chunks and transport buffers outlive it
+        self.feeds.feed(bytes(self._buffer[:nbytes]))
 
     def eof_received(self) -> bool:
         if self.feeds is not None:
