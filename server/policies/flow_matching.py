@@ -6,8 +6,9 @@
 Owns the sampler and the guidance, which mirror LeRobot's RTCProcessor (flow time runs from 1 at
 noise to 0 at data; the target velocity is noise - data):
 - prefix weights W over H = min(execution_horizon, len(prefix[b])): ones for the first
-  min(d[b], H) steps, then LeRobot's linear ramp `linspace(1, 0, n + 2)[1:-1]` (1 and 0 excluded)
-  up to H, zeros after. A prefix shorter than the chunk is zero-padded; the padding never matters
+  min(d[b], H) steps, then a ramp up to H, zeros after. `prefix_schedule: linear` (default) is LeRobot's
+  `linspace(1, 0, n + 2)[1:-1]` (1 and 0 excluded); `exp` is the RTC paper's soft mask (arXiv
+  2506.07339 eq. 5, with its H - s as our H): c_i * (e^c_i - 1) / (e - 1), c_i = (H - i) / (H - d + 1). A prefix shorter than the chunk is zero-padded; the padding never matters
   because W is zero beyond H <= len(prefix).
 - per Euler step: x1_hat = x_t - t * v_t; err = (prefix - x1_hat) * W; correction = VJP of x1_hat
   wrt x_t with err; w = min(max_guidance_weight, c * r^-2) with tau = 1 - t, c = (1 - tau) / tau,
@@ -55,18 +56,29 @@ DEFAULTS = {
     "noise_seed": 0,  # None: draw fresh noise from torch's global RNG on every call
     "max_guidance_weight": 10.0,
     "guidance_jacobian": "network",  # or "identity" (LeRobot main's effective behaviour)
+    "prefix_schedule": "linear",  # LeRobot's ramp; "exp": the RTC paper's soft mask (eq. 5)
 }
 GUIDANCE_JACOBIANS = ("network", "identity")
+PREFIX_SCHEDULES = ("linear", "exp")
 
 
-def prefix_weights(inference_delay: int, horizon: int, total: int) -> Tensor:
-    """(total,) RTC prefix weights, LeRobot's LINEAR schedule (see module docstring)."""
+def prefix_weights(inference_delay: int, horizon: int, total: int, schedule: str = "linear") -> Tensor:
+    """(total,) RTC prefix weights: ones for the first min(d, horizon) rows, the schedule's ramp (strictly
+    between 1 and 0) up to `horizon`, zeros after (see module docstring)."""
     start = min(max(inference_delay, 0), horizon)
     weights = torch.zeros(total)
     weights[: min(start, total)] = 1.0
     ramp = min(horizon, total) - start
-    if ramp > 0:
+    if ramp <= 0:
+        return weights
+    if schedule == "linear":
         weights[start : start + ramp] = torch.linspace(1.0, 0.0, ramp + 2)[1:-1]
+    elif schedule == "exp":  # the paper's c_i (e^c_i - 1) / (e - 1), c_i = (H - i) / (H - d + 1)
+        end = start + ramp
+        c = (end - torch.arange(start, end, dtype=torch.float64)) / (end - start + 1)
+        weights[start : start + ramp] = (c * torch.expm1(c) / (torch.e - 1.0)).float()
+    else:
+        raise ValueError(f"prefix schedule {schedule!r}; use one of {PREFIX_SCHEDULES}")
     return weights
 
 
@@ -94,6 +106,10 @@ class FlowMatchingPolicy(ChunkPolicy):
         if hp["guidance_jacobian"] not in GUIDANCE_JACOBIANS:
             raise PolicyConfigError(
                 f"flow_matching guidance_jacobian={hp['guidance_jacobian']!r}; use one of {GUIDANCE_JACOBIANS}"
+            )
+        if hp["prefix_schedule"] not in PREFIX_SCHEDULES:
+            raise PolicyConfigError(
+                f"flow_matching prefix_schedule={hp['prefix_schedule']!r}; use one of {PREFIX_SCHEDULES}"
             )
         if int(hp["num_steps"]) < 1 or int(hp["time_embed_dim"]) % 2:
             raise PolicyConfigError("flow_matching needs num_steps >= 1 and an even time_embed_dim")
@@ -139,7 +155,7 @@ class FlowMatchingPolicy(ChunkPolicy):
                 continue  # W = 0 and target = 0: err is exactly zero, so is the correction
             rows = min(prefix.shape[0], total)
             horizon = min(self.config.execution_horizon, rows)
-            weights[b] = prefix_weights(delay, horizon, total)
+            weights[b] = prefix_weights(delay, horizon, total, self.hp["prefix_schedule"])
             target[b, :rows] = prefix[:rows].detach().to(device="cpu", dtype=torch.float32)
         kw = {"device": self.param_device, "dtype": self.param_dtype}
         return weights.unsqueeze(-1).to(**kw), target.to(**kw)

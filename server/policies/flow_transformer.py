@@ -46,7 +46,13 @@ from server.policies.base import (
     image_key,
     register_policy,
 )
-from server.policies.flow_matching import flow_matching_loss, guidance_weight, initial_noise, prefix_weights
+from server.policies.flow_matching import (
+    PREFIX_SCHEDULES,
+    flow_matching_loss,
+    guidance_weight,
+    initial_noise,
+    prefix_weights,
+)
 from server.policies.layers import mlp, time_embedding
 
 DEFAULTS: dict[str, Any] = {
@@ -62,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "noise_seed": 0,  # None: fresh noise from torch's global RNG on every call
     "max_guidance_weight": 10.0,
     "guidance_jacobian": "network",  # or "identity" (LeRobot main's effective behaviour)
+    "prefix_schedule": "linear",  # LeRobot's ramp; "exp": the RTC paper's soft mask (eq. 5)
     "autocast": "bf16",  # on CUDA only: "bf16" or "none"
     "batch_buckets": [],  # e.g. [1, 8, 16, 32, 64]: pad a batch to the next size (CUDA graphs, compile)
     "compile": False,  # torch.compile the velocity network (CUDA only)
@@ -249,7 +256,7 @@ class FlowTransformerPolicy(ChunkPolicy):
                 continue  # W = 0 and target = 0: the correction is exactly zero
             rows = min(prefix.shape[0], total)
             horizon = min(self.config.execution_horizon, rows)
-            weights[b] = prefix_weights(delay, horizon, total)
+            weights[b] = prefix_weights(delay, horizon, total, self.hp["prefix_schedule"])
             target[b, :rows] = prefix[:rows].detach().to(**kw, non_blocking=True)
         return weights.unsqueeze(-1).to(**kw, non_blocking=True), target
 
@@ -331,7 +338,7 @@ def _check_hyper_params(config: PolicyConfig, hp: dict[str, Any]) -> None:
             f"flow_transformer d_model={hp['d_model']} must be even and a multiple of num_heads={hp['num_heads']}"
         )
     for name, allowed in (("image_encoder", IMAGE_ENCODERS), ("autocast", AUTOCASTS),
-                          ("guidance_jacobian", GUIDANCE_JACOBIANS)):
+                          ("guidance_jacobian", GUIDANCE_JACOBIANS), ("prefix_schedule", PREFIX_SCHEDULES)):
         if hp[name] not in allowed:
             raise PolicyConfigError(f"flow_transformer {name}={hp[name]!r}; use one of {allowed}")
     if any(b < 1 for b in hp["batch_buckets"]):

@@ -47,9 +47,10 @@ def test_prefix_weights_follow_lerobot_linear_schedule():
     torch.testing.assert_close(prefix_weights(2, 10, 4), torch.tensor([1, 1, 2 / 3, 1 / 3]))
 
 
-@given(delay=st.integers(-3, 40), horizon=st.integers(0, 40), total=st.integers(1, 40))
-def test_prefix_weights_properties(delay, horizon, total):
-    w = prefix_weights(delay, horizon, total)
+@given(delay=st.integers(-3, 40), horizon=st.integers(0, 40), total=st.integers(1, 40),
+       schedule=st.sampled_from(["linear", "exp"]))
+def test_prefix_weights_properties(delay, horizon, total, schedule):
+    w = prefix_weights(delay, horizon, total, schedule)
     ones = min(max(delay, 0), horizon, total)
     assert w.shape == (total,)
     assert torch.all(w[:ones] == 1)
