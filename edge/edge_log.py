@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REQUEST_FIELDS = ("t", "seq", "rtt_ms", "queue_wait_ms", "inference_ms", "network_ms", "encode_ms", "delay_steps",
-                  "superseded", "outcome")
+                  "execution_steps", "superseded", "outcome")
 
 
 def _finite(v):

@@ -1,7 +1,7 @@
 """The remote engine: the RTC loop with the thread boundary replaced by the network (design 9).
 
     control thread                          network worker (1 thread)                  Zenoh (its threads)
-    notify_observation ──► slot (latest)    wait: qsize*dt <= buffer_time_s,           action sub ──► inbox
+    notify_observation ──► slot (latest)    wait: qsize <= H - s (plan_execution),     action sub ──► inbox
     get_action ◄── ActionQueue ◄── merge ◄──   a new observation, active session       server token ──► lost flag
       staleness bound, fallback             snapshot idx_before + prefixes, delay
                                             encode JPEG ─► put obs ─► await chunk (timeout)
@@ -63,7 +63,8 @@ class RemoteEngineConfig:
     tls_key: str | None = None
     tls_ca: str | None = None
     jpeg_quality: int = 90  # 0 = raw frames (LAN/debug)
-    buffer_time_s: float = 0.5  # send the next observation when queue playback <= this
+    buffer_time_s: float | None = None  # send the next observation when queue playback <= this; None: derived
+    # from the measured delay d (RTC: d <= s <= H - d, see `plan_execution`)
     max_action_age_s: float = 3.0  # staleness bound (safety)
     degraded_after_s: float = 1.0  # no chunk for this long -> DEGRADED
     request_timeout_s: float = 5.0
@@ -93,7 +94,13 @@ class RemoteEngineConfig:
             self.connect_endpoints = [self.connect_endpoints]
         if not self.connect_endpoints or not all(isinstance(e, str) and "/" in e for e in self.connect_endpoints):
             bad("connect_endpoints", f"{self.connect_endpoints!r}: give zenoh endpoints like tcp/127.0.0.1:7447")
-        for name in ("fps", "buffer_time_s", "max_action_age_s", "degraded_after_s", "request_timeout_s",
+        if self.buffer_time_s is not None and (isinstance(self.buffer_time_s, bool) or not isinstance(
+                self.buffer_time_s, (int, float)) or not self.buffer_time_s > 0):
+            bad("buffer_time_s", f"must be a number > 0, or null to derive it from the measured delay; got "
+                                 f"{self.buffer_time_s!r}")
+        if self.buffer_time_s is not None:
+            self.buffer_time_s = float(self.buffer_time_s)
+        for name in ("fps", "max_action_age_s", "degraded_after_s", "request_timeout_s",
                      "reconnect_initial_backoff_s", "reconnect_max_backoff_s", "max_offline_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
@@ -165,7 +172,8 @@ FIELD_DOCS = {
     "tls_key": "its private key",
     "tls_ca": "CA file that signed the router's certificate (enables TLS)",
     "jpeg_quality": "JPEG quality of camera frames, 1..100; 0 = raw frames (LAN, debug)",
-    "buffer_time_s": "send the next observation when the queue holds this much playback or less",
+    "buffer_time_s": "send the next observation when the queue holds this much playback or less; null: derived "
+                     "from the measured delay d so that RTC's d <= s <= H - d holds (s: steps executed per chunk)",
     "max_action_age_s": "staleness bound: an action older than this is never executed (safety)",
     "degraded_after_s": "no chunk for this long: DEGRADED",
     "request_timeout_s": "a request without an answer for this long counts as a timeout",
@@ -200,6 +208,60 @@ class _Meta:
     t_obs: float  # monotonic s when the source observation was taken
 
 
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """When the engine asks again, in control steps: the next request goes out when the queue holds
+    `buffer_steps` actions or fewer, so each chunk is executed for `execution_steps` (s) steps counted from
+    its observation (s = H - buffer_steps in RTC mode). `violation` names the numbers when the plan breaks
+    RTC's d <= s <= H - d (an explicit buffer_time_s, or a delay over half the chunk), else "". """
+
+    delay_steps: int
+    chunk_size: int
+    buffer_steps: float
+    execution_steps: int
+    violation: str
+    buffer_s: float  # buffer_steps in seconds: an explicit buffer_time_s exactly, so its timing is unchanged
+
+
+def plan_execution(delay_steps: int, chunk_size: int, dt: float, buffer_time_s: float | None,
+                   rtc_enabled: bool = True) -> ExecutionPlan:
+    """The request point for a measured delay d (control steps) and a chunk of H rows.
+
+    Derived (buffer_time_s None), RTC: s = H // 2 clamped into [d, H - d]; a chunk shorter than 2d has
+    no such s, so s = d (the one request in flight cannot be outrun) and the plan names the violation.
+    Derived, append (every chunk is executed whole, s = H): ask when d + 2 actions are left, so the next
+    chunk lands with 2 to spare whatever its delay, and the queue holds the least old plan it can.
+    An explicit buffer_time_s wins; in RTC mode a violation of d <= s <= H - d is named.
+    """
+    d, big_h = max(int(delay_steps), 0), max(int(chunk_size), 1)
+    if buffer_time_s is None:
+        if not rtc_enabled:
+            b = min(d + 2, big_h)
+            return ExecutionPlan(d, big_h, float(b), big_h, "", (b + 1e-6) * dt)
+        if 2 * d <= big_h:
+            s = min(max(big_h // 2, d), big_h - d)
+            return ExecutionPlan(d, big_h, float(big_h - s), s, "", (big_h - s + 1e-6) * dt)
+        return ExecutionPlan(d, big_h, float(big_h - d), d, _violation(d, d, big_h, "derived", dt),
+                             (big_h - d + 1e-6) * dt)
+    buffer_steps = buffer_time_s / dt
+    if not rtc_enabled:
+        return ExecutionPlan(d, big_h, buffer_steps, big_h, "", buffer_time_s)
+    s = max(int(round(big_h - buffer_steps)), 0)
+    ok = d <= s <= big_h - d
+    why = "" if ok else _violation(d, s, big_h, f"buffer_time_s={buffer_time_s:g}", dt)
+    return ExecutionPlan(d, big_h, buffer_steps, s, why, buffer_time_s)
+
+
+def _violation(d: int, s: int, big_h: int, source: str, dt: float) -> str:
+    if 2 * d > big_h:
+        fix = f"no s fits: the delay is over half the chunk; lower the delay or serve a chunk of >= {2 * d} rows"
+    else:
+        fix = (f"set buffer_time_s between {d * dt:.3g} and {(big_h - d) * dt:.3g} s ({d} to {big_h - d} steps), "
+               f"or leave it unset (null) to derive it from the delay")
+    return (f"RTC needs d <= s <= H - d; {source} gives d={d}, s={s}, H={big_h} "
+            f"({d} <= {s} <= {big_h - d} fails): {fix}")
+
+
 NUDGE_SPREAD_S = 1.0  # a fleet nudged by one replica token comes back spread over at most this window
 
 
@@ -218,6 +280,8 @@ class RemoteEngine(Engine):
         self._conn_given = connection
         self.queue = ActionQueue(config.rtc_enabled, config.trim)
         self.tracker = LatencyTracker(config.latency_window, config.latency_mode)
+        self._execution_steps = 0  # s of the request last sent (its records report it)
+        self._warned_plans: set[tuple[int, int, int]] = set()  # (d, s, H) already warned about
         self.A = len(config.action_names)
         # control-thread side
         self._slot_lock = threading.Lock()
@@ -253,7 +317,8 @@ class RemoteEngine(Engine):
         self._dead_reason = ""
         self.counters = {k: 0 for k in ("requests", "chunks", "timeouts", "errors", "late_chunks", "superseded",
                                         "reconnects", "none_ticks", "fallback_ticks", "staleness_refusals",
-                                        "discarded_chunks", "resets", "resets_acked", "replica_nudges")}
+                                        "discarded_chunks", "resets", "resets_acked", "replica_nudges",
+                                        "plan_warnings")}
         self.last_error = ""
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -606,7 +671,8 @@ class RemoteEngine(Engine):
                 slot = self._slot
             fresh = slot is not None and slot[2] != getattr(self, "_sent_version", -1)
             qsize = self.queue.qsize()
-            buffered = qsize * self.dt - self.cfg.buffer_time_s  # > 0: seconds until a request is due
+            plan = self.execution_plan()
+            buffered = qsize * self.dt - plan.buffer_s  # > 0: seconds until a request is due
             if not self._paused and self._reset_pending is None and fresh and buffered <= 0:
                 break
             if self._reset_pending is not None:
@@ -632,7 +698,25 @@ class RemoteEngine(Engine):
             return "stopped"
         obs, t_obs, version, episode = slot
         self._sent_version = version
+        self._execution_steps = plan.execution_steps
         return self._request(m, obs, t_obs, episode)
+
+    def delay_steps(self) -> int:
+        """The delay estimate d in control steps (what each request ships as inference_delay_steps)."""
+        return int(math.ceil(self.tracker.max() / self.dt - 1e-9))
+
+    def execution_plan(self) -> ExecutionPlan:
+        """The request point for the delay measured now (see `plan_execution`); a plan that breaks RTC's
+        d <= s <= H - d is logged once per (d, s, H)."""
+        ack = self._first_ack
+        chunk = int(getattr(ack, "chunk_size", 0) or 0) or int(round(1.0 / self.dt))  # before a session: 1 s
+        plan = plan_execution(self.delay_steps(), chunk, self.dt, self.cfg.buffer_time_s, self.queue.rtc_enabled)
+        key = (plan.delay_steps, plan.execution_steps, plan.chunk_size)
+        if plan.violation and key not in self._warned_plans:
+            self._warned_plans.add(key)
+            self.counters["plan_warnings"] += 1
+            log.warning("%s: %s", self.cfg.client_uuid, plan.violation)
+        return plan
 
     def _on_reset_reply(self, acked: bool) -> None:  # on Zenoh's thread
         if acked:
@@ -651,7 +735,7 @@ class RemoteEngine(Engine):
         if self.queue.rtc_enabled and H > 0:
             prefix_model = fit_prefix(self.queue.get_left_over(), H)
             prefix_robot = fit_prefix(self.queue.get_processed_left_over(), H)
-        delay = int(math.ceil(self.tracker.max() / self.dt - 1e-9))
+        delay = self.delay_steps()
         t0 = time.monotonic()
         images = {n: (obs.get("images") or {})[n] for n in c.cameras if n in (obs.get("images") or {})}
         episode_start = episode != self._started_episode
@@ -712,7 +796,7 @@ class RemoteEngine(Engine):
         """The record of a request that got no chunk: timeout, lost, abandoned."""
         rec = {"t": time.monotonic(), "seq": seq, "rtt_ms": float("nan"), "queue_wait_ms": float("nan"),
                "inference_ms": float("nan"), "network_ms": float("nan"), "encode_ms": encode_ms,
-               "delay_steps": delay, "superseded": 0, "outcome": outcome}
+               "delay_steps": delay, "execution_steps": self._execution_steps, "superseded": 0, "outcome": outcome}
         if sent_ns is not None:
             rec["sent_ns"] = sent_ns
         self._records.append(rec)
@@ -747,7 +831,7 @@ class RemoteEngine(Engine):
                 self._records.append({"t": time.monotonic(), "seq": r.seq_id, "rtt_ms": float("nan"),
                                       "queue_wait_ms": float("nan"), "inference_ms": float("nan"),
                                       "network_ms": float("nan"), "encode_ms": out[6], "delay_steps": out[5],
-                                      "superseded": 0, "outcome": f"error:{r.code}"})
+                                      "execution_steps": self._execution_steps, "superseded": 0, "outcome": f"error:{r.code}"})
                 self._outstanding = None
                 return "error"
             return "ignored"
@@ -779,7 +863,8 @@ class RemoteEngine(Engine):
         rtt_ms = r.rtt_s * 1e3
         self._records.append({"t": r.t_recv, "seq": seq, "rtt_ms": rtt_ms, "queue_wait_ms": r.queue_wait_ms,
                               "inference_ms": r.inference_ms, "network_ms": rtt_ms - r.queue_wait_ms - r.inference_ms,
-                              "encode_ms": encode_ms, "delay_steps": delay, "superseded": r.superseded_seqs,
+                              "encode_ms": encode_ms, "delay_steps": delay,
+                              "execution_steps": self._execution_steps, "superseded": r.superseded_seqs,
                               "outcome": "ok", "real_delay": real_delay, "sent_ns": r.sent_ns})
         if self._link in (S.DEGRADED, S.CONNECTING, S.RECONNECTING):
             self._set_state(S.STREAMING, "chunk merged")

@@ -420,6 +420,7 @@ def _req_col(name: str):
 for _name in ("rtt_ms", "inference_ms", "queue_wait_ms", "network_ms", "uplink_ms", "downlink_ms", "encode_ms"):
     SERIES[_name] = _req_col(_name)
 SERIES["delay_steps"] = lambda s: s.col(s.requests, "delay_steps").astype(float)
+SERIES["execution_steps"] = lambda s: s.col(s.requests, "execution_steps").astype(float)
 SERIES["action_age_s"] = lambda s: _policy_action_ages(s)[0]
 SERIES["tick_lateness_ms"] = lambda s: s.col(s.ticks, "lateness_ms").astype(float)
 

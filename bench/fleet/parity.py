@@ -86,7 +86,7 @@ class ParityEngine:
         self._obs, self._fresh = obs, True
 
     def get_action(self) -> Action | None:
-        if self._fresh and self.remote.queue.qsize() * self.dt <= self.cfg.buffer_time_s:
+        if self._fresh and self.remote.queue.qsize() * self.dt <= self.remote.execution_plan().buffer_s:
             self._fresh = False
             self._request_pair(self._obs)
         x, y = self.remote.get_action(), self.local.get_action()

@@ -1033,7 +1033,8 @@ def server_argv(manifest: Path) -> list[str]:
 def _rtc_budget_s(engine: dict, fps: float) -> float:
     """A request's deadline for goodput. With an RTC prefix: the latency budget H*dt/2 (design P10). Without one
     (rtc off or execution_horizon 0, where H*dt/2 is 0 and no request could meet it): buffer_time_s, the
-    playback the queue had left when the engine asked, so an answer within it arrives before the queue runs dry."""
+    playback the queue had left when the engine asked, so an answer within it arrives before the queue runs dry
+    (0.5 s where the engine derives its buffer from the delay it measures)."""
     import dataclasses
 
     from edge import RemoteEngineConfig
@@ -1042,7 +1043,9 @@ def _rtc_budget_s(engine: dict, fps: float) -> float:
     horizon = int(engine.get("execution_horizon", defaults["execution_horizon"]))
     if engine.get("rtc_enabled", defaults["rtc_enabled"]) and horizon > 0:
         return horizon / float(fps) / 2.0
-    return float(engine.get("buffer_time_s", defaults["buffer_time_s"]))
+    buffer = engine.get("buffer_time_s", defaults["buffer_time_s"])
+    # a derived buffer depends on the delay measured at run time: 0.5 s, the old fixed default
+    return 0.5 if buffer is None else float(buffer)
 
 
 def _pythonpath() -> str:

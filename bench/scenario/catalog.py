@@ -76,6 +76,8 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "downlink_ms": ("series", "ms", "server's publish to the robot's receipt (one host's monotonic clock; bench only)"),
     "encode_ms": ("series", "ms", "client encode time per request, when the engine reports it"),
     "delay_steps": ("series", "steps", "inference delay in control steps per request"),
+    "execution_steps": ("series", "steps", "RTC's s per request: control steps each chunk is executed for, counted "
+                                           "from its observation (derived from delay_steps unless buffer_time_s is set)"),
     "action_age_s": ("series", "s", "age of each executed action"),
     "tick_lateness_ms": ("series", "ms", "how late each tick's action was ready"),
     "rtt_ms_p99_drift": ("scalar", "", "p99 rtt of the run's last window over its first, minus 1 (window: 5 min, or a "
