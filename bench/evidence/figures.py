@@ -580,3 +580,27 @@ def seam_inputs(robots: np.ndarray, seqs: np.ndarray, episodes: np.ndarray, is_n
         seam = np.concatenate([[False], (seq[1:] != seq[:-1]) & ~new_run[1:]])
         out[int(r)] = (a, np.nonzero(seam)[0], np.nonzero(new_run)[0])
     return out
+
+
+def baselines(groups, group_figures: dict, sites: dict | None = None) -> list[dict]:
+    """summary.json's `baselines`: each `kind: local` group beside the remote group(s) it is the baseline of
+    (its `seeds_of`, else every remote group of the same robot type and policy), with both task success
+    rates and the gap (local − remote: what the network, router and server process cost in this run)."""
+    out = []
+    remote = [g for g in groups if getattr(g, "engine_kind", "remote") != "local"]
+    for loc in groups:
+        if getattr(loc, "engine_kind", "remote") != "local":
+            continue
+        twins = [g for g in remote if g.name == loc.seeds_of] if loc.seeds_of else \
+            [g for g in remote if g.robot == loc.robot and g.policy == loc.policy]
+        lf = group_figures.get(loc.name) or {}
+        for g in twins:
+            rf = group_figures.get(g.name) or {}
+            a, b = lf.get("task_success_rate"), rf.get("task_success_rate")
+            gap = a - b if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+            site = (sites or {}).get(g.site)
+            out.append({"local": loc.name, "remote": g.name, "site": g.site,
+                        "profile": getattr(site, "profile", None), "paired_seeds": loc.seeds_of == g.name,
+                        "task_success_local": a, "task_success_remote": b, "gap": gap,
+                        "episodes_local": lf.get("episodes"), "episodes_remote": rf.get("episodes")})
+    return out

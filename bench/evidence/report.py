@@ -132,6 +132,8 @@ def summary_dict(o: RunOutcome) -> dict:
         "assertions": [r.to_json() for r in o.assertions],
         "figures": f,
         "groups": o.group_figures,
+        "group_engines": o.meta.get("group_engines", {}),
+        "baselines": o.meta.get("baselines", []),
         "latency_budget": latency_budget(f),
         "cpu": o.meta.get("cpu", {}),
         "memory": o.meta.get("memory", {}),
@@ -231,6 +233,20 @@ def render_html(o: RunOutcome, summary: dict) -> str:
         res = "pass" if r.passed else ("error: " + r.error if r.error else "fail")
         out.append(f"<tr class={cls}><td class=l><code>{e(r.expression)}</code></td><td>{_v(r.value)}</td><td class=l>{e(res)}</td></tr>")
     out.append("</table>")
+
+    base = summary.get("baselines") or []
+    if base:
+        out.append("<h2>Local baselines</h2><p class=muted>Task success of each <code>kind: local</code> group (the "
+                   "checkpoint in the shard, no network) beside its remote twin in this run: same host load, same "
+                   "engine settings; gap = local - remote (docs/scenarios.md \"Local baseline\").</p><table><tr>"
+                   "<th class=l>local</th><th class=l>remote</th><th class=l>site (profile)</th><th>paired seeds</th>"
+                   "<th>success local</th><th>success remote</th><th>gap</th><th>episodes local / remote</th></tr>")
+        for b in base:
+            out.append(f"<tr><td class=l>{e(b['local'])}</td><td class=l>{e(b['remote'])}</td>"
+                       f"<td class=l>{e(str(b['site']))} ({e(str(b['profile']))})</td><td>{'yes' if b['paired_seeds'] else 'no'}</td>"
+                       f"<td>{_v(b['task_success_local'])}</td><td>{_v(b['task_success_remote'])}</td><td>{_v(b['gap'])}</td>"
+                       f"<td>{_v(b['episodes_local'])} / {_v(b['episodes_remote'])}</td></tr>")
+        out.append("</table>")
 
     attacks = (o.meta.get("security") or {}).get("attacks") or []
     if attacks:

@@ -51,9 +51,11 @@ def robot_seed(seed: int, group_index: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, group_index, index]).generate_state(1)[0])
 
 
-def robot_spec(rid: int, group_index: int, index: int, group, seed: int, endpoint: str) -> dict:
-    """What a shard needs to build one robot and its engine (JSON-able; written by the runner)."""
-    from bench.scenario.schema import engine_config
+def robot_spec(rid: int, group_index: int, index: int, group, seed: int, endpoint: str,
+               seed_group_index: int | None = None) -> dict:
+    """What a shard needs to build one robot and its engine (JSON-able; written by the runner).
+    `seed_group_index`: seed the robot as robot `index` of that group (a `seeds_of` baseline)."""
+    from bench.scenario.schema import checkpoint_dir, engine_config
 
     engine = engine_config(group, endpoint)  # the config `bench validate` built and the engine accepted
     cams = None
@@ -62,13 +64,14 @@ def robot_spec(rid: int, group_index: int, index: int, group, seed: int, endpoin
         cams = {"kind": c.kind, "names": list(c.names), "height": c.height, "width": c.width}
     shadow = None
     if getattr(group, "shadow", None):
-        from bench.scenario.schema import checkpoint_dir
-
         shadow = {**group.shadow, "checkpoint": str(checkpoint_dir(group.shadow.get("policy") or group.policy))}
+    kind = getattr(group, "engine_kind", "remote")
+    sg = group_index if seed_group_index is None else seed_group_index
     return {"robot": rid, "group": group.name, "group_index": group_index, "index": index, "robot_type": group.robot,
-            "fps": group.fps, "episode_s": group.episode_s, "seed": robot_seed(seed, group_index, index),
+            "fps": group.fps, "episode_s": group.episode_s, "seed": robot_seed(seed, sg, index),
             "stagger_episodes": bool(getattr(group, "stagger_episodes", False)),
-            "cameras": cams, "engine": engine, "shadow": shadow}
+            "cameras": cams, "engine": engine, "shadow": shadow, "engine_kind": kind,
+            "checkpoint": str(checkpoint_dir(group.policy)) if kind == "local" else None}
 
 
 @dataclass
@@ -243,6 +246,10 @@ class Shard:
                 from bench.fleet.parity import make_parity_engine
 
                 r.engine = make_parity_engine(r.spec["engine"], r.spec["shadow"], seed=r.spec["seed"])
+            elif r.spec.get("engine_kind") == "local":  # the in-run baseline: the checkpoint here, no network
+                from bench.fleet.local import make_local_engine
+
+                r.engine = make_local_engine(r.spec["engine"], r.spec["checkpoint"])
             else:
                 r.engine = make_engine(r.spec["engine"])
             r.engine.start()

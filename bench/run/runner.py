@@ -567,13 +567,16 @@ class Run:
                   "engine_factory": self.engine_factory} for k in range(self.n_shards)]
         rid = 0
         self.robot_table: list[dict] = []
+        group_index = {g.name: gi for gi, g in enumerate(self.s.groups)}
         for gi, g in enumerate(self.s.groups):
             for i in range(g.count):
                 shard = rid % self.n_shards
-                spec = robot_spec(rid, gi, i, g, self.s.seed, self.sites[g.site].endpoint)
+                spec = robot_spec(rid, gi, i, g, self.s.seed, self.sites[g.site].endpoint,
+                                  seed_group_index=group_index.get(g.seeds_of) if g.seeds_of else None)
                 spec["engine"].update(self.identities.get((g.name, i), {}))
                 specs[shard]["robots"].append(spec)
-                self.robot_table.append({"robot": rid, "group": g.name, "index": i, "site": g.site, "shard": shard,
+                self.robot_table.append({"robot": rid, "group": g.name, "engine": g.engine_kind, "index": i,
+                                         "site": g.site, "shard": shard,
                                          "robot_type": g.robot, "fps": g.fps,
                                          "max_action_age_s": spec["engine"].get("max_action_age_s", math.inf),
                                          "deadline_s": _rtc_budget_s(spec["engine"], g.fps)})
@@ -855,6 +858,8 @@ class Run:
             "leg_series": self.leg_series.to_json(),
             "forward_series": self._forward_series(),
             "shards": getattr(self, "n_shards", None),
+            "group_engines": {g.name: g.engine_kind for g in self.s.groups},
+            "baselines": figs.baselines(self.s.groups, group_json, self.s.sites),
         }
         if meta["camera_kind"] and len(meta["camera_kind"]) == 1:
             meta["camera_kind"] = meta["camera_kind"][0]

@@ -31,6 +31,10 @@ CAMERA_KINDS = ("synthetic", "rendered")
 PROFILES_FALLBACK = ("lan", "wifi", "lte", "wan_50ms", "satellite", "congested")
 # engine fields the bench sets from the robot, its site and the group: a scenario may not
 ENGINE_OWNED = ("connect_endpoints", "action_names", "state_dim", "fps", "cameras", "model_id", "task")
+# `engine.kind`: which engine a group's robots run. `remote` (the system under test: network, router, server) or
+# `local` (the same checkpoint through the server's inference path inside the shard, no network: the in-run
+# baseline a remote group's task success is compared with, bench.fleet.local)
+ENGINE_KINDS = ("remote", "local")
 
 
 # --- names other packages own -----------------------------------------------------------------
@@ -162,7 +166,14 @@ def engine_model() -> type[BaseModel]:
     from edge.remote import FIELD_DOCS, RemoteEngineConfig
 
     hints = typing.get_type_hints(RemoteEngineConfig)
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {
+        "kind": (Literal[ENGINE_KINDS], _f("remote", "`remote`: the robots run the remote engine through their site, the "
+                                                     "router and a replica (the system under test); `local`: the same "
+                                                     "checkpoint through the server's inference path inside the shard, "
+                                                     "no network (edge.rtc.RTCEngine with the fields below that apply: "
+                                                     "`buffer_time_s`, `rtc_enabled`, `execution_horizon`, `trim`, "
+                                                     "`latency_mode`, `latency_window`): the in-run baseline of task "
+                                                     "success (docs/scenarios.md \"Local baseline\")"))}
     for f in dataclasses.fields(RemoteEngineConfig):
         if f.name in ENGINE_OWNED:
             continue
@@ -222,6 +233,9 @@ class Group(_Model):
                           "are set by the bench from the robot, the site and the group, and refused here; every value is checked by the engine's own constructor at validate time")
     shadow: Shadow | None = _f(None, "golden parity: a local engine in lockstep beside each robot's remote one "
                                       "(below, and `rtc_parity`)")
+    seeds_of: Name | None = _f(None, "seed robot `i` as robot `i` of the group NAME (same targets and start states, "
+                                     "episode by episode): a `local` baseline paired with the remote group it is the "
+                                     "baseline of", default_doc="its own")
 
 
 class Fleet(_Model):

@@ -72,6 +72,8 @@ class Group:
     shadow: dict | None = None
     line: int = 0
     stagger_episodes: bool = False
+    engine_kind: str = "remote"  # model.ENGINE_KINDS: `local` runs the checkpoint in the shard (bench.fleet.local)
+    seeds_of: str | None = None  # seed robot i as robot i of this group (a paired baseline)
 
 
 @dataclass
@@ -180,6 +182,17 @@ def shadow_engine_config(remote_cfg):
     return RTCEngineConfig(fps=remote_cfg.fps, execution_horizon=remote_cfg.execution_horizon,
                            rtc_enabled=remote_cfg.rtc_enabled, trim=remote_cfg.trim,
                            latency_mode=remote_cfg.latency_mode, latency_window=remote_cfg.latency_window)
+
+
+def local_engine_config(remote_cfg):
+    """The `rtc` engine a `kind: local` group runs (bench.fleet.local): the remote config's queue, gating,
+    guidance and trim, so the two groups differ by the network and the server process only."""
+    from edge.rtc import RTCEngineConfig
+
+    return RTCEngineConfig(fps=remote_cfg.fps, execution_horizon=remote_cfg.execution_horizon,
+                           rtc_enabled=remote_cfg.rtc_enabled, trim=remote_cfg.trim,
+                           buffer_time_s=remote_cfg.buffer_time_s, latency_mode=remote_cfg.latency_mode,
+                           latency_window=remote_cfg.latency_window)
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -301,14 +314,24 @@ def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, Site]) -> list[
             if GL_UNAVAILABLE:
                 raise w.fail((*path, "cameras", "kind"), f"{GL_UNAVAILABLE}; or use kind: synthetic")
         policy = g.policy or g.robot
+        engine = dict(g.engine)
+        kind = engine.pop("kind", "remote")
+        if kind == "local" and g.shadow is not None:
+            raise w.fail((*path, "shadow"), "a `kind: local` group has no remote engine to compare with; put the "
+                                            "`shadow` on a remote group")
+        if g.seeds_of is not None:
+            if g.seeds_of == g.name or not any(o.name == g.seeds_of for o in m.fleet.groups):
+                others = [o.name for o in m.fleet.groups if o.name != g.name]
+                raise w.fail((*path, "seeds_of"), f"seeds_of {g.seeds_of!r} names no other group"
+                                                  f"{did_you_mean(g.seeds_of, others)}; groups: {', '.join(others)}")
         shadow = None
         if g.shadow is not None:
             shadow = {"engine": g.shadow.engine, "max_delay_steps": g.shadow.max_delay_steps,
                       "policy": g.shadow.policy or policy}
         group = Group(name=g.name, robot=g.robot, count=g.count, fps=float(g.fps), site=g.site, cameras=cams,
                       policy=policy, model_id=g.model_id or checkpoint_model_id(policy), task=g.task,
-                      episode_s=_episode_s(g.episode_s, g.robot), engine=dict(g.engine), shadow=shadow,
-                      line=w.line(*path), stagger_episodes=g.stagger_episodes)
+                      episode_s=_episode_s(g.episode_s, g.robot), engine=engine, shadow=shadow,
+                      line=w.line(*path), stagger_episodes=g.stagger_episodes, engine_kind=kind, seeds_of=g.seeds_of)
         _check_engine(w, path, group)
         groups.append(group)
     return groups
@@ -343,6 +366,12 @@ def _check_engine(w: _Where, path: tuple, group: Group) -> None:
         remote = RemoteEngineConfig.from_dict(cfg)
     except (ConfigError, TypeError, ValueError) as exc:
         raise w.fail(_engine_key_path(path, group, exc), f"the engine refuses it: {_config_words(exc)}") from None
+    if group.engine_kind == "local":
+        try:
+            local_engine_config(remote)
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise w.fail(_engine_key_path(path, group, exc), f"the local engine refuses it: {_config_words(exc)}") \
+                from None
     if group.shadow:
         try:
             shadow_engine_config(remote)
@@ -378,7 +407,7 @@ def _episode_s(value, robot: str) -> float:
 def _check_served(w: _Where, groups: list[Group], replicas: list[Replica]) -> None:
     served = {r.model_id for r in replicas}
     for i, g in enumerate(groups):
-        if g.model_id in served:
+        if g.model_id in served or g.engine_kind == "local":  # a local group loads its policy in the shard
             continue
         missing = [(j, r) for j, r in enumerate(replicas) if not _checkpoint_present(r.checkpoint)]
         if missing:  # the likelier cause: a misspelt checkpoint names another model
@@ -417,6 +446,9 @@ def check_checkpoints_present(scenario: Scenario) -> None:
         if not _checkpoint_present(r.checkpoint):
             raise w.fail(("servers", "replicas", j, "checkpoint"), _missing_checkpoint_words(r.checkpoint, scenario.groups))
     for i, g in enumerate(scenario.groups):
+        if g.engine_kind == "local" and not _checkpoint_present(g.policy):
+            key = "policy" if w.line("fleet", "groups", i, "policy") else "robot"
+            raise w.fail(("fleet", "groups", i, key), _missing_checkpoint_words(g.policy, [g]))
         if g.shadow and not _checkpoint_present(g.shadow["policy"]):
             raise w.fail(("fleet", "groups", i, "shadow", "policy"), _missing_checkpoint_words(g.shadow["policy"], [g]))
 

@@ -45,6 +45,10 @@ RUNS: dict[str, tuple[str, ...]] = {  # the longest first
     # capacity: a replica too slow for two sessions
     "capacity_too_slow": ("run", "scenarios/capacity_pi0.yaml", *SHORT, "--set", "sweep.values=[2]",
                           "--set", "duration_s=6", "--set", "servers.replicas.r0.emulated_latency=900"),
+    # local baseline (positive): a local group runs beside its remote twin and reports its own task success
+    "local_baseline": ("run", "scenarios/local_vs_lan.yaml", *SHORT, "--set", "duration_s=7",
+                       "--set", "fleet.groups.lan.count=1", "--set", "fleet.groups.local.count=1",
+                       "--set", 'assertions=["group[local].episodes >= 2"]'),
     # max_sessions: room for four sessions, six robots
     "max_sessions_short": ("run", "scenarios/max_sessions.yaml", *SHORT, "--set", "duration_s=6",
                            "--set", "servers.replicas.r1.max_sessions=1"),
