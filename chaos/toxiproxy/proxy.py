@@ -262,6 +262,10 @@ class _Side(asyncio.BufferedProtocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
 
+    def release(self) -> None:
+        """Drop the read buffer (the connection is over; a late read would allocate a new one)."""
+        self._buffer = None
+
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._buffer is None:
             self._buffer = memoryview(bytearray(READ_SIZE))
@@ -396,6 +400,13 @@ class Connection:
             for link in self.links.values():
                 link.cancel()
             self.proxy.connections.discard(self)
+            # A connection is a reference cycle (sides <-> links <-> sink, meter callbacks) that only the
+            # cyclic GC frees, and a connection that lived long sits in its oldest generation, collected
+            # rarely: give the read buffers back now, so a partition's dead connections do not hold
+            # 64 KiB per socket until then (measured: +1.7 MB RSS per heal of 13 robots, every heal).
+            for side in (self.client, self.upstream):
+                if side is not None:
+                    side.release()
 
 
 # --- toxic chains ----------------------------------------------------------------------------
