@@ -292,6 +292,10 @@ class Cluster:
                  "cpus": n.get("Resources", {}).get("CPU", 0), "gpus": n.get("Resources", {}).get("GPU", 0)}
                 for n in self.ray.nodes()]
 
+    def cpus(self) -> int:
+        """CPUs of the cluster's live nodes: what `fleet.shards: auto` sizes against instead of this host's cores."""
+        return max(1, int(sum(n["cpus"] for n in self.nodes() if n["alive"])))
+
     def host_for_endpoints(self) -> str:
         """The address other nodes reach this driver's router, proxy and control socket on: loopback when every
         node is this host, else this host's address on the cluster's network."""

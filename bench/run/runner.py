@@ -562,7 +562,8 @@ class Run:
         from bench.fleet.shard import robot_spec
         from bench.run.sizing import shard_count
 
-        self.n_shards = shard_count(self.s)  # `auto` sized from robots, fps and cores; an integer as written
+        # `auto` sized from robots, fps and the cores (the cluster's, with --cluster); an integer as written
+        self.n_shards = shard_count(self.s, self.cluster.cpus() if self.cluster is not None else None)
         specs = [{"shard": k, "robots": [], "records_dir": str(self.rec_dir), "seed": self.s.seed,
                   "engine_factory": self.engine_factory} for k in range(self.n_shards)]
         rid = 0
