@@ -399,6 +399,10 @@ class Run:
             "health_port": port,
             "audit_path": str(audit),
         }
+        if self.host != "127.0.0.1":
+            # nodes on other hosts: the replica's node is not known yet, so its health server listens on every
+            # address and the scraper reads it at the node's address (`_health_url`)
+            m["health_host"] = "0.0.0.0"
         if replica.emulated_latency is not None:
             m["emulated_latency"] = _plain(replica.emulated_latency)  # a mapping from YAML is a LineDict
         if self.s.security == "mtls":
@@ -651,6 +655,14 @@ class Run:
                 how = child.exit_text() if hasattr(child, "exit_text") else f"exited with {child.proc.returncode}"
                 raise RuntimeError(f"{name} {how}; log {child.log_path}:\n{child.tail(15)}")
 
+    def _health_url(self, info: dict) -> str:
+        """A replica's health server: on this host at loopback, on another host at its node's address."""
+        host = "127.0.0.1"
+        if self.host != "127.0.0.1":
+            node = getattr(info["child"], "node", None) or {}
+            host = node.get("ip") or host
+        return f"http://{host}:{info['health_port']}"
+
     def _local(self, child) -> bool:
         """Whether `child` runs on this host (its pid means something to this host's CPU sampler)."""
         import socket
@@ -723,7 +735,7 @@ class Run:
                     self.leg_series.add(t, legs)
             for rid, info in list(self.servers.items()):
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{info['health_port']}/metrics?{query}", timeout=0.5) as r:
+                    with urllib.request.urlopen(f"{self._health_url(info)}/metrics?{query}", timeout=0.5) as r:
                         text = r.read().decode()
                 except Exception:
                     continue  # a restarting replica has no endpoint for a while

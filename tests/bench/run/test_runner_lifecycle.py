@@ -77,3 +77,16 @@ def test_a_starved_shard_turns_a_failed_assertion_inconclusive(tmp_path):
     assert suite.get("failures") == "0" and suite.get("skipped") == "1"
     assert "shard 0" in suite.find("testcase/skipped").get("message")
     assert "INCONCLUSIVE" in (tmp_path / "run" / "report.html").read_text()
+
+
+def test_replicas_on_other_hosts_listen_for_scrapes_and_are_read_at_their_node(tmp_path):
+    from types import SimpleNamespace
+
+    from bench.run.runner import Run
+
+    runner = Run.__new__(Run)
+    runner.host = "10.0.0.5"  # the driver's address on the cluster's network: nodes on other hosts
+    info = {"child": SimpleNamespace(node={"ip": "10.0.0.7"}), "health_port": 9101}
+    assert runner._health_url(info) == "http://10.0.0.7:9101"
+    runner.host = "127.0.0.1"  # every process on this host
+    assert runner._health_url(info) == "http://127.0.0.1:9101"
