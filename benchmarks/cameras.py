@@ -20,6 +20,7 @@ import simplejpeg
 
 from bench.robots.cameras import SENSOR_NOISE, make_camera
 from bench.robots import ROBOT_TYPES, make_robot
+from benchmarks.common import Result
 
 REPORT = Path("reports/bench/cameras.json")
 
@@ -37,6 +38,19 @@ def _jpeg(frames: list[np.ndarray]) -> tuple[float, float]:
     t0 = time.perf_counter()
     sizes = [len(simplejpeg.encode_jpeg(np.ascontiguousarray(f), quality=90)) for f in frames]
     return (time.perf_counter() - t0) / len(frames) * 1e3, float(np.mean(sizes)) / 1024
+
+
+def run(quick: bool) -> Result:
+    argv = ["--sizes", "480x640", "--frames", "3", "--types", "arm"] if quick else ["--sizes", "224x224", "480x640"]
+    rep = main(argv + ["--out", os.devnull])
+    res = Result(details=rep)
+    for key, row in rep["rendered"].items():
+        if "ms_per_frame" in row:
+            res.add(f"rendered {key}", row["ms_per_frame"], "ms/frame")
+    for key, row in rep["synthetic"].items():
+        res.add(f"synthetic {key}", row["ms_per_frame"], "ms/frame")
+        res.add(f"JPEG q90 {key}", row["jpeg_q90_kb"], "KiB")
+    return res
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import Result
 from wire import ActionChunk, Header, MsgType, Observation, decode_message, encode_image, unpack_header
 
 
@@ -41,11 +42,8 @@ def _median_ms(fn, repeats):
     return statistics.median(samples)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--out", default="reports/bench/wire_codec.json")
-    args = ap.parse_args(argv)
+def measure(r: int) -> dict:
+    """Median costs and sizes per case over `r` repeats (chunks: 10 r)."""
     rng = np.random.default_rng(0)
     frames = _frames(rng)
     state = rng.normal(size=7).astype(np.float32)
@@ -72,7 +70,6 @@ def main(argv=None) -> int:
     pk_raw = {"state": state, "images": dict(zip(jpegs, frames)), "prefix_model": prefix, "prefix_robot": prefix}
     pk_jpeg = {"state": state, "images": {k: v.data for k, v in jpegs.items()}, "prefix_model": prefix, "prefix_robot": prefix}
     pk_chunk = {"chunk_model": chunk, "chunk_robot": chunk, "queue_wait_ms": 1.0, "inference_ms": 20.0}
-    r = args.repeats
     rows = {
         "observation_msgpack_jpeg": {
             "encode_ms_incl_jpeg": _median_ms(obs_encode_with_jpeg, r),
@@ -103,6 +100,30 @@ def main(argv=None) -> int:
         },
     }
     rows["observation_msgpack_jpeg"]["jpeg_kb_per_camera"] = round(np.mean([len(v.data) for v in jpegs.values()]) / 1000, 1)
+    return rows
+
+
+def run(quick: bool) -> Result:
+    rows = measure(5 if quick else 50)
+    res = Result(details=rows)
+    obs, chunk, pk = rows["observation_msgpack_jpeg"], rows["chunk_msgpack"], rows["observation_pickle_jpeg_bytes"]
+    res.add("observation encode (3 JPEG q90 480x640 incl.)", obs["encode_ms_incl_jpeg"], "ms")
+    res.add("observation encode excl. JPEG", obs["encode_ms_excl_jpeg"], "ms")
+    res.add("observation decode excl. JPEG", obs["decode_ms_excl_jpeg"], "ms")
+    res.add("observation decode excl. JPEG / pickle", obs["decode_ms_excl_jpeg"] / pk["decode_ms_excl_jpeg"], "x")
+    res.add("observation bytes", obs["bytes"], "B")
+    res.add("chunk encode", chunk["encode_ms"] * 1e3, "us")
+    res.add("chunk decode", chunk["decode_ms"] * 1e3, "us")
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.codec", description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--out", default="reports/bench/wire_codec.json")
+    args = ap.parse_args(argv)
+    r = args.repeats
+    rows = measure(r)
     print(f"{'case':34s} {'encode ms':>10s} {'decode ms':>10s} {'bytes':>10s}")
     for name, row in rows.items():
         enc = next(v for k, v in row.items() if k.startswith("encode"))

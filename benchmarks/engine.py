@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from benchmarks.common import Result
+
 from wire.procs import ChildProcess, start_router
 
 
@@ -54,14 +56,10 @@ def _checkpoint(tmp: Path) -> Path:
     return save_checkpoint(make_policy(cfg), stats, tmp / "edge_bench")
 
 
-def main(argv=None) -> int:
+def measure(seconds: float, idle_engines: int) -> dict:
+    """get_action() under a busy worker for `seconds`, then `idle_engines` idle engines' memory and threads."""
     from edge import RemoteEngineConfig, make_engine
 
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--idle-engines", type=int, default=100)
-    ap.add_argument("--out", default="reports/bench/edge_engine.json")
-    args = ap.parse_args(argv)
     names = [f"j{i}" for i in range(6)]
     result: dict = {}
     with tempfile.TemporaryDirectory() as tmpd:
@@ -84,7 +82,7 @@ def main(argv=None) -> int:
             frames = {n: np.random.default_rng(i).integers(0, 255, (240, 320, 3), np.uint8)
                       for i, n in enumerate(cfg.cameras)}
             times, nones = [], 0
-            t_end = time.monotonic() + args.seconds
+            t_end = time.monotonic() + seconds
             k = 0
             t0 = time.monotonic()
             while time.monotonic() < t_end:
@@ -105,13 +103,13 @@ def main(argv=None) -> int:
             result["busy_worker_requests"] = st["requests"]
             result["busy_worker_chunks"] = st["chunks"]
             result["ticks"] = len(times)
-            print(f"get_action()+notify_observation() under a busy worker ({st['requests']} requests in {args.seconds:g} s, "
+            print(f"get_action()+notify_observation() under a busy worker ({st['requests']} requests in {seconds:g} s, "
                   f"2 JPEG cameras 320x240): p50 {result['get_action_us_p50']:.1f} us, p99 {result['get_action_us_p99']:.1f} us, "
                   f"max {result['get_action_us_max']:.0f} us")
             # 2. idle engines
             rss0, threads0, native0 = _rss_mb(), threading.active_count(), _os_threads()
             engines = []
-            for i in range(args.idle_engines):
+            for i in range(idle_engines):
                 e = make_engine(RemoteEngineConfig(connect_endpoints=[endpoint], model_id="arm", fps=30.0, action_names=names,
                                                    state_dim=6, client_uuid=f"idle-{i}"))
                 e.start()
@@ -135,6 +133,27 @@ def main(argv=None) -> int:
         finally:
             server.stop()
             router.stop()
+    return result
+
+
+def run(quick: bool) -> Result:
+    r = measure(2.0 if quick else 10.0, 5 if quick else 100)
+    res = Result(details=r)
+    res.add("get_action()+notify_observation() p50, busy worker, 2 JPEG cameras", r["get_action_us_p50"], "us")
+    res.add("get_action()+notify_observation() p99, busy worker, 2 JPEG cameras", r["get_action_us_p99"], "us",
+            target=20.0)
+    res.add("RSS per idle remote engine", r["rss_mb_per_idle_engine"], "MiB")
+    res.add("OS threads per idle remote engine", r["os_threads_per_idle_engine"], "threads")
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--idle-engines", type=int, default=100)
+    ap.add_argument("--out", default="reports/bench/edge_engine.json")
+    args = ap.parse_args(argv)
+    result = measure(args.seconds, args.idle_engines)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.common import Result
+
 
 def build(preset: str, cameras: int, image_size: int, device: str, compile_: bool):
     from server.policies import PolicyConfig, make_policy
@@ -127,6 +129,22 @@ def gain_figures(policy, n: int, repeat: int, warmup: int) -> dict:
     return {"sessions": n, "one_at_a_time_ms": serial, "micro_batched_ms": batched,
             "throughput_one_at_a_time_rps": n / serial * 1e3, "throughput_micro_batched_rps": n / batched * 1e3,
             "gain": serial / batched}
+
+
+def run(quick: bool) -> Result:
+    """vla_300m on the CUDA device; skipped (with the reason) on a host without one."""
+    if not torch.cuda.is_available():
+        return Result(skipped="no CUDA device (torch.cuda.is_available() is False); run on a GPU host")
+    batches = [1, 8] if quick else [1, 8, 32, 64]
+    policy = build("vla_300m", 2, 224, "cuda", False)
+    repeat, warmup = (2, 1) if quick else (10, 3)
+    forward = forward_figures(policy, batches, repeat, warmup)
+    gain = gain_figures(policy, max(batches), repeat, warmup)
+    res = Result(details={"device": torch.cuda.get_device_name(0), "forward": forward, "micro_batching": gain})
+    for n in batches:
+        res.add(f"vla_300m guided forward, batch {n}", forward[str(n)]["guided"]["median_ms"], "ms")
+    res.add(f"micro-batching gain at {gain['sessions']} sessions", gain["gain"], "x")
+    return res
 
 
 def main(argv=None) -> int:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import Result
+
 
 def _echo_server() -> tuple[socket.socket, int]:
     srv = socket.create_server(("127.0.0.1", 0))
@@ -57,15 +59,11 @@ def _rt(s: socket.socket, payload: bytes) -> float:
     return (time.perf_counter_ns() - t0) / 1e6
 
 
-def main(argv=None) -> int:
+def measure(round_trips: int, size: int) -> dict:
+    """Interleaved direct and proxied round trips of `size` bytes; the p50/p99 of each and the added p50."""
     from chaos.client import ChaosClient
     from chaos.launch import start_proxy_server
 
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.proxy", description=__doc__.splitlines()[0])
-    ap.add_argument("--round-trips", type=int, default=2000)
-    ap.add_argument("--size", type=int, default=64)
-    ap.add_argument("--out", default="reports/bench/chaos_overhead.json")
-    args = ap.parse_args(argv)
     srv, port = _echo_server()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
@@ -75,11 +73,11 @@ def main(argv=None) -> int:
             api = ChaosClient(proxy.api_url)
             listen = api.create_proxy("bench", upstream=f"127.0.0.1:{port}")["listen"]
             direct, proxied = _conn(port), _conn(int(listen.rsplit(":", 1)[1]))
-            payload = b"x" * args.size
+            payload = b"x" * size
             for _ in range(100):  # warm both paths
                 _rt(direct, payload), _rt(proxied, payload)
             d, p = [], []
-            for _ in range(args.round_trips):
+            for _ in range(round_trips):
                 d.append(_rt(direct, payload))
                 p.append(_rt(proxied, payload))
             direct.close()
@@ -88,10 +86,30 @@ def main(argv=None) -> int:
             proxy.stop()
     srv.close()
     d, p = np.array(d), np.array(p)
-    res = {"round_trips": args.round_trips, "size_bytes": args.size, "startup_s": startup_s,
-           "direct_ms_p50": float(np.median(d)), "direct_ms_p99": float(np.percentile(d, 99)),
-           "proxied_ms_p50": float(np.median(p)), "proxied_ms_p99": float(np.percentile(p, 99)),
-           "added_ms_p50": float(np.median(p) - np.median(d)), "real_toxiproxy": proxy.real_toxiproxy}
+    return {"round_trips": round_trips, "size_bytes": size, "startup_s": startup_s,
+            "direct_ms_p50": float(np.median(d)), "direct_ms_p99": float(np.percentile(d, 99)),
+            "proxied_ms_p50": float(np.median(p)), "proxied_ms_p99": float(np.percentile(p, 99)),
+            "added_ms_p50": float(np.median(p) - np.median(d)), "real_toxiproxy": proxy.real_toxiproxy}
+
+
+def run(quick: bool) -> Result:
+    r = measure(300 if quick else 3000, 64)
+    res = Result(details=r)
+    res.add("added latency p50, 64-byte round trip", r["added_ms_p50"], "ms", target=0.2)
+    res.add("direct round trip p50", r["direct_ms_p50"], "ms")
+    res.add("proxied round trip p99", r["proxied_ms_p99"], "ms")
+    res.add("proxy start-up", r["startup_s"], "s")
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.proxy", description=__doc__.splitlines()[0])
+    ap.add_argument("--round-trips", type=int, default=2000)
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--out", default="reports/bench/chaos_overhead.json")
+    args = ap.parse_args(argv)
+    res = measure(args.round_trips, args.size)
+    startup_s = res["startup_s"]
     print(f"proxy start-up {startup_s * 1e3:.0f} ms; {args.size}-byte round trips: direct p50 {res['direct_ms_p50']:.3f} ms "
           f"p99 {res['direct_ms_p99']:.3f} ms; through the proxy p50 {res['proxied_ms_p50']:.3f} ms p99 "
           f"{res['proxied_ms_p99']:.3f} ms; added p50 {res['added_ms_p50']:.3f} ms (target < 0.2 ms)")

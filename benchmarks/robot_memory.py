@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import multiprocessing
 from pathlib import Path
+
+from benchmarks.common import Result
 
 REPORT = Path("reports/bench/robots_memory.json")
 
@@ -55,6 +58,14 @@ def _measure(robot_type: str, robots: int) -> dict:
         "fleet_of_300_mb": round((after - before) / robots * 300 / 2**20, 1),
         "mujoco": mujoco.__version__,
     }
+
+
+def run(quick: bool) -> Result:
+    rep = main((["--robots", "10", "--types", "arm"] if quick else []) + ["--out", os.devnull])
+    res = Result(details=rep)
+    for name, row in rep["types"].items():
+        res.add(f"{name}: RSS per robot", row["rss_per_robot_kb"], "KiB")
+    return res
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -21,6 +21,7 @@ import mujoco
 import numpy as np
 
 from bench.robots import DEFAULT_FPS, ROBOT_TYPES, RobotBatch, make_robot
+from benchmarks.common import Result
 
 REPORT = Path("reports/bench/robots_step.json")
 
@@ -80,6 +81,15 @@ def bench_env(robot_type: str, steps: int = 600) -> float:
         if terminated or truncated:
             env.reset()
     return round((time.perf_counter() - t0) / steps * 1e6, 2)
+
+
+def run(quick: bool) -> Result:
+    rep = main((["--robots", "30", "--seconds", "0.3"] if quick else []) + ["--out", os.devnull])
+    res = Result(details=rep)
+    for name, row in rep["types"].items():
+        res.add(f"{name}: CPU per robot-step ({row['robots']} robots)", row["us_per_robot_step_cpu"], "us")
+        res.add(f"{name}: cores for real time ({row['robots']} robots)", row["cores_for_real_time"], "cores")
+    return res
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -14,10 +14,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 
+from benchmarks.common import Result
+
 REPORT = Path("reports/bench/router_memory.json")
+
+
+def run(quick: bool) -> Result:
+    rep = main((["--cycles", "4", "--sessions", "3"] if quick else []) + ["--out", os.devnull])
+    res = Result(details=rep)
+    res.add("router RSS at the end", rep["rss_mb"][-1]["rss_mb"], "MiB")
+    res.add("router RSS growth, second half", rep["growth_second_half_mb"], "MiB")
+    return res
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -12,11 +12,12 @@ import argparse
 import time
 from collections import Counter
 
+from benchmarks.common import Result
 from server.mailbox import Mailbox
 from server.scheduling import Request, scheduler_names
 
 
-def run(strategy: str, sessions: int, deposits: int, max_batch: int) -> dict[str, float]:
+def measure(strategy: str, sessions: int, deposits: int, max_batch: int) -> dict[str, float]:
     clock = [0.0]
     box = Mailbox(strategy, max_queue_size=sessions, request_ttl_ms=None, clock=lambda: clock[0],
                   scheduler_options={"batch_window_ms": 1.0} if strategy == "batch_optimized" else None)
@@ -45,6 +46,18 @@ def run(strategy: str, sessions: int, deposits: int, max_batch: int) -> dict[str
     return {"deposit_us": deposit_us, "take_us": t_take / takes * 1e6, "spread": max(counts) - min(counts)}
 
 
+def run(quick: bool) -> Result:
+    """Every registered strategy at the documented size (quick: 50 sessions, 5,000 deposits)."""
+    sessions, deposits = (50, 5_000) if quick else (200, 50_000)
+    res = Result(details={"sessions": sessions, "deposits": deposits, "max_batch": 4, "strategies": {}})
+    for name in scheduler_names():
+        row = measure(name, sessions, deposits, 4)
+        res.details["strategies"][name] = row
+        res.add(f"{name} deposit", row["deposit_us"], "us")
+        res.add(f"{name} take", row["take_us"], "us")
+    return res
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=200)
@@ -54,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     print(f"{'strategy':<16} {'deposit_us':>10} {'take_us':>9} {'spread':>7}")
     for name in a.strategy or scheduler_names():
-        row = run(name, a.sessions, a.deposits, a.max_batch)
+        row = measure(name, a.sessions, a.deposits, a.max_batch)
         print(f"{name:<16} {row['deposit_us']:>10.2f} {row['take_us']:>9.2f} {row['spread']:>7}")
 
 

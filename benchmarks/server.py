@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from benchmarks.common import Result
 from wire import ReplicaKeys
 from wire.procs import ChildProcess, start_router
 
@@ -63,7 +64,9 @@ def _run_load(endpoint: str, tag: str, n: int, seconds: float) -> dict:
     rk = ReplicaKeys("bench", "main", tag)
     conns, models = [], []
     for i in range(n):
-        c = Connection([endpoint], f"bench-{tag}-{i}")
+        # a client uuid per step: the previous step's sessions stay live for the server (guard.session_live) until
+        # their token loss is confirmed, and an open of a live session's uuid without its proof is SESSION_LIVE
+        c = Connection([endpoint], f"bench-{tag}-n{n}-{i}")
         m = c.model("bench", action_names=["x", "y", "grip"], state_dim=4, fps=30.0, rtc_enabled=True,
                     execution_horizon=10, replica_order=[rk.replica_id])
         conns.append(c)
@@ -104,28 +107,22 @@ def _run_load(endpoint: str, tag: str, n: int, seconds: float) -> dict:
             "overhead_ms_p99": float(np.percentile(rt - inf, 99)) if rt.size else None}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.server", description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32, 64])
-    ap.add_argument("--emulated-ms", type=float, default=20.0)
-    ap.add_argument("--per-item-ms", type=float, default=0.5)
-    ap.add_argument("--out", default="reports/bench/server.json")
-    args = ap.parse_args(argv)
-    results = {"seconds_per_point": args.seconds, "points": []}
+def measure(seconds: float, sessions: list[int], emulated_ms: float, per_item_ms: float) -> dict:
+    """Every (forward, max_batch, sessions) point, the overhead at 1 session and the micro-batching speed-ups."""
+    results = {"seconds_per_point": seconds, "points": [], "speedup": {}}
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
         ckpt = _checkpoint(tmp)
         router, endpoint = start_router(None, tmp / "router.log")
         try:
             for forward, emulated in (("cpu", None),
-                                      ("emulated", {"mean_ms": args.emulated_ms, "per_batch_item_ms": args.per_item_ms})):
+                                      ("emulated", {"mean_ms": emulated_ms, "per_batch_item_ms": per_item_ms})):
                 for max_batch in (1, 64):
                     tag = f"{forward}-b{max_batch}"
                     server = _start_server(tmp, ckpt, endpoint, max_batch, emulated, tag)
                     try:
-                        for n in args.sessions:
-                            r = _run_load(endpoint, tag, n, args.seconds)
+                        for n in sessions:
+                            r = _run_load(endpoint, tag, n, seconds)
                             r.update(forward=forward, max_batch=max_batch, emulated=emulated)
                             results["points"].append(r)
                             print(f"{forward:9s} max_batch={max_batch:<3d} sessions={n:<3d} {r['requests_per_s']:8.1f} req/s  "
@@ -143,10 +140,37 @@ def main(argv=None) -> int:
         print(f"server overhead per request (round trip minus forward pass, 1 session): p50 {one[0]['overhead_ms_p50']:.2f} ms, "
               f"p99 {one[0]['overhead_ms_p99']:.2f} ms")
     for forward in ("cpu", "emulated"):
-        for n in args.sessions:
+        for n in sessions:
             pts = {p["max_batch"]: p["requests_per_s"] for p in results["points"] if p["forward"] == forward and p["sessions"] == n}
             if 1 in pts and 64 in pts and pts[1]:
+                results["speedup"][f"{forward}@{n}"] = pts[64] / pts[1]
                 print(f"{forward:9s} sessions={n:<3d} micro-batching speed-up x{pts[64] / pts[1]:.2f}")
+    return results
+
+
+def run(quick: bool) -> Result:
+    sessions = [1, 8] if quick else [1, 8, 32, 64]
+    r = measure(1.0 if quick else 3.0, sessions, 20.0, 0.5)
+    res = Result(details=r)
+    res.add("overhead per request p50 (round trip - forward, 1 session)", r.get("overhead_ms_p50"), "ms", target=0.5)
+    res.add("overhead per request p99 (round trip - forward, 1 session)", r.get("overhead_ms_p99"), "ms")
+    n = sessions[-1]
+    for forward in ("emulated", "cpu"):
+        target = 5.0 if forward == "emulated" and n == 64 else None
+        res.add(f"micro-batched / one-at-a-time throughput, {n} sessions, {forward} forward",
+                r["speedup"].get(f"{forward}@{n}"), "x", target=target, better="higher")
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.server", description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--emulated-ms", type=float, default=20.0)
+    ap.add_argument("--per-item-ms", type=float, default=0.5)
+    ap.add_argument("--out", default="reports/bench/server.json")
+    args = ap.parse_args(argv)
+    results = measure(args.seconds, args.sessions, args.emulated_ms, args.per_item_ms)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=float))

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from benchmarks.common import Result
 from wire import Header, MsgType, Observation, ReplicaKeys, SCHEMA_VERSION, SessionOpen, decode_message, unpack_header
 from wire import auth as wauth
 from wire.procs import ChildProcess, start_router
@@ -226,6 +227,22 @@ def over_budget(r: dict) -> list[str]:
     if r["metrics_per_robot_lines"]:
         bad.append(f"{r['metrics_per_robot_lines']} /metrics samples carry a robot's name")
     return bad
+
+
+def run(quick: bool) -> Result:
+    """Quick: the CI size. Every figure here is a memory budget, so it is judged in quick runs too."""
+    r = measure(*((200, 8.0, 1000.0) if quick else (1000, 60.0, 1500.0)), None)
+    res = Result(details=r)
+    res.add("RSS per session, sessions open", r["per_session_kb"], "KiB")
+    res.add("RSS per session after the drive", r["per_session_kb_after_drive"], "KiB", target=BUDGET_PER_SESSION_KB,
+            budget=True)
+    growth = r["growth_kb_per_10k_requests"]
+    judged = r["answered"] >= MIN_REQUESTS_FOR_GROWTH
+    res.add(f"RSS growth per 10k requests ({r['answered']} answered)", growth, "KiB",
+            target=BUDGET_GROWTH_KB_PER_10K_REQUESTS if judged else None, budget=True)
+    res.add("/metrics scrape with every session open", r["metrics_bytes"], "B", target=BUDGET_METRICS_BYTES, budget=True)
+    res.add("/metrics samples carrying a robot's name", r["metrics_per_robot_lines"], "lines", target=0, budget=True)
+    return res
 
 
 def main(argv=None) -> int:

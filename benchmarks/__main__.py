@@ -1,0 +1,77 @@
+"""Runs the benchmark suite: `python -m benchmarks [NAME ...] [--quick] [--out-dir DIR]`.
+
+Each named benchmark (all when none is named) runs through its `run(quick)` and writes
+DIR/NAME.json (figures, units, targets, machine facts, load average at start and end); the run
+writes DIR/summary.md (one table) and prints it. `--quick` sizes each benchmark to seconds and
+judges no timing target (only budgets: see benchmarks.common). Exit 0 when every benchmark ran and
+every judged target is met; 1 when one failed or missed a judged target; 2 for an unknown name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from benchmarks.common import load_average, report_dict, summary_table
+
+# cheap first: a broken benchmark shows in seconds
+NAMES = ("codec", "scheduling", "cameras", "robot_step", "robot_memory", "router_memory", "proxy", "engine",
+         "server", "server_memory", "gpu_forward")
+
+
+def run_one(name: str, quick: bool, out_dir: Path) -> dict:
+    mod = importlib.import_module(f"benchmarks.{name}")
+    load0, t0 = load_average(), time.monotonic()
+    try:
+        result = mod.run(quick)
+    except Exception as exc:  # noqa: BLE001  one broken benchmark must not hide the others' figures
+        traceback.print_exc()
+        rep = {"benchmark": name, "quick": quick, "error": f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300],
+               "figures": []}
+    else:
+        rep = report_dict(name, result, quick, load0, time.monotonic() - t0)
+        rep["failed_targets"] = [f.name for f in result.failures(quick)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(rep, indent=1, default=float) + "\n")
+    return rep
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run (default: all): {', '.join(NAMES)}")
+    ap.add_argument("--quick", action="store_true", help="seconds each; figures only, timing targets not judged")
+    ap.add_argument("--out-dir", type=Path, default=Path("reports/bench"))
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.names if n not in NAMES]
+    if unknown:
+        print(f"python -m benchmarks: unknown benchmark {', '.join(unknown)}; the benchmarks are: {', '.join(NAMES)}",
+              file=sys.stderr)
+        return 2
+    names = list(dict.fromkeys(args.names)) or list(NAMES)
+    reports: dict[str, dict] = {}
+    for name in names:
+        print(f"== {name}{' (quick)' if args.quick else ''}", flush=True)
+        reports[name] = rep = run_one(name, args.quick, args.out_dir)
+        state = "skipped: " + rep["skipped"] if rep.get("skipped") else rep.get("error") or f"{rep['seconds']:.1f} s"
+        print(f"== {name}: {state}", flush=True)
+    table = summary_table(reports)
+    load = load_average()
+    head = (f"# Benchmarks{' (quick)' if args.quick else ''}\n\n`python -m benchmarks {' '.join(args.names)}"
+            f"{' --quick' if args.quick else ''}`; load average at the end {load} (the machine may be shared: "
+            f"compare ratios within one run).\n\n")
+    (args.out_dir / "summary.md").write_text(head + table)
+    print(table)
+    print(f"wrote {args.out_dir / 'summary.md'}")
+    bad = [n for n, r in reports.items() if r.get("error") or r.get("failed_targets")]
+    if bad:
+        print(f"failed or missed a judged target: {', '.join(bad)}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

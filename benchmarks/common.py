@@ -1,0 +1,103 @@
+"""The one shape every benchmark returns, the machine facts beside its figures, and the summary table.
+
+A benchmark module exposes `run(quick: bool) -> Result`: named figures with units and, where the
+project has one, a target. The runner (`python -m benchmarks`) writes each Result as
+reports/bench/NAME.json and all of them as one table, reports/bench/summary.md. Invariant: a timing
+target is judged only in a full run (quick runs on noisy CI machines only produce figures); a figure
+marked `budget` (a memory or size budget, not a timing) is judged in every run, quick included.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Figure:
+    name: str
+    value: float | None
+    unit: str
+    target: float | None = None
+    better: str = "lower"  # "lower": met when value <= target; "higher": met when value >= target
+    budget: bool = False  # judged in quick mode too (memory/size, not a timing)
+
+    def met(self) -> bool | None:
+        if self.target is None or self.value is None:
+            return None
+        return self.value <= self.target if self.better == "lower" else self.value >= self.target
+
+    def target_text(self) -> str:
+        if self.target is None:
+            return ""
+        return f"{'<=' if self.better == 'lower' else '>='} {self.target:g}"
+
+
+@dataclass
+class Result:
+    figures: list[Figure] = field(default_factory=list)
+    details: dict = field(default_factory=dict)  # the benchmark's full figures (written to its JSON)
+    skipped: str | None = None  # why the benchmark did not run here (no CUDA, a library missing)
+
+    def add(self, name: str, value, unit: str, target: float | None = None, better: str = "lower",
+            budget: bool = False) -> None:
+        self.figures.append(Figure(name, None if value is None else float(value), unit, target, better, budget))
+
+    def failures(self, quick: bool) -> list[Figure]:
+        """Figures whose target is judged in this mode and missed."""
+        return [f for f in self.figures if (f.budget or not quick) and f.met() is False]
+
+
+def load_average() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def machine_facts() -> dict:
+    """Cores, CPU model, the versions that move figures, the date: what a reader needs to compare runs."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    versions = {"python": platform.python_version()}
+    for mod in ("torch", "zenoh", "numpy", "mujoco"):
+        try:
+            versions[mod] = getattr(__import__(mod), "__version__", "?")
+        except Exception:  # noqa: BLE001  a missing library is a fact, not an error
+            versions[mod] = None
+    return {"cores": os.cpu_count(), "cpu_model": cpu, "platform": platform.platform(), **versions,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def summary_table(results: dict[str, dict]) -> str:
+    """One Markdown table over every benchmark's JSON report: benchmark, figure, value, unit, target, met?"""
+    lines = ["| benchmark | figure | value | unit | target | met? |", "|---|---|---|---|---|---|"]
+    for name, rep in results.items():
+        if rep.get("skipped"):
+            lines.append(f"| {name} | skipped | | | | {rep['skipped']} |")
+            continue
+        if rep.get("error"):
+            lines.append(f"| {name} | FAILED | | | | {rep['error']} |")
+            continue
+        for f in rep["figures"]:
+            fig = Figure(**f)
+            met = fig.met()
+            judged = fig.budget or not rep["quick"]
+            mark = "" if met is None else ("yes" if met else "NO") + ("" if judged else " (not judged: quick)")
+            lines.append(f"| {name} | {fig.name} | {_fmt(fig.value)} | {fig.unit} | {fig.target_text()} | {mark} |")
+    return "\n".join(lines) + "\n"
+
+
+def report_dict(name: str, result: Result, quick: bool, load_start: list[float], seconds: float) -> dict:
+    return {"benchmark": name, "quick": quick, "seconds": round(seconds, 2), "machine": machine_facts(),
+            "load_average_start": load_start, "load_average_end": load_average(), "skipped": result.skipped,
+            "figures": [asdict(f) for f in result.figures], "details": result.details}
