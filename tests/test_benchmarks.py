@@ -44,3 +44,32 @@ def test_every_benchmark_has_the_same_shape():
     for name in NAMES:
         run = importlib.import_module(f"benchmarks.{name}").run
         assert list(inspect.signature(run).parameters) == ["quick"], name
+
+
+def test_peer_codecs_carry_the_same_payload():
+    """The three stacks of benchmarks.peers carry the same bytes both ways (else the comparison is unfair)."""
+    import numpy as np
+    import pytest
+
+    from benchmarks import peers
+
+    if peers.missing_libraries():
+        pytest.skip(f"bench-peers extra not installed: {peers.missing_libraries()}")
+    p = peers.payload()
+    jpegs = {k: v.data for k, v in p["images"].items()}
+    ours = peers.OursCodec(p)
+    _, obs = ours.decode_request(*ours.encode_request())
+    assert {k: v.data for k, v in obs.images.items()} == jpegs and obs.task == p["task"]
+    _, chunk = ours.decode_reply(*ours.encode_reply(ours.decode_request(*ours.encode_request())))
+    assert np.array_equal(chunk.chunk_robot, p["chunk"]) and np.array_equal(chunk.chunk_model, p["chunk"])
+    pb = peers.ProtobufCodec(p)
+    req = pb.decode_request(pb.encode_request())
+    assert req[2] == jpegs and np.array_equal(req[1], p["state"]) and req[3] == p["task"]
+    _, model, robot = pb.decode_reply(pb.encode_reply(req))
+    assert np.array_equal(model, p["chunk"]) and np.array_equal(robot, p["chunk"])
+    pk = peers.PickleCodec(p)
+    req = pk.decode_request(pk.encode_request())
+    assert req["images"] == jpegs and np.array_equal(req["state"], p["state"])
+    assert np.array_equal(pk.decode_reply(pk.encode_reply(req))["chunk_robot"], p["chunk"])
+    sizes = [peers.codec_only(s, p, 3)[1] for s in ("ours", "zmq_protobuf", "grpc_pickle")]
+    assert max(sizes) - min(sizes) < 0.01 * min(sizes)  # the same payload within 1 %
