@@ -1,0 +1,248 @@
+"""Chunking strategies under inference delay, closed loop in simulation: the delay in control steps is
+simulated, so the figures do not depend on this machine's load (the real-system comparison is
+`scenarios/chunking_vs_delay.yaml`).
+
+A request goes out every `s` ticks (the execution horizon; d <= s) on the state of that tick; its
+chunk exists d ticks later. While it is computed the robot executes what the strategy gives it:
+
+    sync      nothing (None: the robot's hold) for d ticks, then the new chunk's rows 0..s-1 (the
+              cycle is d + s ticks: blocking inference); every strategy's first chunk of an episode too
+    append    the engine's append mode: the whole chunk queues behind the leftover (rows 0..H-1, each chunk
+              executed whole, its row 0 d + 2 ticks after its observation); asked for when d + 2 are left
+    naive     the previous chunk's rows s..s+d-1 (already committed), then the new chunk's rows d..s-1,
+              unguided: the RTC paper's naive asynchronous baseline (append/replace without guidance)
+    rtc       as naive, but the new chunk is sampled with RTC guidance on the previous chunk's rows
+              s..s+horizon-1 (the first d of them are exactly what the robot executes meanwhile)
+
+The previous chunk's row s + i and the new chunk's row i are the same tick. The policy is the
+checkpoint's, normalised as the server does (bench.training.train.CheckpointPolicy); `hp` overrides
+its hyper-parameters for the run (prefix_schedule, max_guidance_weight, guidance_jacobian) and
+`horizon` the guided rows (the engine's execution_horizon; 0: the checkpoint's; -1: d, only the
+committed rows, a hard mask).
+
+    python -m bench.training.delay_eval --checkpoint reacher --delays 0,2,4,8,12,16 --episodes 40
+
+prints success and seam jerk per strategy and delay and writes reports/delay_eval/<checkpoint>.json;
+`--plot FILE... --out PREFIX` draws them (PREFIX_success.svg, PREFIX_seam_jerk.svg).
+Invariant: one seed gives the same episodes to every strategy and delay (a paired comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.evidence.seams import seam_metrics
+from bench.robots import make_robot
+
+STRATEGIES = ("sync", "append", "naive", "rtc")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: int, execution_steps: int,
+                 episodes: int, seed: int, horizon: int = 0, hp: dict[str, Any] | None = None,
+                 expert: bool = False) -> dict[str, Any]:
+    """Success rate, seam jerk and held ticks of one (strategy, d, s) over `episodes` seeded episodes.
+    `expert`: the robot type's scripted expert's plans (bench.training.experts.plan_chunks) instead of
+    the checkpoint's chunks (its chunk size and rate kept), for every strategy but rtc."""
+    import torch
+
+    from bench.training.experts import plan_chunks
+    from bench.training.train import CheckpointPolicy
+
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r}; use one of {STRATEGIES}")
+    if expert and strategy == "rtc":
+        raise ValueError("the scripted expert cannot be guided: use sync, append or naive with expert")
+    d, s = int(delay), int(execution_steps)
+    if not 0 <= d <= s:
+        raise ValueError(f"need 0 <= d <= s (one request in flight), got d={d}, s={s}")
+    loaded = CheckpointPolicy(checkpoint)
+    policy, config = loaded.policy, loaded.config
+    policy.hp.update(hp or {})
+    horizon = d if horizon < 0 else int(horizon or config.execution_horizon)
+    mean_s, std_s = loaded.state_stats["mean"], loaded.state_stats["std"]
+    mean_a, std_a = loaded.action_stats["mean"], loaded.action_stats["std"]
+
+    def infer(state, prefix):
+        if expert:
+            return plan_chunks(robot_type, np.asarray(state)[None], config.chunk_size, fps=config.fps)[0]
+        x = (torch.as_tensor(state, dtype=torch.float32)[None] - mean_s) / std_s
+        with torch.no_grad():
+            return policy.predict_action_chunk({"observation.state": x}, [d], [prefix])[0]
+
+    def robot(chunk_model):
+        return chunk_model if expert else (chunk_model * std_a + mean_a).numpy()
+
+    env = make_robot(robot_type, seed=seed, fps=config.fps)
+    executed, seams, starts, outcomes = [], [], [], []
+    held = 0
+    for e in range(episodes):
+        state, _ = env.reset(seed=seed + e)
+        starts.append(len(executed))
+        previous = None  # model-space chunk of the last request
+        pending: list = []
+        tick, next_request = 0, 0
+        while True:
+            if tick == next_request:
+                prefix = None
+                if strategy == "rtc" and previous is not None and horizon > 0:
+                    prefix = previous[s : s + horizon]
+                new = infer(state, prefix if prefix is not None and len(prefix) else None)
+                rows = robot(new)
+                if strategy == "append":
+                    # the engine's append mode (edge.queue): the whole new chunk queues behind the leftover,
+                    # asked for when d + 2 actions are left (edge.remote.plan_execution), so it lands in time
+                    buffer = min(d + 2, len(rows))
+                    pending = (pending if previous is not None else [None] * d) + list(rows)
+                    next_request = tick + len(pending) - buffer
+                    if previous is not None:  # an episode's first chunk follows nothing: no seam
+                        seams.append(len(executed) + len(pending) - len(rows))
+                    previous = new
+                    action = pending.pop(0) if pending else None
+                    held += action is None
+                    state, _, terminated, truncated, info = env.step(action)
+                    executed.append(info["command"])
+                    tick += 1
+                    if terminated or truncated:
+                        outcomes.append(bool(info["is_success"]))
+                        break
+                    continue
+                if strategy == "sync" or previous is None:
+                    # blocking, and every strategy's first chunk of an episode: nothing ran meanwhile, so
+                    # the chunk runs from row 0 (the engine's trim "consumed": no over-trim from standstill)
+                    pending = [None] * d + list(rows[:s])
+                    next_request = tick + d + s
+                else:
+                    pending = list(robot(previous)[s : s + d]) + list(rows[d:s])
+                    next_request = tick + s
+                if previous is not None:
+                    seams.append(len(executed) + d)  # the new chunk's first executed row
+                previous = new
+            action = pending.pop(0) if pending else None
+            held += action is None
+            state, _, terminated, truncated, info = env.step(action)
+            executed.append(info["command"])
+            tick += 1
+            if terminated or truncated:
+                outcomes.append(bool(info["is_success"]))
+                break
+    scale = env.action_space.high - env.action_space.low
+    seam = seam_metrics(np.asarray(executed), seams, episode_starts=starts, scale=scale)
+    return {"strategy": strategy + ("_expert" if expert else ""), "delay_steps": d, "execution_steps": s, "horizon": horizon, "hp": hp or {},
+            "episodes": episodes, "success_rate": float(np.mean(outcomes)), "held_ticks": int(held),
+            "seam_jerk_p95": seam["seam_jerk_p95"], "seam_jerk_median": seam["seam_jerk_median"],
+            "within_jerk_median": seam["within_jerk_median"]}
+
+
+def plan_s(d: int, chunk: int) -> int:
+    """The remote engine's derived execution horizon: H // 2 clamped to [d, H - d], d when no s fits (the rule
+    of edge.remote.plan_execution, which bench.training may not import; tests/bench/training checks they agree)."""
+    return min(max(chunk // 2, d), chunk - d) if 2 * d <= chunk else d
+
+
+def plot(files: list[Path], out_prefix: Path) -> list[Path]:
+    """`<out_prefix>_success.svg` and `<out_prefix>_seam_jerk.svg`: each (file, strategy) a line over d;
+    a file written with --tag names its lines `strategy-tag`. A `bench run` sweep.json of
+    scenarios/chunking_vs_delay.yaml draws one line per group (d from the latency toxic's ms each way)."""
+    from bench.evidence.svg import line_chart
+
+    lines: dict[str, dict[str, tuple[list, list]]] = {"success_rate": {}, "seam_jerk_p95": {}}
+    for f in files:
+        data = json.loads(Path(f).read_text())
+        if "variants" in data:  # a `bench run` sweep.json over the latency toxic (chunking_vs_delay): ms each way
+            for variant in data["variants"]:
+                d = round(float(variant["value"]) / 16.67)  # d * 33.3 ms per round trip at 30 Hz
+                for group, figures in variant["row"]["groups"].items():
+                    for key, figure in lines.items():
+                        xs, ys = figure.setdefault(group, ([], []))
+                        value = figures.get("task_success_rate" if key == "success_rate" else key)
+                        if value is not None:
+                            xs.append(d)
+                            ys.append(value)
+            continue
+        stem = Path(data["checkpoint"]).name
+        tag = Path(f).stem[len(stem) + 1 :] if Path(f).stem.startswith(stem + "-") else ""
+        for row in data["rows"]:
+            name = row["strategy"] + (f"-{tag}" if tag else "")
+            for key, figure in lines.items():
+                xs, ys = figure.setdefault(name, ([], []))
+                xs.append(row["delay_steps"])
+                ys.append(row[key])
+    written = []
+    for key, title in (("success_rate", "task success vs delay"), ("seam_jerk_p95", "seam jerk p95 vs delay")):
+        path = out_prefix.parent / f"{out_prefix.name}_{'success' if key == 'success_rate' else 'seam_jerk'}.svg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(line_chart({k: (np.array(x), np.array(y)) for k, (x, y) in lines[key].items()},
+                                   f"{out_prefix.name}: {title}", "delay d (control steps)", key))
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.training.delay_eval", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", default="reacher", help="name under bench/checkpoints/ or a path")
+    ap.add_argument("--robot", default="reacher")
+    ap.add_argument("--delays", default="0,2,4,8,12,16")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--execution-steps", type=int, default=0, help="s; 0: the engine's derived s for each d")
+    ap.add_argument("--horizon", type=int, default=0, help="guided prefix rows; 0: the checkpoint's execution_horizon; -1: d (hard mask)")
+    ap.add_argument("--hp", action="append", default=[], help="KEY=VALUE hyper-parameter override (JSON value)")
+    ap.add_argument("--episodes", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=10_000)
+    ap.add_argument("--out", default="", help="JSON file; default reports/delay_eval/<checkpoint>[-<tag>].json")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--expert", action="store_true", help="the scripted expert's plans instead of the policy's "
+                                                          "(sync, append, naive)")
+    ap.add_argument("--plot", nargs="+", metavar="JSON", help="only draw: success and seam jerk vs d from these "
+                                                              "files into <--out>_success.svg, <--out>_seam_jerk.svg")
+    args = ap.parse_args(argv)
+    if args.plot:
+        for path in plot([Path(f) for f in args.plot], Path(args.out or "reports/delay_eval/plot")):
+            print(f"wrote {path}")
+        return 0
+    import torch
+
+    torch.set_num_threads(1)
+    ckpt = Path(args.checkpoint)
+    if not ckpt.exists():
+        ckpt = REPO / "bench" / "checkpoints" / args.checkpoint
+    if not ckpt.exists():
+        ap.error(f"no checkpoint {args.checkpoint!r}: give a name under bench/checkpoints/ or a path")
+    hp = {}
+    for item in args.hp:
+        key, _, value = item.partition("=")
+        try:
+            hp[key] = json.loads(value)
+        except json.JSONDecodeError:
+            hp[key] = value
+    from bench.training.train import CheckpointPolicy
+
+    chunk = CheckpointPolicy(ckpt).config.chunk_size
+    rows = []
+    t0 = time.monotonic()
+    for d in [int(x) for x in args.delays.split(",")]:
+        s = args.execution_steps or plan_s(d, chunk)
+        for strategy in args.strategies.split(","):
+            r = run_strategy(ckpt, args.robot, strategy, d, max(s, d), args.episodes, args.seed, args.horizon, hp,
+                             expert=args.expert)
+            rows.append(r)
+            print(f"d={d:2d} s={r['execution_steps']:2d} {strategy:5s} success {r['success_rate']:.2f}  "
+                  f"seam jerk p95 {r['seam_jerk_p95']:.3f}  held {r['held_ticks']}", flush=True)
+    out = Path(args.out) if args.out else REPO / "reports" / "delay_eval" / (
+        ckpt.name + (f"-{args.tag}" if args.tag else "") + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"checkpoint": str(ckpt), "robot": args.robot, "episodes": args.episodes,
+                               "seed": args.seed, "hp": hp, "horizon": args.horizon, "rows": rows,
+                               "wall_s": time.monotonic() - t0}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

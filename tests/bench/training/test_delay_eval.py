@@ -1,0 +1,50 @@
+"""delay_eval: the simulated-delay comparison of chunking strategies agrees with the closed-loop
+evaluation where they coincide, and each strategy executes what its docstring says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.training.delay_eval import REPO, run_strategy
+from bench.training.demos import evaluate_closed_loop
+from bench.training.train import CheckpointPolicy
+
+CKPT = REPO / "bench" / "checkpoints" / "reacher"
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_without_delay_sync_and_naive_are_the_closed_loop_evaluation():
+    reference = evaluate_closed_loop("reacher", CheckpointPolicy(CKPT, 10), 4, 10_000, 10, fps=30.0)
+    for strategy in ("sync", "naive"):
+        r = run_strategy(CKPT, "reacher", strategy, 0, 10, 4, 10_000)
+        assert r["success_rate"] == reference["success_rate"] and r["held_ticks"] == 0
+
+
+def test_held_ticks_count_the_blocking_waits_and_only_the_first_chunks_elsewhere():
+    episodes, d, s = 2, 3, 10
+    sync = run_strategy(CKPT, "reacher", "sync", d, s, episodes, 10_000)
+    naive = run_strategy(CKPT, "reacher", "naive", d, s, episodes, 10_000)
+    assert naive["held_ticks"] == episodes * d  # the first request of each episode only
+    assert sync["held_ticks"] >= episodes * d * (60 // (d + s))  # every request of a 60-tick episode
+
+
+def test_d_above_s_is_refused():
+    with pytest.raises(ValueError, match="d <= s"):
+        run_strategy(CKPT, "reacher", "rtc", 5, 4, 1, 0)
+
+
+def test_the_derived_s_is_the_remote_engines():
+    from bench.training.delay_eval import plan_s
+    from edge.remote import plan_execution
+
+    for chunk in (10, 30, 31):
+        for d in range(0, 20):
+            assert plan_s(d, chunk) == plan_execution(d, chunk, 1 / 30, None).execution_steps
