@@ -285,8 +285,9 @@ class RemoteEngine(Engine):
         self.A = len(config.action_names)
         # control-thread side
         self._slot_lock = threading.Lock()
-        self._slot: tuple[dict, float, int, int] | None = None  # (obs, t_mono, version, episode)
+        self._slot: tuple[dict, float, int, int, bool] | None = None  # (obs, t_mono, version, episode, due)
         self._slot_version = 0
+        self._due_buffer_s = 0.0  # the request point the worker plans with (an empty queue is always due)
         self._last_values: np.ndarray | None = None
         self._last_action: Action | None = None  # the last chunk action returned: repeat_last's provenance
         self._t_last_obs = 0.0
@@ -375,10 +376,14 @@ class RemoteEngine(Engine):
 
     def notify_observation(self, obs: dict[str, Any]) -> None:
         now = time.monotonic()
+        # Taken while the queue is at or under the buffer: a request may carry it. One taken earlier may not:
+        # a worker that woke on a timer between two ticks would send an observation up to a period old,
+        # and its chunk would land a tick later than the local `rtc` engine's (which infers on the tick).
+        due = self.queue.qsize() * self.dt <= self._due_buffer_s
         with self._slot_lock:
             self._slot_version += 1
-            self._slot = (obs, now, self._slot_version, self._episode)
-        if self._want_obs:  # the worker waits for exactly this; otherwise it wakes on its own schedule
+            self._slot = (obs, now, self._slot_version, self._episode, due)
+        if due and self._want_obs:  # the worker waits for exactly this; otherwise it sleeps on
             self._wake.set()
 
     def get_action(self) -> Action | None:
@@ -669,24 +674,26 @@ class RemoteEngine(Engine):
                 return out
             with self._slot_lock:
                 slot = self._slot
-            fresh = slot is not None and slot[2] != getattr(self, "_sent_version", -1)
+            # a request carries an observation not sent yet and taken while the queue was at or under the
+            # buffer (notify_observation), so it leaves on the tick that made it due, not up to a period later
+            fresh = slot is not None and slot[2] != getattr(self, "_sent_version", -1) and slot[4]
             qsize = self.queue.qsize()
             plan = self.execution_plan()
+            self._due_buffer_s = plan.buffer_s  # notify_observation marks observations taken at or under it
             buffered = qsize * self.dt - plan.buffer_s  # > 0: seconds until a request is due
             if not self._paused and self._reset_pending is None and fresh and buffered <= 0:
                 break
             if self._reset_pending is not None:
                 return "ok"
             self._check_degraded()
-            # Sleep until the queue drains to the buffer (the control loop consumes one action per tick);
-            # an observation wakes us only when we wait for one: hundreds of engines share a process.
-            self._want_obs = not fresh and buffered <= 0
-            # One wake-up when the request falls due (or the DEGRADED check would), not a poll: every
-            # needless wake-up costs the control loop of a shard hosting hundreds of engines its GIL.
+            # The tick that brings the queue to the buffer wakes us with its observation (notify_observation):
+            # one wake-up a request, not a poll; every needless wake-up costs the control loop of a shard
+            # hosting hundreds of engines its GIL. The timeout is the DEGRADED check's, or a backstop.
+            self._want_obs = not self._paused
             if self._paused:
                 timeout = 1.0
             elif buffered > 0:
-                timeout = buffered + 1e-3
+                timeout = buffered + self.dt + 1e-3
                 if self._link == S.STREAMING:
                     timeout = min(timeout, max(self._last_ok + self.cfg.degraded_after_s - time.monotonic(), 0.0) + 1e-3)
                 timeout = min(timeout, 1.0)
@@ -696,7 +703,7 @@ class RemoteEngine(Engine):
             self._want_obs = False
         if self._stop.is_set():
             return "stopped"
-        obs, t_obs, version, episode = slot
+        obs, t_obs, version, episode, _due = slot
         self._sent_version = version
         self._execution_steps = plan.execution_steps
         return self._request(m, obs, t_obs, episode)
