@@ -42,6 +42,7 @@ from bench.scenario.assertions import evaluate
 from bench.fleet.control import ControlServer
 from bench.run.hostcpu import CpuSampler, Leftovers
 from bench.run.procset import ProcessSet, install_signal_handlers
+from bench.run.samplelog import SampleLog
 from bench.run.progress import Progress, print_verdict
 from bench.scenario.schema import REPO_ROOT, Scenario, checkpoint_dir, missing_checkpoints, sweep_variants
 from wire.procs import ChildProcess, free_port, start_router
@@ -52,20 +53,18 @@ SHARD_READY_TIMEOUT_S = 60.0
 SHARD_DONE_TIMEOUT_S = 30.0
 
 
-def cpu_table(samples: list[dict]):
+def cpu_table(samples: SampleLog):
     """The CPU samples as columns `t`, `host_percent`, `speed_probe_ms` (null but every 10th) and
     `cpu:<process>` (% of a core) for every process ever sampled: one not yet started or already gone is
-    null in that row (`from_pylist` would keep the first row's processes only, and the first samples
-    precede the servers and shards)."""
+    null in that row; `rss_mb:<process>` and `fds:<process>` likewise."""
     import pyarrow as pa
 
-    names = list(dict.fromkeys(k for s in samples for k in s["processes"]))
-    cols = {f"cpu:{k}": pa.array([s["processes"].get(k) for s in samples], pa.float64()) for k in names}
+    cols = {f"cpu:{k}": pa.array(samples.column("processes", k), pa.float64()) for k in samples.keys("processes")}
     for key, typ in (("rss_mb", pa.float64()), ("fds", pa.int64())):  # memory and descriptors, when sampled
-        for k in dict.fromkeys(k for s in samples for k in s.get(key, {})):
-            cols[f"{key}:{k}"] = pa.array([s.get(key, {}).get(k) for s in samples], typ)
-    return pa.table({"t": [s["t"] for s in samples], "host_percent": [s["host_percent"] for s in samples],
-                     "speed_probe_ms": pa.array([s.get("speed_probe_ms") for s in samples], pa.float64()), **cols})
+        for k in samples.keys(key):
+            cols[f"{key}:{k}"] = pa.array(samples.column(key, k), typ)
+    return pa.table({"t": samples.column("t"), "host_percent": samples.column("host_percent"),
+                     "speed_probe_ms": pa.array(samples.column("speed_probe_ms"), pa.float64()), **cols})
 
 
 def psutil_rss_mb() -> float:
@@ -282,7 +281,7 @@ class Run:
         self.identities: dict[tuple[str, int], dict] = {}  # (group, index) -> client_uuid [+ TLS files]
         self.control: ControlServer | None = None
         self.cpu = CpuSampler()
-        self.server_samples: list[dict] = []
+        self.server_samples = SampleLog()  # {t, replica, metric, value} a second per replica and gauge
         self.leg_series = fid.LegErrorSeries()  # each leg's mean delay error, every second of the run
         self.fault_log: list[dict] = []
         self.timeline = None
@@ -946,7 +945,7 @@ class Run:
         if server_rows:
             pq.write_table(pa.Table.from_pylist(server_rows), self.run_dir / "server_requests.parquet")
         if self.server_samples:
-            pq.write_table(pa.Table.from_pylist(self.server_samples), self.run_dir / "server_metrics.parquet")
+            pq.write_table(pa.Table.from_pylist(list(self.server_samples)), self.run_dir / "server_metrics.parquet")
         if self.cpu.samples:
             pq.write_table(cpu_table(self.cpu.samples), self.run_dir / "cpu.parquet")
         for p in self.rec_dir.glob("*.arrow"):

@@ -93,10 +93,13 @@ def test_cpu_sampler_follows_a_restarted_process_and_keeps_reaped_children_out_o
 
 def test_cpu_table_keeps_every_process_ever_sampled():
     from bench.run.runner import cpu_table
+    from bench.run.samplelog import SampleLog
 
-    samples = [{"t": -1.0, "host_percent": 10.0, "processes": {"router": 1.0}, "speed_probe_ms": 25.0},
+    samples = SampleLog()
+    for row in [{"t": -1.0, "host_percent": 10.0, "processes": {"router": 1.0}, "speed_probe_ms": 25.0},
                {"t": 0.0, "host_percent": 90.0, "processes": {"router": 2.0, "server-r0": 40.0, "shard-0": 30.0}},
-               {"t": 1.0, "host_percent": 80.0, "processes": {"server-r0": 35.0, "shard-0": 31.0}}]
+               {"t": 1.0, "host_percent": 80.0, "processes": {"server-r0": 35.0, "shard-0": 31.0}}]:
+        samples.append(row)
     t = cpu_table(samples).to_pydict()
     assert t["t"] == [-1.0, 0.0, 1.0] and t["host_percent"] == [10.0, 90.0, 80.0]
     assert t["cpu:server-r0"] == [None, 40.0, 35.0]  # started after the first sample: still a column
