@@ -69,21 +69,22 @@ def test_a_value_that_is_not_a_number_or_string_is_refused_by_name():
 
 def test_reading_while_another_thread_appends_sees_whole_rows():
     log = SampleLog()
-    stop = threading.Event()
+    done = threading.Event()
 
     def writer():
-        i = 0
-        while not stop.is_set():
-            log.append({"t": float(i), "rss_mb": {f"p{i % 7}": float(i)}, "pids": {f"p{i % 7}": i}})
-            i += 1
+        for i in range(3000):  # a new process name every 500 rows: new columns appear while rows are read
+            log.append({"t": float(i), "rss_mb": {f"p{i // 500}": float(i)}, "pids": {f"p{i // 500}": i}})
+        done.set()
 
     th = threading.Thread(target=writer)
     th.start()
+    reads = 0
     try:
-        for _ in range(50):
+        while not done.is_set() or reads == 0:
             for r in log:
                 ((name, rss),) = r["rss_mb"].items()
                 assert r["pids"][name] == int(rss) == int(r["t"])
+            reads += 1
     finally:
-        stop.set()
         th.join()
+    assert len(log) == 3000 and log[-1]["pids"] == {"p5": 2999}
