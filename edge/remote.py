@@ -288,6 +288,7 @@ class RemoteEngine(Engine):
         self._slot: tuple[dict, float, int, int, bool] | None = None  # (obs, t_mono, version, episode, due)
         self._slot_version = 0
         self._due_buffer_s = 0.0  # the request point the worker plans with (an empty queue is always due)
+        self._steps_remaining = 0  # the queue's length when the last request left (its records carry it)
         self._last_values: np.ndarray | None = None
         self._last_action: Action | None = None  # the last chunk action returned: repeat_last's provenance
         self._t_last_obs = 0.0
@@ -376,10 +377,13 @@ class RemoteEngine(Engine):
 
     def notify_observation(self, obs: dict[str, Any]) -> None:
         now = time.monotonic()
-        # Taken while the queue is at or under the buffer: a request may carry it. One taken earlier may not:
-        # a worker that woke on a timer between two ticks would send an observation up to a period old,
-        # and its chunk would land a tick later than the local `rtc` engine's (which infers on the tick).
-        due = self.queue.qsize() * self.dt <= self._due_buffer_s
+        # Taken on a tick whose action brings the queue to the buffer (or under it): a request may carry it.
+        # One taken earlier may not: a worker that woke on a timer between two ticks would send an observation
+        # up to a period old, and its chunk would land a tick later than the local `rtc` engine's (which infers
+        # on the tick). The tick's own get_action follows, so the request leaves on the tick that reaches the
+        # buffer, not one after it (a tick less of margin: with degraded_after_s = buffer_time_s every chunk
+        # came late enough to flicker DEGRADED).
+        due = self._due(self.queue.qsize(), self._due_buffer_s)
         with self._slot_lock:
             self._slot_version += 1
             self._slot = (obs, now, self._slot_version, self._episode, due)
@@ -681,7 +685,9 @@ class RemoteEngine(Engine):
             plan = self.execution_plan()
             self._due_buffer_s = plan.buffer_s  # notify_observation marks observations taken at or under it
             buffered = qsize * self.dt - plan.buffer_s  # > 0: seconds until a request is due
-            if not self._paused and self._reset_pending is None and fresh and buffered <= 0:
+            # due now, counting the action the observation's tick takes (it may not have run yet); a chunk
+            # merged since the observation refilled the queue, and that observation is no longer due
+            if not self._paused and self._reset_pending is None and fresh and self._due(qsize, plan.buffer_s):
                 break
             if self._reset_pending is not None:
                 return "ok"
@@ -707,6 +713,10 @@ class RemoteEngine(Engine):
         self._sent_version = version
         self._execution_steps = plan.execution_steps
         return self._request(m, obs, t_obs, episode)
+
+    def _due(self, qsize: int, buffer_s: float) -> bool:
+        """A request is due when the queue, less the action of the tick now running, is at or under the buffer."""
+        return (qsize - 1) * self.dt <= buffer_s + 1e-9
 
     def delay_steps(self) -> int:
         """The delay estimate d in control steps (what each request ships as inference_delay_steps)."""
@@ -743,13 +753,14 @@ class RemoteEngine(Engine):
             prefix_model = fit_prefix(self.queue.get_left_over(), H)
             prefix_robot = fit_prefix(self.queue.get_processed_left_over(), H)
         delay = self.delay_steps()
+        remaining = self._steps_remaining = self.queue.qsize()  # actions left as it leaves (wire: steps_remaining)
         t0 = time.monotonic()
         images = {n: (obs.get("images") or {})[n] for n in c.cameras if n in (obs.get("images") or {})}
         episode_start = episode != self._started_episode
         try:
             seq = m.observe(c.urgency, state=np.asarray(obs["state"], np.float32), images=images, episode_id=episode,
                             inference_delay_steps=delay, prefix_model=prefix_model, prefix_robot=prefix_robot,
-                            episode_start=episode_start, steps_remaining=self.queue.qsize(),
+                            episode_start=episode_start, steps_remaining=remaining,
                             **({"task": obs["task"]} if obs.get("task") else {}))
         except Exception as exc:
             self.last_error = f"observe failed: {type(exc).__name__}: {exc}"
@@ -803,7 +814,8 @@ class RemoteEngine(Engine):
         """The record of a request that got no chunk: timeout, lost, abandoned."""
         rec = {"t": time.monotonic(), "seq": seq, "rtt_ms": float("nan"), "queue_wait_ms": float("nan"),
                "inference_ms": float("nan"), "network_ms": float("nan"), "encode_ms": encode_ms,
-               "delay_steps": delay, "execution_steps": self._execution_steps, "superseded": 0, "outcome": outcome}
+               "delay_steps": delay, "execution_steps": self._execution_steps,
+               "steps_remaining": self._steps_remaining, "superseded": 0, "outcome": outcome}
         if sent_ns is not None:
             rec["sent_ns"] = sent_ns
         self._records.append(rec)
@@ -838,7 +850,9 @@ class RemoteEngine(Engine):
                 self._records.append({"t": time.monotonic(), "seq": r.seq_id, "rtt_ms": float("nan"),
                                       "queue_wait_ms": float("nan"), "inference_ms": float("nan"),
                                       "network_ms": float("nan"), "encode_ms": out[6], "delay_steps": out[5],
-                                      "execution_steps": self._execution_steps, "superseded": 0, "outcome": f"error:{r.code}"})
+                                      "execution_steps": self._execution_steps,
+                                      "steps_remaining": self._steps_remaining, "superseded": 0,
+                                      "outcome": f"error:{r.code}"})
                 self._outstanding = None
                 return "error"
             return "ignored"
@@ -871,7 +885,8 @@ class RemoteEngine(Engine):
         self._records.append({"t": r.t_recv, "seq": seq, "rtt_ms": rtt_ms, "queue_wait_ms": r.queue_wait_ms,
                               "inference_ms": r.inference_ms, "network_ms": rtt_ms - r.queue_wait_ms - r.inference_ms,
                               "encode_ms": encode_ms, "delay_steps": delay,
-                              "execution_steps": self._execution_steps, "superseded": r.superseded_seqs,
+                              "execution_steps": self._execution_steps, "steps_remaining": self._steps_remaining,
+                              "superseded": r.superseded_seqs,
                               "outcome": "ok", "real_delay": real_delay, "sent_ns": r.sent_ns})
         if self._link in (S.DEGRADED, S.CONNECTING, S.RECONNECTING):
             self._set_state(S.STREAMING, "chunk merged")

@@ -267,7 +267,9 @@ def incident_scenario(name: str, log: EdgeLog, duration: float, audit: list[dict
 def stutter_bins(log: EdgeLog, duration: float) -> np.ndarray:
     bins = np.zeros(int(math.ceil(duration / BIN_S)), bool)
     for a, b, _ in stretches(log, duration):
-        bins[int(max(a, 0) // BIN_S): int(math.ceil(min(b, duration) / BIN_S))] = True
+        a, b = max(a, 0.0), min(b, duration)  # a stretch in the warm-up (t < 0) or past the end is not scored
+        if b > a:
+            bins[int(a // BIN_S): int(math.ceil(b / BIN_S))] = True
     return bins
 
 

@@ -412,6 +412,7 @@ class Shard:
                                      network_ms=_f(rec.get("network_ms")), encode_ms=_f(rec.get("encode_ms")),
                                      delay_steps=int(rec.get("delay_steps") or 0),
                                      execution_steps=int(rec.get("execution_steps") or 0),
+                                     steps_remaining=int(rec.get("steps_remaining") or 0),
                                      superseded=int(rec.get("superseded", rec.get("superseded_seqs", 0)) or 0),
                                      outcome=str(rec.get("outcome", "")), sent_ns=int(rec.get("sent_ns") or 0))
                 if math.isfinite(rtt):

@@ -73,6 +73,23 @@ def test_steady_streaming_never_starves_after_the_first_chunk(router, server_fac
         eng.stop()
 
 
+def test_a_request_leaves_on_the_tick_whose_action_reaches_the_buffer(router, server_factory, ckpt):
+    # chunks of 10, buffer 0.1 s = 3 actions at 30 Hz: the tick that takes the queue from 4 to 3 makes the request
+    # due and wakes the worker with its observation; the request leaves during that tick (4 left if the worker
+    # beats the tick's get_action, 3 if not), never earlier (5), and not a tick later (judging the queue before
+    # the tick's action sent every request with 2 or 3 left: a tick less of margin)
+    server_factory(ckpt)
+    eng = engine(router, buffer_time_s=0.1)
+    eng.start()
+    try:
+        loop(eng, 3.0)
+        left = [r["steps_remaining"] for r in eng.drain_records() if r["outcome"] == "ok"][1:]  # the 1st: empty queue
+        assert len(left) >= 4 and max(left) <= 4, left
+        assert sum(n >= 3 for n in left) >= 0.75 * len(left), left  # the worker may miss its tick under load, rarely
+    finally:
+        eng.stop()
+
+
 def test_server_killed_mid_episode_degrades_safely_and_recovers(router, server_factory, ckpt):
     srv = server_factory(ckpt)
     eng = engine(router, max_action_age_s=0.5, fallback="hold")

@@ -65,6 +65,13 @@ def test_stutter_comparison_scores_a_replay_against_the_original():
     assert not incident.reproduced(incident.compare_stutter(orig, shifted, 20.0))
 
 
+def test_a_stutter_in_the_warm_up_is_not_scored():
+    warm = EdgeLog({}, [], [_tr(-4.0, "STREAMING", "DEGRADED"), _tr(-3.9, "DEGRADED", "STREAMING"),
+                            _tr(5.0, "STREAMING", "STALLED"), _tr(7.5, "STALLED", "STREAMING")])
+    # a stretch ending before t = 0 once marked every bin but its own last few (a negative slice end)
+    assert incident.stutter_bins(warm, 20.0).sum() * incident.BIN_S == pytest.approx(2.5)
+
+
 def test_the_written_scenario_is_valid_and_names_its_evidence(tmp_path):
     from bench.scenario.schema import load_scenario
 
