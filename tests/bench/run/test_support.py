@@ -82,13 +82,19 @@ def test_cpu_sampler_follows_a_restarted_process_and_keeps_reaped_children_out_o
     current["pid"] = first.pid
     s.sample()
     first.wait()  # reaped by this process, the "runner": its CPU must not show up as the runner's
-    second = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)\n" + busy[2]])
+    # 0.2 s of its own CPU time (not wall time: a loaded host would give it little of a wall-clock stretch), then idle
+    spin = "import sys, time\nend = time.thread_time() + 0.2\nwhile time.thread_time() < end: pass\n" \
+           "print('spun', flush=True); sys.stdin.read()"
+    second = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     current["pid"] = second.pid  # the replica came back under a new pid
-    time.sleep(0.5)
-    out = s.sample()
-    second.wait()
-    assert out["processes"]["runner"] < 40, out  # the first child burnt ~0.4 s of a ~0.5 s window
-    assert out["processes"]["server:r1"] > 5, out  # followed from its start (not from its first sample: 0); > 5, not ~50: a loaded host
+    try:
+        assert second.stdout.readline() == "spun\n"
+        out = s.sample()
+    finally:
+        second.kill()
+        second.wait()
+    assert out["processes"]["runner"] < 40, out  # the first child burnt ~0.4 s of the window
+    assert out["processes"]["server:r1"] > 0.5, out  # followed from its start (from its first sample it reads 0)
 
 
 def test_cpu_table_keeps_every_process_ever_sampled():
