@@ -1,10 +1,12 @@
-"""Runs the benchmark suite: `python -m benchmarks [NAME ...] [--quick] [--out-dir DIR]`.
+"""Runs the benchmark suite: `python -m benchmarks [NAME ...] [--quick] [--out-dir DIR]`; `--readme` instead.
 
 Each named benchmark (all when none is named) runs through its `run(quick)` and writes
 DIR/NAME.json (figures, units, targets, machine facts, load average at start and end); the run
 writes DIR/summary.md (one table) and prints it. `--quick` sizes each benchmark to seconds and
 judges no timing target (only budgets: see benchmarks.common). Exit 0 when every benchmark ran and
 every judged target is met; 1 when one failed or missed a judged target; 2 for an unknown name.
+`--readme` runs nothing: it rewrites README.md's "Performance" table from DIR's reports of a full run
+(benchmarks.readme); exit 2 when the reports or the README's markers cannot make it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from benchmarks.common import load_average, report_dict, summary_table
 
 # cheap first: a broken benchmark shows in seconds
 NAMES = ("codec", "scheduling", "cameras", "robot_step", "robot_memory", "router_memory", "proxy", "engine",
-         "server", "server_memory", "peers", "gpu_forward")
+         "server", "server_memory", "peers", "headline_rss", "gpu_forward")
 
 
 def run_one(name: str, quick: bool, out_dir: Path) -> dict:
@@ -46,7 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run (default: all): {', '.join(NAMES)}")
     ap.add_argument("--quick", action="store_true", help="seconds each; figures only, timing targets not judged")
     ap.add_argument("--out-dir", type=Path, default=Path("reports/bench"))
+    ap.add_argument("--readme", nargs="?", const=Path("README.md"), type=Path, metavar="README",
+                    help="run nothing; rewrite the Performance table of README (default README.md) from --out-dir's reports")
     args = ap.parse_args(argv)
+    if args.readme is not None:
+        from benchmarks.readme import ReadmeError, update_readme
+
+        try:
+            print(update_readme(args.readme, args.out_dir, NAMES), end="")
+        except (ReadmeError, OSError) as exc:
+            print(f"python -m benchmarks --readme: {exc}", file=sys.stderr)
+            return 2
+        print(f"rewrote the Performance table of {args.readme}")
+        return 0
     unknown = [n for n in args.names if n not in NAMES]
     if unknown:
         print(f"python -m benchmarks: unknown benchmark {', '.join(unknown)}; the benchmarks are: {', '.join(NAMES)}",

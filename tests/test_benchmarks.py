@@ -73,3 +73,73 @@ def test_peer_codecs_carry_the_same_payload():
     assert np.array_equal(pk.decode_reply(pk.encode_reply(req))["chunk_robot"], p["chunk"])
     sizes = [peers.codec_only(s, p, 3)[1] for s in ("ours", "zmq_protobuf", "grpc_pickle")]
     assert max(sizes) - min(sizes) < 0.01 * min(sizes)  # the same payload within 1 %
+
+
+def _write_report(out_dir, name: str, result: Result, quick: bool = False) -> None:
+    from benchmarks.common import report_dict
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(report_dict(name, result, quick, [1.5, 1.0, 1.0], 2.0)))
+
+
+def test_readme_table_rewrites_only_the_marked_block(tmp_path):
+    from benchmarks.readme import BEGIN, END
+
+    out = tmp_path / "bench"
+    eng = Result()
+    eng.add("get_action() p99", 35.0, "us", target=20.0)
+    eng.add("RSS per idle engine", 0.3, "MiB")  # no target: not in the README's table
+    _write_report(out, "engine", eng)
+    peers = Result()
+    peers.add("ours: round trip p50", 1.2, "ms")
+    peers.add("ours: codec only (enc+dec both ways)", 90.0, "us")
+    peers.add("ours / zmq_protobuf, round trip p50", 0.9, "x", target=1.0)
+    _write_report(out, "peers", peers)
+    before = "# Project\n\nIntro.\n\n## Performance\n\n"
+    after = "\nSee also docs.\n<!-- another comment -->\n"
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{before}{BEGIN}\n| old | table |\nold line\n{END}{after}")
+    assert main(["--readme", str(readme), "--out-dir", str(out)]) == 0
+    text = readme.read_text()
+    assert text.startswith(before + BEGIN + "\n") and text.endswith(END + after)
+    block = text[len(before) + len(BEGIN):-len(END + after)]
+    assert "old line" not in block and "| old | table |" not in block
+    assert "| engine | get_action() p99 | 35 us | <= 20 | **missed** |" in block
+    assert "| peers | ours / zmq_protobuf, round trip p50 | 0.9 x | <= 1 | yes |" in block
+    assert "| peers | ours: round trip p50 | 1.2 ms |  |  |" in block
+    assert "RSS per idle engine" not in block and "codec only" not in block
+    assert "python -m benchmarks --readme" in block and "1-minute load average" in block
+    assert main(["--readme", str(readme), "--out-dir", str(out)]) == 0
+    assert readme.read_text() == text  # the same reports make the same README
+
+
+def test_readme_refuses_quick_reports_and_a_readme_without_markers(tmp_path, capsys):
+    from benchmarks.readme import BEGIN, END
+
+    out = tmp_path / "bench"
+    r = Result()
+    r.add("added latency p50", 0.05, "ms", target=0.2)
+    _write_report(out, "proxy", r, quick=True)
+    readme = tmp_path / "README.md"
+    original = f"# P\n{BEGIN}\nkept\n{END}\n"
+    readme.write_text(original)
+    assert main(["--readme", str(readme), "--out-dir", str(out)]) == 2
+    assert "proxy" in capsys.readouterr().err and readme.read_text() == original
+    _write_report(out, "proxy", r)
+    for broken in ("# P\nno markers\n", f"# P\n{END}\n{BEGIN}\n", f"{BEGIN}\n{END}\n{BEGIN}\n{END}\n"):
+        readme.write_text(broken)
+        assert main(["--readme", str(readme), "--out-dir", str(out)]) == 2
+        assert readme.read_text() == broken
+        assert "benchmarks:begin" in capsys.readouterr().err
+
+
+def test_headline_rss_sums_processes_per_sample():
+    import pytest
+
+    from benchmarks.headline_rss import peak_sum
+
+    cols = {"rss_mb:router": [40.0, 41.0, 41.0], "rss_mb:server:r1": [200.0, None, 150.0],  # restarting at sample 1
+            "rss_mb:shard:0": [100.0, 300.0, 120.0]}
+    assert peak_sum(cols) == (341.0, 1)
+    with pytest.raises(ValueError, match="no rss_mb"):
+        peak_sum({})
