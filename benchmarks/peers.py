@@ -16,7 +16,8 @@ Each stack's server is its own process on loopback (127.0.0.1); this process is 
 The protobuf messages are built from a descriptor in Python (no protoc, no generated code); arrays
 travel as bytes fields (raw float32), the fastest protobuf layout for tensors. Also times each stack's
 codec alone (encode request + decode request + encode reply + decode reply, in one process) and counts
-the bytes per request (request + reply payloads, our header included). Needs the `bench-peers` extra
+the bytes per request (request + reply payloads, our header included). Ours (with and without the router)
+and ZeroMQ run again without the images: what each message costs whatever its size. Needs the `bench-peers` extra
 (pyzmq, grpcio, protobuf); a missing library skips the benchmark with the reason.
 """
 
@@ -53,13 +54,14 @@ def missing_libraries() -> list[str]:
 
 # ---- the payload -------------------------------------------------------------------------------
 
-def payload() -> dict:
+def payload(cameras: int = 3) -> dict:
+    """The request and reply of every stack; `cameras=0`: the same without images (the fixed cost per message)."""
     from wire import encode_image
 
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[0:480, 0:640]
     images = {}
-    for k in range(3):  # a smooth scene plus sensor noise: JPEG sizes like a real camera's (~40 KB)
+    for k in range(cameras):  # a smooth scene plus sensor noise: JPEG sizes like a real camera's (~40 KB)
         base = np.stack([(xx * (k + 1)) % 256, (yy * 2) % 256, ((xx + yy) // 3) % 256], -1).astype(np.int16)
         base += rng.normal(0, 6, base.shape).astype(np.int16)
         images[f"cam{k}"] = encode_image(np.clip(base, 0, 255).astype(np.uint8), "jpeg", 90)
@@ -204,8 +206,8 @@ def codec_only(stack: str, p: dict, repeats: int) -> tuple[float, int]:
 
 # ---- servers (each its own process: `python -m benchmarks.peers --serve STACK --endpoint E`) -------------
 
-def serve(stack: str, endpoint: str) -> None:
-    p = payload()
+def serve(stack: str, endpoint: str, cameras: int = 3) -> None:
+    p = payload(cameras)
     if stack in ("ours", "ours_no_router"):
         import zenoh
 
@@ -303,7 +305,9 @@ def _client(stack: str, endpoint: str, p: dict):
     return request, channel.close
 
 
-def round_trips(stack: str, requests: int, warmup: int, tmp: Path, router_endpoint: str | None) -> np.ndarray:
+def round_trips(stack: str, requests: int, warmup: int, tmp: Path, router_endpoint: str | None,
+                cameras: int = 3) -> np.ndarray:
+    """Milliseconds of `requests` sequential round trips after `warmup`, the server in its own process."""
     from wire.procs import ChildProcess, free_port
 
     if stack == "ours":
@@ -316,9 +320,10 @@ def round_trips(stack: str, requests: int, warmup: int, tmp: Path, router_endpoi
     else:
         port = free_port()
         server_ep = client_ep = f"127.0.0.1:{port}"
-    child = ChildProcess([sys.executable, "-m", "benchmarks.peers", "--serve", stack, "--endpoint", server_ep],
-                         tmp / f"{stack}.log", ready_text=READY, name=f"peer-{stack}").start(timeout_s=60)
-    p = payload()
+    child = ChildProcess([sys.executable, "-m", "benchmarks.peers", "--serve", stack, "--endpoint", server_ep,
+                          "--cameras", str(cameras)], tmp / f"{stack}-{cameras}.log", ready_text=READY,
+                         name=f"peer-{stack}").start(timeout_s=60)
+    p = payload(cameras)
     try:
         request, close = _client(stack, client_ep, p)
         try:
@@ -344,15 +349,19 @@ def round_trips(stack: str, requests: int, warmup: int, tmp: Path, router_endpoi
     return out * 1e3
 
 
-def measure(requests: int, stacks: list[str], warmup: int = 50) -> dict:
+def measure(requests: int, stacks: list[str], warmup: int = 50, no_images: tuple[str, ...] = ()) -> dict:
+    """Every stack at the payload; then each of `no_images` again without the images (its fixed cost per message:
+    with it, a stack's round trip splits into what every message costs and what the 350 KB of JPEG cost)."""
     from wire.procs import start_router
 
     p = payload()
     res = {"requests": requests, "warmup": warmup,
-           "jpeg_bytes_per_camera": [len(v.data) for v in p["images"].values()], "stacks": {}}
+           "jpeg_bytes_per_camera": [len(v.data) for v in p["images"].values()], "stacks": {},
+           "no_images": {}}
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
-        router, endpoint = start_router(None, tmp / "router.log") if "ours" in stacks else (None, None)
+        router, endpoint = (start_router(None, tmp / "router.log") if "ours" in (*stacks, *no_images)
+                            else (None, None))
         try:
             for stack in stacks:
                 ms = round_trips(stack, requests, warmup, tmp, endpoint)
@@ -363,6 +372,14 @@ def measure(requests: int, stacks: list[str], warmup: int = 50) -> dict:
                 s = res["stacks"][stack]
                 print(f"{stack:13s} p50 {s['rtt_ms_p50']:6.3f} ms  p99 {s['rtt_ms_p99']:6.3f} ms  mean {s['rtt_ms_mean']:6.3f} ms"
                       f"  codec {codec_us:7.1f} us  {size:,} B/request", flush=True)
+            small = payload(0)
+            for stack in no_images:
+                ms = round_trips(stack, requests, warmup, tmp, endpoint, cameras=0)
+                codec_us, size = codec_only(stack, small, max(20, requests // 5))
+                res["no_images"][stack] = s = {"rtt_ms_p50": float(np.median(ms)), "rtt_ms_p99": float(np.percentile(ms, 99)),
+                                               "codec_us": codec_us, "bytes_per_request": size}
+                print(f"{stack:13s} without images: p50 {s['rtt_ms_p50']:6.3f} ms  p99 {s['rtt_ms_p99']:6.3f} ms  "
+                      f"codec {codec_us:6.1f} us  {size:,} B/request", flush=True)
         finally:
             if router is not None:
                 router.stop()
@@ -378,15 +395,21 @@ def run(quick: bool) -> Result:
     missing = missing_libraries()
     if missing:
         return Result(skipped=f"missing {', '.join(missing)}: pip install -e '.[bench-peers]'")
-    r = measure(100 if quick else 1000, list(STACKS), warmup=10 if quick else 50)
+    r = measure(100 if quick else 1000, list(STACKS), warmup=10 if quick else 50,
+                no_images=("ours", "ours_no_router", "zmq_protobuf"))
     res = Result(details=r)
     for stack, s in r["stacks"].items():
         res.add(f"{stack}: round trip p50", s["rtt_ms_p50"], "ms")
         res.add(f"{stack}: round trip p99", s["rtt_ms_p99"], "ms")
+        res.add(f"{stack}: round trip mean", s["rtt_ms_mean"], "ms")
         res.add(f"{stack}: codec only (enc+dec both ways)", s["codec_us"], "us")
         res.add(f"{stack}: bytes per request", s["bytes_per_request"], "B")
+    for stack, s in r["no_images"].items():
+        res.add(f"{stack} without images: round trip p50", s["rtt_ms_p50"], "ms")
     res.add("ours / zmq_protobuf, round trip p50", r.get("ours_over_zmq_protobuf_p50"), "x", target=1.0)
     res.add("ours / grpc_pickle, round trip p50", r.get("ours_over_grpc_pickle_p50"), "x", target=0.3)
+    res.add("ours / zmq_protobuf, round trip mean", r.get("ours_over_zmq_protobuf_mean"), "x")
+    res.add("ours / grpc_pickle, round trip mean", r.get("ours_over_grpc_pickle_mean"), "x")
     return res
 
 
@@ -397,10 +420,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stacks", nargs="+", choices=STACKS, default=list(STACKS))
     ap.add_argument("--serve", choices=STACKS, help=argparse.SUPPRESS)  # the server side, run as a child process
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
+    ap.add_argument("--cameras", type=int, default=3, help=argparse.SUPPRESS)
     ap.add_argument("--out", default="reports/bench/peers.json")
     args = ap.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.endpoint)
+        serve(args.serve, args.endpoint, args.cameras)
         return 0
     missing = missing_libraries()
     if missing:
