@@ -6,7 +6,9 @@ Starts a router and one `policy-server` process per configuration (real processe
 N closed-loop clients (each: send an observation, wait for its chunk, repeat) run in this process.
 Prints and writes reports/bench/server.json:
 - overhead: client round trip minus the server's forward pass (everything but the forward pass:
-  Zenoh hops, decode, mailbox, scheduling, pre/post-processing, encode), p50/p99 at 1 session;
+  Zenoh hops, decode, mailbox, scheduling, pre/post-processing, encode), p50/p99 at 1 session, with
+  the scheduling wait the server reports and the floor under it: the same hops to an echo process
+  that only decodes and re-encodes our messages (benchmarks.peers, no images);
 - requests/s at each session count with max_batch=1 and max_batch=64, for a real CPU forward pass
   and for an emulated accelerator (fixed cost per pass + small cost per item: how a GPU behaves).
 All figures of one run come from one machine state; compare ratios, not absolute numbers.
@@ -71,7 +73,7 @@ def _run_load(endpoint: str, tag: str, n: int, seconds: float) -> dict:
                     execution_horizon=10, replica_order=[rk.replica_id])
         conns.append(c)
         models.append(m)
-    rtts, inference, done = [], [], [0] * n
+    rtts, inference, queue_wait, done = [], [], [], [0] * n
     stop = threading.Event()
 
     def loop(i):
@@ -85,6 +87,7 @@ def _run_load(endpoint: str, tag: str, n: int, seconds: float) -> dict:
             done[i] += 1
             rtts.append(r.rtt_s * 1e3)
             inference.append(r.inference_ms)
+            queue_wait.append(r.queue_wait_ms)
     threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
@@ -99,12 +102,13 @@ def _run_load(endpoint: str, tag: str, n: int, seconds: float) -> dict:
         t.join(6)
     for c in conns:
         c.close()
-    rt, inf = np.array(rtts[-5000:]), np.array(inference[-5000:])
+    rt, inf, qw = np.array(rtts[-5000:]), np.array(inference[-5000:]), np.array(queue_wait[-5000:])
     return {"sessions": n, "requests_per_s": total / elapsed, "rtt_ms_p50": float(np.median(rt)) if rt.size else None,
             "rtt_ms_p99": float(np.percentile(rt, 99)) if rt.size else None,
             "inference_ms_p50": float(np.median(inf)) if inf.size else None,
             "overhead_ms_p50": float(np.median(rt - inf)) if rt.size else None,
-            "overhead_ms_p99": float(np.percentile(rt - inf, 99)) if rt.size else None}
+            "overhead_ms_p99": float(np.percentile(rt - inf, 99)) if rt.size else None,
+            "queue_wait_ms_p50": float(np.median(qw)) if qw.size else None}
 
 
 def measure(seconds: float, sessions: list[int], emulated_ms: float, per_item_ms: float) -> dict:
@@ -131,12 +135,19 @@ def measure(seconds: float, sessions: list[int], emulated_ms: float, per_item_ms
                                   f"{r['overhead_ms_p50'] or float('nan'):5.2f} ms", flush=True)
                     finally:
                         server.stop()
+            # the floor under the overhead: the same client -> router -> process -> router -> client hops, an echo
+            # that decodes and encodes our messages (benchmarks.peers without images) and nothing else
+            from benchmarks.peers import round_trips
+
+            echo = round_trips("ours", 300, 30, tmp, endpoint, cameras=0)
+            results["echo_via_router_ms_p50"] = float(np.median(echo))
         finally:
             router.stop()
     one = [p for p in results["points"] if p["sessions"] == 1 and p["forward"] == "cpu" and p["max_batch"] == 1]
     if one:
         results["overhead_ms_p50"] = one[0]["overhead_ms_p50"]
         results["overhead_ms_p99"] = one[0]["overhead_ms_p99"]
+        results["queue_wait_ms_p50"] = one[0]["queue_wait_ms_p50"]
         print(f"server overhead per request (round trip minus forward pass, 1 session): p50 {one[0]['overhead_ms_p50']:.2f} ms, "
               f"p99 {one[0]['overhead_ms_p99']:.2f} ms")
     for forward in ("cpu", "emulated"):
@@ -154,6 +165,8 @@ def run(quick: bool) -> Result:
     res = Result(details=r)
     res.add("overhead per request p50 (round trip - forward, 1 session)", r.get("overhead_ms_p50"), "ms", target=0.5)
     res.add("overhead per request p99 (round trip - forward, 1 session)", r.get("overhead_ms_p99"), "ms")
+    res.add("of the overhead: scheduling wait p50 (queue_wait_ms, 1 session)", r.get("queue_wait_ms_p50"), "ms")
+    res.add("floor: our messages echoed through the router, no server, p50", r.get("echo_via_router_ms_p50"), "ms")
     n = sessions[-1]
     for forward in ("emulated", "cpu"):
         target = 5.0 if forward == "emulated" and n == 64 else None
