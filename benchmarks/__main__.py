@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}: {state}", flush=True)
     table = summary_table(reports)
     load = load_average()
-    head = (f"# Benchmarks{' (quick)' if args.quick else ''}\n\n`python -m benchmarks {' '.join(args.names)}"
-            f"{' --quick' if args.quick else ''}`; load average at the end {load} (the machine may be shared: "
-            f"compare ratios within one run).\n\n")
+    command = " ".join(["python -m benchmarks", *args.names, *(["--quick"] if args.quick else [])])
+    head = (f"# Benchmarks{' (quick)' if args.quick else ''}\n\n`{command}`; load average at the end {load} (the machine "
+            f"may be shared: compare ratios within one run).\n\n")
     (args.out_dir / "summary.md").write_text(head + table)
     print(table)
     print(f"wrote {args.out_dir / 'summary.md'}")

@@ -62,11 +62,14 @@ def machine_facts() -> dict:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
+    from importlib import metadata
+
     versions = {"python": platform.python_version()}
-    for mod in ("torch", "zenoh", "numpy", "mujoco"):
+    # the installed distributions' versions (zenoh-python has no __version__; its distribution is eclipse-zenoh)
+    for mod, dist in (("torch", "torch"), ("zenoh", "eclipse-zenoh"), ("numpy", "numpy"), ("mujoco", "mujoco")):
         try:
-            versions[mod] = getattr(__import__(mod), "__version__", "?")
-        except Exception:  # noqa: BLE001  a missing library is a fact, not an error
+            versions[mod] = metadata.version(dist)
+        except metadata.PackageNotFoundError:  # a missing library is a fact, not an error
             versions[mod] = None
     return {"cores": os.cpu_count(), "cpu_model": cpu, "platform": platform.platform(), **versions,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}

@@ -39,7 +39,9 @@ def load_reports(out_dir: Path, names: tuple[str, ...]) -> dict[str, dict]:
 
 
 def _shown(name: str, fig: Figure) -> bool:
-    return fig.target is not None or (name == "peers" and fig.name.endswith(": round trip p50"))
+    """Every figure with a target, and each peer stack's round trip at the full payload."""
+    return fig.target is not None or (name == "peers" and fig.name.endswith(": round trip p50")
+                                      and "without images" not in fig.name)
 
 
 def render_block(reports: dict[str, dict]) -> str:
