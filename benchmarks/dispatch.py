@@ -51,18 +51,13 @@ def _time(forward, args, calls: int) -> dict:
             "mean_ms": round(float(np.mean(times)), 3), "calls": calls}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--out", type=Path, default=REPORT)
-    args = parser.parse_args(argv)
+def measure(calls: int, batches: list[int]) -> dict:
+    """Local vs Ray Serve time per call at each batch size; {"skipped": why} without Ray Serve."""
     try:
         import ray  # noqa: F401
         from ray import serve  # noqa: F401
     except ImportError:
-        print("dispatch: skipped: Ray Serve is not installed (pip install -e '.[cluster]')")
-        return {"skipped": "Ray Serve is not installed"}
+        return {"skipped": "Ray Serve is not installed (pip install -e '.[cluster]')"}
 
     from server.dispatch import RayServeForward
     from server.policies.checkpoint import load_checkpoint
@@ -76,10 +71,10 @@ def main(argv: list[str] | None = None) -> dict:
         torch_threads=1, replicas=1, cpus_per_replica=1.0, gpus_per_replica=0.0, max_inflight=2, address=None)
     rows = {}
     try:
-        for size in args.batches:
+        for size in batches:
             batch = _batch(runtime, size, np.random.default_rng(size))
             same = local(*batch).numpy().tobytes() == serve_forward(*batch).numpy().tobytes()
-            lo, se = _time(local, batch, args.calls), _time(serve_forward, batch, args.calls)
+            lo, se = _time(local, batch, calls), _time(serve_forward, batch, calls)
             rows[str(size)] = {"local": lo, "ray_serve": se, "same_bytes": same,
                                "serve_overhead_p50_ms": round(se["p50_ms"] - lo["p50_ms"], 3)}
             print(f"batch {size:3d}: local p50 {lo['p50_ms']:7.3f} ms p99 {lo['p99_ms']:7.3f} | ray_serve p50 "
@@ -87,7 +82,33 @@ def main(argv: list[str] | None = None) -> dict:
                   f" ms per call | same bytes: {same}", flush=True)
     finally:
         serve_forward.close()
-    report = {"checkpoint": "reacher", "calls": args.calls, "batches": rows}
+    return {"checkpoint": "reacher", "calls": calls, "batches": rows}
+
+
+def run(quick: bool):
+    from benchmarks.common import Result
+
+    r = measure(20 if quick else 200, [1, 8] if quick else [1, 8, 64])
+    if "skipped" in r:
+        return Result(skipped=r["skipped"])
+    res = Result(details=r)
+    for size, row in r["batches"].items():
+        res.add(f"Ray Serve adds per call p50, batch {size}", row["serve_overhead_p50_ms"], "ms")
+        res.add(f"Ray Serve chunks byte-identical to local, batch {size}", 1.0 if row["same_bytes"] else 0.0, "",
+                target=1.0, better="higher", budget=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--out", type=Path, default=REPORT)
+    args = parser.parse_args(argv)
+    report = measure(args.calls, args.batches)
+    if "skipped" in report:
+        print(f"dispatch: skipped: {report['skipped']}")
+        return report
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
