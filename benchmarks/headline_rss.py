@@ -9,7 +9,7 @@ nothing; its verdict is kept in the details). The twin samples each process tree
 (bench.run.hostcpu, cpu.parquet's `rss_mb:<process>` columns); the figure is the largest sum over one sample
 of all processes (target: 3 GiB), and each process's own peak. `--quick`: the same scenario with 2 robots
 per site for 5 s, no faults: it proves the pipeline runs, not the headline's size.
-RSS counts shared library pages once per process (torch in each replica and shard), so the sum is an upper
+RSS counts shared library pages in every process that maps them (torch in each replica and shard), so the sum is an upper
 bound of the memory the run needs.
 """
 
