@@ -10,7 +10,7 @@
     bench schema scenario                                  the scenario language's JSON Schema (editors)
     bench sweep FILE --key K --values a,b [--capacity]    one run per value; --capacity: load steps, knee, P10
     bench incident --edge LOG --audit A --from T0 --to T1 --out F.yaml   replay one robot's incident
-    bench train --robot TYPE [--out DIR] [--seed N] [--policy-type T] [--fps HZ]   build bench/checkpoints/<TYPE>/
+    bench train --robot TYPE [--out DIR] [--seed N] [--policy-type T] [--fps HZ] [--rtc-mode M]   build bench/checkpoints/<TYPE>/
     bench init-weights NAME                                random weights for a config-only checkpoint (reacher_vla)
     bench pki --dir DIR [--robot UUID ...] [--replica ID ...] [--router] [--acl FILE]
                                                            a test CA and certificates (docs/security.md)
@@ -223,7 +223,8 @@ def cmd_train(args) -> int:
     out = Path(args.out) if args.out else None
     try:
         path = train.train_robot_policy(args.robot, out, seed=args.seed, policy_type=args.policy_type,
-                                        episodes=args.episodes, steps=args.steps, fps=args.fps)
+                                        episodes=args.episodes, steps=args.steps, fps=args.fps,
+                                        rtc_mode=args.rtc_mode)
     except train.TrainError as exc:
         print(f"bench train: {exc}", file=sys.stderr)
         return EXIT_INVALID
@@ -344,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--fps", type=float, default=None, help="control rate of the demos = the checkpoint's trained fps")
     tr.add_argument("--episodes", type=int, default=None, help="expert demonstrations to collect")
     tr.add_argument("--steps", type=int, default=None, help="training steps")
+    tr.add_argument("--rtc-mode", default=None, choices=("guidance", "training_time"),
+                    help="training_time: train for training-time RTC (prefix-conditioned demos and policy; "
+                         "its own recipe); default guidance (inference-time RTC)")
     tr.set_defaults(func=cmd_train)
 
     iw = sub.add_parser("init-weights", help="seeded random weights for a checkpoint shipped as config.json + "

@@ -13,6 +13,11 @@ chunk exists d ticks later. While it is computed the robot executes what the str
               unguided: the RTC paper's naive asynchronous baseline (append/replace without guidance)
     rtc       as naive, but the new chunk is sampled with RTC guidance on the previous chunk's rows
               s..s+horizon-1 (the first d of them are exactly what the robot executes meanwhile)
+              (rtc_mode guidance, also on a checkpoint trained for training_time)
+    rtc_training_time
+              as naive, but the new chunk is sampled with the previous chunk's rows s..s+d-1 as its own
+              rows 0..d-1, clean conditioning (rtc_mode training_time, arXiv 2512.05964): a checkpoint
+              trained for it only (`bench train --robot reacher --rtc-mode training_time`)
 
 The previous chunk's row s + i and the new chunk's row i are the same tick. The policy is the
 checkpoint's, normalised as the server does (bench.training.train.CheckpointPolicy); `hp` overrides
@@ -40,7 +45,8 @@ import numpy as np
 from bench.evidence.seams import seam_metrics
 from bench.robots import make_robot
 
-STRATEGIES = ("sync", "append", "naive", "rtc")
+STRATEGIES = ("sync", "append", "naive", "rtc", "rtc_training_time")
+GUIDED = {"rtc": "guidance", "rtc_training_time": "training_time"}  # strategy -> the rtc_mode it samples with
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -57,14 +63,20 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
 
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r}; use one of {STRATEGIES}")
-    if expert and strategy == "rtc":
-        raise ValueError("the scripted expert cannot be guided: use sync, append or naive with expert")
+    if expert and strategy in GUIDED:
+        raise ValueError("the scripted expert takes no prefix: use sync, append or naive with expert")
     d, s = int(delay), int(execution_steps)
     if not 0 <= d <= s:
         raise ValueError(f"need 0 <= d <= s (one request in flight), got d={d}, s={s}")
     loaded = CheckpointPolicy(checkpoint)
     policy, config = loaded.policy, loaded.config
     policy.hp.update(hp or {})
+    if strategy in GUIDED and "rtc_mode" in policy.hp:  # flow_matching: the mode is the strategy's
+        policy.hp["rtc_mode"] = GUIDED[strategy]
+        policy.check_rtc_mode()  # a checkpoint not trained for training_time refuses it here
+    elif strategy == "rtc_training_time":
+        raise ValueError(f"{checkpoint}: rtc_training_time needs a flow_matching checkpoint trained with "
+                         f"rtc_mode training_time (`bench train --robot reacher --rtc-mode training_time`)")
     horizon = d if horizon < 0 else int(horizon or config.execution_horizon)
     mean_s, std_s = loaded.state_stats["mean"], loaded.state_stats["std"]
     mean_a, std_a = loaded.action_stats["mean"], loaded.action_stats["std"]
@@ -93,6 +105,8 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
                 prefix = None
                 if strategy == "rtc" and previous is not None and horizon > 0:
                     prefix = previous[s : s + horizon]
+                if strategy == "rtc_training_time" and previous is not None and d > 0:
+                    prefix = previous[s : s + d]  # exactly the rows the robot executes meanwhile
                 new = infer(state, prefix if prefix is not None and len(prefix) else None)
                 rows = robot(new)
                 if strategy == "append":
@@ -232,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             r = run_strategy(ckpt, args.robot, strategy, d, max(s, d), args.episodes, args.seed, args.horizon, hp,
                              expert=args.expert)
             rows.append(r)
-            print(f"d={d:2d} s={r['execution_steps']:2d} {strategy:5s} success {r['success_rate']:.2f}  "
+            print(f"d={d:2d} s={r['execution_steps']:2d} {strategy:17s} success {r['success_rate']:.2f}  "
                   f"seam jerk p95 {r['seam_jerk_p95']:.3f}  held {r['held_ticks']}", flush=True)
     out = Path(args.out) if args.out else REPO / "reports" / "delay_eval" / (
         ckpt.name + (f"-{args.tag}" if args.tag else "") + ".json")

@@ -9,6 +9,8 @@ recover from it. Each state is paired with a chunk of `chunk_size` clean labels 
 - "trajectory": the next labels along the noisy path actually driven, the last repeated past the
   episode end. They answer noise that will not recur when the chunk runs open loop (on reacher the
   gap to the plan is half the labels' own spread), so a policy cloned from them drifts.
+collect_prefix_demos adds training-time RTC's labels: a delay d per state, the d rows the robot is
+already committed to (the previous request's plan), then the expert's plan from where they lead.
 
 evaluate_closed_loop runs a chunk policy the way the fleet does: one call per `replan_every`
 ticks, the chunk executed open-loop meanwhile, and "no command" (the robot's hold semantics) when a
@@ -66,12 +68,26 @@ def collect_demos(
         raise ValueError(f"labels must be one of {CHUNK_LABELS}, got {labels!r}")
     if stride < 1:
         raise ValueError(f"stride must be >= 1, got {stride}")
+    all_states, all_chunks = [], []
+    for states, actions in _dart_episodes(robot_type, episodes, seed, noise=noise, fps=fps, episode_s=episode_s):
+        all_states.append(states[::stride])
+        if labels == "trajectory":
+            all_chunks.append(_chunks(actions, chunk_size)[::stride])
+    states = np.concatenate(all_states)
+    if labels == "plan":
+        return states, plan_chunks(robot_type, states, chunk_size, fps=fps)
+    return states, np.concatenate(all_chunks)
+
+
+def _dart_episodes(robot_type: str, episodes: int, seed: int, *, noise: float, fps: float,
+                   episode_s: float | None):
+    """Per episode (visited states (n, S), clean expert labels (n, A)), float32, the robot driven by the
+    expert plus AR(1) noise (module docstring); episode e uses robot seed `seed + e`."""
     expert = expert_for(robot_type)
     rng = np.random.default_rng([seed, 0xDA27])  # the noise stream, independent of robot seeds
     env = make_robot(robot_type, seed=seed, fps=fps, episode_s=episode_s)
     std = noise * np.asarray(NOISE_STD.get(robot_type, (0.0,) * env.action_space.shape[0]))
     innovation = std * np.sqrt(1 - NOISE_CORRELATION**2)  # keeps the stationary std at `std`
-    all_states, all_chunks = [], []
     for e in range(episodes):
         state, _ = env.reset(seed=seed + e)
         perturbation = rng.normal(0.0, 1.0, std.shape) * std
@@ -84,13 +100,53 @@ def collect_demos(
             perturbation = NOISE_CORRELATION * perturbation + rng.normal(0.0, 1.0, std.shape) * innovation
             if terminated or truncated:
                 break
-        all_states.append(np.asarray(states, dtype=np.float32)[::stride])
-        if labels == "trajectory":
-            all_chunks.append(_chunks(np.asarray(actions, dtype=np.float32), chunk_size)[::stride])
-    states = np.concatenate(all_states)
-    if labels == "plan":
-        return states, plan_chunks(robot_type, states, chunk_size, fps=fps)
-    return states, np.concatenate(all_chunks)
+        yield np.asarray(states, dtype=np.float32), np.asarray(actions, dtype=np.float32)
+
+
+def collect_prefix_demos(
+    robot_type: str,
+    episodes: int,
+    seed: int,
+    chunk_size: int,
+    max_prefix_rows: int,
+    *,
+    noise: float = 1.0,
+    fps: float = DEFAULT_FPS,
+    episode_s: float | None = None,
+    stride: int = 1,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(states (N, S), action_chunks (N, chunk_size, A), prefix_rows (N,)): training-time RTC's labels.
+
+    At visited state t a delay d ~ U{0..max_prefix_rows} is drawn and s = plan_s(d, chunk_size): the
+    previous request was made s ticks earlier, on state t - s, so the robot is committed to that plan's rows
+    s..s+d-1 while the new chunk is computed. The label is those d rows, then the expert's plan from the
+    state they lead to (plan_chunks with prefixes): a chunk that corrects after the committed rows, which is
+    what asynchronous execution runs. States with no earlier request (t < s) get d = 0, the plain plan.
+    """
+    if not 0 <= max_prefix_rows < chunk_size:  # a chunk needs at least one row left to learn
+        raise ValueError(f"max_prefix_rows must be in [0, chunk_size={chunk_size}), got {max_prefix_rows}")
+    rng = np.random.default_rng([seed, 0x77C])  # the delays, independent of the robot's and noise's streams
+    from bench.training.delay_eval import plan_s  # the remote engine's derived s
+
+    per_episode = [states for states, _ in _dart_episodes(robot_type, episodes, seed, noise=noise, fps=fps,
+                                                              episode_s=episode_s)]
+    states = np.concatenate(per_episode)
+    plans = plan_chunks(robot_type, states, chunk_size, fps=fps)  # the d = 0 labels and the earlier requests' plans
+    prefixes = np.zeros_like(plans)
+    prefix_rows = np.zeros(len(states), dtype=np.int64)
+    offset = 0
+    for episode in per_episode:
+        for t in range(len(episode)):
+            d = int(rng.integers(0, max_prefix_rows + 1))
+            s = plan_s(d, chunk_size)
+            d = min(d, chunk_size - s)  # d > H / 2: s = d, and the previous plan holds only H - s more rows
+            if d and t >= s:
+                prefixes[offset + t, :d] = plans[offset + t - s, s : s + d]
+                prefix_rows[offset + t] = d
+        offset += len(episode)
+    chunks = plan_chunks(robot_type, states, chunk_size, fps=fps, prefixes=prefixes, prefix_rows=prefix_rows)
+    keep = np.arange(len(states)) % stride == 0 if stride > 1 else slice(None)
+    return states[keep], chunks[keep], prefix_rows[keep]
 
 
 def _chunks(labels: np.ndarray, chunk_size: int) -> np.ndarray:

@@ -63,12 +63,24 @@ class Expert:
 
 
 def plan_chunks(robot_type_name: str, states: np.ndarray, chunk_size: int, *, fps: float = DEFAULT_FPS,
-                batch_size: int = 256) -> np.ndarray:
+                batch_size: int = 256, prefixes: np.ndarray | None = None,
+                prefix_rows: np.ndarray | None = None) -> np.ndarray:
     """(N, chunk_size, A) float32: the expert's open-loop plan from each state of `states` (N, S).
 
-    A pure function of the states: twins are placed from them, never sampled.
+    A pure function of the states: twins are placed from them, never sampled. With `prefixes` (N, >= n, A)
+    and `prefix_rows` (N,) ints n: rows 0..n-1 of plan i are `prefixes[i, :n]` (actions already committed),
+    executed on the twin, and the expert plans the rest from the state they lead to (training-time RTC's
+    labels, bench.training.demos).
     """
     states = np.asarray(states, dtype=np.float32).reshape(len(states), -1)
+    if prefix_rows is None:
+        prefix_rows = np.zeros(len(states), dtype=np.int64)
+    else:
+        prefix_rows = np.minimum(np.asarray(prefix_rows, dtype=np.int64), chunk_size)
+        if prefixes is None or len(prefixes) != len(states) or len(prefix_rows) != len(states):
+            raise ValueError("prefix_rows needs prefixes, both with one entry per state")
+        if prefix_rows.max(initial=0) > np.asarray(prefixes).shape[1]:
+            raise ValueError(f"prefix_rows up to {prefix_rows.max()} but prefixes hold {np.asarray(prefixes).shape[1]} rows")
     expert = expert_for(robot_type_name)
     plans = np.zeros((len(states), chunk_size, len(robot_type(robot_type_name).action_names)), dtype=np.float32)
     if len(states) == 0:
@@ -80,11 +92,19 @@ def plan_chunks(robot_type_name: str, states: np.ndarray, chunk_size: int, *, fp
     for start in range(0, len(states), twins.n):
         rows = states[start : start + twins.n]
         padded = np.concatenate([rows, np.repeat(rows[-1:], twins.n - len(rows), axis=0)])
-        plans[start : start + len(rows)] = _plan(expert, twins, padded, chunk_size)[: len(rows)]
+        forced = None
+        if prefix_rows.any():
+            n = np.zeros(twins.n, dtype=np.int64)
+            n[: len(rows)] = prefix_rows[start : start + len(rows)]
+            forced = (np.zeros((twins.n, chunk_size, plans.shape[2]), dtype=np.float32), n)
+            width = min(chunk_size, np.asarray(prefixes).shape[1])
+            forced[0][: len(rows), :width] = np.asarray(prefixes, dtype=np.float32)[start : start + len(rows), :width]
+        plans[start : start + len(rows)] = _plan(expert, twins, padded, chunk_size, forced)[: len(rows)]
     return plans
 
 
-def _plan(expert: Expert, twins: RobotBatch, states: np.ndarray, chunk_size: int) -> np.ndarray:
+def _plan(expert: Expert, twins: RobotBatch, states: np.ndarray, chunk_size: int,
+          forced: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     twins.reset()  # zeroes the episode counters; `place` then overwrites the sampled start and task
     for i, state in enumerate(states):
         data = twins.datas[i]
@@ -97,6 +117,8 @@ def _plan(expert: Expert, twins: RobotBatch, states: np.ndarray, chunk_size: int
     current = states  # row 0 from the state itself, not from its reconstruction
     for k in range(chunk_size):
         plan[:, k] = [expert(s) for s in current]
+        if forced is not None:  # committed rows replace the expert's own (plan_chunks' prefixes)
+            plan[:, k] = np.where((k < forced[1])[:, None], forced[0][:, k], plan[:, k])
         if k + 1 < chunk_size:
             current = twins.step(plan[:, k])
     return plan

@@ -43,6 +43,10 @@ class Recipe:
     stride: int = 1
     noise: float = 1.0
     labels: str = "plan"
+    # rtc_mode "training_time": demos from collect_prefix_demos (d ~ U{0..max_prefix_rows} committed rows per
+    # state), the policy built and trained for training-time RTC (flow_matching hyper_params rtc_mode)
+    rtc_mode: str = "guidance"
+    max_prefix_rows: int = 15
     # optimisation (server.policies.train.train_bc)
     epochs: int = 40
     batch_size: int = 256
@@ -73,19 +77,30 @@ POLICY_RECIPES: dict[tuple[str, str], Recipe] = {
 }
 
 
+# (robot type, rtc_mode) -> the recipe `--rtc-mode` picks: training-time RTC (arXiv 2512.05964)
+RTC_MODE_RECIPES: dict[tuple[str, str], Recipe] = {
+    # 2 s demos: asynchronous requests come every s = 15 ticks over the whole 2 s episode, and a state has a
+    # committed prefix only from its second request on; twice the states of the plain recipe, as many epochs
+    ("reacher", "training_time"): Recipe(episodes=300, episode_s=2.0, epochs=120, eval_episodes=100,
+                                         rtc_mode="training_time", max_prefix_rows=16),
+}
+
+
 def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed: int = 0, *,
                        policy_type: str | None = None, episodes: int | None = None, steps: int | None = None,
-                       fps: float | None = None, evaluate: bool = True, recipe: Recipe | None = None) -> Path:
+                       fps: float | None = None, evaluate: bool = True, recipe: Recipe | None = None,
+                       rtc_mode: str | None = None) -> Path:
     """Collect demos for `robot_type`, train a chunk policy, save it to `out_dir`; return the path.
 
-    `recipe` replaces RECIPES[robot_type] (or POLICY_RECIPES[(robot_type, policy_type)]); `policy_type`,
-    `episodes` and `fps` (the demos' control rate, recorded as the trained fps) override single fields, and
-    `steps` (optional) sets the epochs so that about that many optimiser steps run.
+    `recipe` replaces RECIPES[robot_type] (or POLICY_RECIPES[(robot_type, policy_type)], or
+    RTC_MODE_RECIPES[(robot_type, rtc_mode)]); `policy_type`, `episodes` and `fps` (the demos' control rate,
+    recorded as the trained fps) override single fields, and `steps` (optional) sets the epochs so that
+    about that many optimiser steps run.
     """
     try:
         import torch
 
-        from bench.training.demos import collect_demos
+        from bench.training.demos import collect_demos, collect_prefix_demos
         from bench.robots import robot_type as robot_cls
         from server.policies.base import PolicyConfig
         from server.policies.train import TRAINING_LOG_FILE, train_bc
@@ -93,6 +108,10 @@ def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed:
         raise TrainError(f"training needs the server and sim extras (pip install -e '.[server,sim]'): {exc}") from None
     if recipe is None and robot_type not in RECIPES:
         raise TrainError(f"no training recipe for robot type {robot_type!r}; recipes: {', '.join(sorted(RECIPES))}")
+    if rtc_mode not in (None, "guidance") and (robot_type, rtc_mode) not in RTC_MODE_RECIPES:
+        raise TrainError(f"no recipe for robot type {robot_type!r} with rtc_mode {rtc_mode!r}; recipes: "
+                         f"{', '.join(f'{r} --rtc-mode {m}' for r, m in sorted(RTC_MODE_RECIPES))}")
+    recipe = recipe or RTC_MODE_RECIPES.get((robot_type, rtc_mode or ""))
     recipe = recipe or POLICY_RECIPES.get((robot_type, policy_type or ""), RECIPES[robot_type])
     recipe = replace(recipe, policy_type=policy_type or recipe.policy_type, episodes=episodes or recipe.episodes,
                      fps=fps or recipe.fps)
@@ -103,9 +122,18 @@ def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed:
     torch.set_num_threads(recipe.threads)
     try:
         started = time.perf_counter()
-        states, chunks = collect_demos(robot_type, recipe.episodes, seed, recipe.chunk_size, noise=recipe.noise,
-                                       episode_s=recipe.episode_s, labels=recipe.labels, stride=recipe.stride,
-                                       fps=recipe.fps)
+        prefix_rows, hyper_params = None, dict(recipe.hyper_params)
+        if recipe.rtc_mode == "training_time":
+            if recipe.policy_type != "flow_matching":
+                raise TrainError(f"rtc_mode training_time is built into flow_matching only, not {recipe.policy_type!r}")
+            states, chunks, prefix_rows = collect_prefix_demos(
+                robot_type, recipe.episodes, seed, recipe.chunk_size, recipe.max_prefix_rows, noise=recipe.noise,
+                episode_s=recipe.episode_s, stride=recipe.stride, fps=recipe.fps)
+            hyper_params.update(rtc_mode="training_time", max_prefix_rows=recipe.max_prefix_rows)
+        else:
+            states, chunks = collect_demos(robot_type, recipe.episodes, seed, recipe.chunk_size, noise=recipe.noise,
+                                           episode_s=recipe.episode_s, labels=recipe.labels, stride=recipe.stride,
+                                           fps=recipe.fps)
         collect_seconds = time.perf_counter() - started
         epochs = recipe.epochs
         if steps:
@@ -115,10 +143,10 @@ def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed:
             type=recipe.policy_type, state_dim=len(cls.state_names), action_dim=len(cls.action_names),
             chunk_size=recipe.chunk_size, fps=recipe.fps, action_names=list(cls.action_names),
             state_names=list(cls.state_names), execution_horizon=recipe.execution_horizon,
-            hyper_params=dict(recipe.hyper_params),
+            hyper_params=hyper_params,
         )
         path = Path(train_bc(recipe.policy_type, states, chunks, config, out, epochs=epochs, seed=seed,
-                             batch_size=recipe.batch_size, lr=recipe.lr))
+                             batch_size=recipe.batch_size, lr=recipe.lr, prefix_rows=prefix_rows))
         log_file = path / TRAINING_LOG_FILE
         log = json.loads(log_file.read_text())
         log.update(robot_type=robot_type, recipe=asdict(recipe), collect_seconds=round(collect_seconds, 3),

@@ -1,4 +1,4 @@
-"""`flow_matching`: a small MLP flow-matching chunk policy with real-time-chunking (RTC) guidance.
+"""`flow_matching`: a small MLP flow-matching chunk policy with real-time chunking (RTC), two ways.
 
     noise x(t=1) --Euler, num_steps--> x(t=0) = action chunk      (model space, (B, T, A))
                    v(x_t, t, obs) - w(t) * VJP(x1_hat, x_t; (prefix - x1_hat) * W[b])
@@ -20,7 +20,18 @@ noise to 0 at data; the target velocity is noise - data):
   RTCProcessor calls the denoiser before x_t requires grad, so d x1_hat / d x_t = I and
   correction == err (cheaper: no backward pass; pick it for numerical parity with LeRobot).
 
-The network: v = MLP([x_t, obs_embedding, time_embedding]) + a(t) * x_t, where a(t) is a tiny MLP of
+`rtc_mode` (recorded in config.json) says how a prefix is used:
+- "guidance" (default): inference-time RTC, as above (Black, Galliker, Levine 2025, arXiv 2506.07339).
+- "training_time": training-time RTC (Black, Ren, Equi, Levine 2025, arXiv 2512.05964). The network also
+  takes each row's own flow time; it is trained with the first n rows of the label clean (flow time 0,
+  n per sample: the demonstrations' `prefix_rows`, else n ~ U{0..max_prefix_rows}) and the loss on the
+  other rows only. At inference the first min(d, len(prefix)) rows are the committed actions, clean, at
+  every Euler step (so the output's prefix rows are exactly the given actions) and the model fills the
+  rest: no guidance pass, no VJP. The mode changes the network's input, so it is fixed at training: a
+  checkpoint trained as "guidance" refuses "training_time" (`PolicyConfigError`); one trained as
+  "training_time" can still be sampled with guidance (every row at the global flow time).
+
+The network: v = MLP([x_t, obs_embedding, time_embedding(, per-row flow times)]) + a(t) * x_t, where a(t) is a tiny MLP of
 the time embedding. The skip matters: for a chunk determined by the observation the exact velocity is
 (x_t - x1) / t, and a hidden layer narrower than T*A cannot carry x_t through (without it the
 training loss plateaus several times higher).
@@ -57,9 +68,24 @@ DEFAULTS = {
     "max_guidance_weight": 10.0,
     "guidance_jacobian": "network",  # or "identity" (LeRobot main's effective behaviour)
     "prefix_schedule": "linear",  # LeRobot's ramp; "exp": the RTC paper's soft mask (eq. 5)
+    "rtc_mode": "guidance",  # or "training_time": the prefix as clean conditioning rows (arXiv 2512.05964)
+    "max_prefix_rows": 15,  # training_time: n ~ U{0..min(this, chunk_size - 1)} when the data gives none
 }
 GUIDANCE_JACOBIANS = ("network", "identity")
 PREFIX_SCHEDULES = ("linear", "exp")
+RTC_MODES = ("guidance", "training_time")
+
+
+class RTCModeError(PolicyConfigError):
+    """`rtc_mode: training_time` asked of a checkpoint whose network was not trained for it."""
+
+
+def untrained_for_training_time(where: str = "this checkpoint") -> RTCModeError:
+    return RTCModeError(
+        f"{where} was not trained for rtc_mode 'training_time' (its config.json records rtc_mode 'guidance'): "
+        f"its network has no per-row flow-time input. Serve it with inference-time RTC (rtc_mode 'guidance'), "
+        f"or train one for it: `bench train --robot reacher --rtc-mode training_time` (hyper_params rtc_mode: training_time)"
+    )
 
 
 def prefix_weights(inference_delay: int, horizon: int, total: int, schedule: str = "linear") -> Tensor:
@@ -113,14 +139,21 @@ class FlowMatchingPolicy(ChunkPolicy):
             )
         if int(hp["num_steps"]) < 1 or int(hp["time_embed_dim"]) % 2:
             raise PolicyConfigError("flow_matching needs num_steps >= 1 and an even time_embed_dim")
+        if hp["rtc_mode"] not in RTC_MODES:
+            raise PolicyConfigError(f"flow_matching rtc_mode={hp['rtc_mode']!r}; use one of {RTC_MODES}")
+        if int(hp["max_prefix_rows"]) < 0:
+            raise PolicyConfigError(f"flow_matching max_prefix_rows={hp['max_prefix_rows']!r}; needs >= 0")
 
     def __init__(self, config: PolicyConfig):
         super().__init__(config)
         hp = self.hp
         flat = config.chunk_size * config.action_dim
+        # training_time RTC: the network reads each row's flow time (0 = a clean, committed row); fixed at build
+        self.prefix_conditioned = hp["rtc_mode"] == "training_time"
+        row_times = config.chunk_size if self.prefix_conditioned else 0
         self.encoder = ObservationEncoder(config, hp["obs_embed_dim"], hp["hidden_dim"])
         self.velocity_net = mlp(
-            flat + hp["obs_embed_dim"] + hp["time_embed_dim"], hp["hidden_dim"], flat, hp["num_layers"]
+            flat + hp["obs_embed_dim"] + hp["time_embed_dim"] + row_times, hp["hidden_dim"], flat, hp["num_layers"]
         )
         # a(t) in v = a(t) * x_t + MLP(x_t, t, obs): the exact velocity of a chunk determined by the
         # observation is (x_t - x1) / t, and a hidden layer narrower than T*A cannot pass x_t through.
@@ -129,13 +162,31 @@ class FlowMatchingPolicy(ChunkPolicy):
         self._linears = [m for m in self.velocity_net if isinstance(m, torch.nn.Linear)]
         assert len(self.velocity_net) == 2 * len(self._linears) - 1
 
-    def velocity(self, x_t: Tensor, t: Tensor, cond: Tensor) -> Tensor:
-        """v(x_t, t, obs): (B, T, A), (B,), (B, E) -> (B, T, A)."""
+    def velocity(self, x_t: Tensor, t: Tensor, cond: Tensor, row_t: Tensor | None = None) -> Tensor:
+        """v(x_t, t, obs): (B, T, A), (B,), (B, E) -> (B, T, A). `row_t` (B, T): each row's flow time, read by
+        a prefix-conditioned network only (None: every row at t)."""
         size = x_t.shape[0]
         t_emb = time_embedding(t, self.hp["time_embed_dim"])
         flat = x_t.reshape(size, -1)
-        v = self.velocity_net(torch.cat([flat, cond, t_emb], dim=-1)) + self.skip_gain(t_emb) * flat
+        v = self.velocity_net(self._net_input(flat, cond, t_emb, t, row_t)) + self.skip_gain(t_emb) * flat
         return v.reshape(x_t.shape)
+
+    def _net_input(self, flat: Tensor, cond: Tensor, t_emb: Tensor, t: Tensor, row_t: Tensor | None) -> Tensor:
+        parts = [flat, cond, t_emb]
+        if self.prefix_conditioned:  # the x_t columns stay first: _velocity_and_vjp slices them
+            parts.append(t[:, None].expand(-1, self.config.chunk_size) if row_t is None else row_t)
+        return torch.cat(parts, dim=-1)
+
+    @property
+    def rtc_mode(self) -> str:
+        return self.hp["rtc_mode"]
+
+    def check_rtc_mode(self) -> None:
+        """Refuse `rtc_mode: training_time` (set after loading) on a network not trained for it."""
+        if self.hp["rtc_mode"] not in RTC_MODES:
+            raise PolicyConfigError(f"flow_matching rtc_mode={self.hp['rtc_mode']!r}; use one of {RTC_MODES}")
+        if self.hp["rtc_mode"] == "training_time" and not self.prefix_conditioned:
+            raise untrained_for_training_time()
 
     def _noise(self, size: int) -> Tensor:
         noise = initial_noise(size, (self.config.chunk_size, self.config.action_dim), self.hp["noise_seed"])
@@ -183,7 +234,7 @@ class FlowMatchingPolicy(ChunkPolicy):
         t_emb = time_embedding(t_batch, self.hp["time_embed_dim"])
         flat = x_t.reshape(size, -1)
         linears = self._linears
-        h = torch.cat([flat, cond, t_emb], dim=-1)
+        h = self._net_input(flat, cond, t_emb, t_batch, None)
         pre: list[Tensor] = []
         for k, layer in enumerate(linears):
             h = torch.nn.functional.linear(h, layer.weight, layer.bias)
@@ -208,6 +259,9 @@ class FlowMatchingPolicy(ChunkPolicy):
         prefix: Sequence[Tensor | None],
     ) -> Tensor:
         size, delays, prefixes = self.check_chunk_args(batch, inference_delay, prefix)
+        self.check_rtc_mode()
+        if self.hp["rtc_mode"] == "training_time":
+            return self._predict_conditioned(batch, size, delays, prefixes)
         with torch.no_grad():  # no autograd anywhere, the VJP included (_velocity_and_vjp)
             inputs = self.model_inputs(batch)
             guidance = self._guidance_targets(delays, prefixes)
@@ -225,11 +279,57 @@ class FlowMatchingPolicy(ChunkPolicy):
                 x_t = x_t + dt * v_t
             return x_t.float()
 
+    def prefix_mask(self, delays: list[int], prefixes: list[Tensor | None]) -> tuple[Tensor, Tensor]:
+        """training_time RTC: (mask (B, T, 1), padded prefix (B, T, A)); row i of sample b is committed
+        (mask 1) when i < min(d[b], len(prefix[b])). The rest of a longer prefix (RTC's guided horizon) is
+        not used: those rows are still the model's to choose."""
+        total, action_dim = self.config.chunk_size, self.config.action_dim
+        mask = torch.zeros(len(prefixes), total, 1)
+        target = torch.zeros(len(prefixes), total, action_dim)
+        for b, (delay, prefix) in enumerate(zip(delays, prefixes)):
+            rows = 0 if prefix is None else min(delay, prefix.shape[0], total)
+            mask[b, :rows] = 1.0
+            if rows:
+                target[b, :rows] = prefix[:rows].detach().to(device="cpu", dtype=torch.float32)
+        kw = {"device": self.param_device, "dtype": self.param_dtype}
+        return mask.to(**kw), target.to(**kw)
+
+    def _predict_conditioned(self, batch: dict[str, Tensor], size: int, delays: list[int],
+                             prefixes: list[Tensor | None]) -> Tensor:
+        """training_time RTC: the committed rows held clean (flow time 0) at every Euler step."""
+        with torch.no_grad():
+            cond = self.encoder(self.model_inputs(batch))
+            mask, target = self.prefix_mask(delays, prefixes)
+            committed = mask.squeeze(-1) > 0
+            x_t = torch.where(mask > 0, target, self._noise(size))
+            num_steps = int(self.hp["num_steps"])
+            dt = -1.0 / num_steps
+            for step in range(num_steps):
+                t = 1.0 + step * dt
+                t_batch = torch.full((size,), t, device=x_t.device, dtype=x_t.dtype)
+                row_t = torch.where(committed, torch.zeros_like(committed, dtype=x_t.dtype), t)
+                x_t = x_t + dt * self.velocity(x_t, t_batch, cond, row_t)
+                x_t = torch.where(mask > 0, target, x_t)
+            return x_t.float()
+
     def training_loss(
-        self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None
+        self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None,
+        prefix_rows: Tensor | None = None,
     ) -> Tensor:
-        """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1."""
-        return flow_matching_loss(self.velocity, self.encoder(batch), action_chunk, generator)
+        """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1. With
+        rtc_mode training_time the first `prefix_rows[b]` rows of sample b are clean conditioning (row flow
+        time 0) and out of the loss; None draws them from U{0..max_prefix_rows}."""
+        cond = self.encoder(batch)
+        if not self.prefix_conditioned:
+            if prefix_rows is not None:
+                raise untrained_for_training_time("a policy built with rtc_mode 'guidance'")
+            return flow_matching_loss(self.velocity, cond, action_chunk, generator)
+        total = self.config.chunk_size
+        if prefix_rows is None:
+            top = min(int(self.hp["max_prefix_rows"]), total - 1)
+            prefix_rows = torch.randint(0, top + 1, (action_chunk.shape[0],), generator=generator)
+        return prefix_flow_matching_loss(self.velocity, cond, action_chunk, prefix_rows.to(action_chunk.device),
+                                         generator)
 
 
 def flow_matching_loss(velocity, cond, x1: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -239,6 +339,22 @@ def flow_matching_loss(velocity, cond, x1: Tensor, generator: torch.Generator | 
     t = torch.rand((x1.shape[0],), generator=generator, device=x1.device, dtype=x1.dtype)
     x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * x1
     return torch.nn.functional.mse_loss(velocity(x_t, t, cond), noise - x1)
+
+
+def prefix_flow_matching_loss(velocity, cond, x1: Tensor, prefix_rows: Tensor,
+                              generator: torch.Generator | None = None) -> Tensor:
+    """Training-time RTC's objective (arXiv 2512.05964): per-row flow time, 0 (clean: x_t = x1) on the first
+    `prefix_rows[b]` rows of sample b, t ~ U(0, 1) on the rest; the squared error averaged over the rest only,
+    so the committed rows are conditioning, never targets. `velocity(x_t, t, cond, row_t)`."""
+    noise = torch.randn(x1.shape, generator=generator, device=x1.device, dtype=x1.dtype)
+    t = torch.rand((x1.shape[0],), generator=generator, device=x1.device, dtype=x1.dtype)
+    rows = torch.arange(x1.shape[1], device=x1.device)
+    committed = rows[None, :] < prefix_rows[:, None]  # (B, T)
+    row_t = torch.where(committed, torch.zeros((), dtype=x1.dtype, device=x1.device), t[:, None])
+    x_t = row_t[..., None] * noise + (1.0 - row_t[..., None]) * x1
+    free = (~committed).to(x1.dtype)[..., None]  # (B, T, 1)
+    error = (velocity(x_t, t, cond, row_t) - (noise - x1)) ** 2 * free
+    return error.sum() / (free.sum() * x1.shape[2]).clamp_min(1.0)
 
 
 def initial_noise(size: int, shape: tuple[int, int], seed: int | None) -> Tensor:

@@ -79,8 +79,13 @@ def train_bc(
     *,
     batch_size: int = 256,
     lr: float = 1e-3,
+    prefix_rows: np.ndarray | None = None,
 ) -> Path:
-    """Train `policy_type` by behaviour cloning and save the checkpoint to `out_dir`; returns its path."""
+    """Train `policy_type` by behaviour cloning and save the checkpoint to `out_dir`; returns its path.
+
+    `prefix_rows` (N,) ints: training-time RTC's committed rows per sample (bench.training.demos.
+    collect_prefix_demos), passed to the policy's `training_loss`; only a policy built for it takes them
+    (flow_matching with rtc_mode training_time)."""
     from server.processors import images_to_model  # processors imports checkpoint; keep the cycle lazy
 
     if config.type != policy_type:
@@ -95,6 +100,16 @@ def train_bc(
     _check_arrays(states, action_chunks, config)
     n = states.shape[0]
     images = _check_images(images, config, n)
+    prefix_t = None
+    if prefix_rows is not None:
+        prefix_rows = np.asarray(prefix_rows)
+        if prefix_rows.shape != (n,) or prefix_rows.min() < 0 or prefix_rows.max() >= config.chunk_size:
+            raise TrainingError(f"prefix_rows has shape {prefix_rows.shape}, range [{prefix_rows.min()}, "
+                                f"{prefix_rows.max()}]; expected ({n},) ints in [0, chunk_size={config.chunk_size})")
+        if config.hyper_params.get("rtc_mode") != "training_time":
+            raise TrainingError("prefix_rows train training-time RTC: set hyper_params rtc_mode: training_time "
+                                f"(policy type {policy_type!r} with hyper_params {config.hyper_params})")
+        prefix_t = torch.from_numpy(prefix_rows.astype(np.int64))
 
     targets = action_chunks
     if config.relative_actions:
@@ -126,7 +141,8 @@ def train_bc(
             batch = {STATE_KEY: state_t[idx]}
             for name, frames in images.items():
                 batch[image_key(name)] = images_to_model(frames[idx.numpy()], config.image_features[name])
-            loss = policy.training_loss(batch, target_t[idx], generator=generator)
+            extra = {} if prefix_t is None else {"prefix_rows": prefix_t[idx]}
+            loss = policy.training_loss(batch, target_t[idx], generator=generator, **extra)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -145,6 +161,7 @@ def train_bc(
         "seed": seed,
         "batch_size": batch_size,
         "lr": lr,
+        **({} if prefix_t is None else {"prefix_rows_mean": float(prefix_t.float().mean())}),
         "epoch_losses": epoch_losses,
         "final_loss": epoch_losses[-1],
         "train_seconds": round(seconds, 3),
