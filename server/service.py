@@ -161,8 +161,8 @@ class PolicyServer:
         n = int(_get(m, "warmup_inferences", 2))
         ms = self.runtime.warmup(n)
         self.warmed_up = True
-        log.info("loaded %s (%s, hash %s...), %d warm-up passes, %.1f ms each", model_id, loaded.config.type,
-                 loaded.checkpoint_hash[:12], n, ms)
+        log.info("loaded %s (%s, rtc_mode %s, hash %s...), %d warm-up passes, %.1f ms each", model_id,
+                 loaded.config.type, self.runtime.rtc_mode, loaded.checkpoint_hash[:12], n, ms)
         if n > 0:  # the replica's own unloaded forward time: the bench reads starvation against it
             sizes = self.runtime.unloaded_forward_ms(int(_get(_get(m, "scheduling", None), "max_batch", 1) or 1))
             log.info("unloaded forward ms by batch size: %s", json.dumps(sizes))
@@ -315,7 +315,8 @@ class PolicyServer:
         self.metrics.inc("sessions_opened", model=self.info.model_id)
         self._set_load()
         self._reply(query, make_ack(self.info, s, d, active, req.schema_version))
-        log.info("session %s opened for %s (task %r, rtc %s)%s", s.session_id, s.client_uuid, s.task, s.rtc_enabled,
+        log.info("session %s opened for %s (task %r, rtc %s)%s", s.session_id, s.client_uuid, s.task,
+                 self.runtime.rtc_mode if s.rtc_enabled else False,
                  "; warnings: " + "; ".join(d.warnings) if d.warnings else "")
 
     def _guard_open(self, req: SessionOpen, old: Session | None) -> Error | None:

@@ -38,7 +38,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -52,10 +52,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: int, execution_steps: int,
                  episodes: int, seed: int, horizon: int = 0, hp: dict[str, Any] | None = None,
-                 expert: bool = False) -> dict[str, Any]:
+                 expert: bool = False, on_request: Callable[[np.ndarray, np.ndarray], None] | None = None
+                 ) -> dict[str, Any]:
     """Success rate, seam jerk and held ticks of one (strategy, d, s) over `episodes` seeded episodes.
     `expert`: the robot type's scripted expert's plans (bench.training.experts.plan_chunks) instead of
-    the checkpoint's chunks (its chunk size and rate kept), for every strategy but rtc."""
+    the checkpoint's chunks (its chunk size and rate kept), for every strategy but rtc.
+    `on_request(state, committed)`: called at every request with its state and the robot-space rows the
+    robot executes while it is computed ((0, A) at an episode's first request, which follows nothing;
+    what bench.training.demos.collect_on_policy_prefix_demos labels)."""
     import torch
 
     from bench.training.experts import plan_chunks
@@ -102,6 +106,10 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
         tick, next_request = 0, 0
         while True:
             if tick == next_request:
+                if on_request is not None:
+                    committed = robot(previous)[s : s + d] if previous is not None and strategy != "sync" else []
+                    on_request(np.asarray(state, dtype=np.float32),
+                               np.asarray(committed, dtype=np.float32).reshape(-1, env.action_space.shape[0]))
                 prefix = None
                 if strategy == "rtc" and previous is not None and horizon > 0:
                     prefix = previous[s : s + horizon]

@@ -149,6 +149,51 @@ def collect_prefix_demos(
     return states[keep], chunks[keep], prefix_rows[keep]
 
 
+def collect_on_policy_prefix_demos(
+    robot_type: str,
+    checkpoint,
+    episodes: int,
+    seed: int,
+    max_prefix_rows: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(states, action_chunks, prefix_rows) like collect_prefix_demos, from the states and committed rows of a
+    trained checkpoint's own asynchronous execution (DAgger's idea): `episodes` episodes per delay d in
+    1..max_prefix_rows, run as bench.training.delay_eval's rtc_training_time (or rtc for a checkpoint trained
+    for guidance), every request labelled with its committed rows and then the expert's plan from where they
+    lead. The policy's own prefixes and states are what it meets when it runs; the DART demos' are the
+    expert's."""
+    import torch
+
+    from bench.training.delay_eval import plan_s, run_strategy
+    from bench.training.train import CheckpointPolicy
+
+    config = CheckpointPolicy(checkpoint).config
+    strategy = "rtc_training_time" if config.hyper_params.get("rtc_mode") == "training_time" else "rtc"
+    chunk_size = config.chunk_size
+    states, prefixes, rows = [], [], []
+
+    def record(state: np.ndarray, committed: np.ndarray) -> None:
+        states.append(state)
+        padded = np.zeros((chunk_size, committed.shape[1]), np.float32)
+        padded[: len(committed)] = committed[:chunk_size]
+        prefixes.append(padded)
+        rows.append(min(len(committed), chunk_size - 1))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for d in range(1, max_prefix_rows + 1):
+            run_strategy(checkpoint, robot_type, strategy, d, max(plan_s(d, chunk_size), d), episodes,
+                         seed + 1000 * d, on_request=record)
+    finally:
+        torch.set_num_threads(threads)
+    states_a = np.asarray(states, dtype=np.float32)
+    prefix_rows = np.asarray(rows, dtype=np.int64)
+    chunks = plan_chunks(robot_type, states_a, chunk_size, fps=config.fps, prefixes=np.asarray(prefixes),
+                         prefix_rows=prefix_rows)
+    return states_a, chunks, prefix_rows
+
+
 def _chunks(labels: np.ndarray, chunk_size: int) -> np.ndarray:
     """Row t = labels[t : t + chunk_size], the last label repeated past the end."""
     padded = np.concatenate([labels, np.repeat(labels[-1:], chunk_size - 1, axis=0)])
