@@ -19,7 +19,9 @@ chunk exists d ticks later. While it is computed the robot executes what the str
               rows 0..d-1, clean conditioning (rtc_mode training_time, arXiv 2512.05964): a checkpoint
               trained for it only (`bench train --robot reacher --rtc-mode training_time`)
 
-The previous chunk's row s + i and the new chunk's row i are the same tick. The policy is the
+The previous chunk's row s + i and the new chunk's row i are the same tick, and a request carries the
+state of the tick its chunk's row 0 belongs to (`--obs-lag N`: of N ticks before it; the edge engines' chunks
+start on the tick after their observation's, which is --obs-lag 1, docs/scenarios.md). The policy is the
 checkpoint's, normalised as the server does (bench.training.train.CheckpointPolicy); `hp` overrides
 its hyper-parameters for the run (prefix_schedule, max_guidance_weight, guidance_jacobian) and
 `horizon` the guided rows (the engine's execution_horizon; 0: the checkpoint's; -1: d, only the
@@ -52,14 +54,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: int, execution_steps: int,
                  episodes: int, seed: int, horizon: int = 0, hp: dict[str, Any] | None = None,
-                 expert: bool = False, on_request: Callable[[np.ndarray, np.ndarray], None] | None = None
-                 ) -> dict[str, Any]:
+                 expert: bool = False, on_request: Callable[[np.ndarray, np.ndarray], None] | None = None,
+                 obs_lag: int = 0) -> dict[str, Any]:
     """Success rate, seam jerk and held ticks of one (strategy, d, s) over `episodes` seeded episodes.
     `expert`: the robot type's scripted expert's plans (bench.training.experts.plan_chunks) instead of
     the checkpoint's chunks (its chunk size and rate kept), for every strategy but rtc.
     `on_request(state, committed)`: called at every request with its state and the robot-space rows the
     robot executes while it is computed ((0, A) at an episode's first request, which follows nothing;
-    what bench.training.demos.collect_on_policy_prefix_demos labels)."""
+    what bench.training.demos.collect_on_policy_prefix_demos labels).
+    `obs_lag`: requests carry the state of `obs_lag` ticks before the one their chunk's row 0 belongs to (the
+    edge engine's chunk rows start on the tick after the observation's: obs_lag 1; docs/scenarios.md)."""
     import torch
 
     from bench.training.experts import plan_chunks
@@ -100,6 +104,7 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
     held = 0
     for e in range(episodes):
         state, _ = env.reset(seed=seed + e)
+        recent = [state] * (obs_lag + 1)  # the states of the last obs_lag + 1 ticks, oldest first
         starts.append(len(executed))
         previous = None  # model-space chunk of the last request
         pending: list = []
@@ -108,14 +113,14 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
             if tick == next_request:
                 if on_request is not None:
                     committed = robot(previous)[s : s + d] if previous is not None and strategy != "sync" else []
-                    on_request(np.asarray(state, dtype=np.float32),
+                    on_request(np.asarray(recent[0], dtype=np.float32),
                                np.asarray(committed, dtype=np.float32).reshape(-1, env.action_space.shape[0]))
                 prefix = None
                 if strategy == "rtc" and previous is not None and horizon > 0:
                     prefix = previous[s : s + horizon]
                 if strategy == "rtc_training_time" and previous is not None and d > 0:
                     prefix = previous[s : s + d]  # exactly the rows the robot executes meanwhile
-                new = infer(state, prefix if prefix is not None and len(prefix) else None)
+                new = infer(recent[0], prefix if prefix is not None and len(prefix) else None)
                 rows = robot(new)
                 if strategy == "append":
                     # the engine's append mode (edge.queue): the whole new chunk queues behind the leftover,
@@ -129,6 +134,7 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
                     action = pending.pop(0) if pending else None
                     held += action is None
                     state, _, terminated, truncated, info = env.step(action)
+                    recent = recent[1:] + [state]
                     executed.append(info["command"])
                     tick += 1
                     if terminated or truncated:
@@ -149,6 +155,7 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
             action = pending.pop(0) if pending else None
             held += action is None
             state, _, terminated, truncated, info = env.step(action)
+            recent = recent[1:] + [state]
             executed.append(info["command"])
             tick += 1
             if terminated or truncated:
@@ -157,6 +164,7 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
     scale = env.action_space.high - env.action_space.low
     seam = seam_metrics(np.asarray(executed), seams, episode_starts=starts, scale=scale)
     return {"strategy": strategy + ("_expert" if expert else ""), "delay_steps": d, "execution_steps": s, "horizon": horizon, "hp": hp or {},
+            "obs_lag": obs_lag,
             "episodes": episodes, "success_rate": float(np.mean(outcomes)), "held_ticks": int(held),
             "seam_jerk_p95": seam["seam_jerk_p95"], "seam_jerk_median": seam["seam_jerk_median"],
             "within_jerk_median": seam["within_jerk_median"]}
@@ -215,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--execution-steps", type=int, default=0, help="s; 0: the engine's derived s for each d")
     ap.add_argument("--horizon", type=int, default=0, help="guided prefix rows; 0: the checkpoint's execution_horizon; -1: d (hard mask)")
     ap.add_argument("--hp", action="append", default=[], help="KEY=VALUE hyper-parameter override (JSON value)")
+    ap.add_argument("--obs-lag", type=int, default=0, help="requests carry the state of this many ticks before their "
+                                                              "chunk's row 0 (the edge engine: 1)")
     ap.add_argument("--episodes", type=int, default=40)
     ap.add_argument("--seed", type=int, default=10_000)
     ap.add_argument("--out", default="", help="JSON file; default reports/delay_eval/<checkpoint>[-<tag>].json")
@@ -252,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         s = args.execution_steps or plan_s(d, chunk)
         for strategy in args.strategies.split(","):
             r = run_strategy(ckpt, args.robot, strategy, d, max(s, d), args.episodes, args.seed, args.horizon, hp,
-                             expert=args.expert)
+                             expert=args.expert, obs_lag=args.obs_lag)
             rows.append(r)
             print(f"d={d:2d} s={r['execution_steps']:2d} {strategy:17s} success {r['success_rate']:.2f}  "
                   f"seam jerk p95 {r['seam_jerk_p95']:.3f}  held {r['held_ticks']}", flush=True)
@@ -260,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         ckpt.name + (f"-{args.tag}" if args.tag else "") + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"checkpoint": str(ckpt), "robot": args.robot, "episodes": args.episodes,
-                               "seed": args.seed, "hp": hp, "horizon": args.horizon, "rows": rows,
+                               "seed": args.seed, "hp": hp, "horizon": args.horizon, "obs_lag": args.obs_lag, "rows": rows,
                                "wall_s": time.monotonic() - t0}, indent=1))
     print(f"wrote {out}")
     return 0
