@@ -20,9 +20,9 @@ chunk exists d ticks later. While it is computed the robot executes what the str
               trained for it only (`bench train --robot reacher --rtc-mode training_time`)
 
 The previous chunk's row s + i and the new chunk's row i are the same tick, and a request carries the
-state of the tick its chunk's row 0 belongs to (`--obs-lag N`: of N ticks before it; the edge engines' chunks
-start on the tick after their observation's, which is --obs-lag 1, docs/scenarios.md). The policy is the
-checkpoint's, normalised as the server does (bench.training.train.CheckpointPolicy); `hp` overrides
+state of the tick its chunk's row 0 belongs to, as the edge engines do (`--obs-lag N`: of N ticks before it;
+the engines before their fix of 2026-11-25 were --obs-lag 1, docs/scenarios.md). The policy is the
+checkpoint's, normalised as the server does (`load_policy`, as bench.training.train.CheckpointPolicy); `hp` overrides
 its hyper-parameters for the run (prefix_schedule, max_guidance_weight, guidance_jacobian) and
 `horizon` the guided rows (the engine's execution_horizon; 0: the checkpoint's; -1: d, only the
 committed rows, a hard mask).
@@ -63,11 +63,12 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
     robot executes while it is computed ((0, A) at an episode's first request, which follows nothing;
     what bench.training.demos.collect_on_policy_prefix_demos labels).
     `obs_lag`: requests carry the state of `obs_lag` ticks before the one their chunk's row 0 belongs to (the
-    edge engine's chunk rows start on the tick after the observation's: obs_lag 1; docs/scenarios.md)."""
+    edge engines before their fix of 2026-11-25 started a chunk on the tick after its observation's: obs_lag 1;
+    docs/scenarios.md)."""
     import torch
 
     from bench.training.experts import plan_chunks
-    from bench.training.train import CheckpointPolicy
+    from server.policies.stats import ACTION_KEY, STATE_KEY
 
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r}; use one of {STRATEGIES}")
@@ -76,7 +77,7 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
     d, s = int(delay), int(execution_steps)
     if not 0 <= d <= s:
         raise ValueError(f"need 0 <= d <= s (one request in flight), got d={d}, s={s}")
-    loaded = CheckpointPolicy(checkpoint)
+    loaded = load_policy(checkpoint)
     policy, config = loaded.policy, loaded.config
     policy.hp.update(hp or {})
     if strategy in GUIDED and "rtc_mode" in policy.hp:  # flow_matching: the mode is the strategy's
@@ -86,8 +87,8 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
         raise ValueError(f"{checkpoint}: rtc_training_time needs a flow_matching checkpoint trained with "
                          f"rtc_mode training_time (`bench train --robot reacher --rtc-mode training_time`)")
     horizon = d if horizon < 0 else int(horizon or config.execution_horizon)
-    mean_s, std_s = loaded.state_stats["mean"], loaded.state_stats["std"]
-    mean_a, std_a = loaded.action_stats["mean"], loaded.action_stats["std"]
+    mean_s, std_s = loaded.stats[STATE_KEY]["mean"], loaded.stats[STATE_KEY]["std"]
+    mean_a, std_a = loaded.stats[ACTION_KEY]["mean"], loaded.stats[ACTION_KEY]["std"]
 
     def infer(state, prefix):
         if expert:
@@ -170,6 +171,14 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
             "within_jerk_median": seam["within_jerk_median"]}
 
 
+def load_policy(checkpoint: str | Path):
+    """The checkpoint as the server loads it (policy, config, stats); bench.training.train and .demos import
+    this module, so it does not import them back."""
+    from server.policies.checkpoint import load_checkpoint
+
+    return load_checkpoint(checkpoint)
+
+
 def plan_s(d: int, chunk: int) -> int:
     """The remote engine's derived execution horizon: H // 2 clamped to [d, H - d], d when no s fits (the rule
     of edge.remote.plan_execution, which bench.training may not import; tests/bench/training checks they agree)."""
@@ -224,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--horizon", type=int, default=0, help="guided prefix rows; 0: the checkpoint's execution_horizon; -1: d (hard mask)")
     ap.add_argument("--hp", action="append", default=[], help="KEY=VALUE hyper-parameter override (JSON value)")
     ap.add_argument("--obs-lag", type=int, default=0, help="requests carry the state of this many ticks before their "
-                                                              "chunk's row 0 (the edge engine: 1)")
+                                                              "chunk's row 0 (the edge engines before their fix: 1)")
     ap.add_argument("--episodes", type=int, default=40)
     ap.add_argument("--seed", type=int, default=10_000)
     ap.add_argument("--out", default="", help="JSON file; default reports/delay_eval/<checkpoint>[-<tag>].json")
@@ -253,9 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             hp[key] = json.loads(value)
         except json.JSONDecodeError:
             hp[key] = value
-    from bench.training.train import CheckpointPolicy
-
-    chunk = CheckpointPolicy(ckpt).config.chunk_size
+    chunk = load_policy(ckpt).config.chunk_size
     rows = []
     t0 = time.monotonic()
     for d in [int(x) for x in args.delays.split(",")]:

@@ -164,10 +164,9 @@ def collect_on_policy_prefix_demos(
     expert's."""
     import torch
 
-    from bench.training.delay_eval import plan_s, run_strategy
-    from bench.training.train import CheckpointPolicy
+    from bench.training.delay_eval import load_policy, plan_s, run_strategy
 
-    config = CheckpointPolicy(checkpoint).config
+    config = load_policy(checkpoint).config
     strategy = "rtc_training_time" if config.hyper_params.get("rtc_mode") == "training_time" else "rtc"
     chunk_size = config.chunk_size
     states, prefixes, rows = [], [], []
