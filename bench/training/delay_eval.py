@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         ckpt.name + (f"-{args.tag}" if args.tag else "") + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"checkpoint": str(ckpt), "robot": args.robot, "episodes": args.episodes,
-                               "seed": args.seed, "hp": hp, "horizon": args.horizon, "obs_lag": args.obs_lag, "rows": rows,
+                               "seed": args.seed, "hp": hp, "horizon": args.horizon, "obs_lag": args.obs_lag,
+                               "rows": rows,
                                "wall_s": time.monotonic() - t0}, indent=1))
     print(f"wrote {out}")
     return 0

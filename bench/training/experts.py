@@ -80,7 +80,8 @@ def plan_chunks(robot_type_name: str, states: np.ndarray, chunk_size: int, *, fp
         if prefixes is None or len(prefixes) != len(states) or len(prefix_rows) != len(states):
             raise ValueError("prefix_rows needs prefixes, both with one entry per state")
         if prefix_rows.max(initial=0) > np.asarray(prefixes).shape[1]:
-            raise ValueError(f"prefix_rows up to {prefix_rows.max()} but prefixes hold {np.asarray(prefixes).shape[1]} rows")
+            raise ValueError(f"prefix_rows up to {prefix_rows.max()} but prefixes hold "
+                             f"{np.asarray(prefixes).shape[1]} rows")
     expert = expert_for(robot_type_name)
     plans = np.zeros((len(states), chunk_size, len(robot_type(robot_type_name).action_names)), dtype=np.float32)
     if len(states) == 0:

@@ -28,12 +28,12 @@ noise to 0 at data; the target velocity is noise - data):
   other rows only. At inference the first min(d, len(prefix)) rows are the committed actions, clean, at
   every Euler step (so the output's prefix rows are exactly the given actions) and the model fills the
   rest: no guidance pass, no VJP. The mode changes the network's input, so it is fixed at training: a
-  checkpoint trained as "guidance" refuses "training_time" (`PolicyConfigError`); one trained as
+  checkpoint trained as "guidance" refuses "training_time" (`RTCModeError`); one trained as
   "training_time" can still be sampled with guidance (every row at the global flow time).
 
-The network: v = MLP([x_t, obs_embedding, time_embedding(, per-row flow times)]) + a(t) * x_t, where a(t) is a tiny MLP of
-the time embedding. The skip matters: for a chunk determined by the observation the exact velocity is
-(x_t - x1) / t, and a hidden layer narrower than T*A cannot carry x_t through (without it the
+The network: v = MLP([x_t, obs_embedding, time_embedding(, per-row flow times)]) + a(t) * x_t, where
+a(t) is a tiny MLP of the time embedding. The skip matters: for a chunk determined by the observation the
+exact velocity is (x_t - x1) / t, and a hidden layer narrower than T*A cannot carry x_t through (without it the
 training loss plateaus several times higher).
 
 Invariants: with `noise_seed` set (default 0) every sample of every call starts from the same noise,
@@ -84,7 +84,8 @@ def untrained_for_training_time(where: str = "this checkpoint") -> RTCModeError:
     return RTCModeError(
         f"{where} was not trained for rtc_mode 'training_time' (its config.json records rtc_mode 'guidance'): "
         f"its network has no per-row flow-time input. Serve it with inference-time RTC (rtc_mode 'guidance'), "
-        f"or train one for it: `bench train --robot reacher --rtc-mode training_time` (hyper_params rtc_mode: training_time)"
+        f"or train one for it: `bench train --robot reacher --rtc-mode training_time` "
+        f"(hyper_params rtc_mode: training_time)"
     )
 
 
