@@ -183,9 +183,42 @@ def replica_figures(audit_rows: list[dict], unloaded: dict[str, dict | None], wi
     return out
 
 
-def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict) -> list[str]:
-    """Plain sentences, one per figure out of tolerance."""
+def other_load(cpu_samples, cores: int, duration_s: float) -> dict | None:
+    """The host's CPU used outside the run (host % minus the run's own processes, as % of all cores), mean over
+    the first and the last window a `_drift` figure compares, and the shift between them (points of all cores).
+    A drift of the run's latency between two windows whose background load differs measures the host."""
+    from bench.evidence.figures import drift_windows
+
+    (a0, a1), (b0, b1) = drift_windows(duration_s)
+    first, last = [], []
+    for x in cpu_samples or ():
+        t = x.get("t")
+        if t is None or x.get("host_percent") is None:
+            continue
+        other = max(0.0, x["host_percent"] - sum((x.get("processes") or {}).values()) / max(cores, 1))
+        if a0 <= t < a1:
+            first.append(other)
+        elif b0 < t <= b1:
+            last.append(other)
+    if not first or not last:
+        return None
+    f, lst = float(np.mean(first)), float(np.mean(last))
+    return {"first_window_s": [_r(a0, 1), _r(a1, 1)], "last_window_s": [_r(b0, 1), _r(b1, 1)],
+            "first_percent": _r(f, 1), "last_percent": _r(lst, 1), "shift": _r((lst - f) / 100.0, 3)}
+
+
+def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict,
+          background: dict | None = None) -> list[str]:
+    """Plain sentences, one per figure out of tolerance. `background` (other_load) is judged when given: the
+    run asserts on a drift between its first and last windows."""
     reasons = []
+    shift_tol = tol.get("other_load_shift", 0.10)
+    if background and abs(background["shift"]) > shift_tol:
+        w = background["first_window_s"][1] - background["first_window_s"][0]
+        reasons.append(f"the host's load from outside the run moved between the windows a drift compares: "
+                       f"{background['first_percent']:.0f} % of the cores in the first {w:.0f} s, "
+                       f"{background['last_percent']:.0f} % in the last (tolerance {100 * shift_tol:.0f} points): "
+                       "a drift there measures the host, not the system")
     for s in shards:
         k = s["shard"]
         if s["host_late_ratio"] is not None and s["host_late_ratio"] > tol["host_late_ratio"]:
@@ -215,9 +248,11 @@ def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict)
 
 
 def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit_rows: list[dict],
-            unloaded: dict[str, dict | None], window_ms: tuple[float, float], proxy_note: str | None = None) -> dict:
+            unloaded: dict[str, dict | None], window_ms: tuple[float, float], proxy_note: str | None = None,
+            cores: int = 1, judge_drift: bool = False) -> dict:
     """The `fidelity` mapping of summary.json. `proxy_legs`: site -> the proxy's window counters
-    ({"edges_ms", "upstream", "downstream"}), None when the proxy cannot say (real Toxiproxy)."""
+    ({"edges_ms", "upstream", "downstream"}), None when the proxy cannot say (real Toxiproxy). `judge_drift`:
+    the scenario asserts on a `_drift` figure, so the host's outside load in its two windows is judged."""
     legs = []
     for site, snap in sorted((proxy_legs or {}).items()):
         for d in ("upstream", "downstream"):
@@ -225,9 +260,10 @@ def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit_r
                 legs.append(leg_figures(site, d, snap[d], snap.get("edges_ms") or [], tol))
     shards = shard_figures(data, duration_s) if data is not None else []
     replicas = replica_figures(audit_rows, unloaded, window_ms)
-    reasons = judge(legs, shards, replicas, tol)
+    background = other_load(getattr(data, "cpu_samples", None), cores, duration_s) if data is not None else None
+    reasons = judge(legs, shards, replicas, tol, background if judge_drift else None)
     out = {"valid": not reasons, "reasons": reasons, "tolerances": dict(tol), "legs": legs, "shards": shards,
-           "replicas": replicas}
+           "replicas": replicas, "other_load": background}
     if proxy_note:
         out["note"] = proxy_note
     return out
@@ -249,6 +285,10 @@ def table_lines(f: dict) -> list[str]:
     for r in f.get("replicas", []):
         lines.append(f"    replica {r['replica']}: forward p50 {r['forward_ms_p50']} ms, {r['forward_ratio_p50']}x "
                      f"unloaded (p99 {r['forward_ratio_p99']}x)")
+    bg = f.get("other_load")
+    if bg:
+        lines.append(f"    host outside the run: {bg['first_percent']:.0f} % of the cores in the first window, "
+                     f"{bg['last_percent']:.0f} % in the last")
     lines += [f"    ! {x}" for x in f.get("reasons", [])]
     return lines
 

@@ -437,6 +437,12 @@ SERIES["action_age_s"] = lambda s: _policy_action_ages(s)[0]
 SERIES["tick_lateness_ms"] = lambda s: s.col(s.ticks, "lateness_ms").astype(float)
 
 
+def drift_windows(duration_s: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The first and the last window a `_drift` figure compares: 5 minutes each, or a sixth of a shorter run."""
+    w = min(300.0, duration_s / 6.0)
+    return (0.0, w), (duration_s - w, duration_s)
+
+
 @scalar("rtt_ms_p99_drift")
 def _rtt_drift(s: _Scope) -> float:
     t = s.col(s.requests, "t").astype(float)
@@ -445,10 +451,9 @@ def _rtt_drift(s: _Scope) -> float:
     if t.size != rtt.size or ok.size != rtt.size:
         return math.nan
     t, rtt = t[ok], rtt[ok]
-    d = s.data.duration_s
-    w = min(300.0, d / 6.0)
-    first = rtt[(t >= 0) & (t < w) & np.isfinite(rtt)]
-    last = rtt[(t > d - w) & (t <= d) & np.isfinite(rtt)]
+    (a0, a1), (b0, b1) = drift_windows(s.data.duration_s)
+    first = rtt[(t >= a0) & (t < a1) & np.isfinite(rtt)]
+    last = rtt[(t > b0) & (t <= b1) & np.isfinite(rtt)]
     if not first.size or not last.size:
         return math.nan
     return float(np.percentile(last, 99) / np.percentile(first, 99) - 1.0)

@@ -903,8 +903,9 @@ class Run:
         unloaded = {rid: fid.unloaded_forward(self.logs / f"server-{rid}.log") for rid in self.servers}
         t0 = (self.state.t0_mono or 0.0) * 1e3
         try:
+            drift = any("_drift" in a.expression for a in self.s.assertions)
             return fid.compute(data, self.s.duration_s, tol, legs, getattr(self, "audit_rows", []), unloaded,
-                               (t0, t0 + self.s.duration_s * 1e3), note)
+                               (t0, t0 + self.s.duration_s * 1e3), note, cores=self.cpu.cores, judge_drift=drift)
         except Exception as exc:  # the verdict must still be written; say what could not be measured
             return {"valid": True, "reasons": [], "tolerances": tol, "legs": [], "shards": [], "replicas": [],
                     "note": f"fidelity could not be computed: {exc!r}"}

@@ -343,6 +343,9 @@ class Fidelity(_Model):
                                              "time - its CPU time)")
     forward_ratio: NonNegNum = _f(2.0, "a replica's forward-pass p50 over its own unloaded forward time at the same "
                                        "batch size, measured when it started")
+    other_load_shift: NonNegNum = _f(0.10, "where an assertion compares the run's first and last windows (a `_drift` "
+                                           "figure), the host's CPU used by processes outside the run may differ by "
+                                           "at most this share of all cores between the two windows")
 
 
 class Cluster(_Model):

@@ -85,6 +85,27 @@ def test_shard_figures_and_reasons_name_the_shard():
     assert all(r.startswith("shard 1:") for r in reasons) and len(reasons) == 2  # host-late and the 398 ms wait
 
 
+def _cpu(t_s, host, ours):  # one sample a second: host % of all cores, the run's processes in % of one core
+    return [{"t": float(t), "host_percent": host(t), "processes": {"router": ours / 2, "shard:0": ours / 2}}
+            for t in t_s]
+
+
+def test_outside_load_moving_between_the_drift_windows_is_named_only_where_a_drift_is_judged():
+    # 1,800 s on 2 cores: the run holds 50 % of one core (25 % of the host); outside it, 38 % of the host in
+    # the first 300 s and 2 % in the last (what the second soak saw)
+    samples = _cpu(range(-5, 1801), lambda t: 25.0 + (38.0 if t < 300 else 2.0 if t > 1500 else 15.0), 50.0)
+    bg = fid.other_load(samples, cores=2, duration_s=1800.0)
+    assert bg["first_window_s"] == [0.0, 300.0] and bg["last_window_s"] == [1500.0, 1800.0]
+    assert bg["first_percent"] == 38.0 and bg["last_percent"] == 2.0 and bg["shift"] == -0.36
+    (reason,) = fid.judge([], [], [], TOL, bg)
+    assert "38 % of the cores in the first 300 s, 2 % in the last (tolerance 10 points)" in reason
+    assert fid.judge([], [], [], TOL, None) == []  # no drift assertion: not judged
+    steady = fid.other_load(_cpu(range(0, 61), lambda t: 40.0 + (5.0 if t > 50 else 0.0), 50.0), 2, 60.0)
+    assert steady["first_window_s"] == [0.0, 10.0] and abs(steady["shift"]) <= 0.05  # a sixth of a short run
+    assert fid.judge([], [], [], TOL, steady) == []
+    assert fid.other_load([], 2, 60.0) is None
+
+
 def test_replica_forward_ratio_against_its_unloaded_time_at_the_batch_size(tmp_path):
     log = tmp_path / "server-r0.log"
     log.write_text("x\nINFO unloaded forward ms by batch size: {\"1\": 2.0, \"2\": 3.0, \"4\": 5.0}\n")
