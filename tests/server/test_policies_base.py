@@ -25,13 +25,7 @@ from server.policies.stateful_chunk import StatefulChunkPolicy
 S, A, T = 5, 3, 8
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models run faster, and steadier, on one thread when the 2 cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def config(policy_type: str, **kw) -> PolicyConfig:

@@ -13,13 +13,7 @@ from server.policies.flow_matching import FlowMatchingPolicy, guidance_weight, p
 S, A, T, H = 6, 4, 16, 8
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models run faster, and steadier, on one thread when the 2 cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def policy(**hp) -> FlowMatchingPolicy:

@@ -16,12 +16,7 @@ S, A, T, H = 6, 3, 12, 6
 TINY = {"d_model": 32, "num_heads": 4, "num_layers": 2, "obs_layers": 1, "mlp_ratio": 2, "num_steps": 4}
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def config(**kw) -> PolicyConfig:

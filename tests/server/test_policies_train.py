@@ -15,13 +15,7 @@ S, A, T = 6, 3, 8
 HP = {"hidden_dim": 64, "obs_embed_dim": 32}
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small MLPs train ~4x faster on one thread when the 2 cores are shared with other processes."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def linear_dataset(n: int, seed: int = 0):

@@ -29,13 +29,7 @@ STATS = {
 INDICES = [4, 0, 2]  # action a is anchored at state[INDICES[a]]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models run faster, and steadier, on one thread when the 2 cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def checkpoint(tmp_path, relative=True, cams=None):

@@ -35,12 +35,7 @@ S, A, T, H = 5, 2, 12, 9  # H: execution_horizon, the end of the guided rows (th
 STEPS, BETA = 8, 5.0
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def make(kind: str, **hp):

@@ -15,12 +15,7 @@ from server.policies.train import TrainingError, train_bc
 S, A, T = 5, 2, 8
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def config(**hp) -> PolicyConfig:

@@ -16,12 +16,7 @@ STATS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def checkpoint(tmp_path, policy_type="flow_matching", relative=False, cameras=None):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from bench.robots import make_robot, robot_type
 from bench.training.delay_eval import REPO, run_strategy
@@ -18,12 +17,7 @@ CKPT = REPO / "bench" / "checkpoints" / "arm"
 SEED = 10_000  # the delay twin's episodes
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _episode(env, seed, act):

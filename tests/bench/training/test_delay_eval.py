@@ -4,7 +4,6 @@ evaluation where they coincide, and each strategy executes what its docstring sa
 from __future__ import annotations
 
 import pytest
-import torch
 
 from bench.training.delay_eval import REPO, run_strategy
 from bench.training.demos import evaluate_closed_loop
@@ -13,12 +12,7 @@ from bench.training.train import CheckpointPolicy
 CKPT = REPO / "bench" / "checkpoints" / "reacher"
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def test_without_delay_sync_and_naive_are_the_closed_loop_evaluation():

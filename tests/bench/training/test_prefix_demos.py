@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from bench.training.delay_eval import REPO, run_strategy
 from bench.training.demos import collect_on_policy_prefix_demos, collect_prefix_demos
@@ -16,12 +15,7 @@ T = 30
 CHECKPOINTS = REPO / "bench" / "checkpoints"
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
