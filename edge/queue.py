@@ -14,6 +14,10 @@ Two modes, fixed at construction:
 consumed during inference (a mismatch is only logged); `trim="consumed"` trims by
 min(real_delay, consumed), which fixes the first-chunk over-trim from standstill (design open risk 2).
 
+`snapshot()` on the observation's tick (before that tick's `get`) and `left_over_at(snapshot)` when the
+request is built give the leftover and index of the tick the observation was taken on: a chunk's row 0 then
+belongs to that tick, as the policy assumes (the prefix starts with the action executed on it).
+
 Invariant: one lock; every public method takes it and returns copies, so a caller never holds a view
 the worker thread can change. Each row carries provenance (`meta` of its merge and its index in the
 source chunk) so an engine can report where an action came from and how old it is.
@@ -44,6 +48,7 @@ class ActionQueue:
         self._meta: list[Any] = []  # per row: the merge's meta
         self._index: np.ndarray = np.zeros(0, np.int64)  # per row: index within its source chunk
         self._cursor = 0
+        self._generation = 0  # merges and clears so far: a snapshot is only good until the next
 
     # --- reads (control thread) ------------------------------------------------------------------
 
@@ -107,6 +112,22 @@ class ActionQueue:
         with self._lock:
             return self._cursor
 
+    def snapshot(self) -> tuple[int, int]:
+        """Where the queue stands now, (generation, cursor), for `left_over_at` later."""
+        with self._lock:
+            return self._generation, self._cursor
+
+    def left_over_at(self, snapshot: tuple[int, int]) -> tuple[np.ndarray | None, np.ndarray | None, int] | None:
+        """(model-space rows, robot-space rows, cursor) from the snapshot's cursor, as `get_left_over`,
+        `get_processed_left_over` and `get_action_index` read then; None if a merge or clear came since."""
+        generation, cursor = snapshot
+        with self._lock:
+            if generation != self._generation or cursor > self._cursor:
+                return None
+            if self._original is None:
+                return None, None, cursor
+            return self._original[cursor:].copy(), self._processed[cursor:].copy(), cursor
+
     def get_left_over(self) -> np.ndarray | None:
         """Model-space actions from the cursor; None only before the first merge."""
         with self._lock:
@@ -122,6 +143,7 @@ class ActionQueue:
             self._meta = []
             self._index = np.zeros(0, np.int64)
             self._cursor = 0
+            self._generation += 1
 
     # --- merge (worker thread) ---------------------------------------------------------------------
 
@@ -134,6 +156,7 @@ class ActionQueue:
             raise ValueError(f"original has {original.shape[0]} rows but processed has {processed.shape[0]}; "
                              "both are the same chunk in two spaces")
         with self._lock:
+            self._generation += 1
             if self._processed is not None and self._processed.shape[1:] != processed.shape[1:]:
                 raise ValueError(f"chunk has {processed.shape[1]} action dims; the queue holds {self._processed.shape[1]}")
             delay = int(real_delay)

@@ -3,7 +3,7 @@
     control thread                          network worker (1 thread)                  Zenoh (its threads)
     notify_observation ──► slot (latest)    wait: qsize <= H - s (plan_execution),     action sub ──► inbox
     get_action ◄── ActionQueue ◄── merge ◄──   a new observation, active session       server token ──► lost flag
-      staleness bound, fallback             snapshot idx_before + prefixes, delay
+      staleness bound, fallback             idx_before + prefixes as on the obs's tick, delay
                                             encode JPEG ─► put obs ─► await chunk (timeout)
                                             accept only the outstanding seq of this epoch
                                             merge(ceil(rtt/dt), idx_before), tracker.add(rtt)
@@ -14,6 +14,8 @@ UNKNOWN_SESSION ─► RECONNECTING (exponential backoff, fresh handshake, new s
 offline > max_offline_s or a capability/schema/checkpoint mismatch on reconnect ─► DEAD.
 
 Invariants:
+- A chunk's row 0 belongs to its observation's tick: the prefix starts with the action executed on that
+  tick and the merge counts it as consumed (the queue's snapshot taken in notify_observation).
 - `get_action()` never does I/O, never raises for a network or server fault, holds locks for
   microseconds, and never returns an action whose source observation is older than
   `max_action_age_s` (the staleness bound holds whatever the network does).
@@ -285,7 +287,8 @@ class RemoteEngine(Engine):
         self.A = len(config.action_names)
         # control-thread side
         self._slot_lock = threading.Lock()
-        self._slot: tuple[dict, float, int, int, bool] | None = None  # (obs, t_mono, version, episode, due)
+        # (obs, t_mono, version, episode, due, queue snapshot on its tick: edge.queue.ActionQueue.snapshot)
+        self._slot: tuple[dict, float, int, int, bool, tuple[int, int]] | None = None
         self._slot_version = 0
         self._due_buffer_s = 0.0  # the request point the worker plans with (an empty queue is always due)
         self._steps_remaining = 0  # the queue's length when the last request left (its records carry it)
@@ -386,7 +389,8 @@ class RemoteEngine(Engine):
         due = self._due(self.queue.qsize(), self._due_buffer_s)
         with self._slot_lock:
             self._slot_version += 1
-            self._slot = (obs, now, self._slot_version, self._episode, due)
+            # the queue as it stands on this tick, before its get_action: the request's prefix and index
+            self._slot = (obs, now, self._slot_version, self._episode, due, self.queue.snapshot())
         if due and self._want_obs:  # the worker waits for exactly this; otherwise it sleeps on
             self._wake.set()
 
@@ -626,7 +630,7 @@ class RemoteEngine(Engine):
             return "no_observation"
         if timeout_s is not None:
             self.cfg.request_timeout_s = float(timeout_s)
-        return self._request(self._model, slot[0], slot[1], slot[3])
+        return self._request(self._model, slot[0], slot[1], slot[3], slot[5])
 
     def _camera_shapes(self) -> dict[str, list[int]]:
         """Camera shapes for the session open, from the latest observation (or placeholders)."""
@@ -709,10 +713,10 @@ class RemoteEngine(Engine):
             self._want_obs = False
         if self._stop.is_set():
             return "stopped"
-        obs, t_obs, version, episode, _due = slot
+        obs, t_obs, version, episode, _due, at_obs = slot
         self._sent_version = version
         self._execution_steps = plan.execution_steps
-        return self._request(m, obs, t_obs, episode)
+        return self._request(m, obs, t_obs, episode, at_obs)
 
     def _due(self, qsize: int, buffer_s: float) -> bool:
         """A request is due when the queue, less the action of the tick now running, is at or under the buffer."""
@@ -744,14 +748,19 @@ class RemoteEngine(Engine):
                 and self.queue.qsize() > 0:
             self._set_state(S.DEGRADED, f"no chunk for {self.cfg.degraded_after_s:g} s")
 
-    def _request(self, m, obs: dict, t_obs: float, episode: int) -> str:
+    def _request(self, m, obs: dict, t_obs: float, episode: int, at_obs: tuple[int, int] | None = None) -> str:
         c = self.cfg
         H = c.execution_horizon
-        idx_before = self.queue.get_action_index()
+        # the leftover and index on the observation's tick (its own action included): the chunk's row 0 is
+        # that tick's, as the policy plans it; the queue now, if a merge came in between
+        snap = self.queue.left_over_at(at_obs) if at_obs is not None else None
+        if snap is None:
+            snap = self.queue.get_left_over(), self.queue.get_processed_left_over(), self.queue.get_action_index()
+        left_model, left_robot, idx_before = snap
         prefix_model = prefix_robot = None
         if self.queue.rtc_enabled and H > 0:
-            prefix_model = fit_prefix(self.queue.get_left_over(), H)
-            prefix_robot = fit_prefix(self.queue.get_processed_left_over(), H)
+            prefix_model = fit_prefix(left_model, H)
+            prefix_robot = fit_prefix(left_robot, H)
         delay = self.delay_steps()
         remaining = self._steps_remaining = self.queue.qsize()  # actions left as it leaves (wire: steps_remaining)
         t0 = time.monotonic()

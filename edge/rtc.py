@@ -1,8 +1,8 @@
 """The local RTC engine (LeRobot's RTCInferenceEngine): a background thread, a latest-only slot, a queue.
 
-    control thread: notify_observation ──► slot ;  get_action ◄── ActionQueue
+    control thread: notify_observation ──► slot (obs + the queue's snapshot on its tick) ;  get_action ◄── ActionQueue
     inference thread: when qsize <= queue_threshold:
-        idx_before, leftover ──► delay = ceil(tracker.max()/dt) ──► policy.predict_action_chunk(obs,
+        idx_before, leftover as on the observation's tick ──► delay = ceil(tracker.max()/dt) ──► policy.predict_action_chunk(obs,
         delay, prefix = leftover cut/padded to execution_horizon) ──► merge(ceil(latency/dt), idx_before)
 
 The policy is any object with `predict_action_chunk(obs, inference_delay, prefix)` returning a
@@ -95,7 +95,7 @@ class RTCEngine(Engine):
         self.shutdown_event = shutdown_event
         self.queue = ActionQueue(config.rtc_enabled, config.trim)
         self.tracker = LatencyTracker(config.latency_window, config.latency_mode)
-        self._slot: tuple[dict, int] | None = None
+        self._slot: tuple[dict, int, tuple[int, int]] | None = None  # (obs, version, queue snapshot on its tick)
         self._slot_lock = threading.Lock()
         self._version = 0
         self._wake = threading.Event()
@@ -146,7 +146,7 @@ class RTCEngine(Engine):
     def notify_observation(self, obs: dict[str, Any]) -> None:
         with self._slot_lock:
             self._version += 1
-            self._slot = (obs, self._version)
+            self._slot = (obs, self._version, self.queue.snapshot())  # the queue on this tick, before get_action
         self._wake.set()
 
     def get_action(self) -> Action | None:
@@ -182,10 +182,14 @@ class RTCEngine(Engine):
             slot, epoch = self._slot, self._reset_epoch
         if slot is None:
             return False
-        obs, _ = slot
+        obs, _, at_obs = slot
         t0 = self.clock()
-        idx_before = self.queue.get_action_index()
-        prefix = fit_prefix(self.queue.get_left_over(), self.cfg.execution_horizon) if self.cfg.rtc_enabled else None
+        # the leftover and index on the observation's tick (edge.queue: the chunk's row 0 is that tick's)
+        snap = self.queue.left_over_at(at_obs)
+        if snap is None:  # a merge since the observation: the queue as it is now
+            snap = self.queue.get_left_over(), None, self.queue.get_action_index()
+        left_over, _, idx_before = snap
+        prefix = fit_prefix(left_over, self.cfg.execution_horizon) if self.cfg.rtc_enabled else None
         delay = int(math.ceil(self.tracker.max() / self.dt - 1e-9))
         model, robot = call_policy(self.policy, obs, delay, prefix)
         self.counters["inferences"] += 1

@@ -145,3 +145,27 @@ def test_a_failing_policy_makes_the_engine_failed_and_sets_the_shutdown_event():
         assert eng.get_action() is None
     finally:
         eng.stop()
+
+
+def test_a_chunks_row_0_is_the_observations_tick_and_the_prefix_starts_with_its_action():
+    """The observation is taken before its tick's get_action: the prefix the policy gets starts with the action
+    executed on that tick, and the merge counts that action as consumed, so the new chunk's row j is tick k + j
+    (the policy's and the RTC paper's time base; reading the queue after the pop shifted both by one row)."""
+
+    class Recording(RampPolicy):
+        def predict_action_chunk(self, obs, inference_delay, prefix):
+            self.prefixes = getattr(self, "prefixes", []) + [None if prefix is None else np.array(prefix)]
+            return super().predict_action_chunk(obs, inference_delay, prefix)
+
+    pol = Recording()
+    eng = RTCEngine(RTCEngineConfig(fps=10, execution_horizon=5), policy=pol,
+                    latency_override=lambda n: 0.15)  # 2 steps at 10 Hz
+    eng.notify_observation({"state": np.zeros(4)})
+    eng.step_once()  # the first chunk: rows 0.00, 0.01, ...
+    eng.notify_observation({"state": np.ones(4)})  # tick k: observation, then its action
+    executed = eng.get_action().values
+    eng.step_once()  # the request built after that tick's get_action, as the worker thread does
+    np.testing.assert_allclose(pol.prefixes[-1][0], executed)  # row 0 of the prefix: tick k's action (0.00)
+    assert eng.merges[-1]["idx_before"] == 0
+    # one action consumed during inference (tick k's): the new chunk continues at its row 1 = tick k + 1
+    np.testing.assert_allclose(eng.get_action().values, [1.01, 1.01], atol=1e-6)

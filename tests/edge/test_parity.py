@@ -35,6 +35,10 @@ def test_rtc_and_remote_engines_merge_byte_identical_queues(router, server_facto
             obs = {"state": rng.normal(size=S).astype(np.float32)}
             remote.notify_observation(obs)
             local.notify_observation(obs)
+            if k % 2:  # the observation's own tick executes its action before the request is built (a worker
+                # thread's order): both engines must still plan from that tick (prefix and trim include it)
+                x, y = remote.get_action(), local.get_action()
+                assert (x is None) == (y is None) and (x is None or x.values.tobytes() == y.values.tobytes())
             assert remote.step_once() == "ok", remote.stats["last_error"]
             assert local.step_once()
             for name in ("get_left_over", "get_processed_left_over"):

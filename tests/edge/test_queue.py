@@ -198,3 +198,22 @@ def test_switching_to_append_keeps_the_leftover_at_the_next_merge():
     q.set_rtc_enabled(False)
     q.merge(np.ones((2, A), np.float32), np.ones((2, A), np.float32), 1)
     assert q.qsize() == 6  # appended, untrimmed: append mode ignores real_delay
+
+
+def test_a_snapshot_reads_the_leftover_of_its_tick_until_the_next_merge_or_clear():
+    q = ActionQueue(rtc_enabled=True, trim="consumed")
+    assert q.left_over_at(q.snapshot()) == (None, None, 0)
+    chunk = np.arange(10, dtype=np.float32).reshape(5, 2)
+    q.merge(chunk, chunk * 10, 0)
+    q.get()
+    at_tick = q.snapshot()  # the observation's tick, before its own get
+    q.get()
+    model, robot, cursor = q.left_over_at(at_tick)
+    assert cursor == 1 and np.array_equal(model, chunk[1:]) and np.array_equal(robot, chunk[1:] * 10)
+    model[0] = -1  # a copy
+    assert q.left_over_at(at_tick)[0][0, 0] == chunk[1, 0]
+    q.merge(chunk, chunk, 1, 1)
+    assert q.left_over_at(at_tick) is None  # the rows it pointed at are gone
+    at_tick = q.snapshot()
+    q.clear()
+    assert q.left_over_at(at_tick) is None
