@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[2]
 def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: int, execution_steps: int,
                  episodes: int, seed: int, horizon: int = 0, hp: dict[str, Any] | None = None,
                  expert: bool = False, on_request: Callable[[np.ndarray, np.ndarray], None] | None = None,
-                 obs_lag: int = 0) -> dict[str, Any]:
+                 obs_lag: int = 0, delay_margin: int = 0) -> dict[str, Any]:
     """Success rate, seam jerk and held ticks of one (strategy, d, s) over `episodes` seeded episodes.
     `expert`: the robot type's scripted expert's plans (bench.training.experts.plan_chunks) instead of
     the checkpoint's chunks (its chunk size and rate kept), for every strategy but rtc.
@@ -64,7 +64,9 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
     what bench.training.demos.collect_on_policy_prefix_demos labels).
     `obs_lag`: requests carry the state of `obs_lag` ticks before the one their chunk's row 0 belongs to (the
     edge engines before their fix of 2026-11-25 started a chunk on the tick after its observation's: obs_lag 1;
-    docs/scenarios.md)."""
+    docs/scenarios.md).
+    `delay_margin`: the policy is told d + delay_margin (guided or committed rows) while the robot still switches to
+    the new chunk at row d (an engine whose delay estimate runs over the real delay by that many ticks)."""
     import torch
 
     from bench.training.experts import plan_chunks
@@ -77,6 +79,7 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
     d, s = int(delay), int(execution_steps)
     if not 0 <= d <= s:
         raise ValueError(f"need 0 <= d <= s (one request in flight), got d={d}, s={s}")
+    told = d + max(int(delay_margin), 0)  # the inference delay the policy is given
     loaded = load_policy(checkpoint)
     policy, config = loaded.policy, loaded.config
     policy.hp.update(hp or {})
@@ -95,7 +98,7 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
             return plan_chunks(robot_type, np.asarray(state)[None], config.chunk_size, fps=config.fps)[0]
         x = (torch.as_tensor(state, dtype=torch.float32)[None] - mean_s) / std_s
         with torch.no_grad():
-            return policy.predict_action_chunk({"observation.state": x}, [d], [prefix])[0]
+            return policy.predict_action_chunk({"observation.state": x}, [told], [prefix])[0]
 
     def robot(chunk_model):
         return chunk_model if expert else (chunk_model * std_a + mean_a).numpy()
@@ -119,8 +122,8 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
                 prefix = None
                 if strategy == "rtc" and previous is not None and horizon > 0:
                     prefix = previous[s : s + horizon]
-                if strategy == "rtc_training_time" and previous is not None and d > 0:
-                    prefix = previous[s : s + d]  # exactly the rows the robot executes meanwhile
+                if strategy == "rtc_training_time" and previous is not None and told > 0:
+                    prefix = previous[s : s + told]  # the rows the robot executes meanwhile (and the margin's)
                 new = infer(recent[0], prefix if prefix is not None and len(prefix) else None)
                 rows = robot(new)
                 if strategy == "append":
@@ -165,7 +168,7 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
     scale = env.action_space.high - env.action_space.low
     seam = seam_metrics(np.asarray(executed), seams, episode_starts=starts, scale=scale)
     return {"strategy": strategy + ("_expert" if expert else ""), "delay_steps": d, "execution_steps": s, "horizon": horizon, "hp": hp or {},
-            "obs_lag": obs_lag,
+            "obs_lag": obs_lag, "delay_margin": told - d,
             "episodes": episodes, "success_rate": float(np.mean(outcomes)), "held_ticks": int(held),
             "seam_jerk_p95": seam["seam_jerk_p95"], "seam_jerk_median": seam["seam_jerk_median"],
             "within_jerk_median": seam["within_jerk_median"]}
@@ -234,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hp", action="append", default=[], help="KEY=VALUE hyper-parameter override (JSON value)")
     ap.add_argument("--obs-lag", type=int, default=0, help="requests carry the state of this many ticks before their "
                                                               "chunk's row 0 (the edge engines before their fix: 1)")
+    ap.add_argument("--delay-margin", type=int, default=0, help="the policy is told d + this (guided or committed "
+                                                                   "rows); the robot still switches at row d")
     ap.add_argument("--episodes", type=int, default=40)
     ap.add_argument("--seed", type=int, default=10_000)
     ap.add_argument("--out", default="", help="JSON file; default reports/delay_eval/<checkpoint>[-<tag>].json")
@@ -269,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         s = args.execution_steps or plan_s(d, chunk)
         for strategy in args.strategies.split(","):
             r = run_strategy(ckpt, args.robot, strategy, d, max(s, d), args.episodes, args.seed, args.horizon, hp,
-                             expert=args.expert, obs_lag=args.obs_lag)
+                             expert=args.expert, obs_lag=args.obs_lag, delay_margin=args.delay_margin)
             rows.append(r)
             print(f"d={d:2d} s={r['execution_steps']:2d} {strategy:17s} success {r['success_rate']:.2f}  "
                   f"seam jerk p95 {r['seam_jerk_p95']:.3f}  held {r['held_ticks']}", flush=True)
@@ -278,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"checkpoint": str(ckpt), "robot": args.robot, "episodes": args.episodes,
                                "seed": args.seed, "hp": hp, "horizon": args.horizon, "obs_lag": args.obs_lag,
-                               "rows": rows,
+                               "delay_margin": args.delay_margin, "rows": rows,
                                "wall_s": time.monotonic() - t0}, indent=1))
     print(f"wrote {out}")
     return 0

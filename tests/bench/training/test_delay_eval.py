@@ -42,3 +42,24 @@ def test_the_derived_s_is_the_remote_engines():
     for chunk in (10, 30, 31):
         for d in range(0, 20):
             assert plan_s(d, chunk) == plan_execution(d, chunk, 1 / 30, None).execution_steps
+
+
+def test_a_delay_margin_tells_the_policy_more_rows_than_the_robot_waits(monkeypatch):
+    """--delay-margin: the policy is given d + margin (its inference delay, and as many committed rows for
+    training-time RTC) while the robot still switches to the new chunk at row d (held ticks are d's)."""
+    from server.policies.flow_matching import FlowMatchingPolicy
+
+    told = []
+    original = FlowMatchingPolicy.predict_action_chunk
+
+    def recording(self, obs, delays, prefixes):
+        told.append((list(delays), [None if p is None else len(p) for p in prefixes]))
+        return original(self, obs, delays, prefixes)
+
+    monkeypatch.setattr(FlowMatchingPolicy, "predict_action_chunk", recording)
+    ckpt = REPO / "bench" / "checkpoints" / "reacher_rtc_training_time"
+    d, s = 2, 10
+    r = run_strategy(ckpt, "reacher", "rtc_training_time", d, s, 1, 10_000, delay_margin=1)
+    assert r["delay_margin"] == 1 and r["held_ticks"] == d  # the first chunk only: waits are d's
+    assert told[0] == ([d + 1], [None])  # an episode's first request follows nothing
+    assert told[1:] and all(t == ([d + 1], [d + 1]) for t in told[1:])
