@@ -30,7 +30,8 @@ FORWARD_TIMEOUT_S = 120.0  # a Serve replica that takes longer is treated as fai
 class PolicyDeployment:
     """The body of the Serve deployment: loads the checkpoint once per replica and runs the forward pass."""
 
-    def __init__(self, repo_or_path: str, device: str, dtype: str, torch_threads: int):
+    def __init__(self, repo_or_path: str, device: str, dtype: str, torch_threads: int,
+                 hyper_params: dict | None = None):
         from server.policies.checkpoint import load_checkpoint
         from server.runtime import set_torch_threads
 
@@ -38,6 +39,8 @@ class PolicyDeployment:
         set_torch_threads(torch_threads)
         self.threads = torch_threads
         self.policy = load_checkpoint(repo_or_path, device=device, dtype=dtype).policy
+        if hyper_params:  # the manifest's `model.hyper_params`, as the Zenoh-facing server applied them
+            self.policy.override_hyper_params(hyper_params)
 
     def forward(self, batch: dict, delays: list[int], prefixes: list) -> Any:
         import torch
@@ -64,7 +67,7 @@ class RayServeForward:
     @classmethod
     def deploy(cls, *, model_id: str, replica_id: str, repo_or_path: str, device: str, dtype: str, torch_threads: int,
                replicas: int, cpus_per_replica: float, gpus_per_replica: float, max_inflight: int,
-               address: str | None) -> "RayServeForward":
+               address: str | None, hyper_params: dict | None = None) -> "RayServeForward":
         try:
             import ray
             from ray import serve
@@ -85,8 +88,8 @@ class RayServeForward:
         deployment = serve.deployment(
             PolicyDeployment, name=f"policy-{model_id}", num_replicas=replicas, max_ongoing_requests=max_inflight,
             ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica})
-        handle = serve.run(deployment.bind(repo_or_path, device, dtype, torch_threads), name=app_name,
-                           route_prefix=None)
+        handle = serve.run(deployment.bind(repo_or_path, device, dtype, torch_threads, dict(hyper_params or {})),
+                           name=app_name, route_prefix=None)
         log.info("forward passes of %s on Ray Serve app %s (%d replica(s), %.1f CPU %.1f GPU each, %d in flight)",
                  model_id, app_name, replicas, cpus_per_replica, gpus_per_replica, max_inflight)
         return cls(app_name, handle, ray, started)
@@ -126,4 +129,5 @@ def make_forward(policy, get, model_id: str, replica_id: str):
         model_id=model_id, replica_id=replica_id, repo_or_path=str(get("model.repo_or_path", None)),
         device=device, dtype=str(get("model.dtype", "float32")), torch_threads=int(get("torch_threads", 1) or 1),
         replicas=int(get("dispatch.replicas", 1)), cpus_per_replica=float(get("dispatch.cpus_per_replica", 1.0)),
-        gpus_per_replica=gpus, max_inflight=int(get("dispatch.max_inflight", 4)), address=get("dispatch.address", None))
+        gpus_per_replica=gpus, max_inflight=int(get("dispatch.max_inflight", 4)), address=get("dispatch.address", None),
+        hyper_params=dict(get("model.hyper_params", None) or {}))

@@ -217,6 +217,10 @@ class ModelConfig(_Section):
                        default_doc="checkpoint's, else `main`")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "weights dtype")
     device: Device = _f("cpu", "torch device: cpu, cuda or cuda:N (cuda needs a CUDA build of torch)")
+    hyper_params: dict[str, Any] = _f({}, "serve the checkpoint with other sampling hyper-parameters, e.g. "
+                                          "`{guidance_jacobian: identity}`: only num_steps, noise_seed, max_guidance_weight, "
+                                          "guidance_jacobian, prefix_schedule, rtc_mode, autocast, batch_buckets, compile "
+                                          "(the others define the trained network); checked when the model loads")
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "ModelConfig":
         if self.revision is None:

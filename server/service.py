@@ -118,6 +118,9 @@ class PolicyServer:
         device = "cpu" if remote_forward else _get(m, "model.device", "cpu")
         loaded = self._loaded or load_checkpoint(_get(m, "model.repo_or_path"), device=device,
                                                  dtype=_get(m, "model.dtype", "float32"))
+        overrides = dict(_get(m, "model.hyper_params", None) or {})
+        if overrides:  # the manifest's sampling hyper-parameters (before the runtime reads rtc_mode)
+            loaded.policy.override_hyper_params(overrides)
         self.loaded = loaded
         emulated = EmulatedLatency.from_manifest(_get(m, "emulated_latency", None))
         horizon = _get(m, "execution_horizon", None) or loaded.config.execution_horizon
@@ -161,8 +164,9 @@ class PolicyServer:
         n = int(_get(m, "warmup_inferences", 2))
         ms = self.runtime.warmup(n)
         self.warmed_up = True
-        log.info("loaded %s (%s, rtc_mode %s, hash %s...), %d warm-up passes, %.1f ms each", model_id,
-                 loaded.config.type, self.runtime.rtc_mode, loaded.checkpoint_hash[:12], n, ms)
+        log.info("loaded %s (%s, rtc_mode %s, hash %s...%s), %d warm-up passes, %.1f ms each", model_id,
+                 loaded.config.type, self.runtime.rtc_mode, loaded.checkpoint_hash[:12],
+                 f", hyper_params {json.dumps(overrides, sort_keys=True)}" if overrides else "", n, ms)
         if n > 0:  # the replica's own unloaded forward time: the bench reads starvation against it
             sizes = self.runtime.unloaded_forward_ms(int(_get(_get(m, "scheduling", None), "max_batch", 1) or 1))
             log.info("unloaded forward ms by batch size: %s", json.dumps(sizes))

@@ -271,6 +271,8 @@ def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit_r
 
 def table_lines(f: dict) -> list[str]:
     """The end-of-run table (stderr): one line per leg, shard and replica, then the verdict on the twin."""
+    if not f.get("legs") and not f.get("shards"):  # no tick ran (a run that failed to start): nothing was judged
+        return ["  fidelity: not judged (no robot ticked)"]
     lines = [f"  fidelity: {'VALID' if f.get('valid') else 'OUT OF TOLERANCE'}"]
     for g in f.get("legs", []):
         if g.get("error_ms_p99") is None:
@@ -283,6 +285,8 @@ def table_lines(f: dict) -> list[str]:
         lines.append(f"    shard {s['shard']}: host-late {_pct(s['host_late_ratio'])}  overrun {_pct(s['loop_overrun_ratio'])}"
                      f"  worst wait {s['scheduler_wait_ms_max']} ms")
     for r in f.get("replicas", []):
+        if r.get("forward_ms_p50") is None:  # it answered nothing (it did not start, or the run ended first)
+            continue
         lines.append(f"    replica {r['replica']}: forward p50 {r['forward_ms_p50']} ms, {r['forward_ratio_p50']}x "
                      f"unloaded (p99 {r['forward_ratio_p99']}x)")
     bg = f.get("other_load")

@@ -123,7 +123,7 @@ def print_verdict(title: str, results: list, error: str | None = None, stream=No
             mark = "PASS" if r.passed else ("ERROR" if r.error else "FAIL")
             print(f"  {mark:5} {r.expression}  (value: {r.value!r}{'; ' + r.error if r.error else ''})", file=stream)
         if error:
-            print(f"  ERROR {error.splitlines()[0]}", file=stream)
+            print("  ERROR " + "\n        ".join(error_lines(error)), file=stream)
         return
     from rich.table import Table
     from rich.text import Text
@@ -137,7 +137,16 @@ def print_verdict(title: str, results: list, error: str | None = None, stream=No
                       Text(repr(r.value) + (f"; {r.error}" if r.error else "")))
     console.print(table)
     if error:
-        console.print(Text(f"ERROR {error.splitlines()[0]}", style="yellow"))
+        console.print(Text("ERROR " + "\n      ".join(error_lines(error)), style="yellow"))
+
+
+def error_lines(error: str, most: int = 12) -> list[str]:
+    """The run's error as printed: its lines (a replica that did not start names its own error on the next
+    lines) up to a traceback, blank ones dropped, at most `most` (the rest is in summary.json and the logs)."""
+    lines = [line for line in error.splitlines() if line.strip()] or [error]
+    if any(line.startswith("Traceback (most recent call last)") for line in lines[1:]):  # the runner's own, for
+        lines = lines[: next(i for i, line in enumerate(lines) if line.startswith("Traceback"))]  # summary.json only
+    return lines[:most] + ([f"... {len(lines) - most} more lines in summary.json"] if len(lines) > most else [])
 
 
 def now() -> float:

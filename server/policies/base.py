@@ -31,6 +31,10 @@ from torch import Tensor, nn
 
 STATE_KEY = "observation.state"
 IMAGE_KEY_PREFIX = "observation.images."
+# Hyper-parameters that say how a trained network is sampled or run, not what the network is: a replica's
+# manifest may override them (`model.hyper_params`); every other one is fixed by training.
+SERVING_HYPER_PARAMS = ("num_steps", "noise_seed", "max_guidance_weight", "guidance_jacobian", "prefix_schedule",
+                        "rtc_mode", "autocast", "batch_buckets", "compile")
 
 PolicyClass = Literal["stateless", "stateful", "no_chunk_api"]
 
@@ -201,6 +205,35 @@ class ChunkPolicy(nn.Module, abc.ABC):
         # changes meaning when a later version changes a default.
         self.config = PolicyConfig.from_dict({**config.to_dict(), "hyper_params": hp})
         self.hp = hp
+
+    def override_hyper_params(self, overrides: Mapping[str, Any]) -> None:
+        """Serve this network with other sampling hyper-parameters (a manifest's `model.hyper_params`): only
+        names in SERVING_HYPER_PARAMS that this type has; the result is checked as at construction (and
+        `rtc_mode` against what the network was trained for), and nothing changes when it fails."""
+        overrides = dict(overrides)
+        unknown = sorted(set(overrides) - set(self.hp))
+        if unknown:
+            raise PolicyConfigError(f"policy type {self.type_name!r} has no hyper-parameter {', '.join(map(repr, unknown))}; "
+                                    f"it has: {', '.join(sorted(self.hp))}")
+        fixed = sorted(set(overrides) - set(SERVING_HYPER_PARAMS))
+        if fixed:
+            raise PolicyConfigError(
+                f"{', '.join(map(repr, fixed))} define(s) the trained {self.type_name} network and cannot be changed at "
+                f"serving time; a manifest may override only {', '.join(k for k in SERVING_HYPER_PARAMS if k in self.hp)} "
+                f"(train a checkpoint with the others: `bench train`)")
+        hp = self.normalize_hyper_params({**self.hp, **overrides})
+        self.check_hyper_params(self.config, hp)
+        previous = dict(self.hp)
+        self.hp.clear()
+        self.hp.update(hp)
+        try:
+            if "rtc_mode" in overrides and hasattr(self, "check_rtc_mode"):
+                self.check_rtc_mode()  # a network trained for guidance refuses training_time
+        except PolicyConfigError:
+            self.hp.clear()
+            self.hp.update(previous)
+            raise
+        self.config = PolicyConfig.from_dict({**self.config.to_dict(), "hyper_params": dict(self.hp)})
 
     @classmethod
     def normalize_hyper_params(cls, hp: dict[str, Any]) -> dict[str, Any]:

@@ -163,3 +163,17 @@ def test_report_figures_render_with_fault_windows(tmp_path):
     assert "eu uplink" in chart and "<polyline" in chart
     chart = report._forward_ratio_chart({"r0": ([0.0, 1.0], [1.0, 2.5])}, 10.0, windows)
     assert "replica r0" in chart and "rgba(214,39,40" in chart  # the fault window is shaded
+
+
+def test_a_run_in_which_no_robot_ticked_is_not_judged():
+    """A run that failed to start has no legs or shards to judge: the table says so instead of VALID."""
+    from bench.evidence.fidelity import table_lines
+
+    unstarted = {"valid": True, "reasons": [], "legs": [], "shards": [],
+                 "replicas": [{"replica": "r0", "forward_ms_p50": None, "forward_ratio_p50": None,
+                               "forward_ratio_p99": None}]}
+    assert table_lines(unstarted) == ["  fidelity: not judged (no robot ticked)"]
+    ran = {**unstarted, "shards": [{"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0,
+                                    "scheduler_wait_ms_max": 1.0}]}
+    lines = table_lines(ran)
+    assert lines[0] == "  fidelity: VALID" and not any("replica r0" in line for line in lines)  # it answered nothing

@@ -193,9 +193,12 @@ def test_verdict_is_plain_lines_off_a_terminal_and_a_table_on_one():
     from bench.run.progress import print_verdict
 
     plain = io.StringIO()
-    print_verdict("bench: t: FAIL -> r/summary.json", _results(), "boom\nmore", stream=plain)
+    # every line of the error (a replica that did not start names its own error below), none of the runner's traceback
+    print_verdict("bench: t: FAIL -> r/summary.json", _results(),
+                  "boom\nserver-r0: cannot load\nTraceback (most recent call last):\n  File x", stream=plain)
     assert plain.getvalue().splitlines() == ["bench: t: FAIL -> r/summary.json", "  PASS  dead_robots == 0  (value: 0)",
-                                             "  FAIL  rtt_ms_p99 < 50  (value: 72.5)", "  ERROR boom"]
+                                             "  FAIL  rtt_ms_p99 < 50  (value: 72.5)", "  ERROR boom",
+                                             "        server-r0: cannot load"]
     tty = _Tty()
     print_verdict("bench: t: FAIL -> r/summary.json", _results(), stream=tty)
     out = tty.getvalue()
