@@ -1,19 +1,26 @@
 """The arm, the second task of the delay comparison (issue 20 item 4): its success metric needs tracking, its
 episodes are fixed by the seed, its checkpoint tracks like its expert, and its chunks stay good continuations
-under delay, which the reacher's do not (docs/scenarios.md, "chunking_vs_delay")."""
+under delay, which the reacher's do not (docs/scenarios.md, "chunking_vs_delay"); its training-time RTC
+checkpoint is the recipe's, returns the committed rows exactly and holds the task under delay."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 import numpy as np
 import pytest
+import torch
 
 from bench.robots import make_robot, robot_type
-from bench.training.delay_eval import REPO, run_strategy
+from bench.training.delay_eval import REPO, load_policy, run_strategy
 from bench.training.demos import evaluate_closed_loop
 from bench.training.experts import expert_for, plan_chunks
-from bench.training.train import CheckpointPolicy
+from bench.training.train import RTC_MODE_RECIPES, CheckpointPolicy
+from server.policies.stats import STATE_KEY
 
 CKPT = REPO / "bench" / "checkpoints" / "arm"
+TT_CKPT = REPO / "bench" / "checkpoints" / "arm_rtc_training_time"  # `bench train --robot arm --rtc-mode training_time`
 SEED = 10_000  # the delay twin's episodes
 
 
@@ -76,4 +83,37 @@ def test_asynchronous_execution_keeps_the_arm_on_task_under_delay():
     sync = run_strategy(CKPT, "arm", "sync", d, s, episodes, SEED)
     assert rtc["success_rate"] == 1.0
     assert append["success_rate"] < rtc["success_rate"] and sync["success_rate"] < rtc["success_rate"]
+    assert rtc["seam_jerk_p95"] < 0.5 * append["seam_jerk_p95"]
+
+
+def test_the_training_time_checkpoint_is_built_by_the_arms_training_time_recipe():
+    recipe = RTC_MODE_RECIPES[("arm", "training_time")]  # `bench train --robot arm --rtc-mode training_time`
+    assert recipe.rtc_mode == "training_time" and recipe.policy_type == "flow_matching"
+    log = json.loads((TT_CKPT / "training.json").read_text())
+    assert log["robot_type"] == "arm" and log["recipe"] == json.loads(json.dumps(asdict(recipe)))
+    evaluation = json.loads((TT_CKPT / "evaluation.json").read_text())
+    assert evaluation["success_rate"] >= 0.9  # its plain closed loop, within 0.1 of `arm`'s 1.00
+
+
+def test_the_training_time_checkpoint_loads_for_training_time_and_keeps_the_committed_rows_exactly():
+    loaded = load_policy(TT_CKPT)
+    assert loaded.config.hyper_params["rtc_mode"] == "training_time"
+    env = make_robot("arm", seed=0)
+    state, _ = env.reset(seed=SEED)
+    stats = loaded.stats[STATE_KEY]
+    x = (torch.as_tensor(state, dtype=torch.float32)[None] - stats["mean"]) / stats["std"]
+    with torch.no_grad():
+        plain = loaded.policy.predict_action_chunk({"observation.state": x}, [0], [None])[0]
+        prefix = plain[15:25] + 0.05  # a previous plan's rows s.., not what this state's plan starts with
+        chunk = loaded.policy.predict_action_chunk({"observation.state": x}, [6], [prefix])[0]
+    assert torch.equal(chunk[:6], prefix[:6])  # the d committed rows, bit for bit
+    assert not torch.allclose(chunk[6:], plain[6:], atol=1e-3)  # the rest continues them, not the plain plan
+
+
+def test_training_time_rtc_keeps_the_arm_on_task_with_smooth_seams_under_delay():
+    # what the checkpoint is for: at d = 8 it tracks like at d = 0, with seams far smoother than append's
+    d, s, episodes = 8, 15, 4
+    rtc = run_strategy(TT_CKPT, "arm", "rtc_training_time", d, s, episodes, SEED)
+    append = run_strategy(TT_CKPT, "arm", "append", d, s, episodes, SEED)
+    assert rtc["success_rate"] == 1.0 > append["success_rate"]
     assert rtc["seam_jerk_p95"] < 0.5 * append["seam_jerk_p95"]
