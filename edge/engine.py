@@ -14,6 +14,7 @@ Backends register a config dataclass under a type word (`sync`, `rtc`, `remote`)
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -118,6 +119,16 @@ class Engine(ABC):
 
 class ConfigError(ValueError):
     """A config field has a bad value; the message names the field and the fix."""
+
+
+def config_from_dict(cls: type, d: dict):
+    """`cls(**d)` for a backend's config dataclass (its `from_dict`); a key it has no field for is a ConfigError
+    that lists the known ones."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; known: {', '.join(sorted(known))}")
+    return cls(**d)
 
 
 _REGISTRY: dict[str, tuple[type, Callable[[Any], Engine]]] = {}

@@ -26,7 +26,6 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import random
@@ -38,7 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edge.engine import Action, ConfigError, Engine, EngineState, FallbackBehavior, register_engine
+from edge.engine import Action, ConfigError, Engine, EngineState, FallbackBehavior, config_from_dict, register_engine
 from edge.latency import LATENCY_MODES, LatencyTracker
 from edge.queue import TRIM_MODES, ActionQueue, fit_prefix
 
@@ -148,13 +147,7 @@ class RemoteEngineConfig:
             except TlsError as exc:
                 bad("tls_cert" if self.tls_cert else "tls_ca", str(exc))
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "RemoteEngineConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"RemoteEngineConfig: unknown keys {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**d)
+    from_dict = classmethod(config_from_dict)
 
 
 # What each RemoteEngineConfig field means, for the generated docs (docs/scenarios.md's engine table)

@@ -16,7 +16,6 @@ a `latency_override(n)` (seconds for the n-th request) makes delays deterministi
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
@@ -26,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edge.engine import Action, ConfigError, Engine, EngineState, register_engine
+from edge.engine import Action, ConfigError, Engine, EngineState, config_from_dict, register_engine
 from edge.latency import LATENCY_MODES, LatencyTracker
 from edge.queue import TRIM_MODES, ActionQueue, fit_prefix
 
@@ -62,13 +61,7 @@ class RTCEngineConfig:
         if self.queue_threshold is None:
             self.queue_threshold = int(math.ceil(self.buffer_time_s * self.fps))
 
-    @classmethod
-    def from_dict(cls, d: dict):
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**d)
+    from_dict = classmethod(config_from_dict)
 
 
 def call_policy(policy, obs: dict, delay: int, prefix: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -81,14 +74,38 @@ def call_policy(policy, obs: dict, delay: int, prefix: np.ndarray | None) -> tup
     return np.asarray(model, np.float32), np.asarray(robot, np.float32)
 
 
+class LocalEngine(Engine):
+    """What the two in-process engines (`sync`, `rtc`) share: a policy called here, an ActionQueue, pause and
+    the state word. A subclass sets `self.queue` and owns its own episode counting."""
+
+    def __init__(self, type_name: str, policy) -> None:
+        if policy is None or not hasattr(policy, "predict_action_chunk"):
+            raise ConfigError(f"the {type_name} engine needs a policy with predict_action_chunk(obs, inference_delay, prefix)")
+        self.policy = policy
+        self._paused = False
+        self._state = EngineState.STOPPED
+
+    def _clear_queue_and_policy(self) -> None:
+        """The episode boundary's common part: no action of the finished episode, the policy's own state reset."""
+        self.queue.clear()
+        if hasattr(self.policy, "reset"):
+            self.policy.reset()
+
+    def pause(self) -> None:
+        self._paused = True
+        self._state = EngineState.PAUSED
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+
 @register_engine("rtc", RTCEngineConfig)
-class RTCEngine(Engine):
+class RTCEngine(LocalEngine):
     def __init__(self, config: RTCEngineConfig, policy=None, shutdown_event: threading.Event | None = None,
                  clock: Callable[[], float] = time.monotonic, latency_override: Callable[[int], float] | None = None):
-        if policy is None or not hasattr(policy, "predict_action_chunk"):
-            raise ConfigError("the rtc engine needs a policy with predict_action_chunk(obs, inference_delay, prefix)")
+        super().__init__("rtc", policy)
         self.cfg = config
-        self.policy = policy
         self.clock = clock
         self.latency_override = latency_override  # request n -> seconds (parity tests inject delays)
         self.dt = 1.0 / config.fps
@@ -100,12 +117,10 @@ class RTCEngine(Engine):
         self._version = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._paused = False
         self._thread: threading.Thread | None = None
         self._reset_epoch = 0
         self._episode = 0
         self._errors_in_row = 0
-        self._state = EngineState.STOPPED
         self._failed = False
         self.counters = {"inferences": 0, "errors": 0, "none_ticks": 0, "discarded_chunks": 0}
         self.merges: list[dict] = []  # per merge: delay, real_delay, trimmed (parity tests read it)
@@ -129,13 +144,7 @@ class RTCEngine(Engine):
             self._reset_epoch += 1
             self._episode += 1
             self._slot = None
-        self.queue.clear()
-        if hasattr(self.policy, "reset"):
-            self.policy.reset()
-
-    def pause(self) -> None:
-        self._paused = True
-        self._state = EngineState.PAUSED
+        self._clear_queue_and_policy()
 
     def resume(self) -> None:
         self._paused = False
@@ -164,10 +173,6 @@ class RTCEngine(Engine):
     @property
     def failed(self) -> bool:
         return self._failed
-
-    @property
-    def state(self) -> EngineState:
-        return self._state
 
     @property
     def stats(self) -> dict[str, Any]:

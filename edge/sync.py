@@ -7,14 +7,13 @@ the next observation is inferred.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-from edge.engine import Action, ConfigError, Engine, EngineState, register_engine
+from edge.engine import Action, ConfigError, EngineState, config_from_dict, register_engine
 from edge.queue import ActionQueue
-from edge.rtc import call_policy
+from edge.rtc import LocalEngine, call_policy
 
 
 @dataclass
@@ -28,28 +27,18 @@ class SyncEngineConfig:
         if self.n_action_steps is not None and (not isinstance(self.n_action_steps, int) or self.n_action_steps < 1):
             raise ConfigError(f"SyncEngineConfig.n_action_steps: must be a positive integer or null, got {self.n_action_steps!r}")
 
-    @classmethod
-    def from_dict(cls, d: dict):
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"SyncEngineConfig: unknown keys {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**d)
+    from_dict = classmethod(config_from_dict)
 
 
 @register_engine("sync", SyncEngineConfig)
-class SyncEngine(Engine):
+class SyncEngine(LocalEngine):
     def __init__(self, config: SyncEngineConfig, policy=None, shutdown_event: threading.Event | None = None):
-        if policy is None or not hasattr(policy, "predict_action_chunk"):
-            raise ConfigError("the sync engine needs a policy with predict_action_chunk(obs, inference_delay, prefix)")
+        super().__init__("sync", policy)
         self.cfg = config
-        self.policy = policy
         self.queue = ActionQueue(rtc_enabled=False)
         self._obs: dict | None = None
-        self._state = EngineState.STOPPED
         self._episode = 0
         self._inferences = 0
-        self._paused = False
 
     def start(self) -> None:
         self._state = EngineState.STREAMING
@@ -58,14 +47,8 @@ class SyncEngine(Engine):
         self._state = EngineState.STOPPED
 
     def reset(self) -> None:
-        self.queue.clear()
         self._episode += 1
-        if hasattr(self.policy, "reset"):
-            self.policy.reset()
-
-    def pause(self) -> None:
-        self._paused = True
-        self._state = EngineState.PAUSED
+        self._clear_queue_and_policy()
 
     def resume(self) -> None:
         self._paused = False
@@ -94,10 +77,6 @@ class SyncEngine(Engine):
     @property
     def failed(self) -> bool:
         return False
-
-    @property
-    def state(self) -> EngineState:
-        return self._state
 
     @property
     def stats(self) -> dict[str, Any]:
