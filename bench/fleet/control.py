@@ -25,12 +25,6 @@ import time
 from typing import Callable
 
 
-def _send(sock: socket.socket, lock: threading.Lock, msg: dict) -> None:
-    data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
-    with lock:
-        sock.sendall(data)
-
-
 def _lines(sock: socket.socket):
     buf = b""
     while True:
@@ -50,7 +44,23 @@ def _lines(sock: socket.socket):
                     continue
 
 
-class ShardLink:
+class _End:
+    """What both ends share: `send(msg)` from any thread, one JSON line under the lock; False once the socket is gone."""
+
+    sock: socket.socket
+    lock: threading.Lock
+
+    def send(self, msg: dict) -> bool:
+        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+        try:
+            with self.lock:
+                self.sock.sendall(data)
+            return True
+        except OSError:
+            return False
+
+
+class ShardLink(_End):
     """The runner's view of one connected shard."""
 
     def __init__(self, sock: socket.socket, on_message: Callable[["ShardLink", dict], None]):
@@ -70,13 +80,6 @@ class ShardLink:
             self._on_message(self, msg)
         self.closed.set()
         self._on_message(self, {"type": "closed", "shard": self.shard})
-
-    def send(self, msg: dict) -> bool:
-        try:
-            _send(self.sock, self.lock, msg)
-            return True
-        except OSError:
-            return False
 
     def close(self) -> None:
         try:
@@ -135,7 +138,7 @@ class ControlServer:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class ControlClient:
+class ControlClient(_End):
     """The shard's end: `send(msg)` from any thread; incoming messages go to `on_message`."""
 
     def __init__(self, path: str, on_message: Callable[[dict], None], connect_timeout_s: float = 10.0):
@@ -165,13 +168,6 @@ class ControlClient:
             self._on_message(msg)
         self.closed.set()
         self._on_message({"type": "closed"})
-
-    def send(self, msg: dict) -> bool:
-        try:
-            _send(self.sock, self.lock, msg)
-            return True
-        except OSError:
-            return False
 
     def close(self) -> None:
         try:
