@@ -83,6 +83,14 @@ def _object(value, go_type: str) -> dict:
     return value
 
 
+def _set_attributes(wrapper, data: dict) -> None:
+    """The body's "attributes" onto the toxic; a bad one is a 400 that names it."""
+    try:
+        wrapper.toxic.update_attributes(data.get("attributes"))
+    except BadAttribute as exc:
+        raise ProxyError(f"bad request body: {exc}", 400) from None
+
+
 class Api:
     """Routes and handlers over a `ProxyCollection`."""
 
@@ -192,34 +200,31 @@ class Api:
             wrapper = make_toxic(data)
             if p.toxics.find(wrapper.name) is not None:
                 raise TOXIC_EXISTS
-            try:
-                wrapper.toxic.update_attributes(data.get("attributes"))
-            except BadAttribute as exc:
-                raise ProxyError(f"bad request body: {exc}", 400) from None
+            _set_attributes(wrapper, data)
             await p.toxics.add(wrapper)
             return Response.json(200, wrapper.to_json())
 
-    async def toxic_show(self, body: bytes, proxy: str, toxic: str) -> Response:
-        wrapper = self.collection.get(proxy).toxics.find(toxic)
+    def _toxic(self, proxy: str, toxic: str):
+        """(proxy, toxic wrapper) by their names; 404 "proxy not found" or "toxic not found"."""
+        p = self.collection.get(proxy)
+        wrapper = p.toxics.find(toxic)
         if wrapper is None:
             raise TOXIC_NOT_FOUND
+        return p, wrapper
+
+    async def toxic_show(self, body: bytes, proxy: str, toxic: str) -> Response:
+        _, wrapper = self._toxic(proxy, toxic)
         return Response.json(200, wrapper.to_json())
 
     async def toxic_update(self, body: bytes, proxy: str, toxic: str) -> Response:
         async with self.collection.lock:
-            p = self.collection.get(proxy)
-            wrapper = p.toxics.find(toxic)
-            if wrapper is None:
-                raise TOXIC_NOT_FOUND
+            p, wrapper = self._toxic(proxy, toxic)
             data = _object(decode_body(body), "toxics.ToxicWrapper")
             toxicity = data.get("toxicity")
             if toxicity is not None and (isinstance(toxicity, bool) or not isinstance(toxicity, (int, float))):
                 raise ProxyError(f"bad request body: json: cannot unmarshal {_json_kind(toxicity)} into Go struct field "
                                  ".toxicity of type float32", 400)
-            try:
-                wrapper.toxic.update_attributes(data.get("attributes"))
-            except BadAttribute as exc:
-                raise ProxyError(f"bad request body: {exc}", 400) from None
+            _set_attributes(wrapper, data)
             if toxicity is not None:
                 wrapper.toxicity = float(toxicity)
             await p.toxics.update(wrapper)
@@ -227,10 +232,7 @@ class Api:
 
     async def toxic_delete(self, body: bytes, proxy: str, toxic: str) -> Response:
         async with self.collection.lock:
-            p = self.collection.get(proxy)
-            wrapper = p.toxics.find(toxic)
-            if wrapper is None:
-                raise TOXIC_NOT_FOUND
+            p, wrapper = self._toxic(proxy, toxic)
             await p.toxics.remove(wrapper)
         return Response(204)
 
