@@ -9,8 +9,6 @@ Writes reports/bench/cameras.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -20,7 +18,7 @@ import simplejpeg
 
 from bench.robots.cameras import SENSOR_NOISE, make_camera
 from bench.robots import ROBOT_TYPES, make_robot
-from benchmarks.common import Result
+from benchmarks.common import Result, cli, parse_with_out, run_main, write_report
 
 REPORT = Path("reports/bench/cameras.json")
 
@@ -42,8 +40,8 @@ def _jpeg(frames: list[np.ndarray]) -> tuple[float, float]:
 
 def run(quick: bool) -> Result:
     argv = ["--sizes", "480x640", "--frames", "3", "--types", "arm"] if quick else ["--sizes", "224x224", "480x640"]
-    rep = main(argv + ["--out", os.devnull])
-    res = Result(details=rep)
+    res = run_main(main, argv)
+    rep = res.details
     for key, row in rep["rendered"].items():
         if "ms_per_frame" in row:
             res.add(f"rendered {key}", row["ms_per_frame"], "ms/frame")
@@ -54,12 +52,11 @@ def run(quick: bool) -> Result:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli(__doc__)
     parser.add_argument("--sizes", nargs="+", default=["96x96", "224x224", "480x640"], help="HxW")
     parser.add_argument("--frames", type=int, default=30)
     parser.add_argument("--types", nargs="+", default=sorted(ROBOT_TYPES))
-    parser.add_argument("--out", type=Path, default=REPORT)
-    args = parser.parse_args(argv)
+    args = parse_with_out(parser, argv, REPORT)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes]
 
     report: dict = {"mujoco_gl": os.environ.get("MUJOCO_GL"), "sensor_noise": SENSOR_NOISE,
@@ -87,10 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["synthetic"][f"{h}x{w}"] = {"ms_per_frame": round(ms, 4), "jpeg_q90_kb": round(kb, 1),
                                            "jpeg_encode_ms": round(enc_ms, 3)}
         print(f"synthetic          {h}x{w}: {ms:6.4f} ms/frame, JPEG q90 {kb:5.1f} KB ({enc_ms:.2f} ms)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    return report
+    return write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,14 @@ with raw frames, and with the same JPEG bytes. Medians of one run; writes report
 
 from __future__ import annotations
 
-import argparse
 import json
 import pickle
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import Result
+from benchmarks.common import Result, cli, parse_with_out, write_report
 from wire import ActionChunk, Header, MsgType, Observation, decode_message, encode_image, unpack_header
 
 
@@ -118,10 +116,9 @@ def run(quick: bool) -> Result:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.codec", description=__doc__.splitlines()[0])
+    ap = cli(__doc__, prog="python -m benchmarks.codec")
     ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--out", default="reports/bench/wire_codec.json")
-    args = ap.parse_args(argv)
+    args = parse_with_out(ap, argv, "reports/bench/wire_codec.json")
     r = args.repeats
     rows = measure(r)
     print(f"{'case':34s} {'encode ms':>10s} {'decode ms':>10s} {'bytes':>10s}")
@@ -132,10 +129,7 @@ def main(argv=None) -> int:
         for k, v in row.items():
             if k.startswith(("encode", "decode")) and ("incl" in k or "excl" in k):
                 print(f"    {k}: {v:.3f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"repeats": r, "results": rows}, indent=1))
-    print(f"wrote {out}")
+    write_report(args.out, {"repeats": r, "results": rows}, indent=1, end="")
     return 0
 
 

@@ -5,14 +5,22 @@ project has one, a target. The runner (`python -m benchmarks`) writes each Resul
 reports/bench/NAME.json and all of them as one table, reports/bench/summary.md. Invariant: a timing
 target is judged only in a full run (quick runs on noisy CI machines only produce figures); a figure
 marked `budget` (a memory or size budget, not a timing) is judged in every run, quick included.
+
+A benchmark's own command line (`python -m benchmarks.NAME`) is built from the same few helpers:
+`cli(__doc__)` for its parser, `parse_with_out` for its `--out` (where its JSON report goes),
+`write_report` to write it; `run_main` runs such a main for the suite without its own JSON.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
+import json
 import os
 import platform
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
 
 
 @dataclass
@@ -104,3 +112,31 @@ def report_dict(name: str, result: Result, quick: bool, load_start: list[float],
     return {"benchmark": name, "quick": quick, "seconds": round(seconds, 2), "machine": machine_facts(),
             "load_average_start": load_start, "load_average_end": load_average(), "skipped": result.skipped,
             "figures": [asdict(f) for f in result.figures], "details": result.details}
+
+
+def cli(doc: str, prog: str | None = None) -> argparse.ArgumentParser:
+    """A benchmark's own parser: the first paragraph of its module docstring as the description."""
+    return argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+
+
+def parse_with_out(parser: argparse.ArgumentParser, argv: list[str] | None, out: str | Path) -> argparse.Namespace:
+    """`parser`'s arguments and, last, `--out` (the JSON report's path; default `out`), parsed from argv."""
+    parser.add_argument("--out", type=Path, default=Path(out))
+    return parser.parse_args(argv)
+
+
+def write_report(out: str | Path, report: dict, *, indent: int = 2, end: str = "\n", default=None,
+                 say: str | None = "wrote") -> dict:
+    """`report` as JSON at `out` (its folder made), then `say out` printed unless `say` is None; returns `report`."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=indent, default=default) + end)
+    if say is not None:
+        print(f"{say} {out}")
+    return report
+
+
+def run_main(main: Callable[[list[str]], dict], argv: list[str]) -> Result:
+    """A Result whose details are what `main(argv)` returns, its own JSON report sent to /dev/null (the suite
+    writes reports/bench/NAME.json itself)."""
+    return Result(details=main([*argv, "--out", os.devnull]))

@@ -13,12 +13,12 @@ Writes reports/bench/dispatch.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.common import cli, parse_with_out, write_report
 
 REPORT = Path("reports/bench/dispatch.json")
 CHECKPOINT = Path(__file__).resolve().parents[1] / "bench" / "checkpoints" / "reacher"
@@ -100,19 +100,15 @@ def run(quick: bool):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli(__doc__)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--out", type=Path, default=REPORT)
-    args = parser.parse_args(argv)
+    args = parse_with_out(parser, argv, REPORT)
     report = measure(args.calls, args.batches)
     if "skipped" in report:
         print(f"dispatch: skipped: {report['skipped']}")
         return report
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    return report
+    return write_report(args.out, report)
 
 
 if __name__ == "__main__":

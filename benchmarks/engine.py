@@ -14,7 +14,6 @@ Prints p50/p99 (microseconds) and the per-engine costs; writes reports/bench/edg
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from benchmarks.common import Result
+from benchmarks.common import Result, cli, parse_with_out, write_report
 
 from wire.procs import ChildProcess, start_router
 
@@ -193,15 +192,11 @@ def run(quick: bool) -> Result:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__.splitlines()[0])
+    ap = cli(__doc__, prog="python -m benchmarks.engine")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--idle-engines", type=int, default=100)
-    ap.add_argument("--out", default="reports/bench/edge_engine.json")
-    args = ap.parse_args(argv)
-    result = measure(args.seconds, args.idle_engines)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    args = parse_with_out(ap, argv, "reports/bench/edge_engine.json")
+    write_report(args.out, measure(args.seconds, args.idle_engines), indent=1, end="", say=None)
     return 0
 
 

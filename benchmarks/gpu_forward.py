@@ -19,17 +19,15 @@ host's load average and every figure. CPU figures are contaminated by whatever e
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks.common import Result
+from benchmarks.common import Result, cli, parse_with_out, write_report
 
 
 def build(preset: str, cameras: int, image_size: int, device: str, compile_: bool):
@@ -148,7 +146,7 @@ def run(quick: bool) -> Result:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_forward", description=__doc__.splitlines()[0])
+    ap = cli(__doc__, prog="python -m benchmarks.gpu_forward")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--preset", default=None, help="flow_transformer preset (default: vla_300m on CUDA, tiny elsewhere)")
     ap.add_argument("--cameras", type=int, default=2)
@@ -158,8 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="torch.compile the velocity network (CUDA only)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--out", default="reports/bench/gpu_forward.json")
-    args = ap.parse_args(argv)
+    args = parse_with_out(ap, argv, "reports/bench/gpu_forward.json")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -193,10 +190,7 @@ def main(argv=None) -> int:
     print(f"micro-batching at {g['sessions']} sessions: {g['throughput_one_at_a_time_rps']:.1f} -> "
           f"{g['throughput_micro_batched_rps']:.1f} requests/s (gain {g['gain']:.2f}x); "
           f"gpu jpeg decode: {report['runtime']['gpu_jpeg_decode']}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"-> {out}")
+    write_report(args.out, report, say="->")
     return 0
 
 

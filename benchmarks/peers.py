@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import Result
+from benchmarks.common import Result, cli, parse_with_out, write_report
 
 STACKS = ("ours", "ours_no_router", "zmq_protobuf", "grpc_pickle")
 OBS_KEY, ACTION_KEY = "bench/peers/obs", "bench/peers/action"
@@ -414,15 +414,14 @@ def run(quick: bool) -> Result:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.splitlines()[0])
+    ap = cli(__doc__, prog="python -m benchmarks.peers")
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--stacks", nargs="+", choices=STACKS, default=list(STACKS))
     ap.add_argument("--serve", choices=STACKS, help=argparse.SUPPRESS)  # the server side, run as a child process
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--cameras", type=int, default=3, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default="reports/bench/peers.json")
-    args = ap.parse_args(argv)
+    args = parse_with_out(ap, argv, "reports/bench/peers.json")
     if args.serve:
         serve(args.serve, args.endpoint, args.cameras)
         return 0
@@ -435,9 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("ours_over_zmq_protobuf_p50", "ours_over_grpc_pickle_p50"):
         if key in r:
             print(f"{key}: {r[key]:.2f}x")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(r, indent=1))
+    write_report(args.out, r, indent=1, end="", say=None)
     return 0
 
 

@@ -9,7 +9,6 @@ under 0.2 ms); writes reports/bench/chaos_overhead.json. Also times the proxy se
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import Result
+from benchmarks.common import Result, cli, parse_with_out, write_report
 
 
 def _echo_server() -> tuple[socket.socket, int]:
@@ -103,19 +102,16 @@ def run(quick: bool) -> Result:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.proxy", description=__doc__.splitlines()[0])
+    ap = cli(__doc__, prog="python -m benchmarks.proxy")
     ap.add_argument("--round-trips", type=int, default=2000)
     ap.add_argument("--size", type=int, default=64)
-    ap.add_argument("--out", default="reports/bench/chaos_overhead.json")
-    args = ap.parse_args(argv)
+    args = parse_with_out(ap, argv, "reports/bench/chaos_overhead.json")
     res = measure(args.round_trips, args.size)
     startup_s = res["startup_s"]
     print(f"proxy start-up {startup_s * 1e3:.0f} ms; {args.size}-byte round trips: direct p50 {res['direct_ms_p50']:.3f} ms "
           f"p99 {res['direct_ms_p99']:.3f} ms; through the proxy p50 {res['proxied_ms_p50']:.3f} ms p99 "
           f"{res['proxied_ms_p99']:.3f} ms; added p50 {res['added_ms_p50']:.3f} ms (target < 0.2 ms)")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
+    write_report(args.out, res, indent=1, end="", say=None)
     return 0 if res["added_ms_p50"] < 0.2 else 1
 
 

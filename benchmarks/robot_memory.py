@@ -11,14 +11,11 @@ reports/bench/robots_memory.json.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
-import os
 import multiprocessing
 from pathlib import Path
 
-from benchmarks.common import Result
+from benchmarks.common import Result, cli, parse_with_out, run_main, write_report
 
 REPORT = Path("reports/bench/robots_memory.json")
 
@@ -61,8 +58,8 @@ def _measure(robot_type: str, robots: int) -> dict:
 
 
 def run(quick: bool) -> Result:
-    rep = main((["--robots", "10", "--types", "arm"] if quick else []) + ["--out", os.devnull])
-    res = Result(details=rep)
+    res = run_main(main, ["--robots", "10", "--types", "arm"] if quick else [])
+    rep = res.details
     for name, row in rep["types"].items():
         res.add(f"{name}: RSS per robot", row["rss_per_robot_kb"], "KiB")
     return res
@@ -71,11 +68,10 @@ def run(quick: bool) -> Result:
 def main(argv: list[str] | None = None) -> dict:
     from bench.robots import ROBOT_TYPES
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli(__doc__)
     parser.add_argument("--robots", type=int, default=100)
     parser.add_argument("--types", nargs="+", default=sorted(ROBOT_TYPES))
-    parser.add_argument("--out", type=Path, default=REPORT)
-    args = parser.parse_args(argv)
+    args = parse_with_out(parser, argv, REPORT)
 
     report = {"types": {}}
     ctx = multiprocessing.get_context("spawn")
@@ -88,10 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{result['model_is_shared']}); first robot incl. model compile "
             f"{result['rss_first_robot_with_model_kb']:.0f} KB; 300 robots ~{result['fleet_of_300_mb']:.0f} MB"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    return report
+    return write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ robot-step, the fraction of one core that real time at `fps` needs, and the sing
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import time
@@ -21,7 +19,7 @@ import mujoco
 import numpy as np
 
 from bench.robots import DEFAULT_FPS, ROBOT_TYPES, RobotBatch, make_robot
-from benchmarks.common import Result
+from benchmarks.common import Result, cli, parse_with_out, run_main, write_report
 
 REPORT = Path("reports/bench/robots_step.json")
 
@@ -84,8 +82,8 @@ def bench_env(robot_type: str, steps: int = 600) -> float:
 
 
 def run(quick: bool) -> Result:
-    rep = main((["--robots", "30", "--seconds", "0.3"] if quick else []) + ["--out", os.devnull])
-    res = Result(details=rep)
+    res = run_main(main, ["--robots", "30", "--seconds", "0.3"] if quick else [])
+    rep = res.details
     for name, row in rep["types"].items():
         res.add(f"{name}: CPU per robot-step ({row['robots']} robots)", row["us_per_robot_step_cpu"], "us")
         res.add(f"{name}: cores for real time ({row['robots']} robots)", row["cores_for_real_time"], "cores")
@@ -93,13 +91,12 @@ def run(quick: bool) -> Result:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli(__doc__)
     parser.add_argument("--robots", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=5.0, help="simulated seconds per type")
     parser.add_argument("--fps", type=float, default=DEFAULT_FPS)
     parser.add_argument("--types", nargs="+", default=sorted(ROBOT_TYPES))
-    parser.add_argument("--out", type=Path, default=REPORT)
-    args = parser.parse_args(argv)
+    args = parse_with_out(parser, argv, REPORT)
 
     report = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "mujoco": mujoco.__version__},
@@ -115,10 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{result['cores_for_real_time']:.2f} cores for real time; single TwinEnv.step "
             f"{result['us_per_env_step_single']:.1f} us"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    return report
+    return write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -12,20 +12,17 @@ Writes reports/bench/router_memory.json: the samples, the growth over the first 
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import Result
+from benchmarks.common import Result, cli, parse_with_out, run_main, write_report
 
 REPORT = Path("reports/bench/router_memory.json")
 
 
 def run(quick: bool) -> Result:
-    rep = main((["--cycles", "4", "--sessions", "3"] if quick else []) + ["--out", os.devnull])
-    res = Result(details=rep)
+    res = run_main(main, ["--cycles", "4", "--sessions", "3"] if quick else [])
+    rep = res.details
     res.add("router RSS at the end", rep["rss_mb"][-1]["rss_mb"], "MiB")
     res.add("router RSS growth, second half", rep["growth_second_half_mb"], "MiB")
     return res
@@ -37,11 +34,10 @@ def main(argv: list[str] | None = None) -> dict:
     from wire.procs import start_router
     from wire.transport import open_session
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli(__doc__)
     parser.add_argument("--cycles", type=int, default=100)
     parser.add_argument("--sessions", type=int, default=13, help="client sessions per cycle (a site's robots)")
-    parser.add_argument("--out", type=Path, default=REPORT)
-    args = parser.parse_args(argv)
+    args = parse_with_out(parser, argv, REPORT)
     if args.cycles < 2 or args.sessions < 1:
         parser.error("--cycles must be >= 2 and --sessions >= 1")
 
@@ -82,10 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"router memory: {first:.1f} MB -> {mid:.1f} MB at cycle {samples[half][0]} -> {last:.1f} MB at cycle "
           f"{samples[-1][0]} ({args.cycles * args.sessions} sessions); second half grew "
           f"{report['growth_second_half_mb']:+.2f} MB ({100 * (report['growth_second_half_ratio'] or 0):+.1f} %)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    return report
+    return write_report(args.out, report)
 
 
 if __name__ == "__main__":

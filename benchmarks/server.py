@@ -16,7 +16,6 @@ All figures of one run come from one machine state; compare ratios, not absolute
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import threading
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from benchmarks.common import Result
+from benchmarks.common import Result, cli, parse_with_out, write_report
 from wire import ReplicaKeys
 from wire.procs import ChildProcess, start_router
 
@@ -176,17 +175,14 @@ def run(quick: bool) -> Result:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.server", description=__doc__.splitlines()[0])
+    ap = cli(__doc__, prog="python -m benchmarks.server")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--emulated-ms", type=float, default=20.0)
     ap.add_argument("--per-item-ms", type=float, default=0.5)
-    ap.add_argument("--out", default="reports/bench/server.json")
-    args = ap.parse_args(argv)
+    args = parse_with_out(ap, argv, "reports/bench/server.json")
     results = measure(args.seconds, args.sessions, args.emulated_ms, args.per_item_ms)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, default=float))
+    write_report(args.out, results, indent=1, end="", default=float, say=None)
     return 0
 
 

@@ -22,7 +22,6 @@ read growth over tens of thousands of requests, not a few.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from benchmarks.common import Result
+from benchmarks.common import Result, cli, parse_with_out, write_report
 from wire import Header, MsgType, Observation, ReplicaKeys, SCHEMA_VERSION, SessionOpen, decode_message, unpack_header
 from wire import auth as wauth
 from wire.procs import ChildProcess, start_router
@@ -246,15 +245,14 @@ def run(quick: bool) -> Result:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.server_memory", description=__doc__.splitlines()[0])
+    ap = cli(__doc__, prog="python -m benchmarks.server_memory")
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--rate", type=float, default=1500.0, help="observations per second, all sessions together")
     ap.add_argument("--ci", action="store_true", help="the CI size: 200 sessions, 8 s at 1,000/s")
     ap.add_argument("--server-path", default=None, help="PYTHONPATH of the server process (another checkout)")
     ap.add_argument("--check", action="store_true", help="exit 1 when over the documented budget")
-    ap.add_argument("--out", default="reports/bench/server_memory.json")
-    args = ap.parse_args(argv)
+    args = parse_with_out(ap, argv, "reports/bench/server_memory.json")
     if args.ci:
         args.sessions, args.seconds, args.rate = 200, 8.0, 1000.0
     r = measure(args.sessions, args.seconds, args.rate, args.server_path)
@@ -265,9 +263,7 @@ def main(argv=None) -> int:
           f"growth {r['growth_kb_per_10k_requests']} KB per 10k requests (second half)")
     print(f"/metrics {r['metrics_bytes']} bytes ({r['metrics_per_robot_lines']} per-robot samples), "
           f"/sessions {r['sessions_bytes']} bytes")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(r, indent=1))
+    write_report(args.out, r, indent=1, end="", say=None)
     bad = over_budget(r)
     for b in bad:
         print(f"OVER BUDGET: {b}")
