@@ -34,6 +34,12 @@ RUN_EXIT_CODES = """exit codes:
      or bigger host, or see `bench run --check FILE`"""
 
 
+def _invalid(message: str) -> int:
+    """A user-input error (a bad scenario, file or argument): the message on stderr, exit EXIT_INVALID."""
+    print(message, file=sys.stderr)
+    return EXIT_INVALID
+
+
 def _parse_value(text: str):
     import yaml
 
@@ -148,8 +154,7 @@ def cmd_run(args) -> int:
     try:
         s = load_runnable(args.file, args.set)
     except ScenarioError as exc:
-        print(f"bench: invalid scenario: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(f"bench: invalid scenario: {exc}")
     if s is None:
         return EXIT_INVALID
     if args.check:
@@ -173,8 +178,7 @@ def cmd_incident(args) -> int:
                                                   robot=args.robot,
                                                   export_dir=Path(args.export) if args.export else None)
     except (OSError, ValueError, KeyError) as exc:
-        print(f"bench incident: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(f"bench incident: {exc}")
     print(f"bench incident: wrote {out} ({len(scenario['faults'])} fault(s))", file=sys.stderr)
     for f in scenario["faults"]:
         print(f"  {f}", file=sys.stderr)
@@ -183,8 +187,7 @@ def cmd_incident(args) -> int:
     try:
         s = load_scenario(out)
     except ScenarioError as exc:
-        print(f"bench incident: the written scenario is invalid: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(f"bench incident: the written scenario is invalid: {exc}")
     stamp = runner.utc_stamp()
     rc = runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet, stamp=stamp)
     run_dir = Path(args.reports) / s.name / stamp
@@ -212,8 +215,7 @@ def cmd_sweep(args) -> int:
                          "mode": "capacity" if args.capacity else "runs", "assertions": list(args.assert_ or [])}
         s = build_scenario(data, f"{args.file} (bench sweep)")
     except ScenarioError as exc:
-        print(f"bench: invalid scenario: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(f"bench: invalid scenario: {exc}")
     from bench.run import runner
     return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet)
 
@@ -226,8 +228,7 @@ def cmd_train(args) -> int:
                                         episodes=args.episodes, steps=args.steps, fps=args.fps,
                                         rtc_mode=args.rtc_mode)
     except train.TrainError as exc:
-        print(f"bench train: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(f"bench train: {exc}")
     print(f"checkpoint written to {path}")
     return EXIT_PASS
 
@@ -239,8 +240,7 @@ def cmd_init_weights(args) -> int:
     try:
         path = init_weights(checkpoint_dir(args.checkpoint), seed=args.seed)
     except CheckpointError as exc:
-        print(f"bench init-weights: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(f"bench init-weights: {exc}")
     print(f"random weights (seed {args.seed}) written to {path}/model.safetensors")
     return EXIT_PASS
 
@@ -253,8 +253,7 @@ def cmd_pki(args) -> int:
     try:
         pki = Pki(args.dir, days=args.days)
     except RuntimeError as exc:
-        print(f"bench pki: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(f"bench pki: {exc}")
     issued = []
     if args.router:
         issued.append(("router", pki.router()))
