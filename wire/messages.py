@@ -378,19 +378,13 @@ _MODEL_FIELDS = (
 )
 
 
-@_register
 @dataclass(eq=False)
-class Status(Message):
-    KIND: ClassVar[str] = "status"
-    FIELDS: ClassVar[tuple[F, ...]] = _MODEL_FIELDS + (
-        F("ready", "bool", True, doc="warmed up and accepting sessions"),
-        F("draining", "bool", False, False),
-        F("schema_min", "uint", True),
-        F("schema_max", "uint", True),
-        F("default_task", "str", False, ""),
-        F("pin_task", "bool", False, False),
-        F("execution_horizon", "uint", False, 0),
-    )
+class _ModelMessage(Message):
+    """The required model fields of _MODEL_FIELDS as attributes, declared once for Status and SessionAck (the two
+    messages that describe the served model). A subclass declares its own required fields next, and the defaulted
+    `cameras` and `inference_emulated` among its defaults (a defaulted dataclass field cannot precede a required
+    one), so both keep their field order and constructor. Not registered: no message of its own."""
+
     replica_id: str
     model_id: str
     revision: str
@@ -406,6 +400,21 @@ class Status(Message):
     active_sessions: int
     max_sessions: int
     load: float
+
+
+@_register
+@dataclass(eq=False)
+class Status(_ModelMessage):
+    KIND: ClassVar[str] = "status"
+    FIELDS: ClassVar[tuple[F, ...]] = _MODEL_FIELDS + (
+        F("ready", "bool", True, doc="warmed up and accepting sessions"),
+        F("draining", "bool", False, False),
+        F("schema_min", "uint", True),
+        F("schema_max", "uint", True),
+        F("default_task", "str", False, ""),
+        F("pin_task", "bool", False, False),
+        F("execution_horizon", "uint", False, 0),
+    )
     ready: bool
     schema_min: int
     schema_max: int
@@ -461,7 +470,7 @@ class SessionOpen(Message):
 
 @_register
 @dataclass(eq=False)
-class SessionAck(Message):
+class SessionAck(_ModelMessage):
     KIND: ClassVar[str] = "session_ack"
     FIELDS: ClassVar[tuple[F, ...]] = _MODEL_FIELDS + (
         F("session_id", "str", True),
@@ -473,21 +482,6 @@ class SessionAck(Message):
         F("session_key", "str", False, None,
           doc="per-session secret (hex) for the auth tags of observations and resets; never logged, never re-sent"),
     )
-    replica_id: str
-    model_id: str
-    revision: str
-    checkpoint_hash: str
-    policy_type: str
-    action_names: list[str]
-    state_dim: int
-    chunk_size: int
-    trained_fps: float
-    supports_rtc: bool
-    serving_mode: str
-    warmed_up: bool
-    active_sessions: int
-    max_sessions: int
-    load: float
     session_id: str
     schema_version: int
     rtc_enabled: bool
