@@ -48,6 +48,15 @@ def expected_chunk(state: np.ndarray, chunk_size: int, action_dim: int) -> np.nd
     return (s0 + 0.001 * t + 0.0001 * a).astype(np.float32)
 
 
+def _decode_or_reply(query, expect: type, header: bytes):
+    """The query's message of type `expect`, or None after replying the WireError a real replica replies."""
+    try:
+        return decode_message(query.payload.to_bytes() if query.payload is not None else b"", expect=expect)
+    except WireError as exc:
+        query.reply(query.key_expr, Error(exc.code, str(exc)).encode(), attachment=header)
+        return None
+
+
 class Responder:
     def __init__(self, endpoint: str, *, model_id: str = "arm", revision: str = "main", replica_id: str = "r0",
                  root: str = DEFAULT_ROOT, action_names=("x", "y", "grip"), state_dim: int = 4, chunk_size: int = 10,
@@ -180,10 +189,8 @@ class Responder:
 
     def _on_session(self, query, gen: int) -> None:
         header = Header(SCHEMA_VERSION, MsgType.CONTROL).pack()
-        try:
-            req = decode_message(query.payload.to_bytes() if query.payload is not None else b"", expect=SessionOpen)
-        except WireError as exc:
-            query.reply(query.key_expr, Error(exc.code, str(exc)).encode(), attachment=header)
+        req = _decode_or_reply(query, SessionOpen, header)
+        if req is None:
             return
         with self.cv:
             if gen != self._gen:
@@ -229,10 +236,8 @@ class Responder:
 
     def _on_reset(self, query, gen: int) -> None:
         header = Header(SCHEMA_VERSION, MsgType.CONTROL).pack()
-        try:
-            req = decode_message(query.payload.to_bytes() if query.payload is not None else b"", expect=Reset)
-        except WireError as exc:
-            query.reply(query.key_expr, Error(exc.code, str(exc)).encode(), attachment=header)
+        req = _decode_or_reply(query, Reset, header)
+        if req is None:
             return
         if self.reset_delay_s:
             time.sleep(self.reset_delay_s)  # a slow server: only this queryable's thread waits
