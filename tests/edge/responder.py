@@ -48,12 +48,15 @@ def expected_chunk(state: np.ndarray, chunk_size: int, action_dim: int) -> np.nd
     return (s0 + 0.001 * t + 0.0001 * a).astype(np.float32)
 
 
-def _decode_or_reply(query, expect: type, header: bytes):
+_CONTROL = Header(SCHEMA_VERSION, MsgType.CONTROL).pack()  # the attachment of every control reply
+
+
+def _decode_or_reply(query, expect: type):
     """The query's message of type `expect`, or None after replying the WireError a real replica replies."""
     try:
         return decode_message(query.payload.to_bytes() if query.payload is not None else b"", expect=expect)
     except WireError as exc:
-        query.reply(query.key_expr, Error(exc.code, str(exc)).encode(), attachment=header)
+        query.reply(query.key_expr, Error(exc.code, str(exc)).encode(), attachment=_CONTROL)
         return None
 
 
@@ -185,11 +188,10 @@ class Responder:
         with self.cv:
             st = Status(**self._model_fields(), ready=not self.draining, draining=self.draining,
                         schema_min=MIN_SUPPORTED, schema_max=MAX_SUPPORTED)
-        query.reply(self.keys.status, st.encode(), attachment=Header(SCHEMA_VERSION, MsgType.CONTROL).pack())
+        query.reply(self.keys.status, st.encode(), attachment=_CONTROL)
 
     def _on_session(self, query, gen: int) -> None:
-        header = Header(SCHEMA_VERSION, MsgType.CONTROL).pack()
-        req = _decode_or_reply(query, SessionOpen, header)
+        req = _decode_or_reply(query, SessionOpen)
         if req is None:
             return
         with self.cv:
@@ -211,7 +213,7 @@ class Responder:
                 self.cv.notify_all()
             else:
                 body = err
-        query.reply(query.key_expr, body.encode(), attachment=header)
+        query.reply(query.key_expr, body.encode(), attachment=_CONTROL)
 
     def _validate(self, req: SessionOpen) -> Error | None:
         if self.draining:
@@ -235,8 +237,7 @@ class Responder:
         return None
 
     def _on_reset(self, query, gen: int) -> None:
-        header = Header(SCHEMA_VERSION, MsgType.CONTROL).pack()
-        req = _decode_or_reply(query, Reset, header)
+        req = _decode_or_reply(query, Reset)
         if req is None:
             return
         if self.reset_delay_s:
@@ -251,7 +252,7 @@ class Responder:
                 self.resets.append((req.session_id, req.episode_id))
                 body = ResetAck(req.session_id, req.episode_id)
                 self.cv.notify_all()
-        query.reply(query.key_expr, body.encode(), attachment=header)
+        query.reply(query.key_expr, body.encode(), attachment=_CONTROL)
 
     def _on_client_alive(self, sample, gen: int) -> None:
         import zenoh
