@@ -4,7 +4,6 @@ edge engines; the outputs exist, the verdict is right, and no child process surv
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from bench.run.procset import group_alive
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -50,14 +51,6 @@ assertions:
   - max(rss_mb[server:r0]) < 4000 and min(open_fds[server:r0]) > 0
   - leftover_processes == 0 and leftover_shm == 0
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -108,4 +101,4 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
         assert (run / name).is_file(), name
     table = json.loads((run / "processes.json").read_text())
     assert {"router", "server:r0", "shard:0", "shard:1"} <= {r["name"] for r in table}
-    assert not [r for r in table if _alive(r["pid"])]
+    assert not [r for r in table if group_alive(r["pid"])]

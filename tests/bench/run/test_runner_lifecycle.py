@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bench.run.procset import group_alive
+
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def _start(run_dir: Path, duration: float, *extra: str) -> subprocess.Popen:
@@ -44,7 +37,7 @@ def test_failed_assertion_exits_1_and_leaves_no_process(tmp_path):
     assert {s["shard"] for s in summary["fidelity"]["shards"]} == {0, 1}
     table = json.loads((tmp_path / "run" / "processes.json").read_text())
     assert {r["name"] for r in table} >= {"router", "shard:0", "shard:1"}
-    assert not [r for r in table if _alive(r["pid"])]
+    assert not [r for r in table if group_alive(r["pid"])]
 
 
 def test_ctrl_c_stops_every_child_and_still_reports(tmp_path):
@@ -55,7 +48,7 @@ def test_ctrl_c_stops_every_child_and_still_reports(tmp_path):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2, out
     table = json.loads((tmp_path / "run" / "processes.json").read_text())
-    assert not [r for r in table if _alive(r["pid"])]
+    assert not [r for r in table if group_alive(r["pid"])]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["verdict"] == "error" and "interrupted" in summary["error"]
 
