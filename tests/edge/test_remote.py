@@ -6,6 +6,7 @@ asserts what the loop saw (actions, None ticks, provenance, ages) and the engine
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -26,6 +27,17 @@ def engine(router, **kw):
                max_offline_s=30.0, lease_ms=500, execution_horizon=5, buffer_time_s=0.2)
     cfg.update(kw)
     return make_engine(RemoteEngineConfig(**cfg))
+
+
+@contextlib.contextmanager
+def running(router, **kw):
+    """A started engine(router, **kw), stopped when the block ends."""
+    eng = engine(router, **kw)
+    eng.start()
+    try:
+        yield eng
+    finally:
+        eng.stop()
 
 
 def loop(eng, seconds, until=None):
@@ -51,9 +63,7 @@ def first_action_index(trace):
 
 def test_steady_streaming_never_starves_after_the_first_chunk(router, server_factory, ckpt):
     srv = server_factory(ckpt)
-    eng = engine(router, buffer_time_s=0.3)
-    eng.start()
-    try:
+    with running(router, buffer_time_s=0.3) as eng:
         trace = loop(eng, 3.0)
         i = first_action_index(trace)
         after = trace[i:]
@@ -69,8 +79,6 @@ def test_steady_streaming_never_starves_after_the_first_chunk(router, server_fac
         recs = eng.drain_records()
         assert recs and all(r["outcome"] == "ok" for r in recs) and all(r["rtt_ms"] > 0 for r in recs)
         assert scraped(srv.metrics, "policy_server_active_sessions") == 1
-    finally:
-        eng.stop()
 
 
 def test_a_request_leaves_on_the_tick_whose_action_reaches_the_buffer(router, server_factory, ckpt):
@@ -79,22 +87,16 @@ def test_a_request_leaves_on_the_tick_whose_action_reaches_the_buffer(router, se
     # beats the tick's get_action, 3 if not), never earlier (5), and not a tick later (judging the queue before
     # the tick's action sent every request with 2 or 3 left: a tick less of margin)
     server_factory(ckpt)
-    eng = engine(router, buffer_time_s=0.1)
-    eng.start()
-    try:
+    with running(router, buffer_time_s=0.1) as eng:
         loop(eng, 3.0)
         left = [r["steps_remaining"] for r in eng.drain_records() if r["outcome"] == "ok"][1:]  # the 1st: empty queue
         assert len(left) >= 4 and max(left) <= 4, left
         assert sum(n >= 3 for n in left) >= 0.75 * len(left), left  # the worker may miss its tick under load, rarely
-    finally:
-        eng.stop()
 
 
 def test_server_killed_mid_episode_degrades_safely_and_recovers(router, server_factory, ckpt):
     srv = server_factory(ckpt)
-    eng = engine(router, max_action_age_s=0.5, fallback="hold")
-    eng.start()
-    try:
+    with running(router, max_action_age_s=0.5, fallback="hold") as eng:
         loop(eng, 5.0, until=lambda tr: eng.stats["chunks"] >= 3)
         srv.stop()  # its liveliness token goes with its session
         trace = loop(eng, 1.5)
@@ -108,23 +110,17 @@ def test_server_killed_mid_episode_degrades_safely_and_recovers(router, server_f
         assert trace[-1][1] is not None, "the engine must recover when the server returns"
         assert eng.stats["reconnects"] >= 1 and not eng.failed
         assert trace[-1][1].session_id != ""
-    finally:
-        eng.stop()
 
 
 def test_hung_server_is_caught_by_the_request_timeout(router, server_factory, ckpt):
     server_factory(ckpt, emulated_latency=3000)  # connected and alive, but answers after 3 s
-    eng = engine(router, request_timeout_s=0.3, timeout_streak=2, fallback="zero")
-    eng.start()
-    try:
+    with running(router, request_timeout_s=0.3, timeout_streak=2, fallback="zero") as eng:
         trace = loop(eng, 2.5)
         assert eng.stats["timeouts"] >= 2
         assert {"RECONNECTING"} & {t[2] for t in eng.drain_transitions()} or eng.stats["reconnects"] >= 1
         zeros = [a for _, a, _ in trace if a is not None and a.source == "zero"]
         assert zeros and all(np.all(a.values == 0) for a in zeros)
         assert not eng.failed
-    finally:
-        eng.stop()
 
 
 def test_model_swap_on_reconnect_is_dead_and_never_executes_the_new_model(router, server_factory, ckpt, other_ckpt):
@@ -153,24 +149,18 @@ def test_model_swap_on_reconnect_is_dead_and_never_executes_the_new_model(router
 
 def test_reset_during_an_in_flight_request_discards_the_old_episodes_chunk(router, server_factory, ckpt):
     server_factory(ckpt, emulated_latency=150)
-    eng = engine(router)
-    eng.start()
-    try:
+    with running(router) as eng:
         loop(eng, 6.0, until=lambda tr: eng.stats["chunks"] >= 1 and eng.stats["requests"] > eng.stats["chunks"])
         eng.reset()  # while a request is in flight
         trace = loop(eng, 4.0, until=lambda tr: tr[-1][1] is not None)
         assert trace[-1][1].episode_id == 1
         assert all(a is None or a.episode_id == 1 for _, a, _ in trace)
         assert eng.stats["discarded_chunks"] >= 1
-    finally:
-        eng.stop()
 
 
 def test_pause_keeps_the_queue_and_stops_requests(router, server_factory, ckpt):
     server_factory(ckpt)
-    eng = engine(router, buffer_time_s=0.5)
-    eng.start()
-    try:
+    with running(router, buffer_time_s=0.5) as eng:
         loop(eng, 5.0, until=lambda tr: eng.stats["chunks"] >= 2)
         eng.pause()
         n = eng.stats["requests"]
@@ -182,8 +172,6 @@ def test_pause_keeps_the_queue_and_stops_requests(router, server_factory, ckpt):
         eng.resume()
         loop(eng, 3.0, until=lambda tr: eng.stats["requests"] > n)
         assert eng.stats["requests"] > n
-    finally:
-        eng.stop()
 
 
 def test_late_and_duplicate_chunks_are_never_merged(router, server_factory, ckpt):
@@ -211,14 +199,10 @@ def test_late_and_duplicate_chunks_are_never_merged(router, server_factory, ckpt
 
 
 def test_no_server_at_all_goes_dead_after_max_offline(router):
-    eng = engine(router, max_offline_s=1.0, fallback="repeat_last")
-    eng.start()
-    try:
+    with running(router, max_offline_s=1.0, fallback="repeat_last") as eng:
         trace = loop(eng, 5.0, until=lambda tr: eng.failed)
         assert eng.failed and "max_offline_s" in eng.stats["dead_reason"]
         assert all(a is None for _, a, _ in trace)  # repeat_last has nothing to repeat
-    finally:
-        eng.stop()
 
 
 @pytest.mark.parametrize("field,value,words", [
@@ -240,21 +224,15 @@ def test_a_server_that_downgrades_rtc_gets_append_merging_and_no_prefixes(router
     from tests.edge.conftest import make_checkpoint
 
     server_factory(make_checkpoint(tmp_path / "mlp", policy_type="mlp_chunk"))  # cannot guide: no RTC
-    eng = engine(router, rtc_enabled=True, buffer_time_s=0.2)
-    eng.start()
-    try:
+    with running(router, rtc_enabled=True, buffer_time_s=0.2) as eng:
         loop(eng, 6.0, until=lambda tr: eng.stats["chunks"] >= 3)
         assert eng.stats["chunks"] >= 3 and not eng.queue.rtc_enabled
         assert eng._model.ack.rtc_enabled is False
-    finally:
-        eng.stop()
 
 
 def test_episode_reset_is_acknowledged_without_holding_back_the_next_request(router, server_factory, ckpt):
     server_factory(ckpt, emulated_latency=20)
-    eng = engine(router, buffer_time_s=0.3)
-    eng.start()
-    try:
+    with running(router, buffer_time_s=0.3) as eng:
         loop(eng, 5.0, until=lambda tr: eng.stats["chunks"] >= 1)
         for episode in (1, 2, 3):
             eng.reset()
@@ -264,8 +242,6 @@ def test_episode_reset_is_acknowledged_without_holding_back_the_next_request(rou
         while eng.stats["resets_acked"] < 3 and time.monotonic() < deadline:
             time.sleep(0.05)  # the acks arrive on Zenoh's thread; nothing to wait on but the counter
         assert eng.stats["resets"] == 3 and eng.stats["resets_acked"] == 3
-    finally:
-        eng.stop()
 
 
 def test_after_a_reset_no_chunk_planned_from_the_finished_episode_is_executed(router):
@@ -300,9 +276,7 @@ def test_after_a_reset_no_chunk_planned_from_the_finished_episode_is_executed(ro
 
 def test_repeat_last_repeats_the_last_chunk_action_with_its_provenance_and_growing_age(router, server_factory, ckpt):
     srv = server_factory(ckpt)
-    eng = engine(router, fallback="repeat_last", max_action_age_s=0.5)
-    eng.start()
-    try:
+    with running(router, fallback="repeat_last", max_action_age_s=0.5) as eng:
         trace = loop(eng, 5.0, until=lambda tr: eng.stats["chunks"] >= 2)
         last_chunk = [a for _, a, _ in trace if a is not None and a.source == "chunk"][-1]
         srv.stop()
@@ -316,8 +290,6 @@ def test_repeat_last_repeats_the_last_chunk_action_with_its_provenance_and_growi
         assert (first.seq_id, first.episode_id, first.chunk_index) == (source.seq_id, source.episode_id, source.chunk_index)
         ages = [a.age_s for a in repeats]
         assert ages == sorted(ages) and ages[-1] > eng.cfg.max_action_age_s  # a fallback, not a fresh action
-    finally:
-        eng.stop()
 
 
 def test_a_server_that_duplicates_and_replays_late_chunks_never_gets_one_executed_twice_or_late(router):
@@ -343,26 +315,20 @@ def test_a_server_that_duplicates_and_replays_late_chunks_never_gets_one_execute
 
 def test_a_replica_appearing_cuts_the_reconnect_backoff_short(router, server_factory, ckpt):
     # a backoff of 60 s: without the replica-token nudge the engine would wait 30-60 s after the server starts
-    eng = engine(router, reconnect_initial_backoff_s=60.0, reconnect_max_backoff_s=60.0, max_offline_s=120.0)
-    eng.start()
-    try:
+    with running(router, reconnect_initial_backoff_s=60.0, reconnect_max_backoff_s=60.0, max_offline_s=120.0) as eng:
         loop(eng, 10.0, until=lambda tr: eng.last_error != "")
         assert eng.last_error and eng.state == EngineState.CONNECTING  # the first handshake found nobody
         server_factory(ckpt)
         trace = loop(eng, 15.0, until=lambda tr: tr[-1][1] is not None)
         assert trace[-1][1] is not None, f"the engine must open a session soon after a replica token appears: {eng.stats} {eng.drain_transitions()}"
         assert eng.stats["replica_nudges"] >= 1
-    finally:
-        eng.stop()
 
 
 def test_a_reset_abandons_the_request_in_flight_and_sends_the_new_episode_at_once(router, server_factory, ckpt):
     """A slow server (0.8 s a forward) holds episode 0's request when the episode ends: the worker must not wait
     for a chunk it would discard. Episode 1's first request leaves before episode 0's could have been answered."""
     server_factory(ckpt, emulated_latency=800)
-    eng = engine(router, buffer_time_s=0.2, request_timeout_s=3.0)
-    eng.start()
-    try:
+    with running(router, buffer_time_s=0.2, request_timeout_s=3.0) as eng:
         loop(eng, 10.0, until=lambda tr: eng.stats["chunks"] >= 1 and eng.stats["requests"] > eng.stats["chunks"])
         chunks = eng.stats["chunks"]
         eng.reset()  # episode 0's request is in the server for up to 0.8 s more
@@ -374,5 +340,3 @@ def test_a_reset_abandons_the_request_in_flight_and_sends_the_new_episode_at_onc
         first_new = next(r for r in recs if r["outcome"] == "ok" and r["seq"] > abandoned[0]["seq"])
         assert (first_new["sent_ns"] - abandoned[0]["sent_ns"]) / 1e9 < 0.8
         assert eng.stats["discarded_chunks"] <= 1 and eng.stats["timeouts"] == 0
-    finally:
-        eng.stop()
