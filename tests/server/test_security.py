@@ -41,8 +41,7 @@ def denials(srv, reason) -> float:
 
 
 def test_the_ack_carries_a_session_key_and_observations_without_its_tag_are_never_served(guarded, router):
-    v = client(router, "victim")
-    try:
+    with client(router, "victim") as v:
         ack = v.open()
         assert isinstance(ack, SessionAck) and len(ack.session_key) == 64
         seq = v.send(np.ones(S), sign=False)
@@ -52,8 +51,6 @@ def test_the_ack_carries_a_session_key_and_observations_without_its_tag_are_neve
         assert denials(guarded, "bad_auth") == 2
         seq = v.send(np.ones(S))
         assert isinstance(v.chunk_for(seq, timeout=10)[1], ActionChunk)
-    finally:
-        v.close()
 
 
 def test_another_client_cannot_steer_a_session_even_knowing_its_id(guarded, router, tmp_path):
@@ -109,8 +106,7 @@ def test_a_quiet_session_whose_client_is_gone_can_be_reopened_without_proof(guar
     v = client(router, "victim")
     v.open()
     v.close()  # the robot process died: its liveliness token goes away
-    v2 = client(router, "victim")
-    try:
+    with client(router, "victim") as v2:
         deadline = time.monotonic() + 5
         reply = None
         while time.monotonic() < deadline:
@@ -120,8 +116,6 @@ def test_a_quiet_session_whose_client_is_gone_can_be_reopened_without_proof(guar
             assert reply.code == ErrorCode.SESSION_LIVE
             time.sleep(0.2)  # waiting for the router to report the dead client's token gone
         assert isinstance(reply, SessionAck)
-    finally:
-        v2.close()
 
 
 def test_a_reset_needs_the_sessions_tag(guarded, router):

@@ -70,19 +70,15 @@ def client(router, uuid, **kw):
 
 
 def test_status_reports_a_ready_warmed_replica_with_its_checkpoint_hash(server, router):
-    c = client(router, "robot-1")
-    try:
+    with client(router, "robot-1") as c:
         st = c.status()
         assert st.ready and st.warmed_up and not st.draining
         assert st.checkpoint_hash == server.info.checkpoint_hash and len(st.checkpoint_hash) == 64
         assert st.action_names == ["x", "y", "grip"] and st.supports_rtc
-    finally:
-        c.close()
 
 
 def test_a_chunk_echoes_the_observation_header(server, router):
-    c = client(router, "robot-1")
-    try:
+    with client(router, "robot-1") as c:
         ack = c.open()
         assert isinstance(ack, SessionAck) and ack.rtc_enabled and ack.checkpoint_hash == server.info.checkpoint_hash
         seq = c.send(np.ones(S), episode=3, epoch=2, inference_delay_steps=1, prefix_model=np.zeros((4, A), np.float32),
@@ -105,8 +101,6 @@ def test_a_chunk_echoes_the_observation_header(server, router):
         assert line is not None, "no audit line for the answered request"
         assert line["client_mono_ns"] == h.client_mono_ns
         assert h.client_mono_ns / 1e6 <= line["received_mono_ms"] <= line["sent_mono_ms"] <= t_back / 1e6
-    finally:
-        c.close()
 
 
 def test_unknown_and_foreign_sessions_are_answered_only_on_a_key_without_a_session(server, router):
@@ -129,8 +123,7 @@ def test_unknown_and_foreign_sessions_are_answered_only_on_a_key_without_a_sessi
 
 def test_traffic_on_the_key_of_a_client_with_a_session_is_never_answered_unless_it_proves_the_session(server, router):
     # an answer there would let anyone make that robot re-handshake (UNKNOWN_SESSION) or give up (IDENTITY_MISMATCH)
-    b = client(router, "robot-b")
-    try:
+    with client(router, "robot-b") as b:
         b.open()
         for body in (dict(session_id="not-a-session"), dict(sign=False), dict(auth="0" * 32)):
             seq = b.send(np.ones(S), **body)
@@ -139,27 +132,21 @@ def test_traffic_on_the_key_of_a_client_with_a_session_is_never_answered_unless_
         assert scraped(server.metrics, "policy_server_security_denials_total", reason="bad_auth") >= 2
         seq = b.send(np.ones(S))
         assert b.chunk_for(seq, timeout=10) is not None
-    finally:
-        b.close()
 
 
 def test_reset_is_acknowledged(server, router):
-    c = client(router, "robot-1")
-    try:
+    with client(router, "robot-1") as c:
         c.open()
         ack = c.reset(7)
         assert isinstance(ack, ResetAck) and ack.episode_id == 7
         assert c.last_header.msg_type == MsgType.CONTROL and c.last_header.episode_id == 7  # as in the spec's example
         seq = c.send(np.ones(S), episode=7, episode_start=True)
         assert c.chunk_for(seq, timeout=10) is not None
-    finally:
-        c.close()
 
 
 def test_a_session_open_or_reset_without_its_control_header_is_malformed(server, router):
     # wire-protocol 1 and 3: control queries carry the 27-byte header; a short, missing or non-CONTROL one is refused
-    c = client(router, "robot-h")
-    try:
+    with client(router, "robot-h") as c:
         bad = [None, b"\x01" * 11, Header(1, MsgType.OBS).pack()]
         for att in bad:
             err = c.open(attachment=att)
@@ -170,14 +157,11 @@ def test_a_session_open_or_reset_without_its_control_header_is_malformed(server,
             err = c.reset(2, attachment=att)
             assert isinstance(err, Error) and err.code == ErrorCode.MALFORMED, (att, err)
         assert isinstance(c.reset(2), ResetAck)
-    finally:
-        c.close()
 
 
 def test_an_observation_in_another_schema_version_is_refused_not_served(server, router):
     # wire-protocol 8: the open agrees one version; an observation whose header says another gets SCHEMA_VERSION
-    c = client(router, "robot-v")
-    try:
+    with client(router, "robot-v") as c:
         c.open()
         c.seq += 1
         header = Header(99, MsgType.OBS, c.seq, 0, time.monotonic_ns(), 0).pack()
@@ -190,8 +174,6 @@ def test_an_observation_in_another_schema_version_is_refused_not_served(server, 
         seq = c.send(np.ones(S))
         h, chunk = c.chunk_for(seq, timeout=10)
         assert isinstance(chunk, ActionChunk) and h.schema_version == 1
-    finally:
-        c.close()
 
 
 def test_capacity_rejection_names_the_load(ckpt, router, tmp_path):

@@ -116,6 +116,12 @@ class RawClient:
             tag = wauth.reset_tag(self.ack.session_key, sid, episode_id)
         return self.query(self.keys.reset, Reset(sid, episode_id, auth=tag), timeout=2.0, attachment=attachment)
 
+    def __enter__(self) -> "RawClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self):
         for d in (self.token, self.sub, self.pub):
             try:
