@@ -79,3 +79,14 @@ def test_the_manifest_reference_names_exactly_the_serving_hyper_parameters():
     doc = ModelConfig.__pydantic_fields__["hyper_params"].description
     listed = doc.split("only ", 1)[1].split(" (", 1)[0].split(", ")
     assert tuple(listed) == SERVING_HYPER_PARAMS
+
+
+def test_a_ray_serve_deployment_applies_the_same_overrides(ckpt):
+    """dispatch.backend ray_serve: the deployment loads its own copy of the checkpoint, and must sample it as
+    the Zenoh-facing server would (the deployment class itself, without Ray)."""
+    from server.dispatch import PolicyDeployment
+
+    served = PolicyDeployment(str(ckpt), "cpu", "float32", 1, {"guidance_jacobian": "identity"}).policy
+    local = load_checkpoint(ckpt).policy
+    local.override_hyper_params({"guidance_jacobian": "identity"})
+    assert served.hp == local.hp and torch.equal(guided_chunk(served), guided_chunk(local))
