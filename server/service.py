@@ -659,9 +659,10 @@ class PolicyServer:
                             rtc_applied=res.rtc_applied, inference_emulated=res.emulated_ms > 0)
         body = chunk.encode()
         header = Header(h.schema_version, MsgType.CHUNK, h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch)
+        handed_ns = time.monotonic_ns()  # the chunk is handed to Zenoh: the put may deliver it before it returns
         try:
             s.publisher.put(body, attachment=header.pack())
-            sent_ns = time.monotonic_ns()
+            sent_ns = handed_ns
             self.metrics.inc("chunks_sent", model=model)
             outcome = "ok"
         except Exception as exc:
