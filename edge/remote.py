@@ -77,7 +77,9 @@ class RemoteEngineConfig:
     rtc_enabled: bool = True  # replace merging with guidance; False = append mode
     execution_horizon: int = 10  # prefix rows shipped to the server
     trim: str = "consumed"  # consumed (what every shipped scenario runs) | real_delay (LeRobot; over-trims a first chunk)
-    latency_mode: str = "all_time_max"  # all_time_max (LeRobot) | window_max | percentile
+    # the delay estimate: percentile (p95 of the last latency_window round trips) | window_max | all_time_max (LeRobot's,
+    # where one slow round trip, a retransmission or the first request, sets d for the rest of the session)
+    latency_mode: str = "percentile"
     latency_window: int = 100
     tags: dict[str, str] = field(default_factory=dict)
     root: str = "@fleet"
@@ -181,7 +183,7 @@ FIELD_DOCS = {
     "execution_horizon": "prefix rows shipped to the server with each observation (RTC)",
     "trim": "how a late chunk is trimmed: real_delay (LeRobot: by the measured delay) or consumed (by the "
             "actions executed since the request, which fixes the first chunk's over-trim)",
-    "latency_mode": "the delay estimate RTC plans with: all_time_max (LeRobot), window_max, percentile",
+    "latency_mode": "the delay estimate RTC plans with: percentile (p95 of the window), window_max, all_time_max (LeRobot)",
     "latency_window": "requests in the latency window (window_max, percentile)",
     "tags": "tag=value labels sent at session open (server allowlists may use them)",
     "root": "the verbatim root key chunk",

@@ -40,7 +40,7 @@ class RTCEngineConfig:
     buffer_time_s: float = 0.5
     queue_threshold: int | None = None  # steps; default ceil(buffer_time_s * fps)
     trim: str = "consumed"  # the remote engine's default (edge.remote.RemoteEngineConfig.trim)
-    latency_mode: str = "all_time_max"
+    latency_mode: str = "percentile"  # as edge.remote.RemoteEngineConfig
     latency_window: int = 100
     error_retry_s: float = 0.5
     max_consecutive_errors: int = 10

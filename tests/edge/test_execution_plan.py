@@ -47,7 +47,7 @@ def test_the_derived_plan_keeps_half_the_chunk_until_the_delay_needs_more(d, s):
 
 @pytest.mark.parametrize("rtt_s,d,s", [(0.0, 0, 15), (0.1, 3, 15), (0.45, 14, 15), (0.6, 18, 18)])
 def test_the_engine_plans_from_the_delay_its_tracker_measured(rtt_s, d, s):
-    eng = engine(chunk_size=30)
+    eng = engine(chunk_size=30, latency_mode="all_time_max")
     for value in (rtt_s / 2, rtt_s, rtt_s / 3):  # all_time_max: the largest round trip counts
         eng.tracker.add(value)
     plan = eng.execution_plan()
@@ -97,3 +97,19 @@ def test_append_mode_asks_when_the_delay_plus_two_actions_are_left():
 def test_a_bad_buffer_is_refused_naming_the_field(value):
     with pytest.raises(ConfigError, match="buffer_time_s"):
         RemoteEngineConfig(model_id="arm", action_names=["a"], state_dim=1, buffer_time_s=value)
+
+
+def test_by_default_one_slow_round_trip_does_not_set_the_delay_for_the_rest_of_the_session():
+    """The default estimate is the p95 of the window: a retransmission (or a slow first request) lifts d while it is
+    in the window's top 5 %, not for good as LeRobot's all_time_max does (docs/edge.md)."""
+    eng = engine(chunk_size=30)
+    assert eng.cfg.latency_mode == "percentile"
+    eng.tracker.add(0.300)  # one 300 ms round trip: 9 steps at 30 Hz
+    assert eng.delay_steps() == 9
+    for _ in range(99):
+        eng.tracker.add(0.060)  # then the link's usual 60 ms
+    assert eng.delay_steps() == 2  # ceil(0.06 * 30)
+    held = engine(chunk_size=30, latency_mode="all_time_max")
+    for value in [0.300] + [0.060] * 99:
+        held.tracker.add(value)
+    assert held.delay_steps() == 9
