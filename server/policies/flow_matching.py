@@ -29,7 +29,9 @@ noise to 0 at data; the target velocity is noise - data):
   every Euler step (so the output's prefix rows are exactly the given actions) and the model fills the
   rest: no guidance pass, no VJP. The mode changes the network's input, so it is fixed at training: a
   checkpoint trained as "guidance" refuses "training_time" (`RTCModeError`); one trained as
-  "training_time" can still be sampled with guidance (every row at the global flow time).
+  "training_time" can still be sampled with guidance (every row at the global flow time). The pieces that
+  are not the MLP's (`check_rtc_hyper_params`, `check_rtc_mode`, `prefix_mask`, `sample_committed`,
+  `rtc_flow_matching_loss`, `prefix_flow_matching_loss`) serve flow_transformer's per-token flow time too.
 
 The network: v = MLP([x_t, obs_embedding, time_embedding(, per-row flow times)]) + a(t) * x_t, where
 a(t) is a tiny MLP of the time embedding. The skip matters: for a chunk determined by the observation the
@@ -80,13 +82,29 @@ class RTCModeError(PolicyConfigError):
     """`rtc_mode: training_time` asked of a checkpoint whose network was not trained for it."""
 
 
-def untrained_for_training_time(where: str = "this checkpoint") -> RTCModeError:
+def untrained_for_training_time(where: str = "this checkpoint", policy_type: str = "flow_matching") -> RTCModeError:
+    policy_flag = "" if policy_type == "flow_matching" else f" --policy-type {policy_type}"
     return RTCModeError(
         f"{where} was not trained for rtc_mode 'training_time' (its config.json records rtc_mode 'guidance'): "
         f"its network has no per-row flow-time input. Serve it with inference-time RTC (rtc_mode 'guidance'), "
-        f"or train one for it: `bench train --robot reacher --rtc-mode training_time` "
+        f"or train one for it: `bench train --robot reacher{policy_flag} --rtc-mode training_time` "
         f"(hyper_params rtc_mode: training_time)"
     )
+
+
+def check_rtc_hyper_params(policy_type: str, hp) -> None:
+    """`rtc_mode` and `max_prefix_rows`, the hyper-parameters of every policy with training-time RTC."""
+    if hp["rtc_mode"] not in RTC_MODES:
+        raise PolicyConfigError(f"{policy_type} rtc_mode={hp['rtc_mode']!r}; use one of {RTC_MODES}")
+    if int(hp["max_prefix_rows"]) < 0:
+        raise PolicyConfigError(f"{policy_type} max_prefix_rows={hp['max_prefix_rows']!r}; needs >= 0")
+
+
+def check_rtc_mode(policy_type: str, hp, prefix_conditioned: bool) -> None:
+    """Refuse `rtc_mode: training_time` (set after loading) on a network not built and trained for it."""
+    check_rtc_hyper_params(policy_type, hp)
+    if hp["rtc_mode"] == "training_time" and not prefix_conditioned:
+        raise untrained_for_training_time(policy_type=policy_type)
 
 
 def prefix_weights(inference_delay: int, horizon: int, total: int, schedule: str = "linear") -> Tensor:
@@ -140,10 +158,7 @@ class FlowMatchingPolicy(ChunkPolicy):
             )
         if int(hp["num_steps"]) < 1 or int(hp["time_embed_dim"]) % 2:
             raise PolicyConfigError("flow_matching needs num_steps >= 1 and an even time_embed_dim")
-        if hp["rtc_mode"] not in RTC_MODES:
-            raise PolicyConfigError(f"flow_matching rtc_mode={hp['rtc_mode']!r}; use one of {RTC_MODES}")
-        if int(hp["max_prefix_rows"]) < 0:
-            raise PolicyConfigError(f"flow_matching max_prefix_rows={hp['max_prefix_rows']!r}; needs >= 0")
+        check_rtc_hyper_params("flow_matching", hp)
 
     def __init__(self, config: PolicyConfig):
         super().__init__(config)
@@ -184,10 +199,7 @@ class FlowMatchingPolicy(ChunkPolicy):
 
     def check_rtc_mode(self) -> None:
         """Refuse `rtc_mode: training_time` (set after loading) on a network not trained for it."""
-        if self.hp["rtc_mode"] not in RTC_MODES:
-            raise PolicyConfigError(f"flow_matching rtc_mode={self.hp['rtc_mode']!r}; use one of {RTC_MODES}")
-        if self.hp["rtc_mode"] == "training_time" and not self.prefix_conditioned:
-            raise untrained_for_training_time()
+        check_rtc_mode("flow_matching", self.hp, self.prefix_conditioned)
 
     def _noise(self, size: int) -> Tensor:
         noise = initial_noise(size, (self.config.chunk_size, self.config.action_dim), self.hp["noise_seed"])
@@ -281,19 +293,9 @@ class FlowMatchingPolicy(ChunkPolicy):
             return x_t.float()
 
     def prefix_mask(self, delays: list[int], prefixes: list[Tensor | None]) -> tuple[Tensor, Tensor]:
-        """training_time RTC: (mask (B, T, 1), padded prefix (B, T, A)); row i of sample b is committed
-        (mask 1) when i < min(d[b], len(prefix[b])). The rest of a longer prefix (RTC's guided horizon) is
-        not used: those rows are still the model's to choose."""
-        total, action_dim = self.config.chunk_size, self.config.action_dim
-        mask = torch.zeros(len(prefixes), total, 1)
-        target = torch.zeros(len(prefixes), total, action_dim)
-        for b, (delay, prefix) in enumerate(zip(delays, prefixes)):
-            rows = 0 if prefix is None else min(delay, prefix.shape[0], total)
-            mask[b, :rows] = 1.0
-            if rows:
-                target[b, :rows] = prefix[:rows].detach().to(device="cpu", dtype=torch.float32)
-        kw = {"device": self.param_device, "dtype": self.param_dtype}
-        return mask.to(**kw), target.to(**kw)
+        """training_time RTC: `prefix_mask` (the module function) on this policy's chunk and device."""
+        return prefix_mask(delays, prefixes, self.config.chunk_size, self.config.action_dim, self.param_device,
+                           self.param_dtype)
 
     def _predict_conditioned(self, batch: dict[str, Tensor], size: int, delays: list[int],
                              prefixes: list[Tensor | None]) -> Tensor:
@@ -301,16 +303,7 @@ class FlowMatchingPolicy(ChunkPolicy):
         with torch.no_grad():
             cond = self.encoder(self.model_inputs(batch))
             mask, target = self.prefix_mask(delays, prefixes)
-            committed = mask.squeeze(-1) > 0
-            x_t = torch.where(mask > 0, target, self._noise(size))
-            num_steps = int(self.hp["num_steps"])
-            dt = -1.0 / num_steps
-            for step in range(num_steps):
-                t = 1.0 + step * dt
-                t_batch = torch.full((size,), t, device=x_t.device, dtype=x_t.dtype)
-                row_t = torch.where(committed, torch.zeros_like(committed, dtype=x_t.dtype), t)
-                x_t = x_t + dt * self.velocity(x_t, t_batch, cond, row_t)
-                x_t = torch.where(mask > 0, target, x_t)
+            x_t = sample_committed(self.velocity, cond, self._noise(size), mask, target, int(self.hp["num_steps"]))
             return x_t.float()
 
     def training_loss(
@@ -320,17 +313,8 @@ class FlowMatchingPolicy(ChunkPolicy):
         """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1. With
         rtc_mode training_time the first `prefix_rows[b]` rows of sample b are clean conditioning (row flow
         time 0) and out of the loss; None draws them from U{0..max_prefix_rows}."""
-        cond = self.encoder(batch)
-        if not self.prefix_conditioned:
-            if prefix_rows is not None:
-                raise untrained_for_training_time("a policy built with rtc_mode 'guidance'")
-            return flow_matching_loss(self.velocity, cond, action_chunk, generator)
-        total = self.config.chunk_size
-        if prefix_rows is None:
-            top = min(int(self.hp["max_prefix_rows"]), total - 1)
-            prefix_rows = torch.randint(0, top + 1, (action_chunk.shape[0],), generator=generator)
-        return prefix_flow_matching_loss(self.velocity, cond, action_chunk, prefix_rows.to(action_chunk.device),
-                                         generator)
+        return rtc_flow_matching_loss(self.velocity, self.encoder(batch), action_chunk, generator, prefix_rows,
+                                      self.prefix_conditioned, int(self.hp["max_prefix_rows"]), "flow_matching")
 
 
 def flow_matching_loss(velocity, cond, x1: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -356,6 +340,54 @@ def prefix_flow_matching_loss(velocity, cond, x1: Tensor, prefix_rows: Tensor,
     free = (~committed).to(x1.dtype)[..., None]  # (B, T, 1)
     error = (velocity(x_t, t, cond, row_t) - (noise - x1)) ** 2 * free
     return error.sum() / (free.sum() * x1.shape[2]).clamp_min(1.0)
+
+
+def rtc_flow_matching_loss(velocity, cond, x1: Tensor, generator: torch.Generator | None, prefix_rows: Tensor | None,
+                           prefix_conditioned: bool, max_prefix_rows: int, policy_type: str) -> Tensor:
+    """A flow policy's training loss in either rtc_mode: the plain objective for a network without per-row flow
+    time (which refuses `prefix_rows`), else `prefix_flow_matching_loss` with `prefix_rows` (B,), or n ~
+    U{0..min(max_prefix_rows, T - 1)} per sample when None."""
+    if not prefix_conditioned:
+        if prefix_rows is not None:
+            raise untrained_for_training_time("a policy built with rtc_mode 'guidance'", policy_type)
+        return flow_matching_loss(velocity, cond, x1, generator)
+    if prefix_rows is None:
+        top = min(max_prefix_rows, x1.shape[1] - 1)
+        prefix_rows = torch.randint(0, top + 1, (x1.shape[0],), generator=generator)
+    return prefix_flow_matching_loss(velocity, cond, x1, prefix_rows.to(x1.device), generator)
+
+
+def prefix_mask(delays: list[int], prefixes: list[Tensor | None], total: int, action_dim: int,
+                device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """training_time RTC: (mask (B, T, 1), padded prefix (B, T, A)) on `device`; row i of sample b is committed
+    (mask 1) when i < min(d[b], len(prefix[b])). The rest of a longer prefix (RTC's guided horizon) is not
+    used: those rows are still the model's to choose. The mask is built on the host from ints and copied once;
+    the prefix rows are copied where they are (the runtime puts them on the device): no device-to-host read."""
+    mask = torch.zeros(len(prefixes), total, 1)
+    target = torch.zeros(len(prefixes), total, action_dim, device=device, dtype=dtype)
+    for b, (delay, prefix) in enumerate(zip(delays, prefixes)):
+        rows = 0 if prefix is None else min(delay, prefix.shape[0], total)
+        mask[b, :rows] = 1.0
+        if rows:
+            target[b, :rows] = prefix[:rows].detach().to(device=device, dtype=dtype, non_blocking=True)
+    return mask.to(device=device, dtype=dtype, non_blocking=True), target
+
+
+def sample_committed(velocity, cond, noise: Tensor, mask: Tensor, target: Tensor, num_steps: int) -> Tensor:
+    """training_time RTC's Euler loop (the guided loop's times): the committed rows (mask 1) are `target`, clean
+    (row flow time 0), at every step; the others start at `noise` and move at the sample's flow time.
+    `velocity(x_t, t, cond, row_t)`. Host-side times only: nothing here reads a device value back."""
+    size = noise.shape[0]
+    committed = mask.squeeze(-1) > 0
+    x_t = torch.where(mask > 0, target, noise)
+    dt = -1.0 / num_steps
+    for step in range(num_steps):
+        t = 1.0 + step * dt
+        t_batch = torch.full((size,), t, device=x_t.device, dtype=x_t.dtype)
+        row_t = torch.where(committed, torch.zeros_like(committed, dtype=x_t.dtype), t)
+        x_t = x_t + dt * velocity(x_t, t_batch, cond, row_t)
+        x_t = torch.where(mask > 0, target, x_t)
+    return x_t
 
 
 def initial_noise(size: int, shape: tuple[int, int], seed: int | None) -> Tensor:

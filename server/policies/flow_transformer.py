@@ -1,4 +1,4 @@
-"""`flow_transformer`: a transformer flow-matching chunk policy (an action expert) with RTC guidance.
+"""`flow_transformer`: a transformer flow-matching chunk policy (an action expert) with RTC, two ways.
 
     observation ──► obs tokens: state (1) + per camera image tokens (conv grid or ViT patches)
                     ──► obs_layers encoder blocks ──► memory (B, N_obs, d)      once per call
@@ -23,10 +23,21 @@ GPU path (written for CUDA; CPU exercises all but the CUDA-only calls):
   computed before the loop, noise and prefix targets reach the device once, and nothing in the loop
   reads a device value back (tests/server/test_policies_flow_transformer.py enforces it on CPU).
 
+`rtc_mode` and `max_prefix_rows` mean what they mean for flow_matching (same defaults, checks, errors):
+"training_time" is training-time RTC (arXiv 2512.05964), which a transformer takes naturally, as
+per-token flow time. `velocity(..., row_t)` embeds each action token's own time into its input, its
+adaLN condition and its skip gain; the committed rows (the first min(d, len(prefix))) enter clean, at
+time 0, are held at the given values at every Euler step (so they come out exactly as given) and are
+out of the loss (flow_matching's `prefix_mask`, `sample_committed`, `prefix_flow_matching_loss`). No
+guidance pass, no autograd. The weights have the same shapes in both modes, but only a network trained
+with clean rows can read them: a checkpoint trained as "guidance" (every config.json from before the
+mode existed) refuses "training_time" with `RTCModeError`; one trained as "training_time" can be
+guided. Without a `row_t` the network is the one-embedding-per-sample network of before, op for op.
+
 Invariants: every block is per-sample (LayerNorm, attention within a sample), so sample b of a
 padded or micro-batched call equals the same sample alone up to matmul rounding; with `noise_seed`
 set the output is a pure function of (observation, delay, prefix). A prefix of None gets the
-unguided velocity exactly.
+unguided velocity exactly (in training_time: commits no row).
 """
 
 from __future__ import annotations
@@ -47,11 +58,16 @@ from server.policies.base import (
     register_policy,
 )
 from server.policies.flow_matching import (
+    DEFAULTS as FLOW_MATCHING_DEFAULTS,
     PREFIX_SCHEDULES,
-    flow_matching_loss,
+    check_rtc_hyper_params,
+    check_rtc_mode,
     guidance_weight,
     initial_noise,
+    prefix_mask,
     prefix_weights,
+    rtc_flow_matching_loss,
+    sample_committed,
 )
 from server.policies.layers import mlp, time_embedding
 
@@ -72,6 +88,8 @@ DEFAULTS: dict[str, Any] = {
     "autocast": "bf16",  # on CUDA only: "bf16" or "none"
     "batch_buckets": [],  # e.g. [1, 8, 16, 32, 64]: pad a batch to the next size (CUDA graphs, compile)
     "compile": False,  # torch.compile the velocity network (CUDA only)
+    # "guidance" | "training_time" and its training prefix bound, as flow_matching's (module docstring)
+    **{name: FLOW_MATCHING_DEFAULTS[name] for name in ("rtc_mode", "max_prefix_rows")},
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -91,7 +109,8 @@ class Block(nn.Module):
 
     An action block (`cross`) is conditioned by adaLN: each of its three norms is shifted and scaled
     by a projection of (flow time + pooled observation) (zero-initialised: a plain block at first).
-    The velocity changes sharply with t, and a time feature added at the input alone fades.
+    The velocity changes sharply with t, and a time feature added at the input alone fades. The
+    condition is (B, d), one per sample, or (B, T, d), one per token (training-time RTC's per-row time).
     """
 
     def __init__(self, d: int, heads: int, mlp_ratio: int, cross: bool):
@@ -113,7 +132,10 @@ class Block(nn.Module):
             h = self.norm1(x)
             x = x + self.attn(h, h, h, need_weights=False)[0]
             return x + self.mlp(self.norm3(x))
-        shift1, scale1, shift2, scale2, shift3, scale3 = self.modulation(time)[:, None, :].chunk(6, dim=-1)
+        modulation = self.modulation(time)
+        if modulation.dim() == 2:  # one condition per sample: broadcast over its tokens
+            modulation = modulation[:, None, :]
+        shift1, scale1, shift2, scale2, shift3, scale3 = modulation.chunk(6, dim=-1)
         h = self.norm1(x) * (1 + scale1) + shift1
         x = x + self.attn(h, h, h, need_weights=False)[0]
         h = self.norm2(x) * (1 + scale2) + shift2
@@ -164,10 +186,14 @@ class FlowTransformerPolicy(ChunkPolicy):
     @classmethod
     def check_hyper_params(cls, config: PolicyConfig, hp) -> None:
         _check_hyper_params(config, hp)
+        check_rtc_hyper_params("flow_transformer", hp)
 
     def __init__(self, config: PolicyConfig):
         super().__init__(config)
         hp = self.hp
+        # training_time RTC: trained with per-token flow times (clean committed rows); fixed at build, the
+        # weights are the same shapes either way, but a network trained without clean rows cannot read them
+        self.prefix_conditioned = hp["rtc_mode"] == "training_time"
         d, heads, ratio = int(hp["d_model"]), int(hp["num_heads"]), int(hp["mlp_ratio"])
         self.image_names = sorted(config.image_features)
         self.state_in = nn.Linear(config.state_dim, d)
@@ -210,15 +236,24 @@ class FlowTransformerPolicy(ChunkPolicy):
             memory = block(memory)
         return self.obs_norm(memory)
 
-    def velocity(self, x_t: Tensor, t: Tensor, memory: Tensor) -> Tensor:
-        """v(x_t, t, obs): (B, T, A), (B,), (B, N, d) -> (B, T, A)."""
-        t_emb = time_embedding(t, int(self.hp["d_model"]))
-        time = self.time_mlp(t_emb)
-        h = self.action_in(x_t) + self.action_pos + time[:, None, :]
-        cond = torch.nn.functional.silu(time + self.obs_cond(memory.mean(dim=1)))
+    def velocity(self, x_t: Tensor, t: Tensor, memory: Tensor, row_t: Tensor | None = None) -> Tensor:
+        """v(x_t, t, obs): (B, T, A), (B,), (B, N, d) -> (B, T, A). `row_t` (B, T): each action token's own flow
+        time (training-time RTC), embedded per token into its input, its adaLN condition and its skip gain;
+        None: every token at t, one embedding per sample."""
+        d = int(self.hp["d_model"])
+        per_token = row_t is not None
+        t_emb = time_embedding(row_t.reshape(-1), d).reshape(*row_t.shape, d) if per_token else time_embedding(t, d)
+        time = self.time_mlp(t_emb)  # (B, T, d) per token, else (B, d)
+        pooled = self.obs_cond(memory.mean(dim=1))
+        if per_token:
+            time_tokens, pooled, skip = time, pooled[:, None, :], self.skip_gain(t_emb)
+        else:
+            time_tokens, skip = time[:, None, :], self.skip_gain(t_emb)[:, :, None]
+        h = self.action_in(x_t) + self.action_pos + time_tokens
+        cond = torch.nn.functional.silu(time + pooled)
         for block in self.blocks:
             h = block(h, memory, cond)
-        return self.action_out(self.out_norm(h)) + self.skip_gain(t_emb)[:, :, None] * x_t
+        return self.action_out(self.out_norm(h)) + skip * x_t
 
     # -- serving -------------------------------------------------------------------------------
 
@@ -291,6 +326,14 @@ class FlowTransformerPolicy(ChunkPolicy):
             (correction,) = torch.autograd.grad(x1_hat, x, grad_outputs=err.detach())
         return v_t.detach() - w * correction
 
+    @property
+    def rtc_mode(self) -> str:
+        return self.hp["rtc_mode"]
+
+    def check_rtc_mode(self) -> None:
+        """Refuse `rtc_mode: training_time` (set after loading) on a network not trained for it."""
+        check_rtc_mode("flow_transformer", self.hp, self.prefix_conditioned)
+
     def predict_action_chunk(
         self,
         batch: dict[str, Tensor],
@@ -298,6 +341,7 @@ class FlowTransformerPolicy(ChunkPolicy):
         prefix: Sequence[Tensor | None],
     ) -> Tensor:
         size, delays, prefixes = self.check_chunk_args(batch, inference_delay, prefix)
+        self.check_rtc_mode()
         device = self.param_device
         self._maybe_compile(device)
         padded = self.bucket(size)
@@ -305,6 +349,15 @@ class FlowTransformerPolicy(ChunkPolicy):
         # are cloned into normal tensors by model_inputs)
         with torch.inference_mode(False), torch.no_grad():
             inputs = {k: _pad_rows(v, padded) for k, v in self.model_inputs(batch).items()}
+            if self.hp["rtc_mode"] == "training_time":  # pad rows commit nothing
+                pad = padded - size
+                committed = prefix_mask(delays + [0] * pad, prefixes + [None] * pad, self.config.chunk_size,
+                                        self.config.action_dim, device, self.param_dtype)
+                with self._autocast(device):
+                    memory = self.encode(inputs)
+                    x_t = sample_committed(self._velocity_fn, memory, self._noise(padded), *committed,
+                                           int(self.hp["num_steps"]))
+                return x_t[:size].float()
             guidance = self._guidance_targets(delays, prefixes, padded)
             with self._autocast(device):
                 memory = self.encode(inputs)
@@ -312,10 +365,14 @@ class FlowTransformerPolicy(ChunkPolicy):
             return x_t[:size].float()
 
     def training_loss(
-        self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None
+        self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None,
+        prefix_rows: Tensor | None = None,
     ) -> Tensor:
-        """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1."""
-        return flow_matching_loss(self.velocity, self.encode(batch), action_chunk, generator)
+        """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1. With
+        rtc_mode training_time the first `prefix_rows[b]` rows of sample b are clean conditioning (token flow
+        time 0) and out of the loss; None draws them from U{0..max_prefix_rows}."""
+        return rtc_flow_matching_loss(self.velocity, self.encode(batch), action_chunk, generator, prefix_rows,
+                                      self.prefix_conditioned, int(self.hp["max_prefix_rows"]), "flow_transformer")
 
 
 def _pad_rows(tensor: Tensor, size: int) -> Tensor:

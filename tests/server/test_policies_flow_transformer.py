@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from server.policies import POLICY_REGISTRY, PolicyConfig, PolicyConfigError, classify, load_checkpoint, make_policy, save_checkpoint
+from server.policies.flow_matching import prefix_mask, sample_committed
 from server.policies.flow_transformer import FlowTransformerPolicy, count_parameters, preset_hyper_params
 from server.policies.stats import compute_stats
 
@@ -162,9 +163,11 @@ def test_the_sampling_loop_never_reads_a_device_value_back():
         memory = p.encode(states(3))
         guidance = p._guidance_targets([1, 0, 2], [rows(6, 0), None, rows(4, 1)], 3)
         noise = p._noise(3)
+    committed = prefix_mask([1, 0, 2], [rows(6, 0), None, rows(4, 1)], T, A, p.param_device, p.param_dtype)
     with HostSyncs() as mode:
         p.sample(memory, noise, guidance)
         p.sample(memory, noise, None)
+        sample_committed(p.velocity, memory, noise, *committed, 4)  # rtc_mode training_time's loop
     assert mode.seen == []
     with HostSyncs() as mode:  # the detector does see a read-back
         float(noise.sum())
