@@ -346,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--steps", type=int, default=None, help="training steps")
     tr.add_argument("--rtc-mode", default=None, choices=("guidance", "training_time"),
                     help="training_time: train for training-time RTC (prefix-conditioned demos and policy; "
-                         "its own recipe); default guidance (inference-time RTC)")
+                         "its own recipe per --policy-type: flow_matching, flow_transformer); default guidance "
+                         "(inference-time RTC)")
     tr.set_defaults(func=cmd_train)
 
     iw = sub.add_parser("init-weights", help="seeded random weights for a checkpoint shipped as config.json + "

@@ -83,12 +83,12 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
     loaded = load_policy(checkpoint)
     policy, config = loaded.policy, loaded.config
     policy.hp.update(hp or {})
-    if strategy in GUIDED and "rtc_mode" in policy.hp:  # flow_matching: the mode is the strategy's
+    if strategy in GUIDED and "rtc_mode" in policy.hp:  # flow_matching, flow_transformer: the strategy's mode
         policy.hp["rtc_mode"] = GUIDED[strategy]
         policy.check_rtc_mode()  # a checkpoint not trained for training_time refuses it here
     elif strategy == "rtc_training_time":
-        raise ValueError(f"{checkpoint}: rtc_training_time needs a flow_matching checkpoint trained with "
-                         f"rtc_mode training_time (`bench train --robot reacher --rtc-mode training_time`)")
+        raise ValueError(f"{checkpoint}: rtc_training_time needs a flow_matching or flow_transformer checkpoint "
+                         f"trained with rtc_mode training_time (`bench train --robot reacher --rtc-mode training_time`)")
     horizon = d if horizon < 0 else int(horizon or config.execution_horizon)
     mean_s, std_s = loaded.stats[STATE_KEY]["mean"], loaded.stats[STATE_KEY]["std"]
     mean_a, std_a = loaded.stats[ACTION_KEY]["mean"], loaded.stats[ACTION_KEY]["std"]

@@ -44,7 +44,8 @@ class Recipe:
     noise: float = 1.0
     labels: str = "plan"
     # rtc_mode "training_time": demos from collect_prefix_demos (d ~ U{0..max_prefix_rows} committed rows per
-    # state), the policy built and trained for training-time RTC (flow_matching hyper_params rtc_mode)
+    # state), the policy built and trained for training-time RTC (hyper_params rtc_mode of flow_matching or
+    # flow_transformer)
     rtc_mode: str = "guidance"
     max_prefix_rows: int = 15
     # training_time, then one DAgger round: the trained policy runs asynchronously (`on_policy_episodes` per d
@@ -82,20 +83,27 @@ POLICY_RECIPES: dict[tuple[str, str], Recipe] = {
 }
 
 
-# (robot type, rtc_mode) -> the recipe `--rtc-mode` picks: training-time RTC (arXiv 2512.05964)
-RTC_MODE_RECIPES: dict[tuple[str, str], Recipe] = {
+# (robot type, policy type, rtc_mode) -> the recipe `--rtc-mode` picks: training-time RTC (arXiv 2512.05964); the
+# policy type is `--policy-type`, else flow_matching
+RTC_MODE_RECIPES: dict[tuple[str, str, str], Recipe] = {
     # 2 s demos: asynchronous requests come every s = 15 ticks over the whole 2 s episode, and a state has a
     # committed prefix only from its second request on; twice the states of the plain recipe, as many epochs
     # One DAgger round (on_policy_episodes): trained on the DART demos alone, the policy met states and prefixes
     # of its own that the demos lack (simulated-delay twin, 40 episodes: success 0.95 at d = 0, 0.70 at d = 4,
     # 0.57 at d = 8); with its own requests labelled and trained again, 1.00 / 0.97 / 0.93 (docs/scenarios.md)
-    ("reacher", "training_time"): Recipe(episodes=300, episode_s=2.0, epochs=120, eval_episodes=100,
-                                         rtc_mode="training_time", max_prefix_rows=16, on_policy_episodes=80),
+    ("reacher", "flow_matching", "training_time"): Recipe(episodes=300, episode_s=2.0, epochs=120, eval_episodes=100,
+                                                          rtc_mode="training_time", max_prefix_rows=16, on_policy_episodes=80),
     # The arm's plain recipe (10 s episodes, every second state) with prefix labels; a request every s = 15
     # ticks gives ~20 per episode, so 10 on-policy episodes per d (~3,200 requests, as the reacher's 4,960 are
     # to its demos: about a third with the two copies)
-    ("arm", "training_time"): Recipe(episodes=120, stride=2, epochs=200, eval_episodes=50,
-                                     rtc_mode="training_time", max_prefix_rows=16, on_policy_episodes=10),
+    ("arm", "flow_matching", "training_time"): Recipe(episodes=120, stride=2, epochs=200, eval_episodes=50,
+                                                      rtc_mode="training_time", max_prefix_rows=16, on_policy_episodes=10),
+    # the tiny transformer, per-token flow time (flow_transformer's module docstring): the MLP's demos and DAgger
+    # round; 80 epochs of the 2 s demos are as many optimiser steps as reacher_transformer's 160 of the 1 s ones
+    # (~0.18 s a step of 256 on one thread)
+    ("reacher", "flow_transformer", "training_time"): Recipe(
+        policy_type="flow_transformer", episodes=300, episode_s=2.0, epochs=80, eval_episodes=100,
+        rtc_mode="training_time", max_prefix_rows=16, on_policy_episodes=80),
 }
 
 
@@ -106,7 +114,7 @@ def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed:
     """Collect demos for `robot_type`, train a chunk policy, save it to `out_dir`; return the path.
 
     `recipe` replaces RECIPES[robot_type] (or POLICY_RECIPES[(robot_type, policy_type)], or
-    RTC_MODE_RECIPES[(robot_type, rtc_mode)]); `policy_type`, `episodes` and `fps` (the demos' control rate,
+    RTC_MODE_RECIPES[(robot_type, policy_type, rtc_mode)]); `policy_type`, `episodes` and `fps` (the demos' control rate,
     recorded as the trained fps) override single fields, and `steps` (optional) sets the epochs so that
     about that many optimiser steps run.
     """
@@ -117,16 +125,18 @@ def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed:
 
         from bench.training.demos import collect_demos, collect_on_policy_prefix_demos, collect_prefix_demos
         from bench.robots import robot_type as robot_cls
-        from server.policies.base import PolicyConfig
+        from server.policies.base import PolicyConfig, policy_class
         from server.policies.train import TRAINING_LOG_FILE, train_bc
     except ImportError as exc:
         raise TrainError(f"training needs the server and sim extras (pip install -e '.[server,sim]'): {exc}") from None
     if recipe is None and robot_type not in RECIPES:
         raise TrainError(f"no training recipe for robot type {robot_type!r}; recipes: {', '.join(sorted(RECIPES))}")
-    if rtc_mode not in (None, "guidance") and (robot_type, rtc_mode) not in RTC_MODE_RECIPES:
-        raise TrainError(f"no recipe for robot type {robot_type!r} with rtc_mode {rtc_mode!r}; recipes: "
-                         f"{', '.join(f'{r} --rtc-mode {m}' for r, m in sorted(RTC_MODE_RECIPES))}")
-    recipe = recipe or RTC_MODE_RECIPES.get((robot_type, rtc_mode or ""))
+    rtc_key = (robot_type, policy_type or Recipe.policy_type, rtc_mode or "")
+    if recipe is None and rtc_mode not in (None, "guidance") and rtc_key not in RTC_MODE_RECIPES:
+        raise TrainError(f"no recipe for robot type {robot_type!r}, policy type {rtc_key[1]!r} with rtc_mode "
+                         f"{rtc_mode!r}; recipes: "
+                         f"{', '.join(f'--robot {r} --policy-type {p} --rtc-mode {m}' for r, p, m in sorted(RTC_MODE_RECIPES))}")
+    recipe = recipe or RTC_MODE_RECIPES.get(rtc_key)
     recipe = recipe or POLICY_RECIPES.get((robot_type, policy_type or ""), RECIPES[robot_type])
     recipe = replace(recipe, policy_type=policy_type or recipe.policy_type, episodes=episodes or recipe.episodes,
                      fps=fps or recipe.fps)
@@ -139,8 +149,9 @@ def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed:
         started = time.perf_counter()
         prefix_rows, hyper_params = None, dict(recipe.hyper_params)
         if recipe.rtc_mode == "training_time":
-            if recipe.policy_type != "flow_matching":
-                raise TrainError(f"rtc_mode training_time is built into flow_matching only, not {recipe.policy_type!r}")
+            if "rtc_mode" not in policy_class(recipe.policy_type).hyper_param_defaults:
+                raise TrainError(f"policy type {recipe.policy_type!r} has no rtc_mode training_time; "
+                                 f"flow_matching and flow_transformer have")
             states, chunks, prefix_rows = collect_prefix_demos(
                 robot_type, recipe.episodes, seed, recipe.chunk_size, recipe.max_prefix_rows, noise=recipe.noise,
                 episode_s=recipe.episode_s, stride=recipe.stride, fps=recipe.fps)
