@@ -148,7 +148,7 @@ class ModelRuntime:
         self.emulated = emulated
         self.execution_horizon = int(execution_horizon or self.config.execution_horizon)
         self.supports_rtc = bool(getattr(type(self.policy), "supports_rtc", False))
-        # which RTC an rtc_enabled session gets: the checkpoint's (flow_matching hyper_params.rtc_mode)
+        # which RTC an rtc_enabled session gets: the checkpoint's (hyper_params.rtc_mode: flow_matching, flow_transformer)
         self.rtc_mode = (getattr(self.policy, "hp", {}) or {}).get("rtc_mode", "guidance") if self.supports_rtc else None
         self.forward_lock = threading.Lock()
         self.forward_count = 0
