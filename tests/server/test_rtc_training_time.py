@@ -144,6 +144,14 @@ def test_a_checkpoint_from_before_rtc_mode_loads_as_guidance_with_the_same_chunk
         old.predict_action_chunk(*args)
 
 
+def test_the_shipped_transformer_training_time_checkpoint_returns_its_committed_rows():
+    p = load_checkpoint(SHIPPED_TRANSFORMER.with_name("reacher_transformer_rtc_training_time")).policy
+    assert p.config.type == "flow_transformer" and p.prefix_conditioned and p.hp["rtc_mode"] == "training_time"
+    prefix = torch.randn(10, 2, generator=torch.Generator().manual_seed(8))
+    chunk = p.predict_action_chunk({"observation.state": torch.zeros(1, 10)}, [4], [prefix])[0]
+    assert torch.equal(chunk[:4], prefix[:4]) and chunk.shape == (30, 2)
+
+
 def test_the_shipped_transformer_checkpoint_is_guidance_and_refuses_training_time():
     assert "rtc_mode" not in json.loads((SHIPPED_TRANSFORMER / "config.json").read_text())["hyper_params"]
     p = load_checkpoint(SHIPPED_TRANSFORMER).policy
