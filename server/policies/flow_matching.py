@@ -5,7 +5,8 @@
 
 Owns the sampler and the guidance, which mirror LeRobot's RTCProcessor (flow time runs from 1 at
 noise to 0 at data; the target velocity is noise - data):
-- prefix weights W over H = min(execution_horizon, len(prefix[b])): ones for the first
+- prefix weights W over H = len(prefix[b]) (the server cuts or pads every prefix to its execution_horizon: the
+  manifest's, else the checkpoint's, so a replica can guide more rows than the checkpoint was saved with): ones for the first
   min(d[b], H) steps, then a ramp up to H, zeros after. `prefix_schedule: linear` (default) is LeRobot's
   `linspace(1, 0, n + 2)[1:-1]` (1 and 0 excluded); `exp` is the RTC paper's soft mask (arXiv
   2506.07339 eq. 5, with its H - s as our H): c_i * (e^c_i - 1) / (e - 1), c_i = (H - i) / (H - d + 1). A prefix shorter than the chunk is zero-padded; the padding never matters
@@ -218,7 +219,7 @@ class FlowMatchingPolicy(ChunkPolicy):
             if prefix is None:
                 continue  # W = 0 and target = 0: err is exactly zero, so is the correction
             rows = min(prefix.shape[0], total)
-            horizon = min(self.config.execution_horizon, rows)
+            horizon = rows  # the guided horizon is the prefix given: the server cuts or pads it to its execution_horizon
             weights[b] = prefix_weights(delay, horizon, total, self.hp["prefix_schedule"])
             target[b, :rows] = prefix[:rows].detach().to(device="cpu", dtype=torch.float32)
         kw = {"device": self.param_device, "dtype": self.param_dtype}

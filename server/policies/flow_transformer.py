@@ -290,7 +290,7 @@ class FlowTransformerPolicy(ChunkPolicy):
             if prefix is None:
                 continue  # W = 0 and target = 0: the correction is exactly zero
             rows = min(prefix.shape[0], total)
-            horizon = min(self.config.execution_horizon, rows)
+            horizon = rows  # the guided horizon is the prefix given: the server cuts or pads it to its execution_horizon
             weights[b] = prefix_weights(delay, horizon, total, self.hp["prefix_schedule"])
             target[b, :rows] = prefix[:rows].detach().to(**kw, non_blocking=True)
         return weights.unsqueeze(-1).to(**kw, non_blocking=True), target

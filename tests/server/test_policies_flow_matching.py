@@ -110,15 +110,20 @@ def test_guidance_pulls_the_first_delay_actions_onto_the_prefix(jacobian, delay)
     assert guided_err < 0.05
 
 
-def test_prefix_rows_beyond_the_execution_horizon_have_no_effect():
+def test_the_guided_horizon_is_the_prefix_given_not_the_checkpoints_execution_horizon():
+    """The server cuts or pads every prefix to its execution_horizon (the manifest's, else the checkpoint's):
+    the policy guides exactly the rows it is given, so a replica can guide more rows than the checkpoint says."""
     p = policy()
     batch = {"observation.state": states(1)}
     long_prefix = rows(T, 1)
     changed_tail = long_prefix.clone()
     changed_tail[H:] += 5.0
-    assert torch.equal(
-        p.predict_action_chunk(batch, [2], [long_prefix]), p.predict_action_chunk(batch, [2], [changed_tail])
-    )
+    # the rows given are the horizon: what follows them elsewhere does not matter
+    assert torch.equal(p.predict_action_chunk(batch, [2], [long_prefix[:H]]),
+                       p.predict_action_chunk(batch, [2], [changed_tail[:H]]))
+    # a longer prefix guides its rows beyond the checkpoint's execution_horizon too
+    assert not torch.equal(p.predict_action_chunk(batch, [2], [long_prefix]),
+                           p.predict_action_chunk(batch, [2], [changed_tail]))
 
 
 def test_batched_per_sample_delays_and_prefixes_equal_each_sample_run_alone():

@@ -132,6 +132,7 @@ def noise_of(policy) -> torch.Tensor:
 
 KINDS = ["flow_matching", "flow_transformer"]
 STATE = torch.linspace(-1, 1, S)
+# the guided rows are the prefix given (PREFIX[:H]: the server cuts it to its execution_horizon)
 PREFIX = torch.tensor(np.stack([np.sin(np.arange(T) / 3.0), np.cos(np.arange(T) / 4.0)], -1), dtype=torch.float32)
 
 
@@ -142,7 +143,7 @@ def check_linear_toy(kind: str, schedule: str, delay: int) -> None:
     noise = noise_of(policy).double().numpy()
     expected = algorithm1_linear(noise, PREFIX.double().numpy(), mask, a, b)
     unguided_expected = algorithm1_linear(noise, PREFIX.double().numpy(), np.zeros(T), a, b)
-    guided = run(policy, STATE, delay, PREFIX).double().numpy()
+    guided = run(policy, STATE, delay, PREFIX[:H]).double().numpy()
     unguided = run(policy, STATE, delay, None).double().numpy()
     np.testing.assert_allclose(unguided, unguided_expected, atol=1e-5)
     np.testing.assert_allclose(guided, expected, atol=1e-5)
@@ -171,7 +172,7 @@ def check_network(kind: str, schedule: str, **hp) -> None:
         return policy.velocity(x[None], torch.full((1,), t), cond)[0]
 
     expected = algorithm1_autograd(velocity, noise_of(policy), PREFIX, mask)
-    guided = run(policy, STATE, delay, PREFIX)
+    guided = run(policy, STATE, delay, PREFIX[:H])
     torch.testing.assert_close(guided, expected, atol=2e-4, rtol=1e-4)
     assert (guided - run(policy, STATE, delay, None)).abs().max() > 0.05  # the guidance did something
 
