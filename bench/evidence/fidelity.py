@@ -171,14 +171,16 @@ def replica_figures(audit_rows: list[dict], unloaded: dict[str, dict | None], wi
                 and r.get("forward_ms") is not None and r.get("batch")
                 and r.get("mono_ms") is not None and window_ms[0] <= float(r["mono_ms"]) <= window_ms[1]]
         row = {"replica": rid, "requests": len(rows), "unloaded_ms": ref, "forward_ms_p50": None,
-               "forward_ratio_p50": None, "forward_ratio_p99": None}
+               "forward_ratio_p50": None, "forward_ratio_p99": None, "forward_excess_ms_p50": None}
         if not ref:
             row["note"] = "no unloaded forward time in its log (warmup_inferences: 0?): not judged"
         elif rows:
             fwd = np.array([float(r["forward_ms"]) for r in rows])
-            ratio = fwd / _at_batch(ref, np.array([float(r["batch"]) for r in rows]))
+            base = _at_batch(ref, np.array([float(r["batch"]) for r in rows]))
+            ratio = fwd / base
             row.update(forward_ms_p50=_r(np.percentile(fwd, 50)), forward_ratio_p50=_r(np.percentile(ratio, 50)),
-                       forward_ratio_p99=_r(np.percentile(ratio, 99)))
+                       forward_ratio_p99=_r(np.percentile(ratio, 99)),
+                       forward_excess_ms_p50=_r(np.percentile(fwd - base, 50)))
         out.append(row)
     return out
 
@@ -239,11 +241,15 @@ def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict,
         if bw and bw.get("ratio") is not None and bw["ratio"] < tol["bandwidth_ratio"]:
             reasons.append(f"{where}: delivered {bw['delivered_kBps']:.0f} kB/s while busy of the {bw['asked_kBps']:.0f} "
                            f"asked ({bw['ratio']:.2f}; tolerance {tol['bandwidth_ratio']:.2f})")
+    excess_tol = tol.get("forward_excess_ms", 2.0)
     for r in replicas:
-        if r.get("forward_ratio_p50") is not None and r["forward_ratio_p50"] > tol["forward_ratio"]:
+        # starved: slower than its unloaded self by the ratio AND by enough ms to matter (a 1.5 ms forward pass
+        # doubles from one context switch on a busy host, which no round trip notices)
+        if r.get("forward_ratio_p50") is not None and r["forward_ratio_p50"] > tol["forward_ratio"] \
+                and (r.get("forward_excess_ms_p50") is None or r["forward_excess_ms_p50"] > excess_tol):
             reasons.append(f"replica {r['replica']}: its forward pass took {r['forward_ratio_p50']:.2f}x its own "
-                           f"unloaded time at the same batch size (p50; tolerance {tol['forward_ratio']:.2f}x): "
-                           "starved of CPU")
+                           f"unloaded time at the same batch size, {r.get('forward_excess_ms_p50')} ms more (p50; "
+                           f"tolerance {tol['forward_ratio']:.2f}x and {excess_tol:g} ms): starved of CPU")
     return reasons
 
 

@@ -375,7 +375,8 @@ def _fidelity_section(o: RunOutcome, fid: dict, windows) -> str:
         out.append("<table><tr><th class=l>replica</th><th>requests</th><th>forward p50 ms</th><th>x unloaded p50</th>"
                    "<th>p99</th><th class=l>unloaded ms by batch size</th></tr>")
         for r in fid["replicas"]:
-            bad = (r.get("forward_ratio_p50") or 0) > tol.get("forward_ratio", 1e9)
+            bad = (r.get("forward_ratio_p50") or 0) > tol.get("forward_ratio", 1e9) \
+                and (r.get("forward_excess_ms_p50") or 0) > tol.get("forward_excess_ms", 2.0)
             out.append(f"<tr class={'bad' if bad else 'good'}><td class=l>{e(r['replica'])}</td><td>{r['requests']}</td>"
                        f"<td>{_v(r['forward_ms_p50'])}</td><td>{_v(r['forward_ratio_p50'])}</td>"
                        f"<td>{_v(r['forward_ratio_p99'])}</td><td class=l>{e(str(r.get('unloaded_ms') or r.get('note')))}</td></tr>")

@@ -342,7 +342,9 @@ class Fidelity(_Model):
     scheduler_wait_ms: NonNegNum = _f(250.0, "a shard's worst wait for a core or its GIL in one loop slot (slot wall "
                                              "time - its CPU time)")
     forward_ratio: NonNegNum = _f(2.0, "a replica's forward-pass p50 over its own unloaded forward time at the same "
-                                       "batch size, measured when it started")
+                                       "batch size, measured when it started ...")
+    forward_excess_ms: NonNegNum = _f(2.0, "... judged only when the forward pass is also this many ms (p50) over that "
+                                           "time: a cheap pass doubles from scheduling noise no round trip notices")
     other_load_shift: NonNegNum = _f(0.10, "where an assertion compares the run's first and last windows (a `_drift` "
                                            "figure), the host's CPU used by processes outside the run may differ by "
                                            "at most this share of all cores between the two windows")

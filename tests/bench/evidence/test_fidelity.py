@@ -121,6 +121,15 @@ def test_replica_forward_ratio_against_its_unloaded_time_at_the_batch_size(tmp_p
     assert fid.judge([], [], out, {**TOL, "forward_ratio": 1.5})[0].startswith("replica r0: its forward pass took 2.00x")
 
 
+def test_a_cheap_forward_pass_is_starved_only_when_it_also_loses_milliseconds():
+    """2x of a 1.5 ms pass is one context switch on a busy host: judged only past `forward_excess_ms` too."""
+    rows = [{"replica": "r1", "outcome": "ok", "forward_ms": 3.2, "batch": 1, "mono_ms": 1000.0 + i} for i in range(5)]
+    out = fid.replica_figures(rows, {"r1": {1: 1.5}}, (0.0, 5000.0))
+    assert out[0]["forward_ratio_p50"] > TOL["forward_ratio"] and out[0]["forward_excess_ms_p50"] == 1.7
+    assert fid.judge([], [], out, TOL) == []
+    assert "starved of CPU" in fid.judge([], [], out, {**TOL, "forward_excess_ms": 1.0})[0]
+
+
 def _outcome(tmp_path, passed: bool, valid: bool) -> report.RunOutcome:
     f = {"valid": valid, "reasons": [] if valid else ["shard 0: 5.00 % of its ticks were late because of the bench host"],
          "legs": [], "shards": [], "replicas": [], "tolerances": TOL}
