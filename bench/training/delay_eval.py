@@ -88,7 +88,7 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
         policy.check_rtc_mode()  # a checkpoint not trained for training_time refuses it here
     elif strategy == "rtc_training_time":
         raise ValueError(f"{checkpoint}: rtc_training_time needs a flow_matching or flow_transformer checkpoint "
-                         f"trained with rtc_mode training_time (`bench train --robot reacher --rtc-mode training_time`)")
+                         f"trained with rtc_mode training_time (`bench train --robot {robot_type} --rtc-mode training_time`)")
     horizon = d if horizon < 0 else int(horizon or config.execution_horizon)
     mean_s, std_s = loaded.stats[STATE_KEY]["mean"], loaded.stats[STATE_KEY]["std"]
     mean_a, std_a = loaded.stats[ACTION_KEY]["mean"], loaded.stats[ACTION_KEY]["std"]

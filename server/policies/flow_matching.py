@@ -88,8 +88,8 @@ def untrained_for_training_time(where: str = "this checkpoint", policy_type: str
     return RTCModeError(
         f"{where} was not trained for rtc_mode 'training_time' (its config.json records rtc_mode 'guidance'): "
         f"its network has no per-row flow-time input. Serve it with inference-time RTC (rtc_mode 'guidance'), "
-        f"or train one for it: `bench train --robot reacher{policy_flag} --rtc-mode training_time` "
-        f"(hyper_params rtc_mode: training_time)"
+        f"or train one for it: `bench train --robot ROBOT_TYPE{policy_flag} --rtc-mode training_time` with the "
+        f"checkpoint's robot type (reacher and arm have recipes; hyper_params rtc_mode: training_time)"
     )
 
 

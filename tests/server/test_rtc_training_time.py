@@ -29,8 +29,8 @@ SIZES = {
 TYPES = tuple(SIZES)
 TINY_RUN = {"flow_matching": {"epochs": 150, "batch_size": 128},  # ~4 s on one thread
             "flow_transformer": {"epochs": 30, "batch_size": 64}}  # ~7 s (max error 0.18 of 0.25 allowed)
-TRAINING_COMMAND = {"flow_matching": "bench train --robot reacher --rtc-mode training_time",
-                    "flow_transformer": "bench train --robot reacher --policy-type flow_transformer --rtc-mode training_time"}
+TRAINING_COMMAND = {"flow_matching": "bench train --robot ROBOT_TYPE --rtc-mode training_time",
+                    "flow_transformer": "bench train --robot ROBOT_TYPE --policy-type flow_transformer --rtc-mode training_time"}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
