@@ -1,9 +1,10 @@
 """Inference latency samples and the delay estimate engines pass to the policy.
 
-`max()` is, by default, the all-time maximum since `reset()` (LeRobot's LatencyTracker): safe, but
-one warm-up spike inflates every later delay estimate. `mode="window_max"` uses the window's maximum
-and `mode="percentile"` the window's `percentile`, so a spike ages out after `maxlen` samples.
-Negative and non-finite samples are ignored. Thread-safe.
+`max()` is the delay estimate per `mode`: `"all_time_max"` the maximum since `reset()` (LeRobot's
+LatencyTracker: one warm-up spike inflates every later estimate), `"window_max"` the window's maximum and
+`"percentile"` the window's `percentile`, so a spike ages out of the estimate. It is computed once per sample
+in `add()` (the network worker, once per answered request) and read as a number: engines read it several
+times a request. Negative and non-finite samples are ignored. Thread-safe.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class LatencyTracker:
         self.q = float(percentile)
         self._window: deque[float] = deque(maxlen=int(maxlen))
         self._max = 0.0
+        self._estimate = 0.0  # max()'s value, updated by add() and reset()
         self._lock = threading.Lock()
 
     def add(self, seconds: float) -> None:
@@ -41,17 +43,17 @@ class LatencyTracker:
         with self._lock:
             self._window.append(v)
             self._max = max(self._max, v)
+            if self.mode == "all_time_max":
+                self._estimate = self._max
+            elif self.mode == "window_max":
+                self._estimate = max(self._window)
+            else:
+                self._estimate = float(np.percentile(np.fromiter(self._window, float), self.q))
 
     def max(self) -> float:
         """The delay estimate in seconds (0.0 before any sample), per `mode`."""
         with self._lock:
-            if not self._window:
-                return self._max if self.mode == "all_time_max" else 0.0
-            if self.mode == "all_time_max":
-                return self._max
-            if self.mode == "window_max":
-                return max(self._window)
-            return float(np.percentile(np.fromiter(self._window, float), self.q))
+            return self._estimate
 
     def percentile(self, q: float) -> float:
         with self._lock:
@@ -66,6 +68,7 @@ class LatencyTracker:
         with self._lock:
             self._window.clear()
             self._max = 0.0
+            self._estimate = 0.0
 
     def __len__(self) -> int:
         with self._lock:
