@@ -23,7 +23,8 @@ The previous chunk's row s + i and the new chunk's row i are the same tick, and 
 state of the tick its chunk's row 0 belongs to, as the edge engines do (`--obs-lag N`: of N ticks before it;
 the engines before their fix of 2026-11-25 were --obs-lag 1, docs/scenarios.md). The policy is the
 checkpoint's, normalised as the server does (`load_policy`, as bench.training.train.CheckpointPolicy); `hp` overrides
-its hyper-parameters for the run (prefix_schedule, max_guidance_weight, guidance_jacobian) and
+its sampling hyper-parameters for the run (prefix_schedule, max_guidance_weight, guidance_jacobian: as a
+replica's manifest, `ChunkPolicy.override_hyper_params`) and
 `horizon` the guided rows (the engine's execution_horizon; 0: the checkpoint's; -1: d, only the
 committed rows, a hard mask).
 
@@ -82,11 +83,13 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
     told = d + max(int(delay_margin), 0)  # the inference delay the policy is given
     loaded = load_policy(checkpoint)
     policy, config = loaded.policy, loaded.config
-    policy.hp.update(hp or {})
+    overrides = dict(hp or {})
     if strategy in GUIDED and "rtc_mode" in policy.hp:  # flow_matching, flow_transformer: the strategy's mode
-        policy.hp["rtc_mode"] = GUIDED[strategy]
-        policy.check_rtc_mode()  # a checkpoint not trained for training_time refuses it here
-    elif strategy == "rtc_training_time":
+        overrides["rtc_mode"] = GUIDED[strategy]
+    # as a replica's manifest does (model.hyper_params): only sampling ones, checked; a checkpoint not trained for
+    # training_time refuses it here
+    policy.override_hyper_params(overrides)
+    if strategy == "rtc_training_time" and "rtc_mode" not in policy.hp:
         raise ValueError(f"{checkpoint}: rtc_training_time needs a flow_matching or flow_transformer checkpoint "
                          f"trained with rtc_mode training_time (`bench train --robot {robot_type} --rtc-mode training_time`)")
     horizon = d if horizon < 0 else int(horizon or config.execution_horizon)
@@ -234,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--execution-steps", type=int, default=0, help="s; 0: the engine's derived s for each d")
     ap.add_argument("--horizon", type=int, default=0, help="guided prefix rows; 0: the checkpoint's execution_horizon; -1: d (hard mask)")
-    ap.add_argument("--hp", action="append", default=[], help="KEY=VALUE hyper-parameter override (JSON value)")
+    ap.add_argument("--hp", action="append", default=[], help="KEY=VALUE sampling hyper-parameter override (JSON "
+                                                                 "value), as a manifest's model.hyper_params")
     ap.add_argument("--obs-lag", type=int, default=0, help="requests carry the state of this many ticks before their "
                                                               "chunk's row 0 (the edge engines before their fix: 1)")
     ap.add_argument("--delay-margin", type=int, default=0, help="the policy is told d + this (guided or committed "
@@ -253,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         return 0
     import torch
+
+    from server.policies.base import PolicyConfigError
 
     torch.set_num_threads(1)
     ckpt = Path(args.checkpoint)
@@ -273,8 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     for d in [int(x) for x in args.delays.split(",")]:
         s = args.execution_steps or plan_s(d, chunk)
         for strategy in args.strategies.split(","):
-            r = run_strategy(ckpt, args.robot, strategy, d, max(s, d), args.episodes, args.seed, args.horizon, hp,
-                             expert=args.expert, obs_lag=args.obs_lag, delay_margin=args.delay_margin)
+            try:
+                r = run_strategy(ckpt, args.robot, strategy, d, max(s, d), args.episodes, args.seed, args.horizon, hp,
+                                 expert=args.expert, obs_lag=args.obs_lag, delay_margin=args.delay_margin)
+            except PolicyConfigError as exc:  # an --hp the checkpoint refuses, or a mode it was not trained for
+                ap.error(str(exc))
             rows.append(r)
             print(f"d={d:2d} s={r['execution_steps']:2d} {strategy:17s} success {r['success_rate']:.2f}  "
                   f"seam jerk p95 {r['seam_jerk_p95']:.3f}  held {r['held_ticks']}", flush=True)
