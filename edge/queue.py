@@ -14,7 +14,8 @@ Two modes, fixed at construction:
 consumed during inference (a mismatch is only logged); `trim="consumed"` trims by
 min(real_delay, consumed), which fixes the first-chunk over-trim from standstill (design open risk 2).
 
-`snapshot()` on the observation's tick (before that tick's `get`) and `left_over_at(snapshot)` when the
+`snapshot()` on the observation's tick (before that tick's `get`) and `left_over_at(snapshot)` (or
+`left_over_since`, which falls back to the queue as it is now) when the
 request is built give the leftover and index of the tick the observation was taken on: a chunk's row 0 then
 belongs to that tick, as the policy assumes (the prefix starts with the action executed on it).
 
@@ -124,9 +125,20 @@ class ActionQueue:
         with self._lock:
             if generation != self._generation or cursor > self._cursor:
                 return None
-            if self._original is None:
-                return None, None, cursor
-            return self._original[cursor:].copy(), self._processed[cursor:].copy(), cursor
+            return self._left_over_from(cursor)
+
+    def left_over_since(self, snapshot: tuple[int, int] | None) -> tuple[np.ndarray | None, np.ndarray | None, int]:
+        """`left_over_at(snapshot)`, or, if a merge or clear came since (or there is no snapshot), the same three
+        as the queue stands now; read under one lock either way (what a request is built from)."""
+        with self._lock:
+            if snapshot is not None and snapshot[0] == self._generation and snapshot[1] <= self._cursor:
+                return self._left_over_from(snapshot[1])
+            return self._left_over_from(self._cursor)
+
+    def _left_over_from(self, cursor: int) -> tuple[np.ndarray | None, np.ndarray | None, int]:
+        if self._original is None:
+            return None, None, cursor
+        return self._original[cursor:].copy(), self._processed[cursor:].copy(), cursor
 
     def get_left_over(self) -> np.ndarray | None:
         """Model-space actions from the cursor; None only before the first merge."""

@@ -748,10 +748,7 @@ class RemoteEngine(Engine):
         H = c.execution_horizon
         # the leftover and index on the observation's tick (its own action included): the chunk's row 0 is
         # that tick's, as the policy plans it; the queue now, if a merge came in between
-        snap = self.queue.left_over_at(at_obs) if at_obs is not None else None
-        if snap is None:
-            snap = self.queue.get_left_over(), self.queue.get_processed_left_over(), self.queue.get_action_index()
-        left_model, left_robot, idx_before = snap
+        left_model, left_robot, idx_before = self.queue.left_over_since(at_obs)
         prefix_model = prefix_robot = None
         if self.queue.rtc_enabled and H > 0:
             prefix_model = fit_prefix(left_model, H)

@@ -190,10 +190,7 @@ class RTCEngine(LocalEngine):
         obs, _, at_obs = slot
         t0 = self.clock()
         # the leftover and index on the observation's tick (edge.queue: the chunk's row 0 is that tick's)
-        snap = self.queue.left_over_at(at_obs)
-        if snap is None:  # a merge since the observation: the queue as it is now
-            snap = self.queue.get_left_over(), None, self.queue.get_action_index()
-        left_over, _, idx_before = snap
+        left_over, _, idx_before = self.queue.left_over_since(at_obs)  # the queue now if a merge came since
         prefix = fit_prefix(left_over, self.cfg.execution_horizon) if self.cfg.rtc_enabled else None
         delay = int(math.ceil(self.tracker.max() / self.dt - 1e-9))
         model, robot = call_policy(self.policy, obs, delay, prefix)

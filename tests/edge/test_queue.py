@@ -217,3 +217,17 @@ def test_a_snapshot_reads_the_leftover_of_its_tick_until_the_next_merge_or_clear
     at_tick = q.snapshot()
     q.clear()
     assert q.left_over_at(at_tick) is None
+
+
+def test_left_over_since_is_the_snapshots_leftover_else_the_queue_now():
+    q = ActionQueue(rtc_enabled=True, trim="consumed")
+    chunk = np.arange(10, dtype=np.float32).reshape(5, 2)
+    q.merge(chunk, chunk * 10, 0)
+    at_tick = q.snapshot()
+    q.get()
+    model, robot, cursor = q.left_over_since(at_tick)
+    assert cursor == 0 and np.array_equal(model, chunk) and np.array_equal(robot, chunk * 10)
+    q.merge(chunk + 1, chunk + 1, 0)  # a merge since: the snapshot's rows are gone, so the queue now
+    model, _, cursor = q.left_over_since(at_tick)
+    assert cursor == q.get_action_index() and np.array_equal(model, q.get_left_over())
+    assert q.left_over_since(None)[2] == q.get_action_index()
