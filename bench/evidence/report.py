@@ -326,6 +326,15 @@ def render_html(o: RunOutcome, summary: dict) -> str:
         out.append("<h2>CPU split</h2><p class=muted>Mean over the measured window; 100 % = one core; host "
                    f"{_v(cpu.get('host_percent'))} % of all {o.meta.get('cores')} cores.{e(speed)}</p>")
         out.append(svg.hbar_chart(sorted(cpu["split"].items(), key=lambda kv: -kv[1]), "CPU per process (% of a core)", "%"))
+        est, got = (cpu.get("estimate") or {}).get("split") or {}, cpu.get("by_kind") or {}
+        if est and got:
+            out.append("<p class=muted>The preflight's cost model (bench.run.sizing) at this run's speed probe, against what "
+                       "each kind of process used (cores):</p><table><tr><th class=l>kind</th><th>estimated</th>"
+                       "<th>measured</th></tr>")
+            for kind in est:
+                out.append(f"<tr><td class=l>{e(kind)}</td><td>{_v(est[kind])}</td><td>{_v(got.get(kind))}</td></tr>")
+            out.append(f"<tr><td class=l>all</td><td>{_v(cpu['estimate'].get('cores_needed'))}</td>"
+                       f"<td>{_v(round(sum(got.values()), 3))}</td></tr></table>")
     if windows:
         out.append("<h2>Faults</h2><table><tr><th>start s</th><th>end s</th><th class=l>fault</th><th class=l>detail</th></tr>")
         for w in o.meta.get("faults") or []:

@@ -762,6 +762,20 @@ class Run:
 
     # --- stop ----------------------------------------------------------------------------------
 
+    def _cost_model(self, split: dict) -> dict:
+        """The preflight's cost model (bench.run.sizing) at this run's own in-run speed probe, beside what each
+        kind of process measured: how far the estimate `bench run --check` prints was from this run."""
+        from bench.run.sizing import estimate, measured_by_kind
+
+        probe = self.cpu.probes(0.0, self.s.duration_s).get("median_ms")
+        if not probe or not split.get("split"):
+            return {}
+        est = estimate(self.s, cores=split.get("cores"), probe_ms=probe).to_json()
+        measured = measured_by_kind(split["split"])
+        total = sum(measured.values())
+        return {"estimate": est, "by_kind": measured,
+                "estimate_ratio": round(total / est["cores_needed"], 2) if est["cores_needed"] else None}
+
     def proxy_legs(self) -> dict | None:
         """Every site proxy's fidelity counters now (chaos.toxiproxy.fidelity); None if the proxy cannot say."""
         chaos = getattr(self, "chaos", None)
@@ -803,6 +817,8 @@ class Run:
                                   and isinstance(c, ChildProcess) and c.proc is not None and not c.alive())
         self._stop_scrape.set()
         self.cpu_split = self.cpu.split(0.0, self.s.duration_s)
+        if self.cluster is None:
+            self.cpu_split.update(self._cost_model(self.cpu_split))
         self.memory = self.cpu.memory(0.0, self.s.duration_s)
         self.cpu.stop()
         self.kill_report = self.procs.stop_all()

@@ -50,7 +50,7 @@ def test_the_pool_size_follows_the_proxy_load_and_the_spare_cores():
     from bench.run.sizing import proxy_processes
 
     def scenario(robots, sites=3, replicas=3):
-        groups = [NS(count=robots // sites, fps=30.0) for _ in range(sites)]
+        groups = [NS(count=robots // sites, fps=30.0, robot="reacher") for _ in range(sites)]
         return NS(groups=groups, robots=robots, sites={f"s{i}": None for i in range(sites)},
                   replicas=[None] * replicas, shards="auto")
 

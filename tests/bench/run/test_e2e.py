@@ -96,6 +96,11 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert all(m["rss_mb_max"] > 0 and m["fds_end"] > 0 for m in mem["processes"].values())
     assert mem["leftover_processes"] == 0 and mem["report_phase"]["peak_rss_mb"] > 0
     assert f["rss_mb[server:r0]"]["count"] >= 5 and "rss_growth_ratio[router]" in f
+    # the preflight's cost model at the run's own speed probe, beside the CPU each kind of process measured
+    cpu = summary["cpu"]
+    assert set(cpu["estimate"]["split"]) == set(cpu["by_kind"]) == {"shards", "replicas", "proxy", "router"}
+    assert cpu["by_kind"]["shards"] > 0 and cpu["estimate"]["cores_needed"] > 0 and cpu["estimate_ratio"] > 0
+    assert "preflight's cost model" in (run / "report.html").read_text()
     assert "<svg" in (run / "report.html").read_text()
     for name in ("ticks.parquet", "requests.parquet", "transitions.parquet", "logs/router.log", "logs/server-r0.log"):
         assert (run / name).is_file(), name
