@@ -102,15 +102,19 @@ class ChildProcess:
         self.stop()
 
 
+def router_argv(endpoint: str, connect: list[str] | tuple[str, ...] = (), extra_args: list[str] | None = None) -> list[str]:
+    """A Zenoh router process (wire.transport) listening on `endpoint` and joining the routers at `connect`."""
+    return [sys.executable, "-m", "wire.transport", "--listen", endpoint,
+            *[a for e in connect for a in ("--connect", e)], *(extra_args or [])]
+
+
 def start_router(port: int | None, log_path: str | Path, extra_args: list[str] | None = None,
-                 host: str = "127.0.0.1") -> tuple[ChildProcess, str]:
+                 host: str = "127.0.0.1", connect: list[str] | tuple[str, ...] = ()) -> tuple[ChildProcess, str]:
     """Start a Zenoh router in its own process; return it and its tcp endpoint (on `host`: loopback unless
-    processes on other hosts must reach it)."""
+    processes on other hosts must reach it). `connect`: routers it joins (they route between them)."""
     port = port or free_port()
     endpoint = f"tcp/{host}:{port}"
-    child = ChildProcess(
-        [sys.executable, "-m", "wire.transport", "--listen", endpoint, *(extra_args or [])],
-        log_path, ready_text="router ready", name="zenoh-router",
-    )
+    child = ChildProcess(router_argv(endpoint, connect, extra_args), log_path, ready_text="router ready",
+                         name="zenoh-router")
     child.start(timeout_s=15)
     return child, endpoint

@@ -208,6 +208,9 @@ def _short(exc: Exception) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m wire.transport", description="Run a Zenoh router in this process.")
     ap.add_argument("--listen", action="append", required=True, help="endpoint, e.g. tcp/127.0.0.1:7447 (repeatable)")
+    ap.add_argument("--connect", action="append", default=[],
+                    help="another router to join, e.g. tcp/HEAD:7447 (repeatable): routers connected to each other "
+                         "form one Zenoh network and route between them (a node router of `bench run --cluster ray`)")
     ap.add_argument("--config-json", default=None, help="extra config as a JSON object of key -> value (e.g. access_control)")
     ap.add_argument("--access-control", metavar="FILE",
                     help="router access rules: a JSON file {access_control: ...} from `python -m wire.acl` or `bench pki --acl`")
@@ -237,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                   "(mTLS) too", file=sys.stderr)
             return 2
     try:
-        session = zenoh.open(make_config("router", listen=args.listen, lease_ms=args.lease_ms, tls=tls, extra=extra))
+        session = zenoh.open(make_config("router", listen=args.listen, connect=args.connect, lease_ms=args.lease_ms,
+                                         tls=tls, extra=extra))
     except zenoh.ZError as exc:
         print(f"router: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 2

@@ -4,6 +4,8 @@
         │ Ray actor calls (start, alive, kill, pause, restart, tail, files)
         ├── ChildActor "shard:0"   @ node A ── python -m bench.fleet.shard  (its own process group)
         ├── ChildActor "server:r0" @ node B ── policy-server --manifest ...
+        ├── ChildActor "router:<node>", "chaos-proxy:<node>" @ every used node (cluster.routers: per_node,
+        │   bench.run.mesh: pinned to the node, no resources reserved)
         └── ...
 
 Each child process is owned by one Ray actor that asks Ray for the child's resources (`num_cpus`, and
@@ -80,6 +82,21 @@ class ChildActorImpl:
 
     def node(self) -> dict:
         return _node_facts()
+
+    def free_ports(self, n: int) -> list[int]:
+        """`n` distinct TCP ports free on this node now (a router's or proxy's listen port is picked where it runs)."""
+        socks = [socket.socket() for _ in range(n)]
+        try:
+            for s in socks:
+                s.bind(("", 0))
+            return [s.getsockname()[1] for s in socks]
+        finally:
+            for s in socks:
+                s.close()
+
+    def set_argv(self, argv: list[str]) -> None:
+        """The child's argv, once the driver knows what it needs from this node (its ports, its address)."""
+        self.child.argv = list(argv)
 
     def put_files(self, files: dict[str, bytes]) -> None:
         """Files the child reads (its spec or manifest), written where the driver wrote them."""
@@ -168,8 +185,25 @@ class RemoteChild(ChildProcess):
         except ProcessLookupError:
             return {"pid": self._pid, "alive": False, "returncode": -1}
 
+    def locate(self) -> dict:
+        """The node Ray placed this child's actor on (waits for the placement): node_id, ip, hostname."""
+        if not self.node:
+            self.node = self._call("node")
+        return self.node
+
+    def free_ports(self, n: int) -> list[int]:
+        return self._call("free_ports", n)
+
+    def set_argv(self, argv: list[str]) -> None:
+        self.argv = list(argv)
+        self._call("set_argv", list(argv))
+
+    def where(self) -> str:
+        """`node 5d2dca76ab12 (host, ip)`: the node this child runs on, for error messages."""
+        return f"node {self.node.get('node_id', '?')[:12]} ({self.node.get('hostname', '?')}, {self.node.get('ip', '?')})"
+
     def start(self, timeout_s: float = 30.0) -> "RemoteChild":
-        self.node = self._call("node")
+        self.locate()
         if self.files:
             self._call("put_files", self.files)
         self._pid = self._call("start", timeout=max(timeout_s, CALL_TIMEOUT_S) + 30)
@@ -209,7 +243,7 @@ class RemoteChild(ChildProcess):
             return f"(no log: {exc})"
 
     def exit_text(self) -> str:
-        return self.lost or f"exited with {self.proc.returncode if self.proc else '?'}"
+        return self.lost or f"on {self.where()} exited with {self.proc.returncode if self.proc else '?'}"
 
     def pull_files(self, root: Path) -> int:
         """Copy what the child wrote under `root` on its node to this host (a no-op on a shared file system)."""
@@ -313,6 +347,22 @@ class Cluster:
         actor = self._actor_cls.options(**opts).remote(name, list(argv), str(log_path), ready_text, env,
                                                        ready_timeout_s)
         child = RemoteChild(self, actor, argv, log_path, ready_text, name, files or {})
+        self.children.append(child)
+        return child
+
+    def place_on(self, node_id: str, name: str, log_path: Path, *, ready_text: str | None = None,
+                 env: dict | None = None, ready_timeout_s: float = 60.0) -> RemoteChild:
+        """A child on exactly node `node_id` (Ray's NodeAffinity, not soft) that reserves no resources: a node's
+        router or chaos proxy, beside the shards and replicas Ray placed there. Its argv is set once its node
+        has named free ports (`free_ports`, then `set_argv`), before `start`."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        env = dict(env or {})
+        env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+        opts = {"num_cpus": 0, "num_gpus": 0, "name": None,
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}
+        actor = self._actor_cls.options(**opts).remote(name, [], str(log_path), ready_text, env, ready_timeout_s)
+        child = RemoteChild(self, actor, [], log_path, ready_text, name, {})
         self.children.append(child)
         return child
 

@@ -1,9 +1,11 @@
 """The scenario's fault timeline, wired to this run's processes, site proxies and shards.
 
     scenario `faults:` ──► chaos.timeline.run_timeline ──► LiveActuators
-                                                            ├─ site:NAME    → the site's chaos proxy
+                                                            ├─ site:NAME    → the site's chaos proxy (on every
+                                                            │                 node too: bench.run.mesh.SiteFanout)
                                                             ├─ server:ID    → that replica's process
-                                                            ├─ router       → the router process
+                                                            ├─ router       → the router process (with per-node
+                                                            │                 routers, all of them: bench.run.mesh)
                                                             └─ robot:GROUP  → a message to the shards
 
 The timeline's log is the run's `fault_log` (times in seconds after t=0, `t_end` None while a fault
@@ -30,6 +32,11 @@ def start_timeline(run):
             processes[f"server:{rid}"] = ManagedProcess(info["child"], name=f"server:{rid}", ready_timeout_s=120.0)
     if run.router_child is not None:
         processes["router"] = ManagedProcess(run.router_child, name="router", ready_timeout_s=15.0)
+        if getattr(run, "mesh", None) is not None and run.mesh.nodes:  # per-node routers: `router` is all of them
+            from bench.run.cluster import RemoteManaged
+            from bench.run.mesh import AllRouters
+
+            processes["router"] = AllRouters([processes["router"], *(RemoteManaged(c, c.name) for c in run.mesh.routers())])
     site_toxics = {name: profiles.profile_toxics(site.profile, site.overrides) for name, site in run.s.sites.items()}
 
     def robot_fault(group: str, index: int | None, action: str) -> None:

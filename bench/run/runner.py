@@ -153,6 +153,13 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
     ray_cluster = None
     if cluster is not None:
         from bench.run.cluster import ClusterError, connect
+        from bench.run.mesh import resolve_routers
+
+        try:
+            resolve_routers(scenario.cluster.get("routers"), scenario.security)
+        except ValueError as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+            return EXIT_INVALID
 
         try:
             ray_cluster = connect(None if cluster == "ray" else cluster)
@@ -287,6 +294,14 @@ class Run:
         self.timeline = None
         self.router_child: ChildProcess | None = None
         self.router_endpoint = ""
+        # with --cluster: `per_node` (a router on every used node, joined to this host's; bench.run.mesh) or `driver`
+        self.routers = None
+        if cluster is not None:
+            from bench.run.mesh import resolve_routers
+
+            self.routers = resolve_routers(scenario.cluster.get("routers"), scenario.security)
+        self.mesh = None  # bench.run.mesh.NodeMesh under per_node routers
+        self.replica_router: dict[str, str] = {}  # replica id -> its node's router endpoint (per_node)
         self._stop_scrape = threading.Event()
         self.started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.wall0 = time.monotonic()
@@ -350,6 +365,8 @@ class Run:
         self.router_child = self.procs.add("router", router)
         self.cpu.track("router", lambda: router.pid)  # a router restart (fault) changes the pid
         self.start_proxy()
+        if self.routers == "per_node":
+            self.start_mesh()
         self.start_servers()
         self.start_shards()
         self.write_process_table()
@@ -386,6 +403,21 @@ class Run:
             scheme = "tls" if self.s.security == "mtls" else "tcp"
             self.sites[name] = SiteLink(name, f"{scheme}/{proxy['listen']}", proxy)
 
+    def start_mesh(self) -> None:
+        """Per-node routers and site proxies (bench.run.mesh): started as shards and replicas find their nodes."""
+        from chaos import profiles as chaos_profiles
+
+        from bench.run.mesh import NodeMesh, SiteFanout
+
+        def register(name: str, child) -> None:
+            self.procs.add(name, child)
+            # on this host (a one-host cluster) the CPU sampler can see it; the lambda reads the pid once started
+            self.cpu.track(name, lambda c=child: c.pid if self._local(c) else None)
+
+        toxics = {name: chaos_profiles.profile_toxics(site.profile, site.overrides) for name, site in self.s.sites.items()}
+        self.mesh = NodeMesh(self.cluster, self.router_endpoint, self.host, self.logs, lambda: toxics, register)
+        self.chaos = SiteFanout(self.chaos, self.mesh)
+
     def manifest_for(self, replica) -> dict:
         port = free_port()
         audit = self.logs / f"audit-{replica.id}.jsonl"
@@ -394,7 +426,7 @@ class Run:
             "model_id": replica.model_id,
             "replica_id": replica.id,
             "max_sessions": replica.max_sessions,
-            "zenoh": {"connect_endpoints": [self.router_endpoint]},
+            "zenoh": {"connect_endpoints": [self.replica_router.get(replica.id, self.router_endpoint)]},
             "health_port": port,
             "audit_path": str(audit),
         }
@@ -527,16 +559,21 @@ class Run:
 
         threads, errors = [], []
         for replica in self.s.replicas:
-            manifest = self.manifest_for(replica)
             path = self.run_dir / "manifests" / f"{replica.id}.yaml"
-            path.write_text(yaml.safe_dump(manifest, sort_keys=False))
             if self.cluster is not None:
-                cuda = str(manifest.get("model", {}).get("device", "cpu")).startswith("cuda")
+                model = _deep_merge(_undot(self.s.server_manifest), _undot(replica.manifest)).get("model") or {}
+                cuda = str(model.get("device", "cpu")).startswith("cuda")
                 c = self.s.cluster
                 child = self.cluster.place(f"server:{replica.id}", server_argv(path), self.logs / f"server-{replica.id}.log",
                                            ready_text=SERVER_READY_TEXT, num_cpus=c.get("replica_cpus", 1.0),
                                            num_gpus=c.get("replica_gpus", 1.0) if cuda else 0.0,
-                                           placement=c.get("placement", "spread"), files={str(path): path.read_bytes()})
+                                           placement=c.get("placement", "spread"))
+                if self.mesh is not None:  # its node's router, started there if the node has none yet
+                    self.replica_router[replica.id] = self.mesh.links(child.locate(), proxies=False).router_endpoint
+            manifest = self.manifest_for(replica)
+            path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+            if self.cluster is not None:
+                child.files = {str(path): path.read_bytes()}
             else:
                 child = ChildProcess(server_argv(path), self.logs / f"server-{replica.id}.log",
                                      ready_text=SERVER_READY_TEXT, name=f"server-{replica.id}")
@@ -594,14 +631,20 @@ class Run:
         for spec in specs:
             k = spec["shard"]
             path = self.run_dir / "manifests" / f"shard-{k}.json"
-            path.write_text(json.dumps(spec, indent=1))
             argv = [sys.executable, "-m", "bench.fleet.shard", "--spec", str(path), "--control", self.control.path]
             if self.cluster is not None:
                 c = self.s.cluster
                 child = self.cluster.place(f"shard:{k}", argv, self.logs / f"shard-{k}.log",
                                            env={"PYTHONPATH": _pythonpath()}, num_cpus=c.get("shard_cpus", 1.0),
-                                           placement=c.get("placement", "spread"), files={str(path): path.read_bytes()})
+                                           placement=c.get("placement", "spread"))
+                if self.mesh is not None:  # each robot connects to its site's proxy on the shard's own node
+                    sites = self.mesh.links(child.locate(), proxies=True).sites
+                    for robot in spec["robots"]:
+                        robot["engine"]["connect_endpoints"] = [sites[self.robot_table[robot["robot"]]["site"]]]
+                path.write_text(json.dumps(spec, indent=1))
+                child.files = {str(path): path.read_bytes()}
             else:
+                path.write_text(json.dumps(spec, indent=1))
                 child = ChildProcess(argv, self.logs / f"shard-{k}.log", name=f"shard-{k}", env={"PYTHONPATH": _pythonpath()})
             self.procs.add(f"shard:{k}", child)
             child.start()
@@ -647,6 +690,8 @@ class Run:
             if isinstance(child, ChildProcess) and child.proc is not None and not child.alive():
                 if name.startswith("server:") and self._restarting(name):
                     continue
+                if name.startswith("router") and self._restarting("router"):
+                    continue  # a `router` fault holds every router (a node's too, bench.run.mesh) down on purpose
                 if name.startswith("shard:") and child.proc.returncode == 0 and (
                         name.split(":", 1)[1] in {str(k) for k in self.state.done}
                         or time.monotonic() >= (self.state.end_mono or math.inf) - 1.0):
@@ -829,6 +874,10 @@ class Run:
                 except Exception as exc:
                     self.state.errors.append(f"{child.name}: files not collected: {exc}")
             self.cluster_facts = self.cluster.describe(self.s.cluster.get("placement", "spread"))
+            self.cluster_facts["routers"] = self.routers
+            mesh = self.mesh.describe() if self.mesh is not None else {}
+            for node in self.cluster_facts["nodes"]:  # each node's router and proxies beside its children
+                node.update(mesh.get(node["node_id"], {}))
             self.cluster.close()
 
     # --- judge ---------------------------------------------------------------------------------

@@ -359,6 +359,11 @@ class Cluster(_Model):
     replica_cpus: PosNum = _f(1.0, "CPUs Ray reserves for each server replica")
     replica_gpus: NonNegNum = _f(1.0, "GPUs Ray reserves for each replica whose `model.device` is cuda (0 for a CPU "
                                       "replica, whatever this says)")
+    routers: Literal["per_node", "driver"] | None = _f(
+        None, "`per_node`: a Zenoh router on every node that hosts a shard or a replica, joined to the driver's, and "
+              "the site proxies on every node with shards, each in front of its node's router; `driver`: one router "
+              "and the site proxies on the driver host, every link crossing to it (docs/cluster.md)",
+        default_doc="`per_node` (`driver` with `security: mtls`)")
 
 
 class ScenarioFile(_Model):

@@ -87,3 +87,28 @@ def subtract(end: dict, start: dict | None) -> dict:
         else:
             out[k] = v
     return out
+
+
+def add(snapshots: list[dict]) -> dict:
+    """One proxy's fidelity snapshot (`GET /proxies/{p}/fidelity`: `edges_ms` and a leg per direction) summed over
+    several copies of it: a site's proxies on every node of a cluster run (bench.run.mesh). Counts, sums and
+    histograms add; `error_ms_max` and `rate_kbps` (a maximum and a setting) take the largest."""
+    if not snapshots:
+        raise ValueError("no fidelity snapshots to add")
+    out: dict = {"edges_ms": snapshots[0].get("edges_ms")}
+    for direction in [k for k in snapshots[0] if k != "edges_ms"]:
+        legs = [s[direction] for s in snapshots if s.get(direction)]
+        total: dict = {}
+        for leg in legs:
+            for k, v in leg.items():
+                if k == "hist":
+                    prev = total.get(k) or [0] * len(v)
+                    total[k] = [a + b for a, b in zip(prev, v)]
+                elif k in ("error_ms_max", "rate_kbps"):
+                    total[k] = max(total.get(k, v), v)
+                elif isinstance(v, (int, float)):
+                    total[k] = round(total.get(k, 0) + v, 6)
+                else:
+                    total.setdefault(k, v)
+        out[direction] = total
+    return out

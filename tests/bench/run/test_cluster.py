@@ -1,7 +1,8 @@
 """`bench run --cluster ray` on a real multi-node Ray cluster on this machine (ray.cluster_utils.Cluster:
 a head and two more raylets, each its own node with its own resources): a fleet spread over the nodes
-passes, a kill -9 of a replica on another node is survived, and a node that dies mid-run ends the run
-with exit 2 naming the node instead of hanging."""
+passes through per-node Zenoh routers and site proxies, a kill -9 of a replica on another node is
+survived, and a node, or a node's router, that dies mid-run ends the run with exit 2 naming the node
+instead of hanging."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ fleet:
       engine: {{buffer_time_s: 0.4, max_action_age_s: 1.0, fallback: hold, trim: consumed, max_offline_s: 30,
                 reconnect_max_backoff_s: 1.0}}
 sites:
-  lab: {{profile: lan}}
+  lab: {{profile: lan, overrides: {{latency.latency: 2}}}}  # a toxic, so the proxies' legs count chunks
 servers:
   replicas:
     - {{id: r0, checkpoint: reacher, max_sessions: 8}}
@@ -74,16 +75,39 @@ def _run(cluster_address: str, tmp_path: Path, *, duration=8, faults="[]", extra
     return proc.returncode, out, json.loads(summaries[-1].read_text()) if summaries else None
 
 
-def test_a_fleet_spread_over_three_nodes_passes_and_the_summary_names_them(cluster, tmp_path):
+def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the_summary_names_them(cluster, tmp_path):
+    """The shard on one node reaches the replica on another through its node's proxy and router, the driver's
+    router and the replica's node router; a partition of the site reaches the node's copy of the proxy."""
     c, _ = cluster
-    rc, out, summary = _run(c.address, tmp_path)
+    rc, out, summary = _run(c.address, tmp_path, faults="[{at: 2, target: 'site:lab', action: partition, duration: 2}]",
+                            extra="  - unrecovered_robots == 0")
     assert rc == 0, out
     facts = summary["cluster"]
     assert facts["kind"] == "ray" and facts["node_count"] == 3 and facts["placement"] == "spread"
-    placed = {child: n["node_id"] for n in facts["nodes"] for child in n["children"]}
+    assert facts["routers"] == "per_node"
+    placed = {child: n["node_id"] for n in facts["nodes"] for child in n["children"]
+              if child.startswith(("shard:", "server:"))}
     assert set(placed) == {"shard:0", "server:r0"}
     assert placed["shard:0"] != placed["server:r0"], "spread put the shard and the replica on one node"
+    nodes = {n["node_id"]: n for n in facts["nodes"]}
+    with_router = {i for i, n in nodes.items() if "router" in n}
+    assert with_router == set(placed.values()), "one router on each node that hosts a child, none elsewhere"
+    shard_node, replica_node = nodes[placed["shard:0"]], nodes[placed["server:r0"]]
+    assert "chaos_proxy" in shard_node and "chaos_proxy" not in replica_node  # site proxies where robots are
+    assert shard_node["router"]["endpoint"] != replica_node["router"]["endpoint"]
+    run_dir = next((tmp_path / "reports").glob("cluster_probe/*/"))
+    spec = json.loads((run_dir / "manifests" / "shard-0.json").read_text())
+    assert {r["engine"]["connect_endpoints"][0] for r in spec["robots"]} == {shard_node["chaos_proxy"]["sites"]["lab"]}
+    manifest = (run_dir / "manifests" / "r0.yaml").read_text()
+    assert replica_node["router"]["endpoint"] in manifest  # the replica joined its own node's router
     assert summary["figures"]["ticks"] > 0 and any((tmp_path / "reports").rglob("robots.parquet"))
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(run_dir / "transitions.parquet").to_pydict()
+    cut = [ti for ti, to in zip(t["t"], t["to_state"]) if to == "RECONNECTING" and 2.0 <= ti <= 5.0]
+    assert cut, "the partition did not reach the robots' proxy on their node"
+    # the legs are summed over every copy of the site's proxy: only the node's carried the robots' bytes
+    assert any(leg["chunks"] > 0 for leg in summary["fidelity"]["legs"]), summary["fidelity"]["legs"]
 
 
 def test_a_replica_killed_on_another_node_is_restarted_there_and_the_fleet_recovers(cluster, tmp_path):
@@ -96,7 +120,27 @@ def test_a_replica_killed_on_another_node_is_restarted_there_and_the_fleet_recov
     assert kill["t_end"] is not None, kill
 
 
+def test_a_node_router_that_dies_ends_the_run_with_exit_2_naming_its_node(cluster, tmp_path):
+    c, _ = cluster
+
+    def kill_a_node_router_once_running(reports: Path):
+        deadline = time.monotonic() + 120
+        rows: list = []
+        while not rows and time.monotonic() < deadline:
+            tables = list(reports.rglob("processes.json"))  # written once every process started
+            rows = [r for r in json.loads(tables[0].read_text()) if r["name"].startswith("router:")] if tables else []
+            time.sleep(0.2)  # no event tells another process's file appeared
+        os.killpg(rows[0]["pid"], 9)  # the cluster's nodes are this host: its pid is ours to signal
+
+    t0 = time.monotonic()
+    rc, out, summary = _run(c.address, tmp_path, duration=30, while_running=kill_a_node_router_once_running)
+    assert rc == 2, out
+    assert "router:" in out and "on node " in out and "exited with -9" in out, out
+    assert time.monotonic() - t0 < 120, "the run did not notice the dead router promptly"
+
+
 def test_a_node_that_dies_mid_run_ends_the_run_with_exit_2_naming_the_node(cluster, tmp_path):
+    """Last in this module: it removes the worker nodes from the module's cluster."""
     c, workers = cluster
 
     def remove_workers_once_running(reports: Path):

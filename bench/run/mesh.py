@@ -1,0 +1,232 @@
+"""Per-node Zenoh routers and site proxies for `bench run --cluster ray` (`cluster.routers: per_node`).
+
+    driver host                  node A (a shard)                      node B (a replica)
+    hub router  ◄──connect────── router:A ◄── chaos-proxy:A ◄── robots
+    (wire.transport) ◄──connect───────────────────────────────────── router:B ◄── policy-server
+    driver's site proxies (attackers only)        one proxy per site
+
+Every node that hosts a shard or a replica gets a Zenoh router (a child of a Ray actor pinned to the node,
+reserving no resources) that listens on the node's address and `connect`s to the driver's router, so the
+routers form one Zenoh network and route between them: a robot on node A reaches a replica on node B
+through router:A, the hub and router:B. A replica connects to its node's router directly; a node with
+shards also gets a chaos proxy server with one proxy per site in front of its router, and each robot
+connects to its own node's proxy for its site. The fault timeline still speaks of one proxy per site:
+`SiteFanout` applies each site call (partition, toxics, profile) to that site's proxy on the driver and on
+every node, and sums their fidelity counters, so `proxy_legs` covers every node's links. A `router` fault
+applies to every router at once (`AllRouters`).
+
+Nodes are learnt as the run places its children (`Run.start_servers`/`start_shards` locate each one, then
+ask `NodeMesh.links(node)`): a node that gets nothing gets no router. Every router and proxy is registered
+in the run's ProcessSet, so it stops with the run, pass or fail; one that dies ends the run with exit 2
+naming its node (`Run._check_children`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from wire.procs import router_argv
+
+ROUTERS = ("per_node", "driver")
+PROXY_READY_TEXT = "toxiproxy-server-py ready"
+ROUTER_READY_TEXT = "router ready"
+
+
+def resolve_routers(setting: str | None, security: str) -> str:
+    """`cluster.routers` as a run uses it: unset means `per_node`, except with `security: mtls` (node routers
+    would need their own certificates and access rules, not built yet), where it means `driver`."""
+    if setting is None:
+        return "driver" if security == "mtls" else "per_node"
+    if setting not in ROUTERS:
+        raise ValueError(f"cluster.routers must be one of {', '.join(ROUTERS)}, not {setting!r}")
+    if setting == "per_node" and security == "mtls":
+        raise ValueError("cluster.routers: per_node is not built for security: mtls yet (node routers have no "
+                         "certificates or access rules); set cluster: {routers: driver}")
+    return setting
+
+
+def node_host(run_host: str, node: dict) -> str:
+    """The address a node's router and proxies listen on: loopback when the whole cluster is this host (the
+    run's own `host`), else the node's address on the cluster's network."""
+    return "127.0.0.1" if run_host == "127.0.0.1" else node["ip"]
+
+
+def node_router_argv(host: str, port: int, hub_endpoint: str) -> list[str]:
+    """A node's Zenoh router: listening on `host:port` (its node's address), joined to the driver's router."""
+    return router_argv(f"tcp/{host}:{port}", [hub_endpoint])
+
+
+def proxy_argv(host: str, port: int) -> list[str]:
+    """A node's chaos proxy server (chaos.toxiproxy: ours, which reports fidelity), its API on `host:port`."""
+    import sys
+
+    return [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(port)]
+
+
+def short(node_id: str) -> str:
+    return node_id[:12]
+
+
+@dataclass
+class NodeLinks:
+    """One node's router and (with shards) chaos proxy, and what its children connect to."""
+
+    node: dict
+    router: object  # bench.run.cluster.RemoteChild
+    router_endpoint: str
+    proxy: object = None  # RemoteChild of the chaos proxy server, once a shard is on the node
+    api_url: str = ""
+    client: object = None  # chaos.client.ChaosClient
+    sites: dict = field(default_factory=dict)  # site -> endpoint its robots connect to
+
+    def describe(self) -> dict:
+        out = {"router": {"name": self.router.name, "endpoint": self.router_endpoint}}
+        if self.proxy is not None:
+            out["chaos_proxy"] = {"name": self.proxy.name, "api": self.api_url, "sites": dict(self.sites)}
+        return out
+
+
+class NodeMesh:
+    """The run's node routers and proxies, started on a node the first time a child lands there."""
+
+    def __init__(self, cluster, hub_endpoint: str, host: str, logs: Path,
+                 site_toxics: Callable[[], dict[str, list[dict]]], register: Callable[[str, object], None]):
+        self.cluster, self.hub_endpoint, self.host, self.logs = cluster, hub_endpoint, host, Path(logs)
+        self.site_toxics = site_toxics  # site -> the toxics its proxies carry (the driver's copy's, converted)
+        self.register = register  # into the run's ProcessSet (and CPU sampler), the moment a child exists
+        self.nodes: dict[str, NodeLinks] = {}
+        self._lock = threading.Lock()
+
+    def links(self, node: dict, proxies: bool) -> NodeLinks:
+        """`node`'s router (started now if it has none), and with `proxies` its site proxies too."""
+        with self._lock:
+            links = self.nodes.get(node["node_id"])
+            if links is None:
+                links = self.nodes[node["node_id"]] = self._start_router(node)
+            if proxies and links.proxy is None:
+                self._start_proxies(links)
+            return links
+
+    def _start_router(self, node: dict) -> NodeLinks:
+        name = f"router:{short(node['node_id'])}"
+        child = self.cluster.place_on(node["node_id"], name, self.logs / f"router-{short(node['node_id'])}.log",
+                                      ready_text=ROUTER_READY_TEXT, ready_timeout_s=30.0)
+        self.register(name, child)
+        child.locate()
+        host = node_host(self.host, node)
+        (port,) = child.free_ports(1)
+        argv = node_router_argv(host, port, self.hub_endpoint)
+        child.set_argv(argv)
+        child.start(timeout_s=30)
+        return NodeLinks(node, child, argv[argv.index("--listen") + 1])
+
+    def _start_proxies(self, links: NodeLinks) -> None:
+        from chaos.client import ChaosClient
+
+        node = links.node
+        name = f"chaos-proxy:{short(node['node_id'])}"
+        child = self.cluster.place_on(node["node_id"], name, self.logs / f"chaos-proxy-{short(node['node_id'])}.log",
+                                      ready_text=PROXY_READY_TEXT, ready_timeout_s=30.0)
+        self.register(name, child)
+        child.locate()
+        host = node_host(self.host, node)
+        (port,) = child.free_ports(1)
+        child.set_argv(proxy_argv(host, port))
+        child.start(timeout_s=30)
+        links.proxy, links.api_url = child, f"http://{host}:{port}"
+        links.client = ChaosClient(links.api_url)
+        upstream = links.router_endpoint.split("/", 1)[1]
+        for site, toxics in self.site_toxics().items():
+            proxy = links.client.create_proxy(f"site-{site}", upstream=upstream, listen=f"{host}:0")
+            for toxic in toxics:
+                links.client.add_toxic(f"site-{site}", **toxic)
+            links.sites[site] = f"tcp/{proxy['listen']}"
+
+    def routers(self) -> list:
+        return [links.router for links in self.nodes.values()]
+
+    def clients(self, proxy: str) -> list:
+        """Every node's ChaosClient that holds proxy `proxy` (`site-NAME`)."""
+        return [links.client for links in self.nodes.values()
+                if links.client is not None and proxy.removeprefix("site-") in links.sites]
+
+    def describe(self) -> dict:
+        return {node_id: links.describe() for node_id, links in self.nodes.items()}
+
+
+class SiteFanout:
+    """The run's chaos API (a chaos.client.ProxyPool's face) when every node has its own site proxies: a call
+    that changes a site proxy goes to the driver's copy and to every node's; `fidelity` sums them all."""
+
+    FANNED = ("set_enabled", "add_toxic", "remove_toxic", "update_toxic", "delete_proxy")
+
+    def __init__(self, pool, mesh: NodeMesh):
+        self.pool, self.mesh = pool, mesh
+
+    def fidelity(self, proxy: str) -> dict:
+        from chaos.toxiproxy.fidelity import add
+
+        return add([self.pool.fidelity(proxy), *(c.fidelity(proxy) for c in self.mesh.clients(proxy))])
+
+    def __getattr__(self, attr: str):
+        if attr not in self.FANNED:
+            return getattr(self.pool, attr)  # create_proxy, get_proxy, toxics, server_of...: the driver's copy
+
+        def fanned(proxy: str, *args, **kwargs):
+            result = getattr(self.pool, attr)(proxy, *args, **kwargs)
+            for client in self.mesh.clients(proxy):
+                getattr(client, attr)(proxy, *args, **kwargs)
+            return result
+
+        return fanned
+
+
+class AllRouters:
+    """The `router` fault target under per_node routers: the driver's router and every node's, faulted
+    together (kill, term, restart, pause, resume; undo takes back each)."""
+
+    def __init__(self, processes: list, name: str = "router"):
+        self.processes, self.name = list(processes), name
+
+    @property
+    def argv(self) -> list[str]:
+        return self.processes[0].argv
+
+    @property
+    def pid(self):
+        return self.processes[0].pid
+
+    def alive(self) -> bool:
+        return all(p.alive() for p in self.processes)
+
+    def _each(self, method: str, *args):
+        from chaos.faults import FaultHandle
+
+        handles = [getattr(p, method)(*args) for p in self.processes]
+        reversible = [h for h in handles if h is not None and h.reversible]
+        undo = (lambda: [h.undo() for h in reversible]) if reversible else None
+        return FaultHandle(self, method, undo)
+
+    def kill(self):
+        return self._each("kill")
+
+    def term(self, grace_s: float | None = None):
+        return self._each("term", *(() if grace_s is None else (grace_s,)))
+
+    def restart(self):
+        return self._each("restart")
+
+    def restart_with(self, argv: list[str]):
+        from chaos.faults import ProcessFaultError
+
+        raise ProcessFaultError(f"{self.name}: restart_with is for a server; a router takes kill, term, restart, "
+                                "pause and resume")
+
+    def pause(self):
+        return self._each("pause")
+
+    def resume(self):
+        return self._each("resume")
