@@ -111,13 +111,21 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
 
 
 def test_a_replica_killed_on_another_node_is_restarted_there_and_the_fleet_recovers(cluster, tmp_path):
+    """Then a `router` restart, which restarts every router: the driver's and each node's, on its node."""
     c, _ = cluster
-    rc, out, summary = _run(c.address, tmp_path, duration=14,
-                            faults="[{at: 3, target: 'server:r0', action: kill, duration: 3}]",
+    rc, out, summary = _run(c.address, tmp_path, duration=18,
+                            faults="[{at: 3, target: 'server:r0', action: kill, duration: 3}, "
+                                   "{at: 11, target: router, action: restart}]",
                             extra="  - reconnects >= 1\n  - unrecovered_robots == 0")
     assert rc == 0, out
     (kill,) = [f for f in summary["faults"] if f.get("action") == "kill"]
     assert kill["t_end"] is not None, kill
+    (restart,) = [f for f in summary["faults"] if f.get("target") == "router"]
+    assert restart["error"] is None, restart
+    run_dir = next((tmp_path / "reports").glob("cluster_probe/*/"))
+    node_logs = sorted(run_dir.glob("logs/router-*.log"))
+    assert len(node_logs) == 2 and all(p.read_text().count("router ready") == 2 for p in node_logs), \
+        "every node router was restarted on its node"
 
 
 def test_a_node_router_that_dies_ends_the_run_with_exit_2_naming_its_node(cluster, tmp_path):

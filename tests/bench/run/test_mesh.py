@@ -137,3 +137,16 @@ def test_a_router_fault_takes_every_router_down_and_its_undo_brings_each_back(tm
         for r in routers:
             r.stop()
 
+
+
+def test_run_refuses_per_node_routers_with_mtls_before_it_joins_a_cluster(tmp_path, capsys, monkeypatch):
+    from bench.cli import main
+    from tests.bench.scenario.test_validate_catches import BASE
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # were it tried, joining would fail with another message
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE + "security: mtls\ncluster: {routers: per_node}\n")
+    assert main(["run", str(path), "--cluster", "ray", "--reports", str(tmp_path / "reports")]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.routers: per_node is not built for security: mtls" in err and "routers: driver" in err, err
+    assert not (tmp_path / "reports").exists()

@@ -80,6 +80,8 @@ CASES = [
      "fleet.groups[0].stagger_episode", "did you mean 'stagger_episodes'"),
     ("robot type typo", BASE.replace("robot: reacher", "robot: reachr"), 6, "fleet.groups[0].robot",
      "did you mean 'reacher'"),
+    ("cluster routers word", BASE + "cluster: {routers: each_node}\n", 18, "cluster.routers",
+     "'each_node' is not one of per_node, driver; pick one of them (did you mean 'per_node'?)"),
 ]
 
 
