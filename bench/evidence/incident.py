@@ -105,7 +105,12 @@ def _from_run_dir(run: Path, robot: int | None) -> EdgeLog:
             log.robot["policy"] = replicas[0].get("checkpoint")
     clock = run / "clock.json"
     if clock.is_file() and log.robot:
-        log.robot["t0_mono_ms"] = json.loads(clock.read_text())["t0_mono_ms"]
+        facts = json.loads(clock.read_text())
+        # t = 0 on the runner's clock is the servers' only while every replica shares it (bench.fleet.clock): with
+        # one on another clock, the audit lines are not windowed rather than windowed wrongly
+        shared = all(o.get("same_clock", True) for n, o in (facts.get("offsets") or {}).items() if n.startswith("server:"))
+        if shared:
+            log.robot["t0_mono_ms"] = facts["t0_mono_ms"]
     log.requests.sort(key=lambda r: r["t"])
     log.transitions.sort(key=lambda r: r["t"])
     return log

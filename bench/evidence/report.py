@@ -5,7 +5,8 @@ files are written for every run that got as far as a run directory, including ru
 `error` (then with the error and whatever figures exist), so a reader always finds a verdict.
 
     summary.json  {scenario, verdict, exit_code, duration_s, robots, ticks, assertions[], figures{},
-                   groups{}, latency_budget[], cpu{}, memory{}, camera_kind, inference_emulated, faults[], files{}}
+                   groups{}, latency_budget[], cpu{}, memory{}, camera_kind, inference_emulated, faults[],
+                   cluster{}, clock{children, hop_split}, files{}}
     junit.xml     one <testcase> per assertion (failure/error with value and expression)
     report.html   self-contained: inline SVG, inline CSS, no JS
 """
@@ -143,6 +144,7 @@ def summary_dict(o: RunOutcome) -> dict:
         "security": o.meta.get("security", {}),
         "chaos_proxy": o.meta.get("chaos_proxy", {}),
         "cluster": o.meta.get("cluster", {"kind": "local", "nodes": 1}),
+        "clock": o.meta.get("clock", {}),
         "fidelity": o.meta.get("fidelity"),
         "shards": o.meta.get("shards"),
         "parity": o.meta.get("parity", {}),
@@ -293,6 +295,9 @@ def render_html(o: RunOutcome, summary: dict) -> str:
         out.append(f"<tr><td class=l>{e(row['stage'])}</td><td>{_v(row['p50_ms'])}</td><td>{_v(row['p95_ms'])}</td>"
                    f"<td>{_v(row['p99_ms'])}</td><td>{row['count']}</td><td>{e(row['design_lan'])}</td><td>{e(row['design_wan'])}</td></tr>")
     out.append("</table>")
+    split = (summary.get("clock") or {}).get("hop_split") or {}
+    if split and not split.get("valid", True):  # the uplink/downlink rows above left those requests out
+        out.append(f"<p class=banner>uplink / downlink split: {e(split.get('note', 'not valid'))} (summary.json → clock).</p>")
 
     d = o.data
     windows = [(w["t_start"], w["t_end"] if w.get("t_end") is not None else o.duration_s,
@@ -335,6 +340,9 @@ def render_html(o: RunOutcome, summary: dict) -> str:
                 out.append(f"<tr><td class=l>{e(kind)}</td><td>{_v(est[kind])}</td><td>{_v(got.get(kind))}</td></tr>")
             out.append(f"<tr><td class=l>all</td><td>{_v(cpu['estimate'].get('cores_needed'))}</td>"
                        f"<td>{_v(round(sum(got.values()), 3))}</td></tr></table>")
+        for node, facts in (cpu.get("nodes") or {}).items():  # processes on other hosts, read on their node
+            out.append(f"<p class=muted>{e(node)}: host {_v(facts.get('host_percent'))} % of its {facts.get('cores')} "
+                       f"cores; runs {e(', '.join(facts.get('processes') or []))}</p>")
     if windows:
         out.append("<h2>Faults</h2><table><tr><th>start s</th><th>end s</th><th class=l>fault</th><th class=l>detail</th></tr>")
         for w in o.meta.get("faults") or []:

@@ -1,8 +1,10 @@
 """The control channel between the runner and its fleet shards: JSON lines over a Unix socket.
 
     runner ── ControlServer (listens on <tmp>/control.sock) ◄── ControlClient ── shard k
-      start {t0_mono, measure_t0_mono, end_mono}  ─────────►
+      start {start_mono, t0_mono, end_mono}       ─────────►   (instants on the shard's own clock)
       stop {} / robot_fault {...}                 ─────────►
+      clock_ping {id, t1}                         ─────────►
+      ◄─────────  clock_pong {id, t1, t2}  (answered on the shard's read thread: bench.fleet.clock)
       ◄─────────  hello {shard, pid} / ready {robots} / status {...} / done {...} / error {...}
 
 A Unix socket binds no port, and it lives in a private temporary directory the runner removes. Shards on
@@ -23,6 +25,8 @@ import tempfile
 import threading
 import time
 from typing import Callable
+
+from bench.fleet import clock as clocks
 
 
 def _lines(sock: socket.socket):
@@ -70,16 +74,45 @@ class ShardLink(_End):
         self.pid: int | None = None
         self.closed = threading.Event()
         self._on_message = on_message
+        self._pongs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._read, name="control-read", daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
         for msg in _lines(self.sock):
-            if msg.get("type") == "hello":
+            kind = msg.get("type")
+            if kind == "clock_pong":  # stamped here, on receipt, not when the runner's main thread gets to it
+                self._pongs.put((msg, time.monotonic()))
+                continue
+            if kind == "hello":
                 self.shard, self.pid = msg.get("shard"), msg.get("pid")
             self._on_message(self, msg)
         self.closed.set()
         self._on_message(self, {"type": "closed", "shard": self.shard})
+
+    def measure_clock(self, n: int = clocks.EXCHANGES, timeout_s: float = 5.0) -> clocks.ClockOffset:
+        """The shard's clock offset from `n` ping/pong exchanges (bench.fleet.clock); TimeoutError if none came back."""
+        samples = []
+        deadline = time.monotonic() + timeout_s
+        for i in range(n):
+            t1 = time.monotonic()
+            if not self.send({"type": "clock_ping", "id": i, "t1": t1}):
+                break
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    msg, t4 = self._pongs.get(timeout=max(left, 0.0)) if left > 0 else self._pongs.get_nowait()
+                except queue.Empty:
+                    msg = None
+                    break
+                if msg.get("id") == i and msg.get("t1") == t1:
+                    samples.append((t1, float(msg["t2"]), float(msg.get("t3", msg["t2"])), t4))
+                    break  # an older exchange's late pong is skipped
+            if msg is None:
+                break
+        if not samples:
+            raise TimeoutError(f"shard {self.shard} answered no clock ping within {timeout_s:.0f} s")
+        return clocks.estimate(samples)
 
     def close(self) -> None:
         try:
@@ -165,6 +198,10 @@ class ControlClient(_End):
 
     def _read(self) -> None:
         for msg in _lines(self.sock):
+            if msg.get("type") == "clock_ping":  # answered at once, on this thread: the runner times the round trip
+                now = time.monotonic()
+                self.send({"type": "clock_pong", "id": msg.get("id"), "t1": msg.get("t1"), "t2": now, "t3": now})
+                continue
             self._on_message(msg)
         self.closed.set()
         self._on_message({"type": "closed"})

@@ -469,6 +469,8 @@ class Shard:
         status.start()
         self.loop_priority = raise_loop_priority()
         self.send({"type": "log", "message": f"control loop priority: {self.loop_priority}"})
+        if self.start_msg.get("clock_offset_s"):
+            self.send({"type": "log", "message": f"clock offset from the runner's: {self.start_msg['clock_offset_s']:+.6f} s"})
         error = None
         try:
             prof_dir = os.environ.get("BENCH_PROFILE_DIR")  # profile the control loop thread (cProfile)
@@ -550,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True, help="shard spec JSON written by the runner")
     ap.add_argument("--control", default=None, help="the runner's control socket")
     args = ap.parse_args(argv)
+    from bench.fleet.clock import apply_test_skew
+
+    apply_test_skew()  # tests only (BENCH_TEST_MONO_SKEW_S): this shard reads its clock as another host's would
     with open(args.spec) as f:
         spec = json.load(f)
     sys.setswitchinterval(0.001)  # many engine threads share this process: keep GIL hand-offs short

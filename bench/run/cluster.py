@@ -1,7 +1,7 @@
 """`bench run --cluster ray`: a run's fleet shards and server replicas placed on a Ray cluster's nodes.
 
     driver (bench run) ── router, chaos proxy, control socket, /metrics scraper, faults, verdict
-        │ Ray actor calls (start, alive, kill, pause, restart, tail, files)
+        │ Ray actor calls (start, alive, kill, pause, restart, tail, files; mono: its node's clock, usage: its CPU)
         ├── ChildActor "shard:0"   @ node A ── python -m bench.fleet.shard  (its own process group)
         ├── ChildActor "server:r0" @ node B ── policy-server --manifest ...
         ├── ChildActor "router:<node>", "chaos-proxy:<node>" @ every used node (cluster.routers: per_node,
@@ -13,6 +13,9 @@ Each child process is owned by one Ray actor that asks Ray for the child's resou
 `cluster.placement` (`spread`: over as many nodes as possible, `pack`: as few as possible). The actor
 starts the child with `wire.procs.ChildProcess` and applies process faults through the same
 `chaos.faults.ManagedProcess` a local run uses, on the node where the child runs.
+
+The driver also times each node's clock through its actor (`mono`, bench.fleet.clock) and pulls each child's
+CPU, memory and its node's CPU (`usage`, bench.run.hostcpu.node_usage), since neither is visible from its host.
 
 Local processes stay the default; nothing here is imported without `--cluster`.
 Invariants: every child is stopped (and its actor killed) when the run ends, pass or fail; a child
@@ -31,6 +34,7 @@ from pathlib import Path
 from wire.procs import ChildProcess
 
 CALL_TIMEOUT_S = 30.0  # any single actor call (a restart waits for ready inside the call: its own timeout)
+USAGE_TIMEOUT_S = 0.5  # the CPU sampler's pull, once a second: a node slower than this is absent from that sample
 PLACEMENTS = ("spread", "pack")
 
 
@@ -77,8 +81,12 @@ class ChildActorImpl:
                  ready_timeout_s: float):
         from chaos.faults import ManagedProcess
 
+        from bench.fleet.clock import TEST_SKEW_ENV
+
         self.child = ChildProcess(argv, log_path, ready_text=ready_text, env=env, name=name)
         self.managed = ManagedProcess(self.child, name=name, ready_timeout_s=ready_timeout_s)
+        # tests only: a child given a skewed clock stands for a node on that clock, so this actor reads the same one
+        self.clock_skew_s = float((env or {}).get(TEST_SKEW_ENV) or 0.0)
 
     def node(self) -> dict:
         return _node_facts()
@@ -97,6 +105,16 @@ class ChildActorImpl:
     def set_argv(self, argv: list[str]) -> None:
         """The child's argv, once the driver knows what it needs from this node (its ports, its address)."""
         self.child.argv = list(argv)
+
+    def mono(self) -> float:
+        """This node's monotonic clock (bench.fleet.clock: the driver times the call around it)."""
+        return time.monotonic() + self.clock_skew_s
+
+    def usage(self) -> dict:
+        """This node's CPU and the child's process tree's, read here (bench.run.hostcpu.node_usage)."""
+        from bench.run.hostcpu import node_usage
+
+        return node_usage(self.child.pid if self.child.alive() else None)
 
     def put_files(self, files: dict[str, bytes]) -> None:
         """Files the child reads (its spec or manifest), written where the driver wrote them."""
@@ -201,6 +219,12 @@ class RemoteChild(ChildProcess):
     def where(self) -> str:
         """`node 5d2dca76ab12 (host, ip)`: the node this child runs on, for error messages."""
         return f"node {self.node.get('node_id', '?')[:12]} ({self.node.get('hostname', '?')}, {self.node.get('ip', '?')})"
+
+    def measure_clock(self):
+        """This child's node's clock offset from the driver's: exchanges timed around the actor's `mono()`."""
+        from bench.fleet import clock as clocks
+
+        return clocks.measure(lambda: self._call("mono", timeout=10.0))
 
     def start(self, timeout_s: float = 30.0) -> "RemoteChild":
         self.locate()
@@ -365,6 +389,20 @@ class Cluster:
         child = RemoteChild(self, actor, [], log_path, ready_text, name, {})
         self.children.append(child)
         return child
+
+    def usage(self, children: dict[str, RemoteChild], timeout_s: float = USAGE_TIMEOUT_S) -> dict[str, dict]:
+        """Each child's `ChildActor.usage()` that came back within `timeout_s` (all asked at once)."""
+        refs = {c.actor.usage.remote(): name for name, c in children.items() if not c.lost}
+        if not refs:
+            return {}
+        ready, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        out = {}
+        for ref in ready:
+            try:
+                out[refs[ref]] = self.ray.get(ref, timeout=0)
+            except Exception:
+                continue  # its actor died: the child reads as dead elsewhere, with its node named
+        return out
 
     def describe(self, placement: str) -> dict:
         by_node: dict[str, list[str]] = {}

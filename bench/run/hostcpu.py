@@ -7,6 +7,11 @@ new /dev/shm entries, the runner's descriptors). Invariants: a sample never rais
 vanished (it counts as absent from then on); percentages are of ONE core for processes and of ALL cores
 for the host; a name whose pid changes (a restarted replica) starts afresh, and psutil's process
 identity (pid + start time) keeps a reused pid from being taken for the old process.
+
+A process on another host (`bench run --cluster ray`) is not in this host's /proc: its ChildActor reads
+it there (`node_usage`, the same tree sum) with its node's CPU, and the sampler pulls that every sample
+(`track_remote`; a node that does not answer in time leaves that sample without it). Such a process's
+% is over its node's clock, and each node's own host % sits beside this host's (`nodes`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -73,6 +79,21 @@ def tree_usage(p: psutil.Process, kids: dict[int, list[psutil.Process]] | None =
     return cpu, rss, fds
 
 
+def node_usage(pid: int | None) -> dict:
+    """This host's CPU times and cores, and `pid`'s process tree (CPU seconds, resident MB, fds) when it runs:
+    what a node's ChildActor answers the driver's sampler with. `mono` dates the reading on this host's clock."""
+    busy, total = host_cpu_times()
+    out = {"mono": time.monotonic(), "host_busy_s": busy, "host_total_s": total, "cores": os.cpu_count() or 1}
+    if pid:
+        try:
+            p = psutil.Process(pid)
+            cpu, rss, fds = tree_usage(p)
+            out.update(pid=pid, cpu_s=cpu, rss_mb=rss / 2**20, fds=fds)
+        except psutil.Error:
+            pass  # gone: absent from this sample, as a local process would be
+    return out
+
+
 class CpuSampler:
     """Samples host and per-process-tree CPU, RSS and descriptors once per `period_s` on its own thread.
 
@@ -95,12 +116,47 @@ class CpuSampler:
         self._last_t: float | None = None
         self._me = psutil.Process()
         self.cores = os.cpu_count() or 1
+        self.remote: dict[str, str] = {}  # name -> node label, for processes on other hosts
+        # names -> {name: node_usage() dict}, called once a sample (bench.run.cluster.Cluster.usage)
+        self.remote_usage: Callable[[list[str]], dict[str, dict]] | None = None
+        self._remote_last: dict[str, dict] = {}
+        self._node_cores: dict[str, int] = {}
 
     def track(self, name: str, pid) -> None:
         """`pid`: a process id, or a callable returning the current one (a replica the fault timeline
         restarts gets a new pid under the same name)."""
         if pid:
             self.pids[name] = pid
+
+    def track_remote(self, name: str, node: str) -> None:
+        """`name` runs on another host, `node` (a label: node id and hostname); its readings come from `remote_usage`."""
+        self.remote[name] = node
+
+    def _sample_remote(self, procs: dict, rss: dict, fds: dict, pids: dict) -> dict[str, float]:
+        """Remote processes' % of a core (over their node's clock) into `procs`; returns each node's host %."""
+        if not self.remote or self.remote_usage is None:
+            return {}
+        try:
+            got = self.remote_usage(list(self.remote))
+        except Exception:
+            return {}
+        nodes: dict[str, float] = {}
+        for name, u in got.items():
+            prev, node = self._remote_last.get(name), self.remote.get(name, "?")
+            self._remote_last[name] = u
+            if prev is None or not u.get("mono", 0) > prev.get("mono", 0):
+                continue
+            dt = u["mono"] - prev["mono"]
+            self._node_cores[node] = int(u.get("cores") or 1)
+            d_total = u["host_total_s"] - prev["host_total_s"]
+            if node not in nodes and d_total > 0:
+                nodes[node] = 100.0 * (u["host_busy_s"] - prev["host_busy_s"]) / d_total
+            if "cpu_s" not in u:
+                continue
+            before = prev.get("cpu_s", 0.0) if prev.get("pid") == u["pid"] else 0.0  # restarted: all of it is new
+            procs[name] = max(0.0, 100.0 * (u["cpu_s"] - before) / dt)
+            rss[name], fds[name], pids[name] = round(u["rss_mb"], 2), u["fds"], u["pid"]
+        return nodes
 
     def start(self) -> "CpuSampler":
         self._thread.start()
@@ -144,6 +200,8 @@ class CpuSampler:
             cur["runner"] = _cpu_s(self._me, children=False)
             rss["runner"] = self._me.memory_info().rss / 2**20
             fds["runner"] = self._me.num_fds()
+        remote: tuple[dict, dict, dict, dict] = ({}, {}, {}, {})  # % of a core, MB, fds, pid
+        nodes = self._sample_remote(*remote)
         out = None
         if self._last_t is not None and now > self._last_t:
             dt = now - self._last_t
@@ -151,8 +209,15 @@ class CpuSampler:
             host_pct = 100.0 * db / dt_s if dt_s > 0 else 0.0
             last = {**self._last, **{n: 0.0 for n in self._fresh}}
             procs = {n: max(0.0, 100.0 * (v - last.get(n, v)) / dt) for n, v in cur.items()}
-            out = {"t": now - self.t0, "host_percent": host_pct, "processes": procs,
-                   "rss_mb": {n: round(v, 2) for n, v in rss.items()}, "fds": fds, "pids": pids}
+            rss = {n: round(v, 2) for n, v in rss.items()}
+            procs.update(remote[0])
+            rss.update(remote[1])
+            fds.update(remote[2])
+            pids.update(remote[3])
+            out = {"t": now - self.t0, "host_percent": host_pct, "processes": procs, "rss_mb": rss, "fds": fds,
+                   "pids": pids}
+            if nodes:
+                out["nodes"] = nodes
             if self.probe_every and len(self.samples) % self.probe_every == 0:
                 out["speed_probe_ms"] = speed_probe_cpu_ms()
             self.samples.append(out)
@@ -183,8 +248,17 @@ class CpuSampler:
             return {"host_percent": None, "split": {}}
         names = sorted({n for s in win for n in s["processes"]})
         split = {n: sum(s["processes"].get(n, 0.0) for s in win) / len(win) for n in names}
-        return {"host_percent": sum(s["host_percent"] for s in win) / len(win), "split": split,
-                "cores": self.cores, "samples": len(win)}
+        out = {"host_percent": sum(s["host_percent"] for s in win) / len(win), "split": split,
+               "cores": self.cores, "samples": len(win)}
+        if self.remote:  # where the remote processes ran, and each of those nodes' own CPU
+            out["node_of"] = dict(sorted(self.remote.items()))
+            out["nodes"] = {}
+            for node in sorted(set(self.remote.values())):
+                vals = [s["nodes"][node] for s in win if node in (s.get("nodes") or {})]
+                out["nodes"][node] = {"host_percent": sum(vals) / len(vals) if vals else None,
+                                      "cores": self._node_cores.get(node), "samples": len(vals),
+                                      "processes": sorted(n for n, v in self.remote.items() if v == node)}
+        return out
 
     def memory(self, t_from: float, t_to: float) -> dict:
         """Per process over [t_from, t_to]: RSS at start and end (MB), max, growth ratio after warm-up (of its last

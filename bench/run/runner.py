@@ -36,6 +36,7 @@ import numpy as np
 
 from bench.evidence import fidelity as fid
 from bench.evidence import figures as figs
+from bench.fleet import clock as clocks
 from bench.fleet import records
 from bench.evidence import report
 from bench.scenario.assertions import evaluate
@@ -51,6 +52,7 @@ EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 SERVER_READY_TEXT = "policy-server ready"
 SHARD_READY_TIMEOUT_S = 60.0
 SHARD_DONE_TIMEOUT_S = 30.0
+CLOCK_RECHECK_BEFORE_END_S = 1.0  # the clocks are measured again this long before the end: shards leave at the end
 
 
 def cpu_table(samples: SampleLog):
@@ -73,29 +75,62 @@ def psutil_rss_mb() -> float:
     return round(psutil.Process().memory_info().rss / 2**20, 1)
 
 
-def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, server_rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+HOP_SPLIT_MAX_CLOCK_ERROR = 0.25  # of a pair's median one-way hop: a split whose clocks are less sure is dropped
+
+
+def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, server_rows: list[dict],
+              robot_offset_ms: np.ndarray | None = None, robot_uncertainty_ms: np.ndarray | None = None,
+              robot_shard: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """Each answered request's uplink and downlink, ms: `uplink_ms` from the robot stamping it (`sent_ns`, its
     header's client_mono_ns) to the server receiving it (audit `received_mono_ms`), `downlink_ms` from the server
     handing the chunk to Zenoh (audit `sent_mono_ms`) to the robot receiving it (`t_recv_s`, monotonic seconds).
-    Valid because every process of a run shares this host's monotonic clock (a real deployment's do not: there
-    only their sum, `network_ms`, exists). Joined on client_mono_ns; NaN where no audit line matches."""
-    known = [(int(r["client_mono_ns"]), float(r["received_mono_ms"]), float(r["sent_mono_ms"])) for r in server_rows
+
+    Clocks (bench.fleet.clock): `t_recv_s` and the audit rows are on the runner's clock (collect_audit shifts a
+    replica on another clock, and gives its rows `clock_uncertainty_ms`); `sent_ns` is the robot's, moved onto
+    the runner's by `robot_offset_ms` (its shard's offset, per row; none = the same clock). Their sum,
+    `network_ms`, needs no offset; the split does. Per (shard, replica) pair: when its two clocks' combined
+    uncertainty exceeds HOP_SPLIT_MAX_CLOCK_ERROR of the pair's median one-way hop ((uplink + downlink) / 2), all
+    of its requests get NaN (all, not the long hops only, which would bias what is left). Joined on
+    client_mono_ns (the raw stamp, echoed); NaN where no audit line matches. Returns (uplink, downlink, the
+    dropped pairs: {shard, replica, requests, clock_error_ms, hop_ms_p50})."""
+    known = [(int(r["client_mono_ns"]), float(r["received_mono_ms"]), float(r["sent_mono_ms"]),
+              float(r.get("clock_uncertainty_ms") or 0.0), str(r.get("replica") or "")) for r in server_rows
              if r.get("outcome") == "ok" and r.get("client_mono_ns") and r.get("received_mono_ms") is not None
              and r.get("sent_mono_ms") is not None]
     up = np.full(len(sent_ns), np.nan, dtype=np.float32)
     down = np.full(len(sent_ns), np.nan, dtype=np.float32)
     if not known or not len(sent_ns):
-        return up, down
+        return up, down, []
     known.sort()
     keys = np.array([k[0] for k in known], dtype=np.int64)
     received = np.array([k[1] for k in known])
     sent = np.array([k[2] for k in known])
+    server_error = np.array([k[3] for k in known])
+    replicas = np.array([k[4] for k in known])
     sent_ns = np.asarray(sent_ns, dtype=np.int64)
     at = np.clip(np.searchsorted(keys, sent_ns), 0, len(keys) - 1)
     hit = (keys[at] == sent_ns) & (sent_ns > 0)
-    up[hit] = received[at[hit]] - sent_ns[hit] / 1e6
-    down[hit] = np.asarray(t_recv_s, dtype=float)[hit] * 1e3 - sent[at[hit]]
-    return up, down
+    robot_ms = sent_ns / 1e6
+    if robot_offset_ms is not None:
+        robot_ms = robot_ms - np.asarray(robot_offset_ms, dtype=float)
+    u = received[at] - robot_ms
+    d = np.asarray(t_recv_s, dtype=float) * 1e3 - sent[at]
+    robot_error = np.zeros(len(sent_ns)) if robot_uncertainty_ms is None else np.asarray(robot_uncertainty_ms, float)
+    shards = np.full(len(sent_ns), -1) if robot_shard is None else np.asarray(robot_shard)
+    error = server_error[at] + robot_error
+    keep = hit.copy()
+    dropped = []
+    for shard, replica in sorted({(int(a), str(b)) for a, b in zip(shards[hit], replicas[at][hit])}):
+        rows = hit & (shards == shard) & (replicas[at] == replica)
+        err = float(np.max(error[rows]))
+        hop = float(np.median((u[rows] + d[rows]) / 2.0))
+        if err > 0 and not err <= HOP_SPLIT_MAX_CLOCK_ERROR * hop:
+            keep &= ~rows
+            dropped.append({"shard": shard, "replica": replica, "requests": int(rows.sum()),
+                            "clock_error_ms": round(err, 3), "hop_ms_p50": round(hop, 3)})
+    up[keep] = u[keep]
+    down[keep] = d[keep]
+    return up, down, dropped
 
 
 class EnvironmentInvalid(RuntimeError):
@@ -287,6 +322,10 @@ class Run:
         self.servers: dict[str, dict] = {}  # replica id -> {child, manifest, health_port, audit}
         self.identities: dict[tuple[str, int], dict] = {}  # (group, index) -> client_uuid [+ TLS files]
         self.control: ControlServer | None = None
+        # each shard's and replica's clock offset from this runner's (bench.fleet.clock), measured before the start
+        # barrier, then combined with a second measurement taken CLOCK_RECHECK_BEFORE_END_S before the end
+        self.clocks: dict[str, clocks.ClockOffset] = {}
+        self.clocks_near_end: dict[str, clocks.ClockOffset] | None = None
         self.cpu = CpuSampler()
         self.server_samples = SampleLog()  # {t, replica, metric, value} a second per replica and gauge
         self.leg_series = fid.LegErrorSeries()  # each leg's mean delay error, every second of the run
@@ -564,7 +603,10 @@ class Run:
                 model = _deep_merge(_undot(self.s.server_manifest), _undot(replica.manifest)).get("model") or {}
                 cuda = str(model.get("device", "cpu")).startswith("cuda")
                 c = self.s.cluster
-                child = self.cluster.place(f"server:{replica.id}", server_argv(path), self.logs / f"server-{replica.id}.log",
+                skew = os.environ.get(clocks.REPLICA_TEST_SKEW_ENV)  # tests only: the replica's node on another clock
+                child = self.cluster.place(f"server:{replica.id}", server_argv(path, test_skew=bool(skew)),
+                                           self.logs / f"server-{replica.id}.log",
+                                           env={clocks.TEST_SKEW_ENV: skew} if skew else None,
                                            ready_text=SERVER_READY_TEXT, num_cpus=c.get("replica_cpus", 1.0),
                                            num_gpus=c.get("replica_gpus", 1.0) if cuda else 0.0,
                                            placement=c.get("placement", "spread"))
@@ -594,8 +636,10 @@ class Run:
         if errors:
             raise RuntimeError("a server replica did not start:\n" + "\n".join(errors))
         for rid, info in self.servers.items():
-            if self._local(info["child"]):
+            if self._local(info["child"], for_cpu=True):
                 self.cpu.track(f"server:{rid}", lambda c=info["child"]: c.pid)  # a restart changes the pid
+            else:
+                self.track_remote_cpu(f"server:{rid}", info["child"])
 
     def shard_specs(self) -> list[dict]:
         """Deal robots round-robin over the shards (each group spread over all shards)."""
@@ -634,8 +678,11 @@ class Run:
             argv = [sys.executable, "-m", "bench.fleet.shard", "--spec", str(path), "--control", self.control.path]
             if self.cluster is not None:
                 c = self.s.cluster
+                env = {"PYTHONPATH": _pythonpath()}
+                if os.environ.get(clocks.TEST_SKEW_ENV):  # tests only: a node's child does not inherit this env
+                    env[clocks.TEST_SKEW_ENV] = os.environ[clocks.TEST_SKEW_ENV]
                 child = self.cluster.place(f"shard:{k}", argv, self.logs / f"shard-{k}.log",
-                                           env={"PYTHONPATH": _pythonpath()}, num_cpus=c.get("shard_cpus", 1.0),
+                                           env=env, num_cpus=c.get("shard_cpus", 1.0),
                                            placement=c.get("placement", "spread"))
                 if self.mesh is not None:  # each robot connects to its site's proxy on the shard's own node
                     sites = self.mesh.links(child.locate(), proxies=True).sites
@@ -648,14 +695,41 @@ class Run:
                 child = ChildProcess(argv, self.logs / f"shard-{k}.log", name=f"shard-{k}", env={"PYTHONPATH": _pythonpath()})
             self.procs.add(f"shard:{k}", child)
             child.start()
-            if self._local(child):
+            if self._local(child, for_cpu=True):
                 self.cpu.track(f"shard:{k}", child.pid)
+            else:
+                self.track_remote_cpu(f"shard:{k}", child)
         deadline = time.monotonic() + SHARD_READY_TIMEOUT_S + 0.2 * self.s.robots
         ready: set[int] = set()
         while len(ready) < len(specs):
             msg = self._next_message(deadline, "shards to start their robots")
             if msg.get("type") == "ready":
                 ready.add(msg["shard"])
+        self.clocks = self.measure_clocks()
+
+    def measure_clocks(self, strict: bool = True) -> dict[str, clocks.ClockOffset]:
+        """Each shard's clock offset (ping/pong on its control link) and each replica's (a replica here shares this
+        clock; one on a cluster node is timed through its actor). `strict`: a shard that does not answer is an
+        error (its start barrier would be wrong); at the end it keeps its start measurement instead."""
+        out: dict[str, clocks.ClockOffset] = {}
+        for name, child in list(self.procs.children):
+            try:
+                if name.startswith("shard:"):
+                    link = self.control.link(int(name.split(":", 1)[1])) if self.control is not None else None
+                    if link is None:
+                        raise TimeoutError(f"{name} has no control link")
+                    offset = link.measure_clock(timeout_s=5.0 if strict else 1.0)
+                elif name.startswith("server:"):
+                    measure = getattr(child, "measure_clock", None)
+                    offset = measure() if measure is not None else clocks.SAME_CLOCK
+                else:
+                    continue
+            except (TimeoutError, ProcessLookupError) as exc:
+                if strict:
+                    raise RuntimeError(f"cannot measure {name}'s clock: {exc}") from None
+                continue
+            out[name] = clocks.settle(offset, self._local(child))
+        return out
 
     def _next_message(self, deadline: float, waiting_for: str) -> dict:
         """Next control message; raises if a shard died or the deadline passes."""
@@ -707,11 +781,19 @@ class Run:
             host = node.get("ip") or host
         return f"http://{host}:{info['health_port']}"
 
-    def _local(self, child) -> bool:
-        """Whether `child` runs on this host (its pid means something to this host's CPU sampler)."""
+    def _local(self, child, for_cpu: bool = False) -> bool:
+        """Whether `child` runs on this host (its pid means something to this host's CPU sampler). `for_cpu` with
+        BENCH_TEST_CPU_REMOTE=1 (tests only): a cluster child is sampled through its actor even on this host."""
         import socket
 
+        if for_cpu and hasattr(child, "node") and os.environ.get("BENCH_TEST_CPU_REMOTE") == "1":
+            return False
         return not hasattr(child, "node") or child.node.get("hostname") == socket.gethostname()
+
+    def track_remote_cpu(self, name: str, child) -> None:
+        """A child on another host: the CPU sampler pulls its readings from its node (bench.run.hostcpu)."""
+        self.cpu.track_remote(name, child.where())
+        self.cpu.remote_usage = lambda names: self.cluster.usage({n: self.procs.get(n) for n in names})
 
     def _restarting(self, name: str) -> bool:
         """A server may be down on purpose while a fault holds it down."""
@@ -722,12 +804,14 @@ class Run:
     def drive(self) -> None:
         start_at = time.monotonic() + 0.3
         self.state.t0_mono = start_at + self.s.warmup_s
-        # records say t (seconds since t=0); servers' audit lines say mono_ms: this joins them (bench incident)
-        (self.run_dir / "clock.json").write_text(json.dumps({"t0_mono_ms": self.state.t0_mono * 1e3}))
         self.state.end_mono = self.state.t0_mono + self.s.duration_s
+        self.write_clock_file()
         self.cpu.t0 = self.state.t0_mono
-        self.control.broadcast({"type": "start", "start_mono": start_at, "t0_mono": self.state.t0_mono,
-                                "end_mono": self.state.end_mono})
+        for link in list(self.control.links):  # the barrier, t = 0 and the end, each on the shard's own clock
+            offset = self.clocks.get(f"shard:{link.shard}", clocks.SAME_CLOCK)
+            link.send({"type": "start", "start_mono": offset.to_child(start_at),
+                       "t0_mono": offset.to_child(self.state.t0_mono), "end_mono": offset.to_child(self.state.end_mono),
+                       "clock_offset_s": offset.offset_s})
         if self.s.attackers:
             self.start_attackers()
         self.state.phase = "warmup"
@@ -737,6 +821,8 @@ class Run:
             now = time.monotonic()
             if now >= self.state.end_mono:
                 break
+            if now >= self.state.end_mono - CLOCK_RECHECK_BEFORE_END_S and self.clocks_near_end is None:
+                self.clocks_near_end = self.measure_clocks(strict=False)  # while every shard still answers
             if not timeline_started and now >= self.state.t0_mono:
                 self.leg_start = self.proxy_legs()  # the measured window's legs start here (warmup excluded)
                 self.state.phase = "run"
@@ -750,6 +836,13 @@ class Run:
                 pass
             self._check_children()
             self._check_timeline()
+
+    def write_clock_file(self) -> None:
+        """clock.json: t = 0 on this runner's monotonic clock (records say t, servers' audit lines mono_ms: this
+        joins them, bench incident) and every child's clock offset from it (bench.fleet.clock)."""
+        (self.run_dir / "clock.json").write_text(json.dumps(
+            {"t0_mono_ms": self.state.t0_mono * 1e3, "offsets": {n: o.to_json() for n, o in sorted(self.clocks.items())}},
+            indent=1))
 
     def start_timeline(self) -> None:
         if not self.s.faults:
@@ -836,6 +929,10 @@ class Run:
         if self.state.t0_mono is not None and time.monotonic() >= self.state.t0_mono:
             self.leg_end = self.proxy_legs()  # before the timeline heals and the proxy stops
         self.state.phase = "stopping"
+        end = self.clocks_near_end
+        if end:  # the clocks drift over a run: the start's and the end's measurements, combined
+            self.clocks = {n: clocks.combine(o, end[n]) if n in end else o for n, o in self.clocks.items()}
+            self.write_clock_file()
         try:
             if self.timeline is not None:
                 self.timeline.stop()
@@ -926,6 +1023,7 @@ class Run:
             # shadow groups: per robot, the comparison counts and the first mismatch, in words
             "parity": {str(r): c for r, c in sorted((data.parity if data is not None else {}).items())},
             "cluster": getattr(self, "cluster_facts", None) or {"kind": "local", "nodes": 1},
+            "clock": self.clock_facts(),
             "chaos_proxy": {"processes": len(getattr(self, "proxy_servers", [])),
                             "site_process": {n: self.chaos.server_of(f"site-{n}") for n in self.sites}
                             if hasattr(getattr(self, "chaos", None), "server_of") else {},
@@ -1001,7 +1099,9 @@ class Run:
                 t = t.sort_by([("robot", "ascending"), ("t", "ascending")])
             if kind == "requests":
                 t_recv = t.column("t").to_numpy() + float(getattr(self.state, "t0_mono", 0.0) or 0.0)
-                up, down = hop_split(t.column("sent_ns").to_numpy(), t_recv, server_rows)
+                offset_ms, error_ms, shard = self.robot_clocks(t.column("robot").to_numpy())
+                up, down, self.hop_split_dropped = hop_split(t.column("sent_ns").to_numpy(), t_recv, server_rows,
+                                                             offset_ms, error_ms, shard)
                 t = t.append_column("uplink_ms", pa.array(up)).append_column("downlink_ms", pa.array(down))
             pq.write_table(t, self.run_dir / f"{kind}.parquet")
             tables[kind] = t
@@ -1056,6 +1156,30 @@ class Run:
                                          ListRows(t.column("action")), scale)
         return data
 
+    def robot_clocks(self, robots: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
+        """Per record row: its robot's shard's clock offset and uncertainty, ms (None, None: all on this clock), and
+        the shard."""
+        shard_of = {r["robot"]: r["shard"] for r in getattr(self, "robot_table", [])}
+        shard = np.array([shard_of.get(int(r), -1) for r in robots], dtype=np.int64)
+        by_shard = {k: self.clocks.get(f"shard:{k}", clocks.SAME_CLOCK) for k in set(shard_of.values())}
+        if all(o.same_clock for o in by_shard.values()):
+            return None, None, shard
+        offsets = np.array([by_shard[k].offset_s * 1e3 if k in by_shard else np.nan for k in shard])
+        errors = np.array([by_shard[k].uncertainty_s * 1e3 if k in by_shard else np.inf for k in shard])
+        return offsets, errors, shard
+
+    def clock_facts(self) -> dict:
+        """summary.json's `clock`: each child's offset and whether the uplink/downlink split could be trusted."""
+        pairs = getattr(self, "hop_split_dropped", None) or []
+        dropped = sum(p["requests"] for p in pairs)
+        split = {"valid": not pairs, "requests_dropped": dropped, "dropped_pairs": pairs,
+                 "max_clock_error_of_hop": HOP_SPLIT_MAX_CLOCK_ERROR}
+        if pairs:
+            split["note"] = (f"{dropped} answered requests have no uplink_ms/downlink_ms: " + "; ".join(
+                f"shard {p['shard']} -> {p['replica']}: clocks unsure by {p['clock_error_ms']:.2f} ms, over "
+                f"{HOP_SPLIT_MAX_CLOCK_ERROR:.0%} of the {p['hop_ms_p50']:.2f} ms one-way hop" for p in pairs))
+        return {"children": {n: o.to_json() for n, o in sorted(self.clocks.items())}, "hop_split": split}
+
     def collect_audit(self) -> list[dict]:
         rows = []
         for rid, info in self.servers.items():
@@ -1063,7 +1187,15 @@ class Run:
             if not path or not Path(path).is_file():
                 continue
             with open(path, errors="replace") as lines:  # line by line: the whole file as one string doubled the peak
-                rows += _audit_rows(lines, rid)
+                got = _audit_rows(lines, rid)
+            offset = self.clocks.get(f"server:{rid}", clocks.SAME_CLOCK)
+            if not offset.same_clock:  # the replica's clock -> this runner's, so every reader compares like with like
+                for r in got:
+                    for k in ("mono_ms", "received_mono_ms", "sent_mono_ms"):
+                        if isinstance(r.get(k), (int, float)):
+                            r[k] = r[k] - offset.offset_s * 1e3
+                    r["clock_uncertainty_ms"] = offset.uncertainty_s * 1e3
+            rows += got
         keys = sorted({k for r in rows for k in r})
         for r in rows:  # in place: a second list of dicts was the report phase's largest copy
             for k in keys:
@@ -1108,9 +1240,12 @@ def _proxy_name(i: int) -> str:
     return "chaos-proxy" if i == 0 else f"chaos-proxy-{i}"
 
 
-def server_argv(manifest: Path) -> list[str]:
-    """policy-server through this interpreter (no reliance on PATH)."""
-    return [sys.executable, "-c", "import sys; from server.cli import main; sys.exit(main())", "--manifest", str(manifest)]
+def server_argv(manifest: Path, test_skew: bool = False) -> list[str]:
+    """policy-server through this interpreter (no reliance on PATH). `test_skew` (tests only): its monotonic clock
+    shifted by BENCH_TEST_MONO_SKEW_S before the server's modules load (bench.fleet.clock.apply_test_skew)."""
+    skew = "from bench.fleet.clock import apply_test_skew; apply_test_skew(); " if test_skew else ""
+    return [sys.executable, "-c", f"import sys; {skew}from server.cli import main; sys.exit(main())", "--manifest",
+            str(manifest)]
 
 
 def _rtc_budget_s(engine: dict, fps: float) -> float:

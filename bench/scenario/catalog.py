@@ -72,8 +72,12 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "inference_ms": ("series", "ms", "server inference time per request"),
     "queue_wait_ms": ("series", "ms", "server queue wait per request"),
     "network_ms": ("series", "ms", "rtt - queue wait - inference"),
-    "uplink_ms": ("series", "ms", "robot's send to the server's receipt (one host's monotonic clock; bench only)"),
-    "downlink_ms": ("series", "ms", "server's publish to the robot's receipt (one host's monotonic clock; bench only)"),
+    "uplink_ms": ("series", "ms", "robot's send to the server's receipt (monotonic clocks joined by their measured "
+                                  "offsets; a shard/replica pair whose clocks are unsure by over 25 % of "
+                                  "its hop is left out; bench only)"),
+    "downlink_ms": ("series", "ms", "server's publish to the robot's receipt (monotonic clocks joined by their measured "
+                                    "offsets; a shard/replica pair whose clocks are unsure by over 25 % of "
+                                    "its hop is left out; bench only)"),
     "encode_ms": ("series", "ms", "client encode time per request, when the engine reports it"),
     "delay_steps": ("series", "steps", "inference delay in control steps per request"),
     "execution_steps": ("series", "steps", "RTC's s per request: control steps each chunk is executed for, counted "
