@@ -61,10 +61,10 @@ def cluster():
 
 
 def _run(cluster_address: str, tmp_path: Path, *, duration=8, faults="[]", extra="", timeout=240,
-         while_running=None) -> tuple[int, str, dict | None]:
+         while_running=None, env_extra: dict | None = None) -> tuple[int, str, dict | None]:
     path = tmp_path / "cluster_probe.yaml"
     path.write_text(SCENARIO.format(duration=duration, faults=faults, extra=extra))
-    env = dict(os.environ, RAY_ADDRESS=cluster_address, PYTHONPATH=str(ROOT), MUJOCO_GL="egl")
+    env = dict(os.environ, RAY_ADDRESS=cluster_address, PYTHONPATH=str(ROOT), MUJOCO_GL="egl", **(env_extra or {}))
     proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "run", str(path), "--cluster", "ray", "--quiet",
                              "--reports", str(tmp_path / "reports")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, cwd=ROOT)
@@ -79,8 +79,12 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     """The shard on one node reaches the replica on another through its node's proxy and router, the driver's
     router and the replica's node router; a partition of the site reaches the node's copy of the proxy."""
     c, _ = cluster
+    # as if on other hosts: the children's CPU is read on their nodes through their actors (BENCH_TEST_CPU_REMOTE),
+    # the shard's clock reads 5 s ahead of the driver's and the replica's node's 3 s behind
     rc, out, summary = _run(c.address, tmp_path, faults="[{at: 2, target: 'site:lab', action: partition, duration: 2}]",
-                            extra="  - unrecovered_robots == 0")
+                            extra="  - unrecovered_robots == 0",
+                            env_extra={"BENCH_TEST_CPU_REMOTE": "1", "BENCH_TEST_MONO_SKEW_S": "5",
+                                       "BENCH_TEST_REPLICA_MONO_SKEW_S": "-3"})
     assert rc == 0, out
     facts = summary["cluster"]
     assert facts["kind"] == "ray" and facts["node_count"] == 3 and facts["placement"] == "spread"
@@ -108,6 +112,25 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     assert cut, "the partition did not reach the robots' proxy on their node"
     # the legs are summed over every copy of the site's proxy: only the node's carried the robots' bytes
     assert any(leg["chunks"] > 0 for leg in summary["fidelity"]["legs"]), summary["fidelity"]["legs"]
+    # every child's clock was measured: the shard's over its TCP control link, the replica's node's through its actor
+    clock = summary["clock"]
+    shard, replica = clock["children"]["shard:0"], clock["children"]["server:r0"]
+    assert abs(shard["offset_ms"] - 5000) <= shard["uncertainty_ms"] + 1e-3 and not shard["same_clock"], clock
+    assert abs(replica["offset_ms"] + 3000) <= replica["uncertainty_ms"] + 1e-3 and not replica["same_clock"], clock
+    # the split across the clocks (8 s apart): right, or left out where ±(both uncertainties) is too much for a
+    # LAN hop of ~1 ms, and the report says so; never 8 s off
+    up, net = summary["figures"]["uplink_ms"], summary["figures"]["network_ms"]
+    split = clock["hop_split"]
+    assert split["valid"] == (split["requests_dropped"] == 0) and up["count"] + split["requests_dropped"] >= net["count"] * 0.9
+    assert up["count"] == 0 or 0 < up["p50"] <= net["p50"] + 1.0, (up, net)
+    # the replica's audit times were moved onto the driver's clock: they fall in the run's window there
+    t0_ms = json.loads((run_dir / "clock.json").read_text())["t0_mono_ms"]
+    received = [v for v in pq.read_table(run_dir / "server_requests.parquet").column("received_mono_ms").to_pylist() if v]
+    assert received and t0_ms - 3_500 <= min(received) and max(received) <= t0_ms + 8_500, (t0_ms, min(received))
+    cpu = summary["cpu"]
+    assert set(cpu["node_of"]) == {"shard:0", "server:r0"} and cpu["split"]["shard:0"] > 0, cpu
+    assert {p for n in cpu["nodes"].values() for p in n["processes"]} == {"shard:0", "server:r0"}
+    assert all(n["samples"] > 0 and 0 <= n["host_percent"] <= 100 for n in cpu["nodes"].values()), cpu["nodes"]
 
 
 def test_a_replica_killed_on_another_node_is_restarted_there_and_the_fleet_recovers(cluster, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import threading
@@ -141,10 +142,13 @@ def test_hop_split_joins_audit_lines_on_the_client_stamp():
             {"outcome": "ok", "client_mono_ns": 4_000_000_000}]  # an older server: no timings
     sent = np.array([2_000_000_000, 1_000_000_000, 3_000_000_000, 4_000_000_000, 5_000_000_000, 0], np.int64)
     t_recv = np.array([2.05, 1.08, 3.5, 4.1, 5.1, 6.0])
-    up, down = hop_split(sent, t_recv, rows)
+    up, down, dropped = hop_split(sent, t_recv, rows)
     assert up[:2] == pytest.approx([10.5, 30.0]) and down[:2] == pytest.approx([30.0, 25.0], abs=1e-6)
     assert np.isnan(up[2:]).all() and np.isnan(down[2:]).all()  # not answered, no timings, no audit line, no stamp
-    assert [len(x) for x in hop_split(sent, t_recv, [])] == [6, 6]
+    assert dropped == []  # one clock: nothing is dropped for its clocks
+    up0, down0, _ = hop_split(sent, t_recv, rows, np.zeros(6), np.zeros(6))  # offsets of 0: the same numbers
+    assert np.array_equal(up0, up, equal_nan=True) and np.array_equal(down0, down, equal_nan=True)
+    assert [len(x) for x in hop_split(sent, t_recv, [])[:2]] == [6, 6]
 
 
 def test_progress_line_shows_states_and_figures():
@@ -287,3 +291,87 @@ def test_list_rows_reads_an_arrow_list_column_as_to_pylist_does_for_seams():
     a = seam_inputs(robots, seqs, eps, none, rows, {})
     b = seam_inputs(robots, seqs, eps, none, ListRows(col), {})
     assert a.keys() == b.keys() and all(np.array_equal(x, y) for k in a for x, y in zip(a[k], b[k]))
+
+
+def test_a_cluster_childs_actor_reads_its_cpu_on_its_node_and_the_sampler_merges_it_with_the_node_named(tmp_path):
+    """The remote path without Ray: a ChildActor (the class Ray wraps) owns a busy child and answers `usage()` as it
+    would on another host; the driver's sampler pulls it, and the split names the process, its node and the node's
+    own CPU."""
+    import sys
+
+    from bench.run.cluster import ChildActorImpl
+
+    spin = ("import sys, time\nprint('up', flush=True)\nend = time.thread_time() + 0.3\n"
+            "while time.thread_time() < end: pass\nprint('spun', flush=True)\ntime.sleep(60)")
+    actor = ChildActorImpl("shard:0", [sys.executable, "-c", spin], str(tmp_path / "shard.log"), "spun", {}, 30.0)
+    first = actor.usage()  # before the start: the node's figures, no process
+    assert "cpu_s" not in first and first["cores"] >= 1 and first["host_total_s"] > first["host_busy_s"] > 0
+    pid = actor.start()  # returns once the child printed "spun": 0.3 s of its own CPU time
+    try:
+        readings = [actor.usage()]
+        for _ in range(2):  # the sampler's pulls; between them the child sleeps
+            readings.append(actor.usage())
+        assert readings[0]["pid"] == pid and readings[0]["cpu_s"] >= 0.3 and readings[0]["rss_mb"] > 1
+        pulls = iter([{}, {"shard:0": {**first, "pid": pid, "cpu_s": 0.0, "rss_mb": 1.0, "fds": 1}},
+                      {"shard:0": readings[0]}, {"shard:0": readings[1]}])
+        asked = []
+        s = CpuSampler(period_s=10, clock=itertools.count(100.0).__next__)  # a sample a second; pulls carry their own
+        s.track_remote("shard:0", "5d2dca76 (nodeB)")
+        s.remote_usage = lambda names: asked.append(list(names)) or next(pulls)
+        for _ in range(4):
+            s.sample()
+    finally:
+        actor.fault("stop")
+    assert asked == [["shard:0"]] * 4
+    rows = list(s.samples)
+    dt = readings[0]["mono"] - first["mono"]
+    assert rows[1]["processes"]["shard:0"] == pytest.approx(100 * readings[0]["cpu_s"] / dt)  # its node's interval
+    assert rows[1]["pids"]["shard:0"] == pid and "nodes" in rows[1]
+    split = s.split(-1e9, 1e9)
+    assert split["node_of"] == {"shard:0": "5d2dca76 (nodeB)"}
+    node = split["nodes"]["5d2dca76 (nodeB)"]
+    assert node["processes"] == ["shard:0"] and node["cores"] == first["cores"] and 0 <= node["host_percent"] <= 100
+    assert split["split"]["shard:0"] > 0 and "runner" in split["split"]  # local and remote side by side
+
+
+def test_a_node_that_does_not_answer_leaves_the_sample_without_it():
+    s = CpuSampler(period_s=10, clock=itertools.count(100.0).__next__)
+    s.track_remote("server:r0", "aa (nodeC)")
+
+    def silent(names):
+        raise TimeoutError("no answer")
+    s.remote_usage = silent
+    s.sample()
+    out = s.sample()
+    assert "server:r0" not in out["processes"] and "nodes" not in out and "runner" in out["processes"]
+
+
+def test_a_process_read_through_its_node_matches_the_same_process_read_here():
+    """One busy child sampled both ways in the same samples: from this host's /proc and as a remote child whose
+    node answers with `node_usage` (what its ChildActor returns): the two readings agree."""
+    import subprocess
+    import sys
+
+    from bench.run.hostcpu import node_usage
+
+    spin = ("import sys, time\nsys.stdin.readline()\nend = time.thread_time() + 0.3\n"
+            "while time.thread_time() < end: pass\nprint('spun', flush=True)\nsys.stdin.readline()")
+    child = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        s = CpuSampler(period_s=10)
+        s.track("busy", child.pid)
+        s.track_remote("busy@node", "n1 (here)")
+        s.remote_usage = lambda names: {"busy@node": node_usage(child.pid)}
+        s.sample()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "spun\n"
+        out = s.sample()
+    finally:
+        child.kill()
+        child.wait()
+    assert out["processes"]["busy"] > 1, out
+    # the same CPU seconds over two intervals that differ by the sample's own local reads (longer on a loaded host)
+    assert out["processes"]["busy@node"] == pytest.approx(out["processes"]["busy"], rel=0.25), out
+    assert out["rss_mb"]["busy@node"] == pytest.approx(out["rss_mb"]["busy"], rel=0.1)
+    assert out["nodes"]["n1 (here)"] == pytest.approx(out["host_percent"], abs=5)
