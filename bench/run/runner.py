@@ -450,8 +450,11 @@ class Run:
 
         def register(name: str, child) -> None:
             self.procs.add(name, child)
-            # on this host (a one-host cluster) the CPU sampler can see it; the lambda reads the pid once started
-            self.cpu.track(name, lambda c=child: c.pid if self._local(c) else None)
+            child.locate()  # where it runs decides how its CPU is read
+            if self._local(child, for_cpu=True):  # this host's /proc; the lambda reads the pid once started
+                self.cpu.track(name, lambda c=child: c.pid)
+            else:  # another host: through its actor, as a shard or replica there (bench.run.hostcpu)
+                self.track_remote_cpu(name, child)
 
         toxics = {name: chaos_profiles.profile_toxics(site.profile, site.overrides) for name, site in self.s.sites.items()}
         self.mesh = NodeMesh(self.cluster, self.router_endpoint, self.host, self.logs, lambda: toxics, register)

@@ -127,9 +127,11 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     t0_ms = json.loads((run_dir / "clock.json").read_text())["t0_mono_ms"]
     received = [v for v in pq.read_table(run_dir / "server_requests.parquet").column("received_mono_ms").to_pylist() if v]
     assert received and t0_ms - 3_500 <= min(received) and max(received) <= t0_ms + 8_500, (t0_ms, min(received))
-    cpu = summary["cpu"]
-    assert set(cpu["node_of"]) == {"shard:0", "server:r0"} and cpu["split"]["shard:0"] > 0, cpu
-    assert {p for n in cpu["nodes"].values() for p in n["processes"]} == {"shard:0", "server:r0"}
+    cpu = summary["cpu"]  # every process on a node, its router and proxy too, read there and named with it
+    remote = {"shard:0", "server:r0", *(n for n in cpu["node_of"] if n.startswith(("router:", "chaos-proxy:")))}
+    assert set(cpu["node_of"]) == remote and len(remote) == 5 and cpu["split"]["shard:0"] > 0, cpu
+    assert cpu["node_of"]["chaos-proxy:" + placed["shard:0"][:12]] == cpu["node_of"]["shard:0"], cpu["node_of"]
+    assert {p for n in cpu["nodes"].values() for p in n["processes"]} == remote
     assert all(n["samples"] > 0 and 0 <= n["host_percent"] <= 100 for n in cpu["nodes"].values()), cpu["nodes"]
 
 
