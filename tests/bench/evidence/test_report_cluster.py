@@ -18,12 +18,13 @@ def test_the_report_says_when_the_split_was_dropped_and_where_remote_cpu_ran(tmp
                            "note": "12 answered requests have no uplink_ms/downlink_ms: shard 0 -> r0: clocks unsure "
                                    "by 3.00 ms, over 25% of the 1.10 ms one-way hop"}}
     cpu = {"host_percent": 20.0, "split": {"shard:0": 50.0, "runner": 1.0}, "cores": 2, "samples": 5,
-           "node_of": {"shard:0": "5d2dca76 (nodeB)"},
-           "nodes": {"5d2dca76 (nodeB)": {"host_percent": 61.5, "cores": 16, "samples": 5, "processes": ["shard:0"]}}}
+           "node_of": {"shard:0": "node 5d2dca76ab12 (nodeB, 10.0.0.2)"},
+           "nodes": {"node 5d2dca76ab12 (nodeB, 10.0.0.2)": {"host_percent": 61.5, "cores": 16, "samples": 5,
+                                                             "processes": ["shard:0"]}}}
     o = report.RunOutcome("t", "", tmp_path, "pass", "now", 1.0, 1.0, 1, [AssertionResult("ticks > 1", True, 5)],
                           meta={"clock": clock, "cpu": cpu, "cores": 2})
     report.write_all(o)
     assert json.loads((tmp_path / "summary.json").read_text())["clock"] == clock
     page = (tmp_path / "report.html").read_text()
     assert "uplink / downlink split: 12 answered requests have no uplink_ms/downlink_ms" in page
-    assert "node 5d2dca76 (nodeB): host 61.5 % of its 16 cores; runs shard:0" in page
+    assert "node 5d2dca76ab12 (nodeB, 10.0.0.2): host 61.5 % of its 16 cores; runs shard:0" in page

@@ -316,7 +316,7 @@ def test_a_cluster_childs_actor_reads_its_cpu_on_its_node_and_the_sampler_merges
                       {"shard:0": readings[0]}, {"shard:0": readings[1]}])
         asked = []
         s = CpuSampler(period_s=10, clock=itertools.count(100.0).__next__)  # a sample a second; pulls carry their own
-        s.track_remote("shard:0", "5d2dca76 (nodeB)")
+        s.track_remote("shard:0", "node 5d2dca76ab12 (nodeB, 10.0.0.2)")
         s.remote_usage = lambda names: asked.append(list(names)) or next(pulls)
         for _ in range(4):
             s.sample()
@@ -328,8 +328,8 @@ def test_a_cluster_childs_actor_reads_its_cpu_on_its_node_and_the_sampler_merges
     assert rows[1]["processes"]["shard:0"] == pytest.approx(100 * readings[0]["cpu_s"] / dt)  # its node's interval
     assert rows[1]["pids"]["shard:0"] == pid and "nodes" in rows[1]
     split = s.split(-1e9, 1e9)
-    assert split["node_of"] == {"shard:0": "5d2dca76 (nodeB)"}
-    node = split["nodes"]["5d2dca76 (nodeB)"]
+    assert split["node_of"] == {"shard:0": "node 5d2dca76ab12 (nodeB, 10.0.0.2)"}
+    node = split["nodes"]["node 5d2dca76ab12 (nodeB, 10.0.0.2)"]
     assert node["processes"] == ["shard:0"] and node["cores"] == first["cores"] and 0 <= node["host_percent"] <= 100
     assert split["split"]["shard:0"] > 0 and "runner" in split["split"]  # local and remote side by side
 
