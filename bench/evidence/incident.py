@@ -106,11 +106,12 @@ def _from_run_dir(run: Path, robot: int | None) -> EdgeLog:
     clock = run / "clock.json"
     if clock.is_file() and log.robot:
         facts = json.loads(clock.read_text())
-        # t = 0 on the runner's clock is the servers' only while every replica shares it (bench.fleet.clock): with
-        # one on another clock, the audit lines are not windowed rather than windowed wrongly
-        shared = all(o.get("same_clock", True) for n, o in (facts.get("offsets") or {}).items() if n.startswith("server:"))
-        if shared:
-            log.robot["t0_mono_ms"] = facts["t0_mono_ms"]
+        log.robot["t0_mono_ms"] = facts["t0_mono_ms"]
+        # t = 0 on the clock of each replica that ran on another one (bench.fleet.clock: runner + its offset)
+        other = {n.split(":", 1)[1]: facts["t0_mono_ms"] + o["offset_ms"] for n, o in (facts.get("offsets") or {}).items()
+                 if n.startswith("server:") and not o.get("same_clock", True)}
+        if other:
+            log.robot["replica_t0_mono_ms"] = other
     log.requests.sort(key=lambda r: r["t"])
     log.transitions.sort(key=lambda r: r["t"])
     return log
@@ -137,6 +138,17 @@ def read_audit_lines(paths: list[str | Path]) -> list[dict]:
             except json.JSONDecodeError:
                 continue  # a torn last line
     return rows
+
+
+def audit_origin(log: EdgeLog, audit_path: str | Path) -> float | None:
+    """t = 0 on the clock of the replica that wrote `audit_path`: the run's, or that replica's own where it ran on
+    another clock (clock.json offsets); None (no windowing, rather than a wrong one) when the file cannot be
+    told apart from such a replica's."""
+    other = log.robot.get("replica_t0_mono_ms") or {}
+    stem = Path(audit_path).stem
+    if stem.startswith("audit-") and stem[len("audit-"):] in other:
+        return other[stem[len("audit-"):]]
+    return log.robot.get("t0_mono_ms") if stem.startswith("audit-") or not other else None
 
 
 def audit_window(rows: list[dict], t0_mono_ms: float | None, t0: float, t1: float) -> list[dict]:
@@ -310,8 +322,9 @@ def make_incident(edge: str, audit: list[str], t0: float, t1: float, out: Path, 
 
     log = read_edge_log(edge, robot)
     window = log.window(t0, t1)
-    origin = log.robot.get("t0_mono_ms")
-    lines = audit_window(read_audit_lines(audit), origin, t0, t1)
+    lines = []
+    for path in audit:  # each replica's audit log on its own clock: audit-<replica>.jsonl, as a run writes them
+        lines += audit_window(read_audit_lines([path]), audit_origin(log, path), t0, t1)
     name = name or out.stem
     scenario = incident_scenario(name, window, t1 - t0, lines, f"{Path(edge).name}, robot {robot if robot is not None else ''}, "
                                  f"t {t0:g}..{t1:g} s".replace("robot , ", ""))

@@ -129,7 +129,7 @@ class CpuSampler:
             self.pids[name] = pid
 
     def track_remote(self, name: str, node: str) -> None:
-        """`name` runs on another host, `node` (a label: node id and hostname); its readings come from `remote_usage`."""
+        """`name` runs on another host, on `node` (its label in the summary); its readings come from `remote_usage`."""
         self.remote[name] = node
 
     def _sample_remote(self, procs: dict, rss: dict, fds: dict, pids: dict) -> dict[str, float]:

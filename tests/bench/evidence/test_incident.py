@@ -101,3 +101,20 @@ def test_replaying_the_example_incident_reproduces_its_stutter():
     assert run.returncode == 0, run.stderr[-3000:]
     (score,) = run.json_files("incident.json")
     assert score["reproduced"] and score["recall"] >= 0.7 and score["precision"] >= 0.5
+
+
+def test_each_replicas_audit_lines_are_windowed_on_its_own_clock():
+    """clock.json offsets (bench.fleet.clock): a replica that ran 3 s behind the runner has its audit lines
+    windowed from t = 0 on its clock; one on the runner's clock from the runner's; an audit file that names no
+    replica is not windowed at all once any replica ran on another clock (rather than windowed wrongly)."""
+    from bench.evidence.incident import audit_origin, audit_window
+
+    log = EdgeLog()
+    log.robot = {"t0_mono_ms": 10_000.0}
+    assert audit_origin(log, "run/logs/audit-r0.jsonl") == 10_000.0 and audit_origin(log, "any.jsonl") == 10_000.0
+    log.robot["replica_t0_mono_ms"] = {"r1": 7_000.0}
+    assert audit_origin(log, "run/logs/audit-r1.jsonl") == 7_000.0
+    assert audit_origin(log, "run/logs/audit-r0.jsonl") == 10_000.0
+    assert audit_origin(log, "copied.jsonl") is None
+    rows = [{"mono_ms": 7_000.0 + 1_500.0}, {"mono_ms": 10_000.0 + 1_500.0}]
+    assert audit_window(rows, audit_origin(log, "audit-r1.jsonl"), 1.0, 2.0) == rows[:1]
