@@ -710,12 +710,15 @@ class Run:
                 ready.add(msg["shard"])
         self.clocks = self.measure_clocks()
 
-    def measure_clocks(self, strict: bool = True) -> dict[str, clocks.ClockOffset]:
+    def measure_clocks(self, strict: bool = True, only: set[str] | None = None) -> dict[str, clocks.ClockOffset]:
         """Each shard's clock offset (ping/pong on its control link) and each replica's (a replica here shares this
-        clock; one on a cluster node is timed through its actor). `strict`: a shard that does not answer is an
-        error (its start barrier would be wrong); at the end it keeps its start measurement instead."""
+        clock; one on a cluster node is timed through its actor); `only` these names when given. `strict`: a shard
+        that does not answer is an error (its start barrier would be wrong); at the end it keeps its start
+        measurement instead."""
         out: dict[str, clocks.ClockOffset] = {}
         for name, child in list(self.procs.children):
+            if only is not None and name not in only:
+                continue
             try:
                 if name.startswith("shard:"):
                     link = self.control.link(int(name.split(":", 1)[1])) if self.control is not None else None
@@ -825,7 +828,9 @@ class Run:
             if now >= self.state.end_mono:
                 break
             if now >= self.state.end_mono - CLOCK_RECHECK_BEFORE_END_S and self.clocks_near_end is None:
-                self.clocks_near_end = self.measure_clocks(strict=False)  # while every shard still answers
+                # while every shard still answers; a child on this runner's clock cannot drift from it
+                self.clocks_near_end = self.measure_clocks(strict=False, only={n for n, o in self.clocks.items()
+                                                                               if not o.same_clock})
             if not timeline_started and now >= self.state.t0_mono:
                 self.leg_start = self.proxy_legs()  # the measured window's legs start here (warmup excluded)
                 self.state.phase = "run"
