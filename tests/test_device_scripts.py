@@ -1,0 +1,149 @@
+"""scripts/device/: the accelerator-machine run stays runnable from here (syntax, the files and options it
+names, the dry fleet overrides against today's scenario) and its Python half packs, checks and pins right."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVICE = ROOT / "scripts" / "device"
+RUN_SH = (DEVICE / "run.sh").read_text()
+
+spec = importlib.util.spec_from_file_location("device_helper", DEVICE / "device.py")
+device = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(device)
+
+
+@pytest.mark.parametrize("script", ["run.sh", "wheels.sh"])
+def test_the_scripts_parse_and_are_executable(script):
+    path = DEVICE / script
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    assert path.stat().st_mode & 0o111, f"{script} is not executable"
+
+
+def test_every_file_and_module_run_sh_names_exists():
+    files = set(re.findall(r"\b(scenarios/[\w./-]+\.yaml)", RUN_SH))
+    files |= {"bench/checkpoints/reacher_vla/config.json", "bench/checkpoints/reacher_vla/stats.json"}
+    assert {"scenarios/capacity_gpu.yaml", "scenarios/1000_robots_wan.yaml"} <= files
+    modules = set(re.findall(r'"\$PY" -m ([\w.]+)', RUN_SH))
+    assert {"benchmarks.gpu_forward", "bench.cli"} <= modules
+    for f in files:
+        assert (ROOT / f).is_file(), f"run.sh names {f}, which is gone"
+    for m in modules:
+        assert importlib.util.find_spec(m) is not None, f"run.sh runs python -m {m}, which is gone"
+
+
+def test_gpu_forward_still_takes_every_option_run_sh_passes():
+    used = set(re.findall(r"(--[a-z][a-z-]+)", RUN_SH[RUN_SH.index("step_forward() {"):RUN_SH.index("step_capacity() {")]))
+    helptext = subprocess.run([sys.executable, "-m", "benchmarks.gpu_forward", "--help"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout
+    missing = {u for u in used if u not in helptext}
+    assert used and not missing, f"benchmarks.gpu_forward no longer takes {missing}"
+
+
+def test_the_dry_fleet_overrides_still_fit_1000_robots_wan():
+    args = subprocess.run(["bash", "-c", 'eval "$(sed -n "/^DRY_FLEET=(/,/)$/p" "$0")"; printf "%s\\n" "${DRY_FLEET[@]}"',
+                           str(DEVICE / "run.sh")], check=True, capture_output=True, text=True).stdout.splitlines()
+    sets = [a for a in args if a != "--set"]
+    assert len(sets) == len(args) // 2 >= 5
+    from bench.cli import load_with_overrides
+
+    s = load_with_overrides(str(ROOT / "scenarios/1000_robots_wan.yaml"), sets)
+    assert s.robots == 20 and s.duration_s == 20 and len(s.replicas) == 2
+    assert all(f["at"] < s.duration_s for f in s.faults), "a dry fault falls after the dry run's end"
+    assert {g.cameras.kind for g in s.groups} == {"synthetic"}, "the device has no libEGL: no rendered camera"
+
+
+def test_out_gets_at_most_eight_files():
+    code = "\n".join(line for line in RUN_SH.splitlines() if not line.lstrip().startswith("#"))
+    names = set(re.findall(r'\$OUT/([\w.-]+)', code)) | set(re.findall(r'out="\$WORK/(gpu_forward\w*\.json)"', code))
+    assert {"summary.txt", "steps.json", "env.txt", "console.log", "capacity.tar.gz", "fleet.tar.gz",
+            "gpu_forward.json", "gpu_forward_compile.json"} == names  # the device tool brings back 8 files at most
+
+
+def _wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
+        meta = "Metadata-Version: 2.1\nName: {name}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+        z.writestr(f"{name}-{version}.dist-info/METADATA", meta)
+
+
+def test_check_wheels_finds_a_missing_need_a_duplicate_and_honours_markers_and_left_out(tmp_path):
+    _wheel(tmp_path, "alpha", "1.0", ["beta>=1", "numpy", "tomli; python_version < '3.11'", "pytest; extra == 'test'"])
+    _wheel(tmp_path, "beta", "1.0", ["gamma"])
+    assert device.check_wheels(tmp_path, ["alpha", "beta"], ["numpy"], 60, left_out=["gamma"]) == []
+    problems = device.check_wheels(tmp_path, ["alpha", "beta"], ["numpy"], 60)
+    assert problems == ["beta-1.0-py3-none-any.whl needs gamma, neither carried nor on the machine (device-has.txt) "
+                        "nor left out on purpose (`-gamma` in packages.txt)"]
+    _wheel(tmp_path, "beta", "2.0", [])
+    assert any("2 wheels" in p for p in device.check_wheels(tmp_path, ["alpha", "beta"], ["numpy"], 60, ["gamma"]))
+    assert any("over the" in p for p in device.check_wheels(tmp_path, ["alpha", "beta"], ["numpy"], 1e-6, ["gamma"]))
+    assert "total" in (tmp_path / "MANIFEST.txt").read_text()
+
+
+def test_the_package_list_pins_what_is_installed_here_and_leaves_studio_out():
+    names = device.read_names(DEVICE / "packages.txt")
+    assert "mujoco" in names and "mujoco-studio" not in names and "ray" not in names
+    assert device.read_names(DEVICE / "packages.txt", left_out=True) == ["mujoco-studio"]
+    assert device.cmd_pins(str(DEVICE / "packages.txt")) == 0
+
+
+def test_pack_keeps_small_files_whole_tails_logs_and_names_what_it_left_out(tmp_path):
+    run = tmp_path / "reports" / "1000_robots_wan" / "20261126T000000Z"
+    (run / "logs").mkdir(parents=True)
+    (run / "summary.json").write_text('{"verdict": "pass"}')
+    (run / "ticks.parquet").write_bytes(b"\0" * (3 * 2**20))
+    (run / "logs" / "shard-0.log").write_text("".join(f"line {i}\n" for i in range(100_000)))
+    out = tmp_path / "fleet.tar.gz"
+    listing = device.pack(tmp_path / "reports", out, cap_mb=1.0)
+    with tarfile.open(out) as tar:
+        names = set(tar.getnames())
+        log = tar.extractfile("1000_robots_wan/20261126T000000Z/logs/shard-0.log").read().decode().splitlines()
+        packed = tar.extractfile("PACKED.txt").read().decode()
+    assert "1000_robots_wan/20261126T000000Z/summary.json" in names
+    assert "1000_robots_wan/20261126T000000Z/ticks.parquet" not in names
+    assert log[-1] == "line 99999" and len(log) == device.LOG_TAIL_LINES[".log"]
+    assert "LEFT OUT" in packed and "ticks.parquet" in packed
+    assert any(line.startswith("LEFT OUT") for line in listing)
+
+
+def test_record_rewrites_one_entry_per_step(tmp_path):
+    steps = tmp_path / "steps.json"
+    device.cmd_record(str(steps), "fleet", "124", "330.4", "330", "stopped at its limit")
+    device.cmd_record(str(steps), "fleet", "0", "200", "330")
+    device.cmd_record(str(steps), "capacity", "2", "3", "180", "refused without CUDA (expected: exit 2)")
+    import json
+
+    data = json.loads(steps.read_text())["steps"]
+    assert [(s["name"], s["rc"], s["timed_out"]) for s in data] == [("fleet", 0, False), ("capacity", 2, False)]
+    out = io.StringIO()
+    sys.stdout, old = out, sys.stdout
+    try:
+        device.cmd_summary(str(tmp_path), str(steps))
+    finally:
+        sys.stdout = old
+    assert "capacity rc=2 3s/180s [refused without CUDA (expected: exit 2)]" in out.getvalue()
+    assert "fleet: no summary.json" in out.getvalue()
+
+
+def test_run_logged_ends_what_a_command_left_running(tmp_path):
+    """The bench's children run in their own sessions: a step's leftovers must not run into the next step."""
+    harness = f"""
+CONSOLE={tmp_path}/console.log; NICE=""
+eval "$(sed -n '/^run_logged() {{/,/^}}/p; /^reap() {{/,/^}}/p' {DEVICE / 'run.sh'})"
+run_logged 20 {tmp_path}/step.log bash -c 'setsid sleep 97 >/dev/null 2>&1 & echo $! > {tmp_path}/pid; exit 3'
+echo "rc $?"
+"""
+    out = subprocess.run(["bash", "-c", harness], check=True, capture_output=True, text=True).stdout
+    pid = int((tmp_path / "pid").read_text())
+    assert "rc 3" in out
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    assert f"leftover processes, ended: {pid} sleep 97" in (tmp_path / "console.log").read_text()
