@@ -25,7 +25,8 @@
 # its own limit and what is left after the later steps' reserve; capacity, last in `all`, takes what is
 # left: at its limit it gets SIGINT (Ctrl-C) and its sweep reports the knee of the load steps it finished.
 # Environment: OUT (.device/out), DEVICE_WORK (/tmp/fleet-device), DEVICE_SITE (/tmp/fleet-device-site),
-# PYTHON (python3), CAPACITY_ARGS / FLEET_ARGS (more `bench run` arguments, e.g. "--set duration_s=60").
+# PYTHON (python3), CAPACITY_ARGS / FLEET_ARGS (more `bench run` arguments, shell-quoted, e.g.
+# CAPACITY_ARGS="--set 'sweep.values=[16, 32, 64, 128]'").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -205,9 +206,9 @@ step_capacity() {  # $1: limit
     local t=$((deadline - SECONDS)); [ $t -gt 150 ] && t=150
     run_logged $t "$log" "$PY" -m bench.cli init-weights reacher_vla || return $?
   fi
-  # shellcheck disable=SC2086
+  local extra=(); eval "extra=(${CAPACITY_ARGS:-})"  # shell words: quotes work as on a command line
   run_logged $((deadline - SECONDS)) "$log" "$PY" -m bench.cli run scenarios/capacity_gpu.yaml --quiet \
-    --reports "$WORK/capacity" ${CAPACITY_ARGS:-}
+    --reports "$WORK/capacity" "${extra[@]}"
   rc=$?
   cp "$log" "$WORK/capacity/" 2>/dev/null
   [ -d "$WORK/capacity" ] && "$PY" "$HELPER" pack "$WORK/capacity" "$OUT/capacity.tar.gz" 2>&1 | tee -a "$CONSOLE"
@@ -221,11 +222,10 @@ DRY_FLEET=(--set fleet.groups.eu.count=7 --set fleet.groups.us.count=7 --set fle
 step_fleet() {  # $1: limit
   local deadline=$((SECONDS + $1)) log="$WORK/fleet.log" rc args=()
   [ "$DRY" = 1 ] && args=("${DRY_FLEET[@]}")
-  # shellcheck disable=SC2086
-  run_logged 60 "$log" "$PY" -m bench.cli run scenarios/1000_robots_wan.yaml --check "${args[@]}" ${FLEET_ARGS:-}
-  # shellcheck disable=SC2086
+  local extra=(); eval "extra=(${FLEET_ARGS:-})"
+  run_logged 60 "$log" "$PY" -m bench.cli run scenarios/1000_robots_wan.yaml --check "${args[@]}" "${extra[@]}"
   run_logged $((deadline - SECONDS)) "$log" "$PY" -m bench.cli run scenarios/1000_robots_wan.yaml --quiet \
-    --reports "$WORK/fleet" "${args[@]}" ${FLEET_ARGS:-}
+    --reports "$WORK/fleet" "${args[@]}" "${extra[@]}"
   rc=$?
   cp "$log" "$WORK/fleet/" 2>/dev/null
   [ -d "$WORK/fleet" ] && "$PY" "$HELPER" pack "$WORK/fleet" "$OUT/fleet.tar.gz" 2>&1 | tee -a "$CONSOLE"
