@@ -21,7 +21,7 @@
 # device tool's limit): summary.txt steps.json env.txt console.log gpu_forward.json
 # gpu_forward_compile.json capacity.tar.gz fleet.tar.gz. Reports are written under $DEVICE_WORK and packed.
 #
-# Time: the script ends within DEVICE_BUDGET_S (default 560 s; dry 1800). Each step gets the smaller of
+# Time: the script ends within DEVICE_BUDGET_S (default 550 s; dry 1800). Each step gets the smaller of
 # its own limit and what is left after the later steps' reserve; capacity, last in `all`, takes what is
 # left: at its limit it gets SIGINT (Ctrl-C) and its sweep reports the knee of the load steps it finished.
 # Environment: OUT (.device/out), DEVICE_WORK (/tmp/fleet-device), DEVICE_SITE (/tmp/fleet-device-site),
@@ -50,7 +50,7 @@ done
 OUT=${OUT:-$ROOT/.device/out}
 WORK=${DEVICE_WORK:-/tmp/fleet-device}
 SITE=${DEVICE_SITE:-/tmp/fleet-device-site}
-if [ "$DRY" = 1 ]; then BUDGET=${DEVICE_BUDGET_S:-1800}; NICE="nice -n 19"; else BUDGET=${DEVICE_BUDGET_S:-560}; NICE=""; fi
+if [ "$DRY" = 1 ]; then BUDGET=${DEVICE_BUDGET_S:-1800}; NICE="nice -n 19"; else BUDGET=${DEVICE_BUDGET_S:-550}; NICE=""; fi
 mkdir -p "$OUT" "$WORK"
 rm -rf "$WORK"/capacity "$WORK"/fleet "$WORK"/*.json "$WORK"/*.log
 STEPS_JSON="$OUT/steps.json"; rm -f "$STEPS_JSON"
@@ -72,11 +72,11 @@ limit_of() {
 }
 reserve_of() {
   case $1 in
-    forward) echo 90 ;; forward-compile) echo 200 ;; capacity) echo 100 ;; fleet) echo 280 ;;
+    forward) echo 90 ;; forward-compile) echo 200 ;; capacity) echo 60 ;; fleet) echo 280 ;;
   esac
 }
 
-# run_logged SECONDS LOG CMD...: CMD under timeout (SIGINT at the limit, as Ctrl-C; SIGKILL 45 s later), its
+# run_logged SECONDS LOG CMD...: CMD under timeout (SIGINT at the limit, as Ctrl-C; SIGKILL 40 s later), its
 # output streamed to LOG and console.log; returns CMD's exit code (124: stopped at the limit).
 run_logged() {
   local limit=$1 log=$2; shift 2
@@ -85,7 +85,7 @@ run_logged() {
   fi
   echo "\$ $*" | tee -a "$log" >> "$CONSOLE"
   local tag="$$-$RANDOM"
-  DEVICE_RUN_TAG=$tag timeout -s INT -k 60 "$limit" $NICE "$@" 2>&1 | tee -a "$log" >> "$CONSOLE"
+  DEVICE_RUN_TAG=$tag timeout -s INT -k 40 "$limit" $NICE "$@" 2>&1 | tee -a "$log" >> "$CONSOLE"
   local rc=${PIPESTATUS[0]}
   echo "(exit $rc)" | tee -a "$log" >> "$CONSOLE"
   reap "$tag" 2>&1 | tee -a "$log" >> "$CONSOLE"
