@@ -25,4 +25,4 @@ for pin in $pins; do
 done
 "$PY" "$HERE/device.py" check-wheels "$DEST" "$HERE/packages.txt" "$HERE/device-has.txt" \
   --limit-mb "${WHEELS_LIMIT_MB:-60}"
-echo "wheels.sh: $DEST is ready; carry it: run(command=\"scripts/device/run.sh ...\", carry=[\"$DEST\"])"
+echo "wheels.sh: $DEST is ready; carry it: run(command=\"bash scripts/device/run.sh all\", carry=[\"$DEST\"], timeout_s=600)"
