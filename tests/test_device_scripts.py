@@ -147,3 +147,13 @@ echo "rc $?"
     assert "rc 3" in out
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
     assert f"leftover processes, ended: {pid} sleep 97" in (tmp_path / "console.log").read_text()
+
+
+@pytest.mark.parametrize("carried, have, install", [
+    ("4.16.0", None, True),        # missing on the machine
+    ("4.16.0", "4.12.2", True),    # older there: pydantic needs >= 4.14.1
+    ("4.16.0", "4.16.0", False),
+    ("2.13.4", "2.14.0", False),   # newer there: kept
+])
+def test_a_carried_wheel_goes_in_only_where_the_machine_lacks_it_or_has_it_older(carried, have, install):
+    assert device.needs_install(carried, have) is install

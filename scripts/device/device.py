@@ -4,7 +4,7 @@
     python3 scripts/device/device.py check-wheels DIR PACKAGES HAS [--limit-mb N]
                                                                 one wheel per package, every need carried or on
                                                                 the machine (HAS), total under the limit; MANIFEST.txt
-    python3 scripts/device/device.py missing DIR                the wheels in DIR whose distribution is not installed
+    python3 scripts/device/device.py missing DIR                the wheels in DIR whose distribution is missing or older
     python3 scripts/device/device.py record STEPS NAME RC SECONDS TIMEOUT [NOTE]
     python3 scripts/device/device.py pack SRC DEST.tar.gz [--cap-mb N]
     python3 scripts/device/device.py summary WORK STEPS
@@ -135,8 +135,21 @@ def cmd_check_wheels(argv: list[str]) -> int:
 
 # --- run.sh ---------------------------------------------------------------------------------------------------
 
+def needs_install(carried: str, have: str | None) -> bool:
+    """A carried wheel goes in where its distribution is missing or older than the carried one (installed
+    into a folder ahead on PYTHONPATH, it shadows the older copy for this run only); a newer one stays."""
+    if have is None:
+        return True
+    try:
+        from packaging.version import Version
+
+        return Version(have) < Version(carried)
+    except Exception:  # an unparsable version: keep what the machine has
+        return False
+
+
 def cmd_missing(directory: str) -> int:
-    """Print the wheels to install: those whose distribution this interpreter lacks (stderr: the ones it has)."""
+    """Print the wheels to install (needs_install); on stderr, the ones this interpreter already has."""
     from importlib import metadata
 
     for w in sorted(Path(directory).glob("*.whl")):
@@ -144,7 +157,11 @@ def cmd_missing(directory: str) -> int:
         try:
             have = metadata.version(name)
         except metadata.PackageNotFoundError:
+            have = None
+        if needs_install(carried, have):
             print(w)
+            if have is not None:
+                print(f"device.py: {name} {have} is older than the carried {carried}: installing it", file=sys.stderr)
             continue
         same = "same" if have == carried else f"carried {carried}, kept {have}"
         print(f"device.py: {name} {have} already installed ({same})", file=sys.stderr)

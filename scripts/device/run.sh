@@ -15,8 +15,8 @@
 #     preset on the CPU, capacity's refusal without CUDA (exit 2 expected), fleet shrunk to 20 robots and 20 s.
 #
 # Always first: the machine (nvidia-smi, cores, Python, torch) into $OUT/env.txt, then the carried wheels
-# (.device/wheels, made by scripts/device/wheels.sh) that this Python lacks, installed into $DEVICE_SITE,
-# and an import check. A failing step never stops the next; each step's exit code, time and limit go to
+# (.device/wheels, made by scripts/device/wheels.sh) that this Python lacks or has older, installed into
+# $DEVICE_SITE (ahead on PYTHONPATH), and an import check. A failing step never stops the next; each step's exit code, time and limit go to
 # $OUT/steps.json; $OUT/summary.txt (printed last) holds the figures. $OUT gets at most 8 files (the
 # device tool's limit): summary.txt steps.json env.txt console.log gpu_forward.json
 # gpu_forward_compile.json capacity.tar.gz fleet.tar.gz. Reports are written under $DEVICE_WORK and packed.
