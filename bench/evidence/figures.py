@@ -9,6 +9,7 @@ exactly one function registered under its catalog name in `SCALARS` or `SERIES`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -621,3 +622,36 @@ def baselines(groups, group_figures: dict, sites: dict | None = None) -> list[di
                         "task_success_local": a, "task_success_remote": b, "gap": gap,
                         "episodes_local": lf.get("episodes"), "episodes_remote": rf.get("episodes")})
     return out
+
+
+_REASON_IDS = re.compile(r"\b(?:robot-)?[0-9a-f]{12,}\b|\b[0-9a-f]{8}-[0-9a-f-]{27}\b")
+_REASON_NUMBERS = re.compile(r"(?<![A-Za-z_])\d+(?:\.\d+)*")
+
+
+def reason_class(reason: str) -> str:
+    """A transition's reason with the ids and numbers that differ robot to robot taken out, so the reasons of a
+    fleet group into a few kinds ("session 3f2a… on r1" and "session 9c0b… on r1" are one kind)."""
+    text = _REASON_IDS.sub("<id>", str(reason or ""))
+    return _REASON_NUMBERS.sub("N", text)[:300]
+
+
+def state_changes(transitions: dict, most: int = 20) -> list[dict]:
+    """summary.json's `state_changes`: every robot state change of the run (warm-up included), grouped by from,
+    to and the kind of reason: how many changes and robots, and when the first and last were (s). The `most`
+    commonest kinds, DEAD ones first; a fleet that collapses says why in a few lines."""
+    if not transitions or not len(transitions.get("t", [])):
+        return []
+    groups: dict[tuple, list] = {}
+    for t, robot, a, b, why in zip(transitions["t"], transitions["robot"], transitions["from_state"],
+                                   transitions["to_state"], transitions["reason"]):
+        key = (str(a), str(b), reason_class(why))
+        g = groups.get(key)
+        if g is None:
+            groups[key] = g = [0, set(), float(t), float(t), str(why)]
+        g[0] += 1
+        g[1].add(int(robot))
+        g[2], g[3] = min(g[2], float(t)), max(g[3], float(t))
+    rows = [{"from": a, "to": b, "reason": kind, "example": g[4][:300], "changes": g[0], "robots": len(g[1]),
+             "t_first": round(g[2], 2), "t_last": round(g[3], 2)} for (a, b, kind), g in groups.items()]
+    rows.sort(key=lambda r: (r["to"] != "DEAD", -r["changes"]))
+    return rows[:most]

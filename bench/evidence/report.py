@@ -135,6 +135,7 @@ def summary_dict(o: RunOutcome) -> dict:
         "groups": o.group_figures,
         "group_engines": o.meta.get("group_engines", {}),
         "baselines": o.meta.get("baselines", []),
+        "state_changes": o.meta.get("state_changes", []),
         "latency_budget": latency_budget(f),
         "cpu": o.meta.get("cpu", {}),
         "memory": o.meta.get("memory", {}),
@@ -248,6 +249,18 @@ def render_html(o: RunOutcome, summary: dict) -> str:
                        f"<td class=l>{e(str(b['site']))} ({e(str(b['profile']))})</td><td>{'yes' if b['paired_seeds'] else 'no'}</td>"
                        f"<td>{_v(b['task_success_local'])}</td><td>{_v(b['task_success_remote'])}</td><td>{_v(b['gap'])}</td>"
                        f"<td>{_v(b['episodes_local'])} / {_v(b['episodes_remote'])}</td></tr>")
+        out.append("</table>")
+
+    changes = summary.get("state_changes") or []
+    if changes:
+        out.append("<h2>State changes and why</h2><p class=muted>Every robot state change of the run, warm-up "
+                   "included, grouped by from, to and the kind of reason (ids and numbers taken out; one example "
+                   "whole); the commonest, DEAD first.</p><table><tr><th class=l>from</th><th class=l>to</th>"
+                   "<th>changes</th><th>robots</th><th>t first..last s</th><th class=l>reason (example)</th></tr>")
+        for c in changes:
+            out.append(f"<tr><td class=l>{e(c['from'])}</td><td class=l>{e(c['to'])}</td><td>{c['changes']}</td>"
+                       f"<td>{c['robots']}</td><td>{c['t_first']:g}..{c['t_last']:g}</td>"
+                       f"<td class=l>{e(c['example'])}</td></tr>")
         out.append("</table>")
 
     attacks = (o.meta.get("security") or {}).get("attacks") or []

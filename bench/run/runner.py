@@ -219,6 +219,10 @@ def _run_variants(scenario: Scenario, reports_dir: Path, progress: bool, stamp: 
         outcome = Run(variant, run_dir, progress=progress, cluster=ray_cluster).execute()
         print_verdict(f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
                       f"-> {outcome.run_dir}/summary.json", outcome.assertions, outcome.error)
+        dead = [c for c in outcome.meta.get("state_changes") or [] if c["to"] == "DEAD"]
+        for c in dead[:3]:  # why robots died, before the host's fidelity: the first thing to read of a collapse
+            print(f"  DEAD  {c['robots']} robots {c['from']} -> DEAD at t {c['t_first']:g}..{c['t_last']:g} s: "
+                  f"{c['example']}", file=sys.stderr)
         if outcome.meta.get("fidelity"):
             from bench.evidence.fidelity import table_lines
 
@@ -1043,6 +1047,7 @@ class Run:
             "shards": getattr(self, "n_shards", None),
             "group_engines": {g.name: g.engine_kind for g in self.s.groups},
             "baselines": figs.baselines(self.s.groups, group_json, self.s.sites),
+            "state_changes": figs.state_changes(data.transitions if data is not None else {}),
         }
         if meta["camera_kind"] and len(meta["camera_kind"]) == 1:
             meta["camera_kind"] = meta["camera_kind"][0]

@@ -88,6 +88,9 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert 0 < f["uplink_ms"]["p50"] and 0 < f["downlink_ms"]["p50"]
     assert f["uplink_ms"]["p50"] + f["downlink_ms"]["p50"] <= f["network_ms"]["p50"] + 1.0
     assert [f["target"] for f in summary["faults"]] == ["site:lab"]
+    # every robot's state changes, grouped by kind: each robot started and got a session
+    kinds = {(c["from"], c["to"]): c for c in summary["state_changes"]}
+    assert kinds[("CONNECTING", "STREAMING")]["robots"] == 4 and "State changes and why" in (run / "report.html").read_text()
     cases = ET.parse(run / "junit.xml").getroot().find("testsuite").findall("testcase")
     assert len(cases) == 8
     # psutil's record of every process: memory and descriptors over time, what was left at the end
