@@ -64,7 +64,9 @@ def time_calls(fn, device: torch.device, repeat: int, warmup: int) -> list[float
     return out
 
 
-def forward_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
+def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=None) -> dict:
+    """Median ms of a guided and a plain forward at each batch size; `on_size(out)` after each (a caller stopped
+    at its time limit keeps the sizes already timed)."""
     device = policy.param_device
     cfg = policy.config
     gen = torch.Generator().manual_seed(1)
@@ -79,6 +81,8 @@ def forward_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
             ms = time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup)
             row[label] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "per_sample_ms": statistics.median(ms) / n}
         out[str(n)] = row
+        if on_size is not None:
+            on_size(out)
     return out
 
 
@@ -171,11 +175,20 @@ def main(argv=None) -> int:
                                                                                   f"{args.threads} thread(s))",
         "torch": torch.__version__, "preset": preset, "parameters": params, "cameras": args.cameras,
         "image_size": args.image_size, "compile": args.compile, "autocast": policy.hp["autocast"] if device.type == "cuda" else "none",
-        "load_avg_before": os.getloadavg(),
-        "forward": forward_figures(policy, args.batches, args.repeat, args.warmup),
-        "runtime": runtime_figures(policy, args.batches, args.repeat, args.warmup),
-        "micro_batching": gain_figures(policy, max(args.batches), args.repeat, args.warmup),
+        "load_avg_before": os.getloadavg(), "complete": False,
     }
+
+    def save(stage: str, value) -> None:
+        # written after every batch size and stage: a run stopped at its time limit keeps what it measured, the
+        # issue's figures first (forward at each size, then micro-batching), the JPEG runtime path last
+        report[stage] = value
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        write_report(args.out, report, say=None)
+
+    forward_figures(policy, args.batches, args.repeat, args.warmup, on_size=lambda out: save("forward", dict(out)))
+    save("micro_batching", gain_figures(policy, max(args.batches), args.repeat, args.warmup))
+    save("runtime", runtime_figures(policy, args.batches, args.repeat, args.warmup))
+    report["complete"] = True
     report["load_avg_after"] = os.getloadavg()
     report["seconds"] = round(time.perf_counter() - started, 1)
     print(f"flow_transformer {preset} ({params / 1e6:.1f}M params) on {report['device']}, torch {torch.__version__}, "

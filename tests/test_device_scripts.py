@@ -157,3 +157,24 @@ echo "rc $?"
 ])
 def test_a_carried_wheel_goes_in_only_where_the_machine_lacks_it_or_has_it_older(carried, have, install):
     assert device.needs_install(carried, have) is install
+
+
+def test_gpu_forward_keeps_the_sizes_it_timed_when_stopped_at_its_limit(tmp_path, monkeypatch):
+    """The device run stops a step at its time limit: the forward times already measured must be on disk."""
+    import json
+
+    import benchmarks.gpu_forward as gf
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt  # what run.sh's Ctrl-C at the step's limit does mid-stage
+
+    monkeypatch.setattr(gf, "gain_figures", stopped)
+    out = tmp_path / "gpu_forward.json"
+    try:
+        gf.main(["--device", "cpu", "--preset", "tiny", "--cameras", "1", "--image-size", "32", "--batches", "1", "2",
+                 "--repeat", "1", "--warmup", "0", "--out", str(out)])
+    except KeyboardInterrupt:
+        pass
+    report = json.loads(out.read_text())
+    assert list(report["forward"]) == ["1", "2"] and report["complete"] is False
+    assert report["forward"]["2"]["guided"]["median_ms"] > 0 and "micro_batching" not in report

@@ -258,20 +258,27 @@ def _val(v) -> str:
 
 
 def forward_lines(report: dict | None, label: str) -> list[str]:
+    """The forward step's figures; a report cut short at the step's limit (`complete: false`) gives what it has."""
     if not report:
         return [f"{label}: no report"]
-    sizes = list(report["forward"])
+    fwd, runtime = report.get("forward") or {}, report.get("runtime") or {}
+    sizes = list(fwd)
     out = [f"{label}: {report['preset']} ({report['parameters'] / 1e6:.1f}M params) on {report['device']}, torch "
            f"{report['torch']}, autocast {report['autocast']}, {report['cameras']} x {report['image_size']}px cameras, "
-           f"compile={report['compile']}",
-           f"  batch {'/'.join(sizes)}: guided ms " + "/".join(_fmt(report['forward'][n]['guided']['median_ms']) for n in sizes)
-           + "; plain ms " + "/".join(_fmt(report['forward'][n]['plain']['median_ms']) for n in sizes)
-           + "; runtime (JPEG, whole batched path) ms " + "/".join(_fmt(report['runtime'][n]['median_ms']) for n in sizes)]
-    g = report["micro_batching"]
-    out.append(f"  micro-batching at {g['sessions']} sessions: {_fmt(g['throughput_one_at_a_time_rps'], '.1f')} -> "
-               f"{_fmt(g['throughput_micro_batched_rps'], '.1f')} requests/s, gain {_fmt(g['gain'])}x; GPU JPEG decode: "
-               f"{report['runtime'].get('gpu_jpeg_decode')}; load {_fmt(report['load_avg_before'][0])} -> "
-               f"{_fmt(report['load_avg_after'][0])}")
+           f"compile={report['compile']}" + ("" if report.get("complete", True) else
+                                              f"; STOPPED at its limit after {report.get('seconds')} s (partial)"),
+           f"  batch {'/'.join(sizes) or '-'}: guided ms " + "/".join(_fmt(fwd[n]['guided']['median_ms']) for n in sizes)
+           + "; plain ms " + "/".join(_fmt(fwd[n]['plain']['median_ms']) for n in sizes)
+           + "; runtime (JPEG, whole batched path) ms "
+           + ("/".join(_fmt(runtime[n]['median_ms']) for n in sizes if n in runtime) or "not timed")]
+    g = report.get("micro_batching")
+    if g:
+        out.append(f"  micro-batching at {g['sessions']} sessions: {_fmt(g['throughput_one_at_a_time_rps'], '.1f')} -> "
+                   f"{_fmt(g['throughput_micro_batched_rps'], '.1f')} requests/s, gain {_fmt(g['gain'])}x; GPU JPEG decode: "
+                   f"{runtime.get('gpu_jpeg_decode')}; load {_fmt(report['load_avg_before'][0])} -> "
+                   f"{_fmt((report.get('load_avg_after') or [None])[0])}")
+    else:
+        out.append("  micro-batching: not timed")
     return out
 
 
