@@ -71,7 +71,54 @@ class SessionRefused(Exception):
 
 
 class NoReplica(ConnectionError):
-    """No replica answered, or every replica refused for capacity/draining reasons."""
+    """No replica answered, or every replica refused for capacity/draining reasons. `unanswered`: no replica
+    answered in time at all (discovery waited out its timeout with nothing, or every session query did): the
+    link, or every replica, is slower than the timeouts. A refusal in words (CAPACITY, NOT_READY...) is an
+    answer; so is an empty discovery that came back at once (the router knows no replica to ask)."""
+
+    def __init__(self, message: str, unanswered: bool = False):
+        super().__init__(message)
+        self.unanswered = unanswered
+
+
+class ControlTimeouts:
+    """How long the next handshake round waits for replies, per control query (`CONTROL_TIMEOUTS_S` names).
+
+    With fixed timeouts a link whose round trip is over them fails every round the same way until the robot
+    goes DEAD (docs/bench.md, "1,000 robots on this host"). So: after a round in which no replica answered in
+    time (`grow`), the status and session timeouts double, up to `max_s`; a round that got an answer (`settle`)
+    brings them back to the base. Every timeout is also at least twice the link's measured round trip plus
+    `MARGIN_S` (`seed`: a robot that lost its session on a slow link reopens without a failing round first).
+
+    Invariant: base <= timeout_s(name) <= max(max_s, base), whatever was grown or seeded."""
+
+    GROWING = ("status", "session")  # the handshake's queries; reset is seeded, never grown (it is not awaited)
+    MARGIN_S = 0.5
+
+    def __init__(self, max_s: float, base: dict[str, float] | None = None):
+        self.base = dict(CONTROL_TIMEOUTS_S if base is None else base)
+        self.max_s = float(max_s)
+        self.grown_s = 0.0  # the growing queries' timeout after rounds no replica answered; 0: none since an answer
+        self.rtt_s = 0.0
+
+    def timeout_s(self, name: str) -> float:
+        base = self.base[name]
+        grown = self.grown_s if name in self.GROWING else 0.0
+        seeded = 2.0 * self.rtt_s + self.MARGIN_S if self.rtt_s > 0 else 0.0
+        return max(base, min(max(grown, seeded), self.max_s))
+
+    def grow(self) -> None:
+        """No replica answered in time this round: wait twice as long next round (at most max_s)."""
+        self.grown_s = min(2.0 * max(self.timeout_s(n) for n in self.GROWING), self.max_s)
+
+    def settle(self) -> None:
+        """A round got answers: back to the base (and the seed)."""
+        self.grown_s = 0.0
+
+    def seed(self, rtt_s: float) -> None:
+        """The link's measured round trip (0: none known)."""
+        v = float(rtt_s)
+        self.rtt_s = v if math.isfinite(v) and v > 0 else 0.0
 
 
 @dataclass
@@ -233,32 +280,55 @@ class Model:
         return sorted(found.values(), key=lambda s: (not s.ready or s.draining, order.get(s.replica_id, len(order)),
                                                      -spread_key(s.load, self._rng), s.replica_id))
 
-    def open(self, exclude: set[str] | frozenset = frozenset(), task: str | None = None) -> SessionAck:
+    def open(self, exclude: set[str] | frozenset = frozenset(), task: str | None = None, *,
+             status_timeout_s: float = CONTROL_TIMEOUTS_S["status"],
+             session_timeout_s: float = CONTROL_TIMEOUTS_S["session"], deadline: float | None = None) -> SessionAck:
         """Discover and open a session on the best replica not in `exclude`.
 
         CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY and a replica that does not answer move on to the
-        next replica; any other refusal raises `SessionRefused`; nothing left raises `NoReplica`."""
+        next replica; any other refusal raises `SessionRefused`; nothing left raises `NoReplica`.
+        `deadline` (monotonic s): no query waits past it (the caller's offline budget)."""
+
+        def wait_s(timeout_s: float) -> float:
+            return timeout_s if deadline is None else max(min(timeout_s, deadline - time.monotonic()), 0.01)
+
         self._watch_replicas()
-        replicas = [s for s in self.discover() if s.replica_id not in exclude]
+        waited, t0 = wait_s(status_timeout_s), time.monotonic()
+        found = self.discover(waited)
+        replicas = [s for s in found if s.replica_id not in exclude]
         if self.replica_order:
             replicas = [s for s in replicas if s.replica_id in self.replica_order] or replicas
         if not replicas:
+            elapsed = time.monotonic() - t0
+            # ran out of time, not "the router knows no replica" (that answer comes at once, and waiting longer
+            # would not change it)
+            timed_out = not found and elapsed >= 0.9 * waited
             raise NoReplica(f"no replica of {self.model_id}@{self.revision} answered under {self.conn.root} "
-                            f"(excluded: {sorted(exclude) or 'none'}); is the server running and connected to the router?")
-        refusals = []
+                            f"(waited {elapsed:.1f} s, timeout {waited:.1f} s; excluded: {sorted(exclude) or 'none'}); "
+                            f"is the server running and connected to the router"
+                            f"{', and is the round trip of the link under the timeout' if timed_out else ''}?",
+                            unanswered=timed_out)
+        refusals, timeouts = [], 0
         for st in replicas:
             if not st.ready or st.draining:
                 refusals.append(f"{st.replica_id}: {'DRAINING' if st.draining else 'NOT_READY'}")
                 continue
+            waited, t0 = wait_s(session_timeout_s), time.monotonic()
             try:
-                return self._open_on(st, task)
+                return self._open_on(st, task, waited)
             except SessionRefused as exc:
                 if exc.code not in RETRY_ELSEWHERE:
                     raise
                 refusals.append(f"{st.replica_id}: {exc.code}")
             except TimeoutError:
-                refusals.append(f"{st.replica_id}: no answer to the session query (dead or hung replica)")
-        raise NoReplica(f"every replica of {self.model_id} refused: {'; '.join(refusals)}")
+                elapsed = time.monotonic() - t0
+                timeouts += elapsed >= 0.9 * waited  # at once: the replica's queryable is gone (it died), not slow
+                refusals.append(f"{st.replica_id}: no answer to the session query (waited {elapsed:.1f} s, timeout "
+                                f"{waited:.1f} s: a dead or hung replica, or a link slower than the timeout)")
+        unanswered = timeouts == len(refusals)
+        raise NoReplica(f"{'no replica' if unanswered else 'every replica'} of {self.model_id} "
+                        f"{'answered its session query' if unanswered else 'refused'}: {'; '.join(refusals)}",
+                        unanswered=unanswered)
 
     def _watch_replicas(self) -> None:
         """Declared once, kept across sessions: a liveliness subscriber on every replica token of this model
@@ -277,7 +347,7 @@ class Model:
         if sample.kind == zenoh.SampleKind.PUT and self.nudge is not None:
             self.nudge.set()
 
-    def _open_on(self, st: Status, task: str | None) -> SessionAck:
+    def _open_on(self, st: Status, task: str | None, timeout_s: float = CONTROL_TIMEOUTS_S["session"]) -> SessionAck:
         import zenoh
 
         prev = self.ack if self.ack is not None and self.ack.replica_id == st.replica_id else self._prev_ack
@@ -311,7 +381,7 @@ class Model:
             body.previous_session_id = prev.session_id
             body.previous_auth = wauth.reopen_tag(prev.session_key, prev.session_id, self.conn.client_id)
         try:
-            reply = self._query(keys.session, body, CONTROL_TIMEOUTS_S["session"])
+            reply = self._query(keys.session, body, timeout_s)
         except BaseException:
             self._undeclare()
             raise

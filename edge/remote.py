@@ -10,7 +10,8 @@
 
 States (9.2): CONNECTING ─► STREAMING ─► DEGRADED (requests failing, queue holds actions) ─► STALLED
 (queue empty or every action stale: fallback) ; timeout streak / server liveliness lost / drain /
-UNKNOWN_SESSION ─► RECONNECTING (exponential backoff, fresh handshake, new session_epoch) ;
+UNKNOWN_SESSION ─► RECONNECTING (exponential backoff, fresh handshake, new session_epoch; the handshake's
+control timeouts double after a round nobody answered in time, edge.client.ControlTimeouts) ;
 offline > max_offline_s or a capability/schema/checkpoint mismatch on reconnect ─► DEAD.
 
 Invariants:
@@ -40,6 +41,7 @@ import numpy as np
 from edge.engine import Action, ConfigError, Engine, EngineState, FallbackBehavior, config_from_dict, register_engine
 from edge.latency import LATENCY_MODES, LatencyTracker
 from edge.queue import TRIM_MODES, ActionQueue, fit_prefix
+from wire.qos import CONTROL_TIMEOUTS_S
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ class RemoteEngineConfig:
     reconnect_initial_backoff_s: float = 0.5
     reconnect_max_backoff_s: float = 10.0
     max_offline_s: float = 60.0  # offline longer -> DEAD
+    # the handshake's status and session timeouts double after a round no replica answered in time, up to this
+    control_timeout_max_s: float = 16.0
     fallback: str = "hold"  # hold | repeat_last | zero
     rtc_enabled: bool = True  # replace merging with guidance; False = append mode
     execution_horizon: int = 10  # prefix rows shipped to the server
@@ -104,13 +108,19 @@ class RemoteEngineConfig:
         if self.buffer_time_s is not None:
             self.buffer_time_s = float(self.buffer_time_s)
         for name in ("fps", "max_action_age_s", "degraded_after_s", "request_timeout_s",
-                     "reconnect_initial_backoff_s", "reconnect_max_backoff_s", "max_offline_s"):
+                     "reconnect_initial_backoff_s", "reconnect_max_backoff_s", "max_offline_s",
+                     "control_timeout_max_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 bad(name, f"must be a number > 0, got {v!r}")
             setattr(self, name, float(v))
         if self.reconnect_max_backoff_s < self.reconnect_initial_backoff_s:
             bad("reconnect_max_backoff_s", "must be >= reconnect_initial_backoff_s")
+        base = max(CONTROL_TIMEOUTS_S["status"], CONTROL_TIMEOUTS_S["session"])
+        if self.control_timeout_max_s < base:
+            bad("control_timeout_max_s", f"must be >= the base status/session timeout {base:g} s "
+                                         f"(wire.qos.CONTROL_TIMEOUTS_S); {base:g} keeps the timeouts fixed, got "
+                                         f"{self.control_timeout_max_s:g}")
         try:
             self.fallback = FallbackBehavior(self.fallback).value
         except ValueError:
@@ -178,6 +188,9 @@ FIELD_DOCS = {
     "reconnect_initial_backoff_s": "first wait between reconnect attempts (doubles, with jitter)",
     "reconnect_max_backoff_s": "longest wait between reconnect attempts",
     "max_offline_s": "offline longer than this: DEAD (the robot's own safety takes over)",
+    "control_timeout_max_s": "cap of the handshake's status and session timeouts (base 2 s): they double after a "
+                             "round in which no replica answered in time (a link slower than them), and come back "
+                             "to the base on an answer; at least 2 x the measured round trip + 0.5 s",
     "fallback": "what get_action returns when STALLED: hold (nothing), repeat_last, zero",
     "rtc_enabled": "real-time chunking: guide the next chunk with the executed prefix; false = append mode",
     "execution_horizon": "prefix rows shipped to the server with each observation (RTC)",
@@ -277,6 +290,9 @@ class RemoteEngine(Engine):
         self._conn_given = connection
         self.queue = ActionQueue(config.rtc_enabled, config.trim)
         self.tracker = LatencyTracker(config.latency_window, config.latency_mode)
+        from edge.client import ControlTimeouts
+
+        self.control_timeouts = ControlTimeouts(config.control_timeout_max_s)  # the worker's; see _handshake
         self._execution_steps = 0  # s of the request last sent (its records report it)
         self._warned_plans: set[tuple[int, int, int]] = set()  # (d, s, H) already warned about
         self.A = len(config.action_names)
@@ -574,12 +590,24 @@ class RemoteEngine(Engine):
                 self._model.nudge = self._nudge
             if self._first_ack is not None:  # a reconnect: this exact checkpoint or nothing
                 self._model.open_args["expected_checkpoint_hash"] = self._first_ack.checkpoint_hash
-            ack = self._model.open(exclude)
+            ct = self.control_timeouts
+            ct.seed(self.tracker.p95())
+            ack = self._model.open(exclude, status_timeout_s=ct.timeout_s("status"),
+                                   session_timeout_s=ct.timeout_s("session"),
+                                   deadline=self._last_ok + self.cfg.max_offline_s)
         except SessionRefused as exc:
             self.last_error = str(exc)
             self._set_state(S.DEAD, f"session refused: {exc}")
             return False
-        except (NoReplica, ConnectionError, TimeoutError) as exc:
+        except NoReplica as exc:
+            self.last_error = str(exc)
+            if exc.unanswered:  # a link slower than the timeouts fails every round alike unless they grow
+                self.control_timeouts.grow()
+            else:  # answered (refused in words): the link is fast enough
+                self.control_timeouts.settle()
+            log.info("%s: no session yet: %s", self.cfg.client_uuid, exc)
+            return False
+        except (ConnectionError, TimeoutError) as exc:
             self.last_error = str(exc)
             log.info("%s: no session yet: %s", self.cfg.client_uuid, exc)
             return False
@@ -587,6 +615,7 @@ class RemoteEngine(Engine):
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("%s: handshake failed: %s", self.cfg.client_uuid, self.last_error)
             return False
+        self.control_timeouts.settle()
         if self._first_ack is None:
             self._first_ack = ack
         else:
@@ -663,7 +692,9 @@ class RemoteEngine(Engine):
             ep = self._reset_pending
             self._reset_pending = None
             try:  # acknowledged, but not awaited: the next observation's episode_start resets the session too
-                m.reset_nowait(ep, self._on_reset_reply)
+                # seeded from the measured round trip: a slow link's ack still counts in resets_acked
+                self.control_timeouts.seed(self.tracker.p95())
+                m.reset_nowait(ep, self._on_reset_reply, timeout_s=self.control_timeouts.timeout_s("reset"))
             except Exception as exc:
                 log.info("%s: reset to episode %d not sent: %s", self.cfg.client_uuid, ep, exc)
         # wait for: a fresh observation, queue playback under the buffer, not paused

@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edge.client import Connection, Event, NoReplica, Result, SessionRefused
 from tests.edge.responder import HASH_A, Responder, expected_chunk
@@ -103,8 +105,9 @@ def test_capacity_refusal_moves_to_the_next_replica(router, responders):
             time.sleep(0.05)
         mb = open_model(b)
         assert {ma.replica.replica_id, mb.replica.replica_id} == {"r0", "r1"}
-        with pytest.raises(NoReplica, match="CAPACITY"):
+        with pytest.raises(NoReplica, match="CAPACITY") as e:
             c.model("arm", action_names=NAMES, state_dim=S)
+        assert not e.value.unanswered  # refused in words: an answer, the link is fast enough
     finally:
         for x in (a, b, c):
             x.close()
@@ -122,6 +125,78 @@ def test_a_replica_that_does_not_answer_is_skipped(router, responders):
         dead._on_session = lambda q, gen: None  # alive, answers status, never answers a session query
         m.open()
         assert m.replica.replica_id == "r1"
+
+
+def test_a_round_in_which_no_replica_answered_in_time_says_so_and_names_the_timeout(router, responders):
+    r0 = responders(replica_id="r0")
+    with Connection(router, "robot-1") as conn:
+        m = open_model(conn)
+        held = []  # a query dropped unanswered ends at once (Zenoh finalizes it); a hung replica holds it
+        r0._on_session = lambda q, gen: held.append(q)  # answers status, never a session query (hung, or a slow link)
+        with pytest.raises(NoReplica, match=r"waited 0\.[34] s, timeout 0\.4 s") as e:
+            m.open(session_timeout_s=0.4)
+        assert e.value.unanswered
+        t0 = time.monotonic()
+        with pytest.raises(NoReplica, match="timeout 0.3 s"):  # a deadline cuts the timeout: the caller's budget
+            m.open(session_timeout_s=5.0, deadline=time.monotonic() + 0.3)
+        assert time.monotonic() - t0 < 1.0
+
+
+def test_a_discovery_nobody_answers_in_time_says_so_and_names_the_timeout(router):
+    held = []
+    r0 = Responder(router, replica_id="r0")
+    r0._on_status = held.append  # declared at start(): holds every status query, answers none (a link too slow)
+    r0.start()
+    try:
+        with Connection(router, "robot-1") as conn:
+            m = conn.model("arm", action_names=NAMES, state_dim=S, open=False)
+            deadline = time.monotonic() + 5.0
+            while True:  # until the router knows the replica's queryable (before that, the answer is "none", at once)
+                with pytest.raises(NoReplica) as e:
+                    m.open(status_timeout_s=0.4)
+                if e.value.unanswered or time.monotonic() > deadline:
+                    break
+            assert e.value.unanswered and held
+            assert "(waited 0.4 s, timeout 0.4 s;" in str(e.value) and "round trip of the link" in str(e.value)
+    finally:
+        r0.close()
+
+
+def test_an_empty_discovery_that_comes_back_at_once_is_an_answer(router):
+    """With no replica known to the router the query returns at once: waiting longer would not change it,
+    so it must not count as a link slower than the timeout."""
+    with Connection(router, "robot-1") as conn:
+        with pytest.raises(NoReplica, match=r"waited 0\.0 s, timeout 2\.0 s") as e:
+            conn.model("arm", action_names=NAMES, state_dim=S)
+        assert not e.value.unanswered
+
+
+@settings(max_examples=300, deadline=None)
+@given(max_s=st.floats(2.0, 60.0), rtt_s=st.one_of(st.just(0.0), st.floats(0.0, 100.0)),
+       rounds=st.lists(st.sampled_from(["grow", "settle"]), max_size=12))
+def test_control_timeouts_stay_between_the_base_and_the_cap_and_settle_back_to_the_base(max_s, rtt_s, rounds):
+    from edge.client import ControlTimeouts
+    from wire.qos import CONTROL_TIMEOUTS_S
+
+    ct = ControlTimeouts(max_s)
+    ct.seed(rtt_s)
+    seeded = min(2 * rtt_s + ct.MARGIN_S, max_s) if rtt_s > 0 else 0.0
+    for step in rounds:
+        before = ct.timeout_s("status")
+        getattr(ct, step)()
+        for name, base in CONTROL_TIMEOUTS_S.items():
+            assert base <= ct.timeout_s(name) <= max(max_s, base)
+        after = ct.timeout_s("session")
+        assert after == ct.timeout_s("status")  # the handshake's two queries move together
+        if step == "grow":  # doubles, up to the cap
+            assert after == pytest.approx(min(2 * before, max_s))
+        else:  # an answer: the base, or the measured round trip's seed
+            assert after == pytest.approx(max(2.0, seeded))
+    ct.settle()
+    ct.seed(0.0)
+    assert {n: ct.timeout_s(n) for n in CONTROL_TIMEOUTS_S} == CONTROL_TIMEOUTS_S  # no seed: exactly the base
+    ct.seed(3.0)  # a 3 s round trip: 6.5 s for every control query, the reset too (never over the cap)
+    assert ct.timeout_s("reset") == min(6.5, max_s) and ct.timeout_s("status") == min(6.5, max_s)
 
 
 def test_hard_refusals_raise_with_the_servers_words(router, responders):

@@ -205,9 +205,84 @@ def test_no_server_at_all_goes_dead_after_max_offline(router):
         assert all(a is None for _, a, _ in trace)  # repeat_last has nothing to repeat
 
 
+def test_rounds_no_replica_answers_double_the_control_timeouts_within_max_offline(router):
+    """A replica that holds every session query (a link slower than the timeout looks the same): each round
+    that nobody answered doubles the next one's timeouts, and max_offline_s still bounds the whole wait
+    (the second round, 4 s, is cut to what is left of the offline budget)."""
+    from tests.edge.responder import Responder
+
+    held = []
+    resp = Responder(router, state_dim=S).start()
+    resp._on_session = lambda q, gen: held.append(q)  # answers discovery, holds the session query unanswered
+    try:
+        with running(router, max_offline_s=3.0, control_timeout_max_s=16.0) as eng:
+            trace = loop(eng, 8.0, until=lambda tr: eng.failed)
+            dead_at = next(t for t, _, state in trace if state == "DEAD")
+            assert eng.control_timeouts.grown_s >= 4.0 and len(held) >= 2
+            assert "no answer to the session query (waited" in eng.stats["dead_reason"]
+            assert dead_at < 3.0 + 0.8, f"DEAD after {dead_at:.1f} s: a grown timeout outlived max_offline_s"
+    finally:
+        resp.close()
+
+
+def test_a_reset_on_a_slow_round_trip_waits_for_its_ack_as_long_as_the_link_needs(router):
+    """The reset is not awaited (episode_start tells the server too), but its ack counts in resets_acked:
+    with the fixed 1 s timeout, a server 1.3 s from the robot never acknowledged one. The measured round
+    trip (0.6 s here: p95 x 2 + 0.5 = 1.7 s) seeds the timeout."""
+    from tests.edge.responder import Responder
+
+    resp = Responder(router, state_dim=S, delay_s=0.6, reset_delay_s=1.3).start()
+    try:
+        with running(router, request_timeout_s=3.0) as eng:
+            loop(eng, 10.0, until=lambda tr: eng.stats["chunks"] >= 3)
+            assert eng.stats["chunks"] >= 3 and eng.tracker.p95() >= 0.6
+            eng.reset()
+            loop(eng, 5.0, until=lambda tr: eng.stats["resets_acked"] >= 1)
+            assert eng.stats["resets_acked"] == 1 and len(resp.resets) == 1
+            assert eng.control_timeouts.timeout_s("reset") >= 1.7  # what the reset query waited
+    finally:
+        resp.close()
+
+
+def test_a_round_refused_in_words_keeps_the_control_timeouts_at_the_base(router):
+    """CAPACITY is an answer: the link is fast enough, so the timeouts must not grow (they would make a
+    robot wait longer for a replica that really hangs)."""
+    from edge.client import Connection
+    from tests.edge.responder import Responder
+
+    resp = Responder(router, state_dim=S, max_sessions=1).start()
+    attempts = threading.Semaphore(0)
+    holder = Connection(router, "robot-holder")
+    try:
+        deadline = time.monotonic() + 5.0
+        while True:  # the one session slot taken (the responder reaches the router asynchronously)
+            try:
+                holder.model("arm", action_names=ACTION_NAMES, state_dim=S)
+                break
+            except ConnectionError:
+                assert time.monotonic() < deadline
+        answer = resp._on_session
+
+        def counted(q, gen):
+            answer(q, gen)
+            attempts.release()
+
+        resp._on_session = counted
+        with running(router) as eng:
+            for _ in range(2):  # the first round's outcome is applied before the second round asks
+                assert attempts.acquire(timeout=10.0)
+            assert "CAPACITY" in eng.last_error and eng.control_timeouts.grown_s == 0.0
+            assert eng.control_timeouts.timeout_s("session") == 2.0
+    finally:
+        holder.close()
+        resp.close()
+
+
 @pytest.mark.parametrize("field,value,words", [
     ("fallback", "brake", "fallback"), ("max_action_age_s", 0, "max_action_age_s"), ("trim", "all", "trim"),
     ("connect_endpoints", ["localhost"], "connect_endpoints"), ("action_names", [], "action_names"),
+    ("control_timeout_max_s", 1.0, "control_timeout_max_s.*>= the base"),
+    ("control_timeout_max_s", "16", "control_timeout_max_s"),
 ])
 def test_config_errors_name_the_field(router, field, value, words):
     with pytest.raises(ConfigError, match=words):
