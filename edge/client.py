@@ -86,8 +86,8 @@ class ControlTimeouts:
 
     With fixed timeouts a link whose round trip is over them fails every round the same way until the robot
     goes DEAD (docs/bench.md, "1,000 robots on this host"). So: after a round in which no replica answered in
-    time (`grow`), the status and session timeouts double, up to `max_s`; a round that got an answer (`settle`)
-    brings them back to the base. Every timeout is also at least twice the link's measured round trip plus
+    time (`grow`), the status and session timeouts double, up to `max_s`; a session opened (`settle`) brings
+    them back to the base (a refusal in words changes nothing: it came in time, at the timeouts it had). Every timeout is also at least twice the link's measured round trip plus
     `MARGIN_S` (`seed`: a robot that lost its session on a slow link reopens without a failing round first).
 
     Invariant: base <= timeout_s(name) <= max(max_s, base), whatever was grown or seeded."""
@@ -112,7 +112,7 @@ class ControlTimeouts:
         self.grown_s = min(2.0 * max(self.timeout_s(n) for n in self.GROWING), self.max_s)
 
     def settle(self) -> None:
-        """A round got answers: back to the base (and the seed)."""
+        """A session opened: back to the base (and the seed)."""
         self.grown_s = 0.0
 
     def seed(self, rtt_s: float) -> None:

@@ -190,7 +190,7 @@ FIELD_DOCS = {
     "max_offline_s": "offline longer than this: DEAD (the robot's own safety takes over)",
     "control_timeout_max_s": "cap of the handshake's status and session timeouts (base 2 s): they double after a "
                              "round in which no replica answered in time (a link slower than them), and come back "
-                             "to the base on an answer; at least 2 x the measured round trip + 0.5 s",
+                             "to the base with a session; at least 2 x the measured round trip + 0.5 s",
     "fallback": "what get_action returns when STALLED: hold (nothing), repeat_last, zero",
     "rtc_enabled": "real-time chunking: guide the next chunk with the executed prefix; false = append mode",
     "execution_horizon": "prefix rows shipped to the server with each observation (RTC)",
@@ -601,10 +601,10 @@ class RemoteEngine(Engine):
             return False
         except NoReplica as exc:
             self.last_error = str(exc)
-            if exc.unanswered:  # a link slower than the timeouts fails every round alike unless they grow
+            # a link slower than the timeouts fails every round alike unless they grow; a refusal in words
+            # (CAPACITY...) came in time: nothing grows, and what a slow link needed is kept for the next round
+            if exc.unanswered:
                 self.control_timeouts.grow()
-            else:  # answered (refused in words): the link is fast enough
-                self.control_timeouts.settle()
             log.info("%s: no session yet: %s", self.cfg.client_uuid, exc)
             return False
         except (ConnectionError, TimeoutError) as exc:

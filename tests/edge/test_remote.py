@@ -244,14 +244,13 @@ def test_a_reset_on_a_slow_round_trip_waits_for_its_ack_as_long_as_the_link_need
         resp.close()
 
 
-def test_a_round_refused_in_words_keeps_the_control_timeouts_at_the_base(router):
-    """CAPACITY is an answer: the link is fast enough, so the timeouts must not grow (they would make a
-    robot wait longer for a replica that really hangs)."""
+def test_a_round_refused_in_words_neither_grows_nor_resets_the_control_timeouts(router):
+    """CAPACITY is an answer that came in time: growing would make a robot wait longer for a replica that
+    really hangs, and going back to the base would fail the next round on the slow link that needed them."""
     from edge.client import Connection
     from tests.edge.responder import Responder
 
     resp = Responder(router, state_dim=S, max_sessions=1).start()
-    attempts = threading.Semaphore(0)
     holder = Connection(router, "robot-holder")
     try:
         deadline = time.monotonic() + 5.0
@@ -261,18 +260,25 @@ def test_a_round_refused_in_words_keeps_the_control_timeouts_at_the_base(router)
                 break
             except ConnectionError:
                 assert time.monotonic() < deadline
-        answer = resp._on_session
+        answer, held, hold = resp._on_session, [], threading.Event()
+        attempts = threading.Semaphore(0)
+        hold.set()
 
-        def counted(q, gen):
-            answer(q, gen)
+        def session(q, gen):  # first held unanswered (a slow link), then answered: CAPACITY
+            if hold.is_set():
+                held.append(q)
+            else:
+                answer(q, gen)
             attempts.release()
 
-        resp._on_session = counted
+        resp._on_session = session
         with running(router) as eng:
-            for _ in range(2):  # the first round's outcome is applied before the second round asks
+            assert attempts.acquire(timeout=10.0)
+            hold.clear()  # round 1 times out at 2 s and grows the timeouts to 4 s
+            for _ in range(2):  # round 2 refused; its outcome is applied before round 3 asks
                 assert attempts.acquire(timeout=10.0)
-            assert "CAPACITY" in eng.last_error and eng.control_timeouts.grown_s == 0.0
-            assert eng.control_timeouts.timeout_s("session") == 2.0
+            assert "CAPACITY" in eng.last_error and len(held) == 1
+            assert eng.control_timeouts.timeout_s("session") == 4.0 == eng.control_timeouts.timeout_s("status")
     finally:
         holder.close()
         resp.close()
