@@ -127,6 +127,13 @@ def check_attribute(type_word: str, attr: str, value) -> int | float:
     return float(value)
 
 
+def worst_round_trip_ms(toxics: list[dict]) -> float:
+    """The longest round trip (ms) `toxics` apply to a small message: each direction's latency toxics at their
+    latency + jitter, summed over both directions (bandwidth and loss not counted)."""
+    return float(sum(t["attributes"].get("latency", 0) + t["attributes"].get("jitter", 0)
+                     for t in toxics if t["type"] == "latency"))
+
+
 def profile_toxics(name: str, overrides: Mapping | None = None) -> list[dict]:
     """The toxics of profile `name` with `overrides` merged, as fresh dicts.
 

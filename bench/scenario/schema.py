@@ -16,6 +16,7 @@ Unknown keys are always rejected, with the known keys listed and the closest one
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -333,8 +334,33 @@ def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, Site]) -> list[
                       episode_s=_episode_s(g.episode_s, g.robot), engine=engine, shadow=shadow,
                       line=w.line(*path), stagger_episodes=g.stagger_episodes, engine_kind=kind, seeds_of=g.seeds_of)
         _check_engine(w, path, group)
+        if kind == "remote":
+            _check_lease(w, path, group, sites[g.site])
         groups.append(group)
     return groups
+
+
+LEASE_ROUND_TRIPS = 1.5  # a lease must cover the round trip and the keep-alive period after it (lease / 4)
+
+
+def _check_lease(w: _Where, path: tuple, group: Group, site: Site) -> None:
+    """A robot's Zenoh lease against its site's worst round trip: the router starts the lease when it answers the
+    session open, and hears the robot's first keep-alive a round trip plus a keep-alive period (lease / 4) later,
+    so a lease under ~4/3 of the round trip closes every session as it opens (no robot ever gets one)."""
+    try:
+        from chaos.profiles import profile_toxics, worst_round_trip_ms
+        from edge.remote import RemoteEngineConfig
+    except ImportError:
+        return
+    rtt = worst_round_trip_ms(profile_toxics(site.profile, site.overrides))
+    lease = int(group.engine.get("lease_ms", RemoteEngineConfig.lease_ms))
+    if lease < LEASE_ROUND_TRIPS * rtt:
+        key = "lease_ms" if "lease_ms" in group.engine else None
+        raise w.fail((*path, "engine", *((key,) if key else ())),
+                     f"lease_ms {lease}{'' if key else ' (the default)'} is under {LEASE_ROUND_TRIPS:g} x the worst round "
+                     f"trip of site {site.name!r} ({site.profile}: {rtt:g} ms): the router would close each robot's "
+                     f"Zenoh session before its first keep-alive arrives; set engine.lease_ms >= "
+                     f"{math.ceil(LEASE_ROUND_TRIPS * rtt)}")
 
 
 def _check_engine_keys(w: _Where, path: tuple, engine: dict) -> None:

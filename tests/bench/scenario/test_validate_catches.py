@@ -82,6 +82,15 @@ CASES = [
      "did you mean 'reacher'"),
     ("cluster routers word", BASE + "cluster: {routers: each_node}\n", 18, "cluster.routers",
      "'each_node' is not one of per_node, driver; pick one of them (did you mean 'per_node'?)"),
+    # a satellite link with 100 ms more each way (2 x (400 + 10) ms) against the default 1 s lease: no robot would get
+    # a session (the plain satellite profile's 620 ms passes: 1.5 x 620 = 930)
+    ("default lease on a slower satellite link", BASE.replace("lab: {profile: lan}", "lab:\n    profile: satellite\n"
+                                                              "    overrides: {latency.latency: 400}"), 9,
+     "fleet.groups[0].engine", "lease_ms 1000 (the default) is under 1.5 x the worst round trip of site 'lab' "
+                               "(satellite: 820 ms)"),
+    ("lease under a slow link's round trip", BASE.replace("buffer_time_s: 0.5", "lease_ms: 2000").replace(
+        "lab: {profile: lan}", "lab:\n    profile: lan\n    overrides: {latency.latency: 1500}"), 10,
+     "fleet.groups[0].engine.lease_ms", "set engine.lease_ms >= 4500"),
 ]
 
 
@@ -96,6 +105,9 @@ def test_validate_refuses_with_file_line_key_and_fix(tmp_path, capsys, case):
 
 def test_the_base_validates_and_run_refuses_exactly_what_validate_does(tmp_path, capsys):
     assert validate(tmp_path, BASE, capsys)[0] == 0
+    # a lease over 1.5 x the satellite round trip is fine (scenarios/satellite.yaml sets 3000)
+    sat = BASE.replace("lab: {profile: lan}", "lab: {profile: satellite}").replace("buffer_time_s: 0.5", "lease_ms: 930")
+    assert validate(tmp_path, sat, capsys)[0] == 0
     bad = tmp_path / "bad.yaml"
     bad.write_text(BASE.replace("buffer_time_s: 0.5", "fallback: holdd"))
     assert main(["run", str(bad), "--reports", str(tmp_path / "reports")]) == 2
