@@ -19,6 +19,8 @@ What each identity may do (design 004 6.6; key layout in wire.keys), every other
                    ingress put                its replica's */*/action;  egress declare_subscriber (routing)
                    ingress liveliness_token   its replica's alive;  ingress/egress liveliness of */*/alive
                    egress  query / ingress reply on its queryables (the requests reach it, answers leave)
+    peer router    every message, both flows, <root>/**: a hub and its node routers (`bench run --cluster ray`,
+                   bench.run.mesh) carry each other's clients, each client checked by the router it is attached to
 
 A robot's rules name its uuid literally, so a robot can neither publish to nor subscribe to another
 robot's keys, nor declare another robot's or a replica's token, nor open or reset another robot's
@@ -51,6 +53,7 @@ class FleetIdentities:
     replicas: tuple[str, ...]
     root: str = DEFAULT_ROOT
     monitors: tuple[str, ...] = ()  # read-only presence observers (the bench's ground-truth monitor)
+    routers: tuple[str, ...] = ()  # peer routers' certificate CNs (a hub and its node routers): they carry everyone
 
     def __post_init__(self) -> None:
         sanitize_root(self.root)
@@ -60,6 +63,11 @@ class FleetIdentities:
             sanitize(r, "replica_id")
         if len(set(self.robots)) != len(self.robots):
             raise ValueError("a robot uuid is listed twice; every robot needs its own certificate")
+        others = {*self.robots, *(server_cn(r) for r in self.replicas), *self.monitors}
+        clash = sorted(others & set(self.routers))
+        if clash:  # a robot whose certificate names a router would get a router's rights
+            raise ValueError(f"identity {clash[0]!r} is both a router and a robot, replica or monitor; "
+                             "every certificate common name must name one identity")
 
 
 def server_cn(replica_id: str) -> str:
@@ -121,6 +129,16 @@ def monitor_rules(root: str, name: str) -> list[dict]:
     ]
 
 
+ROUTER_MESSAGES = ["put", "delete", "declare_subscriber", "query", "reply", "declare_queryable", "liveliness_token",
+                   "declare_liveliness_subscriber", "liveliness_query"]
+
+
+def peer_router_rules(root: str, cn: str) -> list[dict]:
+    """Another router of the same network (hub <-> node router): it carries every robot's and replica's traffic,
+    already checked against these same rules by the router those clients are attached to."""
+    return [_rule(f"{cn}-all", ROUTER_MESSAGES, ["ingress", "egress"], [f"{root}/**"])]
+
+
 def router_access_control(fleet: FleetIdentities) -> dict:
     """The `access_control` block of the router config (default deny)."""
     rules: list[dict] = []
@@ -138,6 +156,8 @@ def router_access_control(fleet: FleetIdentities) -> dict:
         add(server_cn(rid), server_cn(rid), server_rules(fleet.root, rid))
     for name in fleet.monitors:
         add(f"monitor-{name}", name, monitor_rules(fleet.root, name))
+    for cn in fleet.routers:
+        add(f"peer-{cn}", cn, peer_router_rules(fleet.root, cn))
     return {"enabled": True, "default_permission": "deny", "rules": rules, "subjects": subjects, "policies": policies}
 
 

@@ -166,9 +166,11 @@ def make_config(
         tls.check()
         t = {"root_ca_certificate": tls.root_ca_certificate, "enable_mtls": tls.certificate is not None}
         if tls.certificate:
-            key = "listen" if mode == "router" else "connect"
-            t[f"{key}_certificate"] = tls.certificate
-            t[f"{key}_private_key"] = tls.private_key
+            # a router presents its certificate to its clients (listen) and, joining another router, to that
+            # router (connect: the hub's access rules key on the node router's common name)
+            for key in (("listen", "connect") if mode == "router" else ("connect",)):
+                t[f"{key}_certificate"] = tls.certificate
+                t[f"{key}_private_key"] = tls.private_key
         c.insert_json5("transport/link/tls", json.dumps(t))
     for k, v in (extra or {}).items():
         c.insert_json5(k, json.dumps(v))

@@ -117,13 +117,16 @@ class ChildActorImpl:
         return node_usage(self.child.pid if self.child.alive() else None)
 
     def put_files(self, files: dict[str, bytes]) -> None:
-        """Files the child reads (its spec or manifest), written where the driver wrote them."""
+        """Files the child reads (its spec or manifest, TLS certificates, keys and access rules), written where the
+        driver wrote them; a copy is readable by its owner only (a private key among them)."""
         for path, data in files.items():
             p = Path(path)
             if p.exists() and p.read_bytes() == data:
                 continue  # the same file system as the driver's
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(data)
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
 
     def start(self) -> int | None:
         self.managed.start()

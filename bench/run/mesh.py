@@ -15,6 +15,13 @@ connects to its own node's proxy for its site. The fault timeline still speaks o
 every node, and sums their fidelity counters, so `proxy_legs` covers every node's links. A `router` fault
 applies to every router at once (`AllRouters`).
 
+Under `security: mtls` (`MeshSecurity`) each node router gets its own certificate from the run's CA (CN
+`router-<node>`, its node's address as a name), listens with mTLS, joins the hub over mTLS with that
+certificate and enforces the run's access rules (wire.acl, the hub's file) on its own clients: robots and
+replicas are checked by the router they are attached to; routers accept each other as peers by CN. Its
+certificate, key, the CA and the rules reach the node with the router's actor (`put_files`). The site
+proxies forward the TLS bytes untouched, so the robots' endpoints are `tls/` ones on their node's proxy.
+
 Nodes are learnt as the run places its children (`Run.start_servers`/`start_shards` locate each one, then
 ask `NodeMesh.links(node)`): a node that gets nothing gets no router. Every router and proxy is registered
 in the run's ProcessSet, so it stops with the run, pass or fail; one that dies ends the run with exit 2
@@ -36,15 +43,12 @@ ROUTER_READY_TEXT = "router ready"
 
 
 def resolve_routers(setting: str | None, security: str) -> str:
-    """`cluster.routers` as a run uses it: unset means `per_node`, except with `security: mtls` (node routers
-    would need their own certificates and access rules, not built yet), where it means `driver`."""
+    """`cluster.routers` as a run uses it: unset means `per_node` (with `security: mtls` too: each node router
+    then has its own certificate and enforces the run's access rules, `MeshSecurity`)."""
     if setting is None:
-        return "driver" if security == "mtls" else "per_node"
+        return "per_node"
     if setting not in ROUTERS:
         raise ValueError(f"cluster.routers must be one of {', '.join(ROUTERS)}, not {setting!r}")
-    if setting == "per_node" and security == "mtls":
-        raise ValueError("cluster.routers: per_node is not built for security: mtls yet (node routers have no "
-                         "certificates or access rules); set cluster: {routers: driver}")
     return setting
 
 
@@ -54,9 +58,36 @@ def node_host(run_host: str, node: dict) -> str:
     return "127.0.0.1" if run_host == "127.0.0.1" else node["ip"]
 
 
-def node_router_argv(host: str, port: int, hub_endpoint: str) -> list[str]:
-    """A node's Zenoh router: listening on `host:port` (its node's address), joined to the driver's router."""
-    return router_argv(f"tcp/{host}:{port}", [hub_endpoint])
+def node_router_argv(host: str, port: int, hub_endpoint: str, tls=None, rules: str | None = None) -> list[str]:
+    """A node's Zenoh router: listening on `host:port` (its node's address), joined to the driver's router.
+    With `tls` (a bench.security.pki.Issued) and `rules` (the access rules file) it listens with mTLS, joins the
+    hub over mTLS with the same certificate and enforces the rules on its own clients."""
+    if tls is None:
+        return router_argv(f"tcp/{host}:{port}", [hub_endpoint])
+    if not hub_endpoint.startswith("tls/") or not rules:
+        raise ValueError(f"a node router with TLS joins a TLS hub under access rules, not {hub_endpoint!r} "
+                         f"with rules {rules!r}")
+    return router_argv(f"tls/{host}:{port}", [hub_endpoint], ["--tls-ca", tls.ca, "--tls-cert", tls.cert,
+                                                              "--tls-key", tls.key, "--access-control", rules])
+
+
+@dataclass(frozen=True)
+class MeshSecurity:
+    """What node routers need under `security: mtls`: the run's PKI (bench.security.pki.Pki, which issues each
+    node router `router-<node>`), the access rules file every router of the run enforces (the hub's: it names
+    every robot, replica and monitor, and as peer routers the hub's CN and `router-<node>` of each node in
+    `nodes`, the cluster's nodes when the run started)."""
+
+    pki: object
+    rules: Path
+    nodes: frozenset[str]
+
+
+def peer_router_cns(nodes: list[dict]) -> tuple[str, ...]:
+    """The router CNs the run's access rules accept as peers: the hub's and one per cluster node."""
+    from bench.security.pki import ROUTER_CN, node_router_cn
+
+    return (ROUTER_CN, *(node_router_cn(short(n["node_id"])) for n in nodes))
 
 
 def proxy_argv(host: str, port: int) -> list[str]:
@@ -93,8 +124,10 @@ class NodeMesh:
     """The run's node routers and proxies, started on a node the first time a child lands there."""
 
     def __init__(self, cluster, hub_endpoint: str, host: str, logs: Path,
-                 site_toxics: Callable[[], dict[str, list[dict]]], register: Callable[[str, object], None]):
+                 site_toxics: Callable[[], dict[str, list[dict]]], register: Callable[[str, object], None],
+                 security: MeshSecurity | None = None):
         self.cluster, self.hub_endpoint, self.host, self.logs = cluster, hub_endpoint, host, Path(logs)
+        self.security = security  # mTLS and access rules on every node router (security: mtls)
         self.site_toxics = site_toxics  # site -> the toxics its proxies carry (the driver's copy's, converted)
         self.register = register  # into the run's ProcessSet (and CPU sampler), the moment a child exists
         self.nodes: dict[str, NodeLinks] = {}
@@ -118,7 +151,16 @@ class NodeMesh:
         child.locate()
         host = node_host(self.host, node)
         (port,) = child.free_ports(1)
-        argv = node_router_argv(host, port, self.hub_endpoint)
+        tls = rules = None
+        if self.security is not None:
+            if node["node_id"] not in self.security.nodes:
+                raise RuntimeError(f"node {short(node['node_id'])} ({node.get('ip')}) joined the cluster after the run "
+                                   "started: the routers' access rules name no router for it, so its router could "
+                                   "not join the hub; rerun with the cluster as it is now")
+            tls, rules = self.security.pki.node_router(short(node["node_id"]), host), str(self.security.rules)
+            # the node reads them where the driver wrote them: the same files on a shared file system, else copies
+            child.files = {p: Path(p).read_bytes() for p in (tls.ca, tls.cert, tls.key, rules)}
+        argv = node_router_argv(host, port, self.hub_endpoint, tls, rules)
         child.set_argv(argv)
         child.start(timeout_s=30)
         return NodeLinks(node, child, argv[argv.index("--listen") + 1])
@@ -143,7 +185,10 @@ class NodeMesh:
             proxy = links.client.create_proxy(f"site-{site}", upstream=upstream, listen=f"{host}:0")
             for toxic in toxics:
                 links.client.add_toxic(f"site-{site}", **toxic)
-            links.sites[site] = f"tcp/{proxy['listen']}"
+            # a TCP proxy: TLS passes through untouched, so a robot verifies the node router's certificate
+            # (it names the node's address, the proxy's too) and the router sees the robot's
+            scheme = "tls" if self.security is not None else "tcp"
+            links.sites[site] = f"{scheme}/{proxy['listen']}"
 
     def routers(self) -> list:
         return [links.router for links in self.nodes.values()]

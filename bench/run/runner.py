@@ -461,7 +461,13 @@ class Run:
                 self.track_remote_cpu(name, child)
 
         toxics = {name: chaos_profiles.profile_toxics(site.profile, site.overrides) for name, site in self.s.sites.items()}
-        self.mesh = NodeMesh(self.cluster, self.router_endpoint, self.host, self.logs, lambda: toxics, register)
+        security = None
+        if self.s.security == "mtls":  # each node router: its own certificate, the hub's access rules
+            from bench.run.mesh import MeshSecurity
+
+            security = MeshSecurity(self.pki, self.router_rules, frozenset(n["node_id"] for n in self.mesh_nodes))
+        self.mesh = NodeMesh(self.cluster, self.router_endpoint, self.host, self.logs, lambda: toxics, register,
+                             security)
         self.chaos = SiteFanout(self.chaos, self.mesh)
 
     def manifest_for(self, replica) -> dict:
@@ -515,13 +521,20 @@ class Run:
 
         robots = [v["client_uuid"] for v in self.identities.values()]
         robots += [a["name"] for a in self.s.attackers if a["credentials"] == "own_cert"]  # enrolled, then rogue
+        peers: tuple[str, ...] = ()
+        if self.routers == "per_node":  # the hub and every node's router accept each other (bench.run.mesh)
+            from bench.run.mesh import peer_router_cns
+
+            self.mesh_nodes = [n for n in self.cluster.nodes() if n["alive"]]
+            peers = peer_router_cns(self.mesh_nodes)
         acl = router_access_control(FleetIdentities(tuple(robots), tuple(r.id for r in self.s.replicas),
-                                                    monitors=("bench-monitor",)))
-        rules = self.run_dir / "router-access-control.json"
+                                                    monitors=("bench-monitor",), routers=peers))
+        rules = self.router_rules = self.run_dir / "router-access-control.json"
         rules.write_text(json.dumps({"access_control": acl}, indent=1))
-        r = self.pki.router()
+        # on the run's host address: a cluster's node routers and replicas reach it there (loopback without one)
+        r = self.pki.router(hosts=(self.host,))
         port = free_port()
-        endpoint = f"tls/127.0.0.1:{port}"
+        endpoint = f"tls/{self.host}:{port}"
         child = ChildProcess([sys.executable, "-m", "wire.transport", "--listen", endpoint, "--tls-ca", r.ca,
                               "--tls-cert", r.cert, "--tls-key", r.key, "--access-control", str(rules)],
                              self.logs / "router.log", ready_text="router ready", name="zenoh-router",
@@ -622,7 +635,8 @@ class Run:
             manifest = self.manifest_for(replica)
             path.write_text(yaml.safe_dump(manifest, sort_keys=False))
             if self.cluster is not None:
-                child.files = {str(path): path.read_bytes()}
+                tls = (manifest["zenoh"].get("tls") or {}).values() if self.s.security == "mtls" else ()
+                child.files = _files([str(path), *tls])  # its certificate too, where the node has no shared disk
             else:
                 child = ChildProcess(server_argv(path), self.logs / f"server-{replica.id}.log",
                                      ready_text=SERVER_READY_TEXT, name=f"server-{replica.id}")
@@ -696,7 +710,9 @@ class Run:
                     for robot in spec["robots"]:
                         robot["engine"]["connect_endpoints"] = [sites[self.robot_table[robot["robot"]]["site"]]]
                 path.write_text(json.dumps(spec, indent=1))
-                child.files = {str(path): path.read_bytes()}
+                tls = [r["engine"][k] for r in spec["robots"] for k in ("tls_ca", "tls_cert", "tls_key")
+                       if r["engine"].get(k)]
+                child.files = _files([str(path), *tls])  # its robots' certificates too
             else:
                 path.write_text(json.dumps(spec, indent=1))
                 child = ChildProcess(argv, self.logs / f"shard-{k}.log", name=f"shard-{k}", env={"PYTHONPATH": _pythonpath()})
@@ -1277,6 +1293,11 @@ def _rtc_budget_s(engine: dict, fps: float) -> float:
     buffer = engine.get("buffer_time_s", defaults["buffer_time_s"])
     # a derived buffer depends on the delay measured at run time: 0.5 s, the old fixed default
     return 0.5 if buffer is None else float(buffer)
+
+
+def _files(paths: list[str]) -> dict[str, bytes]:
+    """What a cluster child reads, for its actor's `put_files` (each path once)."""
+    return {p: Path(p).read_bytes() for p in dict.fromkeys(paths)}
 
 
 def _pythonpath() -> str:

@@ -362,8 +362,9 @@ class Cluster(_Model):
     routers: Literal["per_node", "driver"] | None = _f(
         None, "`per_node`: a Zenoh router on every node that hosts a shard or a replica, joined to the driver's, and "
               "the site proxies on every node with shards, each in front of its node's router; `driver`: one router "
-              "and the site proxies on the driver host, every link crossing to it (docs/cluster.md)",
-        default_doc="`per_node` (`driver` with `security: mtls`)")
+              "and the site proxies on the driver host, every link crossing to it (docs/cluster.md). With `security: "
+              "mtls` every node router has its own certificate and enforces the run's access rules (docs/security.md)",
+        default_doc="`per_node`")
 
 
 class ScenarioFile(_Model):

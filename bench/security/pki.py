@@ -1,6 +1,7 @@
 """A throw-away PKI for bench runs and tests: one CA, a certificate per robot, replica and router.
 
     ca.pem ──signs──► router.pem     (CN router, SAN 127.0.0.1 + localhost: robots verify the name)
+                 ├──► router-<node>.pem      (a cluster node's router, SAN its node's address too)
                  ├──► server-<replica>.pem   (CN server-<replica>)
                  └──► robot-<uuid>.pem       (CN = the robot's client uuid: the router's access rules key on it)
 
@@ -9,7 +10,7 @@ Files land in one directory (the run directory's `pki/`), keys with mode 0600 an
 needed on a robot: the edge only reads the three files it is given.
 
 Invariant: a certificate's common name is exactly the identity the access rules name (the client
-uuid, `server-<replica>`, `router`), and every certificate is signed by `ca.pem` of the same
+uuid, `server-<replica>`, `router`, `router-<node>`), and every certificate is signed by `ca.pem` of the same
 directory unless it was issued by another `Pki` on purpose (the foreign-CA intruder).
 """
 
@@ -22,6 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROUTER_CN = "router"
+
+
+def node_router_cn(node: str) -> str:
+    return f"{ROUTER_CN}-{node}"
 
 
 def server_cn(replica_id: str) -> str:
@@ -87,8 +92,10 @@ class Pki:
 
     # -- leaves -----------------------------------------------------------------------------------
     def issue(self, common_name: str, *, server: bool = False, file_stem: str | None = None,
-              not_before: dt.datetime | None = None, not_after: dt.datetime | None = None) -> Issued:
-        """A certificate + key for `common_name`; `server` adds the 127.0.0.1/localhost names a router needs.
+              not_before: dt.datetime | None = None, not_after: dt.datetime | None = None,
+              hosts: tuple[str, ...] = ()) -> Issued:
+        """A certificate + key for `common_name`; `server` adds the 127.0.0.1/localhost names a router needs, and
+        `hosts` (IP addresses or DNS names) the other addresses it listens on (a cluster node's).
         `not_before`/`not_after` exist for tests (an expired certificate)."""
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes
@@ -110,6 +117,13 @@ class Pki:
         names: list = [x509.DNSName(common_name if _dns_safe(common_name) else "leaf.invalid")]
         if server:
             names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            for h in hosts:
+                if h in ("localhost", "127.0.0.1"):
+                    continue
+                try:
+                    names.append(x509.IPAddress(ipaddress.ip_address(h)))
+                except ValueError:
+                    names.append(x509.DNSName(h))
         b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = b.sign(ca_key, hashes.SHA256())
         stem = file_stem or common_name
@@ -118,8 +132,12 @@ class Pki:
         _write_public(cert_path, cert)
         return Issued(str(self.ca_cert_path), str(cert_path), str(key_path))
 
-    def router(self) -> Issued:
-        return self.issue(ROUTER_CN, server=True)
+    def router(self, hosts: tuple[str, ...] = ()) -> Issued:
+        return self.issue(ROUTER_CN, server=True, hosts=hosts)
+
+    def node_router(self, node: str, host: str) -> Issued:
+        """A cluster node's router (`router-<node>`, bench.run.mesh), named for the address it listens on."""
+        return self.issue(node_router_cn(node), server=True, hosts=(host,))
 
     def server(self, replica_id: str) -> Issued:
         return self.issue(server_cn(replica_id))

@@ -9,18 +9,17 @@ import time
 
 import pytest
 
-from bench.run.mesh import AllRouters, NodeLinks, NodeMesh, SiteFanout, node_host, node_router_argv, resolve_routers
+from bench.run.mesh import (AllRouters, MeshSecurity, NodeLinks, NodeMesh, SiteFanout, node_host, node_router_argv,
+                            peer_router_cns, resolve_routers)
 from chaos.client import ChaosClient, ProxyPool
 from chaos.toxiproxy.fidelity import add
 from tests.chaos.harness import connect, echo  # noqa: F401  (fixture)
 
 
-def test_routers_default_to_per_node_except_with_mtls_and_a_contradiction_is_refused():
-    assert resolve_routers(None, "tcp") == "per_node"
-    assert resolve_routers(None, "mtls") == "driver"
+def test_routers_default_to_per_node_with_or_without_mtls_and_driver_stays_selectable():
+    assert resolve_routers(None, "tcp") == "per_node" and resolve_routers(None, "mtls") == "per_node"
+    assert resolve_routers("per_node", "mtls") == "per_node"
     assert resolve_routers("driver", "tcp") == "driver" and resolve_routers("driver", "mtls") == "driver"
-    with pytest.raises(ValueError, match=r"per_node is not built for security: mtls.*routers: driver"):
-        resolve_routers("per_node", "mtls")
     with pytest.raises(ValueError, match="one of per_node, driver"):
         resolve_routers("each", "tcp")
 
@@ -139,14 +138,184 @@ def test_a_router_fault_takes_every_router_down_and_its_undo_brings_each_back(tm
 
 
 
-def test_run_refuses_per_node_routers_with_mtls_before_it_joins_a_cluster(tmp_path, capsys, monkeypatch):
-    from bench.cli import main
-    from tests.bench.scenario.test_validate_catches import BASE
+# --- security: mtls on node routers (MeshSecurity) ----------------------------------------------------------------
 
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # were it tried, joining would fail with another message
-    path = tmp_path / "s.yaml"
-    path.write_text(BASE + "security: mtls\ncluster: {routers: per_node}\n")
-    assert main(["run", str(path), "--cluster", "ray", "--reports", str(tmp_path / "reports")]) == 2
-    err = capsys.readouterr().err
-    assert "cluster.routers: per_node is not built for security: mtls" in err and "routers: driver" in err, err
-    assert not (tmp_path / "reports").exists()
+def test_a_secure_node_router_listens_with_tls_joins_a_tls_hub_and_enforces_the_rules():
+    from bench.security.pki import Issued
+
+    tls = Issued("/p/ca.pem", "/p/router-n1.pem", "/p/router-n1.key")
+    argv = node_router_argv("10.0.0.7", 7448, "tls/10.0.0.1:7447", tls, "/p/rules.json")
+    assert argv[3:] == ["--listen", "tls/10.0.0.7:7448", "--connect", "tls/10.0.0.1:7447", "--tls-ca", "/p/ca.pem",
+                        "--tls-cert", "/p/router-n1.pem", "--tls-key", "/p/router-n1.key",
+                        "--access-control", "/p/rules.json"]
+    with pytest.raises(ValueError, match="joins a TLS hub under access rules"):
+        node_router_argv("10.0.0.7", 7448, "tcp/10.0.0.1:7447", tls, "/p/rules.json")  # a plain hub: never
+    with pytest.raises(ValueError, match="joins a TLS hub under access rules"):
+        node_router_argv("10.0.0.7", 7448, "tls/10.0.0.1:7447", tls, None)  # no rules: never
+
+
+def test_peer_router_names_cannot_be_a_robots(tmp_path):
+    from wire.acl import FleetIdentities
+
+    assert peer_router_cns([{"node_id": "a" * 40}]) == ("router", "router-" + "a" * 12)
+    with pytest.raises(ValueError, match="'router-aaaaaaaaaaaa' is both a router and a robot"):
+        FleetIdentities(("router-aaaaaaaaaaaa",), ("r0",), routers=peer_router_cns([{"node_id": "a" * 40}]))
+
+
+class _Node:
+    """The part of a cluster child NodeMesh uses before it starts one (bench.run.cluster.RemoteChild)."""
+
+    def __init__(self):
+        self.files, self.argv, self.started = {}, None, False
+
+    def locate(self):
+        return {}
+
+    def free_ports(self, n):
+        return [7448]
+
+    def set_argv(self, argv):
+        self.argv = argv
+
+    def start(self, timeout_s):
+        self.started = True
+
+
+class _Cluster:
+    def __init__(self):
+        self.children = []
+
+    def place_on(self, node_id, name, log_path, **kw):
+        self.children.append(_Node())
+        return self.children[-1]
+
+
+def test_a_node_router_gets_its_certificate_and_the_rules_and_an_unnamed_node_is_refused(tmp_path):
+    from bench.security.pki import Pki
+    from cryptography import x509
+
+    pki, rules = Pki(tmp_path / "pki"), tmp_path / "rules.json"
+    rules.write_text("{}")
+    security = MeshSecurity(pki, rules, frozenset({"n" * 40}))
+    mesh = NodeMesh(_Cluster(), "tls/10.0.0.1:7447", "10.0.0.1", tmp_path, lambda: {}, lambda *_: None, security)
+    links = mesh.links({"node_id": "n" * 40, "ip": "10.0.0.7"}, proxies=False)
+    child = mesh.cluster.children[0]
+    assert child.started and links.router_endpoint == "tls/10.0.0.7:7448"
+    cert = child.argv[child.argv.index("--tls-cert") + 1]
+    assert set(child.files) == {str(pki.ca_cert_path), cert, child.argv[child.argv.index("--tls-key") + 1], str(rules)}
+    issued = x509.load_pem_x509_certificate(child.files[cert])
+    assert issued.subject.rfc4514_string() == "CN=router-nnnnnnnnnnnn"
+    sans = issued.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "10.0.0.7" in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]  # robots verify this name
+    with pytest.raises(RuntimeError, match="joined the cluster after the run started.*name no router for it"):
+        mesh.links({"node_id": "m" * 40, "ip": "10.0.0.8"}, proxies=False)
+    assert not mesh.cluster.children[1].started
+
+
+@pytest.fixture
+def secure_mesh(tmp_path):
+    """A hub and a node router, both mTLS with the same generated rules (a fleet of robot-a, robot-b and
+    replicas r0, r1; the hub and the node router as peers), the node router started the way NodeMesh starts it."""
+    import json
+
+    from bench.security.pki import Pki
+    from wire.acl import FleetIdentities, router_access_control
+    from wire.procs import ChildProcess, free_port
+
+    pki = Pki(tmp_path / "pki")
+    node = "n" * 40
+    rules = tmp_path / "router-access-control.json"
+    acl = router_access_control(FleetIdentities(("robot-a", "robot-b"), ("r0", "r1"),
+                                                routers=peer_router_cns([{"node_id": node}])))
+    rules.write_text(json.dumps({"access_control": acl}))
+    hub_tls = pki.router()
+    hub_endpoint = f"tls/127.0.0.1:{free_port()}"
+    hub = ChildProcess([*router_argv_for_hub(hub_endpoint, hub_tls, rules)], tmp_path / "hub.log",
+                       ready_text="router ready", name="hub")
+    hub.start(timeout_s=15)
+    try:
+        argv = node_router_argv("127.0.0.1", free_port(), hub_endpoint, pki.node_router(node[:12], "127.0.0.1"),
+                                str(rules))
+        router = ChildProcess(argv, tmp_path / "node.log", ready_text="router ready", name="node-router")
+        router.start(timeout_s=15)
+        try:
+            yield pki, hub_endpoint, argv[argv.index("--listen") + 1]
+        finally:
+            router.stop()
+    finally:
+        hub.stop()
+
+
+def router_argv_for_hub(endpoint, tls, rules):
+    from wire.procs import router_argv
+
+    return router_argv(endpoint, (), ["--tls-ca", tls.ca, "--tls-cert", tls.cert, "--tls-key", tls.key,
+                                      "--access-control", str(rules)])
+
+
+def _session(pki, endpoint, identity):
+    from wire.transport import TlsFiles, open_session
+
+    f = pki.server(identity.removeprefix("server-")) if identity.startswith("server-") else pki.robot(identity)
+    return open_session(connect=[endpoint], tls=TlsFiles(f.ca, f.cert, f.key), what=identity)
+
+
+def _answers(session, key, timeout_s=10.0, want=1):
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:  # the routers exchange the route after join
+        got = sorted(bytes(r.ok.payload.to_bytes()) for r in session.get(key, timeout=1.0) if r.ok)
+    return got
+
+
+@pytest.mark.integration
+def test_mtls_node_router_and_hub_carry_a_robots_query_to_a_replica_on_the_hub(secure_mesh):
+    pki, hub_endpoint, node_endpoint = secure_mesh
+    replica = _session(pki, hub_endpoint, "server-r0")
+    robot = _session(pki, node_endpoint, "robot-a")  # on the node router: checked by the node's rules
+    try:
+        replica.declare_queryable("@fleet/arm/main/r0/status", lambda q: q.reply("@fleet/arm/main/r0/status", b"r0"))
+        assert _answers(robot, "@fleet/arm/main/*/status") == [b"r0"]  # node router -> hub -> replica, and back
+    finally:
+        robot.close()
+        replica.close()
+
+
+@pytest.mark.integration
+def test_mtls_node_router_refuses_a_client_without_a_certificate_of_the_runs_ca(secure_mesh, tmp_path):
+    import json
+
+    import zenoh
+
+    from bench.security.pki import Pki
+    from wire.transport import TlsFiles, make_config, open_session
+
+    pki, _, node_endpoint = secure_mesh
+    with pytest.raises(ConnectionError, match="refused the handshake"):  # no client certificate at all
+        open_session(connect=[node_endpoint], tls=TlsFiles(pki.ca_cert_path.as_posix()), what="no-cert")
+    foreign = Pki(tmp_path / "foreign", ca_name="foreign-ca").robot("robot-a")  # the right name, another CA
+    c = make_config("client", connect=[node_endpoint])  # past our own file checks: the node router must refuse
+    c.insert_json5("transport/link/tls", json.dumps({"root_ca_certificate": pki.ca_cert_path.as_posix(),
+                                                      "enable_mtls": True, "connect_certificate": foreign.cert,
+                                                      "connect_private_key": foreign.key}))
+    with pytest.raises(zenoh.ZError):
+        zenoh.open(c)
+
+
+@pytest.mark.integration
+def test_mtls_node_router_rules_refuse_a_robot_a_replicas_key(secure_mesh):
+    pki, hub_endpoint, node_endpoint = secure_mesh
+    rogue = _session(pki, node_endpoint, "robot-a")
+    robot = _session(pki, node_endpoint, "robot-b")
+    replica = _session(pki, hub_endpoint, "server-r0")
+    try:
+        # robot-a poses as replica r1 on its node router first; the real r0 declares afterwards, behind the hub
+        rogue.declare_queryable("@fleet/arm/main/r1/status", lambda q: q.reply("@fleet/arm/main/r1/status", b"forged"))
+        replica.declare_queryable("@fleet/arm/main/r0/status", lambda q: q.reply("@fleet/arm/main/r0/status", b"r0"))
+        # r0's route crossed the hub and reached robot-b's router, so robot-a's (same router) would have too
+        assert _answers(robot, "@fleet/arm/main/*/status") == [b"r0"]
+        assert _answers(robot, "@fleet/arm/main/*/status", timeout_s=1.0, want=2) == [b"r0"]  # still no forgery
+    finally:
+        replica.close()
+        robot.close()
+        rogue.close()
