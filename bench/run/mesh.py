@@ -113,8 +113,12 @@ class NodeLinks:
     client: object = None  # chaos.client.ChaosClient
     sites: dict = field(default_factory=dict)  # site -> endpoint its robots connect to
 
+    access_rules: str = ""  # the rules file the router enforces (security: mtls)
+
     def describe(self) -> dict:
         out = {"router": {"name": self.router.name, "endpoint": self.router_endpoint}}
+        if self.access_rules:
+            out["router"]["access_rules"] = self.access_rules
         if self.proxy is not None:
             out["chaos_proxy"] = {"name": self.proxy.name, "api": self.api_url, "sites": dict(self.sites)}
         return out
@@ -163,7 +167,7 @@ class NodeMesh:
         argv = node_router_argv(host, port, self.hub_endpoint, tls, rules)
         child.set_argv(argv)
         child.start(timeout_s=30)
-        return NodeLinks(node, child, argv[argv.index("--listen") + 1])
+        return NodeLinks(node, child, argv[argv.index("--listen") + 1], access_rules=rules or "")
 
     def _start_proxies(self, links: NodeLinks) -> None:
         from chaos.client import ChaosClient

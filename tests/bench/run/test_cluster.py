@@ -135,6 +135,32 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     assert all(n["samples"] > 0 and 0 <= n["host_percent"] <= 100 for n in cpu["nodes"].values()), cpu["nodes"]
 
 
+def test_an_mtls_fleet_spread_over_the_nodes_passes_through_per_node_routers_with_their_own_certificates(
+        cluster, tmp_path):
+    """security: mtls with per-node routers (the default): every link is TLS, each node router has its own
+    certificate and enforces the run's access rules, robots reach their node's router through its proxy."""
+    c, _ = cluster
+    rc, out, summary = _run(c.address, tmp_path, duration=6, extra="security: mtls")
+    assert rc == 0, out
+    facts = summary["cluster"]
+    assert facts["routers"] == "per_node"
+    routed = {n["node_id"]: n for n in facts["nodes"] if "router" in n}
+    assert len(routed) == 2 and all(n["router"]["endpoint"].startswith("tls/") for n in routed.values()), routed
+    run_dir = next((tmp_path / "reports").glob("cluster_probe/*/"))
+    for node_id in routed:  # its own certificate (CN router-<node>); the hub's rules accept it as a peer
+        assert (run_dir / "pki" / f"router-{node_id[:12]}.pem").is_file()
+    rules_path = run_dir / "router-access-control.json"  # the hub's, and every node router's
+    assert {n["router"]["access_rules"] for n in routed.values()} == {str(rules_path)}
+    rules = json.loads(rules_path.read_text())["access_control"]
+    peers = {cn for s in rules["subjects"] if s["id"].startswith("peer-") for cn in s["cert_common_names"]}
+    assert {f"router-{n[:12]}" for n in routed} <= peers and "router" in peers
+    (shard_node,) = [n for n in routed.values() if "chaos_proxy" in n]
+    spec = json.loads((run_dir / "manifests" / "shard-0.json").read_text())
+    assert {r["engine"]["connect_endpoints"][0] for r in spec["robots"]} == {shard_node["chaos_proxy"]["sites"]["lab"]}
+    assert shard_node["chaos_proxy"]["sites"]["lab"].startswith("tls/")  # TLS through the node's TCP proxy
+    assert summary["figures"]["ticks"] > 0
+
+
 def test_a_replica_killed_on_another_node_is_restarted_there_and_the_fleet_recovers(cluster, tmp_path):
     """Then a `router` restart, which restarts every router: the driver's and each node's, on its node."""
     c, _ = cluster

@@ -166,7 +166,7 @@ class _Node:
     """The part of a cluster child NodeMesh uses before it starts one (bench.run.cluster.RemoteChild)."""
 
     def __init__(self):
-        self.files, self.argv, self.started = {}, None, False
+        self.files, self.argv, self.started, self.name = {}, None, False, "router:nnnnnnnnnnnn"
 
     def locate(self):
         return {}
@@ -201,6 +201,7 @@ def test_a_node_router_gets_its_certificate_and_the_rules_and_an_unnamed_node_is
     links = mesh.links({"node_id": "n" * 40, "ip": "10.0.0.7"}, proxies=False)
     child = mesh.cluster.children[0]
     assert child.started and links.router_endpoint == "tls/10.0.0.7:7448"
+    assert links.describe()["router"]["access_rules"] == str(rules)
     cert = child.argv[child.argv.index("--tls-cert") + 1]
     assert set(child.files) == {str(pki.ca_cert_path), cert, child.argv[child.argv.index("--tls-key") + 1], str(rules)}
     issued = x509.load_pem_x509_certificate(child.files[cert])
