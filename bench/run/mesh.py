@@ -132,6 +132,9 @@ class NodeMesh:
                  security: MeshSecurity | None = None):
         self.cluster, self.hub_endpoint, self.host, self.logs = cluster, hub_endpoint, host, Path(logs)
         self.security = security  # mTLS and access rules on every node router (security: mtls)
+        if hub_endpoint.startswith("tls/") != (security is not None):  # never a plain node router beside a TLS hub
+            raise ValueError(f"node routers joining the hub {hub_endpoint} need "
+                             f"{'MeshSecurity (certificates and access rules)' if security is None else 'a tls/ hub'}")
         self.site_toxics = site_toxics  # site -> the toxics its proxies carry (the driver's copy's, converted)
         self.register = register  # into the run's ProcessSet (and CPU sampler), the moment a child exists
         self.nodes: dict[str, NodeLinks] = {}

@@ -208,6 +208,8 @@ def test_a_node_router_gets_its_certificate_and_the_rules_and_an_unnamed_node_is
     assert issued.subject.rfc4514_string() == "CN=router-nnnnnnnnnnnn"
     sans = issued.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "10.0.0.7" in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]  # robots verify this name
+    with pytest.raises(ValueError, match="need MeshSecurity"):  # a TLS hub never gets plain node routers
+        NodeMesh(_Cluster(), "tls/10.0.0.1:7447", "10.0.0.1", tmp_path, lambda: {}, lambda *_: None)
     with pytest.raises(RuntimeError, match="joined the cluster after the run started.*name no router for it"):
         mesh.links({"node_id": "m" * 40, "ip": "10.0.0.8"}, proxies=False)
     assert not mesh.cluster.children[1].started
