@@ -106,3 +106,19 @@ def test_the_cli_prints_the_block(capsys, tmp_path):
     assert main(["--robots-file", str(f), "--replica", "r0"]) == 0
     out = json.loads(capsys.readouterr().out)["access_control"]
     assert {s["id"] for s in out["subjects"]} == {"robot-robot-a", "robot-robot-b", "server-r0"}
+
+
+def test_peer_routers_carry_everything_under_the_root_and_robots_keep_their_narrow_rules():
+    acl = router_access_control(FleetIdentities(("robot-a", "robot-b"), ("r0",), routers=("router", "router-n1")))
+    for cn in ("router", "router-n1"):  # a hub and its node router pass each other every client's traffic
+        assert allowed(acl, cn, "put", "ingress", B.obs) and allowed(acl, cn, "put", "egress", A.action)
+        assert allowed(acl, cn, "declare_queryable", "ingress", "@fleet/arm/main/r0/status")
+        assert allowed(acl, cn, "liveliness_token", "egress", A.alive)
+        assert not allowed(acl, cn, "put", "ingress", "other/root/key")  # the fleet's root only
+    assert not allowed(acl, "robot-a", "put", "ingress", B.obs)  # unchanged by the peers
+    assert [r for r in acl["rules"] if r["id"].startswith("robot-a-")] == \
+        [r for r in ACL["rules"] if r["id"].startswith("robot-a-")]
+    with pytest.raises(ValueError, match="both a router and a robot"):
+        FleetIdentities(("router-n1",), ("r0",), routers=("router", "router-n1"))
+    with pytest.raises(ValueError, match="both a router and a robot"):
+        FleetIdentities(("robot-a",), ("r0",), routers=("server-r0",))  # nor a replica's name

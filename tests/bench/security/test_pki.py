@@ -45,3 +45,16 @@ def test_validity_can_be_set_for_expired_certificate_tests(tmp_path):
     files = Pki(tmp_path / "pki").issue("old", not_before=now - dt.timedelta(days=3), not_after=now - dt.timedelta(days=1))
     cert = x509.load_pem_x509_certificate(open(files.cert, "rb").read())
     assert cert.not_valid_after_utc < now
+
+
+def test_a_router_certificate_names_the_addresses_it_listens_on(tmp_path):
+    pki = Pki(tmp_path)
+    hub = x509.load_pem_x509_certificate(open(pki.router(hosts=("10.0.0.1", "head.example")).cert, "rb").read())
+    node = x509.load_pem_x509_certificate(open(pki.node_router("5d2dca76ab12", "10.0.0.7").cert, "rb").read())
+    def names(cert) -> set[str]:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        return {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} | set(san.get_values_for_type(x509.DNSName))
+
+    assert names(hub) == {"127.0.0.1", "localhost", "10.0.0.1", "head.example"}
+    assert names(node) == {"127.0.0.1", "localhost", "10.0.0.7"}
+    assert common_name(node) == "router-5d2dca76ab12" and common_name(hub) == "router"
