@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--robot", action="append", default=[], help="client uuid = certificate CN (repeatable)")
     ap.add_argument("--robots-file", help="file with one client uuid per line")
     ap.add_argument("--replica", action="append", default=[], help="replica id (its certificate CN is server-<id>)")
+    ap.add_argument("--peer-router", action="append", default=[],
+                    help="certificate CN of another router of the same network (a hub or a node router, repeatable): "
+                         "allowed every message under the root, both ways")
     ap.add_argument("--root", default=DEFAULT_ROOT)
     args = ap.parse_args(argv)
     robots = list(args.robot)
@@ -174,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.robots_file) as f:
             robots += [line.strip() for line in f if line.strip() and not line.startswith("#")]
     try:
-        acl = router_access_control(FleetIdentities(tuple(robots), tuple(args.replica), args.root))
+        acl = router_access_control(FleetIdentities(tuple(robots), tuple(args.replica), args.root,
+                                                    routers=tuple(args.peer_router)))
     except Exception as exc:
         print(f"wire.acl: {exc}", file=sys.stderr)
         return 2

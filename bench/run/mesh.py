@@ -42,7 +42,7 @@ PROXY_READY_TEXT = "toxiproxy-server-py ready"
 ROUTER_READY_TEXT = "router ready"
 
 
-def resolve_routers(setting: str | None, security: str) -> str:
+def resolve_routers(setting: str | None) -> str:
     """`cluster.routers` as a run uses it: unset means `per_node` (with `security: mtls` too: each node router
     then has its own certificate and enforces the run's access rules, `MeshSecurity`)."""
     if setting is None:
@@ -112,7 +112,6 @@ class NodeLinks:
     api_url: str = ""
     client: object = None  # chaos.client.ChaosClient
     sites: dict = field(default_factory=dict)  # site -> endpoint its robots connect to
-
     access_rules: str = ""  # the rules file the router enforces (security: mtls)
 
     def describe(self) -> dict:
@@ -151,6 +150,10 @@ class NodeMesh:
             return links
 
     def _start_router(self, node: dict) -> NodeLinks:
+        if self.security is not None and node["node_id"] not in self.security.nodes:
+            raise RuntimeError(f"node {short(node['node_id'])} ({node.get('ip')}) joined the cluster after the run "
+                               "started: the routers' access rules name no router for it, so its router could "
+                               "not join the hub; rerun with the cluster as it is now")
         name = f"router:{short(node['node_id'])}"
         child = self.cluster.place_on(node["node_id"], name, self.logs / f"router-{short(node['node_id'])}.log",
                                       ready_text=ROUTER_READY_TEXT, ready_timeout_s=30.0)
@@ -160,10 +163,6 @@ class NodeMesh:
         (port,) = child.free_ports(1)
         tls = rules = None
         if self.security is not None:
-            if node["node_id"] not in self.security.nodes:
-                raise RuntimeError(f"node {short(node['node_id'])} ({node.get('ip')}) joined the cluster after the run "
-                                   "started: the routers' access rules name no router for it, so its router could "
-                                   "not join the hub; rerun with the cluster as it is now")
             tls, rules = self.security.pki.node_router(short(node["node_id"]), host), str(self.security.rules)
             # the node reads them where the driver wrote them: the same files on a shared file system, else copies
             child.files = {p: Path(p).read_bytes() for p in (tls.ca, tls.cert, tls.key, rules)}

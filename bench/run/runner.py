@@ -191,7 +191,7 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
         from bench.run.mesh import resolve_routers
 
         try:
-            resolve_routers(scenario.cluster.get("routers"), scenario.security)
+            resolve_routers(scenario.cluster.get("routers"))
         except ValueError as exc:
             print(f"bench: {exc}", file=sys.stderr)
             return EXIT_INVALID
@@ -342,7 +342,7 @@ class Run:
         if cluster is not None:
             from bench.run.mesh import resolve_routers
 
-            self.routers = resolve_routers(scenario.cluster.get("routers"), scenario.security)
+            self.routers = resolve_routers(scenario.cluster.get("routers"))
         self.mesh = None  # bench.run.mesh.NodeMesh under per_node routers
         self.replica_router: dict[str, str] = {}  # replica id -> its node's router endpoint (per_node)
         self._stop_scrape = threading.Event()

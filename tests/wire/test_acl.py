@@ -106,6 +106,9 @@ def test_the_cli_prints_the_block(capsys, tmp_path):
     assert main(["--robots-file", str(f), "--replica", "r0"]) == 0
     out = json.loads(capsys.readouterr().out)["access_control"]
     assert {s["id"] for s in out["subjects"]} == {"robot-robot-a", "robot-robot-b", "server-r0"}
+    assert main(["--robot", "robot-a", "--replica", "r0", "--peer-router", "router", "--peer-router", "router-n1"]) == 0
+    out = json.loads(capsys.readouterr().out)["access_control"]
+    assert {s["id"] for s in out["subjects"]} == {"robot-robot-a", "server-r0", "peer-router", "peer-router-n1"}
 
 
 def test_peer_routers_carry_everything_under_the_root_and_robots_keep_their_narrow_rules():
