@@ -320,3 +320,33 @@ def test_mtls_node_router_rules_refuse_a_robot_a_replicas_key(secure_mesh):
         replica.close()
         robot.close()
         rogue.close()
+
+
+@pytest.mark.integration
+def test_mtls_node_router_rules_keep_a_robot_off_another_robots_keys_across_the_hub_link(secure_mesh):
+    """robot-a and robot-b on the node router, their replica behind the hub: robot-a can neither read robot-b's
+    chunks nor forge robot-b's observations; each check is ordered after a delivery that proves the route."""
+    from wire.keys import ReplicaKeys
+
+    pki, hub_endpoint, node_endpoint = secure_mesh
+    k = ReplicaKeys("arm", "main", "r0")
+    a_keys, b_keys = k.client("default", "robot-a"), k.client("default", "robot-b")
+    rogue, robot = _session(pki, node_endpoint, "robot-a"), _session(pki, node_endpoint, "robot-b")
+    replica = _session(pki, hub_endpoint, "server-r0")
+    try:
+        spied, delivered, seen = [], [], []
+        rogue.declare_subscriber(b_keys.action, lambda s: spied.append(s))  # before robot-b's own: denied
+        robot.declare_subscriber(b_keys.action, lambda s: delivered.append(s))
+        replica.declare_subscriber(k.all_obs, lambda s: seen.append(str(s.key_expr)))
+        deadline = time.monotonic() + 10
+        while (len(delivered) < 3 or a_keys.obs not in seen) and time.monotonic() < deadline:
+            replica.put(b_keys.action, b"chunk")  # the replica may publish robot-b's chunks
+            rogue.put(b_keys.obs, b"forged")  # robot-a forges robot-b's observation first...
+            rogue.put(a_keys.obs, b"own")  # ...then its own, on the same link, which passes
+            time.sleep(0.05)  # pacing the publisher, not synchronisation: the loop waits for deliveries
+        assert len(delivered) >= 3 and a_keys.obs in seen, (len(delivered), seen)
+        assert spied == [] and b_keys.obs not in seen
+    finally:
+        replica.close()
+        robot.close()
+        rogue.close()
