@@ -87,8 +87,9 @@ class ControlTimeouts:
     With fixed timeouts a link whose round trip is over them fails every round the same way until the robot
     goes DEAD (docs/bench.md, "1,000 robots on this host"). So: after a round in which no replica answered in
     time (`grow`), the status and session timeouts double, up to `max_s`; a session opened (`settle`) brings
-    them back to the base (a refusal in words changes nothing: it came in time, at the timeouts it had). Every timeout is also at least twice the link's measured round trip plus
-    `MARGIN_S` (`seed`: a robot that lost its session on a slow link reopens without a failing round first).
+    them back to the base (a refusal in words changes nothing: it came in time, at the timeouts it had). Every
+    timeout is also at least twice the link's measured round trip plus `MARGIN_S` (`seed`: a robot that lost its
+    session on a slow link reopens without a failing round first).
 
     Invariant: base <= timeout_s(name) <= max(max_s, base), whatever was grown or seeded."""
 
