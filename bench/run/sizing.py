@@ -56,7 +56,12 @@ def robot_ticks_per_s(scenario) -> float:
 
 def requests_per_s(scenario) -> float:
     """Requests the fleet sends a second (every group's robots, at most one every other tick)."""
-    return float(sum(g.count * _requests_per_robot_s(g.fps) for g in scenario.groups))
+    return robots_requests_per_s((g.count, g.fps) for g in scenario.groups)
+
+
+def robots_requests_per_s(robots) -> float:
+    """Requests a second of `robots`, (count, fps) pairs: a group, or its robots on one node."""
+    return float(sum(count * _requests_per_robot_s(fps) for count, fps in robots))
 
 
 def _requests_per_robot_s(fps: float) -> float:
@@ -114,18 +119,30 @@ PROXY_BUSY_SHARE = 0.25  # keep each chaos proxy process's event loop below this
 
 
 def proxy_processes(scenario, cores: int | None = None) -> int:
-    """Chaos proxy processes for the run's sites: one event loop carries every site's chunks, and the
-    delay it applies is late by however long the loop waits, so a loop past ~25 % busy (queueing delay
-    grows with load: ~0.3 ms of proxy CPU per answered request, docs/bench.md) gets help, one site per
-    process at most, and only while the host has a core for each beyond shards and replicas."""
+    """Chaos proxy processes for the run's sites on this host (`proxy_processes_for`): only while the host
+    has a core for each beyond the router, the replicas and the fewest shards that carry the fleet."""
     cores = cores or os.cpu_count() or 1
-    busy = requests_per_s(scenario) * COST_PER_REQUEST_MS["proxy"] / 1e3
-    wanted = max(1, math.ceil(busy / PROXY_BUSY_SHARE))
-    # cores beyond the router, the replicas and the fewest shards that carry the fleet (shard_count's
-    # spare-core shards are smaller for comfort; a proxy that applies delay late corrupts every leg)
+    # (shard_count's spare-core shards are smaller for comfort; a proxy that applies delay late corrupts every leg)
     fewest = max(1, math.ceil(sum(shard_ms_per_s(g) for g in scenario.groups) / shard_budget_ms() - 1e-9))
     spare = cores - 1 - fewest - len(scenario.replicas)
-    return max(1, min(len(scenario.sites), wanted, spare))
+    return proxy_processes_for(requests_per_s(scenario), len(scenario.sites), spare)
+
+
+def node_proxy_processes(robots, sites: int, node_cpus: float, reserved_cpus: float) -> int:
+    """Chaos proxy processes for one cluster node's copy of the sites (`cluster.routers: per_node`): sized by the
+    requests of the robots its shards carry (`robots`: (count, fps) pairs), within the node's CPUs (Ray's
+    resources) beyond its router and what Ray reserved there for the run's shards and replicas."""
+    return proxy_processes_for(robots_requests_per_s(robots), sites, node_cpus - 1 - reserved_cpus)
+
+
+def proxy_processes_for(requests: float, sites: int, spare_cores: float) -> int:
+    """The proxy sizing rule: one event loop carries its sites' chunks, and the delay it applies is late by
+    however long the loop waits, so a loop past ~25 % busy (queueing delay grows with load: ~0.3 ms of proxy CPU
+    per answered request, docs/bench.md) gets help, one site per process at most, and one process per spare
+    core at most; always at least one."""
+    busy = requests * COST_PER_REQUEST_MS["proxy"] / 1e3
+    wanted = max(1, math.ceil(busy / PROXY_BUSY_SHARE))
+    return max(1, min(sites, wanted, math.floor(spare_cores + 1e-9)))
 
 
 def forwards_per_s(requests: float, window_ms: float, max_batch: int) -> float:

@@ -59,3 +59,23 @@ def test_the_measured_split_is_summed_by_kind():
     split = {"shard:0": 50.0, "shard:1": 30.0, "server:r0": 10.0, "chaos-proxy": 6.0, "chaos-proxy-1": 4.0,
              "router": 5.0, "runner": 2.0}
     assert measured_by_kind(split) == {"shards": 0.8, "replicas": 0.1, "proxy": 0.1, "router": 0.05}
+
+
+def test_a_nodes_proxy_processes_follow_its_robots_requests_and_its_spare_cpus():
+    from bench.run.sizing import node_proxy_processes, proxy_processes
+
+    busy = [(3000, 30.0)]  # ~3,800 requests/s, ~1.1 cores of proxy work: more than four loops' 25 % each
+    # 16 CPUs, 3 shards reserved and its router: cores for one loop per site
+    assert node_proxy_processes(busy, sites=3, node_cpus=16, reserved_cpus=3.0) == 3
+    # the same load on a node whose CPUs its shards and router take: one loop, as a local run with no core to spare
+    assert node_proxy_processes(busy, sites=3, node_cpus=4, reserved_cpus=3.0) == 1
+    assert node_proxy_processes(busy, sites=3, node_cpus=6, reserved_cpus=3.0) == 2  # as many as spare CPUs
+    assert node_proxy_processes(busy, sites=1, node_cpus=64, reserved_cpus=3.0) == 1  # never more than sites
+    assert node_proxy_processes([(100, 30.0)], sites=3, node_cpus=64, reserved_cpus=1.0) == 1  # a small node
+    # 3,000 robots split over groups and rates: the requests a node's robots send, not its robot count
+    assert node_proxy_processes([(2000, 30.0), (1000, 1.0)], sites=3, node_cpus=16, reserved_cpus=3.0) == 3
+    assert node_proxy_processes([(3000, 1.0)], sites=3, node_cpus=16, reserved_cpus=3.0) == 2  # 0.5 req/s each
+    # one rule: a node carrying the whole fleet with the host's spare cores sizes as the local run does
+    scenario = NS(groups=[NS(count=1000, fps=30.0, robot="reacher") for _ in range(3)], robots=3000,
+                  sites={"a": None, "b": None, "c": None}, replicas=[None] * 3, shards="auto")
+    assert proxy_processes(scenario, cores=64) == node_proxy_processes(busy, 3, 64, 3.0) == 3
