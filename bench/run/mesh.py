@@ -3,14 +3,16 @@
     driver host                  node A (a shard)                      node B (a replica)
     hub router  ◄──connect────── router:A ◄── chaos-proxy:A ◄── robots
     (wire.transport) ◄──connect───────────────────────────────────── router:B ◄── policy-server
-    driver's site proxies (attackers only)        one proxy per site
+    driver's site proxies (attackers only)        one proxy per site, over 1+ processes
 
 Every node that hosts a shard or a replica gets a Zenoh router (a child of a Ray actor pinned to the node,
 reserving no resources) that listens on the node's address and `connect`s to the driver's router, so the
 routers form one Zenoh network and route between them: a robot on node A reaches a replica on node B
 through router:A, the hub and router:B. A replica connects to its node's router directly; a node with
-shards also gets a chaos proxy server with one proxy per site in front of its router, and each robot
-connects to its own node's proxy for its site. The fault timeline still speaks of one proxy per site:
+shards also gets one proxy per site in front of its router, dealt round-robin over as many chaos proxy
+server processes (one event loop each) as the requests of its robots call for within the node's spare CPUs
+(bench.run.sizing.node_proxy_processes, the local run's rule), and each robot connects to its own node's
+proxy for its site. The fault timeline still speaks of one proxy per site:
 `SiteFanout` applies each site call (partition, toxics, profile) to that site's proxy on the driver and on
 every node, and sums their fidelity counters, so `proxy_legs` covers every node's links. A `router` fault
 applies to every router at once (`AllRouters`).
@@ -101,25 +103,38 @@ def short(node_id: str) -> str:
     return node_id[:12]
 
 
+def node_proxy_name(i: int, node_id: str) -> str:
+    """Process name of a node's chaos proxy server `i` (the local run's names, bench.run.runner._proxy_name,
+    with the node's)."""
+    return f"{'chaos-proxy' if i == 0 else f'chaos-proxy-{i}'}:{short(node_id)}"
+
+
 @dataclass
 class NodeLinks:
-    """One node's router and (with shards) chaos proxy, and what its children connect to."""
+    """One node's router and (with shards) chaos proxy servers, and what its children connect to."""
 
     node: dict
     router: object  # bench.run.cluster.RemoteChild
     router_endpoint: str
-    proxy: object = None  # RemoteChild of the chaos proxy server, once a shard is on the node
-    api_url: str = ""
-    client: object = None  # chaos.client.ChaosClient
+    proxies: list = field(default_factory=list)  # RemoteChild of each chaos proxy server, once a shard is on the node
+    api_urls: list = field(default_factory=list)
+    pool: object = None  # chaos.client.ProxyPool over the node's proxy servers: each site lives on one of them
     sites: dict = field(default_factory=dict)  # site -> endpoint its robots connect to
     access_rules: str = ""  # the rules file the router enforces (security: mtls)
+
+    def client_of(self, proxy: str):
+        """The node's ChaosClient that holds proxy `proxy` (`site-NAME`), None if the node has no copy of it."""
+        return self.pool.home.get(proxy) if self.pool is not None else None
 
     def describe(self) -> dict:
         out = {"router": {"name": self.router.name, "endpoint": self.router_endpoint}}
         if self.access_rules:
             out["router"]["access_rules"] = self.access_rules
-        if self.proxy is not None:
-            out["chaos_proxy"] = {"name": self.proxy.name, "api": self.api_url, "sites": dict(self.sites)}
+        if self.proxies:
+            out["chaos_proxy"] = {"processes": len(self.proxies),
+                                  "servers": [{"name": c.name, "api": u} for c, u in zip(self.proxies, self.api_urls)],
+                                  "site_process": {site: self.pool.server_of(f"site-{site}") for site in self.sites},
+                                  "sites": dict(self.sites)}
         return out
 
 
@@ -139,14 +154,16 @@ class NodeMesh:
         self.nodes: dict[str, NodeLinks] = {}
         self._lock = threading.Lock()
 
-    def links(self, node: dict, proxies: bool) -> NodeLinks:
-        """`node`'s router (started now if it has none), and with `proxies` its site proxies too."""
+    def links(self, node: dict, proxies: int) -> NodeLinks:
+        """`node`'s router (started now if it has none), and with `proxies` > 0 its site proxies too, dealt over
+        that many proxy server processes (bench.run.sizing.node_proxy_processes; a node keeps the ones it got
+        first)."""
         with self._lock:
             links = self.nodes.get(node["node_id"])
             if links is None:
                 links = self.nodes[node["node_id"]] = self._start_router(node)
-            if proxies and links.proxy is None:
-                self._start_proxies(links)
+            if proxies and not links.proxies:
+                self._start_proxies(links, int(proxies))
             return links
 
     def _start_router(self, node: dict) -> NodeLinks:
@@ -171,26 +188,28 @@ class NodeMesh:
         child.start(timeout_s=30)
         return NodeLinks(node, child, argv[argv.index("--listen") + 1], access_rules=rules or "")
 
-    def _start_proxies(self, links: NodeLinks) -> None:
-        from chaos.client import ChaosClient
+    def _start_proxies(self, links: NodeLinks, processes: int) -> None:
+        from chaos.client import ChaosClient, ProxyPool
 
         node = links.node
-        name = f"chaos-proxy:{short(node['node_id'])}"
-        child = self.cluster.place_on(node["node_id"], name, self.logs / f"chaos-proxy-{short(node['node_id'])}.log",
-                                      ready_text=PROXY_READY_TEXT, ready_timeout_s=30.0)
-        self.register(name, child)
-        child.locate()
         host = node_host(self.host, node)
-        (port,) = child.free_ports(1)
-        child.set_argv(proxy_argv(host, port))
-        child.start(timeout_s=30)
-        links.proxy, links.api_url = child, f"http://{host}:{port}"
-        links.client = ChaosClient(links.api_url)
+        for i in range(processes):  # one event loop each; sites dealt round-robin over them, as a local run's pool
+            name = node_proxy_name(i, node["node_id"])
+            child = self.cluster.place_on(node["node_id"], name, self.logs / f"{name.replace(':', '-')}.log",
+                                          ready_text=PROXY_READY_TEXT, ready_timeout_s=30.0)
+            self.register(name, child)
+            child.locate()
+            (port,) = child.free_ports(1)
+            child.set_argv(proxy_argv(host, port))
+            child.start(timeout_s=30)
+            links.proxies.append(child)
+            links.api_urls.append(f"http://{host}:{port}")
+        links.pool = ProxyPool([ChaosClient(u) for u in links.api_urls])
         upstream = links.router_endpoint.split("/", 1)[1]
         for site, toxics in self.site_toxics().items():
-            proxy = links.client.create_proxy(f"site-{site}", upstream=upstream, listen=f"{host}:0")
+            proxy = links.pool.create_proxy(f"site-{site}", upstream=upstream, listen=f"{host}:0")
             for toxic in toxics:
-                links.client.add_toxic(f"site-{site}", **toxic)
+                links.pool.add_toxic(f"site-{site}", **toxic)
             # a TCP proxy: TLS passes through untouched, so a robot verifies the node router's certificate
             # (it names the node's address, the proxy's too) and the router sees the robot's
             scheme = "tls" if self.security is not None else "tcp"
@@ -200,9 +219,9 @@ class NodeMesh:
         return [links.router for links in self.nodes.values()]
 
     def clients(self, proxy: str) -> list:
-        """Every node's ChaosClient that holds proxy `proxy` (`site-NAME`)."""
-        return [links.client for links in self.nodes.values()
-                if links.client is not None and proxy.removeprefix("site-") in links.sites]
+        """Every node's ChaosClient that holds proxy `proxy` (`site-NAME`): on each node, the proxy server
+        process its site was dealt to."""
+        return [c for c in (links.client_of(proxy) for links in self.nodes.values()) if c is not None]
 
     def describe(self) -> dict:
         return {node_id: links.describe() for node_id, links in self.nodes.items()}

@@ -631,7 +631,7 @@ class Run:
                                            num_gpus=c.get("replica_gpus", 1.0) if cuda else 0.0,
                                            placement=c.get("placement", "spread"))
                 if self.mesh is not None:  # its node's router, started there if the node has none yet
-                    self.replica_router[replica.id] = self.mesh.links(child.locate(), proxies=False).router_endpoint
+                    self.replica_router[replica.id] = self.mesh.links(child.locate(), proxies=0).router_endpoint
             manifest = self.manifest_for(replica)
             path.write_text(yaml.safe_dump(manifest, sort_keys=False))
             if self.cluster is not None:
@@ -689,24 +689,58 @@ class Run:
                 rid += 1
         return specs
 
+    def node_proxy_processes(self, specs: list[dict], placed: dict) -> dict[str, int]:
+        """Chaos proxy processes for each node that got shards (`placed`: shard -> its child): the requests of
+        the robots on the node's shards, within its CPUs beyond its router and what Ray reserved there for the
+        run's shards and replicas (bench.run.sizing.node_proxy_processes)."""
+        from collections import Counter
+
+        from bench.run.sizing import node_proxy_processes
+
+        c = self.s.cluster
+        cpus = {n["node_id"]: n["cpus"] for n in self.cluster.nodes()}
+        robots: dict[str, Counter] = {}
+        reserved: Counter = Counter()
+        for spec in specs:
+            node = placed[spec["shard"]].locate()["node_id"]
+            reserved[node] += c.get("shard_cpus", 1.0)
+            fps = robots.setdefault(node, Counter())
+            for robot in spec["robots"]:
+                fps[self.robot_table[robot["robot"]]["fps"]] += 1
+        for info in self.servers.values():
+            node = info["child"].locate()["node_id"]  # placed and located before the shards (start_servers)
+            if node in robots:
+                reserved[node] += c.get("replica_cpus", 1.0)
+        return {node: node_proxy_processes([(count, fps) for fps, count in n.items()], len(self.s.sites),
+                                           cpus.get(node, 1), reserved[node])
+                for node, n in robots.items()}
+
     def start_shards(self) -> None:
         self.control = ControlServer(None if self.host == "127.0.0.1" else self.host)
         self.procs.on_stop("control", self.control.close)
         specs = self.shard_specs()
+        paths = {spec["shard"]: self.run_dir / "manifests" / f"shard-{spec['shard']}.json" for spec in specs}
+        argvs = {k: [sys.executable, "-m", "bench.fleet.shard", "--spec", str(path), "--control", self.control.path]
+                 for k, path in paths.items()}
+        placed: dict[int, object] = {}
+        if self.cluster is not None:  # every shard placed first: a node's proxies are sized by all its shards' robots
+            c = self.s.cluster
+            env = {"PYTHONPATH": _pythonpath()}
+            if os.environ.get(clocks.TEST_SKEW_ENV):  # tests only: a node's child does not inherit this env
+                env[clocks.TEST_SKEW_ENV] = os.environ[clocks.TEST_SKEW_ENV]
+            for k, argv in argvs.items():
+                placed[k] = self.cluster.place(f"shard:{k}", argv, self.logs / f"shard-{k}.log",
+                                               env=env, num_cpus=c.get("shard_cpus", 1.0),
+                                               placement=c.get("placement", "spread"))
+            node_proxies = self.node_proxy_processes(specs, placed) if self.mesh is not None else {}
         for spec in specs:
             k = spec["shard"]
-            path = self.run_dir / "manifests" / f"shard-{k}.json"
-            argv = [sys.executable, "-m", "bench.fleet.shard", "--spec", str(path), "--control", self.control.path]
+            path, argv = paths[k], argvs[k]
             if self.cluster is not None:
-                c = self.s.cluster
-                env = {"PYTHONPATH": _pythonpath()}
-                if os.environ.get(clocks.TEST_SKEW_ENV):  # tests only: a node's child does not inherit this env
-                    env[clocks.TEST_SKEW_ENV] = os.environ[clocks.TEST_SKEW_ENV]
-                child = self.cluster.place(f"shard:{k}", argv, self.logs / f"shard-{k}.log",
-                                           env=env, num_cpus=c.get("shard_cpus", 1.0),
-                                           placement=c.get("placement", "spread"))
+                child = placed[k]
                 if self.mesh is not None:  # each robot connects to its site's proxy on the shard's own node
-                    sites = self.mesh.links(child.locate(), proxies=True).sites
+                    node = child.locate()
+                    sites = self.mesh.links(node, proxies=node_proxies[node["node_id"]]).sites
                     for robot in spec["robots"]:
                         robot["engine"]["connect_endpoints"] = [sites[self.robot_table[robot["robot"]]["site"]]]
                 path.write_text(json.dumps(spec, indent=1))

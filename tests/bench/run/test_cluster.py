@@ -98,6 +98,8 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     assert with_router == set(placed.values()), "one router on each node that hosts a child, none elsewhere"
     shard_node, replica_node = nodes[placed["shard:0"]], nodes[placed["server:r0"]]
     assert "chaos_proxy" in shard_node and "chaos_proxy" not in replica_node  # site proxies where robots are
+    # 4 robots on a 1-CPU node: one proxy process (bench.run.sizing.node_proxy_processes), the site on it
+    assert (shard_node["chaos_proxy"]["processes"], shard_node["chaos_proxy"]["site_process"]) == (1, {"lab": 0})
     assert shard_node["router"]["endpoint"] != replica_node["router"]["endpoint"]
     run_dir = next((tmp_path / "reports").glob("cluster_probe/*/"))
     spec = json.loads((run_dir / "manifests" / "shard-0.json").read_text())

@@ -72,11 +72,11 @@ def test_routers_joined_to_a_hub_route_a_query_from_one_node_to_another(tmp_path
 
 
 @pytest.fixture
-def two_proxy_servers(tmp_path, monkeypatch):
+def three_proxy_servers(tmp_path, monkeypatch):
     from chaos.launch import start_proxy_server
 
     monkeypatch.setenv("CHAOS_PROXY", "python")
-    servers = [start_proxy_server(tmp_path / f"p{i}.log") for i in range(2)]
+    servers = [start_proxy_server(tmp_path / f"p{i}.log") for i in range(3)]
     try:
         yield servers
     finally:
@@ -84,20 +84,36 @@ def two_proxy_servers(tmp_path, monkeypatch):
             s.stop()
 
 
+class _Named:
+    def __init__(self, name):
+        self.name = name
+
+
 @pytest.mark.integration
-def test_a_site_call_reaches_the_drivers_proxy_and_every_nodes_and_their_legs_add_up(two_proxy_servers, echo,  # noqa: F811
-                                                                                    tmp_path):
-    driver, node = (ChaosClient(s.api_url) for s in two_proxy_servers)
+def test_a_site_call_reaches_the_drivers_proxy_and_every_nodes_and_their_legs_add_up(three_proxy_servers,
+                                                                                    echo, tmp_path):  # noqa: F811
+    """The node has two proxy processes (as bench.run.sizing.node_proxy_processes gives a busy node): its copy of
+    site eu was dealt to the second, so a call on the site must find it there, not on the node's first process."""
+    driver, node_0, node_1 = (ChaosClient(s.api_url) for s in three_proxy_servers)
     pool = ProxyPool([driver])
     pool.create_proxy("site-eu", upstream=f"127.0.0.1:{echo.port}")
-    on_node = node.create_proxy("site-eu", upstream=f"127.0.0.1:{echo.port}")
+    on_node = ProxyPool([node_0, node_1])  # the node's sites dealt over its processes as NodeMesh deals them
+    on_node.create_proxy("site-us", upstream=f"127.0.0.1:{echo.port}")
+    eu = on_node.create_proxy("site-eu", upstream=f"127.0.0.1:{echo.port}")
     mesh = NodeMesh(None, "tcp/127.0.0.1:1", "127.0.0.1", tmp_path, lambda: {}, lambda *_: None)
-    mesh.nodes["n1"] = NodeLinks({"node_id": "n1"}, router=None, router_endpoint="", client=node,
-                                 sites={"eu": f"tcp/{on_node['listen']}"})
+    mesh.nodes["n1"] = NodeLinks({"node_id": "n1"}, router=_Named("router:n1"), router_endpoint="",
+                                 proxies=[_Named("chaos-proxy:n1"), _Named("chaos-proxy-1:n1")],
+                                 api_urls=[node_0.url, node_1.url], pool=on_node,
+                                 sites={"us": "tcp/elsewhere", "eu": f"tcp/{eu['listen']}"})
+    described = mesh.describe()["n1"]["chaos_proxy"]
+    assert described["processes"] == 2 and described["site_process"] == {"us": 0, "eu": 1}
+    assert [s["name"] for s in described["servers"]] == ["chaos-proxy:n1", "chaos-proxy-1:n1"]
+    assert set(node_1.list_proxies()) == {"site-eu"}  # the site lives on the node's second process only
     chaos = SiteFanout(pool, mesh)
     chaos.add_toxic("site-eu", type="latency", attributes={"latency": 20}, name="lat")
-    assert [t["name"] for t in driver.toxics("site-eu")] == ["lat"] == [t["name"] for t in node.toxics("site-eu")]
-    s = connect(on_node["listen"])  # a robot on the node, through the node's copy of the site's proxy
+    assert [t["name"] for t in driver.toxics("site-eu")] == ["lat"] == [t["name"] for t in node_1.toxics("site-eu")]
+    assert node_0.toxics("site-us") == []  # the other site's process got nothing
+    s = connect(eu["listen"])  # a robot on the node, through the node's copy of the site's proxy
     try:
         s.sendall(b"ping")
         assert s.recv(4) == b"ping"
@@ -105,11 +121,112 @@ def test_a_site_call_reaches_the_drivers_proxy_and_every_nodes_and_their_legs_ad
         s.close()
     legs = chaos.fidelity("site-eu")
     assert legs["downstream"]["chunks"] >= 1 and legs["downstream"]["bytes"] >= 4  # the node's bytes count (the toxic is downstream)
-    assert legs["downstream"]["bytes"] == node.fidelity("site-eu")["downstream"]["bytes"]  # the driver's copy: idle
+    assert legs["downstream"]["bytes"] == node_1.fidelity("site-eu")["downstream"]["bytes"]  # the driver's copy: idle
     chaos.set_enabled("site-eu", False)  # a partition of the site is a partition on every node
-    assert driver.get_proxy("site-eu")["enabled"] is False and node.get_proxy("site-eu")["enabled"] is False
+    assert driver.get_proxy("site-eu")["enabled"] is False and node_1.get_proxy("site-eu")["enabled"] is False
+    assert node_0.get_proxy("site-us")["enabled"] is True
     chaos.remove_toxic("site-eu", "lat")
-    assert node.toxics("site-eu") == [] and chaos.server_of("site-eu") == 0
+    assert node_1.toxics("site-eu") == [] and chaos.server_of("site-eu") == 0
+
+
+class _LocalChild:
+    """A cluster child that runs here (bench.run.cluster.RemoteChild's calls NodeMesh makes): a real process."""
+
+    def __init__(self, name, log_path, ready_text):
+        self.name, self.log_path, self.ready_text, self.argv, self.proc = name, log_path, ready_text, None, None
+
+    def locate(self):
+        return {}
+
+    def free_ports(self, n):
+        from wire.procs import free_port
+
+        return [free_port() for _ in range(n)]
+
+    def set_argv(self, argv):
+        self.argv = argv
+
+    def start(self, timeout_s):
+        from wire.procs import ChildProcess
+
+        self.proc = ChildProcess(self.argv, self.log_path, ready_text=self.ready_text, name=self.name)
+        self.proc.start(timeout_s=timeout_s)
+
+
+class _LocalCluster:
+    def __init__(self):
+        self.children = []
+
+    def place_on(self, node_id, name, log_path, ready_text=None, **kw):
+        self.children.append(_LocalChild(name, log_path, ready_text))
+        return self.children[-1]
+
+
+@pytest.mark.integration
+def test_a_node_given_two_proxy_processes_deals_its_sites_over_them_and_a_site_call_finds_each(echo, tmp_path):  # noqa: F811
+    node = {"node_id": "n" * 40, "ip": "10.0.0.7"}
+    toxics = {"us": [], "eu": [{"type": "latency", "attributes": {"latency": 5}, "name": "profile"}]}
+    registered = []
+    mesh = NodeMesh(_LocalCluster(), "tcp/127.0.0.1:1", "127.0.0.1", tmp_path, lambda: toxics,
+                    lambda name, child: registered.append(name))
+    # the node's router stands in as the echo server: what a robot sends through its site's proxy comes back
+    mesh.nodes[node["node_id"]] = NodeLinks(node, router=_Named("router:nnnnnnnnnnnn"),
+                                            router_endpoint=f"tcp/127.0.0.1:{echo.port}")
+    try:
+        links = mesh.links(node, proxies=2)
+        assert registered == ["chaos-proxy:nnnnnnnnnnnn", "chaos-proxy-1:nnnnnnnnnnnn"]
+        assert mesh.links(node, proxies=3) is links and len(links.proxies) == 2  # a node keeps its first processes
+        described = mesh.describe()[node["node_id"]]["chaos_proxy"]
+        assert described["processes"] == 2 and described["site_process"] == {"us": 0, "eu": 1}
+        second = ChaosClient(links.api_urls[1])
+        assert set(second.list_proxies()) == {"site-eu"}  # eu was dealt to the node's second process
+        assert [t["name"] for t in second.toxics("site-eu")] == ["profile"]  # with its site's profile
+        s = connect(links.sites["eu"].split("/", 1)[1])
+        try:
+            s.sendall(b"ping")
+            assert s.recv(4) == b"ping"
+        finally:
+            s.close()
+        (client,) = mesh.clients("site-eu")  # what SiteFanout calls for the site on this node: its second process
+        assert client.url == links.api_urls[1] and client.fidelity("site-eu")["downstream"]["bytes"] >= 4
+        assert [c.url for c in mesh.clients("site-us")] == [links.api_urls[0]]
+    finally:
+        for child in mesh.cluster.children:
+            if child.proc is not None:
+                child.proc.stop()
+
+
+def test_each_node_is_sized_by_the_robots_of_the_shards_placed_on_it_and_what_ray_reserved_there():
+    """Run.node_proxy_processes: node A carries shards 0 and 1 (3,000 robots at 30 Hz over 3 sites) and has the
+    CPUs; node B carries one small shard beside a replica on 2 CPUs; node C only a replica (no shards: no proxies)."""
+    from types import SimpleNamespace as NS
+
+    from bench.run.runner import Run
+
+    class Placed:
+        def __init__(self, node_id):
+            self.node_id = node_id
+
+        def locate(self):
+            return {"node_id": self.node_id}
+
+    table = [{"fps": 30.0}] * 3000 + [{"fps": 30.0}] * 10
+    specs = [{"shard": 0, "robots": [{"robot": i} for i in range(0, 1500)]},
+             {"shard": 1, "robots": [{"robot": i} for i in range(1500, 3000)]},
+             {"shard": 2, "robots": [{"robot": i} for i in range(3000, 3010)]}]
+    placed = {0: Placed("A"), 1: Placed("A"), 2: Placed("B")}
+    run = NS(s=NS(cluster={"shard_cpus": 1, "replica_cpus": 1}, sites={"a": None, "b": None, "c": None}),
+             cluster=NS(nodes=lambda: [{"node_id": "A", "cpus": 16}, {"node_id": "B", "cpus": 2},
+                                       {"node_id": "C", "cpus": 8}]),
+             robot_table=table, servers={"r0": {"child": Placed("B")}, "r1": {"child": Placed("C")}})
+    assert Run.node_proxy_processes(run, specs, placed) == {"A": 3, "B": 1}
+    run.cluster = NS(nodes=lambda: [{"node_id": "A", "cpus": 4}, {"node_id": "B", "cpus": 2}])
+    assert Run.node_proxy_processes(run, specs, placed) == {"A": 1, "B": 1}  # A's CPUs: its 2 shards and router
+    run.servers["r2"] = {"child": Placed("A")}  # a replica beside them takes the one CPU left for a second loop
+    run.cluster = NS(nodes=lambda: [{"node_id": "A", "cpus": 5}, {"node_id": "B", "cpus": 2}])
+    assert Run.node_proxy_processes(run, specs, placed) == {"A": 1, "B": 1}
+    del run.servers["r2"]
+    assert Run.node_proxy_processes(run, specs, placed) == {"A": 2, "B": 1}
 
 
 @pytest.mark.integration
@@ -196,7 +313,7 @@ def test_a_node_router_gets_its_certificate_and_the_rules_and_an_unnamed_node_is
     rules.write_text("{}")
     security = MeshSecurity(pki, rules, frozenset({"n" * 40}))
     mesh = NodeMesh(_Cluster(), "tls/10.0.0.1:7447", "10.0.0.1", tmp_path, lambda: {}, lambda *_: None, security)
-    links = mesh.links({"node_id": "n" * 40, "ip": "10.0.0.7"}, proxies=False)
+    links = mesh.links({"node_id": "n" * 40, "ip": "10.0.0.7"}, proxies=0)
     child = mesh.cluster.children[0]
     assert child.started and links.router_endpoint == "tls/10.0.0.7:7448"
     assert links.describe()["router"]["access_rules"] == str(rules)
@@ -209,7 +326,7 @@ def test_a_node_router_gets_its_certificate_and_the_rules_and_an_unnamed_node_is
     with pytest.raises(ValueError, match="need MeshSecurity"):  # a TLS hub never gets plain node routers
         NodeMesh(_Cluster(), "tls/10.0.0.1:7447", "10.0.0.1", tmp_path, lambda: {}, lambda *_: None)
     with pytest.raises(RuntimeError, match="joined the cluster after the run started.*name no router for it"):
-        mesh.links({"node_id": "m" * 40, "ip": "10.0.0.8"}, proxies=False)
+        mesh.links({"node_id": "m" * 40, "ip": "10.0.0.8"}, proxies=0)
     assert len(mesh.cluster.children) == 1  # refused before anything was placed on it
 
 
