@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import threading
@@ -86,6 +87,18 @@ class Echo:
                 c.close()
             except OSError:
                 pass
+
+
+@contextlib.contextmanager
+def python_proxy_servers(tmp_path, monkeypatch, n: int):
+    """`n` chaos.toxiproxy servers (ours, which report fidelity), each its own process, stopped after."""
+    monkeypatch.setenv("CHAOS_PROXY", "python")
+    servers = [start_proxy_server(tmp_path / f"p{i}.log") for i in range(n)]
+    try:
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
 
 
 @pytest.fixture

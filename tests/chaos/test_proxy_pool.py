@@ -6,21 +6,15 @@ from __future__ import annotations
 import pytest
 
 from chaos.client import ChaosClient, ProxyPool
-from chaos.launch import start_proxy_server
-from tests.chaos.harness import connect, echo  # noqa: F401  (fixture)
+from tests.chaos.harness import connect, echo, python_proxy_servers  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def two_servers(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHAOS_PROXY", "python")
-    servers = [start_proxy_server(tmp_path / f"p{i}.log") for i in range(2)]
-    try:
+    with python_proxy_servers(tmp_path, monkeypatch, 2) as servers:
         yield servers
-    finally:
-        for s in servers:
-            s.stop()
 
 
 def test_sites_are_dealt_over_the_servers_and_every_call_reaches_the_right_one(two_servers, echo):  # noqa: F811

@@ -73,15 +73,10 @@ def test_routers_joined_to_a_hub_route_a_query_from_one_node_to_another(tmp_path
 
 @pytest.fixture
 def three_proxy_servers(tmp_path, monkeypatch):
-    from chaos.launch import start_proxy_server
+    from tests.chaos.harness import python_proxy_servers
 
-    monkeypatch.setenv("CHAOS_PROXY", "python")
-    servers = [start_proxy_server(tmp_path / f"p{i}.log") for i in range(3)]
-    try:
+    with python_proxy_servers(tmp_path, monkeypatch, 3) as servers:
         yield servers
-    finally:
-        for s in servers:
-            s.stop()
 
 
 class _Named:
