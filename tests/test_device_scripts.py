@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import re
 import subprocess
 import sys
@@ -178,3 +179,19 @@ def test_gpu_forward_keeps_the_sizes_it_timed_when_stopped_at_its_limit(tmp_path
     report = json.loads(out.read_text())
     assert list(report["forward"]) == ["1", "2"] and report["complete"] is False
     assert report["forward"]["2"]["guided"]["median_ms"] > 0 and "micro_batching" not in report
+
+
+def test_the_fleet_summary_names_where_the_cpu_went_and_why_robots_died(tmp_path):
+    """What issue 17 asks of the 1,000-robot run, in the summary the device call prints last."""
+    run = tmp_path / "1000_robots_wan" / "20261126T000000Z"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({
+        "verdict": "fail", "exit_code": 1, "robots": 1000, "wall_s": 200.0, "figures": {}, "assertions": [],
+        "cpu": {"host_percent": 51.0, "cores": 16, "split": {"shard:0": 90.0},
+                "estimate": {"split": {"shards": 3.46, "replicas": 1.65}}, "by_kind": {"shards": 3.1, "replicas": 2.2},
+                "estimate_ratio": 1.1},
+        "state_changes": [{"from": "STALLED", "to": "DEAD", "reason": "offline", "example": "offline for more than 60 s",
+                           "changes": 400, "robots": 400, "t_first": 81.0, "t_last": 95.5}]}))
+    text = "\n".join(device.fleet_lines(tmp_path))
+    assert "shards 3.10 / 3.46, replicas 2.20 / 1.65 (ratio 1.10)" in text
+    assert "STALLED -> DEAD: 400 changes, 400 robots, t 81..95.5 s: offline for more than 60 s" in text

@@ -323,6 +323,13 @@ def fleet_lines(root: Path) -> list[str]:
     if split:
         out.append(f"  cpu: host {_fmt(cpu.get('host_percent'), '.0f')} % of {cpu.get('cores')} cores; % of one core: "
                    + ", ".join(f"{k} {v:.0f}" for k, v in split[:12]) + (" ..." if len(split) > 12 else ""))
+    est, got = (cpu.get("estimate") or {}).get("split") or {}, cpu.get("by_kind") or {}
+    if est and got:  # issue 17's "where the CPU went", against the cost model the docs' sizing table comes from
+        out.append("  cores by kind, measured / estimated: " + ", ".join(
+            f"{k} {_fmt(got.get(k))} / {_fmt(est.get(k))}" for k in est) + f" (ratio {_fmt(cpu.get('estimate_ratio'))})")
+    for c in (s.get("state_changes") or [])[:6]:  # why robots left STREAMING or died, commonest kinds first
+        out.append(f"  {c['from']} -> {c['to']}: {c['changes']} changes, {c['robots']} robots, t {c['t_first']:g}.."
+                   f"{c['t_last']:g} s: {c['example'][:160]}")
     fid = s.get("fidelity") or {}
     if fid and not fid.get("valid", True):
         out.append(f"  fidelity not valid: {'; '.join(map(str, fid.get('reasons') or []))[:400]}")
