@@ -214,7 +214,7 @@ def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict,
     """Plain sentences, one per figure out of tolerance. `background` (other_load) is judged when given: the
     run asserts on a drift between its first and last windows."""
     reasons = []
-    shift_tol = tol.get("other_load_shift", 0.10)
+    shift_tol = tol.get("other_load_shift", 0.05)
     if background and abs(background["shift"]) > shift_tol:
         w = background["first_window_s"][1] - background["first_window_s"][0]
         reasons.append(f"the host's load from outside the run moved between the windows a drift compares: "

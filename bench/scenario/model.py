@@ -345,7 +345,7 @@ class Fidelity(_Model):
                                        "batch size, measured when it started ...")
     forward_excess_ms: NonNegNum = _f(2.0, "... judged only when the forward pass is also this many ms (p50) over that "
                                            "time: a cheap pass doubles from scheduling noise no round trip notices")
-    other_load_shift: NonNegNum = _f(0.10, "where an assertion compares the run's first and last windows (a `_drift` "
+    other_load_shift: NonNegNum = _f(0.05, "where an assertion compares the run's first and last windows (a `_drift` "
                                            "figure), the host's CPU used by processes outside the run may differ by "
                                            "at most this share of all cores between the two windows")
 
