@@ -59,6 +59,8 @@ class LatencyTracker:
         with self._lock:
             if not self._window:
                 return 0.0
+            if self.mode == "percentile" and float(q) == self.q:  # add() computed it (the default: p95)
+                return self._estimate
             return float(np.percentile(np.fromiter(self._window, float), q))
 
     def p95(self) -> float:

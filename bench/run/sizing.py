@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 # CPU per unit of work at the reference speed probe (COST_REFERENCE_PROBE_MS), ms of one core:
 # - shards: a robot-tick's loop, engine and records (SHARD_TICK_MS), a request's encode, send and merge
@@ -89,16 +90,9 @@ def shard_ms_per_s(group) -> float:
             + group.count * _requests_per_robot_s(group.fps) * SHARD_REQUEST_MS)
 
 
-class _Reference:
-    robot, fps = "reacher", 30.0
-
-    def __init__(self, count: int):
-        self.count = count
-
-
 def shard_budget_ms(robots: int = SHARD_BUDGET_ROBOTS) -> float:
     """What one shard carries (ms of CPU a second): the work of `robots` reacher robots at 30 Hz."""
-    return shard_ms_per_s(_Reference(robots))
+    return shard_ms_per_s(SimpleNamespace(count=robots, fps=30.0, robot="reacher"))
 
 
 def shard_count(scenario, cores: int | None = None) -> int:

@@ -57,3 +57,15 @@ def test_reset_forgets_everything_and_bad_options_are_refused():
     assert t.max() == 0.0 and len(t) == 0
     with pytest.raises(ValueError, match="latency mode"):
         LatencyTracker(mode="median")
+
+
+@given(st.lists(st.floats(0, 10), min_size=1, max_size=40), st.sampled_from([50.0, 95.0, 99.0]))
+def test_the_estimates_percentile_is_the_one_add_computed(xs, q):
+    """In percentile mode, percentile(q) at the estimate's own q reads add()'s value: the same number."""
+    import numpy as np
+
+    t = LatencyTracker(maxlen=100, mode="percentile", percentile=q)
+    for x in xs:
+        t.add(x)
+    assert t.percentile(q) == t.max() == pytest.approx(float(np.percentile(xs, q)))
+    assert t.percentile(q / 2) == pytest.approx(float(np.percentile(xs, q / 2)))  # any other q: computed
