@@ -166,18 +166,22 @@ class NodeMesh:
                 self._start_proxies(links, int(proxies))
             return links
 
+    def _place(self, node: dict, name: str, log: Path, ready_text: str):
+        """A child pinned to `node`, registered with the run, and a free port picked on that node for it to listen on."""
+        child = self.cluster.place_on(node["node_id"], name, log, ready_text=ready_text, ready_timeout_s=30.0)
+        self.register(name, child)
+        child.locate()
+        (port,) = child.free_ports(1)
+        return child, port
+
     def _start_router(self, node: dict) -> NodeLinks:
         if self.security is not None and node["node_id"] not in self.security.nodes:
             raise RuntimeError(f"node {short(node['node_id'])} ({node.get('ip')}) joined the cluster after the run "
                                "started: the routers' access rules name no router for it, so its router could "
                                "not join the hub; rerun with the cluster as it is now")
         name = f"router:{short(node['node_id'])}"
-        child = self.cluster.place_on(node["node_id"], name, self.logs / f"router-{short(node['node_id'])}.log",
-                                      ready_text=ROUTER_READY_TEXT, ready_timeout_s=30.0)
-        self.register(name, child)
-        child.locate()
+        child, port = self._place(node, name, self.logs / f"router-{short(node['node_id'])}.log", ROUTER_READY_TEXT)
         host = node_host(self.host, node)
-        (port,) = child.free_ports(1)
         tls = rules = None
         if self.security is not None:
             tls, rules = self.security.pki.node_router(short(node["node_id"]), host), str(self.security.rules)
@@ -195,11 +199,7 @@ class NodeMesh:
         host = node_host(self.host, node)
         for i in range(processes):  # one event loop each; sites dealt round-robin over them, as a local run's pool
             name = node_proxy_name(i, node["node_id"])
-            child = self.cluster.place_on(node["node_id"], name, self.logs / f"{name.replace(':', '-')}.log",
-                                          ready_text=PROXY_READY_TEXT, ready_timeout_s=30.0)
-            self.register(name, child)
-            child.locate()
-            (port,) = child.free_ports(1)
+            child, port = self._place(node, name, self.logs / f"{name.replace(':', '-')}.log", PROXY_READY_TEXT)
             child.set_argv(proxy_argv(host, port))
             child.start(timeout_s=30)
             links.proxies.append(child)
