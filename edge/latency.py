@@ -5,15 +5,18 @@ LatencyTracker: one warm-up spike inflates every later estimate), `"window_max"`
 `"percentile"` the window's `percentile`, so a spike ages out of the estimate. It is computed once per sample
 in `add()` (the network worker, once per answered request) and read as a number: engines read it several
 times a request. Negative and non-finite samples are ignored. Thread-safe.
+
+The window is also kept sorted (`bisect`), so a percentile is two list reads and numpy's default (linear)
+interpolation between them: an `add()` in percentile mode takes ~1.1 us instead of ~32 us with `np.percentile`
+over the window (100 samples, 2-core VM, 2026-11-26), once per answered request in every engine of a shard.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections import deque
-
-import numpy as np
 
 LATENCY_MODES = ("all_time_max", "window_max", "percentile")
 
@@ -28,7 +31,8 @@ class LatencyTracker:
             raise ValueError(f"percentile must be in [0, 100], got {percentile}")
         self.mode = mode
         self.q = float(percentile)
-        self._window: deque[float] = deque(maxlen=int(maxlen))
+        self._window: deque[float] = deque(maxlen=int(maxlen))  # arrival order: the oldest leaves first
+        self._sorted: list[float] = []  # the same samples, ascending
         self._max = 0.0
         self._estimate = 0.0  # max()'s value, updated by add() and reset()
         self._lock = threading.Lock()
@@ -41,14 +45,17 @@ class LatencyTracker:
         if not math.isfinite(v) or v < 0:
             return
         with self._lock:
+            if len(self._window) == self._window.maxlen:
+                del self._sorted[bisect.bisect_left(self._sorted, self._window[0])]
             self._window.append(v)
+            bisect.insort(self._sorted, v)
             self._max = max(self._max, v)
             if self.mode == "all_time_max":
                 self._estimate = self._max
             elif self.mode == "window_max":
-                self._estimate = max(self._window)
+                self._estimate = self._sorted[-1]
             else:
-                self._estimate = float(np.percentile(np.fromiter(self._window, float), self.q))
+                self._estimate = _linear_percentile(self._sorted, self.q)
 
     def max(self) -> float:
         """The delay estimate in seconds (0.0 before any sample), per `mode`."""
@@ -61,7 +68,7 @@ class LatencyTracker:
                 return 0.0
             if self.mode == "percentile" and float(q) == self.q:  # add() computed it (the default: p95)
                 return self._estimate
-            return float(np.percentile(np.fromiter(self._window, float), q))
+            return _linear_percentile(self._sorted, float(q))
 
     def p95(self) -> float:
         return self.percentile(95.0)
@@ -69,9 +76,19 @@ class LatencyTracker:
     def reset(self) -> None:
         with self._lock:
             self._window.clear()
+            self._sorted.clear()
             self._max = 0.0
             self._estimate = 0.0
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._window)
+
+
+def _linear_percentile(ascending: list[float], q: float) -> float:
+    """`np.percentile(x, q)` (method "linear") of a non-empty ascending list."""
+    pos = (len(ascending) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ascending) - 1)
+    a, b, t = ascending[lo], ascending[hi], pos - lo
+    return a + (b - a) * t if t < 0.5 else b - (b - a) * (1.0 - t)  # numpy's lerp, exact at both ends

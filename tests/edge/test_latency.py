@@ -69,3 +69,19 @@ def test_the_estimates_percentile_is_the_one_add_computed(xs, q):
         t.add(x)
     assert t.percentile(q) == t.max() == pytest.approx(float(np.percentile(xs, q)))
     assert t.percentile(q / 2) == pytest.approx(float(np.percentile(xs, q / 2)))  # any other q: computed
+
+
+@given(st.lists(st.floats(0, 10), min_size=1, max_size=80), st.integers(1, 20), st.floats(0, 100))
+def test_the_sorted_window_follows_evictions_exactly_as_numpy(xs, maxlen, q):
+    """After any run of adds past the window's length, every estimate is numpy's over the last `maxlen`."""
+    import numpy as np
+
+    last = xs[-maxlen:]
+    p = LatencyTracker(maxlen=maxlen, mode="percentile", percentile=q)
+    w = LatencyTracker(maxlen=maxlen, mode="window_max")
+    for x in xs:
+        p.add(x)
+        w.add(x)
+    assert p.max() == pytest.approx(float(np.percentile(last, q)), abs=1e-12)
+    assert p.percentile(100 - q) == pytest.approx(float(np.percentile(last, 100 - q)), abs=1e-12)
+    assert w.max() == max(last) and len(p) == len(last)
