@@ -768,6 +768,7 @@ class RemoteEngine(Engine):
     def _on_reset_reply(self, acked: bool) -> None:  # on Zenoh's thread
         if acked:
             self.counters["resets_acked"] += 1
+            self._last_ok = time.monotonic()  # the server holds this session: not offline (see _handle)
 
     def _check_degraded(self) -> None:
         if self._link == S.STREAMING and time.monotonic() - self._last_ok > self.cfg.degraded_after_s \
@@ -888,7 +889,12 @@ class RemoteEngine(Engine):
                 self._outstanding = None
                 return "error"
             return "ignored"
-        # a chunk
+        # a chunk. Any chunk of this session, like an acknowledged reset, answers the offline clock (DEAD after
+        # max_offline_s offline): the server and the link work, even when the chunk comes too late to merge. A
+        # robot whose episodes end before their chunks arrive runs its fallback (STALLED); it is not offline (at
+        # 1 Hz, where the reacher's episode is two ticks, robots went DEAD that way with their server answering)
+        if m is not None and r.session_epoch == m.epoch:
+            self._last_ok = time.monotonic()
         if out is None or r.seq_id != out[0] or r.session_epoch != out[1]:
             if r.seq_id == self._abandoned_seq:
                 self.counters["discarded_chunks"] += 1  # the finished episode's, no longer awaited

@@ -421,3 +421,22 @@ def test_a_reset_abandons_the_request_in_flight_and_sends_the_new_episode_at_onc
         first_new = next(r for r in recs if r["outcome"] == "ok" and r["seq"] > abandoned[0]["seq"])
         assert (first_new["sent_ns"] - abandoned[0]["sent_ns"]) / 1e9 < 0.8
         assert eng.stats["discarded_chunks"] <= 1 and eng.stats["timeouts"] == 0
+
+
+def test_chunks_too_late_for_their_episode_keep_the_robot_online(router, server_factory, ckpt):
+    """Episodes shorter than the round trip: every request is abandoned at its episode's end and its chunk
+    discarded on arrival. The server answers all the while, so the offline clock (max_offline_s) must not run:
+    when the server then goes, the robot reconnects with its whole max_offline_s left, it is not DEAD at once."""
+    srv = server_factory(ckpt, emulated_latency=600)
+    with running(router, max_offline_s=3.0, request_timeout_s=3.0, buffer_time_s=0.2) as eng:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 4.5:  # episodes of 0.3 s against a 0.6 s forward: nothing ever merges
+            loop(eng, 0.3)
+            eng.reset()
+        st = eng.stats
+        assert st["chunks"] == 0 and st["late_chunks"] + st["discarded_chunks"] >= 2, st  # answered, never merged
+        assert eng.state != EngineState.DEAD, st
+        srv.stop()
+        trace = loop(eng, 1.0)
+        assert "DEAD" not in {s for _, _, s in trace}, (eng.stats, eng.drain_transitions())
+        assert not eng.failed
