@@ -217,7 +217,7 @@ step_capacity() {  # $1: limit
 
 DRY_FLEET=(--set fleet.groups.eu.count=7 --set fleet.groups.us.count=7 --set fleet.groups.ap.count=6
            --set duration_s=20 --set warmup_s=5 --set faults.0.at=6 --set faults.0.duration=3 --set faults.1.at=12
-           --set 'servers.replicas=[{id: r0, checkpoint: reacher, max_sessions: 160}, {id: r1, checkpoint: reacher, max_sessions: 160}]')
+           --set 'servers.replicas=[{id: r0, checkpoint: reacher_rtc_training_time, max_sessions: 160}, {id: r1, checkpoint: reacher_rtc_training_time, max_sessions: 160}]')
 
 step_fleet() {  # $1: limit
   local deadline=$((SECONDS + $1)) log="$WORK/fleet.log" rc args=()
