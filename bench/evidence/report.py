@@ -353,6 +353,12 @@ def render_html(o: RunOutcome, summary: dict) -> str:
                 out.append(f"<tr><td class=l>{e(kind)}</td><td>{_v(est[kind])}</td><td>{_v(got.get(kind))}</td></tr>")
             out.append(f"<tr><td class=l>all</td><td>{_v(cpu['estimate'].get('cores_needed'))}</td>"
                        f"<td>{_v(round(sum(got.values()), 3))}</td></tr></table>")
+            forward = cpu["estimate"].get("forward_ms") or {}
+            if forward:  # where each replica's forward pass was priced from: this host's timing or the constant
+                out.append("<p class=muted>" + e(f"{_v(cpu['estimate'].get('requests_per_s'))} requests/s estimated; "
+                           "a forward pass (ms of CPU at the reference probe): " + "; ".join(
+                               f"{rid} {_v(c.get('at_1'))} at batch 1, {_v(c.get('at_max'))} at {c.get('max_batch')} "
+                               f"({c.get('source')})" for rid, c in forward.items())) + "</p>")
         for node, facts in (cpu.get("nodes") or {}).items():  # processes on other hosts, read on their node
             out.append(f"<p class=muted>{e(node)}: host {_v(facts.get('host_percent'))} % of its {facts.get('cores')} "
                        f"cores; runs {e(', '.join(facts.get('processes') or []))}</p>")

@@ -665,10 +665,12 @@ class Run:
     def shard_specs(self) -> list[dict]:
         """Deal robots round-robin over the shards (each group spread over all shards)."""
         from bench.fleet.shard import robot_spec
-        from bench.run.sizing import shard_count
+        from bench.run.sizing import group_request_rates, shard_count
 
         # `auto` sized from robots, fps and the cores (the cluster's, with --cluster); an integer as written
         self.n_shards = shard_count(self.s, self.cluster.cpus() if self.cluster is not None else None)
+        # requests a second one robot of each group sends (a cluster node's proxies are sized by its robots')
+        self.request_rates = dict(zip((g.name for g in self.s.groups), group_request_rates(self.s)))
         specs = [{"shard": k, "robots": [], "records_dir": str(self.rec_dir), "seed": self.s.seed,
                   "engine_factory": self.engine_factory} for k in range(self.n_shards)]
         rid = 0
@@ -699,21 +701,18 @@ class Run:
 
         c = self.s.cluster
         cpus = {n["node_id"]: n["cpus"] for n in self.cluster.nodes()}
-        robots: dict[str, Counter] = {}
+        requests: Counter = Counter()
         reserved: Counter = Counter()
         for spec in specs:
             node = placed[spec["shard"]].locate()["node_id"]
             reserved[node] += c.get("shard_cpus", 1.0)
-            fps = robots.setdefault(node, Counter())
-            for robot in spec["robots"]:
-                fps[self.robot_table[robot["robot"]]["fps"]] += 1
+            requests[node] += sum(self.request_rates[self.robot_table[robot["robot"]]["group"]] for robot in spec["robots"])
         for info in self.servers.values():
             node = info["child"].locate()["node_id"]  # placed and located before the shards (start_servers)
-            if node in robots:
+            if node in requests:
                 reserved[node] += c.get("replica_cpus", 1.0)
-        return {node: node_proxy_processes([(count, fps) for fps, count in n.items()], len(self.s.sites),
-                                           cpus.get(node, 1), reserved[node])
-                for node, n in robots.items()}
+        return {node: node_proxy_processes(n, len(self.s.sites), cpus.get(node, 1), reserved[node])
+                for node, n in requests.items()}
 
     def start_shards(self) -> None:
         self.control = ControlServer(None if self.host == "127.0.0.1" else self.host)

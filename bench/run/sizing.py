@@ -1,20 +1,22 @@
 """How big a bench this host needs for a scenario: `fleet.shards: auto` and the preflight estimate.
 
-Owns the shard rule and the real-time estimate printed by `bench run --check` and before every run.
-Invariant: an explicit `fleet.shards` integer is never changed; `auto` always resolves to >= 1, and
-to the same count for the same scenario on a host with the same core count.
+Owns the shard rule, the request rate a robot's engine keeps (`requests_per_robot_s`) and the real-time estimate
+printed by `bench run --check` and before every run. Invariant: an explicit `fleet.shards` integer is never
+changed; `auto` always resolves to >= 1, and to the same count for the same scenario on a host with the same core
+count (it reads checkpoint configs and network profiles, never a timing).
 
-The rule (evidence in docs/bench.md "Sizing the bench to the host"): a shard's control loop shares its
-process's GIL with every engine thread of that shard, so a shard carries at most the CPU work of 100 reacher
-robots at 30 Hz (its ticks, requests and physics: `shard_ms_per_s`), and a quarter of that on a host with cores
-to spare. The same costs give the preflight estimate, which summary.json keeps beside the measured split.
+The rule (evidence in docs/bench.md "Sizing the bench to the host"): a shard's control loop shares its process's GIL
+with every engine thread of that shard, so a shard carries at most the CPU work of 100 reacher robots at 30 Hz (its
+ticks, requests and physics: `shard_ms_per_s`), and a quarter of that on a host with cores to spare. The same costs
+give the preflight estimate, which summary.json keeps beside the measured split; a replica's forward pass is priced
+from the checkpoint it serves, timed on this host (bench.run.forwardcost).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 # CPU per unit of work at the reference speed probe (COST_REFERENCE_PROBE_MS), ms of one core:
@@ -23,9 +25,12 @@ from types import SimpleNamespace
 #   reacher at 30 Hz, 100 at 1 Hz) x its type's step (PHYSICS_STEP_US) + PHYSICS_TICK_US. Fitted on the 2-core VM,
 #   2026-11-26: 100 robots at 30 Hz and 300 at 10 Hz (both 3,000 robot-ticks/s, 4 shards, 8 replicas), physics from
 #   benchmarks.robot_step at 1 and 30 Hz (docs/bench.md "Sizing the bench to the host").
-# - replicas: a forward pass (REPLICA_FORWARD_MS, the reacher MLP with its RTC guidance at small batches) and a
-#   request's decode, validation and reply (REPLICA_REQUEST_MS); a replica's forward passes a second follow from
-#   its request rate and its batch window (`forwards_per_s`).
+# - replicas: a forward pass, timed on this host from the checkpoint the replica serves at batch 1 and at its
+#   max_batch (bench.run.forwardcost; REPLICA_FORWARD_MS, the reacher MLP's cost with its RTC guidance at small
+#   batches fitted from runs, where it cannot be timed), plus what a pass costs the replica around the policy
+#   (REPLICA_PASS_MS: scheduling, stacking, the dispatch thread), and a request's decode, validation and reply
+#   (REPLICA_REQUEST_MS); a replica's forward passes a second follow from its request rate and its batch window
+#   (`forwards_per_s`).
 # - proxy and router: per answered request (the headline, 2026-11-23 09:35 run, 382 requests/s).
 SHARD_TICK_MS = 0.050
 SHARD_REQUEST_MS = 1.2
@@ -33,15 +38,14 @@ PHYSICS_STEP_US = {"reacher": 9.6, "arm": 3.6, "base": 4.0}
 PHYSICS_STEP_US_DEFAULT = 10.0  # a robot type not measured yet: the dearest measured step, rounded up
 PHYSICS_TICK_US = 5.0
 REPLICA_FORWARD_MS = 4.8
+REPLICA_PASS_MS = 1.3  # the fitted 4.8 less the 3.5 the reacher's policy call takes timed alone (2026-11-26)
 REPLICA_REQUEST_MS = 0.76
 COST_PER_REQUEST_MS = {"proxy": 0.3, "router": 0.3}
 COST_REFERENCE_PROBE_MS = 29.6
-# Requests a robot sends a second: the reacher checkpoints' chunks hold 1 s of actions (30 rows at 30 Hz); with
-# buffer_time_s 0.3-0.4 a robot asked every 23.6 ticks at 30 Hz (the headline, 9000 robot-ticks/s : 382 requests/s),
-# and at a low rate not more than every other tick (a request waits for a tick's observation and its chunk for the
-# next tick: a 1 Hz robot sent 0.5 a second, measured).
-REQUESTS_PER_ROBOT_S = 30.0 / 23.6
-TICKS_PER_REQUEST_MIN = 2.0
+# The shard budget's reference robot is the headline's (its 300 robots, 100 a shard, are what the budget was measured
+# on): at `requests_per_robot_s` its eu and us robots (buffer_time_s 0.3) ask every 20 ticks and its ap ones (0.4)
+# every 15, so the mean robot asks 5/3 a second.
+BUDGET_REQUESTS_PER_ROBOT_S = (30.0 / 20 + 30.0 / 20 + 30.0 / 15) / 3
 REAL_TIME_SHARE = 0.85  # above this share of the cores the headline's host-late ticks rose past 1 %
 SERVER_BATCH_WINDOW_MS = 2.0  # server.manifest's default scheduling.batch_window_ms
 # A shard's control loop shares its process's GIL with every engine thread of that shard: it carries at most the
@@ -56,17 +60,114 @@ def robot_ticks_per_s(scenario) -> float:
 
 
 def requests_per_s(scenario) -> float:
-    """Requests the fleet sends a second (every group's robots, at most one every other tick)."""
-    return robots_requests_per_s((g.count, g.fps) for g in scenario.groups)
+    """Requests the fleet sends a second (every remote group's robots at `requests_per_robot_s`)."""
+    return sum(g.count * r for g, r in zip(scenario.groups, group_request_rates(scenario)))
 
 
-def robots_requests_per_s(robots) -> float:
-    """Requests a second of `robots`, (count, fps) pairs: a group, or its robots on one node."""
-    return float(sum(count * _requests_per_robot_s(fps) for count, fps in robots))
+def group_request_rates(scenario) -> list[float]:
+    """Requests one robot of each group sends a second, in `scenario.groups` order: its engine against the chunk
+    of the checkpoint its model's replicas serve, over its site's round trip; a `local` group sends none."""
+    from chaos.profiles import expected_rtt_ms
+
+    rates = []
+    for g in scenario.groups:
+        if getattr(g, "engine_kind", "remote") == "local":
+            rates.append(0.0)
+            continue
+        site = (getattr(scenario, "sites", None) or {}).get(g.site) if hasattr(g, "site") else None
+        try:
+            network_ms = expected_rtt_ms(site.profile, site.overrides) if site is not None else 0.0
+        except (ValueError, AttributeError):
+            network_ms = 0.0
+        served = _serving(scenario, g)
+        manifest = replica_manifest(scenario, served[0]) if served else {}
+        window = float((manifest.get("scheduling") or {}).get("batch_window_ms", SERVER_BATCH_WINDOW_MS))
+        emulated = _emulated_ms(manifest.get("emulated_latency"))
+        rates.append(requests_per_robot_s(g.fps, getattr(g, "episode_s", None) or math.inf,
+                                          _chunk_size(served[0]) if served else None, getattr(g, "engine", {}) or {},
+                                          (network_ms + window + emulated) / 1e3))
+    return rates
 
 
-def _requests_per_robot_s(fps: float) -> float:
-    return min(fps / TICKS_PER_REQUEST_MIN, REQUESTS_PER_ROBOT_S)
+def requests_per_robot_s(fps: float, episode_s: float, chunk_size: int | None, engine: dict, rtt_s: float) -> float:
+    """Requests a second one robot's remote engine sends (edge.remote), walked through one episode in ticks:
+
+    - an episode's first tick asks (the engine's reset cleared the queue); its chunk lands d = ceil(rtt / dt) ticks
+      later, untrimmed under `trim: consumed` (nothing was executed meanwhile), by d rows under `real_delay`;
+    - a chunk whose row 0 is tick T (every later one: trimmed by what was consumed) brings the queue to the buffer,
+      less the tick's own action (RemoteEngine._due), on tick T + ceil(H - 1 - buffer_steps), where H is the chunk
+      and the buffer `plan_execution`'s (`buffer_time_s`, or derived from d); in append mode (`rtc_enabled: false`)
+      every chunk adds H rows, so the queue falls to the buffer every H ticks;
+    - unless its rows go stale first: ticks past `max_action_age_s` from its observation are dropped whole, and the
+      empty queue asks on the next tick; one request in flight at a time, so never sooner than d ticks.
+    A 1 Hz reacher with 2 s episodes asks once an episode (0.5 a second); a 10 Hz one with max_action_age_s 1.5 twice
+    (its 30-row chunk stale after 15 ticks); a 30 Hz one with buffer_time_s 0.3 every 20 ticks (runs: docs/bench.md).
+    `chunk_size` None: the engine's own assumption before a session, 1 s of rows."""
+    import dataclasses
+
+    from edge.remote import RemoteEngineConfig, plan_execution
+
+    cfg = {f.name: f.default for f in dataclasses.fields(RemoteEngineConfig)
+           if f.default is not dataclasses.MISSING}
+    cfg.update(engine)
+    dt = 1.0 / fps
+    big_h = max(1, int(chunk_size or round(fps)))
+    d = max(1, math.ceil(rtt_s * fps - 1e-9))
+    rtc = bool(cfg["rtc_enabled"])
+    plan = plan_execution(d, big_h, dt, cfg["buffer_time_s"], rtc)
+    to_buffer = max(1, math.ceil(big_h - 1 - plan.buffer_s / dt - 1e-9))
+    stale = math.ceil(float(cfg["max_action_age_s"]) * fps - 1e-9) + 1  # the tick after its rows go stale
+    first_trim = d if rtc and cfg["trim"] == "real_delay" else 0
+    first = max(d, min(d + to_buffer - first_trim, stale))
+    every = max(d, min(to_buffer if rtc else big_h, stale))
+    episode = max(1, round(episode_s * fps)) if math.isfinite(episode_s) else None
+    if episode is None:
+        return fps / every
+    asks = 1 + (0 if first >= episode else 1 + (episode - 1 - first) // every)
+    return asks * fps / episode
+
+
+def _serving(scenario, group) -> list:
+    """The replicas that serve the group's model (all of them where the scenario does not say)."""
+    replicas = list(getattr(scenario, "replicas", None) or [])
+    model = getattr(group, "model_id", None)
+    return [r for r in replicas if getattr(r, "model_id", model) == model] or replicas
+
+
+def _chunk_size(replica) -> int | None:
+    import json
+
+    from bench.scenario.schema import checkpoint_dir
+
+    try:
+        return int(json.loads((checkpoint_dir(replica.checkpoint) / "config.json").read_text())["chunk_size"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _emulated_ms(value) -> float:
+    """The mean of a manifest's `emulated_latency` (ms, or a mapping with mean_ms); 0 without one."""
+    if value is None:
+        return 0.0
+    if isinstance(value, (int, float)):
+        return float(value)
+    return float((value.get("mean_ms") if isinstance(value, dict) else getattr(value, "mean_ms", 0.0)) or 0.0)
+
+
+def replica_manifest(scenario, replica) -> dict:
+    """The manifest keys that price a replica (model, scheduling, execution_horizon, torch_threads,
+    emulated_latency), merged as bench.run.runner's `manifest_for` merges them."""
+    from bench.run.runner import _deep_merge, _plain, _undot
+    from bench.scenario.schema import checkpoint_dir
+
+    m: dict = {}
+    if getattr(replica, "checkpoint", None):
+        m["model"] = {"repo_or_path": str(checkpoint_dir(replica.checkpoint))}
+    if getattr(replica, "emulated_latency", None) is not None:
+        m["emulated_latency"] = _plain(replica.emulated_latency)
+    _deep_merge(m, _undot(_plain(dict(getattr(scenario, "server_manifest", None) or {}))))
+    _deep_merge(m, _undot(_plain(dict(getattr(replica, "manifest", None) or {}))))
+    return m
 
 
 def physics_ms_per_tick(robot: str, fps: float) -> float:
@@ -83,16 +184,21 @@ def physics_ms_per_tick(robot: str, fps: float) -> float:
     return (n * PHYSICS_STEP_US.get(robot, PHYSICS_STEP_US_DEFAULT) + PHYSICS_TICK_US) / 1e3
 
 
-def shard_ms_per_s(group) -> float:
+def shard_ms_per_s(group, requests_per_robot: float) -> float:
     """CPU (ms a second, reference speed) a group costs the shards: its ticks, requests and physics."""
     ticks = group.count * group.fps
     return (ticks * (SHARD_TICK_MS + physics_ms_per_tick(group.robot, group.fps))
-            + group.count * _requests_per_robot_s(group.fps) * SHARD_REQUEST_MS)
+            + group.count * requests_per_robot * SHARD_REQUEST_MS)
+
+
+def shards_ms_per_s(scenario) -> float:
+    """CPU (ms a second, reference speed) the whole fleet costs the shards."""
+    return sum(shard_ms_per_s(g, r) for g, r in zip(scenario.groups, group_request_rates(scenario)))
 
 
 def shard_budget_ms(robots: int = SHARD_BUDGET_ROBOTS) -> float:
     """What one shard carries (ms of CPU a second): the work of `robots` reacher robots at 30 Hz."""
-    return shard_ms_per_s(SimpleNamespace(count=robots, fps=30.0, robot="reacher"))
+    return shard_ms_per_s(SimpleNamespace(count=robots, fps=30.0, robot="reacher"), BUDGET_REQUESTS_PER_ROBOT_S)
 
 
 def shard_count(scenario, cores: int | None = None) -> int:
@@ -102,7 +208,7 @@ def shard_count(scenario, cores: int | None = None) -> int:
     if scenario.shards != "auto":
         return int(scenario.shards)
     cores = cores or os.cpu_count() or 1
-    load = sum(shard_ms_per_s(g) for g in scenario.groups)
+    load = shards_ms_per_s(scenario)
     needed = max(1, math.ceil(load / shard_budget_ms() - 1e-9))
     spare = cores - 2 - len(scenario.replicas)  # router and proxy, a core each under load; one per replica
     wanted = max(1, math.ceil(load / shard_budget_ms(SPARE_SHARD_ROBOTS) - 1e-9))
@@ -117,16 +223,16 @@ def proxy_processes(scenario, cores: int | None = None) -> int:
     has a core for each beyond the router, the replicas and the fewest shards that carry the fleet."""
     cores = cores or os.cpu_count() or 1
     # (shard_count's spare-core shards are smaller for comfort; a proxy that applies delay late corrupts every leg)
-    fewest = max(1, math.ceil(sum(shard_ms_per_s(g) for g in scenario.groups) / shard_budget_ms() - 1e-9))
+    fewest = max(1, math.ceil(shards_ms_per_s(scenario) / shard_budget_ms() - 1e-9))
     spare = cores - 1 - fewest - len(scenario.replicas)
     return proxy_processes_for(requests_per_s(scenario), len(scenario.sites), spare)
 
 
-def node_proxy_processes(robots, sites: int, node_cpus: float, reserved_cpus: float) -> int:
+def node_proxy_processes(requests: float, sites: int, node_cpus: float, reserved_cpus: float) -> int:
     """Chaos proxy processes for one cluster node's copy of the sites (`cluster.routers: per_node`): sized by the
-    requests of the robots its shards carry (`robots`: (count, fps) pairs), within the node's CPUs (Ray's
-    resources) beyond its router and what Ray reserved there for the run's shards and replicas."""
-    return proxy_processes_for(robots_requests_per_s(robots), sites, node_cpus - 1 - reserved_cpus)
+    `requests` a second of the robots its shards carry, within the node's CPUs (Ray's resources) beyond its
+    router and what Ray reserved there for the run's shards and replicas."""
+    return proxy_processes_for(requests, sites, node_cpus - 1 - reserved_cpus)
 
 
 def proxy_processes_for(requests: float, sites: int, spare_cores: float) -> int:
@@ -139,25 +245,63 @@ def proxy_processes_for(requests: float, sites: int, spare_cores: float) -> int:
     return max(1, min(sites, wanted, math.floor(spare_cores + 1e-9)))
 
 
-def forwards_per_s(requests: float, window_ms: float, max_batch: int) -> float:
-    """Forward passes a replica runs a second for `requests` a second: a batch opens on its first request and
-    closes after the window (or full), so it holds ~1 + requests x window of them."""
+def batch_size(requests: float, window_ms: float, max_batch: int, busy_ms: float = 0.0) -> float:
+    """Requests a replica's forward pass holds at `requests` a second: a batch opens on its first request and
+    closes after the window (or full), ~1 + requests x window; a pass that keeps the dispatch thread `busy_ms`
+    (its own time, or an emulated accelerator's) lets the next batch's requests queue meanwhile,
+    ~requests x (window + busy)."""
+    if requests <= 0:
+        return 1.0
+    return min(max(1, max_batch), max(1.0 + requests * window_ms / 1e3, requests * (window_ms + busy_ms) / 1e3))
+
+
+def forwards_per_s(requests: float, window_ms: float, max_batch: int, busy_ms: float = 0.0) -> float:
+    """Forward passes a replica runs a second for `requests` a second (`batch_size` requests each)."""
     if requests <= 0:
         return 0.0
-    return requests / min(max(1, max_batch), 1.0 + requests * window_ms / 1e3)
+    return requests / batch_size(requests, window_ms, max_batch, busy_ms)
 
 
-def replica_ms_per_s(scenario) -> float:
-    """CPU (ms a second, reference speed) of every replica together, the fleet's requests dealt evenly."""
-    n = max(1, len(scenario.replicas))
-    per = requests_per_s(scenario) / n
+def forward_costs(scenario, measure: bool = True) -> dict:
+    """Each replica's ForwardCost (bench.run.forwardcost) by replica id: its checkpoint timed on this host (once per
+    checkpoint and host, then cached), or REPLICA_FORWARD_MS with the reason."""
+    from bench.run.forwardcost import constant, forward_cost
+
+    out = {}
+    for r in getattr(scenario, "replicas", None) or []:
+        if not getattr(r, "checkpoint", None):
+            out[r.id] = constant(REPLICA_FORWARD_MS, "no checkpoint")
+            continue
+        out[r.id] = forward_cost(replica_manifest(scenario, r), REPLICA_FORWARD_MS, measure=measure)
+    return out
+
+
+def replica_ms_per_s(scenario, forward: dict | None = None) -> float:
+    """CPU (ms a second, reference speed) of every replica together: each group's requests dealt evenly over the
+    replicas that serve its model, each replica's forward passes at its own checkpoint's cost (`forward`: replica
+    id -> ForwardCost; REPLICA_FORWARD_MS for a replica it lacks)."""
+    from bench.run.forwardcost import constant
+
+    forward = forward or {}
+    replicas = list(getattr(scenario, "replicas", None) or [])
+    load = {id(r): 0.0 for r in replicas}
+    for g, rate in zip(scenario.groups, group_request_rates(scenario)):
+        served = _serving(scenario, g)
+        for r in served:
+            load[id(r)] += g.count * rate / len(served)
     total = 0.0
-    for r in scenario.replicas or [None]:
-        manifest = {**scenario.server_manifest, **(dict(r.manifest) if r is not None else {})}
+    for r in replicas:
+        per = load[id(r)]
+        manifest = replica_manifest(scenario, r)
         sched = manifest.get("scheduling") or {}
         window = float(sched.get("batch_window_ms", SERVER_BATCH_WINDOW_MS))
-        fwd = forwards_per_s(per, window, int(sched.get("max_batch", 1)))
-        total += fwd * REPLICA_FORWARD_MS + per * REPLICA_REQUEST_MS
+        cost = forward.get(getattr(r, "id", None)) or constant(REPLICA_FORWARD_MS, "not given")
+        emulated = _emulated_ms(manifest.get("emulated_latency"))
+        batch = 1.0
+        for _ in range(8):  # a pass holds the dispatch thread for its own time, which grows with its batch
+            batch = batch_size(per, window, int(sched.get("max_batch", 1)), max(emulated, cost.ms(batch)))
+        if per > 0:
+            total += per / batch * (cost.ms(batch) + REPLICA_PASS_MS) + per * REPLICA_REQUEST_MS
     return total
 
 
@@ -169,38 +313,52 @@ class Estimate:
     cores_needed: float
     real_time: bool
     split: dict
+    requests_per_s: float = 0.0
+    forward: dict = field(default_factory=dict)  # replica id -> ForwardCost
 
     def lines(self) -> list[str]:
         split = ", ".join(f"{k} {v:.2f}" for k, v in self.split.items())
         verdict = ("fits in real time here" if self.real_time else
                    f"will NOT run in real time here: needs ~{math.ceil(self.cores_needed / REAL_TIME_SHARE)} cores "
                    f"(at this host's speed), has {self.cores}; expect host-late ticks and an inconclusive verdict")
-        return [f"preflight: {self.shards} shard(s); speed probe {self.probe_ms:.1f} ms (reference "
-                f"{COST_REFERENCE_PROBE_MS} ms); estimated CPU {self.cores_needed:.2f} of {self.cores} cores "
-                f"({split}): {verdict}"]
+        lines = [f"preflight: {self.shards} shard(s); speed probe {self.probe_ms:.1f} ms (reference "
+                 f"{COST_REFERENCE_PROBE_MS} ms); {self.requests_per_s:.0f} requests/s; estimated CPU "
+                 f"{self.cores_needed:.2f} of {self.cores} cores ({split}): {verdict}"]
+        if self.forward:
+            lines.append("preflight: a forward pass, ms of CPU at the reference probe: " + "; ".join(
+                f"{rid} {c.at_1:.2f} at batch 1, {c.at_max:.2f} at {c.max_batch} ({c.source})"
+                if c.max_batch > 1 else f"{rid} {c.at_1:.2f} ({c.source})" for rid, c in self.forward.items()))
+        return lines
 
     def to_json(self) -> dict:
         """What summary.json keeps beside the measured split (cores of this host, by process kind)."""
         return {"cores_needed": round(self.cores_needed, 3), "probe_ms": round(self.probe_ms, 1),
-                "split": {k: round(v, 3) for k, v in self.split.items()}}
+                "split": {k: round(v, 3) for k, v in self.split.items()},
+                "requests_per_s": round(self.requests_per_s, 1),
+                "forward_ms": {rid: {"at_1": c.at_1, "at_max": c.at_max, "max_batch": c.max_batch, "source": c.source}
+                               for rid, c in self.forward.items()}}
 
 
-def estimate(scenario, cores: int | None = None, probe_ms: float | None = None) -> Estimate:
+def estimate(scenario, cores: int | None = None, probe_ms: float | None = None, forward: dict | None = None) -> Estimate:
     """Cores the scenario needs on this host: the fleet's ticks, requests and physics and the replicas' forward
     passes times their measured costs, scaled by a speed probe timed in CPU time (a busy host reads as busy,
-    not as slow). Takes ~0.1-0.5 s."""
+    not as slow). `forward`: replica id -> ForwardCost, else `forward_costs` (cached per checkpoint and host;
+    a checkpoint not timed here yet costs a few seconds once). Takes ~0.1-0.5 s."""
     cores = cores or os.cpu_count() or 1
+    if forward is None:
+        forward = forward_costs(scenario)
     if probe_ms is None:
         from bench.run.hostcpu import speed_probe_cpu_ms
 
         probe_ms = min(speed_probe_cpu_ms(0.5) for _ in range(3))
     scale = probe_ms / COST_REFERENCE_PROBE_MS
     requests = requests_per_s(scenario)
-    split = {"shards": sum(shard_ms_per_s(g) for g in scenario.groups), "replicas": replica_ms_per_s(scenario),
+    split = {"shards": shards_ms_per_s(scenario), "replicas": replica_ms_per_s(scenario, forward),
              **{k: requests * ms for k, ms in COST_PER_REQUEST_MS.items()}}
     split = {k: v / 1e3 * scale for k, v in split.items()}
     need = sum(split.values())
-    return Estimate(shard_count(scenario, cores), cores, probe_ms, need, need <= REAL_TIME_SHARE * cores, split)
+    return Estimate(shard_count(scenario, cores), cores, probe_ms, need, need <= REAL_TIME_SHARE * cores, split,
+                    requests, forward)
 
 
 def measured_by_kind(split: dict) -> dict:

@@ -205,7 +205,7 @@ def test_each_node_is_sized_by_the_robots_of_the_shards_placed_on_it_and_what_ra
         def locate(self):
             return {"node_id": self.node_id}
 
-    table = [{"fps": 30.0}] * 3000 + [{"fps": 30.0}] * 10
+    table = [{"group": "g"}] * 3010
     specs = [{"shard": 0, "robots": [{"robot": i} for i in range(0, 1500)]},
              {"shard": 1, "robots": [{"robot": i} for i in range(1500, 3000)]},
              {"shard": 2, "robots": [{"robot": i} for i in range(3000, 3010)]}]
@@ -213,7 +213,8 @@ def test_each_node_is_sized_by_the_robots_of_the_shards_placed_on_it_and_what_ra
     run = NS(s=NS(cluster={"shard_cpus": 1, "replica_cpus": 1}, sites={"a": None, "b": None, "c": None}),
              cluster=NS(nodes=lambda: [{"node_id": "A", "cpus": 16}, {"node_id": "B", "cpus": 2},
                                        {"node_id": "C", "cpus": 8}]),
-             robot_table=table, servers={"r0": {"child": Placed("B")}, "r1": {"child": Placed("C")}})
+             robot_table=table, request_rates={"g": 1.5},  # 30 Hz robots asking every 20 ticks
+             servers={"r0": {"child": Placed("B")}, "r1": {"child": Placed("C")}})
     assert Run.node_proxy_processes(run, specs, placed) == {"A": 3, "B": 1}
     run.cluster = NS(nodes=lambda: [{"node_id": "A", "cpus": 4}, {"node_id": "B", "cpus": 2}])
     assert Run.node_proxy_processes(run, specs, placed) == {"A": 1, "B": 1}  # A's CPUs: its 2 shards and router

@@ -1,20 +1,36 @@
 """The bench's cost model (bench.run.sizing): shard count and preflight estimate from ticks, requests,
-physics substeps and the replicas' forward passes."""
+physics substeps and the replicas' forward passes; the request rate an engine keeps; the forward cost's cache
+(bench.run.forwardcost)."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace as NS
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.run.sizing import (estimate, forwards_per_s, measured_by_kind, physics_ms_per_tick, shard_budget_ms,
+from bench.run.forwardcost import ForwardCost, checkpoint_hash, constant, forward_cost
+from bench.run.sizing import (REPLICA_FORWARD_MS, estimate, forwards_per_s, group_request_rates, measured_by_kind,
+                              physics_ms_per_tick, replica_ms_per_s, requests_per_robot_s, shard_budget_ms,
                               shard_count)
 
+HEADLINE_ENGINE = {"buffer_time_s": 0.3, "max_action_age_s": 1.5, "trim": "consumed"}
 
-def _scenario(count: int, fps: float, robot: str = "reacher", replicas: int = 3, manifest: dict | None = None):
-    return NS(groups=[NS(count=count, fps=fps, robot=robot)], robots=count, sites={"lab": None},
-              replicas=[NS(manifest={}) for _ in range(replicas)], server_manifest=manifest or {}, shards="auto")
+
+def _scenario(count: int, fps: float, robot: str = "reacher", replicas: int = 3, manifest: dict | None = None,
+              engine: dict | None = None, profile: str = "wan_50ms", checkpoint: str = "reacher"):
+    group = NS(name="g", count=count, fps=fps, robot=robot, site="lab", episode_s=2.0, model_id="m",
+               engine=dict(HEADLINE_ENGINE if engine is None else engine), engine_kind="remote")
+    return NS(groups=[group], robots=count, sites={"lab": NS(profile=profile, overrides={})},
+              replicas=[NS(id=f"r{i}", checkpoint=checkpoint, model_id="m", manifest={}, emulated_latency=None)
+                        for i in range(replicas)],
+              server_manifest=manifest or {}, shards="auto")
+
+
+def _est(scenario, probe_ms: float = 29.6, forward: dict | None = None):
+    return estimate(scenario, cores=2, probe_ms=probe_ms, forward=forward or {})
 
 
 def test_physics_follows_the_substeps_a_tick_not_the_tick():
@@ -29,7 +45,7 @@ def test_a_slow_fleet_gets_shards_for_its_physics():
     assert shard_count(_scenario(1000, 1.0), cores=2) >= 5
     assert shard_count(_scenario(300, 30.0), cores=2) == 3  # the headline is unchanged
     assert shard_count(_scenario(100, 30.0), cores=2) == 1
-    est = estimate(_scenario(1000, 1.0), cores=2, probe_ms=29.6)
+    est = _est(_scenario(1000, 1.0))
     assert not est.real_time and est.split["shards"] > 1.5
 
 
@@ -42,15 +58,15 @@ def test_forward_passes_are_between_one_per_batch_and_one_per_request(requests, 
 def test_many_lightly_loaded_replicas_cost_more_than_few_busy_ones():
     # the same fleet's requests over 8 replicas batch less (measured here: 0.50 of a core for 8, 100 robots)
     batching = {"scheduling": {"max_batch": 64, "batch_window_ms": 50.0}}
-    few = estimate(_scenario(300, 30.0, replicas=3, manifest=batching), cores=2, probe_ms=29.6).split["replicas"]
-    many = estimate(_scenario(300, 30.0, replicas=8, manifest=batching), cores=2, probe_ms=29.6).split["replicas"]
-    unbatched = estimate(_scenario(300, 30.0, replicas=3), cores=2, probe_ms=29.6).split["replicas"]
+    few = _est(_scenario(300, 30.0, replicas=3, manifest=batching)).split["replicas"]
+    many = _est(_scenario(300, 30.0, replicas=8, manifest=batching)).split["replicas"]
+    unbatched = _est(_scenario(300, 30.0, replicas=3)).split["replicas"]
     assert many > few and unbatched > few
 
 
 def test_the_estimate_scales_with_the_speed_probe():
     s = _scenario(300, 30.0)
-    fast, slow = (estimate(s, cores=2, probe_ms=p).cores_needed for p in (29.6, 59.2))
+    fast, slow = (_est(s, probe_ms=p).cores_needed for p in (29.6, 59.2))
     assert abs(slow - 2 * fast) < 1e-9
     assert shard_budget_ms(100) == 4 * shard_budget_ms(25)
 
@@ -64,18 +80,135 @@ def test_the_measured_split_is_summed_by_kind():
 def test_a_nodes_proxy_processes_follow_its_robots_requests_and_its_spare_cpus():
     from bench.run.sizing import node_proxy_processes, proxy_processes
 
-    busy = [(3000, 30.0)]  # ~3,800 requests/s, ~1.1 cores of proxy work: more than four loops' 25 % each
+    busy = 3000 * 1.27  # ~3,800 requests/s, ~1.1 cores of proxy work: more than four loops' 25 % each
     # 16 CPUs, 3 shards reserved and its router: cores for one loop per site
     assert node_proxy_processes(busy, sites=3, node_cpus=16, reserved_cpus=3.0) == 3
     # the same load on a node whose CPUs its shards and router take: one loop, as a local run with no core to spare
     assert node_proxy_processes(busy, sites=3, node_cpus=4, reserved_cpus=3.0) == 1
     assert node_proxy_processes(busy, sites=3, node_cpus=6, reserved_cpus=3.0) == 2  # as many as spare CPUs
     assert node_proxy_processes(busy, sites=1, node_cpus=64, reserved_cpus=3.0) == 1  # never more than sites
-    assert node_proxy_processes([(100, 30.0)], sites=3, node_cpus=64, reserved_cpus=1.0) == 1  # a small node
-    # 3,000 robots split over groups and rates: the requests a node's robots send, not its robot count
-    assert node_proxy_processes([(2000, 30.0), (1000, 1.0)], sites=3, node_cpus=16, reserved_cpus=3.0) == 3
-    assert node_proxy_processes([(3000, 1.0)], sites=3, node_cpus=16, reserved_cpus=3.0) == 2  # 0.5 req/s each
+    assert node_proxy_processes(100 * 1.27, sites=3, node_cpus=64, reserved_cpus=1.0) == 1  # a small node
+    assert node_proxy_processes(3000 * 0.5, sites=3, node_cpus=16, reserved_cpus=3.0) == 2  # 3,000 at 1 Hz, 0.5 each
     # one rule: a node carrying the whole fleet with the host's spare cores sizes as the local run does
     scenario = NS(groups=[NS(count=1000, fps=30.0, robot="reacher") for _ in range(3)], robots=3000,
                   sites={"a": None, "b": None, "c": None}, replicas=[None] * 3, shards="auto")
-    assert proxy_processes(scenario, cores=64) == node_proxy_processes(busy, 3, 64, 3.0) == 3
+    from bench.run.sizing import requests_per_s
+
+    assert proxy_processes(scenario, cores=64) == node_proxy_processes(requests_per_s(scenario), 3, 64, 3.0) == 3
+
+
+# --- the request rate an engine keeps (edge.remote's request point, walked through an episode) ---------------------
+
+@pytest.mark.parametrize("fps, engine, rtt_s, per_s", [
+    # measured per robot in runs on the 2-core VM (docs/bench.md "The cost model"): 30 Hz, 30-row chunks, 2 s episodes
+    (30.0, {"buffer_time_s": 0.3}, 0.10, 1.5),  # wan_50ms, run A's eu/us: every 20.0 ticks
+    (30.0, {"buffer_time_s": 0.4, "max_action_age_s": 2.0}, 0.16, 2.0),  # lte, run A's ap: every 15.1 ticks
+    (30.0, {"buffer_time_s": 0.5, "max_action_age_s": 1.0}, 0.002, 2.5),  # smoke on lan: every 12.0 ticks
+    # 10 Hz: the 30-row chunk goes stale at max_action_age_s, not at the buffer (run D: 0.996 and 0.501 a second)
+    (10.0, {"buffer_time_s": 0.3, "max_action_age_s": 1.5}, 0.10, 1.0),
+    (10.0, {"buffer_time_s": 0.4, "max_action_age_s": 2.0}, 0.16, 0.5),
+    (1.0, {"buffer_time_s": 0.3, "max_action_age_s": 1.5}, 0.10, 0.5),  # 1 Hz, 2-tick episodes: one each (run k4)
+])
+def test_the_request_rate_follows_the_engines_request_point(fps, engine, rtt_s, per_s):
+    assert requests_per_robot_s(fps, 2.0, 30, engine, rtt_s) == pytest.approx(per_s)
+
+
+def test_a_longer_chunk_or_a_shorter_buffer_asks_less_often():
+    base = requests_per_robot_s(30.0, 10.0, 30, {"buffer_time_s": 0.3}, 0.1)
+    assert requests_per_robot_s(30.0, 10.0, 60, {"buffer_time_s": 0.3}, 0.1) < base / 1.8
+    assert requests_per_robot_s(30.0, 10.0, 30, {"buffer_time_s": 0.1}, 0.1) < base
+    # without episodes, every ceil(H - 1 - buffer steps) ticks: 30 rows, 9 rows of buffer: every 20
+    assert requests_per_robot_s(30.0, float("inf"), 30, {"buffer_time_s": 0.3}, 0.1) == pytest.approx(1.5)
+    # append mode: every chunk adds its 30 rows, so one request a chunk
+    assert requests_per_robot_s(30.0, float("inf"), 30, {"buffer_time_s": 0.3, "rtc_enabled": False}, 0.1) == 1.0
+
+
+def test_trimming_the_first_chunk_by_the_delay_asks_sooner():
+    # 1.5 s episodes over a 300 ms round trip: `real_delay` drops the first chunk's first 9 rows (the robot stood
+    # still meanwhile), `consumed` none, so the first chunk runs to the buffer 9 ticks sooner: 3 requests, not 2
+    kw = dict(fps=30.0, episode_s=1.5, chunk_size=30, rtt_s=0.3)
+    consumed = requests_per_robot_s(engine={"buffer_time_s": 0.3, "trim": "consumed"}, **kw)
+    real_delay = requests_per_robot_s(engine={"buffer_time_s": 0.3, "trim": "real_delay"}, **kw)
+    assert (consumed, real_delay) == (pytest.approx(2 * 30 / 45), pytest.approx(3 * 30 / 45))
+
+
+def test_a_group_asks_at_the_rate_of_the_chunk_its_replicas_serve(tmp_path):
+    long_chunk = tmp_path / "long"
+    long_chunk.mkdir()
+    (long_chunk / "config.json").write_text(json.dumps({"chunk_size": 90}))
+    reacher = group_request_rates(_scenario(10, 30.0))[0]
+    assert reacher == pytest.approx(1.5)  # bench/checkpoints/reacher: 30 rows
+    assert group_request_rates(_scenario(10, 30.0, checkpoint=str(long_chunk)))[0] < reacher
+    local = _scenario(10, 30.0)
+    local.groups[0].engine_kind = "local"  # runs its policy in the shard: no request
+    assert group_request_rates(local) == [0.0]
+
+
+# --- a replica's forward cost: timed per checkpoint and host, cached, else the constant with the reason ----------
+
+def test_the_forward_cost_is_linear_between_batch_one_and_max_batch():
+    c = ForwardCost(2.0, 8.0, 4, "measured")
+    assert (c.ms(1), c.ms(2.5), c.ms(4)) == (2.0, 5.0, 8.0)
+    assert constant(4.8, "why").ms(64) == 4.8 and not constant(4.8, "why").measured
+
+
+def test_a_dearer_checkpoint_costs_the_replicas_more_and_an_emulated_accelerator_batches_more():
+    s = _scenario(300, 30.0, manifest={"scheduling": {"max_batch": 64, "batch_window_ms": 50.0}})
+    cheap = {r.id: ForwardCost(2.0, 6.0, 64, "measured") for r in s.replicas}
+    dear = {r.id: ForwardCost(6.0, 18.0, 64, "measured") for r in s.replicas}
+    assert replica_ms_per_s(s, dear) > 1.3 * replica_ms_per_s(s, cheap)  # a request's own 0.76 ms is the same
+    assert replica_ms_per_s(s, {}) == replica_ms_per_s(s, {r.id: constant(REPLICA_FORWARD_MS, "") for r in s.replicas})
+    # an emulated 150 ms pass holds the dispatch thread: ~167 requests/s a replica batch ~33, not ~9
+    assert forwards_per_s(167.0, 50.0, 64, busy_ms=150.0) < forwards_per_s(167.0, 50.0, 64) / 2
+    for r in s.replicas:
+        r.emulated_latency = 150
+    assert replica_ms_per_s(s, cheap) < replica_ms_per_s(_scenario(300, 30.0, manifest=s.server_manifest), cheap)
+
+
+def test_the_estimate_says_where_each_forward_cost_came_from():
+    s = _scenario(100, 30.0, replicas=2)
+    est = _est(s, forward={"r0": ForwardCost(3.0, 9.0, 64, "measured"), "r1": constant(4.8, "cuda device: ...")})
+    text = "\n".join(est.lines())
+    assert "r0 3.00 at batch 1, 9.00 at 64 (measured)" in text and "r1 4.80 (constant: cuda device" in text
+    assert est.to_json()["forward_ms"]["r1"]["source"].startswith("constant")
+    assert est.to_json()["requests_per_s"] == pytest.approx(150.0)
+
+
+def _fake_checkpoint(path, weights=b"w"):
+    path.mkdir()
+    for name, data in (("config.json", b"{}"), ("model.safetensors", weights), ("stats.json", b"{}")):
+        (path / name).write_bytes(data)
+    return path
+
+
+def test_the_forward_cost_is_cached_by_the_checkpoints_content_and_not_measured_when_told_not_to(tmp_path):
+    ckpt = _fake_checkpoint(tmp_path / "ckpt")
+    manifest = {"model": {"repo_or_path": str(ckpt)}, "scheduling": {"max_batch": 8}}
+    cache = tmp_path / "forward_ms.json"
+    miss = forward_cost(manifest, 4.8, measure=False, cache=cache)
+    assert miss.source == "constant: ckpt not measured on this host yet" and miss.at_1 == 4.8
+    from bench.run import forwardcost
+
+    key = json.dumps({"checkpoint": checkpoint_hash(ckpt), "dtype": "float32", "execution_horizon": None,
+                      "host": forwardcost._host(), "hyper_params": {}, "max_batch": 8, "torch_threads": 1},
+                     sort_keys=True)
+    cache.write_text(json.dumps({key: {"at_1": 2.0, "at_max": 9.0, "max_batch": 8}}))
+    hit = forward_cost(manifest, 4.8, measure=False, cache=cache)
+    assert (hit.at_1, hit.at_max, hit.source) == (2.0, 9.0, "cached")
+    (ckpt / "model.safetensors").write_bytes(b"other weights")  # a finetune under the same name: timed anew
+    assert not forward_cost(manifest, 4.8, measure=False, cache=cache).measured
+
+
+def test_a_replica_whose_forward_runs_elsewhere_or_has_no_weights_gets_the_constant_and_why(tmp_path):
+    cuda = forward_cost({"model": {"repo_or_path": str(tmp_path), "device": "cuda"}}, 4.8, cache=tmp_path / "c.json")
+    assert cuda.at_1 == 4.8 and "cuda device" in cuda.source
+    empty = forward_cost({"model": {"repo_or_path": str(tmp_path)}}, 4.8, cache=tmp_path / "c.json")
+    assert empty.at_1 == 4.8 and "no weights" in empty.source
+
+
+def test_the_cache_key_is_the_servers_checkpoint_hash(tmp_path):
+    from server.policies.checkpoint import CHECKPOINT_FILES
+    from server.policies.checkpoint import checkpoint_hash as server_hash
+
+    ckpt = _fake_checkpoint(tmp_path / "ckpt", weights=b"\x00" * 1000)
+    assert checkpoint_hash(ckpt) == server_hash({n: (ckpt / n).read_bytes() for n in CHECKPOINT_FILES})

@@ -138,6 +138,10 @@ def test_shards_default_auto_and_sized_from_ticks_and_cores():
     s = parse(BASE.replace("  shards: 1\n", ""))
     assert s.shards == "auto" and shard_count(s, cores=2) == 1
     s.groups[0].count = 300
+    # the engine's derived buffer (half the 30-row chunk) asks every 14 ticks, more often than the headline's
+    # robots (buffer_time_s 0.3: every 20) the budget was measured on: its requests need a fourth shard
+    assert shard_count(s, cores=2) == 4
+    s.groups[0].engine = {"buffer_time_s": 0.3}
     assert shard_count(s, cores=2) == 3  # 9000 robot-ticks/s at 3000 a shard
     assert shard_count(s, cores=16) == 12  # spare cores: 25 robots a shard, within 16 - 2 - 1 replica
     s.shards = 5

@@ -1,0 +1,205 @@
+"""What one forward pass of a replica costs this host's CPU: measured once from the checkpoint it serves, cached.
+
+    replica manifest ──► key: checkpoint hash + the manifest's model keys + max_batch + this host ──► cache hit
+                     └─► miss: a child python loads the checkpoint as policy-server does (device, dtype,
+                         hyper_params, execution_horizon, torch_threads), times forward passes with RTC guidance
+                         at batch 1 and at max_batch in CPU time beside the speed probe ──► ms at the reference
+                         probe (bench.run.sizing.COST_REFERENCE_PROBE_MS) ──► cache
+
+Owns `forward_cost` (bench.run.sizing prices a replica's forward passes with it) and the cache file
+($XDG_CACHE_HOME or ~/.cache, fleet-inference/forward_ms.json). Invariant: never raises for a replica it
+cannot time (no weights, a cuda device, a child that failed): the cost says why and carries
+bench.run.sizing.REPLICA_FORWARD_MS, the reacher MLP's fitted cost, instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_FILE = "forward_ms.json"
+MAX_TIMED_BATCH = 64  # a max_batch above it is priced along the line through batch 1 and this one
+CHILD_TIMEOUT_S = 180.0
+CPU_PER_BATCH_S = 0.4  # CPU time spent timing each batch size (at least 3 passes, at most 25)
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """CPU ms of one forward pass at the reference speed probe: `at_1` at batch 1, `at_max` at `max_batch`,
+    linear between; `source` is "measured", "cached" or "constant: <why it could not be measured>"."""
+
+    at_1: float
+    at_max: float
+    max_batch: int
+    source: str
+
+    def ms(self, batch: float) -> float:
+        if self.max_batch <= 1:
+            return self.at_1
+        return self.at_1 + (max(batch, 1.0) - 1.0) * (self.at_max - self.at_1) / (self.max_batch - 1)
+
+    @property
+    def measured(self) -> bool:
+        return not self.source.startswith("constant")
+
+
+def constant(ms: float, why: str) -> ForwardCost:
+    return ForwardCost(ms, ms, 1, f"constant: {why}")
+
+
+def cache_path() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fleet-inference" / CACHE_FILE
+
+
+def checkpoint_hash(directory: Path) -> str:
+    """server.policies.checkpoint.checkpoint_hash of a checkpoint directory (that module imports torch; the
+    bench's preflight does not): sha256 over config.json, model.safetensors, stats.json, each fed as name, NUL,
+    byte length (8 bytes little-endian), bytes."""
+    digest = hashlib.sha256()
+    for name in ("config.json", "model.safetensors", "stats.json"):
+        data = (directory / name).read_bytes()
+        digest.update(name.encode() + b"\0" + len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _host() -> str:
+    model = ""
+    try:
+        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+
+        torch = version("torch")
+    except Exception:
+        torch = "?"
+    return f"{platform.node()}|{model or platform.processor()}|{os.cpu_count()}|torch {torch}"
+
+
+def forward_cost(manifest: dict, fallback_ms: float, measure: bool = True, cache: Path | None = None) -> ForwardCost:
+    """The forward cost of the replica `manifest` describes (`model.repo_or_path`, `model.device`, `model.dtype`,
+    `model.hyper_params`, `execution_horizon`, `torch_threads`, `scheduling.max_batch`): from the cache, else
+    measured here when `measure`, else `fallback_ms` with the reason."""
+    model = manifest.get("model") or {}
+    path = Path(str(model.get("repo_or_path", "")))
+    device = str(model.get("device", "cpu"))
+    max_batch = max(1, int((manifest.get("scheduling") or {}).get("max_batch", 1) or 1))
+    if device != "cpu":
+        return constant(fallback_ms, f"{device} device: its forward passes are not this host's CPU work")
+    if not (path / "model.safetensors").is_file():
+        return constant(fallback_ms, f"{path.name or path}: no weights to time")
+    spec = {"path": str(path), "dtype": str(model.get("dtype", "float32")),
+            "hyper_params": dict(model.get("hyper_params") or {}), "execution_horizon": manifest.get("execution_horizon"),
+            "torch_threads": int(manifest.get("torch_threads", 1) or 1), "max_batch": min(max_batch, MAX_TIMED_BATCH)}
+    try:
+        key = json.dumps({**{k: v for k, v in spec.items() if k != "path"}, "checkpoint": checkpoint_hash(path),
+                          "host": _host()}, sort_keys=True)
+    except OSError as exc:
+        return constant(fallback_ms, f"{path.name}: {exc}")
+    cache = cache or cache_path()
+    entries = _read(cache)
+    if key in entries:
+        e = entries[key]
+        return _priced(e, max_batch, "cached")
+    if not measure:
+        return constant(fallback_ms, f"{path.name} not measured on this host yet")
+    try:
+        e = _measure_in_child(spec)
+    except RuntimeError as exc:
+        return constant(fallback_ms, f"{path.name}: {exc}")
+    e.update(checkpoint=path.name, measured_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    entries = _read(cache)
+    entries[key] = e
+    _write(cache, entries)
+    return _priced(e, max_batch, "measured")
+
+
+def _priced(e: dict, max_batch: int, source: str) -> ForwardCost:
+    timed = ForwardCost(float(e["at_1"]), float(e["at_max"]), int(e["max_batch"]), source)
+    return ForwardCost(timed.at_1, timed.ms(max_batch), max_batch, source)
+
+
+def _read(cache: Path) -> dict:
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(cache: Path, entries: dict) -> None:
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        tmp.replace(cache)
+    except OSError:
+        pass  # an unwritable cache costs the next preflight a measurement, nothing else
+
+
+def _measure_in_child(spec: dict) -> dict:
+    """Time in a child python: torch, its threads and the loaded weights stay out of the bench's process."""
+    code = "import json, sys; from bench.run.forwardcost import _child; print(json.dumps(_child(json.load(sys.stdin))))"
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["torch_threads"]), "MKL_NUM_THREADS": str(spec["torch_threads"])}
+    try:
+        p = subprocess.run([sys.executable, "-c", code], input=json.dumps(spec), capture_output=True, text=True,
+                           timeout=CHILD_TIMEOUT_S, env=env, cwd=str(Path(__file__).resolve().parents[2]))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"timing its forward passes took over {CHILD_TIMEOUT_S:g} s") from None
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"timing its forward passes failed: {last}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _child(spec: dict) -> dict:
+    """Load the checkpoint as policy-server does and time forward passes the way requests run them (one
+    session's pipeline per sample, RTC prefix and delay where the policy supports it): CPU ms at batch 1 and
+    at `max_batch`, scaled to the reference speed probe timed in the same process."""
+    import numpy as np
+
+    from bench.run.hostcpu import speed_probe_cpu_ms
+    from bench.run.sizing import COST_REFERENCE_PROBE_MS
+    from server.policies.checkpoint import load_checkpoint
+    from server.runtime import InferItem, ModelRuntime, set_torch_threads
+
+    set_torch_threads(spec["torch_threads"])
+    loaded = load_checkpoint(spec["path"], device="cpu", dtype=spec["dtype"])
+    if spec["hyper_params"]:
+        loaded.policy.override_hyper_params(spec["hyper_params"])
+    runtime = ModelRuntime(loaded, None, spec["execution_horizon"])
+    runtime.warmup(2)
+    cfg = runtime.config
+    state = np.zeros(cfg.state_dim, np.float32)
+    images = {name: np.zeros((s[1], s[2], 3), np.uint8) for name, s in cfg.image_features.items()}
+    prefix = np.zeros((runtime.execution_horizon, cfg.action_dim), np.float32) if runtime.supports_rtc else None
+
+    def cpu_ms(n: int) -> float:
+        items = [InferItem(runtime.new_pipeline(), state, images, 1, prefix, prefix, rtc=runtime.supports_rtc)
+                 for _ in range(n)]
+        times: list[float] = []
+        spent = 0.0
+        while len(times) < 3 or (spent < CPU_PER_BATCH_S and len(times) < 25):
+            t0 = time.process_time()
+            res = runtime.infer(items, emulate=False)
+            times.append(time.process_time() - t0)
+            spent += times[-1]
+            if res[0].error:
+                raise RuntimeError(res[0].error)
+        return sorted(times)[len(times) // 2] * 1e3
+
+    probe = min(speed_probe_cpu_ms(0.5) for _ in range(3))
+    at_1, at_max = cpu_ms(1), cpu_ms(spec["max_batch"])
+    probe = min([probe] + [speed_probe_cpu_ms(0.5) for _ in range(2)])
+    scale = COST_REFERENCE_PROBE_MS / probe
+    return {"at_1": round(at_1 * scale, 3), "at_max": round(at_max * scale, 3), "max_batch": spec["max_batch"],
+            "probe_ms": round(probe, 2), "type": cfg.type}
