@@ -113,6 +113,7 @@ def forward_cost(manifest: dict, fallback_ms: float, measure: bool = True, cache
         return _priced(e, max_batch, "cached")
     if not measure:
         return constant(fallback_ms, f"{path.name} not measured on this host yet")
+    print(f"bench: timing {path.name}'s forward passes on this host, once (cached in {cache})", file=sys.stderr)
     try:
         e = _measure_in_child(spec)
     except RuntimeError as exc:

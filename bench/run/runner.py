@@ -964,12 +964,14 @@ class Run:
     def _cost_model(self, split: dict) -> dict:
         """The preflight's cost model (bench.run.sizing) at this run's own in-run speed probe, beside what each
         kind of process measured: how far the estimate `bench run --check` prints was from this run."""
-        from bench.run.sizing import estimate, measured_by_kind
+        from bench.run.sizing import estimate, forward_costs, measured_by_kind
 
         probe = self.cpu.probes(0.0, self.s.duration_s).get("median_ms")
         if not probe or not split.get("split"):
             return {}
-        est = estimate(self.s, cores=split.get("cores"), probe_ms=probe).to_json()
+        # the forward costs the preflight timed (cached): never timed now, beside a run still stopping
+        est = estimate(self.s, cores=split.get("cores"), probe_ms=probe, forward=forward_costs(self.s, measure=False))
+        est = est.to_json()
         measured = measured_by_kind(split["split"])
         total = sum(measured.values())
         return {"estimate": est, "by_kind": measured,

@@ -212,3 +212,14 @@ def test_the_cache_key_is_the_servers_checkpoint_hash(tmp_path):
 
     ckpt = _fake_checkpoint(tmp_path / "ckpt", weights=b"\x00" * 1000)
     assert checkpoint_hash(ckpt) == server_hash({n: (ckpt / n).read_bytes() for n in CHECKPOINT_FILES})
+
+
+@pytest.mark.integration
+def test_a_real_checkpoint_is_timed_once_in_a_child_then_read_back(tmp_path):
+    from bench.scenario.schema import checkpoint_dir
+
+    manifest = {"model": {"repo_or_path": str(checkpoint_dir("reacher"))}, "scheduling": {"max_batch": 4}}
+    first = forward_cost(manifest, 4.8, cache=tmp_path / "forward_ms.json")
+    assert first.source == "measured" and first.at_1 > 0 and first.at_max > 0 and first.max_batch == 4
+    again = forward_cost(manifest, 4.8, measure=False, cache=tmp_path / "forward_ms.json")
+    assert again.source == "cached" and (again.at_1, again.at_max) == (first.at_1, first.at_max)
