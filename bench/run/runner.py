@@ -216,6 +216,10 @@ def _run_variants(scenario: Scenario, reports_dir: Path, progress: bool, stamp: 
     labels, rows, group = [], [], None
     for (label, variant), value in zip(variants, sweep.get("values") or [None]):
         run_dir = base / label if label else base
+        if ray_cluster is None and label:  # a variant serving another checkpoint: timed before its processes start
+            from bench.run.sizing import forward_costs
+
+            forward_costs(variant)
         outcome = Run(variant, run_dir, progress=progress, cluster=ray_cluster).execute()
         print_verdict(f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
                       f"-> {outcome.run_dir}/summary.json", outcome.assertions, outcome.error)
