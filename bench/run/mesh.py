@@ -2,13 +2,20 @@
 
     driver host                  node A (a shard)                      node B (a replica)
     hub router  ◄──connect────── router:A ◄── chaos-proxy:A ◄── robots
-    (wire.transport) ◄──connect───────────────────────────────────── router:B ◄── policy-server
+    (wire.transport)               ▲
+        ▲                          └────connect────┬──── router:B ◄── policy-server
+        └──────────connect─────────────────────────┘     (each node router joins the hub and those before it)
     driver's site proxies (attackers only)        one proxy per site, over 1+ processes
 
 Every node that hosts a shard or a replica gets a Zenoh router (a child of a Ray actor pinned to the node,
-reserving no resources) that listens on the node's address and `connect`s to the driver's router, so the
-routers form one Zenoh network and route between them: a robot on node A reaches a replica on node B
-through router:A, the hub and router:B. A replica connects to its node's router directly; a node with
+reserving no resources) that listens on the node's address and `connect`s to the driver's router and to
+every node router started before it, so the routers form one meshed Zenoh network: a robot on node A reaches
+a replica on node B through router:A and router:B directly (Zenoh's link-state routing among routers takes
+the shortest path; the hub's path is the longer one), and keeps reaching it while the hub is down. Each link
+is opened by one side only (the later router), and Zenoh reconnects it when it closes: a router that connected
+retries its `connect` endpoints (`connect/retry`, wire.transport.make_config), so a restarted router is
+rejoined by the routers started after it and rejoins the ones started before it (its argv names them).
+A replica connects to its node's router directly; a node with
 shards also gets one proxy per site in front of its router, dealt round-robin over as many chaos proxy
 server processes (one event loop each) as the requests of its robots call for within the node's spare CPUs
 (bench.run.sizing.node_proxy_processes, the local run's rule), and each robot connects to its own node's
@@ -17,12 +24,16 @@ proxy for its site. The fault timeline still speaks of one proxy per site:
 every node, and sums their fidelity counters, so `proxy_legs` covers every node's links. A `router` fault
 applies to every router at once (`AllRouters`).
 
-Under `security: mtls` (`MeshSecurity`) each node router gets its own certificate from the run's CA (CN
-`router-<node>`, its node's address as a name), listens with mTLS, joins the hub over mTLS with that
-certificate and enforces the run's access rules (wire.acl, the hub's file) on its own clients: robots and
-replicas are checked by the router they are attached to; routers accept each other as peers by CN. Its
-certificate, key, the CA and the rules reach the node with the router's actor (`put_files`). The site
-proxies forward the TLS bytes untouched, so the robots' endpoints are `tls/` ones on their node's proxy.
+Under `security: mtls` (`MeshSecurity`) each node router gets its own key and certificate from the run's CA
+(CN `node-router`, the role the run's access rules admit as a peer router; SAN its node's address and its
+node, bench.security.pki.node_router_name), listens with mTLS, joins the hub and its peer node routers over
+mTLS with that certificate (verifying each one's name: its address) and enforces the run's access rules
+(wire.acl, the hub's file) on its own clients: robots and replicas are checked by the router they are
+attached to; routers accept each other as peers by CN (`router`, `node-router`). The rules name the role,
+not the nodes, so a node router started mid-run (a node that had none) is admitted by the routers already
+running without restarting them. Its certificate, key, the CA and the rules reach the node with the router's
+actor (`put_files`). The site proxies forward the TLS bytes untouched, so the robots' endpoints are `tls/`
+ones on their node's proxy.
 
 Nodes are learnt as the run places its children (`Run.start_servers`/`start_shards` locate each one, then
 ask `NodeMesh.links(node)`): a node that gets nothing gets no router. Every router and proxy is registered
@@ -60,36 +71,43 @@ def node_host(run_host: str, node: dict) -> str:
     return "127.0.0.1" if run_host == "127.0.0.1" else node["ip"]
 
 
-def node_router_argv(host: str, port: int, hub_endpoint: str, tls=None, rules: str | None = None) -> list[str]:
-    """A node's Zenoh router: listening on `host:port` (its node's address), joined to the driver's router.
-    With `tls` (a bench.security.pki.Issued) and `rules` (the access rules file) it listens with mTLS, joins the
-    hub over mTLS with the same certificate and enforces the rules on its own clients."""
+def node_router_argv(host: str, port: int, hub_endpoint: str, tls=None, rules: str | None = None,
+                     peers: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """A node's Zenoh router: listening on `host:port` (its node's address), joined to the driver's router and to
+    `peers`, the endpoints of the node routers started before it (the mesh: they never connect back, so each
+    pair has one link). With `tls` (a bench.security.pki.Issued) and `rules` (the access rules file) it listens
+    with mTLS, joins the hub and its peers over mTLS with the same certificate and enforces the rules on its
+    own clients."""
+    scheme = "tcp" if tls is None else "tls"
+    wrong = [e for e in (hub_endpoint, *peers) if not e.startswith(f"{scheme}/")]
     if tls is None:
-        return router_argv(f"tcp/{host}:{port}", [hub_endpoint])
-    if not hub_endpoint.startswith("tls/") or not rules:
-        raise ValueError(f"a node router with TLS joins a TLS hub under access rules, not {hub_endpoint!r} "
-                         f"with rules {rules!r}")
-    return router_argv(f"tls/{host}:{port}", [hub_endpoint], ["--tls-ca", tls.ca, "--tls-cert", tls.cert,
-                                                              "--tls-key", tls.key, "--access-control", rules])
+        if wrong:
+            raise ValueError(f"a plain node router joins plain routers, not {wrong[0]!r}")
+        return router_argv(f"tcp/{host}:{port}", [hub_endpoint, *peers])
+    if wrong or not rules:
+        raise ValueError(f"a node router with TLS joins TLS routers under access rules, not "
+                         f"{(wrong or [hub_endpoint])[0]!r} with rules {rules!r}")
+    return router_argv(f"tls/{host}:{port}", [hub_endpoint, *peers],
+                       ["--tls-ca", tls.ca, "--tls-cert", tls.cert, "--tls-key", tls.key, "--access-control", rules])
 
 
 @dataclass(frozen=True)
 class MeshSecurity:
     """What node routers need under `security: mtls`: the run's PKI (bench.security.pki.Pki, which issues each
-    node router `router-<node>`), the access rules file every router of the run enforces (the hub's: it names
-    every robot, replica and monitor, and as peer routers the hub's CN and `router-<node>` of each node in
-    `nodes`, the cluster's nodes when the run started)."""
+    node router its own key and a certificate of CN `node-router` naming its node) and the access rules file
+    every router of the run enforces (the hub's: it names every robot, replica and monitor, and as peer routers
+    `peer_router_cns()`, so it admits a node router whenever it starts)."""
 
     pki: object
     rules: Path
-    nodes: frozenset[str]
 
 
-def peer_router_cns(nodes: list[dict]) -> tuple[str, ...]:
-    """The router CNs the run's access rules accept as peers: the hub's and one per cluster node."""
-    from bench.security.pki import ROUTER_CN, node_router_cn
+def peer_router_cns() -> tuple[str, ...]:
+    """The router CNs the run's access rules accept as peers: the hub's and the node routers' role, whichever
+    node (bench.security.pki.NODE_ROUTER_CN)."""
+    from bench.security.pki import NODE_ROUTER_CN, ROUTER_CN
 
-    return (ROUTER_CN, *(node_router_cn(short(n["node_id"])) for n in nodes))
+    return (ROUTER_CN, NODE_ROUTER_CN)
 
 
 def proxy_argv(host: str, port: int) -> list[str]:
@@ -121,15 +139,19 @@ class NodeLinks:
     pool: object = None  # chaos.client.ProxyPool over the node's proxy servers: each site lives on one of them
     sites: dict = field(default_factory=dict)  # site -> endpoint its robots connect to
     access_rules: str = ""  # the rules file the router enforces (security: mtls)
+    peers: list = field(default_factory=list)  # endpoints of the node routers it connects to (started before it)
+    certificate: str = ""  # its certificate (security: mtls): CN node-router, its node in the SAN
 
     def client_of(self, proxy: str):
         """The node's ChaosClient that holds proxy `proxy` (`site-NAME`), None if the node has no copy of it."""
         return self.pool.home.get(proxy) if self.pool is not None else None
 
     def describe(self) -> dict:
-        out = {"router": {"name": self.router.name, "endpoint": self.router_endpoint}}
+        out = {"router": {"name": self.router.name, "endpoint": self.router_endpoint, "peers": list(self.peers)}}
         if self.access_rules:
             out["router"]["access_rules"] = self.access_rules
+        if self.certificate:
+            out["router"]["certificate"] = self.certificate
         if self.proxies:
             out["chaos_proxy"] = {"processes": len(self.proxies),
                                   "servers": [{"name": c.name, "api": u} for c, u in zip(self.proxies, self.api_urls)],
@@ -175,10 +197,7 @@ class NodeMesh:
         return child, port
 
     def _start_router(self, node: dict) -> NodeLinks:
-        if self.security is not None and node["node_id"] not in self.security.nodes:
-            raise RuntimeError(f"node {short(node['node_id'])} ({node.get('ip')}) joined the cluster after the run "
-                               "started: the routers' access rules name no router for it, so its router could "
-                               "not join the hub; rerun with the cluster as it is now")
+        """`node`'s router, joined to the hub and to every node router already started (called under the lock)."""
         name = f"router:{short(node['node_id'])}"
         child, port = self._place(node, name, self.logs / f"router-{short(node['node_id'])}.log", ROUTER_READY_TEXT)
         host = node_host(self.host, node)
@@ -187,10 +206,12 @@ class NodeMesh:
             tls, rules = self.security.pki.node_router(short(node["node_id"]), host), str(self.security.rules)
             # the node reads them where the driver wrote them: the same files on a shared file system, else copies
             child.files = {p: Path(p).read_bytes() for p in (tls.ca, tls.cert, tls.key, rules)}
-        argv = node_router_argv(host, port, self.hub_endpoint, tls, rules)
+        peers = [links.router_endpoint for links in self.nodes.values()]
+        argv = node_router_argv(host, port, self.hub_endpoint, tls, rules, peers)
         child.set_argv(argv)
         child.start(timeout_s=30)
-        return NodeLinks(node, child, argv[argv.index("--listen") + 1], access_rules=rules or "")
+        return NodeLinks(node, child, argv[argv.index("--listen") + 1], access_rules=rules or "", peers=peers,
+                         certificate=tls.cert if tls is not None else "")
 
     def _start_proxies(self, links: NodeLinks, processes: int) -> None:
         from chaos.client import ChaosClient, ProxyPool

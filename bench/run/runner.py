@@ -469,7 +469,7 @@ class Run:
         if self.s.security == "mtls":  # each node router: its own certificate, the hub's access rules
             from bench.run.mesh import MeshSecurity
 
-            security = MeshSecurity(self.pki, self.router_rules, frozenset(n["node_id"] for n in self.mesh_nodes))
+            security = MeshSecurity(self.pki, self.router_rules)
         self.mesh = NodeMesh(self.cluster, self.router_endpoint, self.host, self.logs, lambda: toxics, register,
                              security)
         self.chaos = SiteFanout(self.chaos, self.mesh)
@@ -526,11 +526,10 @@ class Run:
         robots = [v["client_uuid"] for v in self.identities.values()]
         robots += [a["name"] for a in self.s.attackers if a["credentials"] == "own_cert"]  # enrolled, then rogue
         peers: tuple[str, ...] = ()
-        if self.routers == "per_node":  # the hub and every node's router accept each other (bench.run.mesh)
+        if self.routers == "per_node":  # the hub and every node router accept each other (bench.run.mesh), by role
             from bench.run.mesh import peer_router_cns
 
-            self.mesh_nodes = [n for n in self.cluster.nodes() if n["alive"]]
-            peers = peer_router_cns(self.mesh_nodes)
+            peers = peer_router_cns()
         acl = router_access_control(FleetIdentities(tuple(robots), tuple(r.id for r in self.s.replicas),
                                                     monitors=("bench-monitor",), routers=peers))
         rules = self.router_rules = self.run_dir / "router-access-control.json"

@@ -1,7 +1,8 @@
 """A throw-away PKI for bench runs and tests: one CA, a certificate per robot, replica and router.
 
     ca.pem ──signs──► router.pem     (CN router, SAN 127.0.0.1 + localhost: robots verify the name)
-                 ├──► router-<node>.pem      (a cluster node's router, SAN its node's address too)
+                 ├──► router-<node>.pem      (a cluster node's router: CN node-router, the role the access rules
+                 │                            admit; SAN its node's address and `<node>.node.invalid`, its node)
                  ├──► server-<replica>.pem   (CN server-<replica>)
                  └──► robot-<uuid>.pem       (CN = the robot's client uuid: the router's access rules key on it)
 
@@ -10,7 +11,7 @@ Files land in one directory (the run directory's `pki/`), keys with mode 0600 an
 needed on a robot: the edge only reads the three files it is given.
 
 Invariant: a certificate's common name is exactly the identity the access rules name (the client
-uuid, `server-<replica>`, `router`, `router-<node>`), and every certificate is signed by `ca.pem` of the same
+uuid, `server-<replica>`, `router`, `node-router`), and every certificate is signed by `ca.pem` of the same
 directory unless it was issued by another `Pki` on purpose (the foreign-CA intruder).
 """
 
@@ -23,10 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROUTER_CN = "router"
+# Every node router's CN, whichever node: the rules admit the role, so a router started mid-run on a node that
+# had none is admitted without rewriting them (Zenoh reads access rules only at start). Its node is named in its
+# certificate's SAN (`node_router_name`) and file name, and in summary.json's cluster.nodes.
+NODE_ROUTER_CN = "node-router"
 
 
-def node_router_cn(node: str) -> str:
-    return f"{ROUTER_CN}-{node}"
+def node_router_name(node: str) -> str:
+    """The DNS name a node router's certificate carries for its node (never resolved: `.invalid` is reserved)."""
+    return f"{node}.node.invalid"
 
 
 def server_cn(replica_id: str) -> str:
@@ -136,8 +142,9 @@ class Pki:
         return self.issue(ROUTER_CN, server=True, hosts=hosts)
 
     def node_router(self, node: str, host: str) -> Issued:
-        """A cluster node's router (`router-<node>`, bench.run.mesh), named for the address it listens on."""
-        return self.issue(node_router_cn(node), server=True, hosts=(host,))
+        """A cluster node's router (bench.run.mesh): CN `node-router` (the role), its own key, named for the address
+        it listens on and for its node (`node_router_name`); files `router-<node>.pem`/`.key`."""
+        return self.issue(NODE_ROUTER_CN, server=True, hosts=(host, node_router_name(node)), file_stem=f"router-{node}")
 
     def server(self, replica_id: str) -> Issued:
         return self.issue(server_cn(replica_id))

@@ -96,6 +96,9 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     nodes = {n["node_id"]: n for n in facts["nodes"]}
     with_router = {i for i, n in nodes.items() if "router" in n}
     assert with_router == set(placed.values()), "one router on each node that hosts a child, none elsewhere"
+    first, second = sorted((nodes[i] for i in with_router), key=lambda n: len(n["router"]["peers"]))
+    assert (first["router"]["peers"], second["router"]["peers"]) == ([], [first["router"]["endpoint"]]), \
+        "the second node router joins the first (the mesh), not only the hub"
     shard_node, replica_node = nodes[placed["shard:0"]], nodes[placed["server:r0"]]
     assert "chaos_proxy" in shard_node and "chaos_proxy" not in replica_node  # site proxies where robots are
     # 4 robots on a 1-CPU node: one proxy process (bench.run.sizing.node_proxy_processes), the site on it
@@ -149,13 +152,21 @@ def test_an_mtls_fleet_spread_over_the_nodes_passes_through_per_node_routers_wit
     routed = {n["node_id"]: n for n in facts["nodes"] if "router" in n}
     assert len(routed) == 2 and all(n["router"]["endpoint"].startswith("tls/") for n in routed.values()), routed
     run_dir = next((tmp_path / "reports").glob("cluster_probe/*/"))
-    for node_id in routed:  # its own certificate (CN router-<node>); the hub's rules accept it as a peer
-        assert (run_dir / "pki" / f"router-{node_id[:12]}.pem").is_file()
+    from cryptography import x509
+
+    for node_id, n in routed.items():  # its own key; CN the role the rules admit as a peer, its node in the SAN
+        cert_path = run_dir / "pki" / f"router-{node_id[:12]}.pem"
+        assert n["router"]["certificate"] == str(cert_path)
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        assert cert.subject.rfc4514_string() == "CN=node-router"
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert f"{node_id[:12]}.node.invalid" in sans.get_values_for_type(x509.DNSName)
+    assert sorted(len(n["router"]["peers"]) for n in routed.values()) == [0, 1]  # meshed over mTLS too
     rules_path = run_dir / "router-access-control.json"  # the hub's, and every node router's
     assert {n["router"]["access_rules"] for n in routed.values()} == {str(rules_path)}
     rules = json.loads(rules_path.read_text())["access_control"]
     peers = {cn for s in rules["subjects"] if s["id"].startswith("peer-") for cn in s["cert_common_names"]}
-    assert {f"router-{n[:12]}" for n in routed} <= peers and "router" in peers
+    assert peers == {"router", "node-router"}
     (shard_node,) = [n for n in routed.values() if "chaos_proxy" in n]
     spec = json.loads((run_dir / "manifests" / "shard-0.json").read_text())
     assert {r["engine"]["connect_endpoints"][0] for r in spec["robots"]} == {shard_node["chaos_proxy"]["sites"]["lab"]}

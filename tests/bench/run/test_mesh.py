@@ -1,11 +1,14 @@
 """bench.run.mesh, the pieces of per-node routers and proxies that need no Ray: which router mode a run
 uses, a node router's command line, routers joined to a hub that route between each other (real Zenoh
-routers, a querier on one and a queryable on another), a site call fanned out to every node's proxy with
-the fidelity counters summed (real proxy servers), and a `router` fault on every router at once."""
+routers, a querier on one and a queryable on another), node routers meshed with each other (a query between
+two nodes with the hub killed, a restarted router rejoined, a router started mid-run admitted under mTLS),
+a site call fanned out to every node's proxy with the fidelity counters summed (real proxy servers), and a
+`router` fault on every router at once."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,9 +25,14 @@ def test_routers_default_to_per_node_with_or_without_mtls_and_driver_stays_selec
         resolve_routers("each")
 
 
-def test_a_node_router_listens_on_its_node_and_joins_the_hub():
+def test_a_node_router_listens_on_its_node_and_joins_the_hub_and_the_node_routers_started_before_it():
     argv = node_router_argv("10.0.0.7", 7448, "tcp/10.0.0.1:7447")
     assert argv[1:] == ["-m", "wire.transport", "--listen", "tcp/10.0.0.7:7448", "--connect", "tcp/10.0.0.1:7447"]
+    argv = node_router_argv("10.0.0.8", 7449, "tcp/10.0.0.1:7447", peers=["tcp/10.0.0.7:7448"])
+    assert argv[3:] == ["--listen", "tcp/10.0.0.8:7449",
+                        "--connect", "tcp/10.0.0.1:7447", "--connect", "tcp/10.0.0.7:7448"]
+    with pytest.raises(ValueError, match="a plain node router joins plain routers, not 'tls/10.0.0.7:7448'"):
+        node_router_argv("10.0.0.8", 7449, "tcp/10.0.0.1:7447", peers=["tls/10.0.0.7:7448"])
     assert node_host("127.0.0.1", {"ip": "10.0.0.7"}) == "127.0.0.1"  # the whole cluster is this host
     assert node_host("10.0.0.1", {"ip": "10.0.0.7"}) == "10.0.0.7"
 
@@ -69,6 +77,71 @@ def test_routers_joined_to_a_hub_route_a_query_from_one_node_to_another(tmp_path
     finally:
         for r in reversed(routers):
             r.stop()
+
+
+@pytest.mark.integration
+def test_meshed_node_routers_carry_a_query_between_two_nodes_with_the_hub_killed_and_rejoin_a_restarted_one(tmp_path):
+    """router:B joins the hub and router:A (started before it), as NodeMesh starts them. A robot on node A reaches the
+    replica on node B; samples published on A arrive on B once each although two paths exist (direct, and through
+    the hub); with the hub frozen the query is answered at once (the route is the direct link), and with the hub
+    killed -9 still crosses; router:A killed -9 and started again is rejoined by router:B (Zenoh retries a connect
+    endpoint whose link closed), the hub still down."""
+    import signal
+
+    import zenoh
+
+    from wire.procs import start_router
+    from wire.transport import open_session
+
+    hub, hub_endpoint = start_router(None, tmp_path / "hub.log")
+    mesh = NodeMesh(_LocalCluster(), hub_endpoint, "127.0.0.1", tmp_path, lambda: {}, lambda *_: None)
+    sessions = []
+    try:
+        a = mesh.links({"node_id": "a" * 40, "ip": "10.0.0.7"}, proxies=0)
+        b = mesh.links({"node_id": "b" * 40, "ip": "10.0.0.8"}, proxies=0)
+        assert (a.peers, b.peers) == ([], [a.router_endpoint])
+        assert mesh.describe()["b" * 40]["router"]["peers"] == [a.router_endpoint]  # summary.json's cluster.nodes
+        replica = open_session(connect=[b.router_endpoint], what="replica on node B")
+        sessions.append(replica)
+        robot = open_session(connect=[a.router_endpoint], what="robot on node A")
+        sessions.append(robot)
+        got: list[int] = []
+        replica.declare_subscriber("mesh/seq", lambda s: got.append(int(bytes(s.payload.to_bytes()))))
+        replica.declare_queryable("mesh/probe", lambda q: q.reply("mesh/probe", b"served by B"))
+        assert _answers(robot, "mesh/probe") == [b"served by B"]
+        pub = robot.declare_publisher("mesh/seq", congestion_control=zenoh.CongestionControl.BLOCK)
+        deadline = time.monotonic() + 10
+        while -1 not in got and time.monotonic() < deadline:  # the subscriber's route has reached router:A
+            pub.put(b"-1")
+            time.sleep(0.05)  # pacing the warm-up, not synchronisation: the loop waits for a delivery
+        for i in range(50):
+            pub.put(str(i).encode())
+        assert _answers(robot, "mesh/probe") == [b"served by B"]  # a round trip after the last put, then count
+        deadline = time.monotonic() + 10
+        while len([g for g in got if g >= 0]) < 50 and time.monotonic() < deadline:
+            assert _answers(robot, "mesh/probe", timeout_s=1.0) == [b"served by B"]
+        assert [g for g in got if g >= 0] == list(range(50)), "a sample lost or delivered twice over the two paths"
+
+        # the hub frozen (SIGSTOP: its links stay up until its 4 s lease runs out): answered at once all the same,
+        # so the route already was the direct link (through the hub no answer comes back: measured, 5 of 5 timed out)
+        hub.signal(signal.SIGSTOP)
+        assert _answers(robot, "mesh/probe", timeout_s=2.0) == [b"served by B"]
+        hub.signal(signal.SIGKILL)
+        hub.proc.wait()
+        assert _answers(robot, "mesh/probe") == [b"served by B"]  # router:A -> router:B, no hub
+
+        router_a = mesh.cluster.children[0].proc
+        router_a.signal(signal.SIGKILL)
+        router_a.proc.wait()
+        router_a.start(timeout_s=15)  # the same argv and port, as a `router` fault's restart
+        assert _answers(robot, "mesh/probe", timeout_s=15) == [b"served by B"]  # the robot and router:B came back
+    finally:
+        for s in reversed(sessions):
+            s.close()
+        for child in mesh.cluster.children:
+            if child.proc is not None:
+                child.proc.stop()
+        hub.stop()
 
 
 @pytest.fixture
@@ -259,18 +332,20 @@ def test_a_secure_node_router_listens_with_tls_joins_a_tls_hub_and_enforces_the_
     assert argv[3:] == ["--listen", "tls/10.0.0.7:7448", "--connect", "tls/10.0.0.1:7447", "--tls-ca", "/p/ca.pem",
                         "--tls-cert", "/p/router-n1.pem", "--tls-key", "/p/router-n1.key",
                         "--access-control", "/p/rules.json"]
-    with pytest.raises(ValueError, match="joins a TLS hub under access rules"):
+    with pytest.raises(ValueError, match="joins TLS routers under access rules"):
         node_router_argv("10.0.0.7", 7448, "tcp/10.0.0.1:7447", tls, "/p/rules.json")  # a plain hub: never
-    with pytest.raises(ValueError, match="joins a TLS hub under access rules"):
+    with pytest.raises(ValueError, match="joins TLS routers under access rules, not 'tcp/10.0.0.8:7448'"):
+        node_router_argv("10.0.0.7", 7448, "tls/10.0.0.1:7447", tls, "/p/rules.json", ["tcp/10.0.0.8:7448"])
+    with pytest.raises(ValueError, match="joins TLS routers under access rules"):
         node_router_argv("10.0.0.7", 7448, "tls/10.0.0.1:7447", tls, None)  # no rules: never
 
 
-def test_peer_router_names_cannot_be_a_robots(tmp_path):
+def test_peer_router_names_are_roles_and_cannot_be_a_robots(tmp_path):
     from wire.acl import FleetIdentities
 
-    assert peer_router_cns([{"node_id": "a" * 40}]) == ("router", "router-" + "a" * 12)
-    with pytest.raises(ValueError, match="'router-aaaaaaaaaaaa' is both a router and a robot"):
-        FleetIdentities(("router-aaaaaaaaaaaa",), ("r0",), routers=peer_router_cns([{"node_id": "a" * 40}]))
+    assert peer_router_cns() == ("router", "node-router")  # the hub's and every node router's, whichever node
+    with pytest.raises(ValueError, match="'node-router' is both a router and a robot"):
+        FleetIdentities(("node-router",), ("r0",), routers=peer_router_cns())
 
 
 class _Node:
@@ -301,62 +376,69 @@ class _Cluster:
         return self.children[-1]
 
 
-def test_a_node_router_gets_its_certificate_and_the_rules_and_an_unnamed_node_is_refused(tmp_path):
+def test_a_node_router_gets_its_own_key_a_role_certificate_naming_its_node_and_the_rules_and_so_does_a_late_one(
+        tmp_path):
     from bench.security.pki import Pki
     from cryptography import x509
 
     pki, rules = Pki(tmp_path / "pki"), tmp_path / "rules.json"
     rules.write_text("{}")
-    security = MeshSecurity(pki, rules, frozenset({"n" * 40}))
-    mesh = NodeMesh(_Cluster(), "tls/10.0.0.1:7447", "10.0.0.1", tmp_path, lambda: {}, lambda *_: None, security)
+    mesh = NodeMesh(_Cluster(), "tls/10.0.0.1:7447", "10.0.0.1", tmp_path, lambda: {}, lambda *_: None,
+                    MeshSecurity(pki, rules))
     links = mesh.links({"node_id": "n" * 40, "ip": "10.0.0.7"}, proxies=0)
     child = mesh.cluster.children[0]
     assert child.started and links.router_endpoint == "tls/10.0.0.7:7448"
     assert links.describe()["router"]["access_rules"] == str(rules)
     cert = child.argv[child.argv.index("--tls-cert") + 1]
+    assert cert == str(pki.dir / "router-nnnnnnnnnnnn.pem") == links.describe()["router"]["certificate"]
     assert set(child.files) == {str(pki.ca_cert_path), cert, child.argv[child.argv.index("--tls-key") + 1], str(rules)}
     issued = x509.load_pem_x509_certificate(child.files[cert])
-    assert issued.subject.rfc4514_string() == "CN=router-nnnnnnnnnnnn"
+    assert issued.subject.rfc4514_string() == "CN=node-router"  # the role the rules admit
     sans = issued.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "10.0.0.7" in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]  # robots verify this name
+    assert "nnnnnnnnnnnn.node.invalid" in sans.get_values_for_type(x509.DNSName)  # its node, recorded
     with pytest.raises(ValueError, match="need MeshSecurity"):  # a TLS hub never gets plain node routers
         NodeMesh(_Cluster(), "tls/10.0.0.1:7447", "10.0.0.1", tmp_path, lambda: {}, lambda *_: None)
-    with pytest.raises(RuntimeError, match="joined the cluster after the run started.*name no router for it"):
-        mesh.links({"node_id": "m" * 40, "ip": "10.0.0.8"}, proxies=0)
-    assert len(mesh.cluster.children) == 1  # refused before anything was placed on it
+    # a node the run had not used (say a replica restarted there): its router starts, joins the hub and the first
+    late = mesh.links({"node_id": "m" * 40, "ip": "10.0.0.8"}, proxies=0)
+    argv = mesh.cluster.children[1].argv
+    assert late.peers == [links.router_endpoint]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--connect"] == ["tls/10.0.0.1:7447", "tls/10.0.0.7:7448"]
+    late_cert = x509.load_pem_x509_certificate(Path(argv[argv.index("--tls-cert") + 1]).read_bytes())
+    assert late_cert.subject.rfc4514_string() == "CN=node-router"
+    assert argv[argv.index("--tls-key") + 1] != child.argv[child.argv.index("--tls-key") + 1]  # its own key
 
 
 @pytest.fixture
 def secure_mesh(tmp_path):
-    """A hub and a node router, both mTLS with the same generated rules (a fleet of robot-a, robot-b and
-    replicas r0, r1; the hub and the node router as peers), the node router started the way NodeMesh starts it."""
+    """A hub and node router A, both mTLS with the same generated rules (a fleet of robot-a, robot-b and replicas
+    r0, r1; the hub and the node routers as peers, by role), A started by NodeMesh as a run starts it; a test
+    starts another node's router mid-run with `mesh.links`."""
     import json
+    from types import SimpleNamespace
 
     from bench.security.pki import Pki
     from wire.acl import FleetIdentities, router_access_control
     from wire.procs import ChildProcess, free_port
 
     pki = Pki(tmp_path / "pki")
-    node = "n" * 40
     rules = tmp_path / "router-access-control.json"
-    acl = router_access_control(FleetIdentities(("robot-a", "robot-b"), ("r0", "r1"),
-                                                routers=peer_router_cns([{"node_id": node}])))
+    acl = router_access_control(FleetIdentities(("robot-a", "robot-b"), ("r0", "r1"), routers=peer_router_cns()))
     rules.write_text(json.dumps({"access_control": acl}))
     hub_tls = pki.router()
     hub_endpoint = f"tls/127.0.0.1:{free_port()}"
     hub = ChildProcess([*router_argv_for_hub(hub_endpoint, hub_tls, rules)], tmp_path / "hub.log",
                        ready_text="router ready", name="hub")
     hub.start(timeout_s=15)
+    mesh = NodeMesh(_LocalCluster(), hub_endpoint, "127.0.0.1", tmp_path, lambda: {}, lambda *_: None,
+                    MeshSecurity(pki, rules))
     try:
-        argv = node_router_argv("127.0.0.1", free_port(), hub_endpoint, pki.node_router(node[:12], "127.0.0.1"),
-                                str(rules))
-        router = ChildProcess(argv, tmp_path / "node.log", ready_text="router ready", name="node-router")
-        router.start(timeout_s=15)
-        try:
-            yield pki, hub_endpoint, argv[argv.index("--listen") + 1]
-        finally:
-            router.stop()
+        a = mesh.links({"node_id": "n" * 40, "ip": "127.0.0.1"}, proxies=0)
+        yield SimpleNamespace(pki=pki, hub=hub, hub_endpoint=hub_endpoint, node_endpoint=a.router_endpoint, mesh=mesh)
     finally:
+        for child in mesh.cluster.children:
+            if child.proc is not None:
+                child.proc.stop()
         hub.stop()
 
 
@@ -384,7 +466,7 @@ def _answers(session, key, timeout_s=10.0, want=1):
 
 @pytest.mark.integration
 def test_mtls_node_router_and_hub_carry_a_robots_query_to_a_replica_on_the_hub(secure_mesh):
-    pki, hub_endpoint, node_endpoint = secure_mesh
+    pki, hub_endpoint, node_endpoint = secure_mesh.pki, secure_mesh.hub_endpoint, secure_mesh.node_endpoint
     replica = _session(pki, hub_endpoint, "server-r0")
     robot = _session(pki, node_endpoint, "robot-a")  # on the node router: checked by the node's rules
     try:
@@ -396,7 +478,8 @@ def test_mtls_node_router_and_hub_carry_a_robots_query_to_a_replica_on_the_hub(s
 
 
 @pytest.mark.integration
-def test_mtls_node_router_refuses_a_client_without_a_certificate_of_the_runs_ca(secure_mesh, tmp_path):
+@pytest.mark.parametrize("router", ["first", "started mid-run"])
+def test_mtls_node_router_refuses_a_client_without_a_certificate_of_the_runs_ca(secure_mesh, tmp_path, router):
     import json
 
     import zenoh
@@ -404,7 +487,9 @@ def test_mtls_node_router_refuses_a_client_without_a_certificate_of_the_runs_ca(
     from bench.security.pki import Pki
     from wire.transport import TlsFiles, make_config, open_session
 
-    pki, _, node_endpoint = secure_mesh
+    pki, node_endpoint = secure_mesh.pki, secure_mesh.node_endpoint
+    if router == "started mid-run":  # admitted among the routers by its role; its own clients still checked
+        node_endpoint = secure_mesh.mesh.links({"node_id": "m" * 40, "ip": "127.0.0.1"}, proxies=0).router_endpoint
     with pytest.raises(ConnectionError, match="refused the handshake"):  # no client certificate at all
         open_session(connect=[node_endpoint], tls=TlsFiles(pki.ca_cert_path.as_posix()), what="no-cert")
     foreign = Pki(tmp_path / "foreign", ca_name="foreign-ca").robot("robot-a")  # the right name, another CA
@@ -418,7 +503,7 @@ def test_mtls_node_router_refuses_a_client_without_a_certificate_of_the_runs_ca(
 
 @pytest.mark.integration
 def test_mtls_node_router_rules_refuse_a_robot_a_replicas_key(secure_mesh):
-    pki, hub_endpoint, node_endpoint = secure_mesh
+    pki, hub_endpoint, node_endpoint = secure_mesh.pki, secure_mesh.hub_endpoint, secure_mesh.node_endpoint
     rogue = _session(pki, node_endpoint, "robot-a")
     robot = _session(pki, node_endpoint, "robot-b")
     replica = _session(pki, hub_endpoint, "server-r0")
@@ -441,7 +526,7 @@ def test_mtls_node_router_rules_keep_a_robot_off_another_robots_keys_across_the_
     chunks nor forge robot-b's observations; each check is ordered after a delivery that proves the route."""
     from wire.keys import ReplicaKeys
 
-    pki, hub_endpoint, node_endpoint = secure_mesh
+    pki, hub_endpoint, node_endpoint = secure_mesh.pki, secure_mesh.hub_endpoint, secure_mesh.node_endpoint
     k = ReplicaKeys("arm", "main", "r0")
     a_keys, b_keys = k.client("default", "robot-a"), k.client("default", "robot-b")
     rogue, robot = _session(pki, node_endpoint, "robot-a"), _session(pki, node_endpoint, "robot-b")
@@ -463,3 +548,62 @@ def test_mtls_node_router_rules_keep_a_robot_off_another_robots_keys_across_the_
         replica.close()
         robot.close()
         rogue.close()
+
+
+@pytest.mark.integration
+def test_mtls_a_node_router_started_mid_run_is_admitted_by_the_running_routers_and_reaches_them_without_the_hub(
+        secure_mesh):
+    """A node the run had not used gets its router mid-run (the others keep running, their rules unchanged): it
+    joins the hub and router A over mTLS, a robot on A reaches a replica on it, and with the hub killed -9 the
+    query still crosses their direct mTLS link (each side checked the other's certificate and the rules' role)."""
+    import signal
+
+    m = secure_mesh
+    late = m.mesh.links({"node_id": "m" * 40, "ip": "127.0.0.1"}, proxies=0)
+    assert late.peers == [m.node_endpoint]
+    replica = _session(m.pki, late.router_endpoint, "server-r0")  # on the late router: checked by its rules
+    robot = _session(m.pki, m.node_endpoint, "robot-a")
+    try:
+        replica.declare_queryable("@fleet/arm/main/r0/status", lambda q: q.reply("@fleet/arm/main/r0/status", b"r0"))
+        assert _answers(robot, "@fleet/arm/main/*/status") == [b"r0"]
+        m.hub.signal(signal.SIGKILL)
+        m.hub.proc.wait()
+        assert _answers(robot, "@fleet/arm/main/*/status") == [b"r0"]  # router A -> the late router, no hub
+    finally:
+        robot.close()
+        replica.close()
+
+
+@pytest.mark.integration
+def test_mtls_a_router_of_another_ca_under_the_node_router_role_is_never_admitted_as_a_peer(secure_mesh, tmp_path):
+    """The role CN makes the run's CA the only gate: a router holding a foreign CA's `node-router` certificate,
+    started before a legitimate late router and joining the same routers, never carries its client's forgery to
+    them, while the legitimate one's replica is reached (so the rogue had the time to join, and was refused)."""
+    from bench.security.pki import Pki
+    from wire.procs import ChildProcess, free_port, router_argv
+
+    m = secure_mesh
+    foreign = Pki(tmp_path / "foreign", ca_name="foreign-ca")
+    rogue_tls = foreign.node_router("rrrrrrrrrrrr", "127.0.0.1")
+    rogue_endpoint = f"tls/127.0.0.1:{free_port()}"
+    tls_args = ["--tls-ca", rogue_tls.ca, "--tls-cert", rogue_tls.cert, "--tls-key", rogue_tls.key]
+    rogue = ChildProcess(router_argv(rogue_endpoint, [m.hub_endpoint, m.node_endpoint], tls_args),
+                         tmp_path / "rogue.log", ready_text="router ready", name="rogue-router")
+    rogue.start(timeout_s=15)
+    sessions = []
+    try:
+        forger = _session(foreign, rogue_endpoint, "robot-a")  # its own CA's client, on its own router: no rules
+        sessions.append(forger)
+        forger.declare_queryable("@fleet/arm/main/r1/status", lambda q: q.reply("@fleet/arm/main/r1/status", b"forged"))
+        late = m.mesh.links({"node_id": "m" * 40, "ip": "127.0.0.1"}, proxies=0)
+        replica = _session(m.pki, late.router_endpoint, "server-r0")
+        sessions.append(replica)
+        robot = _session(m.pki, m.node_endpoint, "robot-b")
+        sessions.append(robot)
+        replica.declare_queryable("@fleet/arm/main/r0/status", lambda q: q.reply("@fleet/arm/main/r0/status", b"r0"))
+        assert _answers(robot, "@fleet/arm/main/*/status") == [b"r0"]
+        assert _answers(robot, "@fleet/arm/main/*/status", timeout_s=2.0, want=2) == [b"r0"]  # still no forgery
+    finally:
+        for s in reversed(sessions):
+            s.close()
+        rogue.stop()

@@ -47,7 +47,7 @@ def test_validity_can_be_set_for_expired_certificate_tests(tmp_path):
     assert cert.not_valid_after_utc < now
 
 
-def test_a_router_certificate_names_the_addresses_it_listens_on(tmp_path):
+def test_a_router_certificate_names_the_addresses_it_listens_on_and_a_node_routers_its_node(tmp_path):
     pki = Pki(tmp_path)
     hub = x509.load_pem_x509_certificate(open(pki.router(hosts=("10.0.0.1", "head.example")).cert, "rb").read())
     node = x509.load_pem_x509_certificate(open(pki.node_router("5d2dca76ab12", "10.0.0.7").cert, "rb").read())
@@ -56,5 +56,7 @@ def test_a_router_certificate_names_the_addresses_it_listens_on(tmp_path):
         return {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} | set(san.get_values_for_type(x509.DNSName))
 
     assert names(hub) == {"127.0.0.1", "localhost", "10.0.0.1", "head.example"}
-    assert names(node) == {"127.0.0.1", "localhost", "10.0.0.7"}
-    assert common_name(node) == "router-5d2dca76ab12" and common_name(hub) == "router"
+    assert names(node) == {"127.0.0.1", "localhost", "10.0.0.7", "5d2dca76ab12.node.invalid"}
+    # a node router's CN is its role (the access rules admit it, whichever node); its node is in the SAN and file
+    assert common_name(node) == "node-router" and common_name(hub) == "router"
+    assert (tmp_path / "router-5d2dca76ab12.pem").is_file() and (tmp_path / "router-5d2dca76ab12.key").is_file()
