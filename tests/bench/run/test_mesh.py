@@ -123,7 +123,7 @@ def test_meshed_node_routers_carry_a_query_between_two_nodes_with_the_hub_killed
         assert [g for g in got if g >= 0] == list(range(50)), "a sample lost or delivered twice over the two paths"
 
         # the hub frozen (SIGSTOP: its links stay up until its 4 s lease runs out): answered at once all the same,
-        # so the route already was the direct link (through the hub no answer comes back: measured, 5 of 5 timed out)
+        # so the route already was the direct link (through the hub no answer comes back: measured, 5 of 5 unanswered)
         hub.signal(signal.SIGSTOP)
         assert _answers(robot, "mesh/probe", timeout_s=2.0) == [b"served by B"]
         hub.signal(signal.SIGKILL)
