@@ -30,8 +30,8 @@ node, bench.security.pki.node_router_name), listens with mTLS, joins the hub and
 mTLS with that certificate (verifying each one's name: its address) and enforces the run's access rules
 (wire.acl, the hub's file) on its own clients: robots and replicas are checked by the router they are
 attached to; routers accept each other as peers by CN (`router`, `node-router`). The rules name the role,
-not the nodes, so a node router started mid-run (a node that had none) is admitted by the routers already
-running without restarting them. Its certificate, key, the CA and the rules reach the node with the router's
+not the nodes, so a node router started after the others (a node that joined the cluster after the rules
+were written) is admitted by the routers already running without restarting them. Its certificate, key, the CA and the rules reach the node with the router's
 actor (`put_files`). The site proxies forward the TLS bytes untouched, so the robots' endpoints are `tls/`
 ones on their node's proxy.
 
