@@ -63,6 +63,8 @@ class LatencyTracker:
             return self._estimate
 
     def percentile(self, q: float) -> float:
+        if not 0.0 <= q <= 100.0:  # as np.percentile refused it: out of range, a list index would wrap silently
+            raise ValueError(f"percentile must be in [0, 100], got {q}")
         with self._lock:
             if not self._window:
                 return 0.0

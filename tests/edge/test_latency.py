@@ -85,3 +85,12 @@ def test_the_sorted_window_follows_evictions_exactly_as_numpy(xs, maxlen, q):
     assert p.max() == pytest.approx(float(np.percentile(last, q)), abs=1e-12)
     assert p.percentile(100 - q) == pytest.approx(float(np.percentile(last, 100 - q)), abs=1e-12)
     assert w.max() == max(last) and len(p) == len(last)
+
+
+@pytest.mark.parametrize("q", [-50.0, -0.1, 100.5, 150.0, math.nan])
+def test_a_percentile_outside_0_to_100_is_refused_not_read_from_a_wrapped_index(q):
+    t = LatencyTracker(maxlen=10, mode="percentile")
+    for x in range(10):
+        t.add(x / 10)
+    with pytest.raises(ValueError, match=r"percentile must be in \[0, 100\]"):
+        t.percentile(q)
