@@ -160,7 +160,12 @@ def _measure_in_child(spec: dict) -> dict:
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"timing its forward passes failed: {last}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    last = (p.stdout.strip().splitlines() or [""])[-1]
+    try:  # the child's last line; anything else (a library's print after it, nothing) is a failed timing
+        e = json.loads(last)
+        return {**e, "at_1": float(e["at_1"]), "at_max": float(e["at_max"]), "max_batch": int(e["max_batch"])}
+    except (ValueError, TypeError, KeyError) as exc:
+        raise RuntimeError(f"timing its forward passes printed no timing ({last[:80]!r}: {exc})") from None
 
 
 def _child(spec: dict) -> dict:

@@ -223,3 +223,18 @@ def test_a_real_checkpoint_is_timed_once_in_a_child_then_read_back(tmp_path):
     assert first.source == "measured" and first.at_1 > 0 and first.at_max > 0 and first.max_batch == 4
     again = forward_cost(manifest, 4.8, measure=False, cache=tmp_path / "forward_ms.json")
     assert again.source == "cached" and (again.at_1, again.at_max) == (first.at_1, first.at_max)
+
+
+@pytest.mark.parametrize("stdout", ["", "some library's notice\n", '{"at_1": 2.0}\n', '["at_1", 2.0]\n'])
+def test_a_child_that_prints_no_timing_gives_the_constant_and_why_never_an_exception(tmp_path, monkeypatch, stdout):
+    import subprocess
+
+    from bench.run import forwardcost
+
+    ckpt = _fake_checkpoint(tmp_path / "ckpt")
+    monkeypatch.setattr(forwardcost.subprocess, "run",
+                        lambda *a, **kw: subprocess.CompletedProcess(a, 0, stdout=stdout, stderr=""))
+    cache = tmp_path / "forward_ms.json"
+    cost = forward_cost({"model": {"repo_or_path": str(ckpt)}}, 4.8, cache=cache)
+    assert cost.at_1 == 4.8 and cost.source.startswith("constant: ckpt: timing its forward passes printed no timing")
+    assert not cache.exists()  # nothing cached: the next preflight times it again
