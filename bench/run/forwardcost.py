@@ -1,6 +1,6 @@
 """What one forward pass of a replica costs this host's CPU: measured once from the checkpoint it serves, cached.
 
-    replica manifest ──► key: checkpoint hash + the manifest's model keys + max_batch + this host ──► cache hit
+    replica manifest ──► key: checkpoint hash + the manifest's model keys + max_batch + this host + TIMING ──► hit
                      └─► miss: a child python loads the checkpoint as policy-server does (device, dtype,
                          hyper_params, execution_horizon, torch_threads), times forward passes with RTC guidance
                          at batch 1 and at max_batch in CPU time beside the speed probe ──► ms at the reference
@@ -29,6 +29,9 @@ MAX_TIMED_BATCH = 64  # a max_batch above it is priced along the line through ba
 CHILD_TIMEOUT_S = 180.0
 ROUNDS = 5
 CPU_PER_BATCH_S = 0.3  # CPU time spent timing each batch size in a round (at least 3 passes, at most 25)
+# How `_child` times, part of the cache key: bump it when the timing changes, so entries timed the older way are
+# timed again rather than read back (1: one pass of each batch size scaled by the best of five probes; 2: ROUNDS)
+TIMING = 2
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def forward_cost(manifest: dict, fallback_ms: float, measure: bool = True, cache
             "torch_threads": int(manifest.get("torch_threads", 1) or 1), "max_batch": min(max_batch, MAX_TIMED_BATCH)}
     try:
         key = json.dumps({**{k: v for k, v in spec.items() if k != "path"}, "checkpoint": checkpoint_hash(path),
-                          "host": _host()}, sort_keys=True)
+                          "host": _host(), "timing": TIMING}, sort_keys=True)
     except OSError as exc:
         return constant(fallback_ms, f"{path.name}: {exc}")
     cache = cache or cache_path()

@@ -189,9 +189,12 @@ def test_the_forward_cost_is_cached_by_the_checkpoints_content_and_not_measured_
     assert miss.source == "constant: ckpt not measured on this host yet" and miss.at_1 == 4.8
     from bench.run import forwardcost
 
-    key = json.dumps({"checkpoint": checkpoint_hash(ckpt), "dtype": "float32", "execution_horizon": None,
-                      "host": forwardcost._host(), "hyper_params": {}, "max_batch": 8, "torch_threads": 1},
-                     sort_keys=True)
+    key = {"checkpoint": checkpoint_hash(ckpt), "dtype": "float32", "execution_horizon": None,
+           "host": forwardcost._host(), "hyper_params": {}, "max_batch": 8, "torch_threads": 1}
+    # an entry timed the way 445e205 timed (its key had no `timing`): timed again, not read back
+    cache.write_text(json.dumps({json.dumps(key, sort_keys=True): {"at_1": 2.0, "at_max": 9.0, "max_batch": 8}}))
+    assert not forward_cost(manifest, 4.8, measure=False, cache=cache).measured
+    key = json.dumps({**key, "timing": forwardcost.TIMING}, sort_keys=True)
     cache.write_text(json.dumps({key: {"at_1": 2.0, "at_max": 9.0, "max_batch": 8}}))
     hit = forward_cost(manifest, 4.8, measure=False, cache=cache)
     assert (hit.at_1, hit.at_max, hit.source) == (2.0, 9.0, "cached")
