@@ -213,7 +213,8 @@ def _child(spec: dict) -> dict:
     rounds = []
     for _ in range(ROUNDS):
         before = speed_probe_cpu_ms(0.25)
-        at_1, at_max = cpu_ms(1), cpu_ms(spec["max_batch"])
+        at_1 = cpu_ms(1)
+        at_max = at_1 if spec["max_batch"] == 1 else cpu_ms(spec["max_batch"])  # max_batch 1: the same pass
         scale = COST_REFERENCE_PROBE_MS / ((before + speed_probe_cpu_ms(0.25)) / 2)
         rounds.append((at_1 * scale, at_max * scale, COST_REFERENCE_PROBE_MS / scale))
     at_1, at_max, probe = (sorted(r[i] for r in rounds)[ROUNDS // 2] for i in range(3))

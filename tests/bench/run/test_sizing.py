@@ -241,3 +241,15 @@ def test_a_child_that_prints_no_timing_gives_the_constant_and_why_never_an_excep
     cost = forward_cost({"model": {"repo_or_path": str(ckpt)}}, 4.8, cache=cache)
     assert cost.at_1 == 4.8 and cost.source.startswith("constant: ckpt: timing its forward passes printed no timing")
     assert not cache.exists()  # nothing cached: the next preflight times it again
+
+
+@pytest.mark.integration
+def test_a_replica_without_batching_is_timed_at_batch_one_once(tmp_path):
+    """max_batch 1 (most shipped scenarios): batch 1 is its max_batch, timed once, not twice with two readings."""
+    from bench.scenario.schema import checkpoint_dir
+
+    manifest = {"model": {"repo_or_path": str(checkpoint_dir("reacher"))}}
+    cost = forward_cost(manifest, 4.8, cache=tmp_path / "forward_ms.json")
+    assert cost.source == "measured" and cost.max_batch == 1
+    (entry,) = json.loads((tmp_path / "forward_ms.json").read_text()).values()
+    assert entry["at_max"] == entry["at_1"] > 0
