@@ -9,7 +9,7 @@
 Owns `forward_cost` (bench.run.sizing prices a replica's forward passes with it) and the cache file
 ($XDG_CACHE_HOME or ~/.cache, fleet-inference/forward_ms.json). Invariant: never raises for a replica it
 cannot time (no weights, a cuda device, a child that failed): the cost says why and carries
-bench.run.sizing.REPLICA_FORWARD_MS, the reacher MLP's fitted cost, instead.
+bench.run.sizing.REPLICA_FORWARD_MS, the reacher MLP's pass, instead.
 """
 
 from __future__ import annotations

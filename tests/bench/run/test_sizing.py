@@ -253,3 +253,14 @@ def test_a_replica_without_batching_is_timed_at_batch_one_once(tmp_path):
     assert cost.source == "measured" and cost.max_batch == 1
     (entry,) = json.loads((tmp_path / "forward_ms.json").read_text()).values()
     assert entry["at_max"] == entry["at_1"] > 0
+
+
+@pytest.mark.parametrize("batching", [{"scheduling": {"max_batch": 64, "batch_window_ms": 50.0}}, None])
+def test_a_replica_priced_at_the_constant_costs_about_what_the_reacher_mlp_it_stands_for_costs(batching):
+    """REPLICA_FORWARD_MS is the policy's own pass (REPLICA_PASS_MS is added to every pass, timed or not): a replica
+    that cannot be timed is priced within 15 % of the reacher's timed pass (docs/bench.md: 2.30 ms at batch 1,
+    10.4 at 64), batched or not, not at the 4.8 fitted all-in plus the 2.0 a second time."""
+    s = _scenario(300, 30.0, manifest=batching)
+    timed = replica_ms_per_s(s, {r.id: ForwardCost(2.30, 10.4, 64 if batching else 1, "measured") for r in s.replicas})
+    priced = replica_ms_per_s(s, {r.id: constant(REPLICA_FORWARD_MS, "cuda device") for r in s.replicas})
+    assert priced == pytest.approx(timed, rel=0.15)
