@@ -318,6 +318,8 @@ def _name(p: psutil.Process) -> str:
 
 
 PROBE_ITERATIONS = 1_000_000
+# the probe on the 2-core VM the CPU cost model was fitted on (bench.run.sizing): costs are kept in ms at this probe
+COST_REFERENCE_PROBE_MS = 29.6
 
 
 def speed_probe_ms(repeats: int = 3) -> float:

@@ -42,6 +42,8 @@ from bench.evidence import report
 from bench.scenario.assertions import evaluate
 from bench.fleet.control import ControlServer
 from bench.run.hostcpu import CpuSampler, Leftovers
+from bench.run.manifests import overrides as manifest_overrides
+from bench.run.manifests import plain, replica_manifest
 from bench.run.procset import ProcessSet, install_signal_handlers
 from bench.run.samplelog import SampleLog
 from bench.run.progress import Progress, print_verdict
@@ -141,7 +143,7 @@ def cuda_problems(scenario: Scenario) -> list[str]:
     """A replica whose manifest puts the model on CUDA cannot run on a host without a CUDA device."""
     wants = []
     for replica in scenario.replicas:
-        model = _deep_merge(_undot(scenario.server_manifest), _undot(replica.manifest)).get("model") or {}
+        model = manifest_overrides(scenario, replica).get("model") or {}
         if str(model.get("device", "cpu")).startswith("cuda"):
             wants.append(f"{replica.id} (model.device: {model['device']})")
     if not wants:
@@ -361,7 +363,7 @@ class Run:
         import yaml
 
         # the scenario as run: after --set overrides and the sweep value, as plain YAML
-        (self.run_dir / "scenario.yaml").write_text(yaml.safe_dump(_plain(self.s.raw), sort_keys=False))
+        (self.run_dir / "scenario.yaml").write_text(yaml.safe_dump(plain(self.s.raw), sort_keys=False))
         error, interrupted = None, False
         from bench.run.hostcpu import speed_probe_ms
 
@@ -477,8 +479,7 @@ class Run:
     def manifest_for(self, replica) -> dict:
         port = free_port()
         audit = self.logs / f"audit-{replica.id}.jsonl"
-        m = {
-            "model": {"repo_or_path": str(checkpoint_dir(replica.checkpoint))},
+        run_keys = {
             "model_id": replica.model_id,
             "replica_id": replica.id,
             "max_sessions": replica.max_sessions,
@@ -489,15 +490,12 @@ class Run:
         if self.host != "127.0.0.1":
             # nodes on other hosts: the replica's node is not known yet, so its health server listens on every
             # address and the scraper reads it at the node's address (`_health_url`)
-            m["health_host"] = "0.0.0.0"
-        if replica.emulated_latency is not None:
-            m["emulated_latency"] = _plain(replica.emulated_latency)  # a mapping from YAML is a LineDict
+            run_keys["health_host"] = "0.0.0.0"
         if self.s.security == "mtls":
             f = self.pki.server(replica.id)
-            m["zenoh"]["tls"] = {"root_ca_certificate": f.ca, "connect_certificate": f.cert, "connect_private_key": f.key}
-        _deep_merge(m, _undot(self.s.server_manifest))
-        _deep_merge(m, _undot(replica.manifest))
-        return m
+            run_keys["zenoh"]["tls"] = {"root_ca_certificate": f.ca, "connect_certificate": f.cert,
+                                        "connect_private_key": f.key}
+        return replica_manifest(self.s, replica, run_keys)
 
     # --- security: identities, PKI, router rules, attackers (docs/security.md) ------------------------
 
@@ -552,7 +550,7 @@ class Run:
         g = self.s.group(gname)
         cls = robot_type(g.robot)
         replica = next((r for r in self.s.replicas if r.model_id == g.model_id), self.s.replicas[0])
-        manifest = _deep_merge(_undot(self.s.server_manifest), _undot(replica.manifest))
+        manifest = manifest_overrides(self.s, replica)
         sec = manifest.get("security", {}) or {}
         lim = manifest.get("limits", {}) or {}
         from wire.keys import task_slug
@@ -623,7 +621,7 @@ class Run:
         for replica in self.s.replicas:
             path = self.run_dir / "manifests" / f"{replica.id}.yaml"
             if self.cluster is not None:
-                model = _deep_merge(_undot(self.s.server_manifest), _undot(replica.manifest)).get("model") or {}
+                model = manifest_overrides(self.s, replica).get("model") or {}
                 cuda = str(model.get("device", "cpu")).startswith("cuda")
                 c = self.s.cluster
                 skew = os.environ.get(clocks.REPLICA_TEST_SKEW_ENV)  # tests only: the replica's node on another clock
@@ -1341,32 +1339,3 @@ def _files(paths: list[str]) -> dict[str, bytes]:
 def _pythonpath() -> str:
     existing = os.environ.get("PYTHONPATH", "")
     return str(REPO_ROOT) + (os.pathsep + existing if existing else "")
-
-
-def _plain(v):
-    if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_plain(x) for x in v]
-    return v
-
-
-def _undot(d: dict) -> dict:
-    """{"a.b": 1, "c": {"d": 2}} -> {"a": {"b": 1}, "c": {"d": 2}}."""
-    out: dict = {}
-    for k, v in (d or {}).items():
-        parts = str(k).split(".")
-        cur = out
-        for p in parts[:-1]:
-            cur = cur.setdefault(p, {})
-        cur[parts[-1]] = _undot(v) if isinstance(v, dict) else v
-    return out
-
-
-def _deep_merge(base: dict, extra: dict) -> dict:
-    for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _deep_merge(base[k], v)
-        else:
-            base[k] = v
-    return base

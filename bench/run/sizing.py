@@ -19,6 +19,9 @@ import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from bench.run.hostcpu import COST_REFERENCE_PROBE_MS
+from bench.run.manifests import replica_manifest
+
 # CPU per unit of work at the reference speed probe (COST_REFERENCE_PROBE_MS), ms of one core:
 # - shards: a robot-tick's loop, engine and records (SHARD_TICK_MS), a request's encode, send and merge
 #   (SHARD_REQUEST_MS), and the robot's physics: substeps a tick (bench.robots.models.substeps_for, 1 for the
@@ -43,7 +46,6 @@ REPLICA_FORWARD_MS = 2.8
 REPLICA_PASS_MS = 2.0  # least squares over 12 runs of 2026-11-26 (docs/bench.md), their own passes, 0.76 a request
 REPLICA_REQUEST_MS = 0.76
 COST_PER_REQUEST_MS = {"proxy": 0.3, "router": 0.3}
-COST_REFERENCE_PROBE_MS = 29.6
 # The shard budget's reference robot is the headline's (its 300 robots, 100 a shard, are what the budget was measured
 # on): at `requests_per_robot_s` its eu and us robots (buffer_time_s 0.3) ask every 20 ticks and its ap ones (0.4)
 # every 15, so the mean robot asks 5/3 a second.
@@ -154,22 +156,6 @@ def _emulated_ms(value) -> float:
     if isinstance(value, (int, float)):
         return float(value)
     return float((value.get("mean_ms") if isinstance(value, dict) else getattr(value, "mean_ms", 0.0)) or 0.0)
-
-
-def replica_manifest(scenario, replica) -> dict:
-    """The manifest keys that price a replica (model, scheduling, execution_horizon, torch_threads,
-    emulated_latency), merged as bench.run.runner's `manifest_for` merges them."""
-    from bench.run.runner import _deep_merge, _plain, _undot
-    from bench.scenario.schema import checkpoint_dir
-
-    m: dict = {}
-    if getattr(replica, "checkpoint", None):
-        m["model"] = {"repo_or_path": str(checkpoint_dir(replica.checkpoint))}
-    if getattr(replica, "emulated_latency", None) is not None:
-        m["emulated_latency"] = _plain(replica.emulated_latency)
-    _deep_merge(m, _undot(_plain(dict(getattr(scenario, "server_manifest", None) or {}))))
-    _deep_merge(m, _undot(_plain(dict(getattr(replica, "manifest", None) or {}))))
-    return m
 
 
 def physics_ms_per_tick(robot: str, fps: float) -> float:

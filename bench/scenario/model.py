@@ -360,10 +360,11 @@ class Cluster(_Model):
     replica_gpus: NonNegNum = _f(1.0, "GPUs Ray reserves for each replica whose `model.device` is cuda (0 for a CPU "
                                       "replica, whatever this says)")
     routers: Literal["per_node", "driver"] | None = _f(
-        None, "`per_node`: a Zenoh router on every node that hosts a shard or a replica, joined to the driver's, and "
-              "the site proxies on every node with shards, each in front of its node's router; `driver`: one router "
-              "and the site proxies on the driver host, every link crossing to it (docs/cluster.md). With `security: "
-              "mtls` every node router has its own certificate and enforces the run's access rules (docs/security.md)",
+        None, "`per_node`: a Zenoh router on every node that hosts a shard or a replica, joined to the driver's and "
+              "to each other (a mesh), and the site proxies on every node with shards, each in front of its node's "
+              "router; `driver`: one router and the site proxies on the driver host, every link crossing to it "
+              "(docs/cluster.md). With `security: mtls` every node router has its own key and a `node-router` "
+              "certificate and enforces the run's access rules (docs/security.md)",
         default_doc="`per_node`")
 
 

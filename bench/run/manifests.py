@@ -1,0 +1,62 @@
+"""A replica's policy-server manifest as a scenario sets it (server.manifest keys), shared by the runner, which
+adds the run's own keys (router, ports, audit log, certificates), and the cost model, which prices the replica.
+
+    scenario.servers.manifest ─┐
+    replica's own manifest ────┴─► overrides (dotted keys expanded, the replica's win) ─► merged over
+    {model.repo_or_path: the checkpoint, the run's keys, emulated_latency}
+
+Invariant: the runner and bench.run.sizing see the same model, scheduling and runtime keys for a replica.
+"""
+
+from __future__ import annotations
+
+
+def plain(v):
+    """Mappings and lists as plain dicts and lists (a YAML mapping is a LineDict)."""
+    if isinstance(v, dict):
+        return {k: plain(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [plain(x) for x in v]
+    return v
+
+
+def undot(d: dict) -> dict:
+    """{"a.b": 1, "c": {"d": 2}} -> {"a": {"b": 1}, "c": {"d": 2}}."""
+    out: dict = {}
+    for k, v in (d or {}).items():
+        parts = str(k).split(".")
+        cur = out
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = undot(v) if isinstance(v, dict) else v
+    return out
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    """`extra` merged into `base` (nested mappings key by key, anything else replaced); returns `base`."""
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            deep_merge(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def overrides(scenario, replica) -> dict:
+    """The scenario's `servers.manifest` with the replica's own `manifest` over it."""
+    return deep_merge(undot(plain(dict(getattr(scenario, "server_manifest", None) or {}))),
+                      undot(plain(dict(getattr(replica, "manifest", None) or {}))))
+
+
+def replica_manifest(scenario, replica, run_keys: dict | None = None) -> dict:
+    """The manifest of `replica`: its checkpoint, `run_keys` (what only a run knows), its emulated latency, and
+    the scenario's overrides over them."""
+    from bench.scenario.schema import checkpoint_dir
+
+    m: dict = {}
+    if getattr(replica, "checkpoint", None):
+        m["model"] = {"repo_or_path": str(checkpoint_dir(replica.checkpoint))}
+    m.update(run_keys or {})
+    if getattr(replica, "emulated_latency", None) is not None:
+        m["emulated_latency"] = plain(replica.emulated_latency)
+    return deep_merge(m, overrides(scenario, replica))
