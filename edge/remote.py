@@ -342,7 +342,8 @@ class RemoteEngine(Engine):
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._last_ok = time.monotonic()  # the offline clock starts now
+        self._last_ok = time.monotonic()  # the offline clock starts now (anything from the server restarts it)
+        self._last_merged = self._last_ok  # the DEGRADED clock (a merged chunk restarts it)
         self._set_state(S.CONNECTING, "start")
         self._thread = threading.Thread(target=self._run, name=f"remote-engine {self.cfg.client_uuid}", daemon=True)
         self._thread.start()
@@ -644,7 +645,7 @@ class RemoteEngine(Engine):
         if self._thread is not None:
             raise RuntimeError("step_once is for an engine driven by the caller; this one runs its worker")
         if self._link == S.STOPPED:
-            self._last_ok = time.monotonic()
+            self._last_ok = self._last_merged = time.monotonic()
             self._set_state(S.CONNECTING, "step_once")
         if (self._model is None or self._model.ack is None) and not self._handshake(set()):
             return "no_session"
@@ -731,7 +732,7 @@ class RemoteEngine(Engine):
             elif buffered > 0:
                 timeout = buffered + self.dt + 1e-3
                 if self._link == S.STREAMING:
-                    timeout = min(timeout, max(self._last_ok + self.cfg.degraded_after_s - time.monotonic(), 0.0) + 1e-3)
+                    timeout = min(timeout, max(self._last_merged + self.cfg.degraded_after_s - time.monotonic(), 0.0) + 1e-3)
                 timeout = min(timeout, 1.0)
             else:
                 timeout = 0.25  # waiting for an observation: notify_observation wakes us first
@@ -771,7 +772,7 @@ class RemoteEngine(Engine):
             self._last_ok = time.monotonic()  # the server holds this session: not offline (see _handle)
 
     def _check_degraded(self) -> None:
-        if self._link == S.STREAMING and time.monotonic() - self._last_ok > self.cfg.degraded_after_s \
+        if self._link == S.STREAMING and time.monotonic() - self._last_merged > self.cfg.degraded_after_s \
                 and self.queue.qsize() > 0:
             self._set_state(S.DEGRADED, f"no chunk for {self.cfg.degraded_after_s:g} s")
 
@@ -918,7 +919,7 @@ class RemoteEngine(Engine):
         self.tracker.add(latency)
         self.counters["chunks"] += 1
         self.counters["superseded"] += r.superseded_seqs
-        self._last_ok = time.monotonic()
+        self._last_ok = self._last_merged = time.monotonic()
         rtt_ms = r.rtt_s * 1e3
         self._records.append({"t": r.t_recv, "seq": seq, "rtt_ms": rtt_ms, "queue_wait_ms": r.queue_wait_ms,
                               "inference_ms": r.inference_ms, "network_ms": rtt_ms - r.queue_wait_ms - r.inference_ms,

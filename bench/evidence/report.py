@@ -353,7 +353,7 @@ def render_html(o: RunOutcome, summary: dict) -> str:
                 out.append(f"<tr><td class=l>{e(kind)}</td><td>{_v(est[kind])}</td><td>{_v(got.get(kind))}</td></tr>")
             out.append(f"<tr><td class=l>all</td><td>{_v(cpu['estimate'].get('cores_needed'))}</td>"
                        f"<td>{_v(round(sum(got.values()), 3))}</td></tr></table>")
-            forward = cpu["estimate"].get("forward_ms") or {}
+            forward = cpu["estimate"].get("forward_cpu_ms") or {}
             if forward:  # where each replica's forward pass was priced from: this host's timing or the constant
                 out.append("<p class=muted>" + e(f"{_v(cpu['estimate'].get('requests_per_s'))} requests/s estimated; "
                            "a forward pass (ms of CPU at the reference probe): " + "; ".join(

@@ -33,7 +33,7 @@ from bench.run.manifests import replica_manifest
 #   batches, where it cannot be timed), plus what a pass costs the replica around the policy
 #   (REPLICA_PASS_MS: scheduling, stacking, the dispatch thread), and a request's decode, validation and reply
 #   (REPLICA_REQUEST_MS); a replica's forward passes a second follow from its request rate and its batch window
-#   (`forwards_per_s`).
+#   (`batch_size`).
 # - proxy and router: per answered request (the headline, 2026-11-23 09:35 run, 382 requests/s).
 SHARD_TICK_MS = 0.050
 SHARD_REQUEST_MS = 1.2
@@ -243,13 +243,6 @@ def batch_size(requests: float, window_ms: float, max_batch: int, busy_ms: float
     return min(max(1, max_batch), max(1.0 + requests * window_ms / 1e3, requests * (window_ms + busy_ms) / 1e3))
 
 
-def forwards_per_s(requests: float, window_ms: float, max_batch: int, busy_ms: float = 0.0) -> float:
-    """Forward passes a replica runs a second for `requests` a second (`batch_size` requests each)."""
-    if requests <= 0:
-        return 0.0
-    return requests / batch_size(requests, window_ms, max_batch, busy_ms)
-
-
 def forward_costs(scenario, measure: bool = True) -> dict:
     """Each replica's ForwardCost (bench.run.forwardcost) by replica id: its checkpoint timed on this host (once per
     checkpoint and host, then cached), or REPLICA_FORWARD_MS with the reason."""
@@ -323,7 +316,7 @@ class Estimate:
         return {"cores_needed": round(self.cores_needed, 3), "probe_ms": round(self.probe_ms, 1),
                 "split": {k: round(v, 3) for k, v in self.split.items()},
                 "requests_per_s": round(self.requests_per_s, 1),
-                "forward_ms": {rid: {"at_1": c.at_1, "at_max": c.at_max, "max_batch": c.max_batch, "source": c.source}
+                "forward_cpu_ms": {rid: {"at_1": c.at_1, "at_max": c.at_max, "max_batch": c.max_batch, "source": c.source}
                                for rid, c in self.forward.items()}}
 
 

@@ -104,7 +104,7 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert set(cpu["estimate"]["split"]) == set(cpu["by_kind"]) == {"shards", "replicas", "proxy", "router"}
     assert cpu["by_kind"]["shards"] > 0 and cpu["estimate"]["cores_needed"] > 0 and cpu["estimate_ratio"] > 0
     # the replica's forward pass priced from its own checkpoint, timed on this host (bench.run.forwardcost)
-    assert cpu["estimate"]["forward_ms"]["r0"]["source"] in ("measured", "cached")
+    assert cpu["estimate"]["forward_cpu_ms"]["r0"]["source"] in ("measured", "cached")
     assert "preflight's cost model" in (run / "report.html").read_text()
     assert "<svg" in (run / "report.html").read_text()
     for name in ("ticks.parquet", "requests.parquet", "transitions.parquet", "logs/router.log", "logs/server-r0.log"):

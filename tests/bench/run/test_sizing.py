@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.run.forwardcost import ForwardCost, checkpoint_hash, constant, forward_cost
-from bench.run.sizing import (REPLICA_FORWARD_MS, estimate, forwards_per_s, group_request_rates, measured_by_kind,
+from bench.run.sizing import (REPLICA_FORWARD_MS, batch_size, estimate, group_request_rates, measured_by_kind,
                               physics_ms_per_tick, replica_ms_per_s, requests_per_robot_s, shard_budget_ms,
                               shard_count)
 
@@ -51,7 +51,7 @@ def test_a_slow_fleet_gets_shards_for_its_physics():
 
 @given(requests=st.floats(0.1, 5000), window=st.floats(0, 200), max_batch=st.integers(1, 256))
 def test_forward_passes_are_between_one_per_batch_and_one_per_request(requests, window, max_batch):
-    fwd = forwards_per_s(requests, window, max_batch)
+    fwd = requests / batch_size(requests, window, max_batch)
     assert requests / max_batch - 1e-9 <= fwd <= requests + 1e-9
 
 
@@ -159,7 +159,7 @@ def test_a_dearer_checkpoint_costs_the_replicas_more_and_an_emulated_accelerator
     assert replica_ms_per_s(s, dear) > 1.3 * replica_ms_per_s(s, cheap)  # a request's own 0.76 ms is the same
     assert replica_ms_per_s(s, {}) == replica_ms_per_s(s, {r.id: constant(REPLICA_FORWARD_MS, "") for r in s.replicas})
     # an emulated 150 ms pass holds the dispatch thread: ~167 requests/s a replica batch ~33, not ~9
-    assert forwards_per_s(167.0, 50.0, 64, busy_ms=150.0) < forwards_per_s(167.0, 50.0, 64) / 2
+    assert batch_size(167.0, 50.0, 64, busy_ms=150.0) > 2 * batch_size(167.0, 50.0, 64)
     for r in s.replicas:
         r.emulated_latency = 150
     assert replica_ms_per_s(s, cheap) < replica_ms_per_s(_scenario(300, 30.0, manifest=s.server_manifest), cheap)
@@ -170,7 +170,7 @@ def test_the_estimate_says_where_each_forward_cost_came_from():
     est = _est(s, forward={"r0": ForwardCost(3.0, 9.0, 64, "measured"), "r1": constant(4.8, "cuda device: ...")})
     text = "\n".join(est.lines())
     assert "r0 3.00 at batch 1, 9.00 at 64 (measured)" in text and "r1 4.80 (constant: cuda device" in text
-    assert est.to_json()["forward_ms"]["r1"]["source"].startswith("constant")
+    assert est.to_json()["forward_cpu_ms"]["r1"]["source"].startswith("constant")
     assert est.to_json()["requests_per_s"] == pytest.approx(150.0)
 
 
