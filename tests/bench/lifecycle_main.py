@@ -57,6 +57,11 @@ def stall_shards(run: Run) -> None:
 
 def main() -> int:
     run_dir, duration = Path(sys.argv[1]), float(sys.argv[2])
+    # Ctrl-C as in a terminal's foreground: a test suite started in the background by a non-interactive shell
+    # (`... &`) starts every descendant with SIGINT ignored, and Python then installs no KeyboardInterrupt
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     install_signal_handlers()
     s = parse_scenario(textwrap.dedent(SCENARIO.format(duration=duration)))
     Run.start_proxy = lambda self: setattr(self, "sites", {"lab": SiteLink("lab", "tcp/127.0.0.1:9")})
