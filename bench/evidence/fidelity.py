@@ -192,21 +192,30 @@ def other_load(cpu_samples, cores: int, duration_s: float) -> dict | None:
     from bench.evidence.figures import drift_windows
 
     (a0, a1), (b0, b1) = drift_windows(duration_s)
-    first, last = [], []
+    first, last, probe_first, probe_last = [], [], [], []
     for x in cpu_samples or ():
         t = x.get("t")
         if t is None or x.get("host_percent") is None:
             continue
         other = max(0.0, x["host_percent"] - sum((x.get("processes") or {}).values()) / max(cores, 1))
+        probe = x.get("speed_probe_ms")
         if a0 <= t < a1:
             first.append(other)
+            if probe is not None:
+                probe_first.append(probe)
         elif b0 < t <= b1:
             last.append(other)
+            if probe is not None:
+                probe_last.append(probe)
     if not first or not last:
         return None
     f, lst = float(np.mean(first)), float(np.mean(last))
-    return {"first_window_s": [_r(a0, 1), _r(a1, 1)], "last_window_s": [_r(b0, 1), _r(b1, 1)],
-            "first_percent": _r(f, 1), "last_percent": _r(lst, 1), "shift": _r((lst - f) / 100.0, 3)}
+    out = {"first_window_s": [_r(a0, 1), _r(a1, 1)], "last_window_s": [_r(b0, 1), _r(b1, 1)],
+           "first_percent": _r(f, 1), "last_percent": _r(lst, 1), "shift": _r((lst - f) / 100.0, 3)}
+    if probe_first and probe_last:  # the VM's own speed (the in-run speed probe, CPU time: higher is slower)
+        pf, pl = float(np.median(probe_first)), float(np.median(probe_last))
+        out.update(probe_first_ms=_r(pf, 1), probe_last_ms=_r(pl, 1), probe_shift=_r(pl / pf - 1.0, 3))
+    return out
 
 
 def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict,
@@ -221,6 +230,12 @@ def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict,
                        f"{background['first_percent']:.0f} % of the cores in the first {w:.0f} s, "
                        f"{background['last_percent']:.0f} % in the last (tolerance {100 * shift_tol:.0f} points): "
                        "a drift there measures the host, not the system")
+    speed_tol = tol.get("speed_shift", 0.15)
+    if background and background.get("probe_shift") is not None and abs(background["probe_shift"]) > speed_tol:
+        reasons.append(f"the host's own speed moved between the windows a drift compares: the in-run speed probe's "
+                       f"median was {background['probe_first_ms']:.1f} ms in the first, {background['probe_last_ms']:.1f} "
+                       f"in the last ({100 * background['probe_shift']:+.0f} %, tolerance {100 * speed_tol:.0f} %): every "
+                       "CPU step of a round trip moved with it, so a drift there measures the host")
     for s in shards:
         k = s["shard"]
         if s["host_late_ratio"] is not None and s["host_late_ratio"] > tol["host_late_ratio"]:
@@ -298,7 +313,9 @@ def table_lines(f: dict) -> list[str]:
     bg = f.get("other_load")
     if bg:
         lines.append(f"    host outside the run: {bg['first_percent']:.0f} % of the cores in the first window, "
-                     f"{bg['last_percent']:.0f} % in the last")
+                     f"{bg['last_percent']:.0f} % in the last"
+                     + (f"; speed probe {bg['probe_first_ms']:.1f} -> {bg['probe_last_ms']:.1f} ms"
+                        if bg.get("probe_shift") is not None else ""))
     lines += [f"    ! {x}" for x in f.get("reasons", [])]
     return lines
 

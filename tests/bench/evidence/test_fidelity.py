@@ -186,3 +186,17 @@ def test_a_run_in_which_no_robot_ticked_is_not_judged():
                                     "scheduler_wait_ms_max": 1.0}]}
     lines = table_lines(ran)
     assert lines[0] == "  fidelity: VALID" and not any("replica r0" in line for line in lines)  # it answered nothing
+
+
+def test_the_vm_slowing_between_the_drift_windows_is_named_where_a_drift_is_judged():
+    # the 2026-11-26 09:11 soak: outside load steady at ~1 %, the speed probe's median 34.8 -> 45.7 ms
+    samples = _cpu(range(0, 1801), lambda t: 26.0, 50.0)
+    for x in samples:
+        x["speed_probe_ms"] = 34.8 if x["t"] < 300 else 45.7 if x["t"] > 1500 else 40.0
+    bg = fid.other_load(samples, cores=2, duration_s=1800.0)
+    assert bg["probe_first_ms"] == 34.8 and bg["probe_last_ms"] == 45.7 and bg["probe_shift"] == 0.313
+    (reason,) = fid.judge([], [], [], TOL, bg)
+    assert "34.8 ms in the first, 45.7 in the last (+31 %, tolerance 15 %)" in reason
+    for x in samples:  # a steady VM: nothing to say
+        x["speed_probe_ms"] = 35.0 + (2.0 if x["t"] > 1500 else 0.0)
+    assert fid.judge([], [], [], TOL, fid.other_load(samples, 2, 1800.0)) == []
