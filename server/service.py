@@ -505,9 +505,9 @@ class PolicyServer:
                       batch_key=self.info.model_id,
                       payload=Pending(s, header, obs, len(raw), raw if self.capture is not None else None,
                                       received_ns))
-        res = self.mailbox.deposit(req)
-        if not self._dispatch_started:
+        if not self._dispatch_started:  # every loop running before the first request can be answered
             self._start_dispatch()
+        res = self.mailbox.deposit(req)
         if getattr(res, "superseded", None) is not None:
             self.metrics.inc("superseded_requests", model=model)
         dropped = res.dropped
