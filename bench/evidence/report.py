@@ -359,6 +359,15 @@ def render_html(o: RunOutcome, summary: dict) -> str:
                            "a forward pass (ms of CPU at the reference probe): " + "; ".join(
                                f"{rid} {_v(c.get('at_1'))} at batch 1, {_v(c.get('at_max'))} at {c.get('max_batch')} "
                                f"({c.get('source')})" for rid, c in forward.items())) + "</p>")
+        threads = cpu.get("shard_threads") or {}
+        if threads.get("cores"):  # inside the shards: the bench's own loop and writer against the engines' work
+            out.append("<p class=muted>" + e(
+                f"Inside the {threads.get('shards')} shard(s), cores by thread: " + ", ".join(
+                    f"{role} {_v(c)}" for role, c in sorted(threads["cores"].items(), key=lambda kv: -kv[1]) if c)
+                + f". Control loop {_v(threads.get('loop_us_per_robot_tick'))} us and records writer "
+                  f"{_v(threads.get('records_us_per_robot_tick'))} us a robot-tick; engine workers "
+                  f"{_v(threads.get('engine_ms_per_request'))} ms and Zenoh's threads "
+                  f"{_v(threads.get('zenoh_ms_per_request'))} ms a request.") + "</p>")
         for node, facts in (cpu.get("nodes") or {}).items():  # processes on other hosts, read on their node
             out.append(f"<p class=muted>{e(node)}: host {_v(facts.get('host_percent'))} % of its {facts.get('cores')} "
                        f"cores; runs {e(', '.join(facts.get('processes') or []))}</p>")

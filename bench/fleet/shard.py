@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.fleet import threadcpu
 from bench.fleet.records import RecordWriter
 from bench.fleet.ticks import HOST_LATE, LATE, TOO_LATE, TickSchedule, classify_tick, slot_starved
 
@@ -472,6 +473,7 @@ class Shard:
         if self.start_msg.get("clock_offset_s"):
             self.send({"type": "log", "message": f"clock offset from the runner's: {self.start_msg['clock_offset_s']:+.6f} s"})
         error = None
+        threads_before, t_loop = threadcpu.snapshot(), time.monotonic()
         try:
             prof_dir = os.environ.get("BENCH_PROFILE_DIR")  # profile the control loop thread (cProfile)
             if prof_dir:
@@ -486,13 +488,18 @@ class Shard:
             error = f"loop failed: {exc!r}\n{traceback.format_exc()}"
         self.stop_event.set()
         status.join(5)
+        # before the teardown: stopping the engines ends their threads, and an ended thread's time is gone
+        thread_cpu = {"cpu_s": threadcpu.by_role(threads_before, threadcpu.snapshot()),
+                      "wall_s": round(time.monotonic() - t_loop, 3), "ticks": self.counts["ticks"],
+                      "requests": sum(int(getattr(r.engine, "counters", {}).get("requests", 0)) for r in self.robots
+                                      if r.engine is not None)}
         final = self.teardown()
         if error:
             self.send({"type": "error", "error": error})
             return 1
         parity = {str(r.rid): r.engine.parity for r in self.robots if getattr(r.engine, "parity", None) is not None}
         self.send({"type": "done", "final_states": final, "status": self.status_counts_only(), "parity": parity,
-                   "loop_priority": getattr(self, "loop_priority", "normal")})
+                   "loop_priority": getattr(self, "loop_priority", "normal"), "thread_cpu": thread_cpu})
         return 0
 
     def status_counts_only(self) -> dict:

@@ -37,7 +37,7 @@ import numpy as np
 from bench.evidence import fidelity as fid
 from bench.evidence import figures as figs
 from bench.fleet import clock as clocks
-from bench.fleet import records
+from bench.fleet import records, threadcpu
 from bench.evidence import report
 from bench.scenario.assertions import evaluate
 from bench.fleet.control import ControlServer
@@ -1023,6 +1023,9 @@ class Run:
                                   and isinstance(c, ChildProcess) and c.proc is not None and not c.alive())
         self._stop_scrape.set()
         self.cpu_split = self.cpu.split(0.0, self.s.duration_s)
+        shard_threads = threadcpu.combine([d.get("thread_cpu") for d in self.state.done.values()])
+        if shard_threads:  # the shards' CPU by thread role: the loop, the engines, the records writer, Zenoh
+            self.cpu_split["shard_threads"] = shard_threads
         if self.cluster is None:
             self.cpu_split.update(self._cost_model(self.cpu_split))
         self.memory = self.cpu.memory(0.0, self.s.duration_s)
