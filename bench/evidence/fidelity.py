@@ -213,7 +213,9 @@ def other_load(cpu_samples, cores: int, duration_s: float) -> dict | None:
     out = {"first_window_s": [_r(a0, 1), _r(a1, 1)], "last_window_s": [_r(b0, 1), _r(b1, 1)],
            "first_percent": _r(f, 1), "last_percent": _r(lst, 1), "shift": _r((lst - f) / 100.0, 3)}
     if probe_first and probe_last:  # the VM's own speed (the in-run speed probe, CPU time: higher is slower)
-        pf, pl = float(np.median(probe_first)), float(np.median(probe_last))
+        # the mean, not the median: the VM flips between two speeds within seconds (bench.run.hostcpu), and a
+        # window's speed is its mix of them
+        pf, pl = float(np.mean(probe_first)), float(np.mean(probe_last))
         out.update(probe_first_ms=_r(pf, 1), probe_last_ms=_r(pl, 1), probe_shift=_r(pl / pf - 1.0, 3))
     return out
 
@@ -233,7 +235,7 @@ def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict,
     speed_tol = tol.get("speed_shift", 0.15)
     if background and background.get("probe_shift") is not None and abs(background["probe_shift"]) > speed_tol:
         reasons.append(f"the host's own speed moved between the windows a drift compares: the in-run speed probe's "
-                       f"median was {background['probe_first_ms']:.1f} ms in the first, {background['probe_last_ms']:.1f} "
+                       f"mean was {background['probe_first_ms']:.1f} ms in the first, {background['probe_last_ms']:.1f} "
                        f"in the last ({100 * background['probe_shift']:+.0f} %, tolerance {100 * speed_tol:.0f} %): every "
                        "CPU step of a round trip moved with it, so a drift there measures the host")
     for s in shards:

@@ -172,6 +172,7 @@ class Shard:
         self.episodes = self.writer.buffer("episodes", 4096)
         self.requests = self.writer.buffer("requests", 8192)
         self.transitions = self.writer.buffer("transitions", 4096)
+        self.loop_ticks = 0  # robot-ticks the loop stepped, warm-up included
         self.counts = {"ticks": 0, "none_ticks": 0, "late_ticks": 0, "host_late_ticks": 0, "too_late_ticks": 0}
         self.recent_rtt: list[float] = []
         self.faults: list[dict] = []
@@ -328,6 +329,7 @@ class Shard:
                     counts["late_ticks"] += cls == LATE or cls == TOO_LATE
                     counts["host_late_ticks"] += cls == HOST_LATE
             batch.step(actions)
+            self.loop_ticks += n  # warm-up included, as the loop's CPU time is (bench.fleet.threadcpu)
             done = batch.done
             if done.any():
                 self._end_episodes(batch, members, np.nonzero(done)[0], rel)
@@ -490,7 +492,7 @@ class Shard:
         status.join(5)
         # before the teardown: stopping the engines ends their threads, and an ended thread's time is gone
         thread_cpu = {"cpu_s": threadcpu.by_role(threads_before, threadcpu.snapshot()),
-                      "wall_s": round(time.monotonic() - t_loop, 3), "ticks": self.counts["ticks"],
+                      "wall_s": round(time.monotonic() - t_loop, 3), "ticks": self.loop_ticks,
                       "requests": sum(int(getattr(r.engine, "counters", {}).get("requests", 0)) for r in self.robots
                                       if r.engine is not None)}
         final = self.teardown()

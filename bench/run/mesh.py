@@ -236,16 +236,21 @@ class NodeMesh:
             scheme = "tls" if self.security is not None else "tcp"
             links.sites[site] = f"{scheme}/{proxy['listen']}"
 
+    def _links(self) -> list[tuple[str, NodeLinks]]:
+        """The node map as it stands (under the lock: a node added mid-run starts its router holding it)."""
+        with self._lock:
+            return list(self.nodes.items())
+
     def routers(self) -> list:
-        return [links.router for links in self.nodes.values()]
+        return [links.router for _, links in self._links()]
 
     def clients(self, proxy: str) -> list:
         """Every node's ChaosClient that holds proxy `proxy` (`site-NAME`): on each node, the proxy server
         process its site was dealt to."""
-        return [c for c in (links.client_of(proxy) for links in self.nodes.values()) if c is not None]
+        return [c for c in (links.client_of(proxy) for _, links in self._links()) if c is not None]
 
     def describe(self) -> dict:
-        return {node_id: links.describe() for node_id, links in self.nodes.items()}
+        return {node_id: links.describe() for node_id, links in self._links()}
 
 
 class SiteFanout:

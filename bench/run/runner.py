@@ -386,7 +386,7 @@ class Run:
             self.leftover_report = self.leftovers.end()
         self.speed_probe["after_ms"] = round(speed_probe_ms(), 1)
         during = self.cpu.probes(0.0, self.s.duration_s)
-        if during:  # every 10 s of the run, in CPU time (bench.run.hostcpu.speed_probe_cpu_ms)
+        if during:  # every second of the run, in CPU time (bench.run.hostcpu.IN_RUN_PROBE_FRACTION)
             self.speed_probe["during"] = during
         outcome = self.judge(error)
         outcome.meta["interrupted"] = interrupted
@@ -967,7 +967,8 @@ class Run:
         kind of process measured: how far the estimate `bench run --check` prints was from this run."""
         from bench.run.sizing import estimate, forward_costs, measured_by_kind
 
-        probe = self.cpu.probes(0.0, self.s.duration_s).get("median_ms")
+        probes = self.cpu.probes(0.0, self.s.duration_s)
+        probe = probes.get("mean_ms") or probes.get("median_ms")  # the run's mean speed (hostcpu.CpuSampler.probes)
         if not probe or not split.get("split"):
             return {}
         # the forward costs the preflight timed (cached): never timed now, beside a run still stopping

@@ -16,6 +16,7 @@ Unknown keys are always rejected, with the known keys listed and the closest one
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -263,6 +264,7 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
                         line=w.line("servers", "replicas", i)) for i, r in enumerate(m.servers.replicas)]
     _check_unique(w, [r.id for r in replicas], ("servers", "replicas"), "id", "replica id")
     _check_served(w, groups, replicas)
+    _check_rates(w, groups, replicas, dict(m.servers.manifest))
     faults = _read_faults(w, m, sites, replicas, groups)
     assertions = _read_assertions(w, m, groups)
     sweep = _read_sweep(w, m, data)
@@ -444,6 +446,37 @@ def _check_served(w: _Where, groups: list[Group], replicas: list[Replica]) -> No
                      f"no server replica serves model {g.model_id!r}{did_you_mean(g.model_id, served)}; served: "
                      f"{', '.join(sorted(served))}; give the group a model_id a replica serves, or add a replica",
                      shown=f"fleet.groups[{g.name}].{key}")
+
+
+def _trained_fps(name_or_path: str) -> float | None:
+    """The rate a checkpoint was trained at (its config.json's fps); None where it cannot be read yet."""
+    try:
+        fps = json.loads((checkpoint_dir(name_or_path) / "config.json").read_text()).get("fps")
+        return float(fps) if fps else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _check_rates(w: _Where, groups: list[Group], replicas: list[Replica], server_manifest: dict) -> None:
+    """A group whose control rate differs from the trained fps of a replica serving its model: the server refuses
+    its sessions (FPS_MISMATCH) unless that replica's manifest allows resampling. Said here, before a run whose
+    robots would all stay unserved."""
+    for i, g in enumerate(groups):
+        if g.engine_kind == "local":
+            continue
+        for j, r in enumerate(replicas):
+            if r.model_id != g.model_id:
+                continue
+            trained = _trained_fps(r.checkpoint)
+            allowed = r.manifest.get("allow_resampling", server_manifest.get("allow_resampling", False))
+            if trained is None or abs(trained - g.fps) < 1e-6 or allowed is True:
+                continue
+            raise w.fail(("fleet", "groups", i, "fps"),
+                         f"group {g.name!r} runs at {g.fps:g} Hz but replica {r.id!r} serves {r.checkpoint!r}, trained "
+                         f"at {trained:g} Hz: its sessions would be refused (FPS_MISMATCH). Run the group at "
+                         f"{trained:g} Hz, serve a checkpoint trained at {g.fps:g} Hz, or set "
+                         f"servers.manifest.allow_resampling: true (each chunk then plays stretched in time)",
+                         shown=f"fleet.groups[{g.name}].fps")
 
 
 def _checkpoint_present(name_or_path: str) -> bool:

@@ -25,7 +25,7 @@ SCENARIO = textwrap.dedent("""\
         - {name: a, robot: reacher, count: 3, site: lab, episode_s: 1.0, engine: {max_action_age_s: 1.0}}
         - {name: b, robot: arm, count: 2, fps: 20, site: lab, engine: {max_action_age_s: 1.0}}
     sites: {lab: lan}
-    servers: {replicas: [{id: r0, checkpoint: reacher}, {id: r1, checkpoint: arm}]}
+    servers: {manifest: {allow_resampling: true}, replicas: [{id: r0, checkpoint: reacher}, {id: r1, checkpoint: arm}]}
     assertions:
       - dead_robots == 0
       - staleness_violations == 0

@@ -108,7 +108,7 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert "preflight's cost model" in (run / "report.html").read_text()
     # inside the shards, by thread: the control loop stepped robots, the engines' workers sent the requests
     threads = cpu["shard_threads"]
-    assert threads["shards"] == 2 and threads["ticks"] == summary["ticks"] and threads["requests"] > 10
+    assert threads["shards"] == 2 and threads["ticks"] >= summary["ticks"] and threads["requests"] > 10
     assert threads["cores"]["loop"] > 0 and threads["cores"]["engine"] > 0, threads
     assert threads["loop_us_per_robot_tick"] > 0 and threads["engine_ms_per_request"] > 0
     assert "cores by thread" in (run / "report.html").read_text()

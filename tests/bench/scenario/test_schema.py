@@ -100,6 +100,19 @@ def test_group_model_must_be_served():
     assert "no server replica serves model 'other'" in err.message
 
 
+def test_group_rate_must_match_the_served_checkpoint_unless_resampling_is_allowed():
+    # the shipped reacher is trained at 30 Hz; at 15 Hz every session would be refused with FPS_MISMATCH
+    slow = BASE.replace("      site: lab\n", "      site: lab\n      fps: 15\n")
+    err = error_of(slow)
+    assert err.path == "fleet.groups[g].fps" and err.line == 11
+    assert "15 Hz" in err.message and "trained at 30 Hz" in err.message and "allow_resampling" in err.message
+    allowed = slow.replace("servers:\n", "servers:\n  manifest: {allow_resampling: true}\n")
+    assert parse(allowed).groups[0].fps == 15
+    per_replica = slow.replace("{id: r0, checkpoint: reacher}",
+                               "{id: r0, checkpoint: reacher, manifest: {allow_resampling: true}}")
+    assert parse(per_replica).groups[0].fps == 15
+
+
 def test_fault_target_must_exist():
     err = error_of(BASE + "faults:\n  - {at: 2, target: site:mars, action: partition, duration: 1}\n")
     assert err.path == "faults[0].target" and err.line == 19 and "site:lab" in err.message
