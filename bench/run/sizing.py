@@ -23,11 +23,12 @@ from bench.run.hostcpu import COST_REFERENCE_PROBE_MS
 from bench.run.manifests import replica_manifest
 
 # CPU per unit of work at the reference speed probe (COST_REFERENCE_PROBE_MS), ms of one core:
-# - shards: a robot-tick's loop, engine and records (SHARD_TICK_MS), a request's encode, send and merge
-#   (SHARD_REQUEST_MS), and the robot's physics: substeps a tick (bench.robots.models.substeps_for, 1 for the
-#   reacher at 30 Hz, 100 at 1 Hz) x its type's step (PHYSICS_STEP_US) + PHYSICS_TICK_US. Fitted on the 2-core VM,
-#   2026-11-26: 100 robots at 30 Hz and 300 at 10 Hz (both 3,000 robot-ticks/s, 4 shards, 8 replicas), physics from
-#   benchmarks.robot_step at 1 and 30 Hz (docs/bench.md "Sizing the bench to the host").
+# - shards: a robot-tick's loop, engine calls and records (SHARD_TICK_MS), a request's encode, send, wait and merge
+#   in the engine's worker and Zenoh's threads (SHARD_REQUEST_MS), and the robot's physics: substeps a tick
+#   (bench.robots.models.substeps_for, 1 for the reacher at 30 Hz, 100 at 1 Hz) x its type's step (PHYSICS_STEP_US)
+#   + PHYSICS_TICK_US. Fitted on the 2-core VM, 2026-11-26 10:40-10:45, from the shards' threads
+#   (summary cpu.shard_threads) of three unsaturated runs: 100 robots at 30 Hz, 150 at 10 Hz, 60 at 30 Hz in one
+#   shard; physics from benchmarks.robot_step at 1 and 30 Hz (docs/bench.md "Sizing the bench to the host").
 # - replicas: a forward pass, timed on this host from the checkpoint the replica serves at batch 1 and at its
 #   max_batch (bench.run.forwardcost; REPLICA_FORWARD_MS, the reacher MLP's pass with its RTC guidance at small
 #   batches, where it cannot be timed), plus what a pass costs the replica around the policy
@@ -35,8 +36,8 @@ from bench.run.manifests import replica_manifest
 #   (REPLICA_REQUEST_MS); a replica's forward passes a second follow from its request rate and its batch window
 #   (`batch_size`).
 # - proxy and router: per answered request (the headline, 2026-11-23 09:35 run, 382 requests/s).
-SHARD_TICK_MS = 0.050
-SHARD_REQUEST_MS = 1.2
+SHARD_TICK_MS = 0.035
+SHARD_REQUEST_MS = 0.8
 PHYSICS_STEP_US = {"reacher": 9.6, "arm": 3.6, "base": 4.0}
 PHYSICS_STEP_US_DEFAULT = 10.0  # a robot type not measured yet: the dearest measured step, rounded up
 PHYSICS_TICK_US = 5.0

@@ -348,7 +348,7 @@ class Fidelity(_Model):
     other_load_shift: NonNegNum = _f(0.05, "where an assertion compares the run's first and last windows (a `_drift` "
                                            "figure), the host's CPU used by processes outside the run may differ by "
                                            "at most this share of all cores between the two windows")
-    speed_shift: NonNegNum = _f(0.15, "... and the host's own speed (the in-run speed probe's median, CPU time) may "
+    speed_shift: NonNegNum = _f(0.15, "... and the host's own speed (the in-run speed probe's mean, CPU time) may "
                                       "differ by at most this share between them: a VM in a slow phase lengthens "
                                       "every CPU step of a round trip")
 

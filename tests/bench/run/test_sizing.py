@@ -46,7 +46,8 @@ def test_a_slow_fleet_gets_shards_for_its_physics():
     assert shard_count(_scenario(300, 30.0), cores=2) == 3  # the headline is unchanged
     assert shard_count(_scenario(100, 30.0), cores=2) == 1
     est = _est(_scenario(1000, 1.0))
-    assert not est.real_time and est.split["shards"] > 1.5
+    # their physics alone: 1,000 ticks a second x (100 substeps x 9.6 us + 5 us) = 0.97 of a core
+    assert not est.real_time and est.split["shards"] > 0.97
 
 
 @given(requests=st.floats(0.1, 5000), window=st.floats(0, 200), max_batch=st.integers(1, 256))
