@@ -580,6 +580,7 @@ class PolicyServer:
                 continue
             with self._inflight_cv:
                 self._inflight += 1
+                self._inflight_cv.notify_all()  # a drain waits for none in flight; a test for one
             try:
                 self._run_batch(reqs, batch.queue_depth)
             except Exception:

@@ -202,6 +202,12 @@ def test_client_liveliness_loss_garbage_collects_the_session(server, router):
     assert scraped(server.metrics, "policy_server_active_sessions") == 0
 
 
+def _wait_forward_running(srv, timeout_s: float = 10.0) -> None:
+    """Until a dispatch loop of `srv` has taken a batch and runs it (its in-flight count, which drain waits on)."""
+    with srv._inflight_cv:
+        assert srv._inflight_cv.wait_for(lambda: srv._inflight >= 1, timeout_s), "no forward pass started"
+
+
 def test_newest_observation_wins_and_superseded_are_reported(ckpt, router, tmp_path):
     srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=150,
                                 scheduling={"strategy": "round_robin", "max_batch": 1})).start()
@@ -209,7 +215,7 @@ def test_newest_observation_wins_and_superseded_are_reported(ckpt, router, tmp_p
     try:
         c.open()
         first = c.send(np.ones(S))
-        time.sleep(0.03)  # let the worker pick the first one up, so the next three queue behind it
+        _wait_forward_running(srv)  # the worker picked the first one up, so the next three queue behind it
         for _ in range(3):
             last = c.send(np.ones(S))
         got_first = c.chunk_for(first, timeout=10)
@@ -328,7 +334,7 @@ def test_a_reset_is_answered_while_that_sessions_forward_pass_runs(ckpt, router,
     try:
         assert isinstance(c.open(), SessionAck)
         seq = c.send(np.ones(S))
-        time.sleep(0.15)  # the forward pass (600 ms emulated) is running; nothing to wait on from outside
+        _wait_forward_running(srv)  # the forward pass (600 ms emulated) is running
         t0 = time.monotonic()
         ack = c.reset(1)
         took = time.monotonic() - t0
