@@ -160,8 +160,12 @@ def cmd_run(args) -> int:
     if args.check:
         from bench.run.sizing import estimate
 
+        from bench.run.sizing import report_memory
+
         est = estimate(s)
         print("\n".join(est.lines()))
+        memory = report_memory(s)
+        print(memory.line(s) if memory.fits else f"preflight: {memory.line(s)}")
         return EXIT_PASS
     from bench.run import runner
     return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet, cluster=args.cluster)

@@ -8,8 +8,14 @@ import os
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 from wire.procs import start_router  # noqa: E402
+
+# Property tests judge behaviour, not speed: hypothesis's default 200 ms deadline per example failed a codec test in a
+# CI run on the loaded 2-core host (an empty PNG took 461 ms once, 0.3 ms on the retry). Speed lives in benchmarks/.
+settings.register_profile("fleet", deadline=None)
+settings.load_profile("fleet")
 
 
 @pytest.fixture

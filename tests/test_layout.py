@@ -24,7 +24,7 @@ ALLOWED = {
                   "bench.fleet", "bench.evidence"},
     "bench": {"wire", "edge", "server", "chaos"} | {f"bench.{r}" for r in
                                                      ("scenario", "robots", "security", "fleet", "evidence", "training", "run")},
-    "benchmarks": {"wire", "server", "edge", "chaos", "bench", "bench.robots", "bench.fleet", "bench.scenario"},
+    "benchmarks": {"wire", "server", "edge", "chaos", "bench", "bench.robots", "bench.fleet", "bench.scenario", "bench.run"},
 }
 
 

@@ -178,6 +178,15 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
     places shards and replicas on a Ray cluster (bench.run.cluster, docs/cluster.md)."""
     install_signal_handlers()
     problems = preflight(scenario)
+    if not problems:  # a run whose report cannot fit in memory would be lost at its end
+        from bench.run.sizing import report_memory
+
+        variants = [v for _, v in sweep_variants(scenario)] or [scenario]
+        memory = max((report_memory(v) for v in variants), key=lambda m: m.needed_mb)
+        if not memory.fits:
+            problems = [memory.line(scenario)]
+        elif memory.available_mb is not None and memory.needed_mb > 0.5 * memory.available_mb:
+            print(f"bench: {memory.line(scenario)}", file=sys.stderr)
     if problems:
         for p in problems:
             print(f"bench: {p}", file=sys.stderr)

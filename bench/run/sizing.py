@@ -352,3 +352,52 @@ def measured_by_kind(split: dict) -> dict:
         if kind:
             out[kind] += pct / 100.0
     return {k: round(v, 3) for k, v in out.items()}
+
+
+# The report phase (bench.run.runner.Run.collect, bench.evidence.figures) holds every record of the run at once.
+# Least squares over 109 run directories of 2026-11-26 on the 2-core VM, up to the 30-minute soak's 2.84 M tick rows
+# and 187 k requests (peak 1.82 GB): the runner's peak RSS grows 310 B a robot-tick (warm-up included) and 4.5 KB a
+# request (the edge's record, the server's audit row, their joins), on top of ~120-195 MB it holds already; the runs
+# above 400 k ticks read 0.93-1.16 of it.
+REPORT_BYTES_PER_TICK = 310
+REPORT_BYTES_PER_REQUEST = 4500
+REPORT_BASE_MB = 200
+REPORT_MEMORY_SHARE = 0.9  # of the memory available before the run: more, and the report would swap or be killed
+
+
+@dataclass
+class ReportMemory:
+    needed_mb: float
+    available_mb: float | None  # None: unknown (psutil missing)
+
+    @property
+    def fits(self) -> bool:
+        return self.available_mb is None or self.needed_mb <= REPORT_MEMORY_SHARE * self.available_mb
+
+    def line(self, scenario) -> str:
+        have = f" of {self.available_mb / 1024:.1f} GB available" if self.available_mb is not None else ""
+        if self.fits:
+            return f"preflight: the report phase will hold ~{self.needed_mb / 1024:.1f} GB{have}"
+        per_s = max(self.needed_mb - REPORT_BASE_MB, 1.0) / max(scenario.duration_s + scenario.warmup_s, 1e-9)
+        longest = max((REPORT_MEMORY_SHARE * self.available_mb - REPORT_BASE_MB) / per_s - scenario.warmup_s, 0.0)
+        return (f"the report of this run would hold ~{self.needed_mb / 1024:.1f} GB at once (every robot-tick and "
+                f"request of the run: {REPORT_BYTES_PER_TICK} B a robot-tick, {REPORT_BYTES_PER_REQUEST / 1000:g} KB a "
+                f"request), and this host has {self.available_mb / 1024:.1f} GB available: it would be killed or swap "
+                f"after the run. Shorten duration_s to {longest:.0f} s or less, run fewer robots, or run on a host with "
+                f"more memory")
+
+
+def report_memory(scenario, available_mb: float | None = None) -> ReportMemory:
+    """What the run's report phase will hold at once, against the memory available now (before any process)."""
+    seconds = scenario.duration_s + scenario.warmup_s
+    ticks = sum(g.count * g.fps for g in scenario.groups) * seconds
+    need = REPORT_BASE_MB + (ticks * REPORT_BYTES_PER_TICK + requests_per_s(scenario) * seconds
+                             * REPORT_BYTES_PER_REQUEST) / 2**20
+    if available_mb is None:
+        try:
+            import psutil
+
+            available_mb = psutil.virtual_memory().available / 2**20
+        except Exception:  # noqa: BLE001 - unknown: the check says nothing rather than refuse
+            available_mb = None
+    return ReportMemory(need, available_mb)

@@ -551,13 +551,17 @@ def test_a_replica_with_1000_sessions_scrapes_under_100_kb_and_names_no_robot(ck
     drive = Drive(router, 1000, prefix="robot", replica=srv.keys)
     try:
         drive.open_all()
-        drive.drive(seconds=2.0, rate=1000.0)
+        sent = drive.drive(seconds=2.0, rate=1000.0)
+        # they reach the server later on a loaded host (675 of 2,000 had when the scrape came at once in one CI run)
+        deadline = time.monotonic() + 20
+        while scraped(srv.metrics, "policy_server_requests_total") < 1000 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the requests are in flight on Zenoh's threads; no event crosses to this test
         port = srv.health.port
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             text = r.read().decode()
         assert len(text.encode()) < 100_000 and per_robot_labels(text, "robot") == []
         assert scraped(srv.metrics, "policy_server_active_sessions") == 1000
-        assert scraped(srv.metrics, "policy_server_requests_total") >= 1000
+        assert sent >= 1000 and scraped(srv.metrics, "policy_server_requests_total") >= 1000
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/sessions?client=robot-00007", timeout=10) as r:
             status = json.loads(r.read())["models"]["arm"]
         (row,) = status["sessions"]

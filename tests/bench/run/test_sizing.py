@@ -265,3 +265,46 @@ def test_a_replica_priced_at_the_constant_costs_about_what_the_reacher_mlp_it_st
     timed = replica_ms_per_s(s, {r.id: ForwardCost(2.30, 10.4, 64 if batching else 1, "measured") for r in s.replicas})
     priced = replica_ms_per_s(s, {r.id: constant(REPLICA_FORWARD_MS, "cuda device") for r in s.replicas})
     assert priced == pytest.approx(timed, rel=0.15)
+
+
+def test_the_report_memory_of_a_run_follows_its_ticks_and_requests_and_refuses_past_the_host():
+    from bench.run.sizing import REPORT_MEMORY_SHARE, ReportMemory, report_memory
+
+    headline = _scenario(300, 30.0)
+    headline.duration_s, headline.warmup_s = 120.0, 15.0
+    m = report_memory(headline, available_mb=23_000)
+    # 300 x 30 x 135 s = 1.2 M robot-ticks (~0.37 GB) and ~68 k requests (~0.29 GB): the headline's measured peaks
+    # were 0.73-0.83 GB over the runner's ~0.12 GB before
+    assert 600 < m.needed_mb < 1000 and m.fits
+    assert "0.8 GB of 22.5 GB available" in m.line(headline)
+    day = _scenario(300, 30.0)
+    day.duration_s, day.warmup_s = 86_400.0, 15.0
+    m = report_memory(day, available_mb=23_000)
+    assert not m.fits and m.needed_mb > 100 * 1024
+    words = m.line(day)
+    assert "Shorten duration_s to" in words and "310 B a robot-tick" in words and "22.5 GB available" in words
+    longest = float(words.split("Shorten duration_s to ")[1].split(" s")[0])
+    day.duration_s = longest  # the duration it names fits, and a little more does not
+    assert report_memory(day, available_mb=23_000).fits
+    day.duration_s = longest * 1.05
+    assert not report_memory(day, available_mb=23_000).fits
+    assert ReportMemory(m.needed_mb, None).fits  # the host's memory unknown (no psutil): say nothing, never refuse
+    assert REPORT_MEMORY_SHARE < 1
+
+
+def test_a_run_whose_report_cannot_fit_is_refused_with_exit_2_before_any_process(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bench.scenario.schema import SCENARIOS_DIR
+
+    repo = Path(__file__).resolve().parents[3]
+    # a week of the headline: ~2.8 TB of records at once, on any host this suite runs on
+    proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", str(SCENARIOS_DIR / "300_robots_wan.yaml"),
+                           "--set", "duration_s=604800", "--reports", str(tmp_path)], cwd=repo, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "the report of this run would hold" in proc.stderr and "Shorten duration_s to" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir())  # refused before a run directory, a router or a server existed
