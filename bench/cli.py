@@ -158,9 +158,7 @@ def cmd_run(args) -> int:
     if s is None:
         return EXIT_INVALID
     if args.check:
-        from bench.run.sizing import estimate
-
-        from bench.run.sizing import report_memory
+        from bench.run.sizing import estimate, report_memory
 
         est = estimate(s)
         print("\n".join(est.lines()))

@@ -464,7 +464,7 @@ def _check_rates(w: _Where, groups: list[Group], replicas: list[Replica], server
     for i, g in enumerate(groups):
         if g.engine_kind == "local":
             continue
-        for j, r in enumerate(replicas):
+        for r in replicas:
             if r.model_id != g.model_id:
                 continue
             trained = _trained_fps(r.checkpoint)
