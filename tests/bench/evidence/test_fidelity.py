@@ -7,6 +7,7 @@ import json
 import xml.etree.ElementTree as ET
 
 import numpy as np
+import pytest
 
 from bench.evidence import fidelity as fid
 from bench.evidence import report
@@ -200,3 +201,18 @@ def test_the_vm_slowing_between_the_drift_windows_is_named_where_a_drift_is_judg
     for x in samples:  # a steady VM: nothing to say
         x["speed_probe_ms"] = 35.0 + (2.0 if x["t"] > 1500 else 0.0)
     assert fid.judge([], [], [], TOL, fid.other_load(samples, 2, 1800.0)) == []
+
+
+def test_a_window_s_speed_is_the_mean_of_a_vm_flipping_between_two_phases():
+    # the 2-core VM flips between a ~30 ms and a ~47 ms phase within seconds: a window slow 40 % of the time has
+    # the median 30, one slow 60 % the median 47 (+57 %, a shift fidelity would call); their speeds differ by +9 %
+    samples = _cpu(range(0, 1801), lambda t: 26.0, 50.0)
+    for x in samples:
+        t = int(x["t"])
+        slow_share = 0.4 if t < 900 else 0.6
+        x["speed_probe_ms"] = 47.0 if (t % 10) < slow_share * 10 else 30.0
+    bg = fid.other_load(samples, cores=2, duration_s=1800.0)
+    assert bg["probe_first_ms"] == pytest.approx(30 + 0.4 * 17, abs=0.2)
+    assert bg["probe_last_ms"] == pytest.approx(30 + 0.6 * 17, abs=0.2)
+    assert bg["probe_shift"] == pytest.approx(3.4 / 36.8, abs=0.01)  # +9 %: within the 15 % tolerance
+    assert fid.judge([], [], [], TOL, bg) == []

@@ -132,6 +132,8 @@ def test_the_in_run_speed_probe_compares_with_the_probe_and_is_summarised():
     assert len(s.samples) == 4 and len(probed) == 2  # the first call only sets the baseline
     summary = s.probes()
     assert summary["count"] == 2 and 0 < summary["min_ms"] <= summary["median_ms"] <= summary["max_ms"]
+    assert summary["min_ms"] <= summary["mean_ms"] <= summary["max_ms"]  # the window's speed (bench.run.hostcpu)
+    assert CpuSampler().probe_every == 1  # every sample probes by default: the VM's phases last seconds
     assert CpuSampler(probe_every=0).probes() == {}
 
 
