@@ -16,6 +16,7 @@ reports/bench/speed_probe.json.
 
 from __future__ import annotations
 
+import json
 import time
 import zlib
 from pathlib import Path
@@ -43,8 +44,6 @@ def _records_python(tracker: LatencyTracker) -> float:
     for i in range(3000):
         rows.append({"robot": i, "t": i * 0.1, "lateness_ms": 1.0, "state_digest": zlib.crc32(b"x" * 64)})
         tracker.add(0.05 + (i % 7) * 1e-3)
-    import json
-
     json.dumps(rows[:200])
     return (time.thread_time() - t0) * 1e3
 

@@ -467,7 +467,9 @@ def _check_rates(w: _Where, groups: list[Group], replicas: list[Replica], server
         for r in replicas:
             if r.model_id != g.model_id:
                 continue
-            trained = _trained_fps(r.checkpoint)
+            # the manifest's trained_fps overrides the checkpoint's (server.manifest), as allow_resampling its refusal
+            trained = r.manifest.get("trained_fps", server_manifest.get("trained_fps")) or _trained_fps(r.checkpoint)
+            trained = float(trained) if trained else None
             allowed = r.manifest.get("allow_resampling", server_manifest.get("allow_resampling", False))
             if trained is None or abs(trained - g.fps) < 1e-6 or allowed is True:
                 continue

@@ -111,6 +111,10 @@ def test_group_rate_must_match_the_served_checkpoint_unless_resampling_is_allowe
     per_replica = slow.replace("{id: r0, checkpoint: reacher}",
                                "{id: r0, checkpoint: reacher, manifest: {allow_resampling: true}}")
     assert parse(per_replica).groups[0].fps == 15
+    # a manifest's trained_fps overrides the checkpoint's, for the server and for this check alike
+    retimed = slow.replace("servers:\n", "servers:\n  manifest: {trained_fps: 15}\n")
+    assert parse(retimed).groups[0].fps == 15
+    assert "trained at 15 Hz" in error_of(retimed.replace("      fps: 15\n", "      fps: 30\n")).message
 
 
 def test_fault_target_must_exist():
