@@ -22,6 +22,7 @@ class ProxyServer:
     host: str
     port: int
     real_toxiproxy: bool
+    priority: str = "normal"  # how its process was scheduled once ready (scheduling_of), what took effect
 
     @property
     def api_url(self) -> str:
@@ -36,7 +37,8 @@ class ProxyServer:
 
 
 def start_proxy_server(log_path: str | Path, host: str = "127.0.0.1", port: int | None = None,
-                       timeout_s: float = 15.0) -> ProxyServer:
+                       timeout_s: float = 15.0, priority: str = "normal") -> ProxyServer:
+    """`priority`: ours' `--priority` (normal, nice, fifo; the Go binary has no such flag and runs as started)."""
     port = port or free_port()
     choice = os.environ.get("CHAOS_PROXY", "auto")
     binary = shutil.which("toxiproxy-server")
@@ -46,8 +48,19 @@ def start_proxy_server(log_path: str | Path, host: str = "127.0.0.1", port: int 
     if real:
         argv, ready = [binary, "-host", host, "-port", str(port)], "Starting Toxiproxy HTTP server"
     else:
-        argv, ready = [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(port)], \
-            "toxiproxy-server-py ready"
+        argv, ready = [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(port),
+                       "--priority", priority], "toxiproxy-server-py ready"
     child = ChildProcess(argv, log_path, ready_text=ready, name="chaos-proxy")
     child.start(timeout_s=timeout_s)
-    return ProxyServer(child, host, port, real)
+    return ProxyServer(child, host, port, real, scheduling_of(child.pid))
+
+
+def scheduling_of(pid: int | None) -> str:
+    """A process's scheduling as the proxy words it (`SCHED_FIFO 5`, `nice -10`, `normal`); `unknown` if unreadable."""
+    try:
+        if os.sched_getscheduler(pid) == os.SCHED_FIFO:
+            return f"SCHED_FIFO {os.sched_getparam(pid).sched_priority}"
+        niceness = os.getpriority(os.PRIO_PROCESS, pid)
+        return f"nice {niceness}" if niceness else "normal"
+    except (AttributeError, OSError, TypeError):
+        return "unknown"

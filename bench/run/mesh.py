@@ -110,11 +110,22 @@ def peer_router_cns() -> tuple[str, ...]:
     return (ROUTER_CN, NODE_ROUTER_CN)
 
 
+def proxy_priority() -> str:
+    """How the bench schedules its chaos proxies' event loops (chaos.toxiproxy --priority): fifo, unless
+    BENCH_PROXY_PRIORITY says nice or normal. An emulated link must not wait for a CPU behind the system under test
+    (docs/bench.md "The proxy's priority")."""
+    import os
+
+    want = os.environ.get("BENCH_PROXY_PRIORITY", "fifo")
+    return want if want in ("fifo", "nice", "normal") else "fifo"
+
+
 def proxy_argv(host: str, port: int) -> list[str]:
     """A node's chaos proxy server (chaos.toxiproxy: ours, which reports fidelity), its API on `host:port`."""
     import sys
 
-    return [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(port)]
+    return [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(port), "--priority",
+            proxy_priority()]
 
 
 def short(node_id: str) -> str:

@@ -434,12 +434,14 @@ class Run:
         from chaos import launch as chaos_launch
         from chaos import profiles as chaos_profiles
 
+        from bench.run.mesh import proxy_priority
         from bench.run.sizing import proxy_processes
 
         # one event loop per proxy process: sites are dealt over as many as the load and the host call for
         self.proxy_servers = []
         for i in range(proxy_processes(self.s)):
-            server = chaos_launch.start_proxy_server(log_path=self.logs / f"{_proxy_name(i)}.log")
+            server = chaos_launch.start_proxy_server(log_path=self.logs / f"{_proxy_name(i)}.log",
+                                                     priority=proxy_priority())
             self.procs.on_stop(_proxy_name(i), server.stop)
             self.cpu.track(_proxy_name(i), getattr(server, "pid", None))
             self.proxy_servers.append(server)
@@ -1105,6 +1107,8 @@ class Run:
                             "site_process": {n: self.chaos.server_of(f"site-{n}") for n in self.sites}
                             if hasattr(getattr(self, "chaos", None), "server_of") else {},
                             "real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
+                            "priority": sorted({getattr(s, "priority", "normal")
+                                                for s in getattr(self, "proxy_servers", [])}),
                             "stand_ins": getattr(self, "network_stand_ins", {})},
             "fidelity": fidelity,
             "leg_series": self.leg_series.to_json(),

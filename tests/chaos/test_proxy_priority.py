@@ -1,0 +1,78 @@
+"""The proxy's scheduling (`chaos.toxiproxy --priority`): what it asks for, how it falls back where the host refuses,
+and what a started proxy reports (`ProxyServer.priority`, the bench's `summary.json` → `chaos_proxy.priority`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from chaos.launch import scheduling_of, start_proxy_server
+from chaos.toxiproxy import __main__ as proxy_main
+
+
+def _refuse(*_args, **_kwargs):
+    raise PermissionError(1, "Operation not permitted")
+
+
+def test_fifo_falls_back_to_nice_then_to_normal_where_the_host_refuses(monkeypatch):
+    asked = []
+    monkeypatch.setattr(proxy_main.os, "sched_setscheduler", lambda pid, policy, param: asked.append(
+        (pid, policy, param.sched_priority)))
+    assert proxy_main.raise_priority("fifo") == f"SCHED_FIFO {proxy_main.FIFO_PRIORITY}"
+    assert asked == [(0, os.SCHED_FIFO, proxy_main.FIFO_PRIORITY)]  # this thread: the event loop's
+
+    niced = []
+    monkeypatch.setattr(proxy_main.os, "sched_setscheduler", _refuse)
+    monkeypatch.setattr(proxy_main.os, "setpriority", lambda which, who, value: niced.append(value))
+    assert proxy_main.raise_priority("fifo") == "nice -10"
+    assert niced == [-10]
+
+    monkeypatch.setattr(proxy_main.os, "setpriority", _refuse)
+    assert proxy_main.raise_priority("fifo") == "normal"
+    assert proxy_main.raise_priority("nice") == "normal"
+
+
+def test_normal_changes_nothing(monkeypatch):
+    monkeypatch.setattr(proxy_main.os, "sched_setscheduler", _refuse)
+    monkeypatch.setattr(proxy_main.os, "setpriority", _refuse)
+    assert proxy_main.raise_priority("normal") == "normal"
+
+
+def test_the_proxy_stays_below_the_control_loops():
+    from bench.fleet.shard import LOOP_FIFO_PRIORITY
+
+    assert 0 < proxy_main.FIFO_PRIORITY < LOOP_FIFO_PRIORITY  # a robot's tick first, the network second
+
+
+def test_unknown_priority_is_refused_by_the_command_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        proxy_main.parse_args(["--priority", "realtime"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'realtime'" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_a_started_proxy_reports_the_scheduling_its_process_has(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHAOS_PROXY", "python")
+    fifo = start_proxy_server(tmp_path / "fifo.log", priority="fifo")
+    plain = start_proxy_server(tmp_path / "plain.log")
+    try:
+        assert fifo.priority == scheduling_of(fifo.pid)  # read from the live process, not from what was asked
+        assert fifo.priority in (f"SCHED_FIFO {proxy_main.FIFO_PRIORITY}", "nice -10", "normal")
+        assert f"event loop priority: {fifo.priority} (asked: fifo)" in (tmp_path / "fifo.log").read_text()
+        assert plain.priority == scheduling_of(plain.pid) == "normal"
+    finally:
+        fifo.stop()
+        plain.stop()
+    assert scheduling_of(fifo.pid) == "unknown"  # gone
+
+
+def test_the_bench_asks_fifo_unless_told_otherwise(monkeypatch):
+    from bench.run.mesh import proxy_argv, proxy_priority
+
+    monkeypatch.delenv("BENCH_PROXY_PRIORITY", raising=False)
+    assert proxy_priority() == "fifo"
+    assert proxy_argv("127.0.0.1", 9)[-2:] == ["--priority", "fifo"]
+    monkeypatch.setenv("BENCH_PROXY_PRIORITY", "normal")
+    assert proxy_argv("127.0.0.1", 9)[-2:] == ["--priority", "normal"]
