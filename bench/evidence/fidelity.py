@@ -270,6 +270,47 @@ def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict,
     return reasons
 
 
+def bench_share(proxy_legs: dict | None, replicas: list[dict]) -> dict:
+    """How much of the latency budget's figures the bench added (summary.json `fidelity.bench_share`, the report's
+    "of it, the bench" column), where it can be measured:
+
+    - `uplink_ms` / `downlink_ms`: the proxies' applied - asked delay per chunk, every site's histogram of that
+      direction added (so chunk-weighted), p50 and p99; `sites_measured` of `sites` (a leg with no toxic forwards
+      bytes untouched and is not stamped: its share is unmeasured, not zero);
+    - `inference_ms`: the replicas' forward pass beyond their own unloaded time at the same batch size, p50,
+      weighted by each replica's answered requests (host contention: a replica on its own GPU would not see it).
+    The client's encode and the server's queue wait cannot be split; the round trip's share is the sum of the
+    p50s above (medians do not add exactly: an estimate, said so in `note`)."""
+    out: dict = {}
+    for direction, figure in (("upstream", "uplink_ms"), ("downstream", "downlink_ms")):
+        hist, edges, measured, sites = None, [], 0, 0
+        for snap in (proxy_legs or {}).values():
+            leg = snap.get(direction)
+            if not leg:
+                continue
+            sites += 1
+            if not leg.get("chunks"):
+                continue
+            measured += 1
+            edges = snap.get("edges_ms") or edges
+            hist = list(leg["hist"]) if hist is None else [a + b for a, b in zip(hist, leg["hist"])]
+        if sites:
+            out[figure] = {"p50": _r(_percentile(hist, edges, 0.50)) if hist else None,
+                           "p99": _r(_percentile(hist, edges, 0.99)) if hist else None,
+                           "sites_measured": measured, "sites": sites}
+    judged = [r for r in replicas if r.get("forward_excess_ms_p50") is not None and r.get("requests")]
+    if judged:
+        n = sum(r["requests"] for r in judged)
+        out["inference_ms"] = {"p50": _r(sum(max(r["forward_excess_ms_p50"], 0.0) * r["requests"] for r in judged) / n),
+                               "replicas": len(judged)}
+    parts = [out.get(k, {}).get("p50") for k in ("uplink_ms", "downlink_ms", "inference_ms")]
+    if any(p is not None for p in parts):
+        out["rtt_ms"] = {"p50": _r(sum(p for p in parts if p is not None))}
+        out["note"] = ("the round trip's share is the sum of its parts' p50s (an estimate: medians do not add); the "
+                       "client's encode and the server's queue wait are not split")
+    return out
+
+
 def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit_rows: list[dict],
             unloaded: dict[str, dict | None], window_ms: tuple[float, float], proxy_note: str | None = None,
             cores: int = 1, judge_drift: bool = False) -> dict:
@@ -286,7 +327,7 @@ def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit_r
     background = other_load(getattr(data, "cpu_samples", None), cores, duration_s) if data is not None else None
     reasons = judge(legs, shards, replicas, tol, background if judge_drift else None)
     out = {"valid": not reasons, "reasons": reasons, "tolerances": dict(tol), "legs": legs, "shards": shards,
-           "replicas": replicas, "other_load": background}
+           "replicas": replicas, "other_load": background, "bench_share": bench_share(proxy_legs, replicas)}
     if proxy_note:
         out["note"] = proxy_note
     return out
@@ -318,6 +359,12 @@ def table_lines(f: dict) -> list[str]:
                      f"{bg['last_percent']:.0f} % in the last"
                      + (f"; speed probe {bg['probe_first_ms']:.1f} -> {bg['probe_last_ms']:.1f} ms"
                         if bg.get("probe_shift") is not None else ""))
+    share = f.get("bench_share") or {}
+    if (share.get("rtt_ms") or {}).get("p50") is not None:
+        parts = [f"{name} {share[k]['p50']:.1f}" for k, name in (("uplink_ms", "uplink"), ("downlink_ms", "downlink"),
+                                                                 ("inference_ms", "inference"))
+                 if (share.get(k) or {}).get("p50") is not None]
+        lines.append(f"    the bench's share of the round trip: ~{share['rtt_ms']['p50']:.1f} ms at p50 ({', '.join(parts)})")
     lines += [f"    ! {x}" for x in f.get("reasons", [])]
     return lines
 

@@ -79,13 +79,22 @@ def verdict_of(results: list[AssertionResult], error: str | None, fidelity: dict
     return "inconclusive" if fidelity and not fidelity.get("valid", True) else "fail"
 
 
-def latency_budget(figures: dict) -> list[dict]:
+def latency_budget(figures: dict, fidelity: dict | None = None) -> list[dict]:
+    """The budget's rows, each with what of it the bench added where that is measured (`bench_p50_ms`,
+    `bench_p99_ms`: bench.evidence.fidelity.bench_share; None where it cannot be split)."""
+    share = dict((fidelity or {}).get("bench_share") or {})
+    up, down = share.get("uplink_ms") or {}, share.get("downlink_ms") or {}
+    if up or down:  # network = up + down: the parts' p50s and p99s added (the p99s' sum bounds the p99 from above)
+        share["network_ms"] = {q: (None if up.get(q) is None and down.get(q) is None
+                                   else (up.get(q) or 0.0) + (down.get(q) or 0.0)) for q in ("p50", "p99")}
     rows = []
     for stage, key in BUDGET_SERIES:
         s = figures.get(key) or {}
         ref = BUDGET_REFERENCE[stage]
+        bench = share.get(key) or {}
         rows.append({"stage": stage, "figure": key, "p50_ms": s.get("p50"), "p95_ms": s.get("p95"),
-                     "p99_ms": s.get("p99"), "count": s.get("count", 0), "design_lan": ref[0], "design_wan": ref[1]})
+                     "p99_ms": s.get("p99"), "count": s.get("count", 0), "bench_p50_ms": bench.get("p50"),
+                     "bench_p99_ms": bench.get("p99"), "design_lan": ref[0], "design_wan": ref[1]})
     return rows
 
 
@@ -136,7 +145,7 @@ def summary_dict(o: RunOutcome) -> dict:
         "group_engines": o.meta.get("group_engines", {}),
         "baselines": o.meta.get("baselines", []),
         "state_changes": o.meta.get("state_changes", []),
-        "latency_budget": latency_budget(f),
+        "latency_budget": latency_budget(f, o.meta.get("fidelity")),
         "cpu": o.meta.get("cpu", {}),
         "memory": o.meta.get("memory", {}),
         "camera_kind": o.meta.get("camera_kind"),
@@ -301,12 +310,19 @@ def render_html(o: RunOutcome, summary: dict) -> str:
     out.append("</table>")
 
     out.append("<h2>Latency budget</h2><p class=muted>Measured per request (engine records); design section 11 "
-               "reference for a Pi0-class model beside it. network = rtt - queue wait - inference.</p>")
+               "reference for a Pi0-class model beside it. network = rtt - queue wait - inference. <b>Of it, the "
+               "bench</b>: what the twin itself added, where it is measured: the proxies' delay beyond what the "
+               "profile asked (per chunk, every site of that direction), the replicas' forward pass beyond their "
+               "unloaded time (host contention), and for the round trip their p50s added (an estimate); blank: "
+               "not separable.</p>")
     out.append("<table><tr><th class=l>stage</th><th>p50 ms</th><th>p95 ms</th><th>p99 ms</th><th>n</th>"
-               "<th>design LAN</th><th>design WAN 50 ms</th></tr>")
+               "<th>of it, the bench p50 / p99 ms</th><th>design LAN</th><th>design WAN 50 ms</th></tr>")
     for row in summary["latency_budget"]:
+        bench = "" if row.get("bench_p50_ms") is None and row.get("bench_p99_ms") is None else \
+            f"{_v(row.get('bench_p50_ms'))} / {_v(row.get('bench_p99_ms'))}"
         out.append(f"<tr><td class=l>{e(row['stage'])}</td><td>{_v(row['p50_ms'])}</td><td>{_v(row['p95_ms'])}</td>"
-                   f"<td>{_v(row['p99_ms'])}</td><td>{row['count']}</td><td>{e(row['design_lan'])}</td><td>{e(row['design_wan'])}</td></tr>")
+                   f"<td>{_v(row['p99_ms'])}</td><td>{row['count']}</td><td>{bench}</td><td>{e(row['design_lan'])}</td>"
+                   f"<td>{e(row['design_wan'])}</td></tr>")
     out.append("</table>")
     split = (summary.get("clock") or {}).get("hop_split") or {}
     if split and not split.get("valid", True):  # the uplink/downlink rows above left those requests out

@@ -216,3 +216,40 @@ def test_a_window_s_speed_is_the_mean_of_a_vm_flipping_between_two_phases():
     assert bg["probe_last_ms"] == pytest.approx(30 + 0.6 * 17, abs=0.2)
     assert bg["probe_shift"] == pytest.approx(3.4 / 36.8, abs=0.01)  # +9 %: within the 15 % tolerance
     assert fid.judge([], [], [], TOL, bg) == []
+
+
+def test_the_bench_share_adds_every_site_of_a_direction_and_leaves_an_unstamped_leg_unmeasured():
+    edges = list(EDGES_MS)
+    legs = {"eu": {"edges_ms": edges, "upstream": _leg([0.5] * 90), "downstream": _leg([1.5] * 100)},
+            "us": {"edges_ms": edges, "upstream": _leg([8.0] * 10), "downstream": _leg([1.5] * 100)},
+            "lab": {"edges_ms": edges, "upstream": LegStats().to_json(), "downstream": LegStats().to_json()}}
+    replicas = [{"replica": "r0", "requests": 300, "forward_excess_ms_p50": 4.0},
+                {"replica": "r1", "requests": 100, "forward_excess_ms_p50": -1.0},  # faster than unloaded: no share
+                {"replica": "r2", "requests": 0, "forward_excess_ms_p50": None}]
+    share = fid.bench_share(legs, replicas)
+    up = share["uplink_ms"]
+    # chunk-weighted: 90 of eu's at 0.5 ms and 10 of us's at 8 ms, so p50 is eu's and p99 is us's
+    assert 0.5 <= up["p50"] <= 0.6 and 8.0 <= up["p99"] <= 9.2
+    assert (up["sites_measured"], up["sites"]) == (2, 3)  # lab's leg forwards untouched: unmeasured
+    assert 1.5 <= share["downlink_ms"]["p50"] <= 1.6
+    assert share["inference_ms"] == {"p50": 3.0, "replicas": 2}  # (4 x 300 + 0 x 100) / 400
+    assert share["rtt_ms"]["p50"] == pytest.approx(up["p50"] + share["downlink_ms"]["p50"] + 3.0)
+    assert fid.bench_share({}, []) == {}  # nothing measured: no share, not a zero one
+
+
+def test_the_latency_budget_says_what_of_each_row_the_bench_added(tmp_path):
+    edges = list(EDGES_MS)
+    legs = {"eu": {"edges_ms": edges, "upstream": _leg([1.0] * 100), "downstream": _leg([2.0] * 100)}}
+    f = {"bench_share": fid.bench_share(legs, [{"replica": "r0", "requests": 5, "forward_excess_ms_p50": 3.0}])}
+    rows = {r["figure"]: r for r in report.latency_budget({"rtt_ms": {"p50": 80.0}}, f)}
+    assert 1.0 <= rows["uplink_ms"]["bench_p50_ms"] <= 1.1 and 2.0 <= rows["downlink_ms"]["bench_p50_ms"] <= 2.1
+    assert rows["network_ms"]["bench_p50_ms"] == pytest.approx(rows["uplink_ms"]["bench_p50_ms"]
+                                                               + rows["downlink_ms"]["bench_p50_ms"])
+    assert rows["inference_ms"]["bench_p50_ms"] == 3.0 and rows["inference_ms"]["bench_p99_ms"] is None
+    assert rows["encode_ms"]["bench_p50_ms"] is None and rows["queue_wait_ms"]["bench_p50_ms"] is None
+    assert rows["rtt_ms"]["p50_ms"] == 80.0 and rows["rtt_ms"]["bench_p50_ms"] == f["bench_share"]["rtt_ms"]["p50"]
+    assert all(r["bench_p50_ms"] is None for r in report.latency_budget({}, None))
+    lines = fid.table_lines({"valid": True, "legs": [], "shards": [{"shard": 0, "host_late_ratio": 0.0,
+                                                                    "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}],
+                             "replicas": [], "bench_share": f["bench_share"]})
+    assert any(x.startswith("    the bench's share of the round trip: ~") and "inference 3.0" in x for x in lines)
