@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def run(quick: bool) -> Result:
-    res = run_main(main, ["--requests", "2000", "10000", "--reps", "1"] if quick else [])
+    res = run_main(main, ["--requests", "10000", "40000", "--reps", "1"] if quick else [])
     f = res.details["figures"]["code"]
     res.add("report phase peak per request (collect, fidelity)", f["collect"]["peak_bytes_per_request"], "B")
     res.add("audit lines held per request (collect_audit)", f["audit"]["held_bytes_per_request"], "B")
