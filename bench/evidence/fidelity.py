@@ -163,26 +163,39 @@ def _at_batch(ref: dict[int, float], b: np.ndarray) -> np.ndarray:
     return np.maximum(out, 1e-3)
 
 
-def replica_figures(audit_rows: list[dict], unloaded: dict[str, dict | None], window_ms: tuple[float, float]) -> list[dict]:
+def replica_figures(audit, unloaded: dict[str, dict | None], window_ms: tuple[float, float]) -> list[dict]:
+    """Per replica of `unloaded`: its answered requests' forward pass (`audit`: bench.evidence.audit's table) in
+    `window_ms` (runner's monotonic clock), against its own unloaded time at the same batch size."""
+    replica, fwd_all, batch_all, mono, answered = _forward_columns(audit)
+    in_window = answered & (window_ms[0] <= mono) & (mono <= window_ms[1])
     out = []
     for rid in sorted(unloaded):
         ref = unloaded[rid]
-        rows = [r for r in audit_rows if r.get("replica") == rid and r.get("outcome") == "ok"
-                and r.get("forward_ms") is not None and r.get("batch")
-                and r.get("mono_ms") is not None and window_ms[0] <= float(r["mono_ms"]) <= window_ms[1]]
-        row = {"replica": rid, "requests": len(rows), "unloaded_ms": ref, "forward_ms_p50": None,
+        rows = in_window & (replica == rid)
+        n = int(rows.sum())
+        row = {"replica": rid, "requests": n, "unloaded_ms": ref, "forward_ms_p50": None,
                "forward_ratio_p50": None, "forward_ratio_p99": None, "forward_excess_ms_p50": None}
         if not ref:
             row["note"] = "no unloaded forward time in its log (warmup_inferences: 0?): not judged"
-        elif rows:
-            fwd = np.array([float(r["forward_ms"]) for r in rows])
-            base = _at_batch(ref, np.array([float(r["batch"]) for r in rows]))
+        elif n:
+            fwd = fwd_all[rows]
+            base = _at_batch(ref, batch_all[rows])
             ratio = fwd / base
             row.update(forward_ms_p50=_r(np.percentile(fwd, 50)), forward_ratio_p50=_r(np.percentile(ratio, 50)),
                        forward_ratio_p99=_r(np.percentile(ratio, 99)),
                        forward_excess_ms_p50=_r(np.percentile(fwd - base, 50)))
         out.append(row)
     return out
+
+
+def _forward_columns(audit):
+    """replica, forward_ms, batch, mono_ms of every audit row, and which rows are answered requests that carry
+    all three numbers (a batch of 0 or null: not a forward pass)."""
+    from bench.evidence.audit import equals, floats, strings
+
+    fwd, batch, mono = floats(audit, "forward_ms"), floats(audit, "batch"), floats(audit, "mono_ms")
+    answered = equals(audit, "outcome", "ok") & ~np.isnan(fwd) & ~np.isnan(batch) & (batch != 0) & ~np.isnan(mono)
+    return strings(audit, "replica"), fwd, batch, mono, answered
 
 
 def other_load(cpu_samples, cores: int, duration_s: float) -> dict | None:
@@ -311,7 +324,7 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict]) -> dict:
     return out
 
 
-def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit_rows: list[dict],
+def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit,
             unloaded: dict[str, dict | None], window_ms: tuple[float, float], proxy_note: str | None = None,
             cores: int = 1, judge_drift: bool = False) -> dict:
     """The `fidelity` mapping of summary.json. `proxy_legs`: site -> the proxy's window counters
@@ -323,7 +336,7 @@ def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit_r
             if d in snap:
                 legs.append(leg_figures(site, d, snap[d], snap.get("edges_ms") or [], tol))
     shards = shard_figures(data, duration_s) if data is not None else []
-    replicas = replica_figures(audit_rows, unloaded, window_ms)
+    replicas = replica_figures(audit, unloaded, window_ms)
     background = other_load(getattr(data, "cpu_samples", None), cores, duration_s) if data is not None else None
     reasons = judge(legs, shards, replicas, tol, background if judge_drift else None)
     out = {"valid": not reasons, "reasons": reasons, "tolerances": dict(tol), "legs": legs, "shards": shards,
@@ -373,19 +386,19 @@ def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:.2f} %"
 
 
-def forward_series(audit_rows: list[dict], unloaded: dict[str, dict | None], t0_ms: float,
+def forward_series(audit, unloaded: dict[str, dict | None], t0_ms: float,
                    duration_s: float) -> dict[str, tuple[list, list]]:
     """Per replica, per second of the run: the median forward / unloaded ratio (the report's figure)."""
+    replica, fwd, batch, mono, answered = _forward_columns(audit)
     out = {}
     for rid, ref in unloaded.items():
         if not ref:
             continue
-        rows = [r for r in audit_rows if r.get("replica") == rid and r.get("outcome") == "ok"
-                and r.get("forward_ms") is not None and r.get("batch") and r.get("mono_ms") is not None]
-        if not rows:
+        rows = answered & (replica == rid)
+        if not rows.any():
             continue
-        t = (np.array([float(r["mono_ms"]) for r in rows]) - t0_ms) / 1e3
-        ratio = np.array([float(r["forward_ms"]) for r in rows]) / _at_batch(ref, np.array([float(r["batch"]) for r in rows]))
+        t = (mono[rows] - t0_ms) / 1e3
+        ratio = fwd[rows] / _at_batch(ref, batch[rows])
         m = (t >= 0) & (t <= duration_s)
         sec = np.floor(t[m]).astype(int)
         xs, ys = [], []

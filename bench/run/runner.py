@@ -80,12 +80,13 @@ def psutil_rss_mb() -> float:
 HOP_SPLIT_MAX_CLOCK_ERROR = 0.25  # of a pair's median one-way hop: a split whose clocks are less sure is dropped
 
 
-def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, server_rows: list[dict],
+def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, audit,
               robot_offset_ms: np.ndarray | None = None, robot_uncertainty_ms: np.ndarray | None = None,
               robot_shard: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """Each answered request's uplink and downlink, ms: `uplink_ms` from the robot stamping it (`sent_ns`, its
     header's client_mono_ns) to the server receiving it (audit `received_mono_ms`), `downlink_ms` from the server
     handing the chunk to Zenoh (audit `sent_mono_ms`) to the robot receiving it (`t_recv_s`, monotonic seconds).
+    `audit`: the servers' audit lines (bench.evidence.audit's table).
 
     Clocks (bench.fleet.clock): `t_recv_s` and the audit rows are on the runner's clock (collect_audit shifts a
     replica on another clock, and gives its rows `clock_uncertainty_ms`); `sent_ns` is the robot's, moved onto
@@ -95,20 +96,22 @@ def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, server_rows: list[dict]
     of its requests get NaN (all, not the long hops only, which would bias what is left). Joined on
     client_mono_ns (the raw stamp, echoed); NaN where no audit line matches. Returns (uplink, downlink, the
     dropped pairs: {shard, replica, requests, clock_error_ms, hop_ms_p50})."""
-    known = [(int(r["client_mono_ns"]), float(r["received_mono_ms"]), float(r["sent_mono_ms"]),
-              float(r.get("clock_uncertainty_ms") or 0.0), str(r.get("replica") or "")) for r in server_rows
-             if r.get("outcome") == "ok" and r.get("client_mono_ns") and r.get("received_mono_ms") is not None
-             and r.get("sent_mono_ms") is not None]
+    from bench.evidence.audit import equals, floats, integers, strings
+
+    key, has_key = integers(audit, "client_mono_ns")
+    received_all, sent_all = floats(audit, "received_mono_ms"), floats(audit, "sent_mono_ms")
+    known = equals(audit, "outcome", "ok") & has_key & (key != 0) & ~np.isnan(received_all) & ~np.isnan(sent_all)
+    error_all = np.nan_to_num(floats(audit, "clock_uncertainty_ms"), nan=0.0)
+    replica_all = strings(audit, "replica")[known]
+    _, replica_code = np.unique(replica_all, return_inverse=True)
+    # by stamp, then by the other fields: of two lines with one stamp, the join takes the first in this order
+    order = np.lexsort((replica_code, error_all[known], sent_all[known], received_all[known], key[known]))
+    keys, received, sent = key[known][order], received_all[known][order], sent_all[known][order]
+    server_error, replicas = error_all[known][order], replica_all[order]
     up = np.full(len(sent_ns), np.nan, dtype=np.float32)
     down = np.full(len(sent_ns), np.nan, dtype=np.float32)
-    if not known or not len(sent_ns):
+    if not len(keys) or not len(sent_ns):
         return up, down, []
-    known.sort()
-    keys = np.array([k[0] for k in known], dtype=np.int64)
-    received = np.array([k[1] for k in known])
-    sent = np.array([k[2] for k in known])
-    server_error = np.array([k[3] for k in known])
-    replicas = np.array([k[4] for k in known])
     sent_ns = np.asarray(sent_ns, dtype=np.int64)
     at = np.clip(np.searchsorted(keys, sent_ns), 0, len(keys) - 1)
     hit = (keys[at] == sent_ns) & (sent_ns > 0)
@@ -605,19 +608,21 @@ class Run:
             child.start()
             self.cpu.track(f"attacker:{a['name']}", child.pid)  # on this host the attackers share the CPU: show it
 
-    def collect_attacks(self, audit_rows: list[dict]) -> list[dict]:
-        """attacks.jsonl, with the `audit_forged` verdicts resolved from the servers' audit lines."""
+    def collect_attacks(self, audit) -> list[dict]:
+        """attacks.jsonl, with the `audit_forged` verdicts resolved from the servers' audit lines (`audit`:
+        bench.evidence.audit's table)."""
+        from bench.evidence.audit import at_least, equals
+
         path = getattr(self, "attack_log", None)
         rows = []
         if path is not None and path.is_file():
             rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         for r in rows:
             if r.get("judge") == "audit_forged":
-                served = [a for a in audit_rows if a.get("client_uuid") == r["victim"]
-                          and isinstance(a.get("seq_id"), (int, float)) and a["seq_id"] >= r["seq_base"]
-                          and str(a.get("outcome", "")) == "ok"]
+                served = int(np.count_nonzero(equals(audit, "client_uuid", r["victim"]) & equals(audit, "outcome", "ok")
+                                              & at_least(audit, "seq_id", r["seq_base"])))
                 r["outcome"] = "breached" if served else "denied"
-                r["evidence"] += f"; the server served {len(served)} of them (audit)"
+                r["evidence"] += f"; the server served {served} of them (audit)"
         started = {a["name"] for a in self.s.attackers}
         finished = {r["attacker"] for r in rows}
         for name in sorted(started - finished):  # an attacker that died or never ran must not read as "all denied"
@@ -1149,7 +1154,7 @@ class Run:
         t0 = (self.state.t0_mono or 0.0) * 1e3
         try:
             drift = any("_drift" in a.expression for a in self.s.assertions)
-            return fid.compute(data, self.s.duration_s, tol, legs, getattr(self, "audit_rows", []), unloaded,
+            return fid.compute(data, self.s.duration_s, tol, legs, self._audit(), unloaded,
                                (t0, t0 + self.s.duration_s * 1e3), note, cores=self.cpu.cores, judge_drift=drift)
         except Exception as exc:  # the verdict must still be written; say what could not be measured
             return {"valid": True, "reasons": [], "tolerances": tol, "legs": [], "shards": [], "replicas": [],
@@ -1159,21 +1164,28 @@ class Run:
 
         try:
             unloaded = {rid: fid.unloaded_forward(self.logs / f"server-{rid}.log") for rid in self.servers}
-            return fid.forward_series(getattr(self, "audit_rows", []), unloaded, (self.state.t0_mono or 0.0) * 1e3,
-                                      self.s.duration_s)
+            return fid.forward_series(self._audit(), unloaded, (self.state.t0_mono or 0.0) * 1e3, self.s.duration_s)
         except Exception:
             return {}  # a report figure only; fidelity itself says what it could not measure
 
     def _logs(self):
         return [(p.stem, p) for p in sorted(self.logs.glob("*.log"))]
 
+    def _audit(self):
+        """The audit table `collect` read (an empty one before it ran)."""
+        import pyarrow as pa
+
+        audit = getattr(self, "audit", None)
+        return audit if audit is not None else pa.table({})
+
     def collect(self) -> figs.RunData:
         """Merge every shard's Arrow streams into parquet files; return numpy views for figures."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        server_rows = self.collect_audit()
-        self.audit_rows = server_rows
+        from bench.evidence.audit import checkpoints_by_session, rows_with_prefix
+
+        self.audit = audit = self.collect_audit()
         tables = {}
         for kind in records.SCHEMAS:
             t = records.collect(self.rec_dir, kind)
@@ -1182,7 +1194,7 @@ class Run:
             if kind == "requests":
                 t_recv = t.column("t").to_numpy() + float(getattr(self.state, "t0_mono", 0.0) or 0.0)
                 offset_ms, error_ms, shard = self.robot_clocks(t.column("robot").to_numpy())
-                up, down, self.hop_split_dropped = hop_split(t.column("sent_ns").to_numpy(), t_recv, server_rows,
+                up, down, self.hop_split_dropped = hop_split(t.column("sent_ns").to_numpy(), t_recv, audit,
                                                              offset_ms, error_ms, shard)
                 t = t.append_column("uplink_ms", pa.array(up)).append_column("downlink_ms", pa.array(down))
             pq.write_table(t, self.run_dir / f"{kind}.parquet")
@@ -1190,8 +1202,8 @@ class Run:
         robots_tab = pa.Table.from_pylist(getattr(self, "robot_table", []) or [], schema=None) \
             if getattr(self, "robot_table", None) else pa.table({"robot": pa.array([], pa.int32())})
         pq.write_table(robots_tab, self.run_dir / "robots.parquet")
-        if server_rows:
-            pq.write_table(pa.Table.from_pylist(server_rows), self.run_dir / "server_requests.parquet")
+        if audit.num_rows:
+            pq.write_table(audit, self.run_dir / "server_requests.parquet")
         if self.server_samples:
             pq.write_table(pa.Table.from_pylist(list(self.server_samples)), self.run_dir / "server_metrics.parquet")
         if self.cpu.samples:
@@ -1216,11 +1228,10 @@ class Run:
             loop=figs.table_to_numpy(tables["loop"]), duration_s=self.s.duration_s,
             fault_windows=[w for w in self.fault_log if w.get("t_start") is not None],
             server_samples=self.server_samples, cpu_samples=self.cpu.samples, final_states=final_states, parity=parity,
-            session_checkpoints={r["session_id"]: r["checkpoint_hash"] for r in (server_rows or [])
-                                 if r.get("session_id") and r.get("checkpoint_hash")},
-            attacks=self.collect_attacks(server_rows or []), server_crashes=getattr(self, "server_crashes", 0),
+            session_checkpoints=checkpoints_by_session(audit),
+            attacks=self.collect_attacks(audit), server_crashes=getattr(self, "server_crashes", 0),
             leftovers=getattr(self, "leftover_report", {}),
-            security_denials=[r for r in (server_rows or []) if str(r.get("outcome", "")).startswith("denied:")])
+            security_denials=rows_with_prefix(audit, "outcome", "denied:"))
         if data.attacks:
             (self.run_dir / "attacks.json").write_text(json.dumps(data.attacks, indent=1))
         if tables["ticks"].num_rows:
@@ -1262,40 +1273,12 @@ class Run:
                 f"{HOP_SPLIT_MAX_CLOCK_ERROR:.0%} of the {p['hop_ms_p50']:.2f} ms one-way hop" for p in pairs))
         return {"children": {n: o.to_json() for n, o in sorted(self.clocks.items())}, "hop_split": split}
 
-    def collect_audit(self) -> list[dict]:
-        rows = []
-        for rid, info in self.servers.items():
-            path = info.get("audit")
-            if not path or not Path(path).is_file():
-                continue
-            with open(path, errors="replace") as lines:  # line by line: the whole file as one string doubled the peak
-                got = _audit_rows(lines, rid)
-            offset = self.clocks.get(f"server:{rid}", clocks.SAME_CLOCK)
-            if not offset.same_clock:  # the replica's clock -> this runner's, so every reader compares like with like
-                for r in got:
-                    for k in ("mono_ms", "received_mono_ms", "sent_mono_ms"):
-                        if isinstance(r.get(k), (int, float)):
-                            r[k] = r[k] - offset.offset_s * 1e3
-                    r["clock_uncertainty_ms"] = offset.uncertainty_s * 1e3
-            rows += got
-        keys = sorted({k for r in rows for k in r})
-        for r in rows:  # in place: a second list of dicts was the report phase's largest copy
-            for k in keys:
-                r.setdefault(k, None)
-        return rows
+    def collect_audit(self):
+        """Every replica's audit log as one table (bench.evidence.audit), each on this runner's clock."""
+        from bench.evidence import audit
 
-
-def _audit_rows(lines, rid: str) -> list[dict]:
-    out = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        rec = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in rec.items()}
-        rec["replica"] = rid
-        out.append(rec)
-    return out
+        return audit.read((rid, info["audit"], self.clocks.get(f"server:{rid}", clocks.SAME_CLOCK))
+                          for rid, info in self.servers.items() if info.get("audit") and Path(info["audit"]).is_file())
 
 
 class ListRows:

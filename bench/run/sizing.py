@@ -358,9 +358,14 @@ def measured_by_kind(split: dict) -> dict:
 # Least squares over 109 run directories of 2026-11-26 on the 2-core VM, up to the 30-minute soak's 2.84 M tick rows
 # and 187 k requests (peak 1.82 GB): the runner's peak RSS grows 310 B a robot-tick (warm-up included) and 4.5 KB a
 # request (the edge's record, the server's audit row, their joins), on top of ~120-195 MB it holds already; the runs
-# above 400 k ticks read 0.93-1.16 of it.
+# above 400 k ticks read 0.93-1.16 of it. Since, the audit rows are Arrow columns, not a dict each
+# (bench.evidence.audit): replaying two of those runs' whole report phase with and without that change, its peak fell
+# 2.7 KB a request (the soak: 1.91 -> 1.42 GB) and 2.4 KB (a 120 s headline: 0.71 -> 0.57 GB); 2.6 KB in the
+# synthetic benchmark (3.65 -> 1.01 KB a request). So 4.5 KB less the smallest of those savings, rounded up; not yet
+# re-fitted over new runs. `python -m benchmarks.report_memory --baseline <checkout before it> [--replay RUN_DIR]`
+# reproduces it (docs/bench.md "Memory for the report").
 REPORT_BYTES_PER_TICK = 310
-REPORT_BYTES_PER_REQUEST = 4500
+REPORT_BYTES_PER_REQUEST = 2100
 REPORT_BASE_MB = 200
 REPORT_MEMORY_SHARE = 0.9  # of the memory available before the run: more, and the report would swap or be killed
 

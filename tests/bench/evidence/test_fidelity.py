@@ -7,6 +7,7 @@ import json
 import xml.etree.ElementTree as ET
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from bench.evidence import fidelity as fid
@@ -114,7 +115,7 @@ def test_replica_forward_ratio_against_its_unloaded_time_at_the_batch_size(tmp_p
     assert ref == {1: 2.0, 2: 3.0, 4: 5.0}
     rows = [{"replica": "r0", "outcome": "ok", "forward_ms": 6.0, "batch": 2, "mono_ms": 1000.0 + i} for i in range(9)]
     rows.append({"replica": "r0", "outcome": "ok", "forward_ms": 14.0, "batch": 8, "mono_ms": 1009.0})  # 14 / 9 ms
-    out = fid.replica_figures(rows, {"r0": ref, "r1": None}, (0.0, 5000.0))
+    out = fid.replica_figures(pa.Table.from_pylist(rows), {"r0": ref, "r1": None}, (0.0, 5000.0))
     r0, r1 = out
     assert r0["requests"] == 10 and r0["forward_ratio_p50"] == 2.0 and "not judged" in r1["note"]
     reasons = fid.judge([], [], out, TOL)
@@ -125,7 +126,7 @@ def test_replica_forward_ratio_against_its_unloaded_time_at_the_batch_size(tmp_p
 def test_a_cheap_forward_pass_is_starved_only_when_it_also_loses_milliseconds():
     """2x of a 1.5 ms pass is one context switch on a busy host: judged only past `forward_excess_ms` too."""
     rows = [{"replica": "r1", "outcome": "ok", "forward_ms": 3.2, "batch": 1, "mono_ms": 1000.0 + i} for i in range(5)]
-    out = fid.replica_figures(rows, {"r1": {1: 1.5}}, (0.0, 5000.0))
+    out = fid.replica_figures(pa.Table.from_pylist(rows), {"r1": {1: 1.5}}, (0.0, 5000.0))
     assert out[0]["forward_ratio_p50"] > TOL["forward_ratio"] and out[0]["forward_excess_ms_p50"] == 1.7
     assert fid.judge([], [], out, TOL) == []
     assert "starved of CPU" in fid.judge([], [], out, {**TOL, "forward_excess_ms": 1.0})[0]

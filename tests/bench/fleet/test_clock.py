@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -128,8 +129,8 @@ def _requests(robot_skew_ms: float):
     the robot's stamps then read `robot_skew_ms` ahead, as a shard on another host would."""
     true = [(1000.0, 1030.0, 1055.0, 1080.0), (2000.0, 2010.5, 2020.0, 2050.0), (3000.0, 3002.0, 3003.0, 3004.0)]
     sent_ns = np.array([int((s + robot_skew_ms) * 1e6) for s, *_ in true], np.int64)
-    rows = [{"outcome": "ok", "client_mono_ns": int(k), "received_mono_ms": r, "sent_mono_ms": x, "replica": "r0"}
-            for k, (_, r, x, _) in zip(sent_ns, true)]
+    rows = pa.Table.from_pylist([{"outcome": "ok", "client_mono_ns": int(k), "received_mono_ms": r, "sent_mono_ms": x,
+                                  "replica": "r0"} for k, (_, r, x, _) in zip(sent_ns, true)])
     # the robot's receipt reaches the runner as record t (seconds since t = 0, on the shard's corrected t0)
     t_recv_s = np.array([rcv / 1e3 for *_, rcv in true])
     return sent_ns, t_recv_s, rows
@@ -156,8 +157,7 @@ def test_a_pair_of_clocks_less_sure_than_its_hop_allows_has_its_split_dropped_no
     assert dropped == [{"shard": 0, "replica": "r0", "requests": 3, "clock_error_ms": 6.0, "hop_ms_p50": 20.25}]
     # the replica's error counts too (a replica on another host: collect_audit gives its rows theirs), and pairs are
     # judged apart: shard 1's robots keep theirs when only shard 0's clock is unsure
-    for r in rows:
-        r["clock_uncertainty_ms"] = 2.0
+    rows = rows.append_column("clock_uncertainty_ms", pa.array([2.0] * rows.num_rows))
     # shard 0 (the 27.5 ms hop): 2 + 6 ms > 6.9 ms; shard 1 (hops 20.25 and 1.5, median 10.9 ms): 2 + 0.5 <= 2.7 ms
     up, _, dropped = hop_split(sent_ns, t_recv, rows, np.full(3, 5000.0), np.array([6.0, 0.5, 0.5]), np.array([0, 1, 1]))
     assert [(p["shard"], p["requests"]) for p in dropped] == [(0, 1)] and np.isnan(up[0]) and np.isfinite(up[1:]).all()

@@ -85,7 +85,7 @@ def test_a_shard_5_s_ahead_starts_at_the_barrier_and_its_hop_split_stays_right(t
     # the same records joined as if every process shared one clock: the uplink would be 5 s in the negative
     from bench.run.runner import hop_split
 
-    audit = pq.read_table(run / "server_requests.parquet").to_pylist()
+    audit = pq.read_table(run / "server_requests.parquet")
     wrong, _, _ = hop_split(col["sent_ns"], col["t"], audit)
     assert np.nanmedian(wrong) < -SKEW_S * 1e3 + 200
     print(f"one-clock join: uplink p50 {np.nanmedian(wrong):.1f} ms")

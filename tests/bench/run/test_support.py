@@ -9,6 +9,7 @@ import threading
 import time
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from bench.fleet import records
@@ -162,13 +163,14 @@ def test_hop_split_joins_audit_lines_on_the_client_stamp():
             {"outcome": "ok", "client_mono_ns": 4_000_000_000}]  # an older server: no timings
     sent = np.array([2_000_000_000, 1_000_000_000, 3_000_000_000, 4_000_000_000, 5_000_000_000, 0], np.int64)
     t_recv = np.array([2.05, 1.08, 3.5, 4.1, 5.1, 6.0])
-    up, down, dropped = hop_split(sent, t_recv, rows)
+    audit = pa.Table.from_pylist(rows)  # the first row names every column: the others are null where missing
+    up, down, dropped = hop_split(sent, t_recv, audit)
     assert up[:2] == pytest.approx([10.5, 30.0]) and down[:2] == pytest.approx([30.0, 25.0], abs=1e-6)
     assert np.isnan(up[2:]).all() and np.isnan(down[2:]).all()  # not answered, no timings, no audit line, no stamp
     assert dropped == []  # one clock: nothing is dropped for its clocks
-    up0, down0, _ = hop_split(sent, t_recv, rows, np.zeros(6), np.zeros(6))  # offsets of 0: the same numbers
+    up0, down0, _ = hop_split(sent, t_recv, audit, np.zeros(6), np.zeros(6))  # offsets of 0: the same numbers
     assert np.array_equal(up0, up, equal_nan=True) and np.array_equal(down0, down, equal_nan=True)
-    assert [len(x) for x in hop_split(sent, t_recv, [])[:2]] == [6, 6]
+    assert [len(x) for x in hop_split(sent, t_recv, pa.table({}))[:2]] == [6, 6]
 
 
 def test_progress_line_shows_states_and_figures():
