@@ -383,7 +383,10 @@ def render_html(o: RunOutcome, summary: dict) -> str:
                 + f". Control loop {_v(threads.get('loop_us_per_robot_tick'))} us and records writer "
                   f"{_v(threads.get('records_us_per_robot_tick'))} us a robot-tick; engine workers "
                   f"{_v(threads.get('engine_ms_per_request'))} ms and Zenoh's threads "
-                  f"{_v(threads.get('zenoh_ms_per_request'))} ms a request.") + "</p>")
+                  f"{_v(threads.get('zenoh_ms_per_request'))} ms a request."
+                + (f" The threads account for {_v(threads['accounted'])} of the shards' process CPU "
+                   f"({_v(threads.get('process_cores'))} cores)." if threads.get("accounted") is not None else ""))
+                + "</p>")
         for node, facts in (cpu.get("nodes") or {}).items():  # processes on other hosts, read on their node
             out.append(f"<p class=muted>{e(node)}: host {_v(facts.get('host_percent'))} % of its {facts.get('cores')} "
                        f"cores; runs {e(', '.join(facts.get('processes') or []))}</p>")

@@ -173,6 +173,8 @@ class Shard:
         self.requests = self.writer.buffer("requests", 8192)
         self.transitions = self.writer.buffer("transitions", 4096)
         self.loop_ticks = 0  # robot-ticks the loop stepped, warm-up included
+        self.thread_cpu: threadcpu.Ledger | None = None  # from the loop's start: each thread's CPU, kept past its end
+        self.replaced_requests = 0  # requests of engines a restart replaced: their workers' CPU is in thread_cpu
         self.counts = {"ticks": 0, "none_ticks": 0, "late_ticks": 0, "host_late_ticks": 0, "too_late_ticks": 0}
         self.recent_rtt: list[float] = []
         self.faults: list[dict] = []
@@ -375,6 +377,9 @@ class Shard:
         normal_thread_priority()  # started by the loop thread; a restarted engine's threads must not be RT
         targets = [r for r in self.robots if r.rid in set(f.get("robots", []))]
         action = f.get("action")
+        ledger = self.thread_cpu
+        if ledger is not None and action in ("kill", "stop", "restart"):
+            ledger.sample()  # the workers of the engines about to stop: their CPU so far stays in the split
         for r in targets:
             try:
                 if action in ("kill", "stop"):
@@ -387,11 +392,14 @@ class Shard:
                 elif action == "restart":
                     r.killed = True
                     r.engine.stop()
+                    self.replaced_requests += int(getattr(r.engine, "counters", {}).get("requests", 0))
                     r.engine = self.make_engine(r.spec["engine"])
                     r.engine.start()
                     r.killed = False
             except Exception as exc:
                 self.send({"type": "log", "message": f"robot fault {action} on {r.rid}: {exc!r}"})
+        if ledger is not None:
+            ledger.sample()  # this thread's own CPU (it ends now) and the stops' last work
 
     # --- status / drain thread -----------------------------------------------------------------
 
@@ -445,6 +453,8 @@ class Shard:
     def status_loop(self) -> None:
         while not self.stop_event.wait(STATUS_PERIOD_S):
             try:
+                if self.thread_cpu is not None:  # each second, so a thread that ends loses at most a second's CPU
+                    self.thread_cpu.sample()
                 self.drain()
                 self.requests.flush()
                 self.transitions.flush()
@@ -475,7 +485,7 @@ class Shard:
         if self.start_msg.get("clock_offset_s"):
             self.send({"type": "log", "message": f"clock offset from the runner's: {self.start_msg['clock_offset_s']:+.6f} s"})
         error = None
-        threads_before, t_loop = threadcpu.snapshot(), time.monotonic()
+        self.thread_cpu, t_loop = threadcpu.Ledger(), time.monotonic()
         try:
             prof_dir = os.environ.get("BENCH_PROFILE_DIR")  # profile the control loop thread (cProfile)
             if prof_dir:
@@ -490,11 +500,11 @@ class Shard:
             error = f"loop failed: {exc!r}\n{traceback.format_exc()}"
         self.stop_event.set()
         status.join(5)
-        # before the teardown: stopping the engines ends their threads, and an ended thread's time is gone
-        thread_cpu = {"cpu_s": threadcpu.by_role(threads_before, threadcpu.snapshot()),
-                      "wall_s": round(time.monotonic() - t_loop, 3), "ticks": self.loop_ticks,
-                      "requests": sum(int(getattr(r.engine, "counters", {}).get("requests", 0)) for r in self.robots
-                                      if r.engine is not None)}
+        # before the teardown: its CPU (stopping every engine) is not the run's
+        requests = sum(int(getattr(r.engine, "counters", {}).get("requests", 0)) for r in self.robots
+                       if r.engine is not None)
+        thread_cpu = {**self.thread_cpu.report(), "wall_s": round(time.monotonic() - t_loop, 3),
+                      "ticks": self.loop_ticks, "requests": requests + self.replaced_requests}
         final = self.teardown()
         if error:
             self.send({"type": "error", "error": error})

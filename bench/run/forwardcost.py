@@ -1,19 +1,25 @@
 """What one forward pass of a replica costs this host's CPU: measured once from the checkpoint it serves, cached.
 
-    replica manifest ──► key: checkpoint hash + the manifest's model keys + max_batch + this host + TIMING ──► hit
+    replica manifest ──► key: checkpoint hash + the manifest's model keys + max_batch + this host + TIMING
+                         + code (the source of the server modules `_child` runs) ──► hit
                      └─► miss: a child python loads the checkpoint as policy-server does (device, dtype,
                          hyper_params, execution_horizon, torch_threads), times forward passes with RTC guidance
                          at batch 1 and at max_batch in CPU time beside the speed probe ──► ms at the reference
                          probe (bench.run.hostcpu.COST_REFERENCE_PROBE_MS) ──► cache
 
 Owns `forward_cost` (bench.run.sizing prices a replica's forward passes with it) and the cache file
-($XDG_CACHE_HOME or ~/.cache, fleet-inference/forward_ms.json). Invariant: never raises for a replica it
-cannot time (no weights, a cuda device, a child that failed): the cost says why and carries
-bench.run.sizing.REPLICA_FORWARD_MS, the reacher MLP's pass, instead.
+($XDG_CACHE_HOME or ~/.cache, fleet-inference/forward_ms.json). `code` is a sha256 over the source files of the
+modules `_child` imports from the server (CHILD_IMPORTS) and every module of this tree they import in turn,
+found by `ast` without importing them (no torch in the preflight): server/policies/ (the policy classes and
+their RTC guidance; train.py too, as the package imports it), runtime.py, processors.py, accel.py. A change
+there times the pass again; a change to the timing itself (`_child`, the speed probe) bumps TIMING.
+Invariant: never raises for a replica it cannot time (no weights, a cuda device, a child that failed): the
+cost says why and carries bench.run.sizing.REPLICA_FORWARD_MS, the reacher MLP's pass, instead.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -32,6 +38,9 @@ CPU_PER_BATCH_S = 0.3  # CPU time spent timing each batch size in a round (at le
 # How `_child` times, part of the cache key: bump it when the timing changes, so entries timed the older way are
 # timed again rather than read back (1: one pass of each batch size scaled by the best of five probes; 2: ROUNDS)
 TIMING = 2
+# What `_child` imports from this tree (a test holds the two together); the code fingerprint follows their imports
+CHILD_IMPORTS = ("server.policies.checkpoint", "server.runtime")
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,72 @@ def checkpoint_hash(directory: Path) -> str:
     return digest.hexdigest()
 
 
+def _module_files(module: str, root: Path) -> list[Path]:
+    """The source file of `module` under `root` and its packages' __init__.py (importing it runs them); [] where
+    it is not in this tree (a library)."""
+    parts = module.split(".")
+    files = [root.joinpath(*parts[:i], "__init__.py") for i in range(1, len(parts))]
+    leaf = root.joinpath(*parts)
+    files.append(leaf / "__init__.py" if leaf.is_dir() else leaf.with_suffix(".py"))
+    return [f for f in files if f.is_file()] if files[-1].is_file() else []
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module an `import` or `from ... import` in the file names, a function's lazy imports included; for
+    `from package import name`, also `package.name` (the name may be a submodule)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def code_files(root: Path | None = None, modules: tuple[str, ...] = CHILD_IMPORTS) -> list[Path]:
+    """The source files a timed forward pass runs from this tree: `modules` and, transitively, every module they
+    import that is a file under `root` (libraries such as torch are not followed)."""
+    root = root or SOURCE_ROOT
+    seen: set[Path] = set()
+    todo = [f for m in modules for f in _module_files(m, root)]
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo.extend(g for m in _imports(f) for g in _module_files(m, root))
+    return sorted(seen)
+
+
+_fingerprints: dict[Path, tuple[tuple, str]] = {}  # root -> (its files' (path, mtime, size), fingerprint)
+
+
+def _signature(files: list[Path]) -> tuple:
+    return tuple((str(f), st.st_mtime_ns, st.st_size) for f in files for st in (f.stat(),))
+
+
+def code_fingerprint(root: Path | None = None) -> str:
+    """sha256 over `code_files`, each fed as its path under the root, NUL, byte length (8 bytes little-endian),
+    bytes. Kept while none of those files changes (their imports are parsed again only then: ~40 ms)."""
+    root = root or SOURCE_ROOT
+    known = _fingerprints.get(root)
+    if known is not None:
+        try:
+            if _signature([Path(p) for p, _, _ in known[0]]) == known[0]:
+                return known[1]
+        except OSError:  # a file went away: its importer changed too
+            pass
+    files = code_files(root)
+    signature = _signature(files)  # before reading: a file changed while read is read again next time
+    digest = hashlib.sha256()
+    for f in files:
+        data = f.read_bytes()
+        digest.update(f.relative_to(root).as_posix().encode() + b"\0" + len(data).to_bytes(8, "little"))
+        digest.update(data)
+    _fingerprints[root] = (signature, digest.hexdigest())
+    return digest.hexdigest()
+
+
 def _host() -> str:
     model = ""
     try:
@@ -107,7 +182,7 @@ def forward_cost(manifest: dict, fallback_ms: float, measure: bool = True, cache
             "torch_threads": int(manifest.get("torch_threads", 1) or 1), "max_batch": min(max_batch, MAX_TIMED_BATCH)}
     try:
         key = json.dumps({**{k: v for k, v in spec.items() if k != "path"}, "checkpoint": checkpoint_hash(path),
-                          "host": _host(), "timing": TIMING}, sort_keys=True)
+                          "code": code_fingerprint(), "host": _host(), "timing": TIMING}, sort_keys=True)
     except OSError as exc:
         return constant(fallback_ms, f"{path.name}: {exc}")
     cache = cache or cache_path()

@@ -111,7 +111,9 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert threads["shards"] == 2 and threads["ticks"] >= summary["ticks"] and threads["requests"] > 10
     assert threads["cores"]["loop"] > 0 and threads["cores"]["engine"] > 0, threads
     assert threads["loop_us_per_robot_tick"] > 0 and threads["engine_ms_per_request"] > 0
+    assert 0.95 <= threads["accounted"] <= 1.001, threads  # the roles sum to the shards' own CPU
     assert "cores by thread" in (run / "report.html").read_text()
+    assert "threads account for" in (run / "report.html").read_text()
     assert "<svg" in (run / "report.html").read_text()
     for name in ("ticks.parquet", "requests.parquet", "transitions.parquet", "logs/router.log", "logs/server-r0.log"):
         assert (run / name).is_file(), name

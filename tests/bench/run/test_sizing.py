@@ -195,12 +195,62 @@ def test_the_forward_cost_is_cached_by_the_checkpoints_content_and_not_measured_
     # an entry timed the way 445e205 timed (its key had no `timing`): timed again, not read back
     cache.write_text(json.dumps({json.dumps(key, sort_keys=True): {"at_1": 2.0, "at_max": 9.0, "max_batch": 8}}))
     assert not forward_cost(manifest, 4.8, measure=False, cache=cache).measured
-    key = json.dumps({**key, "timing": forwardcost.TIMING}, sort_keys=True)
+    # nor one timed before the key had the policy code's fingerprint
+    cache.write_text(json.dumps({json.dumps({**key, "timing": forwardcost.TIMING}, sort_keys=True):
+                                 {"at_1": 2.0, "at_max": 9.0, "max_batch": 8}}))
+    assert not forward_cost(manifest, 4.8, measure=False, cache=cache).measured
+    key = json.dumps({**key, "timing": forwardcost.TIMING, "code": forwardcost.code_fingerprint()}, sort_keys=True)
     cache.write_text(json.dumps({key: {"at_1": 2.0, "at_max": 9.0, "max_batch": 8}}))
     hit = forward_cost(manifest, 4.8, measure=False, cache=cache)
     assert (hit.at_1, hit.at_max, hit.source) == (2.0, 9.0, "cached")
     (ckpt / "model.safetensors").write_bytes(b"other weights")  # a finetune under the same name: timed anew
     assert not forward_cost(manifest, 4.8, measure=False, cache=cache).measured
+
+
+def _copy_code(root):
+    """The source files a timed pass runs, copied under `root` at the same paths: a tree the test may edit."""
+    from bench.run import forwardcost
+
+    for f in forwardcost.code_files():
+        dest = root / f.relative_to(forwardcost.SOURCE_ROOT)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(f.read_bytes())
+    return root
+
+
+def test_a_change_to_the_policy_code_times_the_pass_again(tmp_path, monkeypatch):
+    from bench.run import forwardcost
+
+    monkeypatch.setattr(forwardcost, "SOURCE_ROOT", _copy_code(tmp_path / "src"))
+    ckpt = _fake_checkpoint(tmp_path / "ckpt")
+    manifest = {"model": {"repo_or_path": str(ckpt)}, "scheduling": {"max_batch": 8}}
+    key = {"checkpoint": checkpoint_hash(ckpt), "code": forwardcost.code_fingerprint(), "dtype": "float32",
+           "execution_horizon": None, "host": forwardcost._host(), "hyper_params": {}, "max_batch": 8,
+           "timing": forwardcost.TIMING, "torch_threads": 1}
+    cache = tmp_path / "forward_ms.json"
+    cache.write_text(json.dumps({json.dumps(key, sort_keys=True): {"at_1": 2.0, "at_max": 9.0, "max_batch": 8}}))
+    assert forward_cost(manifest, 4.8, measure=False, cache=cache).source == "cached"
+    (tmp_path / "src" / "server" / "service.py").write_text("# not in a forward pass\n")
+    assert forward_cost(manifest, 4.8, measure=False, cache=cache).source == "cached"
+    guidance = tmp_path / "src" / "server" / "policies" / "flow_matching.py"  # the flow policy's RTC guidance
+    guidance.write_text(guidance.read_text() + "\n# a faster guidance step\n")
+    assert forward_cost(manifest, 4.8, measure=False, cache=cache).source == "constant: ckpt not measured on this host yet"
+
+
+def test_the_code_fingerprint_covers_what_the_timing_child_imports_and_what_they_import():
+    import ast
+    import inspect
+
+    from bench.run import forwardcost
+
+    child = ast.parse(inspect.getsource(forwardcost._child).lstrip())
+    imported = {n.module for n in ast.walk(child) if isinstance(n, ast.ImportFrom) and n.module.startswith("server")}
+    assert imported == set(forwardcost.CHILD_IMPORTS)
+    files = {f.relative_to(forwardcost.SOURCE_ROOT).as_posix() for f in forwardcost.code_files()}
+    assert {"server/runtime.py", "server/processors.py", "server/policies/base.py", "server/policies/checkpoint.py",
+            "server/policies/flow_matching.py", "server/policies/flow_transformer.py", "server/policies/mlp_chunk.py",
+            "server/policies/stateful_chunk.py", "server/policies/no_chunk.py", "server/policies/layers.py"} <= files
+    assert "server/service.py" not in files and not any(f.startswith(("bench/", "edge/")) for f in files)
 
 
 def test_a_replica_whose_forward_runs_elsewhere_or_has_no_weights_gets_the_constant_and_why(tmp_path):
