@@ -327,6 +327,19 @@ def fleet_lines(root: Path) -> list[str]:
     if est and got:  # issue 17's "where the CPU went", against the cost model the docs' sizing table comes from
         out.append("  cores by kind, measured / estimated: " + ", ".join(
             f"{k} {_fmt(got.get(k))} / {_fmt(est.get(k))}" for k in est) + f" (ratio {_fmt(cpu.get('estimate_ratio'))})")
+    threads = cpu.get("shard_threads") or {}
+    if threads.get("cores"):  # inside the shards, by thread role: what the bench's own loop cost against the engines
+        out.append(f"  shards' threads, cores: " + ", ".join(f"{k} {v:.2f}" for k, v in threads["cores"].items() if v >= 0.005)
+                   + f" (of {_fmt(threads.get('process_cores'))}, accounted {_fmt(threads.get('accounted'))}); loop "
+                   f"{_fmt(threads.get('loop_us_per_robot_tick'), '.1f')} us a robot-tick, engine "
+                   f"{_fmt(threads.get('engine_ms_per_request'))} + zenoh {_fmt(threads.get('zenoh_ms_per_request'))} "
+                   "ms a request")
+    share = (s.get("fidelity") or {}).get("bench_share") or {}
+    if (share.get("rtt_ms") or {}).get("p50") is not None:
+        out.append(f"  the bench's share of the round trip p50: ~{share['rtt_ms']['p50']:.1f} ms ("
+                   + ", ".join(f"{k[:-3]} {share[k]['p50']:.1f}" for k in ("uplink_ms", "downlink_ms", "inference_ms")
+                               if (share.get(k) or {}).get("p50") is not None)
+                   + f"); proxy priority {', '.join((s.get('chaos_proxy') or {}).get('priority') or ['?'])}")
     for c in (s.get("state_changes") or [])[:6]:  # why robots left STREAMING or died, commonest kinds first
         out.append(f"  {c['from']} -> {c['to']}: {c['changes']} changes, {c['robots']} robots, t {c['t_first']:g}.."
                    f"{c['t_last']:g} s: {c['example'][:160]}")
