@@ -24,6 +24,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def raise_priority(want: str, fifo_priority: int, tid: int = 0) -> str:
+    """Schedule thread `tid` (0: the calling one) as `want` asks: "fifo" = SCHED_FIFO at `fifo_priority`, falling
+    back to nice -10 where the host refuses real-time (no CAP_SYS_NICE), then to unchanged; "nice" = nice -10 or
+    unchanged; anything else = unchanged. Returns what took effect: "SCHED_FIFO N", "nice -10" or "normal". Used by
+    the bench's control loops and the chaos proxy, the two parts of the twin that must not wait for a CPU."""
+    if want == "fifo":
+        try:
+            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(fifo_priority))
+            return f"SCHED_FIFO {fifo_priority}"
+        except (AttributeError, OSError):
+            pass
+    if want in ("fifo", "nice"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, -10)
+            return "nice -10"
+        except (AttributeError, OSError):
+            pass
+    return "normal"
+
+
 class ChildProcess:
     """A child started from `argv`, its stdout+stderr in `log_path`, ready when `ready_text` appears."""
 

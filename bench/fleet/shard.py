@@ -33,6 +33,7 @@ import numpy as np
 from bench.fleet import threadcpu
 from bench.fleet.records import RecordWriter
 from bench.fleet.ticks import HOST_LATE, LATE, TOO_LATE, TickSchedule, classify_tick, slot_starved
+from wire.procs import raise_priority
 
 # Robots of a shard tick in this many slots per period, each slot one wake-up of the loop. Few and large:
 # after its sleep a slot starts on cold caches (the VM's other processes ran in between), and that costs
@@ -96,21 +97,7 @@ def raise_loop_priority() -> str:
     than running (measured: 28 % running, 39 % on the run queue), and that host lateness would hide what
     the network and the servers did. The loop sleeps between slots and its work is bounded (one slot of
     robots), and the kernel's RT throttling keeps 5 % of each second for everything else."""
-    tid = threading.get_native_id()
-    want = os.environ.get("BENCH_LOOP_PRIORITY", "fifo")
-    if want == "fifo":
-        try:
-            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(LOOP_FIFO_PRIORITY))
-            return f"SCHED_FIFO {LOOP_FIFO_PRIORITY}"
-        except (AttributeError, OSError):
-            pass
-    if want in ("fifo", "nice"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, -10)
-            return "nice -10"
-        except (AttributeError, OSError):
-            pass
-    return "normal"
+    return raise_priority(os.environ.get("BENCH_LOOP_PRIORITY", "fifo"), LOOP_FIFO_PRIORITY, threading.get_native_id())
 
 
 def normal_thread_priority() -> None:

@@ -42,21 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def raise_priority(want: str) -> str:
-    """Schedule this process's thread as `want` asks, falling back from fifo to nice -10 to unchanged where the host
-    refuses (no CAP_SYS_NICE); returns what took effect."""
-    if want == "fifo":
-        try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIORITY))
-            return f"SCHED_FIFO {FIFO_PRIORITY}"
-        except (AttributeError, OSError):
-            pass
-    if want in ("fifo", "nice"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, -10)
-            return "nice -10"
-        except (AttributeError, OSError):
-            pass
-    return "normal"
+    """This process's thread (the event loop's) scheduled as `want` asks (wire.procs.raise_priority: fifo at
+    FIFO_PRIORITY, else nice -10, else unchanged); returns what took effect."""
+    from wire.procs import raise_priority as raise_thread_priority
+
+    return raise_thread_priority(want, FIFO_PRIORITY)
 
 
 def main(argv: list[str] | None = None) -> int:
