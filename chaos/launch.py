@@ -55,6 +55,23 @@ def start_proxy_server(log_path: str | Path, host: str = "127.0.0.1", port: int 
     return ProxyServer(child, host, port, real, scheduling_of(child.pid))
 
 
+PRIORITY_LOG_TEXT = "event loop priority: "  # chaos.toxiproxy's log line saying what its --priority took
+
+
+def priority_in_log(path: str | Path) -> str | None:
+    """What priority a proxy process of ours reported in its log (`SCHED_FIFO 5`, `nice -10`, `normal`), for one
+    whose process this host cannot read (on another node of a cluster run); None if the log does not say."""
+    try:
+        with open(path, errors="replace") as lines:
+            for line in lines:
+                at = line.find(PRIORITY_LOG_TEXT)
+                if at >= 0:
+                    return line[at + len(PRIORITY_LOG_TEXT):].split(" (asked", 1)[0].strip()
+    except OSError:
+        return None
+    return None
+
+
 def scheduling_of(pid: int | None) -> str:
     """A process's scheduling as the proxy words it (`SCHED_FIFO 5`, `nice -10`, `normal`); `unknown` if unreadable."""
     try:

@@ -1112,8 +1112,7 @@ class Run:
                             "site_process": {n: self.chaos.server_of(f"site-{n}") for n in self.sites}
                             if hasattr(getattr(self, "chaos", None), "server_of") else {},
                             "real_toxiproxy": bool(getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False)),
-                            "priority": sorted({getattr(s, "priority", "normal")
-                                                for s in getattr(self, "proxy_servers", [])}),
+                            "priority": self.proxy_priorities(),
                             "stand_ins": getattr(self, "network_stand_ins", {})},
             "fidelity": fidelity,
             "leg_series": self.leg_series.to_json(),
@@ -1167,6 +1166,18 @@ class Run:
             return fid.forward_series(self._audit(), unloaded, (self.state.t0_mono or 0.0) * 1e3, self.s.duration_s)
         except Exception:
             return {}  # a report figure only; fidelity itself says what it could not measure
+
+    def proxy_priorities(self) -> list[str]:
+        """How the run's chaos proxies were scheduled: each local one read from its process once ready, each one a
+        cluster node ran (per_node routers) from the line its log says it with (chaos.launch.priority_in_log)."""
+        from chaos.launch import priority_in_log
+
+        got = {getattr(s, "priority", "normal") for s in getattr(self, "proxy_servers", [])}
+        local = {f"{_proxy_name(i)}.log" for i in range(len(getattr(self, "proxy_servers", [])))}
+        for log in sorted(self.logs.glob("chaos-proxy*.log")):
+            if log.name not in local:
+                got.add(priority_in_log(log) or "unknown")
+        return sorted(got)
 
     def _logs(self):
         return [(p.stem, p) for p in sorted(self.logs.glob("*.log"))]

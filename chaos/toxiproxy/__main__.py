@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.priority != "normal":
-        logging.getLogger("chaos.toxiproxy").info("event loop priority: %s (asked: %s)", raise_priority(args.priority),
+        from chaos.launch import PRIORITY_LOG_TEXT
+
+        logging.getLogger("chaos.toxiproxy").info("%s%s (asked: %s)", PRIORITY_LOG_TEXT, raise_priority(args.priority),
                                                   args.priority)
 
     def ready(server) -> None:

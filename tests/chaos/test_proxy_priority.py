@@ -76,3 +76,15 @@ def test_the_bench_asks_fifo_unless_told_otherwise(monkeypatch):
     assert proxy_argv("127.0.0.1", 9)[-2:] == ["--priority", "fifo"]
     monkeypatch.setenv("BENCH_PROXY_PRIORITY", "normal")
     assert proxy_argv("127.0.0.1", 9)[-2:] == ["--priority", "normal"]
+
+
+def test_a_proxy_on_another_node_is_known_by_its_log_line(tmp_path):
+    from chaos.launch import priority_in_log
+
+    log = tmp_path / "chaos-proxy-n1.log"
+    log.write_text("2026-11-26 13:00:02,715 INFO chaos.toxiproxy: event loop priority: nice -10 (asked: fifo)\n"
+                   "toxiproxy-server-py ready: listening on 127.0.0.1:1 version x\n")
+    assert priority_in_log(log) == "nice -10"
+    log.write_text("toxiproxy-server-py ready: listening on 127.0.0.1:1 version x\n")  # started without --priority
+    assert priority_in_log(log) is None
+    assert priority_in_log(tmp_path / "absent.log") is None

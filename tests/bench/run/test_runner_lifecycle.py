@@ -83,3 +83,20 @@ def test_replicas_on_other_hosts_listen_for_scrapes_and_are_read_at_their_node(t
     assert runner._health_url(info) == "http://10.0.0.7:9101"
     runner.host = "127.0.0.1"  # every process on this host
     assert runner._health_url(info) == "http://127.0.0.1:9101"
+
+
+def test_the_summary_names_how_every_chaos_proxy_was_scheduled_local_or_on_a_node(tmp_path):
+    from types import SimpleNamespace
+
+    from bench.run.runner import Run
+
+    runner = Run.__new__(Run)
+    runner.logs = tmp_path
+    runner.proxy_servers = [SimpleNamespace(priority="SCHED_FIFO 5")]  # read from its process here
+    (tmp_path / "chaos-proxy.log").write_text("INFO chaos.toxiproxy: event loop priority: normal (asked: fifo)\n")
+    assert runner.proxy_priorities() == ["SCHED_FIFO 5"]  # a local proxy: its process, not its log
+    # per_node routers: a node's proxies are known by their logs (a host without CAP_SYS_NICE falls back)
+    (tmp_path / "chaos-proxy-0a1b2c3d4e5f.log").write_text(
+        "INFO chaos.toxiproxy: event loop priority: nice -10 (asked: fifo)\n")
+    (tmp_path / "chaos-proxy-1-0a1b2c3d4e5f.log").write_text("toxiproxy-server-py ready: listening on x\n")
+    assert runner.proxy_priorities() == ["SCHED_FIFO 5", "nice -10", "unknown"]
