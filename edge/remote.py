@@ -803,7 +803,10 @@ class RemoteEngine(Engine):
         self._started_episode = episode
         encode_ms = (time.monotonic() - t0) * 1e3
         self.counters["requests"] += 1
-        self._outstanding = (seq, m.epoch, episode, t_obs, idx_before, delay, encode_ms)
+        # from the observation's tick to this worker taking it up: its wake-up (on a bench shard, every engine's
+        # worker shares a process and its GIL with the control loop, so this is where a busy shard shows)
+        send_lag_ms = (t0 - t_obs) * 1e3
+        self._outstanding = (seq, m.epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms)
         deadline = t0 + c.request_timeout_s
         while not self._stop.is_set():
             if self._episode != episode:
@@ -812,14 +815,14 @@ class RemoteEngine(Engine):
                 # Abandoned, not timed out: its chunk, if it comes, is counted as discarded.
                 self._abandoned_seq = seq
                 self._outstanding = None
-                self._record_timeout(seq, delay, encode_ms, "abandoned", sent_ns=int(t0 * 1e9))
+                self._record_timeout(seq, delay, encode_ms, "abandoned", sent_ns=int(t0 * 1e9), send_lag_ms=send_lag_ms)
                 return "ok"
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             r = m.get_result(min(left, 0.25) * 1e3)
             if m.server_lost.is_set():
-                self._record_timeout(seq, delay, encode_ms, "lost")
+                self._record_timeout(seq, delay, encode_ms, "lost", send_lag_ms=send_lag_ms)
                 return "lost"
             if r is None:
                 continue
@@ -836,7 +839,7 @@ class RemoteEngine(Engine):
         # timed out: the request stays outstanding (a late answer may still be merged)
         self.counters["timeouts"] += 1
         self._timeouts_in_row = getattr(self, "_timeouts_in_row", 0) + 1
-        self._record_timeout(seq, delay, encode_ms, "timeout")
+        self._record_timeout(seq, delay, encode_ms, "timeout", send_lag_ms=send_lag_ms)
         if self._link == S.STREAMING:
             self._set_state(S.DEGRADED, "request timed out")
         if self._timeouts_in_row >= c.timeout_streak:
@@ -844,10 +847,12 @@ class RemoteEngine(Engine):
             return "streak"
         return "timeout"
 
-    def _record_timeout(self, seq, delay, encode_ms, outcome, sent_ns: int | None = None) -> None:
+    def _record_timeout(self, seq, delay, encode_ms, outcome, sent_ns: int | None = None,
+                        send_lag_ms: float = float("nan")) -> None:
         """The record of a request that got no chunk: timeout, lost, abandoned."""
         rec = {"t": time.monotonic(), "seq": seq, "rtt_ms": float("nan"), "queue_wait_ms": float("nan"),
                "inference_ms": float("nan"), "network_ms": float("nan"), "encode_ms": encode_ms,
+               "send_lag_ms": send_lag_ms, "merge_lag_ms": float("nan"),
                "delay_steps": delay, "execution_steps": self._execution_steps,
                "steps_remaining": self._steps_remaining, "superseded": 0, "outcome": outcome}
         if sent_ns is not None:
@@ -883,7 +888,8 @@ class RemoteEngine(Engine):
                 self.last_error = f"{r.code}: {r.message}"
                 self._records.append({"t": time.monotonic(), "seq": r.seq_id, "rtt_ms": float("nan"),
                                       "queue_wait_ms": float("nan"), "inference_ms": float("nan"),
-                                      "network_ms": float("nan"), "encode_ms": out[6], "delay_steps": out[5],
+                                      "network_ms": float("nan"), "encode_ms": out[6], "send_lag_ms": out[7],
+                                      "merge_lag_ms": float("nan"), "delay_steps": out[5],
                                       "execution_steps": self._execution_steps,
                                       "steps_remaining": self._steps_remaining, "superseded": 0,
                                       "outcome": f"error:{r.code}"})
@@ -902,7 +908,7 @@ class RemoteEngine(Engine):
                 return "ignored"
             self.counters["late_chunks"] += 1
             return "ignored"
-        seq, epoch, episode, t_obs, idx_before, delay, encode_ms = out
+        seq, epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms = out
         self._outstanding = None
         if episode != self._episode or r.episode_id != episode:
             self.counters["discarded_chunks"] += 1  # a reset happened while it was in flight
@@ -923,7 +929,9 @@ class RemoteEngine(Engine):
         rtt_ms = r.rtt_s * 1e3
         self._records.append({"t": r.t_recv, "seq": seq, "rtt_ms": rtt_ms, "queue_wait_ms": r.queue_wait_ms,
                               "inference_ms": r.inference_ms, "network_ms": rtt_ms - r.queue_wait_ms - r.inference_ms,
-                              "encode_ms": encode_ms, "delay_steps": delay,
+                              "encode_ms": encode_ms, "send_lag_ms": send_lag_ms,
+                              # from the chunk's arrival (Zenoh's callback) to its merge here, on this worker
+                              "merge_lag_ms": (self._last_merged - r.t_recv) * 1e3, "delay_steps": delay,
                               "execution_steps": self._execution_steps, "steps_remaining": self._steps_remaining,
                               "superseded": r.superseded_seqs,
                               "outcome": "ok", "real_delay": real_delay, "sent_ns": r.sent_ns})

@@ -283,7 +283,7 @@ def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict,
     return reasons
 
 
-def bench_share(proxy_legs: dict | None, replicas: list[dict]) -> dict:
+def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | None = None) -> dict:
     """How much of the latency budget's figures the bench added (summary.json `fidelity.bench_share`, the report's
     "of it, the bench" column), where it can be measured:
 
@@ -292,8 +292,13 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict]) -> dict:
       bytes untouched and is not stamped: its share is unmeasured, not zero);
     - `inference_ms`: the replicas' forward pass beyond their own unloaded time at the same batch size, p50,
       weighted by each replica's answered requests (host contention: a replica on its own GPU would not see it).
+    - `send_lag_ms` / `merge_lag_ms` (from the engines' request records, `requests`): the robot's delays outside
+      the round trip, from the observation's tick to its engine's worker taking it up, and from a chunk's arrival
+      to its merge, p50 and p99. A robot's own computer runs one engine; a bench shard runs a hundred beside its
+      control loop in one process, so these are the shard's (an upper bound of the bench's share: a real
+      worker's wake-up is not zero).
     The client's encode and the server's queue wait cannot be split; the round trip's share is the sum of the
-    p50s above (medians do not add exactly: an estimate, said so in `note`)."""
+    uplink, downlink and inference p50s above (medians do not add exactly: an estimate, said so in `note`)."""
     out: dict = {}
     for direction, figure in (("upstream", "uplink_ms"), ("downstream", "downlink_ms")):
         hist, edges, measured, sites = None, [], 0, 0
@@ -316,6 +321,14 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict]) -> dict:
         n = sum(r["requests"] for r in judged)
         out["inference_ms"] = {"p50": _r(sum(max(r["forward_excess_ms_p50"], 0.0) * r["requests"] for r in judged) / n),
                                "replicas": len(judged)}
+    outcome = (requests or {}).get("outcome")
+    for name in ("send_lag_ms", "merge_lag_ms"):  # the answered requests', as the budget's rows count them
+        v = np.asarray((requests or {}).get(name, []), dtype=float)
+        if outcome is not None and len(outcome) == len(v):
+            v = v[np.asarray(outcome) == "ok"]
+        v = v[np.isfinite(v)]
+        if v.size:
+            out[name] = {"p50": _r(np.percentile(v, 50)), "p99": _r(np.percentile(v, 99))}
     parts = [out.get(k, {}).get("p50") for k in ("uplink_ms", "downlink_ms", "inference_ms")]
     if any(p is not None for p in parts):
         out["rtt_ms"] = {"p50": _r(sum(p for p in parts if p is not None))}
@@ -340,7 +353,8 @@ def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit,
     background = other_load(getattr(data, "cpu_samples", None), cores, duration_s) if data is not None else None
     reasons = judge(legs, shards, replicas, tol, background if judge_drift else None)
     out = {"valid": not reasons, "reasons": reasons, "tolerances": dict(tol), "legs": legs, "shards": shards,
-           "replicas": replicas, "other_load": background, "bench_share": bench_share(proxy_legs, replicas)}
+           "replicas": replicas, "other_load": background,
+           "bench_share": bench_share(proxy_legs, replicas, getattr(data, "requests", None))}
     if proxy_note:
         out["note"] = proxy_note
     return out
@@ -378,6 +392,10 @@ def table_lines(f: dict) -> list[str]:
                                                                  ("inference_ms", "inference"))
                  if (share.get(k) or {}).get("p50") is not None]
         lines.append(f"    the bench's share of the round trip: ~{share['rtt_ms']['p50']:.1f} ms at p50 ({', '.join(parts)})")
+    lags = [f"{name} p50 {share[k]['p50']:.1f} / p99 {share[k]['p99']:.1f} ms" for k, name in
+            (("send_lag_ms", "observation -> send"), ("merge_lag_ms", "arrival -> merge")) if share.get(k)]
+    if lags:
+        lines.append(f"    the shards' own delay outside the round trip: {'; '.join(lags)}")
     lines += [f"    ! {x}" for x in f.get("reasons", [])]
     return lines
 

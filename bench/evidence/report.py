@@ -39,10 +39,15 @@ BUDGET_REFERENCE = {
     "server queue wait": ("0 - 1x inference", "0 - 1x inference"),
     "inference": ("15-150 ms", "15-150 ms"),
     "total (rtt)": ("~110-175 ms", "~190-250 ms"),
+    # outside the round trip, on the robot: its own computer runs one engine (the design has no row for them)
+    "robot: observation -> send (outside the rtt)": ("~0", "~0"),
+    "robot: arrival -> merge (outside the rtt)": ("~0", "~0"),
 }
 BUDGET_SERIES = [("client encode", "encode_ms"), ("network (up + down)", "network_ms"),
                  ("uplink (tx + 1/2 RTT)", "uplink_ms"), ("downlink (+ 1/2 RTT)", "downlink_ms"),
-                 ("server queue wait", "queue_wait_ms"), ("inference", "inference_ms"), ("total (rtt)", "rtt_ms")]
+                 ("server queue wait", "queue_wait_ms"), ("inference", "inference_ms"), ("total (rtt)", "rtt_ms"),
+                 ("robot: observation -> send (outside the rtt)", "send_lag_ms"),
+                 ("robot: arrival -> merge (outside the rtt)", "merge_lag_ms")]
 
 
 @dataclass
@@ -91,7 +96,7 @@ def latency_budget(figures: dict, fidelity: dict | None = None) -> list[dict]:
     for stage, key in BUDGET_SERIES:
         s = figures.get(key) or {}
         ref = BUDGET_REFERENCE[stage]
-        bench = share.get(key) or {}
+        bench = share.get(key) or {}  # send_lag_ms, merge_lag_ms: the shard's whole (bench_share says why)
         rows.append({"stage": stage, "figure": key, "p50_ms": s.get("p50"), "p95_ms": s.get("p95"),
                      "p99_ms": s.get("p99"), "count": s.get("count", 0), "bench_p50_ms": bench.get("p50"),
                      "bench_p99_ms": bench.get("p99"), "design_lan": ref[0], "design_wan": ref[1]})

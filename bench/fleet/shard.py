@@ -408,6 +408,7 @@ class Shard:
                 self.requests.append(robot=rs.rid, t=t, seq=int(rec.get("seq", rec.get("seq_id", -1)) or -1), rtt_ms=rtt,
                                      queue_wait_ms=_f(rec.get("queue_wait_ms")), inference_ms=_f(rec.get("inference_ms")),
                                      network_ms=_f(rec.get("network_ms")), encode_ms=_f(rec.get("encode_ms")),
+                                     send_lag_ms=_f(rec.get("send_lag_ms")), merge_lag_ms=_f(rec.get("merge_lag_ms")),
                                      delay_steps=int(rec.get("delay_steps") or 0),
                                      execution_steps=int(rec.get("execution_steps") or 0),
                                      steps_remaining=int(rec.get("steps_remaining") or 0),

@@ -79,6 +79,11 @@ FIGURES: dict[str, tuple[str, str, str]] = {
                                     "offsets; a shard/replica pair whose clocks are unsure by over 25 % of "
                                     "its hop is left out; bench only)"),
     "encode_ms": ("series", "ms", "client encode time per request, when the engine reports it"),
+    "send_lag_ms": ("series", "ms", "from the observation's tick to the engine's worker taking it up (its wake-up; on "
+                                    "a bench shard the workers share a process and its GIL with the control loop), "
+                                    "per request; outside the round trip"),
+    "merge_lag_ms": ("series", "ms", "from a chunk's arrival (Zenoh's callback) to its merge into the action queue "
+                                     "by the engine's worker, per answered request; outside the round trip"),
     "delay_steps": ("series", "steps", "inference delay in control steps per request"),
     "execution_steps": ("series", "steps", "RTC's s per request: control steps each chunk is executed for, counted "
                                            "from its observation (derived from delay_steps unless buffer_time_s is set)"),

@@ -254,3 +254,18 @@ def test_the_latency_budget_says_what_of_each_row_the_bench_added(tmp_path):
                                                                     "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}],
                              "replicas": [], "bench_share": f["bench_share"]})
     assert any(x.startswith("    the bench's share of the round trip: ~") and "inference 3.0" in x for x in lines)
+
+
+def test_the_shards_own_delays_outside_the_round_trip_are_in_the_bench_share_and_the_budget():
+    requests = {"send_lag_ms": np.array([0.2] * 90 + [30.0] * 9 + [np.nan]), "merge_lag_ms": np.array([1.0] * 100)}
+    share = fid.bench_share({}, [], requests)
+    assert share["send_lag_ms"] == {"p50": 0.2, "p99": 30.0}  # the NaN (a timeout) left out
+    assert share["merge_lag_ms"] == {"p50": 1.0, "p99": 1.0}
+    assert "rtt_ms" not in share  # outside the round trip: not added to its share
+    rows = {r["figure"]: r for r in report.latency_budget({"send_lag_ms": {"p50": 0.2}}, {"bench_share": share})}
+    assert rows["send_lag_ms"]["p50_ms"] == 0.2 and rows["send_lag_ms"]["bench_p50_ms"] == 0.2
+    assert "outside the rtt" in rows["merge_lag_ms"]["stage"]
+    lines = fid.table_lines({"valid": True, "legs": [], "shards": [{"shard": 0, "host_late_ratio": 0.0,
+                                                                    "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}],
+                             "replicas": [], "bench_share": share})
+    assert any("observation -> send p50 0.2" in x for x in lines)
