@@ -86,7 +86,10 @@ def test_summary_holds_verdict_assertions_and_figures(finished_run):
     assert f["none_ticks"] > 0 and f["episodes"] > 0 and f["rtt_ms"]["count"] > 0
     assert f["on_time_ticks"] + f["late_ticks"] + f["too_late_ticks"] + f["host_late_ticks"] == f["ticks"]
     assert set(summary["groups"]) == {"a", "b"}
-    assert summary["latency_budget"][-1]["stage"] == "total (rtt)"
+    stages = [row["stage"] for row in summary["latency_budget"]]
+    # the round trip's rows end at its total; the robot's own delays outside it follow
+    assert stages[-3:] == ["total (rtt)", "robot: observation -> send (outside the rtt)",
+                           "robot: arrival -> merge (outside the rtt)"]
 
 
 def test_junit_has_one_case_per_assertion(finished_run):
