@@ -13,15 +13,22 @@ checkpoints, attacks and denials), `fidelity()` and `_forward_series()`. Two fig
 what it holds afterwards). Memory is the process's peak resident set (VmHWM, reset just before the measured step)
 and its RSS after, minus its RSS before; per request is the slope between the two request counts (the fixed cost
 drops out), the median of `--reps` processes each. `--baseline DIR`: the same measurement of another checkout
-(for example the main branch) in the same run, interleaved, and the ratio. No tick records: their cost is
-`REPORT_BYTES_PER_TICK`'s, measured apart (bench/run/sizing.py).
+(for example the main branch) in the same run, interleaved, and the ratio. No tick records here: see `--ticks`.
+
+    python -m benchmarks.report_memory --ticks 300000 1200000 [--reps 3] [--baseline DIR]
+
+`--ticks SMALL LARGE`: instead, the whole report phase (`Run.judge`: collect, figures, assertions, fidelity,
+summary.json, report.html) of two synthetic runs that differ only in their tick records (`write_ticks`: the
+300-robot headline's shape, 10,000 requests each): the peak per robot-tick is the slope between them, what
+`REPORT_BYTES_PER_TICK` prices (bench/run/sizing.py).
 
     python -m benchmarks.report_memory --replay reports/soak/20261126T112536Z [--replay DIR ...] [--baseline DIR]
 
 `--replay RUN_DIR`: instead, a real run's whole report phase again (`Run.judge`: collect, figures, assertions,
 fidelity, summary.json and report.html, written to a scratch copy), from its parquet files turned back into the
 shards' Arrow streams, its servers' audit logs and its clock.json; the peak resident set over the RSS before
-(VmHWM), per code tree, beside what the run itself recorded (summary.json `memory.report_phase`).
+(VmHWM), per code tree, beside what the run itself recorded (summary.json `memory.report_phase`); with
+`--baseline`, what the code saved per request and per robot-tick (the run's whole saving over either count).
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ SKEWED = "r2"  # on a clock SKEW_S ahead of the runner's: collect_audit shifts i
 SKEW_S = 5.0
 DURATION_S = 60.0
 T0_MS = 1_000_000.0  # the run's t = 0 on the runner's monotonic clock
+FPS = 30.0
+WARMUP_S = 15.0
+TICK_RUN_REQUESTS = 10_000  # the per-tick runs' requests: the same in both sizes, so they drop out of the slope
 UNLOADED = {"1": 2.1, "8": 3.4, "32": 6.0}
 
 
@@ -107,6 +117,52 @@ def write_run(directory: Path, requests: int) -> dict:
     return {"logs": str(logs), "records": str(recs)}
 
 
+def write_ticks(directory: Path, ticks: int) -> None:
+    """`ticks` tick records of the fleet (ROBOTS robots at FPS from -WARMUP_S, the headline's reacher: 2-wide
+    actions) as the shards write them: records/ticks.<shard>.arrow, time-ordered, 16384 rows a batch. Their
+    shape follows the 120 s headline's (300_robots_wan 20261126T132049Z): ~12 % None ticks (each episode's first
+    second awaits a chunk; a stall now and then), ~5 % host-late, a session id (16 hex) per robot per ~2 min."""
+    import numpy as np
+    import pyarrow as pa
+
+    from bench.fleet import records
+
+    rng = np.random.default_rng(11)
+    per_robot = -(-ticks // ROBOTS)
+    k = np.repeat(np.arange(per_robot), ROBOTS)[:ticks]  # a robot's tick number: rows ordered by time, then robot
+    robot = np.tile(np.arange(ROBOTS, dtype=np.int32), per_robot)[:ticks]
+    t = -WARMUP_S + k / FPS
+    episode = (k // 600).astype(np.int32)
+    stall = (k % 3000 >= 2900) & (robot % 4 == 0)
+    none = (k % 600 < 30) | stall
+    cls = np.where(rng.random(ticks) < 0.05, 3, 0).astype(np.int8)
+    seq = np.where(none, -1, k // 15).astype(np.int64)
+    names = np.array([""] + [f"{(i * 2654435761 + 97) % 2**64:016x}" for i in range(ROBOTS * (per_robot // 4000 + 1))],
+                     dtype=object)
+    session = names[np.where(k < 30, 0, 1 + robot.astype(np.int64) * (per_robot // 4000 + 1) + k // 4000)]
+    state = np.array(["STREAMING", "STALLED", "CONNECTING"], dtype=object)[np.where(stall, 1, np.where(k < 30, 2, 0))]
+    source = np.array(["chunk", "none"], dtype=object)[none.astype(np.int8)]
+    cols = {"robot": robot, "t": t, "lateness_ms": rng.gamma(2.0, 0.4, ticks).astype(np.float32),
+            "host_delay_ms": rng.gamma(2.0, 0.3, ticks).astype(np.float32),
+            "engine_ms": rng.gamma(2.0, 0.05, ticks).astype(np.float32), "tick_class": cls,
+            "state_digest": rng.integers(0, 2**32, ticks, dtype=np.uint32), "seq": seq, "session_id": session,
+            "episode_id": np.where(none, -1, episode), "chunk_index": np.where(none, -1, k % 15).astype(np.int32),
+            "action_age_s": np.where(none, np.nan, (k % 15) / FPS).astype(np.float32), "source": source,
+            "is_none": none, "engine_state": state, "robot_episode": episode}
+    values = rng.uniform(-1.0, 1.0, 2 * ticks).astype(np.float32)
+    schema = records.arrow_schema("ticks")
+    (directory / "records").mkdir(parents=True, exist_ok=True)
+    with pa.OSFile(str(directory / "records" / "ticks.0.arrow"), "wb") as f, pa.ipc.new_stream(f, schema) as w:
+        for a in range(0, ticks, 16384):
+            b = min(a + 16384, ticks)
+            n = np.count_nonzero(~none[a:b])
+            offsets = np.concatenate([[0], np.cumsum(np.where(none[a:b], 0, 2))]).astype(np.int32)
+            action = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values[2 * a:2 * a + 2 * n]),
+                                              mask=pa.array(none[a:b]))
+            arrays = [pa.array(cols[name][a:b], type=schema.field(name).type) for name in schema.names[:-1]]
+            w.write_batch(pa.RecordBatch.from_arrays([*arrays, action], schema=schema))
+
+
 CHILD = r"""
 import gc, json, re, shutil, sys, time
 from pathlib import Path
@@ -131,12 +187,21 @@ run = Run(load_scenario(args["scenario"]), run_dir, progress=False)
 run.servers = {rid: {"audit": str(Path(args["logs"]) / f"audit-{rid}.jsonl")} for rid in args["replicas"]}
 run.clocks = {f"server:{args['skewed']}": clocks.ClockOffset(args["skew_s"], 0.0002, 0.0004)}
 run.state.t0_mono = args["t0_ms"] / 1e3
+run.fault_log = []
+if args["mode"] == "judge":  # the robots as the runner lists them (bench.run.runner.Run.shard_specs)
+    run.robot_table = [{"robot": r, "group": g.name, "engine": g.engine_kind, "index": i, "site": g.site,
+                        "shard": r % len(args["replicas"]), "robot_type": g.robot, "fps": g.fps,
+                        "max_action_age_s": 1.5, "deadline_s": 1 / 6}
+                       for r, (g, i) in enumerate((g, i) for g in run.s.groups for i in range(g.count))]
 gc.collect()
 before = rss_mb()
 Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the RSS now
 t = time.perf_counter()
 if args["mode"] == "audit":
     held = run.collect_audit()
+elif args["mode"] == "judge":  # the whole report phase: collect, figures, assertions, fidelity, summary, report
+    outcome = run.judge(None)
+    assert not outcome.error, outcome.error
 else:
     data = run.collect()
     fidelity = run.fidelity(data)
@@ -239,8 +304,12 @@ def replay(sources: list[Path], trees: dict[str, Path], reps: int, tmp: Path) ->
         for name in trees:
             row[f"{name}_peak_mb"] = statistics.median(x["peak_mb"] for x in row[name])
         if "baseline" in trees:
-            row["saved_bytes_per_request"] = round((row["baseline_peak_mb"] - row["code_peak_mb"]) * 2**20
-                                                   / max(prep["rows"].get("requests", 0), 1), 1)
+            saved = (row["baseline_peak_mb"] - row["code_peak_mb"]) * 2**20
+            row["saved_bytes_per_request"] = round(saved / max(prep["rows"].get("requests", 0), 1), 1)
+            row["saved_bytes_per_tick"] = round(saved / max(prep["rows"].get("ticks", 0), 1), 1)
+            print(f"replay {source.name}: peak {row['baseline_peak_mb']:.0f} -> {row['code_peak_mb']:.0f} MB "
+                  f"({row['saved_bytes_per_tick']:.0f} B a robot-tick saved over {prep['rows'].get('ticks', 0)} ticks)",
+                  flush=True)
         out[str(source)] = row
     return out
 
@@ -254,6 +323,44 @@ def measure_one(code: Path, files: dict, mode: str, tmp: Path, tag: str) -> dict
     if proc.returncode != 0:
         raise RuntimeError(f"{code} {mode}: exit {proc.returncode}: {proc.stderr[-1500:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure_ticks(sizes: tuple[int, int], trees: dict[str, Path], reps: int) -> dict:
+    """The whole report phase (`Run.judge`) of synthetic runs that differ only in their tick count: its peak per
+    robot-tick, the slope between the two sizes (medians of `reps` processes each, the trees interleaved)."""
+    small, large = sizes
+    raw: dict = {name: {n: [] for n in sizes} for name in trees}
+    with tempfile.TemporaryDirectory(prefix="report-memory-") as tmp:
+        tmp = Path(tmp)
+        runs = {}
+        for n in sizes:
+            runs[n] = write_run(tmp / f"input-{n}", TICK_RUN_REQUESTS)
+            write_ticks(tmp / f"input-{n}", n)
+        k = 0
+        for rep in range(reps):
+            for n in sizes:
+                for name, code in trees.items():
+                    k += 1
+                    got = measure_one(code, runs[n], "judge", tmp, f"run-{k}")
+                    raw[name][n].append(got)
+                    print(f"rep {rep + 1} {name:8} judge {n:8d} ticks: peak +{got['peak_mb']:7.1f} MB, "
+                          f"held +{got['held_mb']:7.1f} MB, {got['seconds']:.2f} s", flush=True)
+    figures: dict = {}
+    for name in trees:
+        med = {n: {key: statistics.median(x[key] for x in raw[name][n]) for key in ("peak_mb", "held_mb", "seconds")}
+               for n in sizes}
+        figures[name] = {"tree": str(trees[name]), "commit": _git(trees[name]), "median": {str(n): med[n] for n in sizes},
+                         "peak_bytes_per_tick": round((med[large]["peak_mb"] - med[small]["peak_mb"]) * 2**20
+                                                      / (large - small), 1)}
+        print(f"{name} ({figures[name]['commit']}): the whole report phase peaks "
+              f"{figures[name]['peak_bytes_per_tick']:.0f} B a robot-tick")
+    report = {"ticks": list(sizes), "requests": TICK_RUN_REQUESTS, "reps": reps, "robots": ROBOTS,
+              "load_average": [round(x, 2) for x in os.getloadavg()], "tick_figures": figures, "raw": raw}
+    if "baseline" in trees and figures["baseline"]["peak_bytes_per_tick"]:
+        report["ratio_code_to_baseline"] = {"peak_bytes_per_tick": round(
+            figures["code"]["peak_bytes_per_tick"] / figures["baseline"]["peak_bytes_per_tick"], 3)}
+        print("code / baseline:", report["ratio_code_to_baseline"])
+    return report
 
 
 def _git(code: Path) -> str | None:
@@ -270,10 +377,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout measured in the same run")
     parser.add_argument("--replay", type=Path, action="append", default=[], metavar="RUN_DIR",
                         help="replay this real run's whole report phase instead (repeatable)")
+    parser.add_argument("--ticks", type=int, nargs=2, default=None, metavar=("SMALL", "LARGE"),
+                        help="instead, the whole report phase per robot-tick: these two tick counts, "
+                             f"{TICK_RUN_REQUESTS} requests each")
     args = parse_with_out(parser, argv, REPORT)
     small, large = args.requests
     if not 0 < small < large or args.reps < 1:
         parser.error("--requests needs 0 < SMALL < LARGE and --reps >= 1")
+    if args.ticks is not None and not 0 < args.ticks[0] < args.ticks[1]:
+        parser.error("--ticks needs 0 < SMALL < LARGE")
     trees = {"code": args.code.resolve()}
     if args.baseline is not None:
         trees["baseline"] = args.baseline.resolve()
@@ -287,6 +399,8 @@ def main(argv: list[str] | None = None) -> dict:
                       "trees": {n: {"tree": str(c), "commit": _git(c)} for n, c in trees.items()},
                       "load_average": [round(x, 2) for x in os.getloadavg()]}
         return write_report(args.out, report)
+    if args.ticks is not None:
+        return write_report(args.out, measure_ticks(tuple(args.ticks), trees, args.reps))
     raw: dict = {name: {mode: {n: [] for n in (small, large)} for mode in ("audit", "collect")} for name in trees}
     with tempfile.TemporaryDirectory(prefix="report-memory-") as tmp:
         tmp = Path(tmp)

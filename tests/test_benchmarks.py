@@ -143,3 +143,21 @@ def test_headline_rss_sums_processes_per_sample():
     assert peak_sum(cols) == (341.0, 1)
     with pytest.raises(ValueError, match="no rss_mb"):
         peak_sum({})
+
+
+def test_report_memorys_synthetic_ticks_read_back_as_the_shards_records(tmp_path):
+    import numpy as np
+
+    from bench.fleet import records
+    from benchmarks.report_memory import ROBOTS, write_ticks
+
+    write_ticks(tmp_path, 200_000)
+    t = records.collect(tmp_path / "records", "ticks")
+    assert t.num_rows == 200_000 and t.schema.equals(records.arrow_schema("ticks"))
+    none = t.column("is_none").to_numpy(zero_copy_only=False)
+    assert np.array_equal(t.column("action").is_null().to_numpy(zero_copy_only=False), none)
+    assert 0.02 < none.mean() < 0.25 and set(t.column("source").unique().to_pylist()) == {"chunk", "none"}
+    robots, ts = t.column("robot").to_numpy(), t.column("t").to_numpy()
+    assert set(robots.tolist()) == set(range(ROBOTS)) and ts.min() < 0 < ts.max()  # warm-up, then the window
+    assert (np.diff(ts) >= 0).all() and (np.diff(robots) != 0).all()  # time-ordered as written, robots interleaved
+    assert {len(a) for a in t.column("action").drop_null().to_pylist()} == {2}
