@@ -56,11 +56,11 @@ def seam_metrics(
     seam[since_start == 0] = False  # an episode's first chunk has nothing to be continuous with
 
     step = np.full(n, np.nan)
-    step[1:] = np.linalg.norm(a[1:] - a[:-1], axis=1)
+    step[1:] = row_norms(a[1:] - a[:-1])
     step_valid = since_start >= 1
 
     jerk = np.full(n, np.nan)
-    jerk[3:] = np.linalg.norm(a[3:] - 3 * a[2:-1] + 3 * a[1:-2] - a[:-3], axis=1)
+    jerk[3:] = row_norms(a[3:] - 3 * a[2:-1] + 3 * a[1:-2] - a[:-3])
     jerk_valid = since_start >= 3
     # The stencil t-3..t straddles a seam s when it holds both a_{s-1} and a_s: s in [t-2, t].
     seam_in_stencil = seam.copy()
@@ -75,6 +75,14 @@ def seam_metrics(
     out["step_ratio"] = _ratio(out["seam_step_median"], out["within_step_median"])
     out["jerk_ratio"] = _ratio(out["seam_jerk_median"], out["within_jerk_median"])
     return out
+
+
+def row_norms(d: np.ndarray) -> np.ndarray:
+    """Each row's L2 norm of a float array of differences, exactly as `np.linalg.norm(d, axis=1)` computes it
+    (the square root of the row sums of d * d), squaring `d` in place: norm holds two more arrays of d's size (its
+    conjugate and the product), a run's worth of actions in the report phase. `d` is overwritten."""
+    np.multiply(d, d, out=d)
+    return np.sqrt(np.add.reduce(d, axis=(1,)))
 
 
 def _ratio(seam: float, within: float) -> float:

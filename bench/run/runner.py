@@ -1202,6 +1202,9 @@ class Run:
             t = records.collect(self.rec_dir, kind)
             if kind in ("ticks", "requests", "transitions") and t.num_rows:
                 t = t.sort_by([("robot", "ascending"), ("t", "ascending")])
+                # the unsorted copy's memory back to the system now: Arrow's allocator keeps freed pages for its own
+                # later use, and the numpy arrays the figures allocate next would stack on top of them
+                pa.default_memory_pool().release_unused()
             if kind == "requests":
                 t_recv = t.column("t").to_numpy() + float(getattr(self.state, "t0_mono", 0.0) or 0.0)
                 offset_ms, error_ms, shard = self.robot_clocks(t.column("robot").to_numpy())
@@ -1246,18 +1249,15 @@ class Run:
         if data.attacks:
             (self.run_dir / "attacks.json").write_text(json.dumps(data.attacks, indent=1))
         if tables["ticks"].num_rows:
-            t = tables["ticks"]
-            m = t.column("t").to_numpy() >= 0
-            t = t.filter(pa.array(m))
             from bench.robots import robot_type
 
             scale = {}
             for row in getattr(self, "robot_table", []):
                 cls = robot_type(row["robot_type"])
                 scale[row["robot"]] = np.asarray(cls.action_high, float) - np.asarray(cls.action_low, float)
-            data.seam = figs.seam_inputs(t.column("robot").to_numpy(), t.column("seq").to_numpy(),
-                                         t.column("robot_episode").to_numpy(), t.column("is_none").to_numpy(zero_copy_only=False),
-                                         ListRows(t.column("action")), scale)
+            data.seam = figs.measured_seam_inputs(ticks, ListRows(tables["ticks"].column("action")), scale)
+        del tables, t  # what figures need is in `data` now (its numeric columns still views of Arrow buffers)
+        pa.default_memory_pool().release_unused()
         return data
 
     def robot_clocks(self, robots: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
@@ -1299,7 +1299,8 @@ class ListRows:
     def __init__(self, column):
         arr = column.combine_chunks() if hasattr(column, "combine_chunks") else column
         self.offsets = arr.offsets.to_numpy()
-        self.values = arr.values.to_numpy(zero_copy_only=False).astype(float)
+        # the values as recorded (float32, a view of the column): seam_inputs widens one robot's rows at a time
+        self.values = arr.values.to_numpy(zero_copy_only=False)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

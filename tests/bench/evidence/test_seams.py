@@ -58,3 +58,17 @@ def test_empty_sides_report_nan_not_errors():
     m = seam_metrics(np.zeros((5, 3)), [])
     assert m["seams"] == 0 and np.isnan(m["seam_step_median"]) and np.isnan(m["step_ratio"])
     assert m["within_step_count"] == 4
+
+
+def test_row_norms_are_numpys_norm_bit_for_bit_and_square_the_differences_in_place():
+    from bench.evidence.seams import row_norms
+
+    rng = np.random.default_rng(5)
+    for width in (1, 2, 7):
+        d = rng.normal(0, 10.0 ** rng.integers(-8, 8, (1000, 1)), (1000, width))
+        d[3, 0], d[5, -1] = np.nan, np.inf
+        want = np.linalg.norm(d, axis=1)
+        before = d.copy()
+        got = row_norms(d)
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
+        assert np.array_equal(d, before * before, equal_nan=True)  # overwritten: the caller's differences are spent
