@@ -364,7 +364,16 @@ def measured_by_kind(split: dict) -> dict:
 # synthetic benchmark (3.65 -> 1.01 KB a request). So 4.5 KB less the smallest of those savings, rounded up; not yet
 # re-fitted over new runs. `python -m benchmarks.report_memory --baseline <checkout before it> [--replay RUN_DIR]`
 # reproduces it (docs/bench.md "Memory for the report").
-REPORT_BYTES_PER_TICK = 310
+# The ticks, since: figures mask a tick column when they read it instead of copying all 16 per scope, the seam inputs
+# come from the sorted numpy columns (no filtered Arrow copy), Arrow's pool hands freed pages back before figures
+# allocate. Replaying the same two runs' whole report phase with and without that change (3 processes each, medians),
+# the peak over the RSS before fell 576 -> 356 MB (the headline, 1.21 M ticks, 64 k requests) and 1412 -> 825 MB (the
+# soak, 2.84 M ticks, 187 k requests); less 2.1 KB a request, that leaves 197 and 166 B a robot-tick. The synthetic
+# `--ticks 300000 1200000` slope fell 0.57x (493 -> 282 B; it reads heavier than real runs in both trees), and 310 B x
+# 0.57 = 177 B. So the largest of those, rounded up: 200 B; not re-fitted over new runs either. The peak is now the
+# sort of the tick table (its unsorted and sorted Arrow copies at once).
+# `python -m benchmarks.report_memory --ticks 300000 1200000 --baseline <checkout before it>` and `--replay RUN_DIR`.
+REPORT_BYTES_PER_TICK = 200
 REPORT_BYTES_PER_REQUEST = 2100
 REPORT_BASE_MB = 200
 REPORT_MEMORY_SHARE = 0.9  # of the memory available before the run: more, and the report would swap or be killed
@@ -384,12 +393,13 @@ class ReportMemory:
         if self.fits:
             return f"preflight: the report phase will hold ~{self.needed_mb / 1024:.1f} GB{have}"
         per_s = max(self.needed_mb - REPORT_BASE_MB, 1.0) / max(scenario.duration_s + scenario.warmup_s, 1e-9)
+        # named rounded down, so the duration named fits
         longest = max((REPORT_MEMORY_SHARE * self.available_mb - REPORT_BASE_MB) / per_s - scenario.warmup_s, 0.0)
         return (f"the report of this run would hold ~{self.needed_mb / 1024:.1f} GB at once (every robot-tick and "
                 f"request of the run: {REPORT_BYTES_PER_TICK} B a robot-tick, {REPORT_BYTES_PER_REQUEST / 1000:g} KB a "
                 f"request), and this host has {self.available_mb / 1024:.1f} GB available: it would be killed or swap "
-                f"after the run. Shorten duration_s to {longest:.0f} s or less, run fewer robots, or run on a host with "
-                f"more memory")
+                f"after the run. Shorten duration_s to {math.floor(longest)} s or less, run fewer robots, or run on a host "
+                f"with more memory")
 
 
 def report_memory(scenario, available_mb: float | None = None) -> ReportMemory:
