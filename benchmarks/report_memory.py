@@ -108,6 +108,7 @@ def write_run(directory: Path, requests: int) -> dict:
     cols = {"robot": robot, "t": t + 0.05, "seq": np.arange(requests), "rtt_ms": np.full(requests, 60.0),
             "queue_wait_ms": np.full(requests, 21.0), "inference_ms": np.full(requests, 4.5),
             "network_ms": np.full(requests, 30.0), "encode_ms": np.full(requests, 1.2),
+            "send_lag_ms": np.full(requests, 0.3), "merge_lag_ms": np.full(requests, 0.2),
             "delay_steps": np.full(requests, 2), "execution_steps": np.full(requests, 15),
             "steps_remaining": np.full(requests, 10), "superseded": np.zeros(requests),
             "outcome": ["ok"] * requests, "sent_ns": sent_ns}
@@ -255,6 +256,7 @@ print(json.dumps({"rss_before_mb": round(before, 1), "peak_mb": round(peak - bef
 
 def prepare_replay(source: Path, directory: Path) -> dict:
     """The run's record kinds back as the shards' Arrow streams (what `collect` merges), in `directory`."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -270,9 +272,13 @@ def prepare_replay(source: Path, directory: Path) -> dict:
         pf = pq.ParquetFile(path)
         schema = records.arrow_schema(kind)
         counts[kind] = pf.metadata.num_rows
+        have = [n for n in schema.names if n in pf.schema_arrow.names]  # requests: not the hop split's columns
         with pa.OSFile(str(recs / f"{kind}.0.arrow"), "wb") as f, pa.ipc.new_stream(f, schema) as w:
-            for batch in pf.iter_batches(batch_size=65536, columns=schema.names):  # requests: not the hop split
-                w.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema))
+            for batch in pf.iter_batches(batch_size=65536, columns=have):
+                # a column the run's bench did not record yet (an older run): NaN, as a float column reads unknown
+                w.write_batch(pa.RecordBatch.from_arrays(
+                    [batch.column(n) if n in have else pa.array(np.full(batch.num_rows, np.nan), schema.field(n).type)
+                     for n in schema.names], schema=schema))
     audit = sum(1 for p in (source / "logs").glob("audit-*.jsonl") for _ in open(p, "rb"))
     return {"records": str(recs), "rows": counts, "audit_lines": audit}
 
