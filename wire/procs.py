@@ -128,13 +128,25 @@ def router_argv(endpoint: str, connect: list[str] | tuple[str, ...] = (), extra_
             *[a for e in connect for a in ("--connect", e)], *(extra_args or [])]
 
 
+PICKED_PORT_TRIES = 3  # start_router: routers started again after a port picked for them was taken first
+
+
 def start_router(port: int | None, log_path: str | Path, extra_args: list[str] | None = None,
                  host: str = "127.0.0.1", connect: list[str] | tuple[str, ...] = ()) -> tuple[ChildProcess, str]:
     """Start a Zenoh router in its own process; return it and its tcp endpoint (on `host`: loopback unless
-    processes on other hosts must reach it). `connect`: routers it joins (they route between them)."""
-    port = port or free_port()
-    endpoint = f"tcp/{host}:{port}"
-    child = ChildProcess(router_argv(endpoint, connect, extra_args), log_path, ready_text="router ready",
-                         name="zenoh-router")
-    child.start(timeout_s=15)
-    return child, endpoint
+    processes on other hosts must reach it). `connect`: routers it joins (they route between them).
+
+    Without `port`, a free one is picked here and bound by the router a moment later: another process may take
+    it in between (a test suite or a bench run starts many), so a router refused with "Address already in use"
+    is started again on a new port, up to PICKED_PORT_TRIES times. A `port` given is the caller's: no retry."""
+    for attempt in range(1 if port else PICKED_PORT_TRIES):
+        endpoint = f"tcp/{host}:{port or free_port()}"
+        child = ChildProcess(router_argv(endpoint, connect, extra_args), log_path, ready_text="router ready",
+                             name="zenoh-router")
+        try:
+            child.start(timeout_s=15)
+            return child, endpoint
+        except RuntimeError:
+            if port or attempt == PICKED_PORT_TRIES - 1 or "Address already in use" not in child.tail():
+                raise
+    raise AssertionError("unreachable")
