@@ -109,13 +109,17 @@ def test_the_router_rules_keep_a_robot_off_another_robots_keys(pki, secure_route
         server = _session(secure_router, pki.server("r0"))
         obs_seen = []
         srv_sub = server.declare_subscriber(k.all_obs, lambda s: obs_seen.append(str(s.key_expr)))
-        time.sleep(0.5)
-        server.put(b_keys.action, b"chunk")  # the server may publish b's chunk; only b receives it
-        a.put(b_keys.obs, b"forged")  # a forges b's observation: dropped by the router
-        a.put(a_keys.obs, b"own")  # a's own observation passes
-        time.sleep(1.0)
-        assert len(got_b_action) == 1 and got_a_obs == []
-        assert obs_seen == [a_keys.obs]
+        # each check is ordered after a delivery that proves the route: no fixed wait for the declarations to
+        # reach the router (a loaded host can take longer than any wait picked here)
+        deadline = time.monotonic() + 10
+        while (len(got_b_action) < 3 or a_keys.obs not in obs_seen) and time.monotonic() < deadline:
+            server.put(b_keys.action, b"chunk")  # the server may publish b's chunk; only b receives it
+            a.put(b_keys.obs, b"forged")  # a forges b's observation first: dropped by the router...
+            a.put(a_keys.obs, b"own")  # ...then its own, on the same link, which passes
+            time.sleep(0.05)  # pacing the publisher, not synchronisation: the loop waits for deliveries
+        assert len(got_b_action) >= 3 and a_keys.obs in obs_seen, (len(got_b_action), obs_seen)
+        assert got_a_obs == []
+        assert set(obs_seen) == {a_keys.obs}
         srv_sub.undeclare()
         b_sub.undeclare()
         a_spy.undeclare()
