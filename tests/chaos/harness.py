@@ -8,6 +8,7 @@ import shutil
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -58,7 +59,10 @@ class Echo:
         self.port = self.sock.getsockname()[1]
         self.conns: list[socket.socket] = []
         self._stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.echoed = 0  # bytes sent back, over all connections
+        self._echoed_cv = threading.Condition()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
 
     def _accept(self):
         while not self._stop:
@@ -69,19 +73,34 @@ class Echo:
             self.conns.append(c)
             threading.Thread(target=self._echo, args=(c,), daemon=True).start()
 
-    @staticmethod
-    def _echo(c):
+    def _echo(self, c):
         try:
             while data := c.recv(65536):
                 c.sendall(data)
+                with self._echoed_cv:
+                    self.echoed += len(data)
+                    self._echoed_cv.notify_all()
         except OSError:
             pass
         finally:
             c.close()
 
+    def wait_echoed(self, n: int, timeout_s: float = 5.0) -> None:
+        """Until `n` bytes in all have been sent back (they are on their way to the peer)."""
+        with self._echoed_cv:
+            assert self._echoed_cv.wait_for(lambda: self.echoed >= n, timeout_s), f"echoed {self.echoed} of {n} bytes"
+
     def close(self):
         self._stop = True
+        # close() alone does not wake a thread blocked in accept(): the thread, and the listening socket it holds
+        # (the port stays in LISTEN), would outlive the test; shutdown() makes that accept() fail at once
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
+        self._acceptor.join(5)
+        assert not self._acceptor.is_alive(), "the echo server's accept thread did not end"
         for c in self.conns:
             try:
                 c.close()
@@ -113,6 +132,16 @@ def connect(listen: str, timeout: float = 5.0) -> socket.socket:
     s = socket.create_connection((host, int(port)), timeout=timeout)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return s
+
+
+def unread_bytes_from(port: int) -> int | None:
+    """Bytes waiting in the receive queue of the IPv4 TCP socket connected to 127.0.0.1:`port` (another process's
+    socket: the kernel's table, /proc/net/tcp); None when there is no such connected socket."""
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = row.split()
+        if f[3] == "01" and int(f[2].split(":")[1], 16) == port:  # ESTABLISHED, remote port
+            return int(f[4].split(":")[1], 16)  # tx_queue:rx_queue
+    return None
 
 
 def recv_exactly(s: socket.socket, n: int) -> bytes:
