@@ -77,19 +77,27 @@ def test_fidelity_sees_a_stalled_proxy_as_applied_delay_beyond_the_asked(api, ec
     import signal
     import time
 
+    from tests.chaos.harness import recv_exactly, unread_bytes_from
+
     _ours(proxy_server)
     s = connect(proxy_to(api, echo))
-    api.add_toxic("p", "latency", {"latency": 40}, stream="downstream")
+    api.add_toxic("p", "latency", {"latency": 300}, stream="downstream")
     round_trip(s)
     before = api.fidelity("p")["downstream"]["error_ms_max"]
     s.sendall(b"y" * 64)
-    time.sleep(0.01)  # the echo is back and held by the toxic (40 ms) when the proxy stops
-    os.kill(proxy_server.pid, signal.SIGSTOP)  # a host that gives the proxy no CPU for 150 ms
-    time.sleep(0.15)
+    # the proxy stops while the toxic holds the echo: the echo has left (an event) and the proxy's upstream socket
+    # has nothing unread (the kernel's table), so the proxy took it; a fixed sleep here was a guess a loaded host
+    # could lose (the proxy not yet scheduled: it stamps the chunk after the stall, and the stall vanishes)
+    echo.wait_echoed(64 + 64)  # round_trip's bytes, then these
+    deadline = time.monotonic() + 5
+    while unread_bytes_from(echo.port) != 0:
+        assert time.monotonic() < deadline, f"the proxy did not read the echo: {unread_bytes_from(echo.port)} unread"
+        time.sleep(0.001)  # another process's socket: no event reaches this one
+    os.kill(proxy_server.pid, signal.SIGSTOP)  # a host that gives the proxy no CPU for 500 ms
+    time.sleep(0.5)  # the stall itself, not synchronisation
     os.kill(proxy_server.pid, signal.SIGCONT)
-    from tests.chaos.harness import recv_exactly
-
     recv_exactly(s, 64)
     after = api.fidelity("p")["downstream"]
-    assert after["error_ms_max"] >= 80.0 > before, (before, after)  # applied ~150+ ms where 40 was asked
+    # the stall ends >= 500 ms after the stamp, 200 ms past the 300 ms asked: applied >= asked + 200 ms
+    assert after["error_ms_max"] >= 150.0 > before, (before, after)
     s.close()
