@@ -61,7 +61,9 @@ def test_a_started_proxy_reports_the_scheduling_its_process_has(tmp_path, monkey
         assert fifo.priority == scheduling_of(fifo.pid)  # read from the live process, not from what was asked
         assert fifo.priority in (f"SCHED_FIFO {proxy_main.FIFO_PRIORITY}", "nice -10", "normal")
         assert f"event loop priority: {fifo.priority} (asked: fifo)" in (tmp_path / "fifo.log").read_text()
-        assert plain.priority == scheduling_of(plain.pid) == "normal"
+        # a plain proxy changes nothing: it keeps the scheduling it inherits from this process ("normal" in CI,
+        # "nice 19" when the suite runs under `nice -n 19`, as on a shared host)
+        assert plain.priority == scheduling_of(plain.pid) == scheduling_of(os.getpid())
     finally:
         fifo.stop()
         plain.stop()
