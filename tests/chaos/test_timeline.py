@@ -157,11 +157,13 @@ class Handle:
 
 
 class Recorder:
-    """A fake world: every actuator call recorded with the runner's time; optional failures/delays."""
+    """A fake world: every actuator call recorded with the runner's time; optional failures/delays, and gates (a
+    call named in `gates` waits, once recorded, until the test sets its event)."""
 
-    def __init__(self, fail: set[str] = frozenset(), slow: dict[str, float] | None = None):
+    def __init__(self, fail: set[str] = frozenset(), slow: dict[str, float] | None = None,
+                 gates: dict[str, threading.Event] | None = None):
         self.calls: list[tuple] = []
-        self.fail, self.slow = set(fail), dict(slow or {})
+        self.fail, self.slow, self.gates = set(fail), dict(slow or {}), dict(gates or {})
         self.runner: TimelineRunner | None = None
         self._lock = threading.Lock()
         self._n = 0
@@ -169,6 +171,8 @@ class Recorder:
     def call(self, name, *args):
         with self._lock:
             self.calls.append((round(self.runner.now(), 3), name, *args))
+        if name in self.gates:
+            assert self.gates[name].wait(10), f"the test never released {name}"
         if name in self.fail:
             raise OSError(f"{name} broke")
         if name in self.slow:
@@ -321,17 +325,21 @@ def test_stop_undoes_active_faults_and_skips_pending_ones():
 
 def test_log_shows_a_fault_in_effect_with_t_end_none():
     shared_log: list = []
-    rec = Recorder()
+    release = threading.Event()  # the undo waits for it: the check below cannot come after the fault ended, however
+    rec = Recorder(gates={"undo": release})  # late a loaded host runs this thread
     runner = TimelineRunner(parse_timeline([{"at": 0, "target": "server:r1", "action": "kill", "duration": 0.3}]), rec,
                             log=shared_log)
     rec.runner = runner
     runner.start()
     deadline = time.monotonic() + 2
     while not shared_log and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.01)  # the runner's thread appends to a plain list: nothing to wait on
     assert shared_log[0]["t_end"] is None and shared_log[0]["target"] == "server:r1"
-    runner.wait(2)
-    assert 0.3 <= shared_log[0]["t_end"] < 0.6
+    release.set()
+    runner.wait(5)
+    (undo,) = [c for c in rec.calls if c[1] == "undo"]
+    assert 0.3 <= undo[0] < 0.6  # the runner undid it at its duration, on the runner's clock
+    assert shared_log[0]["t_end"] >= undo[0]
 
 
 def test_actuator_error_is_recorded_and_the_rest_still_runs():
