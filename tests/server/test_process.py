@@ -3,7 +3,6 @@ endpoint, per-model sessions, mailboxes and dispatch loops started by each model
 
 from __future__ import annotations
 
-import threading
 import urllib.request
 
 import numpy as np
@@ -48,14 +47,16 @@ def process(two_ckpts, router, tmp_path):
     proc.stop()
 
 
-def _dispatch_threads(model_id: str) -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith(f"dispatch-{model_id}-")]
+def _dispatch_threads(model) -> list[str]:
+    """The live dispatch loops of this model's server: its own threads, not every thread of the pytest process
+    by name (an earlier test's server of the same model id, still stopping, must not count here)."""
+    return [t.name for t in model._threads if t.name.startswith(f"dispatch-{model.info.model_id}-") and t.is_alive()]
 
 
 def test_two_models_share_one_process_and_each_answers_its_own_sessions(process, router):
     arm, gripper = process.models["arm"], process.models["gripper"]
     assert arm.info.checkpoint_hash != gripper.info.checkpoint_hash
-    assert not _dispatch_threads("arm") and not _dispatch_threads("gripper"), "no dispatch loop before a request"
+    assert not _dispatch_threads(arm) and not _dispatch_threads(gripper), "no dispatch loop before a request"
     a = RawClient(router, ReplicaKeys("arm", "main", "r0"), "robot-a")
     g = RawClient(router, ReplicaKeys("gripper", "main", "r0"), "robot-a", session=a.z)  # one robot, two models
     try:
@@ -68,12 +69,12 @@ def test_two_models_share_one_process_and_each_answers_its_own_sessions(process,
         seq = a.send(np.ones(S))
         got = a.chunk_for(seq, timeout=10)
         assert got is not None and isinstance(got[1], ActionChunk) and got[1].session_id == ack_a.session_id
-        assert len(_dispatch_threads("arm")) == 1 and not _dispatch_threads("gripper"), \
+        assert len(_dispatch_threads(arm)) == 1 and not _dispatch_threads(gripper), \
             "the gripper's dispatch starts with its own first request"
         seq = g.send(np.ones(S))
         got = g.chunk_for(seq, timeout=10)
         assert got is not None and got[1].session_id == ack_g.session_id
-        assert len(_dispatch_threads("gripper")) == 2  # models.known.gripper.max_inflight
+        assert len(_dispatch_threads(gripper)) == 2  # models.known.gripper.max_inflight
         assert len(arm.sessions) == 1 and len(gripper.sessions) == 1
         assert scraped(process.metrics, "policy_server_active_sessions", model="gripper") == 1
     finally:
