@@ -3,6 +3,7 @@ replicas, refusals, reset, UNKNOWN_SESSION and drain events."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -43,6 +44,14 @@ def open_model(conn, timeout_s=5.0, **kw):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def waited_s(exc: Exception) -> tuple[float, float]:
+    """The wait and the timeout a NoReplica message reports ("waited 0.4 s, timeout 0.4 s"), to be judged with
+    bounds, not as text: a loaded host adds tens of ms to any wait, and the message rounds to 0.1 s."""
+    found = re.search(r"waited (\d+\.\d) s, timeout (\d+\.\d) s", str(exc))
+    assert found, str(exc)
+    return float(found.group(1)), float(found.group(2))
 
 
 def round_trip(m, state, timeout_ms=3000, **kw):
@@ -133,13 +142,15 @@ def test_a_round_in_which_no_replica_answered_in_time_says_so_and_names_the_time
         m = open_model(conn)
         held = []  # a query dropped unanswered ends at once (Zenoh finalizes it); a hung replica holds it
         r0._on_session = lambda q, gen: held.append(q)  # answers status, never a session query (hung, or a slow link)
-        with pytest.raises(NoReplica, match=r"waited 0\.[34] s, timeout 0\.4 s") as e:
+        with pytest.raises(NoReplica, match="timeout 0.4 s") as e:
             m.open(session_timeout_s=0.4)
         assert e.value.unanswered
+        assert 0.3 <= waited_s(e.value)[0] < 3.0  # the whole timeout; a loaded host may add to it, never take from it
         t0 = time.monotonic()
-        with pytest.raises(NoReplica, match="timeout 0.3 s"):  # a deadline cuts the timeout: the caller's budget
+        with pytest.raises(NoReplica) as e:  # a deadline cuts the timeout: the caller's budget
             m.open(session_timeout_s=5.0, deadline=time.monotonic() + 0.3)
-        assert time.monotonic() - t0 < 1.0
+        assert waited_s(e.value)[1] <= 0.3  # what was left of the 0.3 s after discovery, not the 5 s asked
+        assert time.monotonic() - t0 < 3.0  # well under the 5 s the deadline cut
 
 
 def test_a_discovery_nobody_answers_in_time_says_so_and_names_the_timeout(router):
@@ -157,7 +168,8 @@ def test_a_discovery_nobody_answers_in_time_says_so_and_names_the_timeout(router
                 if e.value.unanswered or time.monotonic() > deadline:
                     break
             assert e.value.unanswered and held
-            assert "(waited 0.4 s, timeout 0.4 s;" in str(e.value) and "round trip of the link" in str(e.value)
+            assert "timeout 0.4 s;" in str(e.value) and "round trip of the link" in str(e.value)
+            assert 0.3 <= waited_s(e.value)[0] < 3.0
     finally:
         r0.close()
 
@@ -166,9 +178,10 @@ def test_an_empty_discovery_that_comes_back_at_once_is_an_answer(router):
     """With no replica known to the router the query returns at once: waiting longer would not change it,
     so it must not count as a link slower than the timeout."""
     with Connection(router, "robot-1") as conn:
-        with pytest.raises(NoReplica, match=r"waited 0\.0 s, timeout 2\.0 s") as e:
+        with pytest.raises(NoReplica, match="timeout 2.0 s") as e:
             conn.model("arm", action_names=NAMES, state_dim=S)
         assert not e.value.unanswered
+        assert waited_s(e.value)[0] < 1.0  # at once, give or take a loaded host: far from the 2 s timeout
 
 
 @settings(max_examples=300, deadline=None)

@@ -10,6 +10,7 @@ host"); the adaptive timeouts (edge.client.ControlTimeouts) double after a round
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -67,7 +68,9 @@ def test_a_link_slower_than_the_control_timeouts_gets_a_session_only_with_adapti
         assert not adaptive.failed and not fixed.failed
         assert adaptive_s is not None and adaptive_s < BOUND_S, f"adaptive: no session in {BOUND_S} s: {adaptive.last_error}"
         assert fixed_s is None, f"fixed 2 s timeouts got a session after {fixed_s} s on a ~3 s round trip"
-        assert fixed.state == EngineState.CONNECTING and "(waited 2.0 s, timeout 2.0 s;" in fixed.last_error
+        assert fixed.state == EngineState.CONNECTING
+        waited = re.search(r"\(waited (\d+\.\d) s, timeout 2\.0 s;", fixed.last_error)  # bounds, not text: a
+        assert waited and 1.9 <= float(waited.group(1)) < 5.0, fixed.last_error  # loaded host adds to any wait
         assert adaptive.control_timeouts.grown_s == 0.0  # the successful round brought the timeouts back to the base
     finally:
         adaptive.stop()
