@@ -54,13 +54,21 @@ def waited_s(exc: Exception) -> tuple[float, float]:
     return float(found.group(1)), float(found.group(2))
 
 
-def round_trip(m, state, timeout_ms=3000, **kw):
-    """observe + get_result; the first put may race the subscription's propagation, so resend."""
+def round_trip(m, state, timeout_ms=3000, resend_after_s=1.0, **kw):
+    """observe + the answer to that observation. The first put may race the subscription's propagation (lost), so
+    an observation unanswered after `resend_after_s` is sent again; an answer to an earlier one (late, not lost, on
+    a loaded host) is dropped here: answers come in order, so none is left for the test's next get_result."""
     deadline = time.monotonic() + timeout_ms / 1e3
+    seq = None
     while time.monotonic() < deadline:
         seq = m.observe(state=state, **kw)
-        r = m.get_result(300)
-        if r is not None:
+        resend_at = min(time.monotonic() + resend_after_s, deadline)
+        while (left := resend_at - time.monotonic()) > 0:
+            r = m.get_result(left * 1e3)
+            if r is None:
+                break
+            if isinstance(r, Result) and r.seq_id != seq:
+                continue  # an earlier observation's late answer
             return seq, r
     return seq, None
 
