@@ -35,7 +35,11 @@ from bench.run.manifests import replica_manifest
 #   (REPLICA_PASS_MS: scheduling, stacking, the dispatch thread), and a request's decode, validation and reply
 #   (REPLICA_REQUEST_MS); a replica's forward passes a second follow from its request rate and its batch window
 #   (`batch_size`).
-# - proxy and router: per answered request (the headline, 2026-11-23 09:35 run, 382 requests/s).
+# - proxy and router: per answered request, from four fault-free runs of the headline's shape (2026-11-26 13:09-14:01,
+#   473-498 requests/s, the proxy SCHED_FIFO: bench.run.mesh.proxy_priority): proxy 0.335-0.349 ms, router
+#   0.213-0.241 (at normal priority the proxy read 0.27-0.28: it now wakes for each chunk instead of catching several
+#   a wake-up). Was 0.3 each (the headline, 2026-11-23 09:35). Small fleets cost more a request (keep-alives and
+#   sessions a robot, unmodelled).
 SHARD_TICK_MS = 0.035
 SHARD_REQUEST_MS = 0.8
 PHYSICS_STEP_US = {"reacher": 9.6, "arm": 3.6, "base": 4.0}
@@ -46,7 +50,7 @@ PHYSICS_TICK_US = 5.0
 REPLICA_FORWARD_MS = 2.8
 REPLICA_PASS_MS = 2.0  # least squares over 12 runs of 2026-11-26 (docs/bench.md), their own passes, 0.76 a request
 REPLICA_REQUEST_MS = 0.76
-COST_PER_REQUEST_MS = {"proxy": 0.3, "router": 0.3}
+COST_PER_REQUEST_MS = {"proxy": 0.34, "router": 0.23}
 # The shard budget's reference robot is the headline's (its 300 robots, 100 a shard, are what the budget was measured
 # on): at `requests_per_robot_s` its eu and us robots (buffer_time_s 0.3) ask every 20 ticks and its ap ones (0.4)
 # every 15, so the mean robot asks 5/3 a second.
@@ -226,7 +230,7 @@ def node_proxy_processes(requests: float, sites: int, node_cpus: float, reserved
 
 def proxy_processes_for(requests: float, sites: int, spare_cores: float) -> int:
     """The proxy sizing rule: one event loop carries its sites' chunks, and the delay it applies is late by
-    however long the loop waits, so a loop past ~25 % busy (queueing delay grows with load: ~0.3 ms of proxy CPU
+    however long the loop waits, so a loop past ~25 % busy (queueing delay grows with load: ~0.34 ms of proxy CPU
     per answered request, docs/bench.md) gets help, one site per process at most, and one process per spare
     core at most; always at least one."""
     busy = requests * COST_PER_REQUEST_MS["proxy"] / 1e3
