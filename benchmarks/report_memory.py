@@ -164,11 +164,13 @@ def write_ticks(directory: Path, ticks: int) -> None:
             w.write_batch(pa.RecordBatch.from_arrays([*arrays, action], schema=schema))
 
 
-CHILD = r"""
+# What both measuring children start with: their arguments, the imports the report phase will pull in anyway (so
+# importing them is not measured), and the two readings: RSS now, and the peak since clear_refs reset it.
+CHILD_PRELUDE = r"""
 import gc, json, re, shutil, sys, time
 from pathlib import Path
 args = json.loads(sys.argv[1])
-import numpy as np, psutil, pyarrow, pyarrow.parquet
+import numpy as np, psutil, pyarrow, pyarrow.parquet as pq
 from bench.fleet import clock as clocks
 from bench.run.runner import Run
 from bench.scenario.schema import load_scenario
@@ -178,6 +180,10 @@ def rss_mb():
 
 def hwm_mb():
     return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
+"""
+
+
+CHILD = CHILD_PRELUDE + r"""
 
 run_dir = Path(args["run_dir"])
 shutil.copytree(args["records"], run_dir / "records")
@@ -216,20 +222,7 @@ print(json.dumps({"rss_before_mb": round(before, 2), "peak_mb": round(peak - bef
 """
 
 
-REPLAY_CHILD = r"""
-import json, re, shutil, sys, time
-from pathlib import Path
-args = json.loads(sys.argv[1])
-import numpy as np, psutil, pyarrow, pyarrow.parquet as pq
-from bench.fleet import clock as clocks
-from bench.run.runner import Run
-from bench.scenario.schema import load_scenario
-
-def rss_mb():
-    return psutil.Process().memory_info().rss / 2**20
-
-def hwm_mb():
-    return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
+REPLAY_CHILD = CHILD_PRELUDE + r"""
 
 src, run_dir = Path(args["source"]), Path(args["run_dir"])
 shutil.copytree(args["records"], run_dir / "records")
