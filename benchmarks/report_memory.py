@@ -230,7 +230,8 @@ shutil.copytree(args["records"], run_dir / "records")
 clock = json.loads((src / "clock.json").read_text())
 summary = json.loads((src / "summary.json").read_text())
 run = Run(load_scenario(src / "scenario.yaml"), run_dir, progress=False)
-run.servers = {r.id: {"audit": str(src / "logs" / f"audit-{r.id}.jsonl")} for r in run.s.replicas}
+run.servers = {r.id: {"audit": str(src / "logs" / f"audit-{r.id}.jsonl"), "manifest": src / "manifests" / f"{r.id}.yaml"}
+               for r in run.s.replicas}
 run.clocks = {k: clocks.ClockOffset(o["offset_ms"] / 1e3, o["uncertainty_ms"] / 1e3, o["rtt_ms"] / 1e3, o["exchanges"],
                                     o["same_clock"]) for k, o in clock.get("offsets", {}).items()}
 run.state.t0_mono = clock["t0_mono_ms"] / 1e3

@@ -5,8 +5,9 @@ Each line holds the section-12 fields, always present (null when not given)
     chunk_range, superseded_seqs, outcome
 plus `mono_ms` and any extra fields of the record, in that order. The server adds, among others,
 `client_mono_ns` (the request header's, echoed: opaque here, the client's join key) and, on an answered
-request, `received_mono_ms` / `sent_mono_ms` (this server's monotonic clock when the observation reached
-it and when the chunk went to Zenoh).
+request, `received_mono_ms` / `picked_mono_ms` / `sent_mono_ms` (this server's monotonic clock when the
+observation reached it, when its batch was picked to run (one value for a whole batch: `queue_wait_ms` ends
+there) and when the chunk went to Zenoh).
 
 `ts` is the wall-clock time of THIS server (UTC, ISO 8601), for humans joining logs ("robot #217
 stuttered at 14:03"); it is never compared with a client clock (design 11, clock iron rule) — the

@@ -682,6 +682,7 @@ class PolicyServer:
                     emulated_ms=res.emulated_ms, rtc_applied=res.rtc_applied, forward_ms=round(res.forward_ms, 3),
                     batch=res.batch,
                     received_mono_ms=round(p.received_ns / 1e6, 3) if p.received_ns else None,
+                    picked_mono_ms=round(t_pick * 1e3, 3),
                     sent_mono_ms=round(sent_ns / 1e6, 3) if sent_ns else None)
         return body
 

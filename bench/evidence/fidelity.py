@@ -152,12 +152,15 @@ def unloaded_forward(log_path: Path) -> dict[int, float] | None:
 
 
 def _at_batch(ref: dict[int, float], b: np.ndarray) -> np.ndarray:
-    """The unloaded time at batch size b: linear between measured sizes, extrapolated past the largest."""
+    """The unloaded time at batch size b: linear between measured sizes, extrapolated past the largest. A larger
+    batch never runs faster, so the measured sizes are first read as their lower envelope from the right (each the
+    fastest of it and every larger size: a size measured while a neighbour started up reads slow), and the slope
+    past the largest is never below zero."""
     xs = np.array(sorted(ref), dtype=float)
-    ys = np.array([ref[int(x)] for x in xs])
+    ys = np.minimum.accumulate(np.array([ref[int(x)] for x in xs])[::-1])[::-1]
     out = np.interp(b, xs, ys)
     if len(xs) >= 2:
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
         beyond = b > xs[-1]
         out[beyond] = ys[-1] + slope * (b[beyond] - xs[-1])
     return np.maximum(out, 1e-3)
@@ -290,15 +293,21 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
     - `uplink_ms` / `downlink_ms`: the proxies' applied - asked delay per chunk, every site's histogram of that
       direction added (so chunk-weighted), p50 and p99; `sites_measured` of `sites` (a leg with no toxic forwards
       bytes untouched and is not stamped: its share is unmeasured, not zero);
-    - `inference_ms`: the replicas' forward pass beyond their own unloaded time at the same batch size, p50,
-      weighted by each replica's answered requests (host contention: a replica on its own GPU would not see it).
+    - `inference_ms`, `queue_wait_ms` (from the requests' `inference_bench_ms` / `queue_wait_bench_ms`,
+      bench.evidence.replay): a figure's p50 and p99 less the same percentile of it with each request's bench part
+      taken off; the forward pass beyond the replica's own unloaded time at the same batch size, and the queue
+      wait that slower pass added to the requests behind it (host contention: a replica on its own GPU would not
+      see it). `requests_measured`: the share of answered requests with a measured part (the others count none).
+      Without those columns (a run recorded before them), `inference_ms` is `{p50, replicas}`: the replicas'
+      excess p50s weighted by their answered requests;
+    - `rtt_ms`: the same for the round trip, each request less its queue wait and forward parts and less the
+      proxies' p50 up and down (their error is per chunk, not per request);
     - `send_lag_ms` / `merge_lag_ms` (from the engines' request records, `requests`): the robot's delays outside
       the round trip, from the observation's tick to its engine's worker taking it up, and from a chunk's arrival
       to its merge, p50 and p99. A robot's own computer runs one engine; a bench shard runs a hundred beside its
       control loop in one process, so these are the shard's (an upper bound of the bench's share: a real
       worker's wake-up is not zero).
-    The client's encode and the server's queue wait cannot be split; the round trip's share is the sum of the
-    uplink, downlink and inference p50s above (medians do not add exactly: an estimate, said so in `note`)."""
+    The client's encode and the routers' transit are not split (`note`)."""
     out: dict = {}
     for direction, figure in (("upstream", "uplink_ms"), ("downstream", "downlink_ms")):
         hist, edges, measured, sites = None, [], 0, 0
@@ -316,30 +325,66 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
             out[figure] = {"p50": _r(_percentile(hist, edges, 0.50)) if hist else None,
                            "p99": _r(_percentile(hist, edges, 0.99)) if hist else None,
                            "sites_measured": measured, "sites": sites}
+    req = requests or {}
+    outcome = req.get("outcome")
+
+    def answered(name: str) -> np.ndarray:
+        v = np.asarray(req.get(name, []), dtype=float)
+        if outcome is not None and len(outcome) == len(v):
+            v = v[np.asarray(outcome) == "ok"]
+        return v
+
+    def less(figure: np.ndarray, part: np.ndarray) -> dict | None:
+        keep = np.isfinite(figure)
+        if not keep.any() or part.size != figure.size:
+            return None
+        v, b = figure[keep], part[keep]
+        was = np.isfinite(b)
+        if not was.any():
+            return None
+        bare = v - np.where(was, b, 0.0)
+        return {"p50": _r(np.percentile(v, 50) - np.percentile(bare, 50)),
+                "p99": _r(np.percentile(v, 99) - np.percentile(bare, 99)), "requests_measured": _r(was.mean())}
+
     judged = [r for r in replicas if r.get("forward_excess_ms_p50") is not None and r.get("requests")]
-    if judged:
+    qw_b, inf_b = answered("queue_wait_bench_ms"), answered("inference_bench_ms")
+    inference = less(answered("inference_ms"), inf_b)
+    if inference is not None:
+        out["inference_ms"] = {**inference, "replicas": len(judged)}
+    elif judged:
         n = sum(r["requests"] for r in judged)
         out["inference_ms"] = {"p50": _r(sum(max(r["forward_excess_ms_p50"], 0.0) * r["requests"] for r in judged) / n),
                                "replicas": len(judged)}
-    outcome = (requests or {}).get("outcome")
+    queue = less(answered("queue_wait_ms"), qw_b)
+    if queue is not None:
+        out["queue_wait_ms"] = queue
     for name in ("send_lag_ms", "merge_lag_ms"):  # the answered requests', as the budget's rows count them
-        v = np.asarray((requests or {}).get(name, []), dtype=float)
-        if outcome is not None and len(outcome) == len(v):
-            v = v[np.asarray(outcome) == "ok"]
+        v = answered(name)
         v = v[np.isfinite(v)]
         if v.size:
             out[name] = {"p50": _r(np.percentile(v, 50)), "p99": _r(np.percentile(v, 99))}
-    parts = [out.get(k, {}).get("p50") for k in ("uplink_ms", "downlink_ms", "inference_ms")]
-    if any(p is not None for p in parts):
-        out["rtt_ms"] = {"p50": _r(sum(p for p in parts if p is not None))}
-        out["note"] = ("the round trip's share is the sum of its parts' p50s (an estimate: medians do not add); the "
-                       "client's encode and the server's queue wait are not split")
+    network = sum((out.get(k) or {}).get("p50") or 0.0 for k in ("uplink_ms", "downlink_ms"))
+    rtt = answered("rtt_ms")
+    if qw_b.size == rtt.size and inf_b.size == rtt.size and (np.isfinite(qw_b).any() or np.isfinite(inf_b).any()):
+        rtt_share = less(rtt, np.nan_to_num(qw_b, nan=0.0) + np.nan_to_num(inf_b, nan=0.0) + network)
+        if rtt_share is not None:
+            rtt_share.pop("requests_measured")
+            out["rtt_ms"] = rtt_share
+            out["network_ms_taken_off"] = _r(network)
+            out["note"] = ("the round trip less each request's queue wait and forward parts and the proxies' p50 up "
+                           "and down; the client's encode and the routers' transit are not split")
+    if "rtt_ms" not in out:
+        parts = [out.get(k, {}).get("p50") for k in ("uplink_ms", "downlink_ms", "inference_ms")]
+        if any(p is not None for p in parts):
+            out["rtt_ms"] = {"p50": _r(sum(p for p in parts if p is not None))}
+            out["note"] = ("the round trip's share is the sum of its parts' p50s (an estimate: medians do not add); the "
+                           "client's encode and the server's queue wait are not split")
     return out
 
 
 def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit,
             unloaded: dict[str, dict | None], window_ms: tuple[float, float], proxy_note: str | None = None,
-            cores: int = 1, judge_drift: bool = False) -> dict:
+            cores: int = 1, judge_drift: bool = False, queue_replay: list[dict] | None = None) -> dict:
     """The `fidelity` mapping of summary.json. `proxy_legs`: site -> the proxy's window counters
     ({"edges_ms", "upstream", "downstream"}), None when the proxy cannot say (real Toxiproxy). `judge_drift`:
     the scenario asserts on a `_drift` figure, so the host's outside load in its two windows is judged."""
@@ -354,7 +399,8 @@ def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit,
     reasons = judge(legs, shards, replicas, tol, background if judge_drift else None)
     out = {"valid": not reasons, "reasons": reasons, "tolerances": dict(tol), "legs": legs, "shards": shards,
            "replicas": replicas, "other_load": background,
-           "bench_share": bench_share(proxy_legs, replicas, getattr(data, "requests", None))}
+           "bench_share": bench_share(proxy_legs, replicas, getattr(data, "requests", None)),
+           "queue_replay": list(queue_replay or [])}
     if proxy_note:
         out["note"] = proxy_note
     return out
@@ -389,9 +435,16 @@ def table_lines(f: dict) -> list[str]:
     share = f.get("bench_share") or {}
     if (share.get("rtt_ms") or {}).get("p50") is not None:
         parts = [f"{name} {share[k]['p50']:.1f}" for k, name in (("uplink_ms", "uplink"), ("downlink_ms", "downlink"),
-                                                                 ("inference_ms", "inference"))
+                                                                 ("queue_wait_ms", "queue wait"), ("inference_ms", "inference"))
                  if (share.get(k) or {}).get("p50") is not None]
-        lines.append(f"    the bench's share of the round trip: ~{share['rtt_ms']['p50']:.1f} ms at p50 ({', '.join(parts)})")
+        p99 = share["rtt_ms"].get("p99")
+        lines.append(f"    the bench's share of the round trip: ~{share['rtt_ms']['p50']:.1f} ms at p50"
+                     + (f", ~{p99:.1f} at p99" if p99 is not None else "") + f" ({', '.join(parts)} at p50)")
+    for q in f.get("queue_replay") or []:
+        if q.get("replay_error_ms_p50") is not None:
+            lines.append(f"    replica {q['replica']} queue replayed: wait p50 {q['queue_wait_ms_p50']} / p99 "
+                         f"{q['queue_wait_ms_p99']} ms, replay {q['replayed_ms_p50']} / {q['replayed_ms_p99']}, unloaded "
+                         f"{q['unloaded_ms_p50']} / {q['unloaded_ms_p99']}")
     lags = [f"{name} p50 {share[k]['p50']:.1f} / p99 {share[k]['p99']:.1f} ms" for k, name in
             (("send_lag_ms", "observation -> send"), ("merge_lag_ms", "arrival -> merge")) if share.get(k)]
     if lags:

@@ -468,6 +468,43 @@ for _name in ("rtt_ms", "inference_ms", "queue_wait_ms", "network_ms", "uplink_m
               "send_lag_ms", "merge_lag_ms"):
     SERIES[_name] = _req_col(_name)
 SERIES["delay_steps"] = lambda s: s.col(s.requests, "delay_steps").astype(float)
+
+# what the bench host added to a request's figure, per request (bench.evidence.replay; NaN: not measured, taken
+# as none): a series minus these is what it would read on hosts of its own
+BENCH_PARTS = {"queue_wait_ms": ("queue_wait_bench_ms",), "inference_ms": ("inference_bench_ms",),
+               "rtt_ms": ("queue_wait_bench_ms", "inference_bench_ms")}
+
+
+def _without_bench(name: str, network_ms: float):
+    def fn(s: _Scope) -> np.ndarray:
+        v = s.col(s.requests, name).astype(float)
+        for part in BENCH_PARTS[name]:
+            b = s.col(s.requests, part).astype(float)
+            if b.size == v.size:
+                v = v - np.nan_to_num(b, nan=0.0)
+        if name == "rtt_ms":
+            v = v - network_ms
+        ok = _ok_requests(s)
+        v = v[ok] if v.size == ok.size else v
+        return v[np.isfinite(v)]
+    return fn
+
+
+def without_bench(data: RunData, top: Figures, network_ms: float = 0.0) -> Figures:
+    """`top` (compute's) with the series of BENCH_PARTS less the bench's measured share per request, the round
+    trip also less `network_ms` (the proxies' error, p50 up + down): what an assertion would read had every
+    process had a host of its own, as far as the bench measures its share. Every other figure is `top`'s."""
+    def corrected(f: Figures, scope: _Scope) -> Figures:
+        out = Figures(scalars=f.scalars, series=dict(f.series), states=f.states)
+        for name in BENCH_PARTS:
+            out.series[name] = _without_bench(name, network_ms)(scope)
+        return out
+
+    groups = data.robots.get("group", np.empty(0, object))
+    robot_ids = data.robots.get("robot", np.empty(0, np.int32))
+    out = corrected(top, _Scope(data, None))
+    out.groups = {g: corrected(f, _Scope(data, robot_ids[groups == g])) for g, f in top.groups.items()}
+    return out
 SERIES["execution_steps"] = lambda s: s.col(s.requests, "execution_steps").astype(float)
 SERIES["action_age_s"] = lambda s: _policy_action_ages(s)[0]
 SERIES["tick_lateness_ms"] = lambda s: s.col(s.ticks, "lateness_ms").astype(float)

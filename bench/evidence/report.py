@@ -188,7 +188,9 @@ def write_junit(o: RunOutcome, path: Path) -> None:
         if r.error:
             ET.SubElement(case, "error", message=r.error, type="AssertionError").text = f"{r.expression}\n{r.error}"
         elif not r.passed and inconclusive:
-            ET.SubElement(case, "skipped", message=why[:500]).text = f"{r.expression}\nvalue: {r.value!r}\n{why}"
+            bare = (f"\nwithout the bench's measured share: {r.without_bench['value']!r} ({r.without_bench['result']})"
+                    if r.without_bench else "")
+            ET.SubElement(case, "skipped", message=why[:500]).text = f"{r.expression}\nvalue: {r.value!r}{bare}\n{why}"
         elif not r.passed:
             ET.SubElement(case, "failure", message=f"value {r.value!r}", type="AssertionFailed").text = \
                 f"{r.expression}\nvalue: {r.value!r}\n(line {r.line} of the scenario)"
@@ -244,12 +246,23 @@ def render_html(o: RunOutcome, summary: dict) -> str:
                    + "</ul></div>")
     if o.error:
         out.append(f"<h2>Error</h2><pre>{e(o.error)}</pre>")
-    out.append("<h2>Assertions</h2><table><tr><th class=l>expression</th><th>value</th><th>result</th></tr>")
+    bare = any(r.without_bench for r in o.assertions)
+    out.append("<h2>Assertions</h2><table><tr><th class=l>expression</th><th>value</th><th>result</th>"
+               + ("<th class=l>without the bench's measured share</th>" if bare else "") + "</tr>")
     for r in o.assertions:
         cls = "good" if r.passed else "bad"
         res = "pass" if r.passed else ("error: " + r.error if r.error else "fail")
-        out.append(f"<tr class={cls}><td class=l><code>{e(r.expression)}</code></td><td>{_v(r.value)}</td><td class=l>{e(res)}</td></tr>")
+        w = (f"<td class=l>{_v(r.without_bench['value'])}: {e(r.without_bench['result'])}</td>" if r.without_bench
+             else "<td></td>") if bare else ""
+        out.append(f"<tr class={cls}><td class=l><code>{e(r.expression)}</code></td><td>{_v(r.value)}</td>"
+                   f"<td class=l>{e(res)}</td>{w}</tr>")
     out.append("</table>")
+    if bare:
+        out.append("<p class=muted>A failed assertion on a figure the bench's measured share moves (the queue wait, "
+                   "the forward pass, the round trip) is judged again on that figure less the share: each request's "
+                   "queue wait and forward pass beyond the replica's unloaded self (the queue replayed), and the "
+                   "proxies' p50 error (fidelity.bench_share). A pass there says the bench's share alone can "
+                   "explain the failure; a fail says even without it the system missed.</p>")
 
     base = summary.get("baselines") or []
     if base:

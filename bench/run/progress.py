@@ -114,14 +114,16 @@ class Progress:
 def print_verdict(title: str, results: list, error: str | None = None, stream=None) -> None:
     """The end of a run: `title` (verdict and where the summary is), then each assertion with its value.
 
-    `results` hold `passed`, `error`, `expression` and `value` (bench.evidence assertions)."""
+    `results` hold `passed`, `error`, `expression` and `value` (bench.evidence assertions), and a failed one
+    may hold `without_bench` (its value less the bench's measured share)."""
     stream = stream or sys.stderr
     console = rich_console(stream)
     if console is None:
         print(title, file=stream)
         for r in results:
             mark = "PASS" if r.passed else ("ERROR" if r.error else "FAIL")
-            print(f"  {mark:5} {r.expression}  (value: {r.value!r}{'; ' + r.error if r.error else ''})", file=stream)
+            print(f"  {mark:5} {r.expression}  (value: {r.value!r}{'; ' + r.error if r.error else ''}{_bare(r)})",
+                  file=stream)
         if error:
             print("  ERROR " + "\n        ".join(error_lines(error)), file=stream)
         return
@@ -134,10 +136,15 @@ def print_verdict(title: str, results: list, error: str | None = None, stream=No
     for r in results:
         mark, style = ("PASS", "green") if r.passed else (("ERROR", "yellow") if r.error else ("FAIL", "bold red"))
         table.add_row(Text(mark, style=style), Text(r.expression),
-                      Text(repr(r.value) + (f"; {r.error}" if r.error else "")))
+                      Text(repr(r.value) + (f"; {r.error}" if r.error else "") + _bare(r)))
     console.print(table)
     if error:
         console.print(Text("ERROR " + "\n      ".join(error_lines(error)), style="yellow"))
+
+
+def _bare(r) -> str:
+    w = getattr(r, "without_bench", None)
+    return f"; without the bench's measured share {w['value']!r}: {w['result']}" if w else ""
 
 
 def error_lines(error: str, most: int = 12) -> list[str]:

@@ -1071,6 +1071,7 @@ class Run:
         figures_json: dict = {}
         group_json: dict = {}
         results = []
+        top = None
         try:
             data = self.collect()
             top, _groups = figs.compute(data)
@@ -1084,6 +1085,8 @@ class Run:
             results = [report.AssertionResult(a.expression, False, None, error="not evaluated: the run did not complete",
                                               line=a.line) for a in self.s.assertions]
         fidelity = self.fidelity(data)
+        if data is not None and error is None:
+            self.without_bench(data, top, results, fidelity)
         verdict = report.verdict_of(results, error, fidelity)
         # what collecting the records and computing figures held: the runner's peak, read before the report is
         # written (ru_maxrss is the peak of the runner's life; the run itself holds little, so it is this phase's)
@@ -1132,6 +1135,22 @@ class Run:
         report.write_all(outcome)
         return outcome
 
+    def without_bench(self, data, top, results: list, fidelity: dict) -> None:
+        """Each failed assertion, judged again on its figures less the bench's measured share (figs.without_bench):
+        its `without_bench` {value, result} where that moves its value."""
+        failed = [(r, a) for r, a in zip(results, self.s.assertions) if not r.passed and not r.error]
+        if top is None or not failed:
+            return
+        try:
+            network = (fidelity.get("bench_share") or {}).get("network_ms_taken_off") or 0.0
+            bare = figs.without_bench(data, top, network)
+            for r, a in failed:
+                alt = evaluate(a.expression, bare, [g.name for g in self.s.groups], a.line)
+                if not alt.error and repr(alt.value) != repr(r.value):
+                    r.without_bench = {"value": alt.value, "result": "pass" if alt.passed else "fail"}
+        except Exception as exc:  # a reading of the evidence: the verdict stands without it
+            print(f"bench: the assertions without the bench's share could not be judged: {exc!r}", file=sys.stderr)
+
     def fidelity(self, data) -> dict:
         """summary.json's `fidelity`: the bench host's own error in this run, judged by `fidelity:` tolerances."""
         from chaos.toxiproxy.fidelity import subtract
@@ -1149,12 +1168,13 @@ class Run:
                     for site, snap in end.items()}
         elif getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False):
             note = "the real Toxiproxy ran the network: it cannot say what delay it applied; legs not measured"
-        unloaded = {rid: fid.unloaded_forward(self.logs / f"server-{rid}.log") for rid in self.servers}
+        unloaded = self.unloaded_forward()
         t0 = (self.state.t0_mono or 0.0) * 1e3
         try:
             drift = any("_drift" in a.expression for a in self.s.assertions)
             return fid.compute(data, self.s.duration_s, tol, legs, self._audit(), unloaded,
-                               (t0, t0 + self.s.duration_s * 1e3), note, cores=self.cpu.cores, judge_drift=drift)
+                               (t0, t0 + self.s.duration_s * 1e3), note, cores=self.cpu.cores, judge_drift=drift,
+                               queue_replay=getattr(self, "server_replay", None))
         except Exception as exc:  # the verdict must still be written; say what could not be measured
             return {"valid": True, "reasons": [], "tolerances": tol, "legs": [], "shards": [], "replicas": [],
                     "note": f"fidelity could not be computed: {exc!r}"}
@@ -1162,7 +1182,7 @@ class Run:
     def _forward_series(self) -> dict:
 
         try:
-            unloaded = {rid: fid.unloaded_forward(self.logs / f"server-{rid}.log") for rid in self.servers}
+            unloaded = self.unloaded_forward()
             return fid.forward_series(self._audit(), unloaded, (self.state.t0_mono or 0.0) * 1e3, self.s.duration_s)
         except Exception:
             return {}  # a report figure only; fidelity itself says what it could not measure
@@ -1211,6 +1231,9 @@ class Run:
                 up, down, self.hop_split_dropped = hop_split(t.column("sent_ns").to_numpy(), t_recv, audit,
                                                              offset_ms, error_ms, shard)
                 t = t.append_column("uplink_ms", pa.array(up)).append_column("downlink_ms", pa.array(down))
+                qw_bench, inf_bench = self.server_bench_share(audit, t.column("sent_ns").to_numpy())
+                t = t.append_column("queue_wait_bench_ms", pa.array(qw_bench)) \
+                    .append_column("inference_bench_ms", pa.array(inf_bench))
             pq.write_table(t, self.run_dir / f"{kind}.parquet")
             tables[kind] = t
         robots_tab = pa.Table.from_pylist(getattr(self, "robot_table", []) or [], schema=None) \
@@ -1259,6 +1282,35 @@ class Run:
         del tables, t  # what figures need is in `data` now (its numeric columns still views of Arrow buffers)
         pa.default_memory_pool().release_unused()
         return data
+
+    def unloaded_forward(self) -> dict[str, dict | None]:
+        """Each replica's unloaded forward ms by batch size, from its log (read once)."""
+        if getattr(self, "_unloaded", None) is None:
+            self._unloaded = {rid: fid.unloaded_forward(self.logs / f"server-{rid}.log") for rid in self.servers}
+        return self._unloaded
+
+    def server_bench_share(self, audit, sent_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per request (`sent_ns`: its stamp), the queue wait and the forward pass the bench host added on its
+        replica (bench.evidence.replay), NaN where not measured; the replicas' replay figures to
+        `self.server_replay` (summary.json `fidelity.queue_replay`)."""
+        import yaml
+
+        from bench.evidence import replay
+        from bench.evidence.audit import by_stamp, equals
+
+        sched = {}
+        for rid, info in self.servers.items():
+            try:
+                manifest = yaml.safe_load(Path(info["manifest"]).read_text())
+            except (KeyError, OSError, yaml.YAMLError, TypeError):
+                continue  # its dispatch rule unknown: server_share says it was not replayed
+            sched[rid] = replay.Scheduling.of_manifest(manifest, (manifest or {}).get("model_id"))
+        try:
+            qw, inf, self.server_replay = replay.server_share(audit, self.unloaded_forward(), sched)
+        except Exception as exc:  # a figure of the evidence: the run's records must still be written
+            self.server_replay = [{"note": f"the queue replay failed: {exc!r}"}]
+            return np.full(len(sent_ns), np.nan, np.float32), np.full(len(sent_ns), np.nan, np.float32)
+        return tuple(by_stamp(audit, equals(audit, "outcome", "ok"), sent_ns, [qw, inf]))
 
     def robot_clocks(self, robots: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
         """Per record row: its robot's shard's clock offset and uncertainty, ms (None, None: all on this clock), and

@@ -63,10 +63,16 @@ class AssertionResult:
     value: Any
     error: str | None = None
     line: int = 0
+    # a failed assertion on a figure the bench's measured share moves: {value, result} of it without that share
+    # (bench.evidence.figures.without_bench); None otherwise
+    without_bench: dict | None = None
 
     def to_json(self) -> dict:
-        return {"expression": self.expression, "result": "pass" if self.passed else ("error" if self.error else "fail"),
-                "value": _jsonable(self.value), "error": self.error, "line": self.line}
+        out = {"expression": self.expression, "result": "pass" if self.passed else ("error" if self.error else "fail"),
+               "value": _jsonable(self.value), "error": self.error, "line": self.line}
+        if self.without_bench is not None:
+            out["without_bench"] = {k: _jsonable(v) for k, v in self.without_bench.items()}
+        return out
 
 
 def _jsonable(v):
