@@ -42,6 +42,7 @@ from wire import (
 )
 from wire import auth as wauth
 from wire.qos import CONTROL_TIMEOUTS_S, declare_publisher
+from wire.transport import routed_mono_ns
 
 RETRY_ELSEWHERE = {ErrorCode.CAPACITY, ErrorCode.EXCLUSIVE_BUSY, ErrorCode.DRAINING, ErrorCode.NOT_READY,
                    ErrorCode.SESSION_LIVE}  # SESSION_LIVE: our previous process's session is not gone yet
@@ -140,6 +141,8 @@ class Result:
     session_id: str = ""
     error: None = None
     sent_ns: int = 0  # the request's client_mono_ns (echoed): when it was sent, on this client's monotonic clock
+    routed_ns: int | None = None  # when the first router routed the chunk, on this client's monotonic clock (its
+    # Zenoh timestamp: the router's wall clock, so a router on another host adds the two hosts' clocks' difference)
 
 
 @dataclass
@@ -443,7 +446,8 @@ class Model:
         if gen != self._gen:
             return
         att = sample.attachment
-        item = (time.monotonic_ns(), sample.payload.to_bytes(), att.to_bytes() if att is not None else b"")
+        t_ns = time.monotonic_ns()
+        item = (t_ns, sample.payload.to_bytes(), att.to_bytes() if att is not None else b"", routed_mono_ns(sample, t_ns))
         with self._cv:
             self._inbox.append(item)
             self._cv.notify_all()
@@ -473,8 +477,8 @@ class Model:
                         self._interrupted = False
                         return None
                     self._cv.wait(left)
-                t_ns, payload, att = self._inbox.popleft()
-            out = self._decode(t_ns, payload, att)
+                t_ns, payload, att, routed_ns = self._inbox.popleft()
+            out = self._decode(t_ns, payload, att, routed_ns)
             if out is not None:
                 return out
 
@@ -488,7 +492,7 @@ class Model:
             self._interrupted = True
             self._cv.notify_all()
 
-    def _decode(self, t_ns: int, payload: bytes, att: bytes):
+    def _decode(self, t_ns: int, payload: bytes, att: bytes, routed_ns: int | None = None):
         try:
             h = unpack_header(att)
             msg = decode_message(payload)
@@ -501,7 +505,7 @@ class Model:
             return Result(h.seq_id, h.episode_id, h.session_epoch, msg.chunk_model, msg.chunk_robot,
                           (t_ns - msg.client_mono_ns_echo) / 1e9, msg.queue_wait_ms, msg.inference_ms,
                           msg.superseded_seqs, msg.server_load, msg.rtc_applied, msg.inference_emulated, t_ns / 1e9,
-                          msg.session_id, sent_ns=msg.client_mono_ns_echo)
+                          msg.session_id, sent_ns=msg.client_mono_ns_echo, routed_ns=routed_ns)
         if isinstance(msg, DrainNotice):
             if self.replica is not None and msg.replica_id != self.replica.replica_id:
                 return None  # from the replica this client already left (it opened elsewhere meanwhile)

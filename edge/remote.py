@@ -932,6 +932,9 @@ class RemoteEngine(Engine):
                               "encode_ms": encode_ms, "send_lag_ms": send_lag_ms,
                               # from the chunk's arrival (Zenoh's callback) to its merge here, on this worker
                               "merge_lag_ms": (self._last_merged - r.t_recv) * 1e3, "delay_steps": delay,
+                              # from the first router routing the chunk to its arrival here (its Zenoh timestamp)
+                              "downlink_from_router_ms": (r.t_recv * 1e9 - r.routed_ns) / 1e6 if r.routed_ns
+                              else math.nan,
                               "execution_steps": self._execution_steps, "steps_remaining": self._steps_remaining,
                               "superseded": r.superseded_seqs,
                               "outcome": "ok", "real_delay": real_delay, "sent_ns": r.sent_ns})

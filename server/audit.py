@@ -7,7 +7,8 @@ plus `mono_ms` and any extra fields of the record, in that order. The server add
 `client_mono_ns` (the request header's, echoed: opaque here, the client's join key) and, on an answered
 request, `received_mono_ms` / `picked_mono_ms` / `sent_mono_ms` (this server's monotonic clock when the
 observation reached it, when its batch was picked to run (one value for a whole batch: `queue_wait_ms` ends
-there) and when the chunk went to Zenoh).
+there) and when the chunk went to Zenoh), and `routed_mono_ms` where a router stamped the observation (the
+same clock when the first router routed it: Zenoh routers timestamp what they route).
 
 `ts` is the wall-clock time of THIS server (UTC, ISO 8601), for humans joining logs ("robot #217
 stuttered at 14:03"); it is never compared with a client clock (design 11, clock iron rule) — the

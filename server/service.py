@@ -42,6 +42,7 @@ from wire.auth import new_session_key
 from wire.keys import ClientKeys
 from wire.qos import declare_publisher
 from wire.tensors import Limits
+from wire.transport import routed_mono_ns
 from server.audit import AuditLog
 from server.guard import Guard, peek_identity
 from server.health import HealthServer
@@ -64,6 +65,7 @@ class Pending:
     payload_bytes: int
     raw: bytes | None = None  # kept only when debug capture is on
     received_ns: int = 0  # this server's monotonic clock when the observation reached it (audit: received_mono_ms)
+    routed_ns: int | None = None  # the same clock when the first router routed it (audit: routed_mono_ms), if stamped
 
 
 @dataclass
@@ -504,7 +506,7 @@ class PolicyServer:
                       latency_budget_ms=s.latency_budget_ms,
                       batch_key=self.info.model_id,
                       payload=Pending(s, header, obs, len(raw), raw if self.capture is not None else None,
-                                      received_ns))
+                                      received_ns, routed_mono_ns(sample, received_ns)))
         if not self._dispatch_started:  # every loop running before the first request can be answered
             self._start_dispatch()
         res = self.mailbox.deposit(req)
@@ -682,6 +684,7 @@ class PolicyServer:
                     emulated_ms=res.emulated_ms, rtc_applied=res.rtc_applied, forward_ms=round(res.forward_ms, 3),
                     batch=res.batch,
                     received_mono_ms=round(p.received_ns / 1e6, 3) if p.received_ns else None,
+                    routed_mono_ms=round(p.routed_ns / 1e6, 3) if p.routed_ns else None,
                     picked_mono_ms=round(t_pick * 1e3, 3),
                     sent_mono_ms=round(sent_ns / 1e6, 3) if sent_ns else None)
         return body

@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 
@@ -200,6 +201,21 @@ def open_session(*, connect: list[str], lease_ms: int = 1000, tls: TlsFiles | No
             f"{what}: cannot reach a Zenoh router at {', '.join(connect)} ({_short(exc)}); "
             "start the router or fix the endpoint"
         ) from None
+
+
+def routed_mono_ns(sample, received_ns: int) -> int | None:
+    """When a router routed `sample`, on this process's monotonic clock: its Zenoh timestamp (a Zenoh router stamps
+    each sample it routes that has none, unless its config turns `timestamping` off) read as an age at
+    `received_ns` (this process's monotonic clock when the sample arrived). None when unstamped or unreadable. The
+    timestamp is the router's wall clock: from another host, the two hosts' wall clocks' difference is in it."""
+    ts = sample.timestamp
+    if ts is None:
+        return None
+    try:
+        age_ns = time.time_ns() - int(ts.get_time().timestamp() * 1e9)
+    except (AttributeError, ValueError, OverflowError, OSError):
+        return None
+    return received_ns - age_ns
 
 
 def _short(exc: Exception) -> str:

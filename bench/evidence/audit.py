@@ -12,8 +12,9 @@ replaced gave, it still gives:
 - a line that is not a JSON object (torn by a crash) is skipped; a key a line lacks is null in its row;
 - a list or dict value is its JSON text (`json.dumps`), as in the log;
 - every row has `replica` (its replica's id); a replica on another clock has `mono_ms`, `received_mono_ms`,
-  `picked_mono_ms` and `sent_mono_ms` moved onto the runner's clock (minus its offset) and `clock_uncertainty_ms`
-  (null on the rows of replicas on the runner's clock), so every reader compares like with like;
+  `routed_mono_ms`, `picked_mono_ms` and `sent_mono_ms` moved onto the runner's clock (minus its offset) and
+  `clock_uncertainty_ms` (null on the rows of replicas on the runner's clock), so every reader compares like
+  with like;
 - columns: the first row's keys in its order, then every other key sorted; a column's type is the one Arrow
   infers from all its values (ints and floats: float). Values no one Arrow type holds (a string beside a
   number) become their JSON text; the list of dicts could not be written at all then.
@@ -29,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 BATCH_ROWS = 8192  # lines held as Python objects at once
-SHIFTED = ("mono_ms", "received_mono_ms", "picked_mono_ms", "sent_mono_ms")  # a replica's monotonic stamps (server/audit.py)
+SHIFTED = ("mono_ms", "received_mono_ms", "routed_mono_ms", "picked_mono_ms", "sent_mono_ms")  # a replica's monotonic stamps (server/audit.py)
 
 
 class AuditTable:
@@ -163,7 +164,7 @@ def by_stamp(audit: pa.Table, rows: np.ndarray, stamps: np.ndarray, values: list
     idx = idx[np.argsort(key[idx], kind="stable")]
     keys = key[idx]
     stamps = np.asarray(stamps, dtype=np.int64)
-    out = [np.full(stamps.size, np.nan, dtype=np.float32) for _ in values]
+    out = [np.full(stamps.size, np.nan) for _ in values]
     if not keys.size or not stamps.size:
         return out
     at = np.clip(np.searchsorted(keys, stamps), 0, keys.size - 1)

@@ -35,7 +35,11 @@ BUDGET_REFERENCE = {
     "client encode": ("2-9 ms", "2-9 ms"),
     "network (up + down)": ("~4 ms", "~81 ms"),
     "uplink (tx + 1/2 RTT)": ("~2 ms", "~54 ms"),
+    "uplink: robot -> router": ("most of the uplink", "most of the uplink"),
+    "uplink: router -> server": ("< 1 ms (one LAN hop)", "< 1 ms (one LAN hop)"),
     "downlink (+ 1/2 RTT)": ("~2 ms", "~27 ms"),
+    "downlink: server -> router": ("< 1 ms (one LAN hop)", "< 1 ms (one LAN hop)"),
+    "downlink: router -> robot": ("most of the downlink", "most of the downlink"),
     "server queue wait": ("0 - 1x inference", "0 - 1x inference"),
     "inference": ("15-150 ms", "15-150 ms"),
     "total (rtt)": ("~110-175 ms", "~190-250 ms"),
@@ -44,7 +48,10 @@ BUDGET_REFERENCE = {
     "robot: arrival -> merge (outside the rtt)": ("~0", "~0"),
 }
 BUDGET_SERIES = [("client encode", "encode_ms"), ("network (up + down)", "network_ms"),
-                 ("uplink (tx + 1/2 RTT)", "uplink_ms"), ("downlink (+ 1/2 RTT)", "downlink_ms"),
+                 ("uplink (tx + 1/2 RTT)", "uplink_ms"), ("uplink: robot -> router", "uplink_to_router_ms"),
+                 ("uplink: router -> server", "uplink_from_router_ms"), ("downlink (+ 1/2 RTT)", "downlink_ms"),
+                 ("downlink: server -> router", "downlink_to_router_ms"),
+                 ("downlink: router -> robot", "downlink_from_router_ms"),
                  ("server queue wait", "queue_wait_ms"), ("inference", "inference_ms"), ("total (rtt)", "rtt_ms"),
                  ("robot: observation -> send (outside the rtt)", "send_lag_ms"),
                  ("robot: arrival -> merge (outside the rtt)", "merge_lag_ms")]

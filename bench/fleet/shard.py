@@ -413,7 +413,8 @@ class Shard:
                                      execution_steps=int(rec.get("execution_steps") or 0),
                                      steps_remaining=int(rec.get("steps_remaining") or 0),
                                      superseded=int(rec.get("superseded", rec.get("superseded_seqs", 0)) or 0),
-                                     outcome=str(rec.get("outcome", "")), sent_ns=int(rec.get("sent_ns") or 0))
+                                     outcome=str(rec.get("outcome", "")), sent_ns=int(rec.get("sent_ns") or 0),
+                                     downlink_from_router_ms=_f(rec.get("downlink_from_router_ms")))
                 if math.isfinite(rtt):
                     self.recent_rtt.append(rtt)
             for tr in trans or ():

@@ -1231,6 +1231,13 @@ class Run:
                 up, down, self.hop_split_dropped = hop_split(t.column("sent_ns").to_numpy(), t_recv, audit,
                                                              offset_ms, error_ms, shard)
                 t = t.append_column("uplink_ms", pa.array(up)).append_column("downlink_ms", pa.array(down))
+                split = self.router_split(audit, t.column("sent_ns").to_numpy(), up, down,
+                                          t.column("downlink_from_router_ms").to_numpy())
+                for name, values in split.items():
+                    if name in t.column_names:
+                        t = t.set_column(t.column_names.index(name), name, pa.array(values))
+                    else:
+                        t = t.append_column(name, pa.array(values))
                 qw_bench, inf_bench = self.server_bench_share(audit, t.column("sent_ns").to_numpy())
                 t = t.append_column("queue_wait_bench_ms", pa.array(qw_bench)) \
                     .append_column("inference_bench_ms", pa.array(inf_bench))
@@ -1288,6 +1295,29 @@ class Run:
         if getattr(self, "_unloaded", None) is None:
             self._unloaded = {rid: fid.unloaded_forward(self.logs / f"server-{rid}.log") for rid in self.servers}
         return self._unloaded
+
+    def router_split(self, audit, sent_ns: np.ndarray, up: np.ndarray, down: np.ndarray,
+                     down_from_router: np.ndarray) -> dict[str, np.ndarray]:
+        """Each request's uplink and downlink split at the first router routing it, by that router's timestamp (a
+        Zenoh router stamps what it routes, by default): `uplink_to_router_ms` from the robot's stamp to the router
+        (the robot's send, the site's proxy, the router's receive; audit `routed_mono_ms`) and
+        `uplink_from_router_ms` the rest of the uplink (the router's forwarding, the server's receive up to its
+        callback); `downlink_to_router_ms` (the server's send, the router's receive) and `downlink_from_router_ms`
+        (the router's forwarding, the proxy, the robot's receive: the engine's record). NaN where unstamped, and
+        in a cluster run: the stamp is the router's wall clock, and the runner measures other hosts' monotonic
+        clocks, not their wall clocks."""
+        from bench.evidence.audit import by_stamp, equals, floats
+
+        n = len(sent_ns)
+        if self.cluster is not None:
+            return {k: np.full(n, np.nan, np.float32) for k in ("uplink_to_router_ms", "uplink_from_router_ms",
+                                                                 "downlink_to_router_ms", "downlink_from_router_ms")}
+        (routed,) = by_stamp(audit, equals(audit, "outcome", "ok"), sent_ns, [floats(audit, "routed_mono_ms")])
+        up_to = routed - np.asarray(sent_ns, dtype=np.int64) / 1e6
+        down_from = np.asarray(down_from_router, dtype=float)
+        return {"uplink_to_router_ms": up_to.astype(np.float32), "uplink_from_router_ms": (up - up_to).astype(np.float32),
+                "downlink_to_router_ms": (down - down_from).astype(np.float32),
+                "downlink_from_router_ms": down_from.astype(np.float32)}
 
     def server_bench_share(self, audit, sent_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per request (`sent_ns`: its stamp), the queue wait and the forward pass the bench host added on its

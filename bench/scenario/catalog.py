@@ -78,6 +78,14 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "downlink_ms": ("series", "ms", "server's publish to the robot's receipt (monotonic clocks joined by their measured "
                                     "offsets; a shard/replica pair whose clocks are unsure by over 25 % of "
                                     "its hop is left out; bench only)"),
+    "uplink_to_router_ms": ("series", "ms", "uplink_ms up to the first router routing it (the robot's send, the site's "
+                                            "proxy, the router's receive): the router's timestamp; local runs only"),
+    "uplink_from_router_ms": ("series", "ms", "the rest of uplink_ms: the router's forwarding and the server's receive "
+                                              "up to its callback; local runs only"),
+    "downlink_to_router_ms": ("series", "ms", "downlink_ms up to the first router routing the chunk (the server's "
+                                              "send, the router's receive); local runs only"),
+    "downlink_from_router_ms": ("series", "ms", "the rest of downlink_ms: the router's forwarding, the site's proxy, "
+                                                "the robot's receive up to its callback; local runs only"),
     "encode_ms": ("series", "ms", "client encode time per request, when the engine reports it"),
     "send_lag_ms": ("series", "ms", "from the observation's tick to the engine's worker taking it up (its wake-up; on "
                                     "a bench shard the workers share a process and its GIL with the control loop), "

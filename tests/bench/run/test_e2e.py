@@ -10,6 +10,7 @@ import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from bench.run.procset import group_alive
@@ -87,6 +88,17 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert f["uplink_ms"]["count"] > 0.9 * f["rtt_ms"]["count"] and f["downlink_ms"]["count"] == f["uplink_ms"]["count"]
     assert 0 < f["uplink_ms"]["p50"] and 0 < f["downlink_ms"]["p50"]
     assert f["uplink_ms"]["p50"] + f["downlink_ms"]["p50"] <= f["network_ms"]["p50"] + 1.0
+    # both one-way hops split again at the router, by its timestamp: each part real time, adding up to the whole
+    req = pq.read_table(run / "requests.parquet").to_pydict()
+    rows = [i for i, o in enumerate(req["outcome"]) if o == "ok" and req["uplink_ms"][i] == req["uplink_ms"][i]]
+    for way in ("uplink", "downlink"):
+        to, after = req[f"{way}_to_router_ms"], req[f"{way}_from_router_ms"]
+        assert rows and all(to[i] > 0 and after[i] > 0 for i in rows), way
+        assert all(abs(to[i] + after[i] - req[f"{way}_ms"][i]) < 0.01 for i in rows), way
+    # the replica's queue replayed: each answered request has its queue wait's and forward pass's bench parts
+    replay = summary["fidelity"]["queue_replay"]
+    assert [q["replica"] for q in replay] == ["r0"] and replay[0]["requests"] > 10 and "note" not in replay[0]
+    assert all(req["queue_wait_bench_ms"][i] == req["queue_wait_bench_ms"][i] for i in rows)
     assert [f["target"] for f in summary["faults"]] == ["site:lab"]
     # every robot's state changes, grouped by kind: each robot started and got a session
     kinds = {(c["from"], c["to"]): c for c in summary["state_changes"]}
