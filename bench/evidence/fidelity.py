@@ -307,7 +307,8 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
       to its merge, p50 and p99. A robot's own computer runs one engine; a bench shard runs a hundred beside its
       control loop in one process, so these are the shard's (an upper bound of the bench's share: a real
       worker's wake-up is not zero).
-    The client's encode and the routers' transit are not split (`note`)."""
+    The client's encode and the routers' hops (measured: `uplink_to_router_ms` and the others) are not split
+    between the system and the bench (`note`)."""
     out: dict = {}
     for direction, figure in (("upstream", "uplink_ms"), ("downstream", "downlink_ms")):
         hist, edges, measured, sites = None, [], 0, 0
@@ -372,7 +373,8 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
             out["rtt_ms"] = rtt_share
             out["network_ms_taken_off"] = _r(network)
             out["note"] = ("the round trip less each request's queue wait and forward parts and the proxies' p50 up "
-                           "and down; the client's encode and the routers' transit are not split")
+                           "and down; the client's encode and the routers' hops are not split between the system "
+                           "and the bench")
     if "rtt_ms" not in out:
         parts = [out.get(k, {}).get("p50") for k in ("uplink_ms", "downlink_ms", "inference_ms")]
         if any(p is not None for p in parts):

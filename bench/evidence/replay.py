@@ -19,8 +19,9 @@ The replays differ in what a batch keeps the loop busy for:
 - `unloaded`: the replica's unloaded forward pass at the replayed size (server.runtime.unloaded_forward_ms)
   plus the per-request cost of the other work times the size (that cost: the 10th percentile over the run's
   batches, the ones the host left most alone).
-Per request, the `observed` pick minus the `unloaded` pick is the queue wait the bench added
-(`queue_wait_bench_ms`); its own forward pass beyond its unloaded time is `inference_bench_ms`. Estimates, and
+Per request, its reported queue wait less its wait in the `unloaded` replay is the queue wait the bench added
+(`queue_wait_bench_ms`): a wait less its part is the unloaded replay's; the forward pass beyond its unloaded
+time is `inference_bench_ms`. Estimates, and
 rather below the bench's whole share than above it: the per-request cost is read on the loaded host, and the
 arrivals stay as they were (a faster server would have answered sooner; a robot asks again on its own schedule,
 so the closed loop moves little). A request's part can be negative: a faster loop picks sooner, in smaller
@@ -170,7 +171,7 @@ def replica_share(rows: dict[str, np.ndarray], unloaded: dict[int, float],
     live = live_sessions(arrival, rows["session"])
     observed = replay(arrival, busy(True), sched.max_batch, sched.batch_window_ms, live)
     bare = replay(arrival, busy(False), sched.max_batch, sched.batch_window_ms, live)
-    qw_bench = observed - bare
+    qw_bench = wait - (bare - arrival)  # so a request's wait less its part is its wait in the unloaded replay
     replayed = observed - arrival
     fig.update(
         queue_wait_ms_p50=_r(np.percentile(wait, 50)), queue_wait_ms_p99=_r(np.percentile(wait, 99)),

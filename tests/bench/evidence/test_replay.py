@@ -99,7 +99,8 @@ def simulated_replica(excess_ms, n=400, period_ms=3.0, max_batch=8, window_ms=5.
         sizes[t] = b
         return float(_at_batch(UNLOADED, np.array([b]))[0]) + excess_ms(t) + 0.1 * b
 
-    picks = replay.replay(arrival, busy, max_batch, window_ms)
+    session = np.array([f"s{i % 40}" for i in range(n)], object)
+    picks = replay.replay(arrival, busy, max_batch, window_ms, replay.live_sessions(arrival, session))
     batch = np.array([sizes[p] for p in picks], float)
     forward = _at_batch(UNLOADED, batch) + np.array([excess_ms(p) for p in picks])
     order = np.argsort(picks, kind="stable")
@@ -108,7 +109,7 @@ def simulated_replica(excess_ms, n=400, period_ms=3.0, max_batch=8, window_ms=5.
         rows = order[picks[order] == p]
         sent[rows] = p + forward[rows[0]] + 0.1 * (np.arange(rows.size) + 1)
     return {"picked_mono_ms": picks, "queue_wait_ms": picks - arrival, "forward_ms": forward, "batch": batch,
-            "sent_mono_ms": sent, "session": np.array([f"s{i % 40}" for i in range(n)], object)}
+            "sent_mono_ms": sent, "session": session}
 
 
 def test_a_host_that_added_nothing_has_no_share():
