@@ -42,7 +42,7 @@ from wire import (
 )
 from wire import auth as wauth
 from wire.qos import CONTROL_TIMEOUTS_S, declare_publisher
-from wire.transport import routed_mono_ns
+from wire.transport import arrival_stamps
 
 RETRY_ELSEWHERE = {ErrorCode.CAPACITY, ErrorCode.EXCLUSIVE_BUSY, ErrorCode.DRAINING, ErrorCode.NOT_READY,
                    ErrorCode.SESSION_LIVE}  # SESSION_LIVE: our previous process's session is not gone yet
@@ -445,9 +445,9 @@ class Model:
     def _on_action(self, sample, gen: int) -> None:  # deposit only, on Zenoh's thread
         if gen != self._gen:
             return
+        t_ns, routed_ns = arrival_stamps(sample)
         att = sample.attachment
-        t_ns = time.monotonic_ns()
-        item = (t_ns, sample.payload.to_bytes(), att.to_bytes() if att is not None else b"", routed_mono_ns(sample, t_ns))
+        item = (t_ns, sample.payload.to_bytes(), att.to_bytes() if att is not None else b"", routed_ns)
         with self._cv:
             self._inbox.append(item)
             self._cv.notify_all()

@@ -42,7 +42,7 @@ from wire.auth import new_session_key
 from wire.keys import ClientKeys
 from wire.qos import declare_publisher
 from wire.tensors import Limits
-from wire.transport import routed_mono_ns
+from wire.transport import arrival_stamps
 from server.audit import AuditLog
 from server.guard import Guard, peek_identity
 from server.health import HealthServer
@@ -423,7 +423,7 @@ class PolicyServer:
         """Deposit only: decode, look up, hand to the mailbox. Any failure answers that client alone."""
         from server.scheduling import Request
 
-        received_ns = time.monotonic_ns()
+        received_ns, routed_ns = arrival_stamps(sample)
         key = str(sample.key_expr)
         try:
             parsed = parse_client_key(key, self.keys.root)
@@ -506,7 +506,7 @@ class PolicyServer:
                       latency_budget_ms=s.latency_budget_ms,
                       batch_key=self.info.model_id,
                       payload=Pending(s, header, obs, len(raw), raw if self.capture is not None else None,
-                                      received_ns, routed_mono_ns(sample, received_ns)))
+                                      received_ns, routed_ns))
         if not self._dispatch_started:  # every loop running before the first request can be answered
             self._start_dispatch()
         res = self.mailbox.deposit(req)

@@ -203,19 +203,21 @@ def open_session(*, connect: list[str], lease_ms: int = 1000, tls: TlsFiles | No
         ) from None
 
 
-def routed_mono_ns(sample, received_ns: int) -> int | None:
-    """When a router routed `sample`, on this process's monotonic clock: its Zenoh timestamp (a Zenoh router stamps
-    each sample it routes that has none, unless its config turns `timestamping` off) read as an age at
-    `received_ns` (this process's monotonic clock when the sample arrived). None when unstamped or unreadable. The
+def arrival_stamps(sample) -> tuple[int, int | None]:
+    """(now, when a router routed `sample`), both on this process's monotonic clock, ns: call it first thing in a
+    sample's callback. The second is the sample's Zenoh timestamp (a Zenoh router stamps each sample it routes
+    that has none, unless its config turns `timestamping` off) read as an age against the wall clock, read
+    beside the monotonic one so that nothing runs between the two; None when unstamped or unreadable. The
     timestamp is the router's wall clock: from another host, the two hosts' wall clocks' difference is in it."""
+    now = time.monotonic_ns()
+    wall = time.time_ns()
     ts = sample.timestamp
     if ts is None:
-        return None
+        return now, None
     try:
-        age_ns = time.time_ns() - int(ts.get_time().timestamp() * 1e9)
+        return now, now - (wall - int(ts.get_time().timestamp() * 1e9))
     except (AttributeError, ValueError, OverflowError, OSError):
-        return None
-    return received_ns - age_ns
+        return now, None
 
 
 def _short(exc: Exception) -> str:

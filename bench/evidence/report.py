@@ -470,6 +470,19 @@ def _fidelity_section(o: RunOutcome, fid: dict, windows) -> str:
                        f"<td>{_v(r['forward_ms_p50'])}</td><td>{_v(r['forward_ratio_p50'])}</td>"
                        f"<td>{_v(r['forward_ratio_p99'])}</td><td class=l>{e(str(r.get('unloaded_ms') or r.get('note')))}</td></tr>")
         out.append("</table>")
+    if fid.get("queue_replay"):
+        out.append("<p class=muted>Each replica's queue replayed on the requests it answered (bench.evidence.replay): "
+                   "the queue wait it reported, the same replayed with the host's load as it was (against the "
+                   "reported: the replay's own error) and replayed on an unloaded host. A request's wait less its "
+                   "bench part is its unloaded replay's.</p><table><tr><th class=l>replica</th><th>requests</th>"
+                   "<th>reported p50 / p99 ms</th><th>replayed p50 / p99</th><th>replay error p50 / p99</th>"
+                   "<th>unloaded p50 / p99</th><th class=l>note</th></tr>")
+        for q in fid["queue_replay"]:
+            pair = lambda k: f"{_v(q.get(k + '_p50'))} / {_v(q.get(k + '_p99'))}"  # noqa: E731
+            out.append(f"<tr><td class=l>{e(str(q.get('replica', '')))}</td><td>{q.get('requests', '–')}</td>"
+                       f"<td>{pair('queue_wait_ms')}</td><td>{pair('replayed_ms')}</td><td>{pair('replay_error_ms')}</td>"
+                       f"<td>{pair('unloaded_ms')}</td><td class=l>{e(str(q.get('note') or ''))}</td></tr>")
+        out.append("</table>")
     d = o.data
     charts = []
     if d is not None:

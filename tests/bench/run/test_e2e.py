@@ -99,6 +99,7 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     replay = summary["fidelity"]["queue_replay"]
     assert [q["replica"] for q in replay] == ["r0"] and replay[0]["requests"] > 10 and "note" not in replay[0]
     assert all(req["queue_wait_bench_ms"][i] == req["queue_wait_bench_ms"][i] for i in rows)
+    assert "Each replica's queue replayed" in (run / "report.html").read_text()
     assert [f["target"] for f in summary["faults"]] == ["site:lab"]
     # every robot's state changes, grouped by kind: each robot started and got a session
     kinds = {(c["from"], c["to"]): c for c in summary["state_changes"]}
