@@ -9,6 +9,9 @@ Invariant: appending never blocks on I/O and never drops a row: a full chunk is 
 fresh one allocated; `close()` writes every row appended before it. A file cut short by a crash
 is still readable up to its last complete batch (`read_stream`).
 
+The report phase reads them back with `collect` (the files joined as written) or, for the robot-keyed kinds,
+`collect_sorted` (by robot, then t, without holding the unsorted table beside the sorted one).
+
 The `SCHEMAS` table names every column of every record kind; the same names appear in the run's
 parquet files and in docs/bench.md.
 """
@@ -158,32 +161,264 @@ def to_record_batch(kind: str, cols: dict, n: int):
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def read_stream(path: str | Path):
-    """All complete batches of an IPC stream file as a Table (a truncated tail is ignored)."""
+# The order the report phase keeps the robot-keyed kinds in (ticks, requests, transitions): a robot's rows together,
+# in time. Arrow's sort is stable, so rows with the same robot and t keep the order `collect` reads them in.
+ROBOT_ORDER = [("robot", "ascending"), ("t", "ascending")]
+
+
+def stream_batches(path: str | Path):
+    """An IPC stream file read one batch at a time: first its schema, then each complete batch (a torn tail, a
+    crash mid-write, ends them). Nothing at all if the file is no stream."""
     import pyarrow as pa
 
-    batches = []
     try:
         with pa.OSFile(str(path), "rb") as f:
             reader = pa.ipc.open_stream(f)
+            yield reader.schema
             while True:
                 try:
-                    batches.append(reader.read_next_batch())
+                    yield reader.read_next_batch()
                 except StopIteration:
-                    break
+                    return
                 except (pa.ArrowInvalid, OSError):
-                    break  # torn write at a crash: keep what is complete
-            schema = reader.schema
+                    return  # torn write at a crash: keep what is complete
     except (pa.ArrowInvalid, OSError):
-        return None
-    return pa.Table.from_batches(batches, schema=schema)
+        return
+
+
+def read_stream(path: str | Path):
+    """All complete batches of an IPC stream file as a Table (a truncated tail is ignored); None if it is no stream."""
+    import pyarrow as pa
+
+    items = stream_batches(path)
+    schema = next(items, None)
+    return None if schema is None else pa.Table.from_batches(list(items), schema=schema)
+
+
+def stream_paths(directory: str | Path, kind: str) -> list[Path]:
+    """The shards' stream files of one kind, in the order `collect` concatenates them."""
+    return sorted(Path(directory).glob(f"{kind}.*.arrow"))
 
 
 def collect(directory: str | Path, kind: str):
     """Concatenate every `<kind>.*.arrow` in `directory` into one Table (an empty one if none)."""
     import pyarrow as pa
 
-    tables = [t for t in (read_stream(p) for p in sorted(Path(directory).glob(f"{kind}.*.arrow"))) if t is not None]
+    tables = [t for t in (read_stream(p) for p in stream_paths(directory, kind)) if t is not None]
     if not tables:
         return arrow_schema(kind).empty_table()
     return pa.concat_tables(tables)
+
+
+def collect_sorted(directory: str | Path, kind: str, parts: int = 16):
+    """`collect(directory, kind).sort_by(ROBOT_ORDER)`: the same rows, order and schema (one chunk a column, as the
+    global sort leaves it), without the whole table held twice (unsorted and sorted).
+
+    A first read counts each robot's rows and each string or list column's items, cuts the robot ids into about
+    `parts` ranges of about equal rows and allocates the sorted table's buffers. Then, a range at a time: its rows
+    are read out of the stream files, sorted on their own, and copied into the table at their place. The peak is the
+    table plus about two ranges. Each range is read in a pass of its own and copied into buffers allocated once,
+    because pieces of many ranges allocated interleaved (one read dealing rows out to all ranges, or ranges joined at
+    the end) share the allocator's pages, which then stay resident beside the sorted table.
+
+    Identical to the global sort: a range holds every row of its robots, in the order `collect` reads them (files by
+    `stream_paths`, then rows), and Arrow's sort is stable, so rows with the same robot and t keep that order; a
+    robot in two files (no shard writes another's robots today; nothing here relies on it) sorts like any other."""
+    import numpy as np
+    import pyarrow as pa
+
+    paths = stream_paths(directory, kind)
+    census = _Census(paths, kind)
+    if census.schema is None:
+        return arrow_schema(kind).empty_table()
+    if census.rows == 0:
+        return census.schema.empty_table()
+    robot, rows = census.robots()
+    part_of = (np.cumsum(rows) - rows) * parts // census.rows  # where a robot's first row falls in the sorted table
+    columns = [_SortedColumn(field, census.rows, census.nulls[field.name], census.items[field.name])
+               for field in census.schema]
+    pool = pa.default_memory_pool()
+    for part in np.unique(part_of):
+        lo, hi = robot[part_of == part][[0, -1]]
+        ranged = pa.Table.from_batches(list(_rows_of_robots(paths, lo, hi)), schema=census.schema).sort_by(ROBOT_ORDER)
+        for column in columns:
+            for chunk in ranged.column(column.field.name).chunks:
+                column.put(chunk)
+        del ranged
+        pool.release_unused()  # the range's pages back before the next range's are allocated
+    return pa.Table.from_arrays([column.array() for column in columns], schema=census.schema)
+
+
+def _rows_of_robots(paths: list[Path], lo: int, hi: int):
+    """The rows of robots lo..hi (inclusive) in the stream files, in file and row order, batch by batch: a batch all
+    theirs as read, else a copy of their rows (a slice would keep the whole batch's memory alive)."""
+    import pyarrow as pa
+
+    for path in paths:
+        items = stream_batches(path)
+        next(items, None)  # the schema
+        for batch in items:
+            robot = batch.column("robot").to_numpy()
+            keep = (robot >= lo) & (robot <= hi)
+            if keep.all():
+                yield batch
+            elif keep.any():
+                yield batch.filter(pa.array(keep))
+
+
+class _Census:
+    """What `collect_sorted` must know before it sorts: the stream files' schema, each robot's rows, and per column
+    whether it has nulls and how many items its variable-width part holds (a string's bytes, a list's items)."""
+
+    def __init__(self, paths: list[Path], kind: str):
+        import numpy as np
+
+        self.schema, self.rows = None, 0
+        self.nulls: dict[str, bool] = {}
+        self.items: dict[str, int] = {}
+        self._ids, self._counts = [np.zeros(0, np.int32)], [np.zeros(0, np.int64)]
+        for path in paths:
+            batches = stream_batches(path)
+            schema = next(batches, None)
+            if schema is None:
+                continue  # no stream at all: `collect` skips it too
+            if self.schema is None:
+                self.schema = schema
+                self.nulls = dict.fromkeys(schema.names, False)
+                self.items = dict.fromkeys(schema.names, 0)
+            elif not schema.equals(self.schema):
+                raise ValueError(f"{path}: its {kind} columns differ from the other stream files' "
+                                 f"({schema} vs {self.schema})")
+            for batch in batches:
+                self.add(batch)
+
+    def add(self, batch) -> None:
+        import numpy as np
+
+        robot, n = np.unique(batch.column("robot").to_numpy(), return_counts=True)
+        self._ids.append(robot)
+        self._counts.append(n)
+        self.rows += batch.num_rows
+        for name, col in zip(batch.schema.names, batch.columns):
+            self.nulls[name] = self.nulls[name] or col.null_count > 0
+            if _layout(col.type) in ("string", "list"):
+                offsets = _offsets(col)
+                self.items[name] += int(offsets[-1] - offsets[0])
+
+    def robots(self):
+        """(robot ids ascending, rows of each)."""
+        import numpy as np
+
+        robot, where = np.unique(np.concatenate(self._ids), return_inverse=True)
+        return robot, np.bincount(where, weights=np.concatenate(self._counts), minlength=len(robot)).astype(np.int64)
+
+
+def _view(buffer, dtype):
+    """An Arrow buffer as numpy, without a copy (Arrow may leave an empty one out: None)."""
+    import numpy as np
+
+    return np.zeros(0, dtype) if buffer is None else np.frombuffer(buffer, dtype)
+
+
+def _offsets(arr):
+    """A string or list array's len + 1 offsets, as numpy (a view of its buffer)."""
+    import numpy as np
+
+    if len(arr) == 0:
+        return np.zeros(1, np.int32)
+    return _view(arr.buffers()[1], np.int32)[arr.offset:arr.offset + len(arr) + 1]
+
+
+def _layout(type_) -> str | None:
+    """How `collect_sorted` copies a column of this type: the layouts `SCHEMAS` uses (None: another)."""
+    import pyarrow as pa
+
+    def number(t):
+        return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+    if pa.types.is_boolean(type_):
+        return "bool"
+    if number(type_):
+        return "number"
+    if pa.types.is_string(type_):
+        return "string"
+    if pa.types.is_list(type_) and number(type_.value_type):
+        return "list"
+    return None
+
+
+class _SortedColumn:
+    """One column of `collect_sorted`'s table: its buffers allocated once for all rows, filled range by range, then
+    one Arrow array over them. The layouts are those `SCHEMAS` uses: numbers, bools, strings, lists of numbers."""
+
+    def __init__(self, field, rows: int, nulls: bool, items: int):
+        import numpy as np
+        import pyarrow as pa
+
+        self.field, self.rows, self.at = field, rows, 0
+        self.layout = _layout(field.type)
+        if self.layout is None:
+            raise TypeError(f"collect_sorted: column {field.name!r} is {field.type}, not a layout the records use")
+        if self.layout in ("string", "list") and items > np.iinfo(np.int32).max:
+            raise ValueError(f"collect_sorted: column {field.name!r} holds {items} items, past 32-bit offsets")
+        self.valid = np.ones(rows, bool) if nulls else None
+        if self.layout == "bool":
+            self.data = np.zeros(rows, bool)
+            return
+        if self.layout == "number":
+            self.buffer = pa.allocate_buffer(rows * field.type.bit_width // 8)
+            self.data = np.frombuffer(self.buffer, field.type.to_pandas_dtype())
+            return
+        self.offsets_buffer = pa.allocate_buffer((rows + 1) * 4)
+        self.offsets = np.frombuffer(self.offsets_buffer, np.int32)
+        self.offsets[0] = 0
+        item = np.dtype(np.uint8 if self.layout == "string" else field.type.value_type.to_pandas_dtype())
+        self.buffer = pa.allocate_buffer(items * item.itemsize)
+        self.data = np.frombuffer(self.buffer, item)
+
+    def put(self, chunk) -> None:
+        """The chunk's rows, after those put before."""
+        import numpy as np
+
+        a, n = self.at, len(chunk)
+        if n == 0:
+            return
+        if self.valid is not None and chunk.null_count:
+            self.valid[a:a + n] = chunk.is_valid().to_numpy(zero_copy_only=False)
+        if self.layout == "bool":
+            self.data[a:a + n] = chunk.fill_null(False).to_numpy(zero_copy_only=False)
+        elif self.layout == "number":
+            self.data[a:a + n] = _view(chunk.buffers()[1], self.data.dtype)[chunk.offset:chunk.offset + n]
+        else:
+            offsets = _offsets(chunk)
+            start = self.offsets[a]
+            self.offsets[a + 1:a + n + 1] = offsets[1:] - offsets[0] + start
+            if self.layout == "string":
+                values = _view(chunk.buffers()[2], np.uint8)
+            else:
+                child = chunk.values
+                if child.null_count:
+                    raise ValueError(f"collect_sorted: column {self.field.name!r} has null list items")
+                values = _view(child.buffers()[1], self.data.dtype)[child.offset:]
+            self.data[start:start + offsets[-1] - offsets[0]] = values[offsets[0]:offsets[-1]]
+        self.at = a + n
+
+    def array(self):
+        """The filled column as one Arrow array over these buffers (a copy only of a bool column's bits)."""
+        import pyarrow as pa
+
+        if self.at != self.rows:
+            raise RuntimeError(f"collect_sorted: column {self.field.name!r} got {self.at} of {self.rows} rows")
+        type_, validity, nulls = self.field.type, None, 0
+        if self.valid is not None:
+            validity, nulls = pa.array(self.valid).buffers()[1], self.rows - int(self.valid.sum())
+        if self.layout == "bool":
+            return pa.array(self.data, type=type_, mask=None if self.valid is None else ~self.valid)
+        if self.layout == "number":
+            return pa.Array.from_buffers(type_, self.rows, [validity, self.buffer], null_count=nulls)
+        if self.layout == "string":
+            return pa.Array.from_buffers(type_, self.rows, [validity, self.offsets_buffer, self.buffer],
+                                         null_count=nulls)
+        items = pa.Array.from_buffers(type_.value_type, len(self.data), [None, self.buffer])
+        return pa.Array.from_buffers(type_, self.rows, [validity, self.offsets_buffer], null_count=nulls,
+                                     children=[items])

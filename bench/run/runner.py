@@ -1219,12 +1219,10 @@ class Run:
         self.audit = audit = self.collect_audit()
         tables = {}
         for kind in records.SCHEMAS:
-            t = records.collect(self.rec_dir, kind)
-            if kind in ("ticks", "requests", "transitions") and t.num_rows:
-                t = t.sort_by([("robot", "ascending"), ("t", "ascending")])
-                # the unsorted copy's memory back to the system now: Arrow's allocator keeps freed pages for its own
-                # later use, and the numpy arrays the figures allocate next would stack on top of them
-                pa.default_memory_pool().release_unused()
+            if kind in ("ticks", "requests", "transitions"):  # a robot's rows together, in time
+                t = records.collect_sorted(self.rec_dir, kind)  # never the unsorted whole beside the sorted one
+            else:
+                t = records.collect(self.rec_dir, kind)
             if kind == "requests":
                 t_recv = t.column("t").to_numpy() + float(getattr(self.state, "t0_mono", 0.0) or 0.0)
                 offset_ms, error_ms, shard = self.robot_clocks(t.column("robot").to_numpy())

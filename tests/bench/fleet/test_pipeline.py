@@ -73,6 +73,19 @@ def test_all_outputs_are_written(finished_run):
         assert (run.run_dir / name).is_file(), name
 
 
+def test_robot_keyed_parquet_files_are_sorted_by_robot_then_t(finished_run):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    run, _ = finished_run
+    for kind in ("ticks", "requests", "transitions"):
+        t = pq.read_table(run.run_dir / f"{kind}.parquet", columns=["robot", "t"])
+        robot, ts = t.column("robot").to_numpy(), t.column("t").to_numpy()
+        assert len(set(robot.tolist())) == 5, kind
+        same_robot = np.diff(robot) == 0
+        assert (np.diff(robot) >= 0).all() and (np.diff(ts)[same_robot] >= 0).all(), kind
+
+
 def test_summary_holds_verdict_assertions_and_figures(finished_run):
     run, outcome = finished_run
     summary = json.loads((run.run_dir / "summary.json").read_text())

@@ -47,6 +47,89 @@ def test_records_keep_float_vectors_and_strings(tmp_path):
     assert t.column("engine_state").to_pylist() == ["STREAMING", "STALLED"]
 
 
+def _shard_ticks(directory, tag, rows, chunk_rows=3):
+    """Tick records as one shard writes them: (robot, t, seq) rows, each with a digest, a string that is at times
+    null, and an action that is null on a None tick."""
+    w = records.RecordWriter(directory, tag)
+    buf = w.buffer("ticks", chunk_rows=chunk_rows)
+    for robot, t, seq in rows:
+        none = seq % 4 == 0
+        buf.append(robot=robot, t=t, seq=seq, state_digest=seq * 2654435761 % 2**32, tick_class=seq % 3,
+                   lateness_ms=seq / 7, is_none=none, source="none" if none else "chunk",
+                   session_id=None if seq % 5 == 0 else f"s{seq:0{seq % 9}d}",
+                   action=None if none else np.arange(seq % 3, dtype=np.float32) + seq)
+    buf.flush()
+    w.close()
+    return w.path("ticks")
+
+
+def _rows(table):
+    """Every column as a list, NaN as a string (NaN != NaN would fail an equal table)."""
+    def plain(v):
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        return "nan" if isinstance(v, float) and v != v else v
+    return {name: [plain(v) for v in table.column(name).to_pylist()] for name in table.column_names}
+
+
+def test_collect_sorted_is_the_global_sort_of_every_shards_ticks(tmp_path):
+    import io
+
+    import pyarrow.parquet as pq
+
+    # robots dealt round-robin over three shards (0 3 6 | 1 4 7 | 2 5 8), each shard's rows in time order of its
+    # slots, robots interleaved, ties in t; robot 4 also in shard 2's file (a shard never writes another's robots
+    # today: collect_sorted must not need that); a torn tail, and a file that is no stream at all
+    rng = np.random.default_rng(5)
+    seq = itertools.count(1)
+    for k in range(3):
+        rows = [(r, float(slot // 2) * 0.5, next(seq)) for slot in range(40) for r in range(k, 9, 3)
+                if rng.random() < 0.8]
+        if k == 2:
+            rows = [(4, 1.0, next(seq)), (4, 0.0, next(seq)), (4, float("nan"), next(seq)), (4, 1.0, next(seq))] + rows
+        late = rows[len(rows) // 2:]
+        rng.shuffle(late)  # late rows out of time order (an engine's records drained late)
+        rows[len(rows) // 2:] = late
+        path = _shard_ticks(tmp_path, f"shard{k}", rows)
+    path.write_bytes(path.read_bytes()[:-50])  # shard2 cut mid-batch by a crash
+    (tmp_path / "ticks.shard9.arrow").write_bytes(b"")
+    whole = records.collect(tmp_path, "ticks")
+    assert whole.column("robot").to_pylist() != sorted(whole.column("robot").to_pylist())
+    expected = whole.sort_by(records.ROBOT_ORDER)
+    robot4 = [(t, s) for r, t, s in zip(*(whole.column(c).to_pylist() for c in ("robot", "t", "seq"))) if r == 4]
+    assert sum(t != t for t, _ in robot4) == 1 and len({s for _, s in robot4}) == len(robot4) > 40
+    for parts in (1, 2, 3, 16, 100):
+        got = records.collect_sorted(tmp_path, "ticks", parts=parts)
+        assert got.schema.equals(expected.schema) and _rows(got) == _rows(expected), parts
+        assert {c.num_chunks for c in got.columns} == {1}  # as the global sort leaves it: figures read it in place
+        a, b = io.BytesIO(), io.BytesIO()
+        pq.write_table(expected, a)
+        pq.write_table(got, b)
+        assert a.getvalue() == b.getvalue(), parts
+    # robot 4's ties keep the order collect reads them in: shard 1's file before shard 2's, then row order
+    got4 = [(t, s) for r, t, s in zip(*(got.column(c).to_pylist() for c in ("robot", "t", "seq"))) if r == 4]
+    by_t = sorted((t, i) for i, (t, _) in enumerate(robot4) if t == t)
+    assert [s for t, s in got4 if t == t] == [robot4[i][1] for _, i in by_t]
+    assert got4[-1][0] != got4[-1][0]  # NaN last, as Arrow sorts it
+
+
+def test_collect_sorted_of_no_files_and_of_files_without_rows(tmp_path):
+    assert records.collect_sorted(tmp_path, "requests").schema.equals(records.arrow_schema("requests"))
+    records.RecordWriter(tmp_path, "s0").close()  # a shard that wrote nothing: no file
+    _shard_ticks(tmp_path, "s1", [])
+    got = records.collect_sorted(tmp_path, "ticks")
+    assert got.num_rows == 0 and got.schema.equals(records.arrow_schema("ticks"))
+
+
+def test_collect_sorted_refuses_stream_files_that_disagree_on_columns(tmp_path):
+    _shard_ticks(tmp_path, "s0", [(0, 0.0, 1)])
+    other = pa.table({"robot": pa.array([1], pa.int32()), "t": [0.5]})
+    with pa.OSFile(str(tmp_path / "ticks.s1.arrow"), "wb") as f, pa.ipc.new_stream(f, other.schema) as w:
+        w.write_table(other)
+    with pytest.raises(ValueError, match="ticks.s1.arrow: its ticks columns differ"):
+        records.collect_sorted(tmp_path, "ticks")
+
+
 def test_prometheus_parser_reads_samples_and_skips_garbage():
     text = '# HELP x\npolicy_server_load 0.5\npolicy_server_queue_depth{model="m"} 3\nbroken line\nx_bucket{le="+Inf"} 7\n'
     got = parse_prometheus(text)
