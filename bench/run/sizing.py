@@ -374,10 +374,16 @@ def measured_by_kind(split: dict) -> dict:
 # the peak over the RSS before fell 576 -> 356 MB (the headline, 1.21 M ticks, 64 k requests) and 1412 -> 825 MB (the
 # soak, 2.84 M ticks, 187 k requests); less 2.1 KB a request, that leaves 197 and 166 B a robot-tick. The synthetic
 # `--ticks 300000 1200000` slope fell 0.57x (493 -> 282 B; it reads heavier than real runs in both trees), and 310 B x
-# 0.57 = 177 B. So the largest of those, rounded up: 200 B; not re-fitted over new runs either. The peak is now the
+# 0.57 = 177 B. So the largest of those, rounded up: 200 B; not re-fitted over new runs either. The peak was then the
 # sort of the tick table (its unsorted and sorted Arrow copies at once).
+# Since, the robot-keyed records are sorted a robot range at a time into buffers allocated once
+# (bench.fleet.records.collect_sorted): `--ticks 300000 1200000` 282 -> 175 B a robot-tick (0.62x); `--replay` the
+# soak 825 -> 683 MB (52 B a robot-tick saved) and a 60 s headline (300_robots_wan 20261126T140105Z, 675 k ticks,
+# 37 k requests) 214 -> 186 MB (44 B; its processes read 179-186 MB) (2026-11-26 16:28-16:32 UTC, the 2-core VM,
+# load 1.3-9.0, 3 processes each, medians). Less 2.1 KB a request, 173 B (the headline) and 114 B (the soak) a
+# robot-tick are left, and 310 x 175/493 = 110 B: the largest, rounded up, 180 B.
 # `python -m benchmarks.report_memory --ticks 300000 1200000 --baseline <checkout before it>` and `--replay RUN_DIR`.
-REPORT_BYTES_PER_TICK = 200
+REPORT_BYTES_PER_TICK = 180
 REPORT_BYTES_PER_REQUEST = 2100
 REPORT_BASE_MB = 200
 REPORT_MEMORY_SHARE = 0.9  # of the memory available before the run: more, and the report would swap or be killed

@@ -324,7 +324,7 @@ def test_the_report_memory_of_a_run_follows_its_ticks_and_requests_and_refuses_p
     headline = _scenario(300, 30.0)
     headline.duration_s, headline.warmup_s = 120.0, 15.0
     m = report_memory(headline, available_mb=23_000)
-    # 300 x 30 x 135 s = 1.2 M robot-ticks (~0.23 GB) and ~68 k requests (~0.13 GB): a headline's report phase,
+    # 300 x 30 x 135 s = 1.2 M robot-ticks (~0.20 GB) and ~68 k requests (~0.13 GB): a headline's report phase,
     # replayed, peaks 0.36 GB over the runner's ~0.13 GB before (0.58 GB before the tick cuts, with the audit as
     # columns; 0.73-0.83 GB as the runs recorded it, with the audit as a dict a request)
     assert 480 < m.needed_mb < 650 and m.fits
@@ -334,7 +334,7 @@ def test_the_report_memory_of_a_run_follows_its_ticks_and_requests_and_refuses_p
     m = report_memory(day, available_mb=23_000)
     assert not m.fits and m.needed_mb > 100 * 1024
     words = m.line(day)
-    assert "Shorten duration_s to" in words and "200 B a robot-tick" in words and "22.5 GB available" in words
+    assert "Shorten duration_s to" in words and "180 B a robot-tick" in words and "22.5 GB available" in words
     longest = float(words.split("Shorten duration_s to ")[1].split(" s")[0])
     day.duration_s = longest  # the duration it names fits, and a little more does not
     assert report_memory(day, available_mb=23_000).fits
