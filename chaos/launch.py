@@ -58,15 +58,16 @@ def start_proxy_server(log_path: str | Path, host: str = "127.0.0.1", port: int 
 PRIORITY_LOG_TEXT = "event loop priority: "  # chaos.toxiproxy's log line saying what its --priority took
 
 
-def priority_in_log(path: str | Path) -> str | None:
+def priority_in_log(path: str | Path, text: str = PRIORITY_LOG_TEXT) -> str | None:
     """What priority a proxy process of ours reported in its log (`SCHED_FIFO 5`, `nice -10`, `normal`), for one
-    whose process this host cannot read (on another node of a cluster run); None if the log does not say."""
+    whose process this host cannot read (on another node of a cluster run); None if the log does not say.
+    `text`: the words before it (a replica's dispatch loops: server.service.DISPATCH_PRIORITY_LOG_TEXT)."""
     try:
         with open(path, errors="replace") as lines:
             for line in lines:
-                at = line.find(PRIORITY_LOG_TEXT)
+                at = line.find(text)
                 if at >= 0:
-                    return line[at + len(PRIORITY_LOG_TEXT):].split(" (asked", 1)[0].strip()
+                    return line[at + len(text):].split(" (asked", 1)[0].strip()
     except OSError:
         return None
     return None

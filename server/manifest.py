@@ -524,6 +524,10 @@ class Manifest(ServedModel):
     extra_models: tuple[ExtraModel, ...] = _f((), "more models served by this process, each with its own sessions, "
                                                    "mailbox and dispatch loop (started at its first request)")
     torch_threads: Int = _f(1, "torch intra-op threads (1 keeps a 2-core host responsive)", lo=1, hi=1024)
+    dispatch_priority: Literal["normal", "nice", "fifo"] = _f(
+        "normal", "the dispatch loops' scheduling: fifo = SCHED_FIFO 4 (falls back to nice -10 where the host "
+        "refuses real-time, then to normal), nice = nice -10; the log line 'dispatch priority:' says what took "
+        "effect. On a shared host (the bench's) a forward pass then waits for no other process's work")
     zenoh: ZenohConfig = _f(doc="router connection")
     health_port: Int | None = _f(0, "HTTP /healthz /readyz /metrics /sessions port; 0 = any free port, -1 or null = off",
                                  lo=-1, hi=65535)

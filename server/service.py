@@ -40,6 +40,7 @@ from wire import (
 )
 from wire.auth import new_session_key
 from wire.keys import ClientKeys
+from wire.procs import raise_priority
 from wire.qos import declare_publisher
 from wire.tensors import Limits
 from wire.transport import arrival_stamps
@@ -53,6 +54,10 @@ from server.sessions import ReplicaInfo, Session, SessionRegistry, make_ack, mak
 log = logging.getLogger("policy_server")
 
 READY_TEXT = "policy-server ready"
+
+
+DISPATCH_FIFO_PRIORITY = 4  # below the bench's chaos proxy (5) and its control loops (10): see docs/bench.md
+DISPATCH_PRIORITY_LOG_TEXT = "dispatch priority: "
 
 
 @dataclass
@@ -543,6 +548,9 @@ class PolicyServer:
 
     def _dispatch_loop(self) -> None:
         set_torch_threads(_get(self.m, "torch_threads", 1) or 1)  # per thread: see server.runtime.set_torch_threads
+        want = _get(self.m, "dispatch_priority", "normal") or "normal"
+        log.info("%s%s (asked: %s)", DISPATCH_PRIORITY_LOG_TEXT,
+                 raise_priority(want, DISPATCH_FIFO_PRIORITY, threading.get_native_id()), want)
         while not self.stopped.is_set():
             batch = self.mailbox.take(self.max_batch, 0.25)
             if batch.closed:

@@ -28,7 +28,8 @@ def raise_priority(want: str, fifo_priority: int, tid: int = 0) -> str:
     """Schedule thread `tid` (0: the calling one) as `want` asks: "fifo" = SCHED_FIFO at `fifo_priority`, falling
     back to nice -10 where the host refuses real-time (no CAP_SYS_NICE), then to unchanged; "nice" = nice -10 or
     unchanged; anything else = unchanged. Returns what took effect: "SCHED_FIFO N", "nice -10" or "normal". Used by
-    the bench's control loops and the chaos proxy, the two parts of the twin that must not wait for a CPU."""
+    the bench's control loops and the chaos proxy, the two parts of the twin that must not wait for a CPU, and by
+    the server's dispatch loops (manifest `dispatch_priority`)."""
     if want == "fifo":
         try:
             os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(fifo_priority))

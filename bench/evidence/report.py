@@ -172,7 +172,8 @@ def summary_dict(o: RunOutcome) -> dict:
         "parity": o.meta.get("parity", {}),
         "processes": o.meta.get("processes", []),
         "host": {"cores": o.meta.get("cores"), "python": platform.python_version(), "machine": platform.machine(),
-                 "loop_priority": o.meta.get("loop_priority", []), "speed_probe_ms": o.meta.get("speed_probe_ms", {})},
+                 "loop_priority": o.meta.get("loop_priority", []), "replica_priority": o.meta.get("replica_priority", []),
+                 "speed_probe_ms": o.meta.get("speed_probe_ms", {})},
         "files": files,
     }
 

@@ -10,6 +10,8 @@ Invariant: the runner and bench.run.sizing see the same model, scheduling and ru
 
 from __future__ import annotations
 
+import os
+
 
 def plain(v):
     """Mappings and lists as plain dicts and lists (a YAML mapping is a LineDict)."""
@@ -46,6 +48,19 @@ def overrides(scenario, replica) -> dict:
     """The scenario's `servers.manifest` with the replica's own `manifest` over it."""
     return deep_merge(undot(plain(dict(getattr(scenario, "server_manifest", None) or {}))),
                       undot(plain(dict(getattr(replica, "manifest", None) or {}))))
+
+
+REPLICA_PRIORITY_ENV = "BENCH_REPLICA_PRIORITY"
+PRIORITIES = ("fifo", "nice", "normal")
+
+
+def replica_priority() -> str:
+    """The replicas' `dispatch_priority` in a bench run: `fifo` unless BENCH_REPLICA_PRIORITY names a weaker one (a
+    scenario's `servers.manifest` may set it too, and wins)."""
+    want = os.environ.get(REPLICA_PRIORITY_ENV, "fifo")
+    if want not in PRIORITIES:
+        raise ValueError(f"{REPLICA_PRIORITY_ENV}={want!r}: expected one of {', '.join(PRIORITIES)}")
+    return want
 
 
 def replica_manifest(scenario, replica, run_keys: dict | None = None) -> dict:

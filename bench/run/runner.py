@@ -43,7 +43,7 @@ from bench.scenario.assertions import evaluate
 from bench.fleet.control import ControlServer
 from bench.run.hostcpu import CpuSampler, Leftovers
 from bench.run.manifests import overrides as manifest_overrides
-from bench.run.manifests import plain, replica_manifest
+from bench.run.manifests import plain, replica_manifest, replica_priority
 from bench.run.procset import ProcessSet, install_signal_handlers
 from bench.run.samplelog import SampleLog
 from bench.run.progress import Progress, print_verdict
@@ -500,6 +500,9 @@ class Run:
             "zenoh": {"connect_endpoints": [self.replica_router.get(replica.id, self.router_endpoint)]},
             "health_port": port,
             "audit_path": str(audit),
+            # the replica's dispatch loops above everything but the proxies and the control loops: a forward pass
+            # on a host of its own would not wait for the shards' work (docs/bench.md "The replicas' priority")
+            "dispatch_priority": replica_priority(),
         }
         if self.host != "127.0.0.1":
             # nodes on other hosts: the replica's node is not known yet, so its health server listens on every
@@ -1103,6 +1106,7 @@ class Run:
             "processes": [{"name": n, "log": str(p.relative_to(self.run_dir))} for n, p in self._logs()],
             "kill_report": getattr(self, "kill_report", []),
             "loop_priority": sorted({str(d.get("loop_priority", "normal")) for d in self.state.done.values()}),
+            "replica_priority": self.replica_priorities(),
             "speed_probe_ms": getattr(self, "speed_probe", {}),
             "security": {"mode": self.s.security, "attacks": [
                 {k: a.get(k) for k in ("attacker", "attack", "attempts", "outcome", "evidence")}
@@ -1198,6 +1202,14 @@ class Run:
             if log.name not in local:
                 got.add(priority_in_log(log) or "unknown")
         return sorted(got)
+
+    def replica_priorities(self) -> list[str]:
+        """How the replicas' dispatch loops were scheduled, from each one's log line (server.service)."""
+        from chaos.launch import priority_in_log
+        from server.service import DISPATCH_PRIORITY_LOG_TEXT
+
+        got = {priority_in_log(self.logs / f"server-{rid}.log", DISPATCH_PRIORITY_LOG_TEXT) for rid in self.servers}
+        return sorted(p or "unknown" for p in got)
 
     def _logs(self):
         return [(p.stem, p) for p in sorted(self.logs.glob("*.log"))]
