@@ -527,7 +527,7 @@ class Manifest(ServedModel):
     dispatch_priority: Literal["normal", "nice", "fifo"] = _f(
         "normal", "the dispatch loops' scheduling: fifo = SCHED_FIFO 4 (falls back to nice -10 where the host "
         "refuses real-time, then to normal), nice = nice -10; the log line 'dispatch priority:' says what took "
-        "effect. On a shared host (the bench's) a forward pass then waits for no other process's work")
+        "effect. The bench leaves it normal: raised, its replicas starved its shards on 2 cores (docs/bench.md)")
     zenoh: ZenohConfig = _f(doc="router connection")
     health_port: Int | None = _f(0, "HTTP /healthz /readyz /metrics /sessions port; 0 = any free port, -1 or null = off",
                                  lo=-1, hi=65535)

@@ -55,9 +55,12 @@ PRIORITIES = ("fifo", "nice", "normal")
 
 
 def replica_priority() -> str:
-    """The replicas' `dispatch_priority` in a bench run: `fifo` unless BENCH_REPLICA_PRIORITY names a weaker one (a
-    scenario's `servers.manifest` may set it too, and wins)."""
-    want = os.environ.get(REPLICA_PRIORITY_ENV, "fifo")
+    """The replicas' `dispatch_priority` in a bench run: `normal` unless BENCH_REPLICA_PRIORITY names another (a
+    scenario's `servers.manifest` may set it too, and wins). Not `fifo` by default: on 2 cores the shards'
+    engine workers then wait behind the replicas while holding their shard's GIL, and the shards' real-time loops
+    wait for that GIL (host-late ticks 6-19 % against 2-3.5 % in the full headline, docs/bench.md "The replicas'
+    priority"); a starved replica's share is measured and taken off its figures instead (bench.evidence.replay)."""
+    want = os.environ.get(REPLICA_PRIORITY_ENV, "normal")
     if want not in PRIORITIES:
         raise ValueError(f"{REPLICA_PRIORITY_ENV}={want!r}: expected one of {', '.join(PRIORITIES)}")
     return want

@@ -500,8 +500,7 @@ class Run:
             "zenoh": {"connect_endpoints": [self.replica_router.get(replica.id, self.router_endpoint)]},
             "health_port": port,
             "audit_path": str(audit),
-            # the replica's dispatch loops above everything but the proxies and the control loops: a forward pass
-            # on a host of its own would not wait for the shards' work (docs/bench.md "The replicas' priority")
+            # normal unless BENCH_REPLICA_PRIORITY says otherwise (docs/bench.md "The replicas' priority")
             "dispatch_priority": replica_priority(),
         }
         if self.host != "127.0.0.1":

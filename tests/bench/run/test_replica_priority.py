@@ -1,5 +1,5 @@
-"""The bench runs its replicas' dispatch loops SCHED_FIFO 4 (manifest `dispatch_priority: fifo`) unless
-BENCH_REPLICA_PRIORITY or the scenario says otherwise; a bad word is named."""
+"""The bench runs its replicas' dispatch loops at normal priority unless BENCH_REPLICA_PRIORITY or the scenario
+says otherwise (manifest `dispatch_priority`); a bad word is named."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from bench.run.manifests import replica_manifest, replica_priority
 from server.manifest import Manifest
 
 
-def test_fifo_unless_the_environment_names_a_weaker_one(monkeypatch):
+def test_normal_unless_the_environment_names_another(monkeypatch):
     monkeypatch.delenv("BENCH_REPLICA_PRIORITY", raising=False)
+    assert replica_priority() == "normal"
+    monkeypatch.setenv("BENCH_REPLICA_PRIORITY", "fifo")
     assert replica_priority() == "fifo"
-    monkeypatch.setenv("BENCH_REPLICA_PRIORITY", "nice")
-    assert replica_priority() == "nice"
     monkeypatch.setenv("BENCH_REPLICA_PRIORITY", "realtime")
     with pytest.raises(ValueError, match="BENCH_REPLICA_PRIORITY='realtime': expected one of fifo, nice, normal"):
         replica_priority()
@@ -23,11 +23,11 @@ def test_fifo_unless_the_environment_names_a_weaker_one(monkeypatch):
 
 def test_a_scenario_s_manifest_wins_over_the_run_s_default():
     replica = SimpleNamespace(id="r0", checkpoint=None, manifest={}, emulated_latency=None)
-    run_keys = {"dispatch_priority": "fifo"}
+    run_keys = {"dispatch_priority": "normal"}
     plain = SimpleNamespace(server_manifest={})
-    assert replica_manifest(plain, replica, run_keys)["dispatch_priority"] == "fifo"
-    said = SimpleNamespace(server_manifest={"dispatch_priority": "normal"})
-    assert replica_manifest(said, replica, run_keys)["dispatch_priority"] == "normal"
+    assert replica_manifest(plain, replica, run_keys)["dispatch_priority"] == "normal"
+    said = SimpleNamespace(server_manifest={"dispatch_priority": "fifo"})
+    assert replica_manifest(said, replica, run_keys)["dispatch_priority"] == "fifo"
 
 
 def test_the_manifest_takes_the_three_words_and_names_a_fourth(tmp_path):
