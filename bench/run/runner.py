@@ -305,6 +305,10 @@ def preflight(scenario: Scenario) -> list[str]:
         from edge import make_engine  # noqa: F401
     except Exception as exc:
         out.append(f"environment: edge.make_engine is not available: {exc}")
+    try:
+        replica_priority()
+    except ValueError as exc:
+        out.append(f"environment: {exc}")
     return out
 
 

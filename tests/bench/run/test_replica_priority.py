@@ -3,6 +3,7 @@ says otherwise (manifest `dispatch_priority`); a bad word is named."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -36,3 +37,12 @@ def test_the_manifest_takes_the_three_words_and_names_a_fourth(tmp_path):
     assert Manifest.from_dict({**base, "dispatch_priority": "fifo"}).dispatch_priority == "fifo"
     with pytest.raises(Exception, match="dispatch_priority"):
         Manifest.from_dict({**base, "dispatch_priority": "realtime"})
+
+
+def test_a_bad_word_stops_the_run_before_any_process_starts(tmp_path, monkeypatch):
+    from bench.run.runner import preflight
+    from bench.scenario.schema import load_scenario
+
+    monkeypatch.setenv("BENCH_REPLICA_PRIORITY", "realtime")
+    problems = preflight(load_scenario(Path(__file__).resolve().parents[3] / "scenarios" / "smoke.yaml"))
+    assert any("BENCH_REPLICA_PRIORITY='realtime'" in p for p in problems), problems
