@@ -315,7 +315,10 @@ def fleet_lines(root: Path) -> list[str]:
     out.append("  " + ", ".join(f"{k} {_fmt(fig.get(k), '.3f')}" for k in (
         "fallback_tick_ratio", "none_tick_ratio", "goodput_ratio", "host_late_tick_ratio", "recovered_within_s",
         "unrecovered_robots", "server_queue_depth_max", "host_cpu_percent")))
-    failed = [f"{a['expression']} (value {_val(a.get('value'))})" for a in s.get("assertions", []) if a.get("result") != "pass"]
+    failed = [f"{a['expression']} (value {_val(a.get('value'))}"
+              + (f"; without the bench's measured share {_val(a['without_bench'].get('value'))}: "
+                 f"{a['without_bench'].get('result')}" if a.get("without_bench") else "") + ")"
+              for a in s.get("assertions", []) if a.get("result") != "pass"]
     out.append(f"  assertions: {len(s.get('assertions', [])) - len(failed)} pass"
                + (f"; not passing: {'; '.join(failed)}" if failed else ""))
     cpu = s.get("cpu") or {}
@@ -336,10 +339,26 @@ def fleet_lines(root: Path) -> list[str]:
                    "ms a request")
     share = (s.get("fidelity") or {}).get("bench_share") or {}
     if (share.get("rtt_ms") or {}).get("p50") is not None:
-        out.append(f"  the bench's share of the round trip p50: ~{share['rtt_ms']['p50']:.1f} ms ("
-                   + ", ".join(f"{k[:-3]} {share[k]['p50']:.1f}" for k in ("uplink_ms", "downlink_ms", "inference_ms")
+        p99 = share["rtt_ms"].get("p99")
+        out.append(f"  the bench's share of the round trip: ~{share['rtt_ms']['p50']:.1f} ms at p50"
+                   + (f", ~{p99:.1f} at p99" if p99 is not None else "") + " ("
+                   + ", ".join(f"{k[:-3]} {share[k]['p50']:.1f}"
+                               for k in ("uplink_ms", "downlink_ms", "queue_wait_ms", "inference_ms")
                                if (share.get(k) or {}).get("p50") is not None)
-                   + f"); proxy priority {', '.join((s.get('chaos_proxy') or {}).get('priority') or ['?'])}")
+                   + f" at p50); proxy priority {', '.join((s.get('chaos_proxy') or {}).get('priority') or ['?'])}")
+    for q in (s.get("fidelity") or {}).get("queue_replay") or []:
+        if q.get("replay_error_ms_p50") is not None:
+            out.append(f"  replica {q['replica']} queue: reported p50/p99 {q['queue_wait_ms_p50']}/{q['queue_wait_ms_p99']} "
+                       f"ms, replay error {q['replay_error_ms_p50']}/{q['replay_error_ms_p99']}, unloaded "
+                       f"{q['unloaded_ms_p50']}/{q['unloaded_ms_p99']}")
+    hops = {r["figure"]: r for r in s.get("latency_budget") or []}
+    parts = [(name, hops.get(k) or {}) for name, k in (("up to router", "uplink_to_router_ms"),
+                                                       ("router to server", "uplink_from_router_ms"),
+                                                       ("down to router", "downlink_to_router_ms"),
+                                                       ("router to robot", "downlink_from_router_ms"))]
+    if any(r.get("p50_ms") is not None for _, r in parts):
+        out.append("  hops at the router, p50/p99 ms: " + "; ".join(
+            f"{name} {r['p50_ms']:.1f}/{r['p99_ms']:.1f}" for name, r in parts if r.get("p50_ms") is not None))
     for c in (s.get("state_changes") or [])[:6]:  # why robots left STREAMING or died, commonest kinds first
         out.append(f"  {c['from']} -> {c['to']}: {c['changes']} changes, {c['robots']} robots, t {c['t_first']:g}.."
                    f"{c['t_last']:g} s: {c['example'][:160]}")
