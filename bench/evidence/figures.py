@@ -470,6 +470,10 @@ for _name in ("rtt_ms", "inference_ms", "queue_wait_ms", "network_ms", "uplink_m
     SERIES[_name] = _req_col(_name)
 SERIES["delay_steps"] = lambda s: s.col(s.requests, "delay_steps").astype(float)
 
+SERIES["execution_steps"] = lambda s: s.col(s.requests, "execution_steps").astype(float)
+SERIES["action_age_s"] = lambda s: _policy_action_ages(s)[0]
+SERIES["tick_lateness_ms"] = lambda s: s.col(s.ticks, "lateness_ms").astype(float)
+
 # what the bench host added to a request's figure, per request (bench.evidence.replay; NaN: not measured, taken
 # as none): a series minus these is what it would read on hosts of its own
 BENCH_PARTS = {"queue_wait_ms": ("queue_wait_bench_ms",), "inference_ms": ("inference_bench_ms",),
@@ -506,9 +510,7 @@ def without_bench(data: RunData, top: Figures, network_ms: float = 0.0) -> Figur
     out = corrected(top, _Scope(data, None))
     out.groups = {g: corrected(f, _Scope(data, robot_ids[groups == g])) for g, f in top.groups.items()}
     return out
-SERIES["execution_steps"] = lambda s: s.col(s.requests, "execution_steps").astype(float)
-SERIES["action_age_s"] = lambda s: _policy_action_ages(s)[0]
-SERIES["tick_lateness_ms"] = lambda s: s.col(s.ticks, "lateness_ms").astype(float)
+
 
 
 def drift_windows(duration_s: float) -> tuple[tuple[float, float], tuple[float, float]]:

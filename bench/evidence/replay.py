@@ -123,6 +123,11 @@ def _at_batch(ref: dict, b) -> np.ndarray:
     return at(ref, np.atleast_1d(np.asarray(b, dtype=float)))
 
 
+def forward_excess(forward_ms: np.ndarray, batch: np.ndarray, unloaded: dict) -> np.ndarray:
+    """Each forward pass beyond the replica's unloaded time at its batch size: `inference_bench_ms`."""
+    return forward_ms - _at_batch(unloaded, batch)
+
+
 def replica_share(rows: dict[str, np.ndarray], unloaded: dict[int, float],
                   sched: Scheduling) -> tuple[np.ndarray, np.ndarray, dict]:
     """One replica's answered requests (`rows`: arrays `picked_mono_ms`, `queue_wait_ms`, `forward_ms`, `batch`,
@@ -134,8 +139,7 @@ def replica_share(rows: dict[str, np.ndarray], unloaded: dict[int, float],
         return qw_bench, inf_bench, fig
     picked, wait = rows["picked_mono_ms"], rows["queue_wait_ms"]
     fwd, size, sent = rows["forward_ms"], rows["batch"], rows["sent_mono_ms"]
-    base = _at_batch(unloaded, size)
-    inf_bench = fwd - base
+    inf_bench = forward_excess(fwd, size, unloaded)
     arrival = picked - wait
     # the observed batches: one pick each; busy = pick to its last chunk handed to Zenoh
     order = np.argsort(picked, kind="stable")
@@ -147,7 +151,7 @@ def replica_share(rows: dict[str, np.ndarray], unloaded: dict[int, float],
     b_size = np.maximum(size[order][starts], 1.0)
     b_sent = np.maximum.reduceat(sent[order], starts)
     b_rest = np.maximum(b_sent - b_pick - b_fwd, 0.0)  # the batch's work beside its forward pass
-    b_excess = b_fwd - _at_batch(unloaded, b_size)  # what the host added to its forward pass
+    b_excess = forward_excess(b_fwd, b_size, unloaded)  # what the host added to its forward pass
     # the rest as a per-request cost (its 10th percentile: the batches the host left alone) plus what the host
     # added to that batch; a stall does not grow with the batch's size, the chunks to hand over do
     per_request = float(np.percentile(b_rest / b_size, 10))
@@ -212,7 +216,7 @@ def server_share(audit, unloaded: dict[str, dict | None],
         if not ref:
             row["note"] = "no unloaded forward time in its log: not measured"
         else:
-            inf_all[mine] = cols["forward_ms"][mine] - _at_batch(ref, cols["batch"][mine])
+            inf_all[mine] = forward_excess(cols["forward_ms"][mine], cols["batch"][mine], ref)
         if not ref or not mine.any():
             figures.append(row)
             continue
