@@ -286,7 +286,36 @@ def judge(legs: list[dict], shards: list[dict], replicas: list[dict], tol: dict,
     return reasons
 
 
-def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | None = None) -> dict:
+SERVER_HOPS = ("uplink_from_router_ms", "downlink_to_router_ms")  # the router <-> replica hops: no toxic on them
+HOP_FLOOR_QUANTILE = 10  # a hop's floor: this percentile of it over the run, per replica
+HOP_FLOOR_MIN_REQUESTS = 20  # fewer answered requests through a replica: its floor is not read, its hops not split
+
+
+def hop_excess(hop: np.ndarray, replica: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+    """Per request, a router <-> replica hop (SERVER_HOPS) beyond that replica's floor for it (the run's
+    HOP_FLOOR_QUANTILE-th percentile), never below zero; NaN where the hop or its replica is unknown or the replica
+    answered too few requests to read a floor. And the floors, ms, by replica.
+
+    Neither hop crosses a proxy: in the twin both are loopback between two processes that share the host with the
+    fleet, and a hop beyond its quiet floor waited for a core (the router's, the replica's receive or send). On a
+    host of its own the replica's other threads (its dispatch loop, other requests' callbacks, under one GIL)
+    would still delay some, so the excess is an upper bound of the bench's share."""
+    hop = np.asarray(hop, dtype=float)
+    replica = np.asarray(replica, dtype=str)
+    out = np.full(hop.shape, np.nan)
+    floors = {}
+    for rid in sorted(set(replica.tolist()) - {""}):
+        rows = (replica == rid) & np.isfinite(hop)
+        if np.count_nonzero(rows) < HOP_FLOOR_MIN_REQUESTS:
+            continue
+        floor = float(np.percentile(hop[rows], HOP_FLOOR_QUANTILE))
+        floors[rid] = round(floor, 3)
+        out[rows] = np.maximum(hop[rows] - floor, 0.0)
+    return out.astype(np.float32), floors
+
+
+def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | None = None,
+                hop_floors: dict[str, dict[str, float]] | None = None, duration_s: float | None = None) -> dict:
     """How much of the latency budget's figures the bench added (summary.json `fidelity.bench_share`, the report's
     "of it, the bench" column), where it can be measured:
 
@@ -300,15 +329,19 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
       see it). `requests_measured`: the share of answered requests with a measured part (the others count none).
       Without those columns (a run recorded before them), `inference_ms` is `{p50, replicas}`: the replicas'
       excess p50s weighted by their answered requests;
-    - `rtt_ms`: the same for the round trip, each request less its queue wait and forward parts and less the
+    - `uplink_from_router_ms`, `downlink_to_router_ms` (SERVER_HOPS; from the requests' `<hop>_bench_ms`,
+      hop_excess): the same for the two hops between the router and the replica, each request's hop beyond its
+      replica's floor for it; `floor_ms` by replica (`hop_floors`). An upper bound (hop_excess says why);
+    - `rtt_ms`: the same for the round trip, each request less its queue wait, forward and hop parts and less the
       proxies' p50 up and down (their error is per chunk, not per request);
     - `send_lag_ms` / `merge_lag_ms` (from the engines' request records, `requests`): the robot's delays outside
       the round trip, from the observation's tick to its engine's worker taking it up, and from a chunk's arrival
       to its merge, p50 and p99. A robot's own computer runs one engine; a bench shard runs a hundred beside its
       control loop in one process, so these are the shard's (an upper bound of the bench's share: a real
       worker's wake-up is not zero).
-    The client's encode and the routers' hops (measured: `uplink_to_router_ms` and the others) are not split
-    between the system and the bench (`note`)."""
+    The client's encode and the hops between the robot and the router beyond the proxies' error (measured:
+    `uplink_to_router_ms`, `downlink_from_router_ms`) are not split between the system and the bench (`note`).
+    Requests count as the figures do: answered, in the measured window (t from 0 to `duration_s`, when given)."""
     out: dict = {}
     for direction, figure in (("upstream", "uplink_ms"), ("downstream", "downlink_ms")):
         hist, edges, measured, sites = None, [], 0, 0
@@ -329,11 +362,17 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
     req = requests or {}
     outcome = req.get("outcome")
 
+    keep = None
+    if outcome is not None:
+        keep = np.asarray(outcome) == "ok"
+        t = req.get("t")
+        if duration_s is not None and t is not None and len(t) == len(keep):
+            t = np.asarray(t, dtype=float)
+            keep &= (t >= 0) & (t <= duration_s + 1e-9)
+
     def answered(name: str) -> np.ndarray:
         v = np.asarray(req.get(name, []), dtype=float)
-        if outcome is not None and len(outcome) == len(v):
-            v = v[np.asarray(outcome) == "ok"]
-        return v
+        return v[keep] if keep is not None and len(keep) == len(v) else v
 
     def less(figure: np.ndarray, part: np.ndarray) -> dict | None:
         keep = np.isfinite(figure)
@@ -359,6 +398,13 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
     queue = less(answered("queue_wait_ms"), qw_b)
     if queue is not None:
         out["queue_wait_ms"] = queue
+    hops_b = []
+    for name in SERVER_HOPS:
+        b = answered(name[:-3] + "_bench_ms")
+        hop = less(answered(name), b)
+        if hop is not None:
+            out[name] = {**hop, "floor_ms": {rid: f.get(name) for rid, f in sorted((hop_floors or {}).items())}}
+            hops_b.append(b)
     for name in ("send_lag_ms", "merge_lag_ms"):  # the answered requests', as the budget's rows count them
         v = answered(name)
         v = v[np.isfinite(v)]
@@ -367,14 +413,18 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
     network = sum((out.get(k) or {}).get("p50") or 0.0 for k in ("uplink_ms", "downlink_ms"))
     rtt = answered("rtt_ms")
     if qw_b.size == rtt.size and inf_b.size == rtt.size and (np.isfinite(qw_b).any() or np.isfinite(inf_b).any()):
-        rtt_share = less(rtt, np.nan_to_num(qw_b, nan=0.0) + np.nan_to_num(inf_b, nan=0.0) + network)
+        parts = np.nan_to_num(qw_b, nan=0.0) + np.nan_to_num(inf_b, nan=0.0) + network
+        for b in hops_b:
+            parts = parts + np.nan_to_num(b, nan=0.0)
+        rtt_share = less(rtt, parts)
         if rtt_share is not None:
             rtt_share.pop("requests_measured")
             out["rtt_ms"] = rtt_share
             out["network_ms_taken_off"] = _r(network)
-            out["note"] = ("the round trip less each request's queue wait and forward parts and the proxies' p50 up "
-                           "and down; the client's encode and the routers' hops are not split between the system "
-                           "and the bench")
+            out["note"] = ("the round trip less each request's queue wait and forward parts, its hops between the "
+                           "router and the replica beyond their floor (an upper bound), and the proxies' p50 up and "
+                           "down; the client's encode and the hops between the robot and the router beyond the "
+                           "proxies' error are not split between the system and the bench")
     if "rtt_ms" not in out:
         parts = [out.get(k, {}).get("p50") for k in ("uplink_ms", "downlink_ms", "inference_ms")]
         if any(p is not None for p in parts):
@@ -386,7 +436,8 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
 
 def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit,
             unloaded: dict[str, dict | None], window_ms: tuple[float, float], proxy_note: str | None = None,
-            cores: int = 1, judge_drift: bool = False, queue_replay: list[dict] | None = None) -> dict:
+            cores: int = 1, judge_drift: bool = False, queue_replay: list[dict] | None = None,
+            hop_floors: dict[str, dict[str, float]] | None = None) -> dict:
     """The `fidelity` mapping of summary.json. `proxy_legs`: site -> the proxy's window counters
     ({"edges_ms", "upstream", "downstream"}), None when the proxy cannot say (real Toxiproxy). `judge_drift`:
     the scenario asserts on a `_drift` figure, so the host's outside load in its two windows is judged."""
@@ -401,7 +452,8 @@ def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit,
     reasons = judge(legs, shards, replicas, tol, background if judge_drift else None)
     out = {"valid": not reasons, "reasons": reasons, "tolerances": dict(tol), "legs": legs, "shards": shards,
            "replicas": replicas, "other_load": background,
-           "bench_share": bench_share(proxy_legs, replicas, getattr(data, "requests", None)),
+           "bench_share": bench_share(proxy_legs, replicas, getattr(data, "requests", None), hop_floors,
+                                        duration_s),
            "queue_replay": list(queue_replay or [])}
     if proxy_note:
         out["note"] = proxy_note
@@ -437,7 +489,9 @@ def table_lines(f: dict) -> list[str]:
     share = f.get("bench_share") or {}
     if (share.get("rtt_ms") or {}).get("p50") is not None:
         parts = [f"{name} {share[k]['p50']:.1f}" for k, name in (("uplink_ms", "uplink"), ("downlink_ms", "downlink"),
-                                                                 ("queue_wait_ms", "queue wait"), ("inference_ms", "inference"))
+                                                                 ("queue_wait_ms", "queue wait"), ("inference_ms", "inference"),
+                                                                 ("uplink_from_router_ms", "router -> server"),
+                                                                 ("downlink_to_router_ms", "server -> router"))
                  if (share.get(k) or {}).get("p50") is not None]
         p99 = share["rtt_ms"].get("p99")
         lines.append(f"    the bench's share of the round trip: ~{share['rtt_ms']['p50']:.1f} ms at p50"

@@ -474,10 +474,14 @@ SERIES["execution_steps"] = lambda s: s.col(s.requests, "execution_steps").astyp
 SERIES["action_age_s"] = lambda s: _policy_action_ages(s)[0]
 SERIES["tick_lateness_ms"] = lambda s: s.col(s.ticks, "lateness_ms").astype(float)
 
-# what the bench host added to a request's figure, per request (bench.evidence.replay; NaN: not measured, taken
-# as none): a series minus these is what it would read on hosts of its own
+# what the bench host added to a request's figure, per request (bench.evidence.replay, and the router <->
+# replica hops beyond their floor: bench.evidence.fidelity.hop_excess; NaN: not measured, taken as none): a series
+# minus these is what it would read on hosts of its own
 BENCH_PARTS = {"queue_wait_ms": ("queue_wait_bench_ms",), "inference_ms": ("inference_bench_ms",),
-               "rtt_ms": ("queue_wait_bench_ms", "inference_bench_ms")}
+               "uplink_from_router_ms": ("uplink_from_router_bench_ms",),
+               "downlink_to_router_ms": ("downlink_to_router_bench_ms",),
+               "rtt_ms": ("queue_wait_bench_ms", "inference_bench_ms", "uplink_from_router_bench_ms",
+                          "downlink_to_router_bench_ms")}
 
 
 def _without_bench(name: str, network_ms: float):

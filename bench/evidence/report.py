@@ -267,10 +267,12 @@ def render_html(o: RunOutcome, summary: dict) -> str:
     out.append("</table>")
     if bare:
         out.append("<p class=muted>A failed assertion on a figure the bench's measured share moves (the queue wait, "
-                   "the forward pass, the round trip) is judged again on that figure less the share: each request's "
-                   "queue wait and forward pass beyond the replica's unloaded self (the queue replayed), and the "
-                   "proxies' p50 error (fidelity.bench_share). A pass there says the bench's share alone can "
-                   "explain the failure; a fail says even without it the system missed.</p>")
+                   "the forward pass, the hops between the router and the replica, the round trip) is judged again on "
+                   "that figure less the share: each request's queue wait and forward pass beyond the replica's "
+                   "unloaded self (the queue replayed), its two hops between the router and the replica beyond their "
+                   "floor (an upper bound: the replica's own threads delay some), and the proxies' p50 error "
+                   "(fidelity.bench_share). A pass there says the bench's share can explain the failure; a fail "
+                   "says even without it the system missed.</p>")
 
     base = summary.get("baselines") or []
     if base:

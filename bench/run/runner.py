@@ -1181,7 +1181,8 @@ class Run:
             drift = any("_drift" in a.expression for a in self.s.assertions)
             return fid.compute(data, self.s.duration_s, tol, legs, self._audit(), unloaded,
                                (t0, t0 + self.s.duration_s * 1e3), note, cores=self.cpu.cores, judge_drift=drift,
-                               queue_replay=getattr(self, "server_replay", None))
+                               queue_replay=getattr(self, "server_replay", None),
+                               hop_floors=getattr(self, "hop_floors", None))
         except Exception as exc:  # the verdict must still be written; say what could not be measured
             return {"valid": True, "reasons": [], "tolerances": tol, "legs": [], "shards": [], "replicas": [],
                     "note": f"fidelity could not be computed: {exc!r}"}
@@ -1254,6 +1255,8 @@ class Run:
                 qw_bench, inf_bench = self.server_bench_share(audit, t.column("sent_ns").to_numpy())
                 t = t.append_column("queue_wait_bench_ms", pa.array(qw_bench)) \
                     .append_column("inference_bench_ms", pa.array(inf_bench))
+                for name, values in self.hop_bench_share(audit, t.column("sent_ns").to_numpy(), split).items():
+                    t = t.append_column(name, pa.array(values))
             pq.write_table(t, self.run_dir / f"{kind}.parquet")
             tables[kind] = t
         robots_tab = pa.Table.from_pylist(getattr(self, "robot_table", []) or [], schema=None) \
@@ -1331,6 +1334,23 @@ class Run:
         return {"uplink_to_router_ms": up_to.astype(np.float32), "uplink_from_router_ms": (up - up_to).astype(np.float32),
                 "downlink_to_router_ms": (down - down_from).astype(np.float32),
                 "downlink_from_router_ms": down_from.astype(np.float32)}
+
+    def hop_bench_share(self, audit, sent_ns: np.ndarray, split: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Per request, each hop between the router and the replica (fid.SERVER_HOPS, from `split`: router_split's)
+        beyond its replica's floor for it (fid.hop_excess), as `<hop>_bench_ms`; the floors by replica to
+        `self.hop_floors` (summary.json `fidelity.bench_share`)."""
+        from bench.evidence.audit import by_stamp, equals, strings
+
+        (row,) = by_stamp(audit, equals(audit, "outcome", "ok"), sent_ns, [np.arange(audit.num_rows, dtype=float)])
+        found = np.isfinite(row)
+        replica = np.full(len(sent_ns), "", dtype=object)
+        replica[found] = strings(audit, "replica")[row[found].astype(np.int64)]
+        out, self.hop_floors = {}, {}
+        for name in fid.SERVER_HOPS:
+            out[name[:-3] + "_bench_ms"], floors = fid.hop_excess(split[name], replica)
+            for rid, floor in floors.items():
+                self.hop_floors.setdefault(rid, {})[name] = floor
+        return out
 
     def server_bench_share(self, audit, sent_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per request (`sent_ns`: its stamp), the queue wait and the forward pass the bench host added on its

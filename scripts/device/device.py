@@ -343,7 +343,8 @@ def fleet_lines(root: Path) -> list[str]:
         out.append(f"  the bench's share of the round trip: ~{share['rtt_ms']['p50']:.1f} ms at p50"
                    + (f", ~{p99:.1f} at p99" if p99 is not None else "") + " ("
                    + ", ".join(f"{k[:-3]} {share[k]['p50']:.1f}"
-                               for k in ("uplink_ms", "downlink_ms", "queue_wait_ms", "inference_ms")
+                               for k in ("uplink_ms", "downlink_ms", "queue_wait_ms", "inference_ms",
+                                         "uplink_from_router_ms", "downlink_to_router_ms")
                                if (share.get(k) or {}).get("p50") is not None)
                    + f" at p50); proxy priority {', '.join((s.get('chaos_proxy') or {}).get('priority') or ['?'])}")
     for q in (s.get("fidelity") or {}).get("queue_replay") or []:
@@ -358,7 +359,9 @@ def fleet_lines(root: Path) -> list[str]:
                                                        ("router to robot", "downlink_from_router_ms"))]
     if any(r.get("p50_ms") is not None for _, r in parts):
         out.append("  hops at the router, p50/p99 ms: " + "; ".join(
-            f"{name} {r['p50_ms']:.1f}/{r['p99_ms']:.1f}" for name, r in parts if r.get("p50_ms") is not None))
+            f"{name} {r['p50_ms']:.1f}/{r['p99_ms']:.1f}"
+            + (f" (beyond its floor {r['bench_p50_ms']:.1f}/{r['bench_p99_ms']:.1f})" if r.get("bench_p99_ms") is not None else "")
+            for name, r in parts if r.get("p50_ms") is not None))
     for c in (s.get("state_changes") or [])[:6]:  # why robots left STREAMING or died, commonest kinds first
         out.append(f"  {c['from']} -> {c['to']}: {c['changes']} changes, {c['robots']} robots, t {c['t_first']:g}.."
                    f"{c['t_last']:g} s: {c['example'][:160]}")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bench.evidence import audit as audit_table
 from bench.evidence import replay
-from bench.evidence.fidelity import _at_batch, bench_share
+from bench.evidence.fidelity import _at_batch, bench_share, hop_excess
 from bench.evidence.figures import RunData, compute, without_bench
 from bench.scenario.assertions import evaluate
 
@@ -249,3 +249,48 @@ def test_a_failed_assertion_is_judged_again_without_the_bench_s_share():
     assert np.allclose(np.sort(bare.series["queue_wait_ms"]), np.sort(30.0 - qwb))
     # an unmeasured part (NaN) counts as none: the forward pass is what was recorded
     assert np.allclose(bare.series["inference_ms"], 5.0)
+
+
+# ---- the hops between the router and the replica, beyond their floor -----------------------------------------
+
+
+def test_a_hop_beyond_its_replica_s_floor_is_the_bench_s_and_never_negative():
+    rng = np.random.default_rng(3)
+    quiet = rng.uniform(0.2, 0.4, 200)  # r0's hop on a quiet host
+    slow = np.concatenate([rng.uniform(1.0, 1.2, 180), np.full(20, 61.0)])  # r1: a slower floor, and a starved tail
+    hop = np.concatenate([quiet, slow, [np.nan, 5.0]])
+    replica = np.array(["r0"] * 200 + ["r1"] * 200 + ["r0", ""], dtype=object)
+    excess, floors = hop_excess(hop, replica)
+    assert floors["r0"] == pytest.approx(np.percentile(quiet, 10), abs=1e-3)
+    assert floors["r1"] == pytest.approx(np.percentile(slow, 10), abs=1e-3) and floors["r1"] > 1.0
+    assert (excess[:400] >= 0).all() and excess[:400].max() == pytest.approx(61.0 - floors["r1"], abs=1e-3)
+    # an unknown hop or an unknown replica: not measured (NaN), never zero
+    assert np.isnan(excess[400]) and np.isnan(excess[401])
+    # a replica with too few requests to read a floor is not split
+    few, floors = hop_excess(np.ones(5), np.array(["r9"] * 5))
+    assert np.isnan(few).all() and floors == {}
+
+
+def test_the_round_trip_s_share_takes_the_hops_off_and_counts_only_the_measured_window():
+    n = 200
+    rtt = np.full(n, 100.0)
+    rtt[-4:] = 300.0  # the tail: four requests whose receive waited 150 ms for a core
+    up = np.full(n, 0.5)
+    up[-4:] = 150.5
+    d = run_data(rtt, np.full(n, 30.0), np.zeros(n), np.full(n, 5.0), np.zeros(n))
+    req = dict(d.requests)
+    req["uplink_from_router_ms"], req["uplink_from_router_bench_ms"] = up, up - 0.5
+    req["downlink_to_router_ms"], req["downlink_to_router_bench_ms"] = np.full(n, 0.2), np.zeros(n)
+    req["t"] = np.linspace(-1.0, 9.0, n)  # the first 20 requests in the warm-up, before the measured window
+    req["uplink_from_router_bench_ms"][:20] = 1000.0  # a share the window must not count
+    share = bench_share(None, [], req, {"r0": {"uplink_from_router_ms": 0.5}}, duration_s=10.0)
+    hop = share["uplink_from_router_ms"]
+    assert hop["floor_ms"] == {"r0": 0.5} and hop["p50"] == pytest.approx(0.0)
+    assert share["rtt_ms"]["p99"] == pytest.approx(np.percentile(rtt[20:], 99) - np.percentile(rtt[20:] - up[20:] + 0.5, 99))
+    # and the assertion judged without the bench reads the round trip less it too
+    d.requests.update(req)
+    top, _ = compute(d)
+    bare = without_bench(d, top)
+    assert evaluate("p99(rtt_ms) < 200", top, ["g"]).passed is False
+    assert evaluate("p99(rtt_ms) < 200", bare, ["g"]).passed
+    assert np.allclose(bare.series["uplink_from_router_ms"], 0.5)

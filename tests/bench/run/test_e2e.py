@@ -103,6 +103,11 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     replay = summary["fidelity"]["queue_replay"]
     assert [q["replica"] for q in replay] == ["r0"] and replay[0]["requests"] > 10 and "note" not in replay[0]
     assert all(req["queue_wait_bench_ms"][i] == req["queue_wait_bench_ms"][i] for i in rows)
+    # and its two hops between the router and the replica, beyond the replica's floor for each (never negative)
+    share = summary["fidelity"]["bench_share"]
+    for hop in ("uplink_from_router_ms", "downlink_to_router_ms"):
+        part = req[hop[:-3] + "_bench_ms"]
+        assert all(part[i] >= 0 for i in rows) and 0 < share[hop]["floor_ms"]["r0"] < 50, (hop, share.get(hop))
     assert "Each replica's queue replayed" in (run / "report.html").read_text()
     assert [f["target"] for f in summary["faults"]] == ["site:lab"]
     # every robot's state changes, grouped by kind: each robot started and got a session
