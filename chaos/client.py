@@ -113,6 +113,11 @@ class ChaosClient:
         (chaos.toxiproxy.fidelity; our proxy only: the real Toxiproxy answers 404)."""
         return self._get(f"/proxies/{proxy}/fidelity")
 
+    def fidelity_asked(self, proxy: str) -> dict:
+        """Per direction, the most the proxy's toxics asked of a chunk written in each second of its monotonic
+        clock: {"t0_s", "asked_ms_max": [...]} (our proxy only)."""
+        return self._get(f"/proxies/{proxy}/fidelity/asked")
+
     def populate(self, proxies: list[dict]) -> list[dict]:
         return self._call("POST", "/populate", proxies)["proxies"]
 
@@ -136,7 +141,7 @@ class ProxyPool:
     than one proxy process (one event loop each) while its faults and figures stay written per site."""
 
     ROUTED = ("delete_proxy", "get_proxy", "set_enabled", "add_toxic", "remove_toxic", "toxics", "update_toxic",
-              "fidelity")
+              "fidelity", "fidelity_asked")
 
     def __init__(self, clients: list[ChaosClient]):
         if not clients:

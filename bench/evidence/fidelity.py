@@ -314,8 +314,81 @@ def hop_excess(hop: np.ndarray, replica: np.ndarray) -> tuple[np.ndarray, dict[s
     return out.astype(np.float32), floors
 
 
+ROBOT_HOPS = (("uplink_to_router_ms", "upstream"), ("downlink_from_router_ms", "downstream"))  # through the proxy
+
+
+def asked_around(by_s: dict | None, start_ms: np.ndarray, end_ms: np.ndarray) -> np.ndarray | None:
+    """Per request, the most a leg's toxics asked of any chunk written in the whole seconds from `start_ms` to
+    `end_ms` (the proxy's monotonic clock, ms: its chunk was written then), from the proxy's per-second maxima
+    (`by_s`: LegStats.asked_json); a second without a chunk asked nothing. None without the maxima."""
+    if not by_s or by_s.get("t0_s") is None:
+        return None
+    per_s = np.concatenate([np.asarray(by_s.get("asked_ms_max") or [], dtype=float), [0.0]])  # [-1]: none asked
+    last = per_s.size - 2
+    first = np.floor(np.asarray(start_ms, dtype=float) / 1e3) - by_s["t0_s"]
+    final = np.floor(np.asarray(end_ms, dtype=float) / 1e3) - by_s["t0_s"]
+    ok = np.isfinite(first) & np.isfinite(final)
+    first, final = np.where(ok, np.maximum(first, 0), 0).astype(np.int64), np.where(ok, final, -1).astype(np.int64)
+    out = np.zeros(first.shape)
+    span = int(np.max(final - first, initial=0))
+    for k in range(span + 1):
+        i = first + k
+        inside = (i <= final) & (i <= last)
+        out = np.where(inside, np.maximum(out, per_s[np.where(inside, i, -1)]), out)
+    return np.where(ok, out, np.nan)
+
+
+def robot_hop_excess(hop: np.ndarray, site: np.ndarray, proxy_legs: dict | None, direction: str,
+                     asked_by_s: dict | None = None,
+                     window_ms: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, dict]]:
+    """Per request, a hop between the robot and the router (ROBOT_HOPS; `direction`: the proxy's word for it)
+    beyond what its site's proxy could have asked of it, and at least that leg's p50 applied - asked error; NaN
+    where the site's leg was not counted (a real Toxiproxy, a proxy from before the asked range was counted) or
+    the site answered too few requests. And, by site: the asked range, the floor and the p50 error used.
+
+    Such a hop is the robot's send or receive (a shard's: its engines share the process and its GIL with the
+    control loop), the proxy's hold (what its toxics asked of the chunk: the system's network; plus its error) and
+    two loopback hops. What is beyond the largest delay the toxics asked of any chunk on that leg and beyond the
+    hop's floor (its 1st percentile over the site's requests less the smallest asked, so never below the
+    loopback's true floor) the profile cannot explain: a lower bound of the bench's share for the request, as it
+    takes every request to have been asked the most. The largest asked is the one around the request's own time
+    where the proxy kept it by the second (`asked_by_s`: site -> LegStats.asked_json of this direction; `window_ms`:
+    each request's hop start and end, ms of the proxy's clock): a bandwidth toxic asks hundreds of ms of a chunk
+    in a burst's queue and a few the rest of the run. Else the whole run's (`asked_ms_max`). The leg's p50 error
+    is the larger where the bound reads less (the proxy's own error, measured per chunk: bench_share's
+    `uplink_ms`)."""
+    hop = np.asarray(hop, dtype=float)
+    site = np.asarray(site, dtype=str)
+    out = np.full(hop.shape, np.nan)
+    info: dict[str, dict] = {}
+    for name in sorted(set(site.tolist()) - {""}):
+        snap = (proxy_legs or {}).get(name) or {}
+        leg = snap.get(direction)
+        rows = (site == name) & np.isfinite(hop)
+        if leg is None or np.count_nonzero(rows) < HOP_FLOOR_MIN_REQUESTS:
+            continue
+        if leg.get("chunks"):
+            lo, hi = leg.get("asked_ms_min"), leg.get("asked_ms_max")
+            error = _percentile(leg.get("hist") or [], snap.get("edges_ms") or [], 0.50) or 0.0
+            if lo is None or hi is None:
+                continue
+        else:
+            lo = hi = error = 0.0  # no toxic on this leg: the proxy forwards its bytes untouched, nothing asked
+        floor = max(float(np.percentile(hop[rows], 1)) - lo, 0.0)
+        most = np.full(np.count_nonzero(rows), float(hi))
+        around = asked_around((asked_by_s or {}).get(name), window_ms[0][rows], window_ms[1][rows]) \
+            if window_ms is not None and leg.get("chunks") else None
+        if around is not None:
+            most = np.where(np.isfinite(around), np.minimum(around, hi), most)
+        out[rows] = np.maximum(hop[rows] - most - floor, error)
+        info[name] = {"asked_ms_min": _r(lo), "asked_ms_max": _r(hi), "floor_ms": _r(floor), "error_ms_p50": _r(error),
+                      "asked_by_second": around is not None}
+    return out.astype(np.float32), info
+
+
 def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | None = None,
-                hop_floors: dict[str, dict[str, float]] | None = None, duration_s: float | None = None) -> dict:
+                hop_floors: dict[str, dict[str, float]] | None = None, duration_s: float | None = None,
+                robot_hops: dict[str, dict[str, dict]] | None = None) -> dict:
     """How much of the latency budget's figures the bench added (summary.json `fidelity.bench_share`, the report's
     "of it, the bench" column), where it can be measured:
 
@@ -332,15 +405,19 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
     - `uplink_from_router_ms`, `downlink_to_router_ms` (SERVER_HOPS; from the requests' `<hop>_bench_ms`,
       hop_excess): the same for the two hops between the router and the replica, each request's hop beyond its
       replica's floor for it; `floor_ms` by replica (`hop_floors`). An upper bound (hop_excess says why);
-    - `rtt_ms`: the same for the round trip, each request less its queue wait, forward and hop parts and less the
-      proxies' p50 up and down (their error is per chunk, not per request);
+    - `uplink_to_router_ms`, `downlink_from_router_ms` (ROBOT_HOPS; from the requests' `<hop>_bench_ms`,
+      robot_hop_excess): the same for the two hops between the robot and the router, each request's hop beyond
+      the most its site's proxy asked and its floor, at least the leg's p50 error; `sites`: what was used, by site
+      (`robot_hops`). A lower bound but for that p50 error (robot_hop_excess says why);
+    - `rtt_ms`: the same for the round trip, each request less its queue wait, forward and four hop parts; a run
+      whose robot-side hops were not split (a cluster run, a real Toxiproxy) takes the proxies' p50 up and down
+      off every request instead (their error is per chunk, not per request), `network_ms_taken_off`;
     - `send_lag_ms` / `merge_lag_ms` (from the engines' request records, `requests`): the robot's delays outside
       the round trip, from the observation's tick to its engine's worker taking it up, and from a chunk's arrival
       to its merge, p50 and p99. A robot's own computer runs one engine; a bench shard runs a hundred beside its
       control loop in one process, so these are the shard's (an upper bound of the bench's share: a real
       worker's wake-up is not zero).
-    The client's encode and the hops between the robot and the router beyond the proxies' error (measured:
-    `uplink_to_router_ms`, `downlink_from_router_ms`) are not split between the system and the bench (`note`).
+    The client's encode is not split between the system and the bench (`note`).
     Requests count as the figures do: answered, in the measured window (t from 0 to `duration_s`, when given)."""
     out: dict = {}
     for direction, figure in (("upstream", "uplink_ms"), ("downstream", "downlink_ms")):
@@ -405,12 +482,33 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
         if hop is not None:
             out[name] = {**hop, "floor_ms": {rid: f.get(name) for rid, f in sorted((hop_floors or {}).items())}}
             hops_b.append(b)
+    robot_side = False
+    for name, _ in ROBOT_HOPS:
+        b = answered(name[:-3] + "_bench_ms")
+        hop = less(answered(name), b)
+        if hop is not None:
+            out[name] = {**hop, "sites": dict(sorted(((robot_hops or {}).get(name) or {}).items()))}
+            hops_b.append(b)
+            robot_side = True
     for name in ("send_lag_ms", "merge_lag_ms"):  # the answered requests', as the budget's rows count them
         v = answered(name)
         v = v[np.isfinite(v)]
         if v.size:
             out[name] = {"p50": _r(np.percentile(v, 50)), "p99": _r(np.percentile(v, 99))}
-    network = sum((out.get(k) or {}).get("p50") or 0.0 for k in ("uplink_ms", "downlink_ms"))
+    # the proxies' error per chunk, taken off every request where the robot-side hops were not split per request
+    network = 0.0 if robot_side else sum((out.get(k) or {}).get("p50") or 0.0 for k in ("uplink_ms", "downlink_ms"))
+    if robot_side:  # the one-way legs and the network per request too, the proxies' own error kept beside
+        parts_of = {h: answered(h[:-3] + "_bench_ms") for h, _ in ROBOT_HOPS + tuple((h, None) for h in SERVER_HOPS)}
+        up = [parts_of["uplink_to_router_ms"], parts_of["uplink_from_router_ms"]]
+        down = [parts_of["downlink_to_router_ms"], parts_of["downlink_from_router_ms"]]
+        for name, parts in (("uplink_ms", up), ("downlink_ms", down), ("network_ms", up + down)):
+            figure = answered(name)
+            stacked = np.vstack([b if b.size == figure.size else np.full(figure.size, np.nan) for b in parts])
+            total = np.where(np.isfinite(stacked).any(axis=0), np.nansum(stacked, axis=0), np.nan)
+            leg = less(figure, total)
+            if leg is not None:
+                proxies = {("proxy_error_ms_" + k if k in ("p50", "p99") else k): v for k, v in (out.get(name) or {}).items()}
+                out[name] = {**leg, **proxies}
     rtt = answered("rtt_ms")
     if qw_b.size == rtt.size and inf_b.size == rtt.size and (np.isfinite(qw_b).any() or np.isfinite(inf_b).any()):
         parts = np.nan_to_num(qw_b, nan=0.0) + np.nan_to_num(inf_b, nan=0.0) + network
@@ -422,9 +520,10 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
             out["rtt_ms"] = rtt_share
             out["network_ms_taken_off"] = _r(network)
             out["note"] = ("the round trip less each request's queue wait and forward parts, its hops between the "
-                           "router and the replica beyond their floor (an upper bound), and the proxies' p50 up and "
-                           "down; the client's encode and the hops between the robot and the router beyond the "
-                           "proxies' error are not split between the system and the bench")
+                           "router and the replica beyond their floor (an upper bound) and "
+                           + ("its hops between the robot and the router beyond what the proxies asked (a lower "
+                              "bound)" if robot_side else "the proxies' p50 error up and down")
+                           + "; the client's encode is not split between the system and the bench")
     if "rtt_ms" not in out:
         parts = [out.get(k, {}).get("p50") for k in ("uplink_ms", "downlink_ms", "inference_ms")]
         if any(p is not None for p in parts):
@@ -434,10 +533,21 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
     return out
 
 
+# the parts of the round trip's share the end-of-run line names: the proxies' error up and down, or, where the
+# robot-side hops were split per request (those include it), the four hops
+SHARE_PARTS = ((("uplink_ms", "uplink"), ("downlink_ms", "downlink"), ("queue_wait_ms", "queue wait"),
+                ("inference_ms", "inference"), ("uplink_from_router_ms", "router -> server"),
+                ("downlink_to_router_ms", "server -> router")),
+               (("uplink_to_router_ms", "robot -> router"), ("uplink_from_router_ms", "router -> server"),
+                ("queue_wait_ms", "queue wait"), ("inference_ms", "inference"),
+                ("downlink_to_router_ms", "server -> router"), ("downlink_from_router_ms", "router -> robot")))
+
+
 def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit,
             unloaded: dict[str, dict | None], window_ms: tuple[float, float], proxy_note: str | None = None,
             cores: int = 1, judge_drift: bool = False, queue_replay: list[dict] | None = None,
-            hop_floors: dict[str, dict[str, float]] | None = None) -> dict:
+            hop_floors: dict[str, dict[str, float]] | None = None,
+            robot_hops: dict[str, dict[str, dict]] | None = None) -> dict:
     """The `fidelity` mapping of summary.json. `proxy_legs`: site -> the proxy's window counters
     ({"edges_ms", "upstream", "downstream"}), None when the proxy cannot say (real Toxiproxy). `judge_drift`:
     the scenario asserts on a `_drift` figure, so the host's outside load in its two windows is judged."""
@@ -453,7 +563,7 @@ def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit,
     out = {"valid": not reasons, "reasons": reasons, "tolerances": dict(tol), "legs": legs, "shards": shards,
            "replicas": replicas, "other_load": background,
            "bench_share": bench_share(proxy_legs, replicas, getattr(data, "requests", None), hop_floors,
-                                        duration_s),
+                                        duration_s, robot_hops),
            "queue_replay": list(queue_replay or [])}
     if proxy_note:
         out["note"] = proxy_note
@@ -488,10 +598,7 @@ def table_lines(f: dict) -> list[str]:
                         if bg.get("probe_shift") is not None else ""))
     share = f.get("bench_share") or {}
     if (share.get("rtt_ms") or {}).get("p50") is not None:
-        parts = [f"{name} {share[k]['p50']:.1f}" for k, name in (("uplink_ms", "uplink"), ("downlink_ms", "downlink"),
-                                                                 ("queue_wait_ms", "queue wait"), ("inference_ms", "inference"),
-                                                                 ("uplink_from_router_ms", "router -> server"),
-                                                                 ("downlink_to_router_ms", "server -> router"))
+        parts = [f"{name} {share[k]['p50']:.1f}" for k, name in SHARE_PARTS[1 if share.get(ROBOT_HOPS[0][0]) else 0]
                  if (share.get(k) or {}).get("p50") is not None]
         p99 = share["rtt_ms"].get("p99")
         lines.append(f"    the bench's share of the round trip: ~{share['rtt_ms']['p50']:.1f} ms at p50"

@@ -474,14 +474,15 @@ SERIES["execution_steps"] = lambda s: s.col(s.requests, "execution_steps").astyp
 SERIES["action_age_s"] = lambda s: _policy_action_ages(s)[0]
 SERIES["tick_lateness_ms"] = lambda s: s.col(s.ticks, "lateness_ms").astype(float)
 
-# what the bench host added to a request's figure, per request (bench.evidence.replay, and the router <->
-# replica hops beyond their floor: bench.evidence.fidelity.hop_excess; NaN: not measured, taken as none): a series
+# what the bench host added to a request's figure, per request (bench.evidence.replay, and the four hops split at
+# the router: bench.evidence.fidelity.hop_excess, robot_hop_excess; NaN: not measured, taken as none): a series
 # minus these is what it would read on hosts of its own
+_HOPS = ("uplink_to_router_ms", "uplink_from_router_ms", "downlink_to_router_ms", "downlink_from_router_ms")
+_UP, _DOWN = tuple(h[:-3] + "_bench_ms" for h in _HOPS[:2]), tuple(h[:-3] + "_bench_ms" for h in _HOPS[2:])
 BENCH_PARTS = {"queue_wait_ms": ("queue_wait_bench_ms",), "inference_ms": ("inference_bench_ms",),
-               "uplink_from_router_ms": ("uplink_from_router_bench_ms",),
-               "downlink_to_router_ms": ("downlink_to_router_bench_ms",),
-               "rtt_ms": ("queue_wait_bench_ms", "inference_bench_ms", "uplink_from_router_bench_ms",
-                          "downlink_to_router_bench_ms")}
+               **{hop: (hop[:-3] + "_bench_ms",) for hop in _HOPS},
+               "uplink_ms": _UP, "downlink_ms": _DOWN, "network_ms": _UP + _DOWN,
+               "rtt_ms": ("queue_wait_bench_ms", "inference_bench_ms") + _UP + _DOWN}
 
 
 def _without_bench(name: str, network_ms: float):
@@ -491,7 +492,7 @@ def _without_bench(name: str, network_ms: float):
             b = s.col(s.requests, part).astype(float)
             if b.size == v.size:
                 v = v - np.nan_to_num(b, nan=0.0)
-        if name == "rtt_ms":
+        if name in ("rtt_ms", "network_ms"):
             v = v - network_ms
         ok = _ok_requests(s)
         v = v[ok] if v.size == ok.size else v

@@ -96,7 +96,8 @@ def latency_budget(figures: dict, fidelity: dict | None = None) -> list[dict]:
     `bench_p99_ms`: bench.evidence.fidelity.bench_share; None where it cannot be split)."""
     share = dict((fidelity or {}).get("bench_share") or {})
     up, down = share.get("uplink_ms") or {}, share.get("downlink_ms") or {}
-    if up or down:  # network = up + down: the parts' p50s and p99s added (the p99s' sum bounds the p99 from above)
+    if (up or down) and "network_ms" not in share:
+        # network = up + down: the parts' p50s and p99s added (the p99s' sum bounds the p99 from above)
         share["network_ms"] = {q: (None if up.get(q) is None and down.get(q) is None
                                    else (up.get(q) or 0.0) + (down.get(q) or 0.0)) for q in ("p50", "p99")}
     rows = []
@@ -267,12 +268,13 @@ def render_html(o: RunOutcome, summary: dict) -> str:
     out.append("</table>")
     if bare:
         out.append("<p class=muted>A failed assertion on a figure the bench's measured share moves (the queue wait, "
-                   "the forward pass, the hops between the router and the replica, the round trip) is judged again on "
+                   "the forward pass, the four hops at the router, the network, the round trip) is judged again on "
                    "that figure less the share: each request's queue wait and forward pass beyond the replica's "
                    "unloaded self (the queue replayed), its two hops between the router and the replica beyond their "
-                   "floor (an upper bound: the replica's own threads delay some), and the proxies' p50 error "
-                   "(fidelity.bench_share). A pass there says the bench's share can explain the failure; a fail "
-                   "says even without it the system missed.</p>")
+                   "floor (an upper bound: the replica's own threads delay some), and its two hops between the robot "
+                   "and the router beyond what the site's proxy asked around its time (a lower bound; where the "
+                   "proxies cannot say, their p50 error) (fidelity.bench_share). A pass there says the bench's share "
+                   "can explain the failure; a fail says even without it the system missed.</p>")
 
     base = summary.get("baselines") or []
     if base:

@@ -1012,9 +1012,22 @@ class Run:
             self.proxy_legs_error = f"the chaos proxy gave no fidelity counters: {exc}"
             return None
 
+    def proxy_asked(self) -> dict | None:
+        """Every site proxy's most asked of a chunk in each second (chaos.toxiproxy.fidelity.LegStats.asked_json
+        per direction), in a local run; None where the proxies cannot say."""
+        chaos = getattr(self, "chaos", None)
+        if self.cluster is not None or not hasattr(chaos, "fidelity_asked") \
+                or getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False):
+            return None
+        try:
+            return {name: chaos.fidelity_asked(f"site-{name}") for name in self.sites}
+        except Exception:  # an old proxy: each request's hop is bounded by the whole run's most asked instead
+            return None
+
     def shutdown(self) -> None:
         if self.state.t0_mono is not None and time.monotonic() >= self.state.t0_mono:
             self.leg_end = self.proxy_legs()  # before the timeline heals and the proxy stops
+            self.leg_asked = self.proxy_asked()
         self.state.phase = "stopping"
         end = self.clocks_near_end
         if end:  # the clocks drift over a run: the start's and the end's measurements, combined
@@ -1160,20 +1173,13 @@ class Run:
 
     def fidelity(self, data) -> dict:
         """summary.json's `fidelity`: the bench host's own error in this run, judged by `fidelity:` tolerances."""
-        from chaos.toxiproxy.fidelity import subtract
-
         tol = dict(self.s.fidelity) if self.s.fidelity else None
         if not tol:
             from bench.scenario.model import Fidelity
 
             tol = Fidelity().model_dump()
-        start, end = getattr(self, "leg_start", None), getattr(self, "leg_end", None)
-        legs, note = None, getattr(self, "proxy_legs_error", None)
-        if end:
-            legs = {site: {"edges_ms": snap.get("edges_ms"),
-                           **{d: subtract(snap[d], ((start or {}).get(site) or {}).get(d)) for d in ("upstream", "downstream")}}
-                    for site, snap in end.items()}
-        elif getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False):
+        legs, note = self.window_legs(), getattr(self, "proxy_legs_error", None)
+        if legs is None and getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False):
             note = "the real Toxiproxy ran the network: it cannot say what delay it applied; legs not measured"
         unloaded = self.unloaded_forward()
         t0 = (self.state.t0_mono or 0.0) * 1e3
@@ -1182,10 +1188,23 @@ class Run:
             return fid.compute(data, self.s.duration_s, tol, legs, self._audit(), unloaded,
                                (t0, t0 + self.s.duration_s * 1e3), note, cores=self.cpu.cores, judge_drift=drift,
                                queue_replay=getattr(self, "server_replay", None),
-                               hop_floors=getattr(self, "hop_floors", None))
+                               hop_floors=getattr(self, "hop_floors", None),
+                               robot_hops=getattr(self, "robot_hops", None))
         except Exception as exc:  # the verdict must still be written; say what could not be measured
             return {"valid": True, "reasons": [], "tolerances": tol, "legs": [], "shards": [], "replicas": [],
                     "note": f"fidelity could not be computed: {exc!r}"}
+
+    def window_legs(self) -> dict | None:
+        """Each site's proxy counters over the measured window (the end's less the start's), None when the proxies
+        could not say (a real Toxiproxy, a run that never reached its end)."""
+        from chaos.toxiproxy.fidelity import subtract
+
+        start, end = getattr(self, "leg_start", None), getattr(self, "leg_end", None)
+        if not end:
+            return None
+        return {site: {"edges_ms": snap.get("edges_ms"),
+                       **{d: subtract(snap[d], ((start or {}).get(site) or {}).get(d)) for d in ("upstream", "downstream")}}
+                for site, snap in end.items()}
 
     def _forward_series(self) -> dict:
 
@@ -1256,6 +1275,9 @@ class Run:
                 t = t.append_column("queue_wait_bench_ms", pa.array(qw_bench)) \
                     .append_column("inference_bench_ms", pa.array(inf_bench))
                 for name, values in self.hop_bench_share(audit, t.column("sent_ns").to_numpy(), split).items():
+                    t = t.append_column(name, pa.array(values))
+                for name, values in self.robot_hop_bench_share(t.column("robot").to_numpy(), split,
+                                                               t.column("sent_ns").to_numpy(), t_recv).items():
                     t = t.append_column(name, pa.array(values))
             pq.write_table(t, self.run_dir / f"{kind}.parquet")
             tables[kind] = t
@@ -1350,6 +1372,27 @@ class Run:
             out[name[:-3] + "_bench_ms"], floors = fid.hop_excess(split[name], replica)
             for rid, floor in floors.items():
                 self.hop_floors.setdefault(rid, {})[name] = floor
+        return out
+
+    def robot_hop_bench_share(self, robots: np.ndarray, split: dict[str, np.ndarray], sent_ns: np.ndarray,
+                              t_recv: np.ndarray) -> dict[str, np.ndarray]:
+        """Per request (`robots`: its robot; `sent_ns`, `t_recv`: its send and its answer's arrival, this host's
+        monotonic clock), each hop between the robot and the router (fid.ROBOT_HOPS, from `split`) beyond what its
+        site's proxy asked around its time (fid.robot_hop_excess), as `<hop>_bench_ms`; what was used, by hop and
+        site, to `self.robot_hops` (summary.json `fidelity.bench_share`). Local runs only: the proxy's clock is this
+        host's."""
+        site_of = {r["robot"]: r.get("site") or "" for r in getattr(self, "robot_table", [])}
+        site = np.array([site_of.get(int(r), "") for r in robots], dtype=object)
+        legs = self.window_legs() if self.cluster is None else None  # a cluster run's hops are not split (NaN)
+        asked = getattr(self, "leg_asked", None) or {}
+        sent_ms, recv_ms = np.asarray(sent_ns, dtype=np.int64) / 1e6, np.asarray(t_recv, dtype=float) * 1e3
+        windows = {"uplink_to_router_ms": (sent_ms, sent_ms + split["uplink_to_router_ms"]),
+                   "downlink_from_router_ms": (recv_ms - split["downlink_from_router_ms"], recv_ms)}
+        out, self.robot_hops = {}, {}
+        for name, direction in fid.ROBOT_HOPS:
+            by_s = {site: (legs_asked or {}).get(direction) for site, legs_asked in asked.items()}
+            out[name[:-3] + "_bench_ms"], self.robot_hops[name] = fid.robot_hop_excess(
+                split[name], site, legs, direction, by_s, windows[name])
         return out
 
     def server_bench_share(self, audit, sent_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

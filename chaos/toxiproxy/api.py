@@ -4,6 +4,7 @@
     GET  /proxies   POST /proxies          GET|POST|PATCH|DELETE /proxies/{proxy}
     GET|POST /proxies/{proxy}/toxics       GET|POST|PATCH|DELETE /proxies/{proxy}/toxics/{toxic}
     GET  /proxies/{proxy}/fidelity         (ours, not Toxiproxy's: delay applied vs asked per direction)
+    GET  /proxies/{proxy}/fidelity/asked   (ours: per direction, the most asked of a chunk in each second)
 
 Owns request parsing (a small HTTP/1.1 server with keep-alive) and the mapping from requests to
 the proxy collection. Invariant: any request, however malformed, gets an HTTP answer (errors as
@@ -105,6 +106,7 @@ class Api:
                                             "PATCH": self.proxy_update, "DELETE": self.proxy_delete}),
             (re.compile(rf"/proxies/{P}/toxics"), {"GET": self.toxic_index, "POST": self.toxic_create}),
             (re.compile(rf"/proxies/{P}/fidelity"), {"GET": self.proxy_fidelity}),
+            (re.compile(rf"/proxies/{P}/fidelity/asked"), {"GET": self.proxy_asked}),
             (re.compile(rf"/proxies/{P}/toxics/{T}"), {"GET": self.toxic_show, "POST": self.toxic_update,
                                                        "PATCH": self.toxic_update, "DELETE": self.toxic_delete}),
             (re.compile(r"/version"), {"GET": self.version}),
@@ -175,6 +177,9 @@ class Api:
 
     async def proxy_fidelity(self, body: bytes, proxy: str) -> Response:
         return Response.json(200, self.collection.get(proxy).fidelity_json())
+
+    async def proxy_asked(self, body: bytes, proxy: str) -> Response:
+        return Response.json(200, self.collection.get(proxy).asked_json())
 
     async def proxy_update(self, body: bytes, proxy: str) -> Response:
         async with self.collection.lock:

@@ -10,6 +10,7 @@ recording is a bisect and a few additions.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 
 # Error bins (ms): 0.1 ms steps to 2 ms, then x1.15 steps to ~30 s. Percentiles read the bin's upper edge.
@@ -20,20 +21,41 @@ EDGES_MS: tuple[float, ...] = tuple([round(0.1 * i, 3) for i in range(1, 21)] +
 class LegStats:
     """One direction of one proxy, summed over its connections."""
 
-    __slots__ = ("chunks", "bytes", "asked_s", "error_s", "error_max_s", "early", "hist",
-                 "shaped_bytes", "shaped_ideal_s", "shaped_busy_s", "rate_kbps")
+    __slots__ = ("chunks", "bytes", "asked_s", "asked_min_s", "asked_max_s", "asked_t0", "asked_by_s", "error_s",
+                 "error_max_s", "early", "hist", "shaped_bytes", "shaped_ideal_s", "shaped_busy_s", "rate_kbps")
 
     def __init__(self) -> None:
         self.chunks = self.bytes = self.early = self.shaped_bytes = 0
         self.asked_s = self.error_s = self.error_max_s = self.shaped_ideal_s = self.shaped_busy_s = 0.0
+        self.asked_min_s, self.asked_max_s = float("inf"), 0.0  # the range of what the toxics asked of one chunk
+        # the most asked of a chunk written in each whole second of the loop's clock from `asked_t0` on (8 bytes a
+        # second: 0.7 MB a day), so a request's hop is bounded by what was asked around its own time
+        self.asked_t0: int | None = None
+        self.asked_by_s = array("d")
         self.rate_kbps = 0
         self.hist = [0] * (len(EDGES_MS) + 1)
 
-    def record(self, nbytes: int, asked_s: float, applied_s: float) -> None:
+    def record(self, nbytes: int, asked_s: float, applied_s: float, now_s: float | None = None) -> None:
+        """One chunk written: `asked_s` its toxics asked, `applied_s` it took, at `now_s` (the loop's monotonic
+        clock; None: not kept by the second)."""
         err = applied_s - asked_s
         self.chunks += 1
         self.bytes += nbytes
         self.asked_s += asked_s
+        if asked_s < self.asked_min_s:
+            self.asked_min_s = asked_s
+        if asked_s > self.asked_max_s:
+            self.asked_max_s = asked_s
+        if now_s is not None:
+            sec = int(now_s)
+            if self.asked_t0 is None:
+                self.asked_t0 = sec
+            i = sec - self.asked_t0
+            by_s = self.asked_by_s
+            if i >= len(by_s):
+                by_s.extend([0.0] * (i + 1 - len(by_s)))
+            if i >= 0 and asked_s > by_s[i]:
+                by_s[i] = asked_s
         if err < 0.0:
             self.early += 1  # a timer may fire up to the loop's clock resolution early
             err = 0.0
@@ -50,8 +72,15 @@ class LegStats:
         self.shaped_busy_s += busy_s
         self.rate_kbps = rate_kbps
 
+    def asked_json(self) -> dict:
+        """The most asked of a chunk in each whole second of the loop's monotonic clock (`GET
+        /proxies/{p}/fidelity/asked`): `t0_s` the first second, `asked_ms_max` one value a second on."""
+        return {"t0_s": self.asked_t0, "asked_ms_max": [round(x * 1e3, 3) for x in self.asked_by_s]}
+
     def to_json(self) -> dict:
         return {"chunks": self.chunks, "bytes": self.bytes, "asked_ms_sum": round(self.asked_s * 1e3, 3),
+                "asked_ms_min": round(self.asked_min_s * 1e3, 3) if self.chunks else None,
+                "asked_ms_max": round(self.asked_max_s * 1e3, 3) if self.chunks else None,
                 "error_ms_sum": round(self.error_s * 1e3, 3), "error_ms_max": round(self.error_max_s * 1e3, 3),
                 "early": self.early, "hist": list(self.hist), "shaped_bytes": self.shaped_bytes,
                 "shaped_ideal_s": round(self.shaped_ideal_s, 6), "shaped_busy_s": round(self.shaped_busy_s, 6),
@@ -80,8 +109,8 @@ def subtract(end: dict, start: dict | None) -> dict:
     for k, v in end.items():
         if k == "hist":
             out[k] = [a - b for a, b in zip(v, start.get(k) or [0] * len(v))]
-        elif k in ("error_ms_max", "rate_kbps"):
-            out[k] = v  # a maximum and a setting do not subtract; the window's max is at most this
+        elif k in ("error_ms_max", "asked_ms_min", "asked_ms_max", "rate_kbps"):
+            out[k] = v  # extremes and a setting do not subtract; the window's range is within the whole run's
         elif isinstance(v, (int, float)):
             out[k] = v - (start.get(k) or 0)
         else:
@@ -92,7 +121,8 @@ def subtract(end: dict, start: dict | None) -> dict:
 def add(snapshots: list[dict]) -> dict:
     """One proxy's fidelity snapshot (`GET /proxies/{p}/fidelity`: `edges_ms` and a leg per direction) summed over
     several copies of it: a site's proxies on every node of a cluster run (bench.run.mesh). Counts, sums and
-    histograms add; `error_ms_max` and `rate_kbps` (a maximum and a setting) take the largest."""
+    histograms add; `error_ms_max`, `asked_ms_max` and `rate_kbps` (maxima and a setting) take the largest,
+    `asked_ms_min` the smallest."""
     if not snapshots:
         raise ValueError("no fidelity snapshots to add")
     out: dict = {"edges_ms": snapshots[0].get("edges_ms")}
@@ -104,6 +134,9 @@ def add(snapshots: list[dict]) -> dict:
                 if k == "hist":
                     prev = total.get(k) or [0] * len(v)
                     total[k] = [a + b for a, b in zip(prev, v)]
+                elif k in ("asked_ms_min", "asked_ms_max"):
+                    have = [x for x in (total.get(k), v) if x is not None]
+                    total[k] = (min if k == "asked_ms_min" else max)(have) if have else None
                 elif k in ("error_ms_max", "rate_kbps"):
                     total[k] = max(total.get(k, v), v)
                 elif isinstance(v, (int, float)):

@@ -121,7 +121,8 @@ class Sink:
             self.link.conn.reset()
         else:
             self.link.dest.write(item.data)
-            self.link.leg.record(len(item.data), item.asked, self.link.conn.loop.time() - item.born)
+            now = self.link.conn.loop.time()
+            self.link.leg.record(len(item.data), item.asked, now - item.born, now)
 
 
 class Link:
@@ -548,6 +549,9 @@ class Proxy:
 
     def fidelity_json(self) -> dict:
         return {"edges_ms": list(EDGES_MS), **{d: leg.to_json() for d, leg in self.legs.items()}}
+
+    def asked_json(self) -> dict:
+        return {d: leg.asked_json() for d, leg in self.legs.items()}
 
     def to_json(self) -> dict:
         return {"name": self.name, "listen": self.listen, "upstream": self.upstream, "enabled": self.enabled,

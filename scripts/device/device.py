@@ -343,8 +343,11 @@ def fleet_lines(root: Path) -> list[str]:
         out.append(f"  the bench's share of the round trip: ~{share['rtt_ms']['p50']:.1f} ms at p50"
                    + (f", ~{p99:.1f} at p99" if p99 is not None else "") + " ("
                    + ", ".join(f"{k[:-3]} {share[k]['p50']:.1f}"
-                               for k in ("uplink_ms", "downlink_ms", "queue_wait_ms", "inference_ms",
-                                         "uplink_from_router_ms", "downlink_to_router_ms")
+                               for k in (("uplink_to_router_ms", "uplink_from_router_ms", "queue_wait_ms", "inference_ms",
+                                          "downlink_to_router_ms", "downlink_from_router_ms")
+                                         if share.get("uplink_to_router_ms") else
+                                         ("uplink_ms", "downlink_ms", "queue_wait_ms", "inference_ms",
+                                          "uplink_from_router_ms", "downlink_to_router_ms"))
                                if (share.get(k) or {}).get("p50") is not None)
                    + f" at p50); proxy priority {', '.join((s.get('chaos_proxy') or {}).get('priority') or ['?'])}")
     for q in (s.get("fidelity") or {}).get("queue_replay") or []:

@@ -49,6 +49,68 @@ def test_leg_window_excludes_the_warmup():
     assert g["chunks"] == 50 and g["error_ms_p99"] <= 0.6
 
 
+def test_a_leg_keeps_the_range_of_what_its_toxics_asked_through_windows_and_proxies():
+    from chaos.toxiproxy.fidelity import add
+
+    leg = LegStats()
+    for asked in (23.0, 27.0, 25.5):
+        leg.record(100, asked / 1e3, asked / 1e3)
+    j = leg.to_json()
+    assert (j["asked_ms_min"], j["asked_ms_max"]) == (23.0, 27.0)
+    assert LegStats().to_json()["asked_ms_max"] is None  # nothing asked yet: no range
+    # a range does not subtract (the window's is within the run's), and a site's proxies on several nodes widen it
+    assert subtract(j, _leg([0.0], asked_ms=24.0))["asked_ms_min"] == 23.0
+    other = _leg([0.0], asked_ms=31.0)
+    both = add([{"upstream": j}, {"upstream": other}, {"upstream": LegStats().to_json()}])["upstream"]
+    assert (both["asked_ms_min"], both["asked_ms_max"], both["chunks"]) == (23.0, 31.0, 4)
+
+
+def test_a_robot_side_hop_beyond_what_its_proxy_asked_is_the_bench_s():
+    rng = np.random.default_rng(5)
+    asked = rng.uniform(23.0, 27.0, 300)  # wan_50ms: 25 +/- 2 ms each way
+    hop = asked + 0.3  # the loopback hops' floor
+    hop[:10] += 60.0  # a shard that held its GIL 60 ms before its callback ran
+    legs = {"eu": {"edges_ms": list(EDGES_MS), "downstream": _leg([0.5] * 300, asked_ms=25.0)},
+            "lab": {"edges_ms": list(EDGES_MS), "downstream": LegStats().to_json()}}
+    legs["eu"]["downstream"].update(asked_ms_min=23.0, asked_ms_max=27.0)
+    lab = np.full(50, 0.4)
+    lab[0] = 9.4
+    site = np.array(["eu"] * 300 + ["lab"] * 50 + ["ap"] * 30 + [""], dtype=object)
+    part, info = fid.robot_hop_excess(np.concatenate([hop, lab, np.full(30, 30.0), [5.0]]), site, legs, "downstream")
+    eu = info["eu"]
+    assert eu["asked_ms_max"] == 27.0 and 0.0 <= eu["floor_ms"] <= 0.4 and eu["error_ms_p50"] == pytest.approx(0.5)
+    # at most the true bench share of a stalled request, and within the asked range's width of it
+    assert (part[:10] <= 60.0 + 1e-3).all() and (part[:10] >= 60.0 - 4.0 - 0.4).all()
+    # a quiet request reads the proxy's p50 error: what the profile explains is the system's
+    assert np.allclose(part[10:300], 0.5, atol=1e-4)
+    # a leg with no toxic asks nothing: the hop beyond its floor
+    assert info["lab"]["asked_ms_max"] == 0.0 and part[300] == pytest.approx(9.0, abs=1e-3)
+    # a site whose proxy was not counted (ap), or a robot without a site: not measured
+    assert np.isnan(part[350:]).all() and "ap" not in info
+
+
+def test_a_request_s_hop_is_bounded_by_what_was_asked_around_its_own_time():
+    leg = LegStats()
+    for now, asked in ((100.2, 0.025), (100.9, 0.027), (101.5, 0.600), (103.1, 0.024)):  # a burst's queue at 101
+        leg.record(100, asked, asked, now)
+    by_s = leg.asked_json()
+    assert by_s["t0_s"] == 100 and by_s["asked_ms_max"] == [27.0, 600.0, 0.0, 24.0]
+    start = np.array([100_100.0, 100_900.0, 102_200.0, 103_050.0, 99_000.0, np.nan])
+    end = np.array([100_130.0, 101_020.0, 102_230.0, 103_080.0, 99_030.0, 5.0])
+    around = fid.asked_around(by_s, start, end)
+    assert around[:5].tolist() == [27.0, 600.0, 0.0, 24.0, 0.0] and np.isnan(around[5])
+    # a stalled request outside the burst is bounded by its own second, not by the run's 600 ms
+    legs = {"ap": {"edges_ms": list(EDGES_MS), "downstream": leg.to_json()}}
+    hop = np.concatenate([np.full(30, 25.5), [95.0]])
+    site = np.array(["ap"] * 31, dtype=object)
+    t = np.full(31, 103_050.0)
+    part, info = fid.robot_hop_excess(hop, site, legs, "downstream", {"ap": by_s}, (t - hop, t))
+    assert info["ap"]["asked_by_second"] and info["ap"]["asked_ms_max"] == 600.0
+    assert part[-1] == pytest.approx(95.0 - 24.0 - info["ap"]["floor_ms"], abs=1e-3)  # seconds 102-103: 24 asked
+    whole, _ = fid.robot_hop_excess(hop, site, legs, "downstream")
+    assert whole[-1] == pytest.approx(info["ap"]["error_ms_p50"], abs=1e-3)  # the run's most asked explains it all
+
+
 def test_leg_without_toxics_is_not_judged():
     g = fid.leg_figures("lab", "downstream", LegStats().to_json(), list(EDGES_MS), TOL)
     assert g["chunks"] == 0 and "no toxic" in g["note"] and not fid.judge([g], [], [], TOL)

@@ -294,3 +294,22 @@ def test_the_round_trip_s_share_takes_the_hops_off_and_counts_only_the_measured_
     assert evaluate("p99(rtt_ms) < 200", top, ["g"]).passed is False
     assert evaluate("p99(rtt_ms) < 200", bare, ["g"]).passed
     assert np.allclose(bare.series["uplink_from_router_ms"], 0.5)
+
+
+def test_with_the_robot_side_hops_split_per_request_the_proxies_p50_is_not_taken_off_twice():
+    n = 100
+    rtt = np.full(n, 100.0)
+    rtt[-2:] = 200.0  # two requests whose shard held its GIL 100 ms before their chunk's callback ran
+    down = np.full(n, 0.5)
+    down[-2:] = 100.5
+    d = run_data(rtt, np.full(n, 30.0), np.zeros(n), np.full(n, 5.0), np.zeros(n))
+    req = dict(d.requests)
+    req["downlink_from_router_ms"], req["downlink_from_router_bench_ms"] = np.full(n, 25.0) + down, down
+    legs = {"eu": {"edges_ms": [0.0, 1.0, 2.0], "upstream": {"chunks": 10, "hist": [0, 10, 0]},
+                   "downstream": {"chunks": 10, "hist": [0, 10, 0]}}}
+    info = {"downlink_from_router_ms": {"eu": {"asked_ms_max": 27.0, "floor_ms": 0.3, "error_ms_p50": 0.5}}}
+    share = bench_share(legs, [], req, robot_hops=info)
+    assert share["network_ms_taken_off"] == 0.0 and share["downlink_from_router_ms"]["sites"] == info["downlink_from_router_ms"]
+    assert share["rtt_ms"]["p50"] == pytest.approx(0.5) and share["rtt_ms"]["p99"] == pytest.approx(
+        np.percentile(rtt, 99) - np.percentile(rtt - down, 99))
+    assert "beyond what the proxies asked" in share["note"]

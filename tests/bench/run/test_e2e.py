@@ -108,6 +108,11 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     for hop in ("uplink_from_router_ms", "downlink_to_router_ms"):
         part = req[hop[:-3] + "_bench_ms"]
         assert all(part[i] >= 0 for i in rows) and 0 < share[hop]["floor_ms"]["r0"] < 50, (hop, share.get(hop))
+    # and its two hops between the robot and the router, beyond what the site's proxy asked (no toxic here: nothing)
+    for hop in ("uplink_to_router_ms", "downlink_from_router_ms"):
+        part = req[hop[:-3] + "_bench_ms"]
+        assert all(part[i] >= 0 for i in rows) and share[hop]["sites"]["lab"]["asked_ms_max"] == 0.0, share.get(hop)
+    assert share["network_ms_taken_off"] == 0.0 and share["rtt_ms"]["p50"] is not None
     assert "Each replica's queue replayed" in (run / "report.html").read_text()
     assert [f["target"] for f in summary["faults"]] == ["site:lab"]
     # every robot's state changes, grouped by kind: each robot started and got a session
