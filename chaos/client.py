@@ -114,8 +114,8 @@ class ChaosClient:
         return self._get(f"/proxies/{proxy}/fidelity")
 
     def fidelity_asked(self, proxy: str) -> dict:
-        """Per direction, the most the proxy's toxics asked of a chunk written in each second of its monotonic
-        clock: {"t0_s", "asked_ms_max": [...]} (our proxy only)."""
+        """Per direction, the most the proxy's toxics asked of a chunk written in each 100 ms of its monotonic
+        clock: {"t0_s", "bucket_s", "asked_ms_max": [...]} (our proxy only)."""
         return self._get(f"/proxies/{proxy}/fidelity/asked")
 
     def populate(self, proxies: list[dict]) -> list[dict]:

@@ -318,15 +318,17 @@ ROBOT_HOPS = (("uplink_to_router_ms", "upstream"), ("downlink_from_router_ms", "
 
 
 def asked_around(by_s: dict | None, start_ms: np.ndarray, end_ms: np.ndarray) -> np.ndarray | None:
-    """Per request, the most a leg's toxics asked of any chunk written in the whole seconds from `start_ms` to
-    `end_ms` (the proxy's monotonic clock, ms: its chunk was written then), from the proxy's per-second maxima
-    (`by_s`: LegStats.asked_json); a second without a chunk asked nothing. None without the maxima."""
+    """Per request, the most a leg's toxics asked of any chunk written in the buckets from `start_ms` to `end_ms`
+    (the proxy's monotonic clock, ms: its chunk was written then), from the proxy's maxima per bucket (`by_s`:
+    LegStats.asked_json, `bucket_s` long); a bucket without a chunk asked nothing. None without the maxima."""
     if not by_s or by_s.get("t0_s") is None:
         return None
     per_s = np.concatenate([np.asarray(by_s.get("asked_ms_max") or [], dtype=float), [0.0]])  # [-1]: none asked
     last = per_s.size - 2
-    first = np.floor(np.asarray(start_ms, dtype=float) / 1e3) - by_s["t0_s"]
-    final = np.floor(np.asarray(end_ms, dtype=float) / 1e3) - by_s["t0_s"]
+    bucket_ms = 1e3 * float(by_s.get("bucket_s") or 1.0)
+    t0 = round(by_s["t0_s"] * 1e3 / bucket_ms)
+    first = np.floor(np.asarray(start_ms, dtype=float) / bucket_ms) - t0
+    final = np.floor(np.asarray(end_ms, dtype=float) / bucket_ms) - t0
     ok = np.isfinite(first) & np.isfinite(final)
     first, final = np.where(ok, np.maximum(first, 0), 0).astype(np.int64), np.where(ok, final, -1).astype(np.int64)
     out = np.zeros(first.shape)
@@ -352,7 +354,7 @@ def robot_hop_excess(hop: np.ndarray, site: np.ndarray, proxy_legs: dict | None,
     hop's floor (its 1st percentile over the site's requests less the smallest asked, so never below the
     loopback's true floor) the profile cannot explain: a lower bound of the bench's share for the request, as it
     takes every request to have been asked the most. The largest asked is the one around the request's own time
-    where the proxy kept it by the second (`asked_by_s`: site -> LegStats.asked_json of this direction; `window_ms`:
+    where the proxy kept it by the 100 ms (`asked_by_s`: site -> LegStats.asked_json of this direction; `window_ms`:
     each request's hop start and end, ms of the proxy's clock): a bandwidth toxic asks hundreds of ms of a chunk
     in a burst's queue and a few the rest of the run. Else the whole run's (`asked_ms_max`). The leg's p50 error
     is the larger where the bound reads less (the proxy's own error, measured per chunk: bench_share's
@@ -382,7 +384,7 @@ def robot_hop_excess(hop: np.ndarray, site: np.ndarray, proxy_legs: dict | None,
             most = np.where(np.isfinite(around), np.minimum(around, hi), most)
         out[rows] = np.maximum(hop[rows] - most - floor, error)
         info[name] = {"asked_ms_min": _r(lo), "asked_ms_max": _r(hi), "floor_ms": _r(floor), "error_ms_p50": _r(error),
-                      "asked_by_second": around is not None}
+                      "asked_by_time": around is not None}
     return out.astype(np.float32), info
 
 

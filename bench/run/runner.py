@@ -1013,7 +1013,7 @@ class Run:
             return None
 
     def proxy_asked(self) -> dict | None:
-        """Every site proxy's most asked of a chunk in each second (chaos.toxiproxy.fidelity.LegStats.asked_json
+        """Every site proxy's most asked of a chunk in each 100 ms (chaos.toxiproxy.fidelity.LegStats.asked_json
         per direction), in a local run; None where the proxies cannot say."""
         chaos = getattr(self, "chaos", None)
         if self.cluster is not None or not hasattr(chaos, "fidelity_asked") \

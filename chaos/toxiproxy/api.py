@@ -4,7 +4,7 @@
     GET  /proxies   POST /proxies          GET|POST|PATCH|DELETE /proxies/{proxy}
     GET|POST /proxies/{proxy}/toxics       GET|POST|PATCH|DELETE /proxies/{proxy}/toxics/{toxic}
     GET  /proxies/{proxy}/fidelity         (ours, not Toxiproxy's: delay applied vs asked per direction)
-    GET  /proxies/{proxy}/fidelity/asked   (ours: per direction, the most asked of a chunk in each second)
+    GET  /proxies/{proxy}/fidelity/asked   (ours: per direction, the most asked of a chunk in each 100 ms)
 
 Owns request parsing (a small HTTP/1.1 server with keep-alive) and the mapping from requests to
 the proxy collection. Invariant: any request, however malformed, gets an HTTP answer (errors as

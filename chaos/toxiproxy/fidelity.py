@@ -18,6 +18,11 @@ EDGES_MS: tuple[float, ...] = tuple([round(0.1 * i, 3) for i in range(1, 21)] +
                                     [round(2.0 * 1.15 ** k, 3) for k in range(1, 70)])
 
 
+# the asked maximum is kept per 100 ms: a `loss` toxic holds some chunk of a busy leg a 200 ms retransmission
+# timeout in most seconds, but in few tenths of one, and a request's hop spans a few tenths
+ASKED_BUCKETS_PER_S = 10
+
+
 class LegStats:
     """One direction of one proxy, summed over its connections."""
 
@@ -28,16 +33,16 @@ class LegStats:
         self.chunks = self.bytes = self.early = self.shaped_bytes = 0
         self.asked_s = self.error_s = self.error_max_s = self.shaped_ideal_s = self.shaped_busy_s = 0.0
         self.asked_min_s, self.asked_max_s = float("inf"), 0.0  # the range of what the toxics asked of one chunk
-        # the most asked of a chunk written in each whole second of the loop's clock from `asked_t0` on (8 bytes a
-        # second: 0.7 MB a day), so a request's hop is bounded by what was asked around its own time
+        # the most asked of a chunk written in each ASKED_BUCKET_S of the loop's clock from bucket `asked_t0` on
+        # (40 bytes a second: 3.5 MB a day), so a request's hop is bounded by what was asked around its own time
         self.asked_t0: int | None = None
-        self.asked_by_s = array("d")
+        self.asked_by_s = array("f")
         self.rate_kbps = 0
         self.hist = [0] * (len(EDGES_MS) + 1)
 
     def record(self, nbytes: int, asked_s: float, applied_s: float, now_s: float | None = None) -> None:
         """One chunk written: `asked_s` its toxics asked, `applied_s` it took, at `now_s` (the loop's monotonic
-        clock; None: not kept by the second)."""
+        clock; None: not kept by the 100 ms)."""
         err = applied_s - asked_s
         self.chunks += 1
         self.bytes += nbytes
@@ -47,10 +52,10 @@ class LegStats:
         if asked_s > self.asked_max_s:
             self.asked_max_s = asked_s
         if now_s is not None:
-            sec = int(now_s)
+            bucket = int(now_s * ASKED_BUCKETS_PER_S)
             if self.asked_t0 is None:
-                self.asked_t0 = sec
-            i = sec - self.asked_t0
+                self.asked_t0 = bucket
+            i = bucket - self.asked_t0
             by_s = self.asked_by_s
             if i >= len(by_s):
                 by_s.extend([0.0] * (i + 1 - len(by_s)))
@@ -73,9 +78,10 @@ class LegStats:
         self.rate_kbps = rate_kbps
 
     def asked_json(self) -> dict:
-        """The most asked of a chunk in each whole second of the loop's monotonic clock (`GET
-        /proxies/{p}/fidelity/asked`): `t0_s` the first second, `asked_ms_max` one value a second on."""
-        return {"t0_s": self.asked_t0, "asked_ms_max": [round(x * 1e3, 3) for x in self.asked_by_s]}
+        """The most asked of a chunk in each `bucket_s` of the loop's monotonic clock (`GET
+        /proxies/{p}/fidelity/asked`): `t0_s` the first bucket's start, `asked_ms_max` one value a bucket on."""
+        return {"t0_s": None if self.asked_t0 is None else self.asked_t0 / ASKED_BUCKETS_PER_S,
+                "bucket_s": 1.0 / ASKED_BUCKETS_PER_S, "asked_ms_max": [round(x * 1e3, 3) for x in self.asked_by_s]}
 
     def to_json(self) -> dict:
         return {"chunks": self.chunks, "bytes": self.bytes, "asked_ms_sum": round(self.asked_s * 1e3, 3),

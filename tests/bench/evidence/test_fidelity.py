@@ -91,22 +91,25 @@ def test_a_robot_side_hop_beyond_what_its_proxy_asked_is_the_bench_s():
 
 def test_a_request_s_hop_is_bounded_by_what_was_asked_around_its_own_time():
     leg = LegStats()
-    for now, asked in ((100.2, 0.025), (100.9, 0.027), (101.5, 0.600), (103.1, 0.024)):  # a burst's queue at 101
+    for now, asked in ((100.02, 0.025), (100.09, 0.027), (100.15, 0.600), (100.31, 0.024)):  # a burst's queue
         leg.record(100, asked, asked, now)
     by_s = leg.asked_json()
-    assert by_s["t0_s"] == 100 and by_s["asked_ms_max"] == [27.0, 600.0, 0.0, 24.0]
-    start = np.array([100_100.0, 100_900.0, 102_200.0, 103_050.0, 99_000.0, np.nan])
-    end = np.array([100_130.0, 101_020.0, 102_230.0, 103_080.0, 99_030.0, 5.0])
+    assert by_s["t0_s"] == 100.0 and by_s["bucket_s"] == 0.1
+    assert np.allclose(by_s["asked_ms_max"], [27.0, 600.0, 0.0, 24.0])
+    start = np.array([100_010.0, 100_090.0, 100_220.0, 100_305.0, 99_000.0, np.nan])
+    end = np.array([100_030.0, 100_102.0, 100_230.0, 100_308.0, 99_030.0, 5.0])
     around = fid.asked_around(by_s, start, end)
-    assert around[:5].tolist() == [27.0, 600.0, 0.0, 24.0, 0.0] and np.isnan(around[5])
+    assert np.allclose(around[:5], [27.0, 600.0, 0.0, 24.0, 0.0]) and np.isnan(around[5])
+    # a proxy that kept whole seconds (no bucket_s) reads as such
+    assert fid.asked_around({"t0_s": 100, "asked_ms_max": [5.0, 9.0]}, np.array([100_500.0]), np.array([101_200.0]))[0] == 9.0
     # a stalled request outside the burst is bounded by its own second, not by the run's 600 ms
     legs = {"ap": {"edges_ms": list(EDGES_MS), "downstream": leg.to_json()}}
     hop = np.concatenate([np.full(30, 25.5), [95.0]])
     site = np.array(["ap"] * 31, dtype=object)
-    t = np.full(31, 103_050.0)
+    t = np.full(31, 100_380.0)
     part, info = fid.robot_hop_excess(hop, site, legs, "downstream", {"ap": by_s}, (t - hop, t))
-    assert info["ap"]["asked_by_second"] and info["ap"]["asked_ms_max"] == 600.0
-    assert part[-1] == pytest.approx(95.0 - 24.0 - info["ap"]["floor_ms"], abs=1e-3)  # seconds 102-103: 24 asked
+    assert info["ap"]["asked_by_time"] and info["ap"]["asked_ms_max"] == 600.0
+    assert part[-1] == pytest.approx(95.0 - 24.0 - info["ap"]["floor_ms"], abs=1e-3)  # 100.2-100.3 s: 24 asked
     whole, _ = fid.robot_hop_excess(hop, site, legs, "downstream")
     assert whole[-1] == pytest.approx(info["ap"]["error_ms_p50"], abs=1e-3)  # the run's most asked explains it all
 
