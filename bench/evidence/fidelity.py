@@ -500,7 +500,7 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
     # the proxies' error per chunk, taken off every request where the robot-side hops were not split per request
     network = 0.0 if robot_side else sum((out.get(k) or {}).get("p50") or 0.0 for k in ("uplink_ms", "downlink_ms"))
     if robot_side:  # the one-way legs and the network per request too, the proxies' own error kept beside
-        parts_of = {h: answered(h[:-3] + "_bench_ms") for h, _ in ROBOT_HOPS + tuple((h, None) for h in SERVER_HOPS)}
+        parts_of = {h: answered(h[:-3] + "_bench_ms") for h in [h for h, _ in ROBOT_HOPS] + list(SERVER_HOPS)}
         up = [parts_of["uplink_to_router_ms"], parts_of["uplink_from_router_ms"]]
         down = [parts_of["downlink_to_router_ms"], parts_of["downlink_from_router_ms"]]
         for name, parts in (("uplink_ms", up), ("downlink_ms", down), ("network_ms", up + down)):

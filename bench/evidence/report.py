@@ -341,10 +341,13 @@ def render_html(o: RunOutcome, summary: dict) -> str:
 
     out.append("<h2>Latency budget</h2><p class=muted>Measured per request (engine records); design section 11 "
                "reference for a Pi0-class model beside it. network = rtt - queue wait - inference. <b>Of it, the "
-               "bench</b>: what the twin itself added, where it is measured: the proxies' delay beyond what the "
-               "profile asked (per chunk, every site of that direction), the replicas' forward pass beyond their "
-               "unloaded time (host contention), and for the round trip their p50s added (an estimate); blank: "
-               "not separable.</p>")
+               "bench</b>: what the twin itself added, per request where it is measured, the row's percentile less "
+               "the same percentile with each request's part taken off: the forward pass beyond the replica's "
+               "unloaded time and the queue wait that added (the queue replayed), the hops between the router and "
+               "the replica beyond their floor (an upper bound), the hops between the robot and the router beyond "
+               "what the site's proxy asked around that time (a lower bound; where the proxies cannot say, their "
+               "delay beyond what the profile asked, per chunk); outside the round trip, the shard's own delays "
+               "(docs/bench.md, \"The four hops split at the router\"). Blank: not separable.</p>")
     out.append("<table><tr><th class=l>stage</th><th>p50 ms</th><th>p95 ms</th><th>p99 ms</th><th>n</th>"
                "<th>of it, the bench p50 / p99 ms</th><th>design LAN</th><th>design WAN 50 ms</th></tr>")
     for row in summary["latency_budget"]:

@@ -1264,7 +1264,10 @@ class Run:
                 up, down, self.hop_split_dropped = hop_split(t.column("sent_ns").to_numpy(), t_recv, audit,
                                                              offset_ms, error_ms, shard)
                 t = t.append_column("uplink_ms", pa.array(up)).append_column("downlink_ms", pa.array(down))
-                split = self.router_split(audit, t.column("sent_ns").to_numpy(), up, down,
+                sent_ms = t.column("sent_ns").to_numpy() / 1e6  # the robots' stamps, on the runner's clock
+                if offset_ms is not None:
+                    sent_ms = sent_ms - np.asarray(offset_ms, dtype=float)
+                split = self.router_split(audit, t.column("sent_ns").to_numpy(), sent_ms, up, down,
                                           t.column("downlink_from_router_ms").to_numpy())
                 for name, values in split.items():
                     if name in t.column_names:
@@ -1276,8 +1279,8 @@ class Run:
                     .append_column("inference_bench_ms", pa.array(inf_bench))
                 for name, values in self.hop_bench_share(audit, t.column("sent_ns").to_numpy(), split).items():
                     t = t.append_column(name, pa.array(values))
-                for name, values in self.robot_hop_bench_share(t.column("robot").to_numpy(), split,
-                                                               t.column("sent_ns").to_numpy(), t_recv).items():
+                for name, values in self.robot_hop_bench_share(t.column("robot").to_numpy(), split, sent_ms,
+                                                               t_recv).items():
                     t = t.append_column(name, pa.array(values))
             pq.write_table(t, self.run_dir / f"{kind}.parquet")
             tables[kind] = t
@@ -1334,11 +1337,12 @@ class Run:
             self._unloaded = {rid: fid.unloaded_forward(self.logs / f"server-{rid}.log") for rid in self.servers}
         return self._unloaded
 
-    def router_split(self, audit, sent_ns: np.ndarray, up: np.ndarray, down: np.ndarray,
+    def router_split(self, audit, sent_ns: np.ndarray, sent_ms: np.ndarray, up: np.ndarray, down: np.ndarray,
                      down_from_router: np.ndarray) -> dict[str, np.ndarray]:
         """Each request's uplink and downlink split at the first router routing it, by that router's timestamp (a
-        Zenoh router stamps what it routes, by default): `uplink_to_router_ms` from the robot's stamp to the router
-        (the robot's send, the site's proxy, the router's receive; audit `routed_mono_ms`) and
+        Zenoh router stamps what it routes, by default): `uplink_to_router_ms` from the robot's stamp (`sent_ms`, on
+        the runner's clock; `sent_ns` the raw stamp, the join key) to the router (the robot's send, the site's proxy,
+        the router's receive; audit `routed_mono_ms`) and
         `uplink_from_router_ms` the rest of the uplink (the router's forwarding, the server's receive up to its
         callback); `downlink_to_router_ms` (the server's send, the router's receive) and `downlink_from_router_ms`
         (the router's forwarding, the proxy, the robot's receive: the engine's record). NaN where unstamped, and
@@ -1351,7 +1355,7 @@ class Run:
             return {k: np.full(n, np.nan, np.float32) for k in ("uplink_to_router_ms", "uplink_from_router_ms",
                                                                  "downlink_to_router_ms", "downlink_from_router_ms")}
         (routed,) = by_stamp(audit, equals(audit, "outcome", "ok"), sent_ns, [floats(audit, "routed_mono_ms")])
-        up_to = routed - np.asarray(sent_ns, dtype=np.int64) / 1e6
+        up_to = routed - sent_ms
         down_from = np.asarray(down_from_router, dtype=float)
         return {"uplink_to_router_ms": up_to.astype(np.float32), "uplink_from_router_ms": (up - up_to).astype(np.float32),
                 "downlink_to_router_ms": (down - down_from).astype(np.float32),
@@ -1374,10 +1378,10 @@ class Run:
                 self.hop_floors.setdefault(rid, {})[name] = floor
         return out
 
-    def robot_hop_bench_share(self, robots: np.ndarray, split: dict[str, np.ndarray], sent_ns: np.ndarray,
+    def robot_hop_bench_share(self, robots: np.ndarray, split: dict[str, np.ndarray], sent_ms: np.ndarray,
                               t_recv: np.ndarray) -> dict[str, np.ndarray]:
-        """Per request (`robots`: its robot; `sent_ns`, `t_recv`: its send and its answer's arrival, this host's
-        monotonic clock), each hop between the robot and the router (fid.ROBOT_HOPS, from `split`) beyond what its
+        """Per request (`robots`: its robot; `sent_ms`, `t_recv`: its send, ms, and its answer's arrival, s, on the
+        runner's monotonic clock), each hop between the robot and the router (fid.ROBOT_HOPS, from `split`) beyond what its
         site's proxy asked around its time (fid.robot_hop_excess), as `<hop>_bench_ms`; what was used, by hop and
         site, to `self.robot_hops` (summary.json `fidelity.bench_share`). Local runs only: the proxy's clock is this
         host's."""
@@ -1385,7 +1389,7 @@ class Run:
         site = np.array([site_of.get(int(r), "") for r in robots], dtype=object)
         legs = self.window_legs() if self.cluster is None else None  # a cluster run's hops are not split (NaN)
         asked = getattr(self, "leg_asked", None) or {}
-        sent_ms, recv_ms = np.asarray(sent_ns, dtype=np.int64) / 1e6, np.asarray(t_recv, dtype=float) * 1e3
+        recv_ms = np.asarray(t_recv, dtype=float) * 1e3
         windows = {"uplink_to_router_ms": (sent_ms, sent_ms + split["uplink_to_router_ms"]),
                    "downlink_from_router_ms": (recv_ms - split["downlink_from_router_ms"], recv_ms)}
         out, self.robot_hops = {}, {}

@@ -79,6 +79,11 @@ def test_a_shard_5_s_ahead_starts_at_the_barrier_and_its_hop_split_stays_right(t
     # 25 ms each way asked of the proxy: each leg at least that, and the two add up to the network time
     assert np.nanmedian(up) >= 24.0 and np.nanmedian(down) >= 24.0, (np.nanmedian(up), np.nanmedian(down))
     assert np.nanmedian(up + down - net) <= 1.0
+    # and split again at the router: the robot's side is the proxy's 25 ms too, on the runner's clock, and its
+    # bench part (beyond what the proxy asked around that time) is a few ms, not the shard's 5 s
+    to_router = req.column("uplink_to_router_ms").to_numpy()[ok]
+    part = req.column("uplink_to_router_bench_ms").to_numpy()[ok]
+    assert 24.0 <= np.nanmedian(to_router) < 60.0 and np.nanmedian(part) < 20.0, (np.nanmedian(to_router), np.nanmedian(part))
     print(f"shard offset {shard['offset_ms']:.3f} ± {shard['uncertainty_ms']:.3f} ms ({shard['exchanges']} exchanges); "
           f"uplink p50 {np.nanmedian(up):.1f} ms, downlink p50 {np.nanmedian(down):.1f} ms, network p50 {np.nanmedian(net):.1f} ms")
 
