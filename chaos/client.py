@@ -115,7 +115,7 @@ class ChaosClient:
 
     def fidelity_asked(self, proxy: str) -> dict:
         """Per direction, the most the proxy's toxics asked of a chunk written in each 100 ms of its monotonic
-        clock: {"t0_s", "bucket_s", "asked_ms_max": [...]} (our proxy only)."""
+        clock: {"t0_s", "bucket_s", "dropped", "asked_ms_max": [...]} (our proxy only; the last hour at least)."""
         return self._get(f"/proxies/{proxy}/fidelity/asked")
 
     def populate(self, proxies: list[dict]) -> list[dict]:

@@ -320,7 +320,8 @@ ROBOT_HOPS = (("uplink_to_router_ms", "upstream"), ("downlink_from_router_ms", "
 def asked_around(by_s: dict | None, start_ms: np.ndarray, end_ms: np.ndarray) -> np.ndarray | None:
     """Per request, the most a leg's toxics asked of any chunk written in the buckets from `start_ms` to `end_ms`
     (the proxy's monotonic clock, ms: its chunk was written then), from the proxy's maxima per bucket (`by_s`:
-    LegStats.asked_json, `bucket_s` long); a bucket without a chunk asked nothing. None without the maxima."""
+    LegStats.asked_json, `bucket_s` long); a bucket without a chunk asked nothing. NaN for a request that began
+    before the first kept bucket of a proxy that let older ones go (`dropped`). None without the maxima."""
     if not by_s or by_s.get("t0_s") is None:
         return None
     per_s = np.concatenate([np.asarray(by_s.get("asked_ms_max") or [], dtype=float), [0.0]])  # [-1]: none asked
@@ -330,6 +331,8 @@ def asked_around(by_s: dict | None, start_ms: np.ndarray, end_ms: np.ndarray) ->
     first = np.floor(np.asarray(start_ms, dtype=float) / bucket_ms) - t0
     final = np.floor(np.asarray(end_ms, dtype=float) / bucket_ms) - t0
     ok = np.isfinite(first) & np.isfinite(final)
+    if by_s.get("dropped"):
+        ok &= first >= 0
     first, final = np.where(ok, np.maximum(first, 0), 0).astype(np.int64), np.where(ok, final, -1).astype(np.int64)
     out = np.zeros(first.shape)
     span = int(np.max(final - first, initial=0))

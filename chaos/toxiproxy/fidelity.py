@@ -21,22 +21,26 @@ EDGES_MS: tuple[float, ...] = tuple([round(0.1 * i, 3) for i in range(1, 21)] +
 # the asked maximum is kept per 100 ms: a `loss` toxic holds some chunk of a busy leg a 200 ms retransmission
 # timeout in most seconds, but in few tenths of one, and a request's hop spans a few tenths
 ASKED_BUCKETS_PER_S = 10
+ASKED_BUCKETS_KEPT = 3600 * ASKED_BUCKETS_PER_S  # at least the last hour, at most two (288 kB a leg)
 
 
 class LegStats:
     """One direction of one proxy, summed over its connections."""
 
-    __slots__ = ("chunks", "bytes", "asked_s", "asked_min_s", "asked_max_s", "asked_t0", "asked_by_s", "error_s",
-                 "error_max_s", "early", "hist", "shaped_bytes", "shaped_ideal_s", "shaped_busy_s", "rate_kbps")
+    __slots__ = ("chunks", "bytes", "asked_s", "asked_min_s", "asked_max_s", "asked_t0", "asked_by_s",
+                 "asked_dropped", "error_s", "error_max_s", "early", "hist", "shaped_bytes", "shaped_ideal_s",
+                 "shaped_busy_s", "rate_kbps")
 
     def __init__(self) -> None:
         self.chunks = self.bytes = self.early = self.shaped_bytes = 0
         self.asked_s = self.error_s = self.error_max_s = self.shaped_ideal_s = self.shaped_busy_s = 0.0
         self.asked_min_s, self.asked_max_s = float("inf"), 0.0  # the range of what the toxics asked of one chunk
-        # the most asked of a chunk written in each ASKED_BUCKET_S of the loop's clock from bucket `asked_t0` on
-        # (40 bytes a second: 3.5 MB a day), so a request's hop is bounded by what was asked around its own time
+        # the most asked of a chunk written in each 1 / ASKED_BUCKETS_PER_S s of the loop's clock from bucket
+        # `asked_t0` on, the last ASKED_BUCKETS_KEPT of them (40 bytes a second), so a request's hop is bounded by
+        # what was asked around its own time; `asked_dropped`: older buckets were let go
         self.asked_t0: int | None = None
         self.asked_by_s = array("f")
+        self.asked_dropped = False
         self.rate_kbps = 0
         self.hist = [0] * (len(EDGES_MS) + 1)
 
@@ -58,6 +62,12 @@ class LegStats:
             i = bucket - self.asked_t0
             by_s = self.asked_by_s
             if i >= len(by_s):
+                if i >= 2 * ASKED_BUCKETS_KEPT:  # keep the last hour: drop the oldest, an hour at a time
+                    drop = min(i + 1 - ASKED_BUCKETS_KEPT, len(by_s))
+                    del by_s[:drop]
+                    self.asked_t0 += i + 1 - ASKED_BUCKETS_KEPT
+                    self.asked_dropped = True
+                    i = ASKED_BUCKETS_KEPT - 1
                 by_s.extend([0.0] * (i + 1 - len(by_s)))
             if i >= 0 and asked_s > by_s[i]:
                 by_s[i] = asked_s
@@ -79,9 +89,11 @@ class LegStats:
 
     def asked_json(self) -> dict:
         """The most asked of a chunk in each `bucket_s` of the loop's monotonic clock (`GET
-        /proxies/{p}/fidelity/asked`): `t0_s` the first bucket's start, `asked_ms_max` one value a bucket on."""
+        /proxies/{p}/fidelity/asked`): `t0_s` the first kept bucket's start, `asked_ms_max` one value a bucket on;
+        `dropped`: buckets before `t0_s` were let go (what was asked then is unknown, not nothing)."""
         return {"t0_s": None if self.asked_t0 is None else self.asked_t0 / ASKED_BUCKETS_PER_S,
-                "bucket_s": 1.0 / ASKED_BUCKETS_PER_S, "asked_ms_max": [round(x * 1e3, 3) for x in self.asked_by_s]}
+                "bucket_s": 1.0 / ASKED_BUCKETS_PER_S, "dropped": self.asked_dropped,
+                "asked_ms_max": [round(x * 1e3, 3) for x in self.asked_by_s]}
 
     def to_json(self) -> dict:
         return {"chunks": self.chunks, "bytes": self.bytes, "asked_ms_sum": round(self.asked_s * 1e3, 3),

@@ -114,6 +114,22 @@ def test_a_request_s_hop_is_bounded_by_what_was_asked_around_its_own_time():
     assert whole[-1] == pytest.approx(info["ap"]["error_ms_p50"], abs=1e-3)  # the run's most asked explains it all
 
 
+def test_a_long_run_keeps_the_last_hour_of_asked_maxima_and_says_what_it_let_go(monkeypatch):
+    from chaos.toxiproxy import fidelity as proxy_fidelity
+
+    monkeypatch.setattr(proxy_fidelity, "ASKED_BUCKETS_KEPT", 50)  # 5 s instead of an hour
+    leg = LegStats()
+    for k in range(150):  # 15 s of chunks, one per 100 ms, each asking k ms
+        leg.record(100, k / 1e3, k / 1e3, 1000.0 + k / 10 + 0.01)
+    j = leg.asked_json()
+    assert j["dropped"] and 50 <= len(j["asked_ms_max"]) < 100 and len(leg.asked_by_s) == len(j["asked_ms_max"])
+    first = round((j["t0_s"] - 1000.0) * 10)
+    assert np.allclose(j["asked_ms_max"], np.arange(first, 150))  # each kept bucket still holds its own chunk
+    # a request from before what was kept is not bounded by it (unknown, not nothing asked)
+    around = fid.asked_around(j, np.array([1000_500.0, 1014_500.0]), np.array([1000_550.0, 1014_550.0]))
+    assert np.isnan(around[0]) and around[1] == pytest.approx(145.0)
+
+
 def test_leg_without_toxics_is_not_judged():
     g = fid.leg_figures("lab", "downstream", LegStats().to_json(), list(EDGES_MS), TOL)
     assert g["chunks"] == 0 and "no toxic" in g["note"] and not fid.judge([g], [], [], TOL)

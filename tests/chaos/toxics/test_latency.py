@@ -75,7 +75,7 @@ def test_fidelity_reports_the_delay_asked_and_what_was_applied(api, echo, proxy_
 
     by_s = api.fidelity_asked("p")["downstream"]
     assert by_s["t0_s"] <= time.monotonic() and max(by_s["asked_ms_max"]) == 40.0
-    assert api.fidelity_asked("p")["upstream"] == {"t0_s": None, "bucket_s": 0.1, "asked_ms_max": []}
+    assert api.fidelity_asked("p")["upstream"] == {"t0_s": None, "bucket_s": 0.1, "dropped": False, "asked_ms_max": []}
     s.close()
 
 
