@@ -197,6 +197,6 @@ def test_the_fleet_summary_names_where_the_cpu_went_and_why_robots_died(tmp_path
                             "bench_p99_ms": 54.2}]}))
     text = "\n".join(device.fleet_lines(tmp_path))
     assert "shards 3.10 / 3.46, replicas 2.20 / 1.65 (ratio 1.10)" in text
-    # each hop at the router, and beyond its floor where the bench's share of it is measured
-    assert "up to router 27.1/63.5; router to server 1.5/54.5 (beyond its floor 1.3/54.2)" in text
+    # each hop at the router, and the bench's part of it where that is measured
+    assert "up to router 27.1/63.5; router to server 1.5/54.5 (the bench's part 1.3/54.2)" in text
     assert "STALLED -> DEAD: 400 changes, 400 robots, t 81..95.5 s: offline for more than 60 s" in text

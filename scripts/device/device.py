@@ -363,7 +363,7 @@ def fleet_lines(root: Path) -> list[str]:
     if any(r.get("p50_ms") is not None for _, r in parts):
         out.append("  hops at the router, p50/p99 ms: " + "; ".join(
             f"{name} {r['p50_ms']:.1f}/{r['p99_ms']:.1f}"
-            + (f" (beyond its floor {r['bench_p50_ms']:.1f}/{r['bench_p99_ms']:.1f})" if r.get("bench_p99_ms") is not None else "")
+            + (f" (the bench's part {r['bench_p50_ms']:.1f}/{r['bench_p99_ms']:.1f})" if r.get("bench_p99_ms") is not None else "")
             for name, r in parts if r.get("p50_ms") is not None))
     for c in (s.get("state_changes") or [])[:6]:  # why robots left STREAMING or died, commonest kinds first
         out.append(f"  {c['from']} -> {c['to']}: {c['changes']} changes, {c['robots']} robots, t {c['t_first']:g}.."
