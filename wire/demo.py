@@ -25,7 +25,7 @@ from wire import (
     ActionChunk, Header, MsgType, Observation, ReplicaKeys, SCHEMA_VERSION, decode_message, encode_image, unpack_header,
 )
 from wire.procs import start_router
-from wire.qos import declare_publisher
+from wire.qos import declare_publisher, wait_matched
 from wire.transport import open_session
 
 
@@ -72,7 +72,13 @@ def _run(args, endpoint: str) -> int:
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 255, (args.height, args.width, 3), dtype=np.uint8) for _ in range(args.cameras)]
     rtts, obs_bytes, chunk_bytes, lost = [], 0, 0, 0
-    # Zenoh propagates a new subscriber's interest asynchronously: retry the first request.
+    for pub, what in ((obs_pub, "observation"), (action_pub, "action")):
+        if not wait_matched(pub, 10.0):
+            print(f"wire demo: the {what} publisher saw no subscriber through the router at {endpoint} in 10 s; "
+                  "is something blocking 127.0.0.1?")
+            client.close()
+            server.close()
+            return 1
     for seq in range(1, args.requests + 1):
         state = rng.normal(size=7).astype(np.float32)
         images = {f"cam{i}": encode_image(f, "jpeg", 90) for i, f in enumerate(frames)}
@@ -81,7 +87,7 @@ def _run(args, endpoint: str) -> int:
         got.clear()
         header = Header(SCHEMA_VERSION, MsgType.OBS, seq, 0, time.monotonic_ns(), 0).pack()
         obs_pub.put(body, attachment=header)
-        if not got.wait(2.0 if seq > 1 else 5.0):
+        if not got.wait(2.0):
             lost += 1
             continue
         t_recv, payload, attachment = box.pop()

@@ -48,3 +48,16 @@ def publisher_kwargs(q: Qos) -> dict:
 def declare_publisher(session, key: str, topic: str):
     """Declare a publisher on `key` with the QoS of `topic` ("obs" or "action")."""
     return session.declare_publisher(key, **publisher_kwargs(BY_TOPIC[topic]))
+
+
+def wait_matched(publisher, timeout_s: float) -> bool:
+    """Wait until `publisher` has a matching subscriber (Zenoh propagates a new subscriber's interest
+    asynchronously; a put before it arrives is dropped by the router). True when matched in time."""
+    import threading
+
+    matched = threading.Event()
+    listener = publisher.declare_matching_listener(lambda status: status.matching and matched.set())
+    try:
+        return publisher.matching_status.matching or matched.wait(timeout_s)
+    finally:
+        listener.undeclare()
