@@ -415,7 +415,7 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
       the most its site's proxy asked and its floor, at least the leg's p50 error; `sites`: what was used, by site
       (`robot_hops`). A lower bound but for that p50 error (robot_hop_excess says why);
     - `rtt_ms`: the same for the round trip, each request less its queue wait, forward and four hop parts; a run
-      whose robot-side hops were not split (a cluster run, a real Toxiproxy) takes the proxies' p50 up and down
+      whose robot-side hops were not split (a real Toxiproxy) takes the proxies' p50 up and down
       off every request instead (their error is per chunk, not per request), `network_ms_taken_off`;
     - `send_lag_ms` / `merge_lag_ms` (from the engines' request records, `requests`): the robot's delays outside
       the round trip, from the observation's tick to its engine's worker taking it up, and from a chunk's arrival

@@ -360,6 +360,9 @@ def render_html(o: RunOutcome, summary: dict) -> str:
     split = (summary.get("clock") or {}).get("hop_split") or {}
     if split and not split.get("valid", True):  # the uplink/downlink rows above left those requests out
         out.append(f"<p class=banner>uplink / downlink split: {e(split.get('note', 'not valid'))} (summary.json → clock).</p>")
+    at_router = (summary.get("clock") or {}).get("router_split") or {}
+    if at_router and not at_router.get("valid", True):  # a cluster run: the four hops' rows left those requests out
+        out.append(f"<p class=banner>split at the router: {e(at_router.get('note', 'not valid'))} (summary.json → clock).</p>")
 
     d = o.data
     windows = [(w["t_start"], w["t_end"] if w.get("t_end") is not None else o.duration_s,

@@ -110,6 +110,11 @@ class ChildActorImpl:
         """This node's monotonic clock (bench.fleet.clock: the driver times the call around it)."""
         return time.monotonic() + self.clock_skew_s
 
+    def wall(self) -> float:
+        """This node's wall clock, never skewed by the tests' monotonic skew: the clock a Zenoh router on this node
+        stamps what it routes with (wire.transport.arrival_stamps)."""
+        return time.time()
+
     def usage(self) -> dict:
         """This node's CPU and the child's process tree's, read here (bench.run.hostcpu.node_usage)."""
         from bench.run.hostcpu import node_usage
@@ -228,6 +233,13 @@ class RemoteChild(ChildProcess):
         from bench.fleet import clock as clocks
 
         return clocks.measure(lambda: self._call("mono", timeout=10.0))
+
+    def measure_wall_clock(self):
+        """This child's node's wall clock offset from the driver's wall clock: exchanges timed around the actor's
+        `wall()` (a Zenoh router's timestamps are wall time: Run.router_split moves them across nodes by it)."""
+        from bench.fleet import clock as clocks
+
+        return clocks.measure(lambda: self._call("wall", timeout=10.0), clock=time.time)
 
     def start(self, timeout_s: float = 30.0) -> "RemoteChild":
         self.locate()

@@ -352,6 +352,11 @@ class Run:
         # barrier, then combined with a second measurement taken CLOCK_RECHECK_BEFORE_END_S before the end
         self.clocks: dict[str, clocks.ClockOffset] = {}
         self.clocks_near_end: dict[str, clocks.ClockOffset] | None = None
+        # a cluster run's nodes' wall clocks' offsets from this runner's, by node id (a Zenoh router stamps with
+        # its node's wall clock: router_split), measured and combined as `clocks` are
+        self.node_walls: dict[str, clocks.ClockOffset] = {}
+        self.node_walls_near_end: dict[str, clocks.ClockOffset] | None = None
+        self.child_nodes: dict[str, str] = {}  # child name -> its node id (kept after the children stop)
         self.cpu = CpuSampler()
         self.server_samples = SampleLog()  # {t, replica, metric, value} a second per replica and gauge
         self.leg_series = fid.LegErrorSeries()  # each leg's mean delay error, every second of the run
@@ -785,6 +790,26 @@ class Run:
             if msg.get("type") == "ready":
                 ready.add(msg["shard"])
         self.clocks = self.measure_clocks()
+        if self.cluster is not None:
+            self.node_walls = self.measure_node_walls()
+
+    def measure_node_walls(self) -> dict[str, clocks.ClockOffset]:
+        """Each cluster node's wall clock offset from this runner's, by node id, timed through one of its children's
+        actors; a node on this host shares its wall clock (exactly 0). A node that does not answer is left out
+        (the requests whose hops its clock would split are not split)."""
+        out: dict[str, clocks.ClockOffset] = {}
+        for name, child in list(self.procs.children):
+            node_id = (getattr(child, "node", None) or {}).get("node_id")
+            measure = getattr(child, "measure_wall_clock", None)
+            if node_id:
+                self.child_nodes[name] = node_id
+            if not node_id or node_id in out or measure is None:
+                continue
+            try:
+                out[node_id] = clocks.settle(measure(), self._local(child))
+            except (TimeoutError, ProcessLookupError):
+                continue
+        return out
 
     def measure_clocks(self, strict: bool = True, only: set[str] | None = None) -> dict[str, clocks.ClockOffset]:
         """Each shard's clock offset (ping/pong on its control link) and each replica's (a replica here shares this
@@ -907,6 +932,8 @@ class Run:
                 # while every shard still answers; a child on this runner's clock cannot drift from it
                 self.clocks_near_end = self.measure_clocks(strict=False, only={n for n, o in self.clocks.items()
                                                                                if not o.same_clock})
+                if self.cluster is not None:
+                    self.node_walls_near_end = self.measure_node_walls()
             if not timeline_started and now >= self.state.t0_mono:
                 self.leg_start = self.proxy_legs()  # the measured window's legs start here (warmup excluded)
                 self.state.phase = "run"
@@ -925,7 +952,8 @@ class Run:
         """clock.json: t = 0 on this runner's monotonic clock (records say t, servers' audit lines mono_ms: this
         joins them, bench incident) and every child's clock offset from it (bench.fleet.clock)."""
         (self.run_dir / "clock.json").write_text(json.dumps(
-            {"t0_mono_ms": self.state.t0_mono * 1e3, "offsets": {n: o.to_json() for n, o in sorted(self.clocks.items())}},
+            {"t0_mono_ms": self.state.t0_mono * 1e3, "offsets": {n: o.to_json() for n, o in sorted(self.clocks.items())},
+             **({"node_walls": {n: o.to_json() for n, o in sorted(self.node_walls.items())}} if self.node_walls else {})},
             indent=1))
 
     def start_timeline(self) -> None:
@@ -1029,9 +1057,11 @@ class Run:
             self.leg_end = self.proxy_legs()  # before the timeline heals and the proxy stops
             self.leg_asked = self.proxy_asked()
         self.state.phase = "stopping"
-        end = self.clocks_near_end
-        if end:  # the clocks drift over a run: the start's and the end's measurements, combined
-            self.clocks = {n: clocks.combine(o, end[n]) if n in end else o for n, o in self.clocks.items()}
+        end, walls_end = self.clocks_near_end, self.node_walls_near_end
+        if end or walls_end:  # the clocks drift over a run: the start's and the end's measurements, combined
+            self.clocks = {n: clocks.combine(o, end[n]) if n in (end or {}) else o for n, o in self.clocks.items()}
+            self.node_walls = {n: clocks.combine(o, walls_end[n]) if n in (walls_end or {}) else o
+                               for n, o in self.node_walls.items()}
             self.write_clock_file()
         try:
             if self.timeline is not None:
@@ -1268,7 +1298,7 @@ class Run:
                 if offset_ms is not None:
                     sent_ms = sent_ms - np.asarray(offset_ms, dtype=float)
                 split = self.router_split(audit, t.column("sent_ns").to_numpy(), sent_ms, up, down,
-                                          t.column("downlink_from_router_ms").to_numpy())
+                                          t.column("downlink_from_router_ms").to_numpy(), t.column("robot").to_numpy())
                 for name, values in split.items():
                     if name in t.column_names:
                         t = t.set_column(t.column_names.index(name), name, pa.array(values))
@@ -1342,28 +1372,88 @@ class Run:
         return self._unloaded
 
     def router_split(self, audit, sent_ns: np.ndarray, sent_ms: np.ndarray, up: np.ndarray, down: np.ndarray,
-                     down_from_router: np.ndarray) -> dict[str, np.ndarray]:
+                     down_from_router: np.ndarray, robots: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Each request's uplink and downlink split at the first router routing it, by that router's timestamp (a
         Zenoh router stamps what it routes, by default): `uplink_to_router_ms` from the robot's stamp (`sent_ms`, on
         the runner's clock; `sent_ns` the raw stamp, the join key) to the router (the robot's send, the site's proxy,
         the router's receive; audit `routed_mono_ms`) and
         `uplink_from_router_ms` the rest of the uplink (the router's forwarding, the server's receive up to its
         callback); `downlink_to_router_ms` (the server's send, the router's receive) and `downlink_from_router_ms`
-        (the router's forwarding, the proxy, the robot's receive: the engine's record). NaN where unstamped, and
-        in a cluster run: the stamp is the router's wall clock, and the runner measures other hosts' monotonic
-        clocks, not their wall clocks."""
+        (the router's forwarding, the proxy, the robot's receive: the engine's record). NaN where unstamped.
+
+        The stamp is the router's wall clock, read as an age against the receiver's (the replica's for the
+        observation, the robot's for the chunk). In a cluster run the two may be other hosts' clocks: each request's
+        parts are moved by the measured offset between the stamping router's node and the receiver's
+        (cluster_stamp_error; `robots`: each request's robot); a (shard, replica) pair whose wall clocks are
+        unsure by more than HOP_SPLIT_MAX_CLOCK_ERROR of its one-way hop gets NaN, as in hop_split
+        (`self.router_split_dropped`)."""
         from bench.evidence.audit import by_stamp, equals, floats
 
-        n = len(sent_ns)
-        if self.cluster is not None:
-            return {k: np.full(n, np.nan, np.float32) for k in ("uplink_to_router_ms", "uplink_from_router_ms",
-                                                                 "downlink_to_router_ms", "downlink_from_router_ms")}
         (routed,) = by_stamp(audit, equals(audit, "outcome", "ok"), sent_ns, [floats(audit, "routed_mono_ms")])
-        up_to = routed - sent_ms
         down_from = np.asarray(down_from_router, dtype=float)
+        self.router_split_dropped = []
+        if self.cluster is not None:
+            up_err, down_err, keep = self.cluster_stamp_error(audit, sent_ns, robots, up, down)
+            routed, down_from = routed - up_err, down_from + down_err
+            routed[~keep], down_from[~keep] = np.nan, np.nan
+        up_to = routed - sent_ms
+        up_to[np.isnan(np.asarray(up, dtype=float))] = np.nan  # a pair hop_split left out: its clocks too unsure
         return {"uplink_to_router_ms": up_to.astype(np.float32), "uplink_from_router_ms": (up - up_to).astype(np.float32),
                 "downlink_to_router_ms": (down - down_from).astype(np.float32),
                 "downlink_from_router_ms": down_from.astype(np.float32)}
+
+    def cluster_stamp_error(self, audit, sent_ns: np.ndarray, robots: np.ndarray | None, up: np.ndarray,
+                            down: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per request of a cluster run, ms: how far its observation's router stamp, read on its replica's node, is
+        off (the stamping router's node's wall clock minus the replica's node's: `routed_mono_ms` is that much
+        late), and its chunk's, read on its robot's node (the stamping node's minus the robot's:
+        `downlink_from_router_ms` is that much short), and which requests keep a split (the largest combined
+        uncertainty of two offsets among those kept to `self.router_split_error_ms`). The stamping routers (bench.run.mesh): with `per_node` routers the robot's node's for the
+        observation and the replica's node's for the chunk; with the driver's, the hub's for both (this host,
+        offset 0). Nodes' offsets: `self.node_walls` (measured at the start and near the end, combined). NaN and
+        not kept where a node or its offset is unknown; a (shard, replica) pair unsure by more than
+        HOP_SPLIT_MAX_CLOCK_ERROR of its median one-way hop ((uplink + downlink) / 2) is not kept, all of it
+        (`self.router_split_dropped`)."""
+        from bench.evidence.audit import by_stamp, equals, strings
+
+        n = len(sent_ns)
+        robots = np.full(n, -1) if robots is None else np.asarray(robots)
+        shard_of = {r["robot"]: r["shard"] for r in getattr(self, "robot_table", [])}
+        shard = np.array([shard_of.get(int(r), -1) for r in robots], dtype=np.int64)
+        (row,) = by_stamp(audit, equals(audit, "outcome", "ok"), sent_ns, [np.arange(audit.num_rows, dtype=float)])
+        found = np.isfinite(row)
+        replica = np.full(n, "", dtype=object)
+        replica[found] = strings(audit, "replica")[row[found].astype(np.int64)]
+
+        node = self.child_nodes.get
+        hub = clocks.SAME_CLOCK  # the driver's router runs on this host
+        walls = self.node_walls
+        up_err, down_err = np.full(n, np.nan), np.full(n, np.nan)
+        keep = np.zeros(n, dtype=bool)
+        self.router_split_error_ms = 0.0
+        for k, rid in sorted({(int(a), str(b)) for a, b in zip(shard, replica)}):
+            rows = (shard == k) & (replica == rid)
+            robot_node, replica_node = node(f"shard:{k}"), node(f"server:{rid}")
+            if k < 0 or not rid or robot_node not in walls or replica_node not in walls:
+                continue
+            robot_wall, replica_wall = walls[robot_node], walls[replica_node]
+            up_stamp, down_stamp = (robot_wall, replica_wall) if self.routers == "per_node" else (hub, hub)
+
+            def apart(a: clocks.ClockOffset, b: clocks.ClockOffset) -> tuple[float, float]:
+                return (a.offset_s - b.offset_s) * 1e3, (0.0 if a is b else (a.uncertainty_s + b.uncertainty_s) * 1e3)
+
+            (ue, uu), (de, du) = apart(up_stamp, replica_wall), apart(down_stamp, robot_wall)
+            up_err[rows], down_err[rows] = ue, de
+            hop = float(np.nanmedian((np.asarray(up, float)[rows] + np.asarray(down, float)[rows]) / 2.0)) \
+                if np.isfinite(np.asarray(up, float)[rows]).any() else float("nan")
+            err = max(uu, du)
+            if err > 0 and not err <= HOP_SPLIT_MAX_CLOCK_ERROR * hop:
+                self.router_split_dropped.append({"shard": k, "replica": rid, "requests": int(rows.sum()),
+                                                  "clock_error_ms": round(err, 3), "hop_ms_p50": round(hop, 3)})
+                continue
+            keep |= rows
+            self.router_split_error_ms = max(self.router_split_error_ms, err)
+        return up_err, down_err, keep
 
     def hop_bench_share(self, audit, sent_ns: np.ndarray, split: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Per request, each hop between the router and the replica (fid.SERVER_HOPS, from `split`: router_split's)
@@ -1387,11 +1477,12 @@ class Run:
         """Per request (`robots`: its robot; `sent_ms`, `t_recv`: its send, ms, and its answer's arrival, s, on the
         runner's monotonic clock), each hop between the robot and the router (fid.ROBOT_HOPS, from `split`) beyond what its
         site's proxy asked around its time (fid.robot_hop_excess), as `<hop>_bench_ms`; what was used, by hop and
-        site, to `self.robot_hops` (summary.json `fidelity.bench_share`). Local runs only: the proxy's clock is this
-        host's."""
+        site, to `self.robot_hops` (summary.json `fidelity.bench_share`). In a cluster run the proxies' maxima by the
+        100 ms are on their nodes' clocks and not fetched (proxy_asked): each request is bounded by the most its
+        site's proxies asked over the run (their legs summed over the nodes, chaos.toxiproxy.fidelity.add)."""
         site_of = {r["robot"]: r.get("site") or "" for r in getattr(self, "robot_table", [])}
         site = np.array([site_of.get(int(r), "") for r in robots], dtype=object)
-        legs = self.window_legs() if self.cluster is None else None  # a cluster run's hops are not split (NaN)
+        legs = self.window_legs()
         asked = getattr(self, "leg_asked", None) or {}
         recv_ms = np.asarray(t_recv, dtype=float) * 1e3
         windows = {"uplink_to_router_ms": (sent_ms, sent_ms + split["uplink_to_router_ms"]),
@@ -1448,7 +1539,25 @@ class Run:
             split["note"] = (f"{dropped} answered requests have no uplink_ms/downlink_ms: " + "; ".join(
                 f"shard {p['shard']} -> {p['replica']}: clocks unsure by {p['clock_error_ms']:.2f} ms, over "
                 f"{HOP_SPLIT_MAX_CLOCK_ERROR:.0%} of the {p['hop_ms_p50']:.2f} ms one-way hop" for p in pairs))
-        return {"children": {n: o.to_json() for n, o in sorted(self.clocks.items())}, "hop_split": split}
+        facts = {"children": {n: o.to_json() for n, o in sorted(self.clocks.items())}, "hop_split": split}
+        if self.cluster is not None:  # the router stamps' split across the nodes' wall clocks (cluster_stamp_error)
+            facts["node_walls"] = {n: o.to_json() for n, o in sorted(self.node_walls.items())}
+            facts["router_split"] = self.router_split_facts()
+        return facts
+
+    def router_split_facts(self) -> dict:
+        """summary.json's `clock.router_split` in a cluster run: whether every request's hops could be split at the
+        router across its nodes' wall clocks, the largest clock error of those split, and the pairs left unsplit."""
+        pairs = getattr(self, "router_split_dropped", None) or []
+        dropped = sum(p["requests"] for p in pairs)
+        out = {"valid": not pairs, "requests_dropped": dropped, "dropped_pairs": pairs,
+               "clock_error_ms": round(float(getattr(self, "router_split_error_ms", 0.0)), 3),
+               "max_clock_error_of_hop": HOP_SPLIT_MAX_CLOCK_ERROR}
+        if pairs:
+            out["note"] = f"{dropped} answered requests have no hops split at the router: " + "; ".join(
+                f"shard {p['shard']} -> {p['replica']}: the nodes' wall clocks unsure by {p['clock_error_ms']:.2f} ms, "
+                f"over {HOP_SPLIT_MAX_CLOCK_ERROR:.0%} of the {p['hop_ms_p50']:.2f} ms one-way hop" for p in pairs)
+        return out
 
     def collect_audit(self):
         """Every replica's audit log as one table (bench.evidence.audit), each on this runner's clock."""

@@ -128,6 +128,17 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     split = clock["hop_split"]
     assert split["valid"] == (split["requests_dropped"] == 0) and up["count"] + split["requests_dropped"] >= net["count"] * 0.9
     assert up["count"] == 0 or 0 < up["p50"] <= net["p50"] + 1.0, (up, net)
+    # the hops split at the router too: each node's wall clock (a router stamps with it) measured through its actors
+    # (this host's here: exactly 0); the parts add up to the hop wherever the hop is split
+    walls, at_router = clock["node_walls"], clock["router_split"]
+    assert set(walls) == set(placed.values()) and all(w["same_clock"] for w in walls.values()), walls
+    assert at_router["valid"] and at_router["clock_error_ms"] == 0, at_router
+    req = pq.read_table(run_dir / "requests.parquet").to_pydict()
+    from_router = [v for v in req["downlink_from_router_ms"] if v is not None and v == v]
+    assert len(from_router) >= 0.9 * net["count"] and min(from_router) > 0, (len(from_router), net["count"])
+    parts = [(u, a, b) for u, a, b in zip(req["uplink_ms"], req["uplink_to_router_ms"], req["uplink_from_router_ms"])
+             if u is not None and u == u]
+    assert all(abs(a + b - u) < 0.01 for u, a, b in parts), parts[:5]
     # the replica's audit times were moved onto the driver's clock: they fall in the run's window there
     t0_ms = json.loads((run_dir / "clock.json").read_text())["t0_mono_ms"]
     received = [v for v in pq.read_table(run_dir / "server_requests.parquet").column("received_mono_ms").to_pylist() if v]

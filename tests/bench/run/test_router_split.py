@@ -1,0 +1,94 @@
+"""A cluster run's hops split at the router across nodes' wall clocks: a Zenoh router stamps with its node's wall
+clock and the receiver reads the stamp against its own, so each part is moved by the measured offset between
+the two nodes (Run.cluster_stamp_error), and a pair of nodes whose clocks are too unsure for its hop is left
+unsplit, named in the summary's `clock.router_split`."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from bench.fleet.clock import ClockOffset
+from bench.run.runner import Run
+
+WALLS = {"node-a": ClockOffset(0.004, 0.0002, 0.0004), "node-b": ClockOffset(-0.003, 0.0001, 0.0002)}
+SHARD_NODE = {0: "node-a", 1: "node-b"}  # robot 0 on node A, robot 1 on node B; the replica on node B
+
+
+def _runner(routers: str, walls: dict) -> Run:
+    run = Run.__new__(Run)
+    run.cluster, run.routers, run.node_walls = object(), routers, walls
+    run.robot_table = [{"robot": 0, "shard": 0, "site": "eu"}, {"robot": 1, "shard": 1, "site": "eu"}]
+    run.child_nodes = {f"shard:{k}": n for k, n in SHARD_NODE.items()} | {"server:r0": "node-b"}
+    return run
+
+
+def _wall(node: str | None) -> float:  # ms; None: the driver's host (the hub router), this runner's clock
+    return 0.0 if node is None else WALLS[node].offset_s * 1e3
+
+
+def _requests(routers: str, n: int = 40):
+    """Each request's true split and what the replica's audit and the robot's record read of it."""
+    rng = np.random.default_rng(1)
+    robots = np.arange(n) % 2
+    sent_ns = (np.arange(n, dtype=np.int64) + 1) * 50_000_000
+    sent_ms = sent_ns / 1e6
+    to_router, from_router = rng.uniform(20, 30, n), rng.uniform(1, 3, n)  # uplink's parts, ms
+    down_to, down_from = rng.uniform(1, 3, n), rng.uniform(20, 30, n)  # downlink's parts
+    routed_audit, down_from_read = np.empty(n), np.empty(n)
+    for i, r in enumerate(robots):
+        robot_node = SHARD_NODE[int(r)]
+        up_stamp, down_stamp = (robot_node, "node-b") if routers == "per_node" else (None, None)
+        routed_audit[i] = sent_ms[i] + to_router[i] + (_wall(up_stamp) - _wall("node-b"))  # read on the replica's node
+        down_from_read[i] = down_from[i] - (_wall(down_stamp) - _wall(robot_node))  # read on the robot's node
+    audit = pa.table({"outcome": ["ok"] * n, "client_mono_ns": sent_ns, "routed_mono_ms": routed_audit,
+                      "replica": ["r0"] * n})
+    up, down = to_router + from_router, down_to + down_from
+    truth = {"uplink_to_router_ms": to_router, "uplink_from_router_ms": from_router,
+             "downlink_to_router_ms": down_to, "downlink_from_router_ms": down_from}
+    return audit, robots, sent_ns, sent_ms, up, down, down_from_read, truth
+
+
+@pytest.mark.parametrize("routers", ["per_node", "driver"])
+def test_each_part_is_moved_by_the_offset_between_the_stamping_node_and_the_reader(routers):
+    audit, robots, sent_ns, sent_ms, up, down, down_from_read, truth = _requests(routers)
+    run = _runner(routers, WALLS)
+    split = run.router_split(audit, sent_ns, sent_ms, up, down, down_from_read, robots)
+    for name, want in truth.items():
+        np.testing.assert_allclose(split[name], want, atol=1e-3, err_msg=name)
+    facts = run.router_split_facts()
+    assert facts["valid"] and facts["requests_dropped"] == 0
+    # per_node: node A's and node B's uncertainties, 0.2 + 0.1 ms; driver: the hub's (this host, 0) and node A's
+    assert facts["clock_error_ms"] == pytest.approx(0.3 if routers == "per_node" else 0.2)
+
+
+def test_without_the_correction_robot_0s_parts_would_read_7_ms_off():
+    """The case the correction exists for (per_node: node A's router stamps, node B's replica reads, 7 ms apart)."""
+    audit, robots, sent_ns, sent_ms, up, down, down_from_read, truth = _requests("per_node")
+    same = {n: ClockOffset(0.0, 0.0, 0.0) for n in WALLS}
+    split = _runner("per_node", same).router_split(audit, sent_ns, sent_ms, up, down, down_from_read, robots)
+    off = split["uplink_to_router_ms"] - truth["uplink_to_router_ms"]
+    np.testing.assert_allclose(off[robots == 0], 7.0, atol=1e-3)
+    np.testing.assert_allclose(off[robots == 1], 0.0, atol=1e-3)
+
+
+def test_a_pair_whose_clocks_are_too_unsure_for_its_hop_is_left_unsplit_and_named():
+    audit, robots, sent_ns, sent_ms, up, down, down_from_read, truth = _requests("per_node")
+    unsure = dict(WALLS, **{"node-a": ClockOffset(0.004, 0.008, 0.016)})  # ±8 ms: over a quarter of a ~27 ms hop
+    run = _runner("per_node", unsure)
+    split = run.router_split(audit, sent_ns, sent_ms, up, down, down_from_read, robots)
+    for name, want in truth.items():
+        assert np.isnan(split[name][robots == 0]).all(), name
+        np.testing.assert_allclose(split[name][robots == 1], want[robots == 1], atol=1e-3)  # node B's own: exact
+    facts = run.router_split_facts()
+    assert not facts["valid"] and facts["requests_dropped"] == 20
+    assert facts["dropped_pairs"][0]["shard"] == 0 and facts["dropped_pairs"][0]["clock_error_ms"] == pytest.approx(8.1)
+    assert "shard 0 -> r0" in facts["note"]
+
+
+def test_a_node_whose_wall_clock_was_not_measured_leaves_its_requests_unsplit():
+    audit, robots, sent_ns, sent_ms, up, down, down_from_read, truth = _requests("per_node")
+    run = _runner("per_node", {"node-b": WALLS["node-b"]})  # node A never answered
+    split = run.router_split(audit, sent_ns, sent_ms, up, down, down_from_read, robots)
+    assert np.isnan(split["uplink_to_router_ms"][robots == 0]).all()
+    np.testing.assert_allclose(split["uplink_to_router_ms"][robots == 1], truth["uplink_to_router_ms"][robots == 1],
+                               atol=1e-3)
