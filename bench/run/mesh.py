@@ -258,7 +258,16 @@ class NodeMesh:
     def clients(self, proxy: str) -> list:
         """Every node's ChaosClient that holds proxy `proxy` (`site-NAME`): on each node, the proxy server
         process its site was dealt to."""
-        return [c for c in (links.client_of(proxy) for _, links in self._links()) if c is not None]
+        return list(self.clients_by_node(proxy).values())
+
+    def clients_by_node(self, proxy: str) -> dict[str, object]:
+        """`clients`, by node id."""
+        return {node_id: c for node_id, c in ((n, links.client_of(proxy)) for n, links in self._links()) if c is not None}
+
+    def router_of(self, node_id: str):
+        """The node's router (its RemoteChild: its actor reads the node's clocks), None if the node has none."""
+        links = dict(self._links()).get(node_id)
+        return links.router if links is not None else None
 
     def describe(self) -> dict:
         return {node_id: links.describe() for node_id, links in self._links()}

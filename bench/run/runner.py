@@ -936,6 +936,7 @@ class Run:
                     self.node_walls_near_end = self.measure_node_walls()
             if not timeline_started and now >= self.state.t0_mono:
                 self.leg_start = self.proxy_legs()  # the measured window's legs start here (warmup excluded)
+                self.node_leg_start = self.node_proxy_legs()
                 self.state.phase = "run"
                 self.start_timeline()
                 timeline_started = True
@@ -1042,9 +1043,11 @@ class Run:
 
     def proxy_asked(self) -> dict | None:
         """Every site proxy's most asked of a chunk in each 100 ms (chaos.toxiproxy.fidelity.LegStats.asked_json
-        per direction), in a local run; None where the proxies cannot say."""
+        per direction) on this host's clock: a local run's, or a cluster run's with the driver's router (its robots
+        cross the driver's proxies); None where the proxies cannot say, and with per_node routers
+        (node_proxy_asked)."""
         chaos = getattr(self, "chaos", None)
-        if self.cluster is not None or not hasattr(chaos, "fidelity_asked") \
+        if getattr(self, "mesh", None) is not None or not hasattr(chaos, "fidelity_asked") \
                 or getattr(getattr(self, "proxy_server", None), "real_toxiproxy", False):
             return None
         try:
@@ -1052,10 +1055,44 @@ class Run:
         except Exception:  # an old proxy: each request's hop is bounded by the whole run's most asked instead
             return None
 
+    def node_proxy_legs(self) -> dict | None:
+        """A cluster run's site proxies on each node (`routers: per_node`: its robots' proxies), their fidelity
+        counters now, {node id: {site: snapshot}}; None elsewhere or if they cannot say."""
+        if self.mesh is None:
+            return None
+        try:
+            out: dict[str, dict] = {}
+            for site in self.sites:
+                for node_id, client in self.mesh.clients_by_node(f"site-{site}").items():
+                    out.setdefault(node_id, {})[site] = client.fidelity(f"site-{site}")
+            return out
+        except Exception:  # a node gone: its robots' hops are bounded by the legs summed over the nodes instead
+            return None
+
+    def node_proxy_asked(self) -> dict:
+        """A cluster run's site proxies on each node, their most asked of a chunk in each 100 ms (proxy_asked) on
+        that node's monotonic clock, and the node's clock offset from this runner's, ms (timed through its
+        router's actor): {node id: {"offset_ms", "asked": {site: {direction: LegStats.asked_json}}}}. A node that
+        cannot say is left out (its robots' hops are bounded by the run's most asked)."""
+        out: dict[str, dict] = {}
+        if self.mesh is None:
+            return out
+        for node_id in {n for site in self.sites for n in self.mesh.clients_by_node(f"site-{site}")}:
+            router = self.mesh.router_of(node_id)
+            try:
+                asked = {site: c.fidelity_asked(f"site-{site}") for site in self.sites
+                         if (c := self.mesh.clients_by_node(f"site-{site}").get(node_id)) is not None}
+                offset = clocks.settle(router.measure_clock(), self._local(router))
+            except Exception:  # an old proxy, a node gone
+                continue
+            out[node_id] = {"offset_ms": offset.offset_s * 1e3, "asked": asked}
+        return out
+
     def shutdown(self) -> None:
         if self.state.t0_mono is not None and time.monotonic() >= self.state.t0_mono:
             self.leg_end = self.proxy_legs()  # before the timeline heals and the proxy stops
             self.leg_asked = self.proxy_asked()
+            self.node_leg_end, self.node_asked = self.node_proxy_legs(), self.node_proxy_asked()
         self.state.phase = "stopping"
         end, walls_end = self.clocks_near_end, self.node_walls_near_end
         if end or walls_end:  # the clocks drift over a run: the start's and the end's measurements, combined
@@ -1224,12 +1261,14 @@ class Run:
             return {"valid": True, "reasons": [], "tolerances": tol, "legs": [], "shards": [], "replicas": [],
                     "note": f"fidelity could not be computed: {exc!r}"}
 
-    def window_legs(self) -> dict | None:
-        """Each site's proxy counters over the measured window (the end's less the start's), None when the proxies
-        could not say (a real Toxiproxy, a run that never reached its end)."""
+    def window_legs(self, start: dict | None = None, end: dict | None = None) -> dict | None:
+        """Each site's proxy counters over the measured window (the end's less the start's; by default the run's
+        summed over the nodes, `leg_start`/`leg_end`), None when the proxies could not say (a real Toxiproxy, a run
+        that never reached its end)."""
         from chaos.toxiproxy.fidelity import subtract
 
-        start, end = getattr(self, "leg_start", None), getattr(self, "leg_end", None)
+        if end is None:
+            start, end = getattr(self, "leg_start", None), getattr(self, "leg_end", None)
         if not end:
             return None
         return {site: {"edges_ms": snap.get("edges_ms"),
@@ -1477,22 +1516,43 @@ class Run:
         """Per request (`robots`: its robot; `sent_ms`, `t_recv`: its send, ms, and its answer's arrival, s, on the
         runner's monotonic clock), each hop between the robot and the router (fid.ROBOT_HOPS, from `split`) beyond what its
         site's proxy asked around its time (fid.robot_hop_excess), as `<hop>_bench_ms`; what was used, by hop and
-        site, to `self.robot_hops` (summary.json `fidelity.bench_share`). In a cluster run the proxies' maxima by the
-        100 ms are on their nodes' clocks and not fetched (proxy_asked): each request is bounded by the most its
-        site's proxies asked over the run (their legs summed over the nodes, chaos.toxiproxy.fidelity.add)."""
+        site, to `self.robot_hops` (summary.json `fidelity.bench_share`). A cluster run with per_node routers keys them
+        by site and node (by_site_and_node): a robot's chunks cross its own node's copy of its site's proxy, whose
+        maxima by 100 ms are on that node's clock."""
         site_of = {r["robot"]: r.get("site") or "" for r in getattr(self, "robot_table", [])}
         site = np.array([site_of.get(int(r), "") for r in robots], dtype=object)
         legs = self.window_legs()
         asked = getattr(self, "leg_asked", None) or {}
         recv_ms = np.asarray(t_recv, dtype=float) * 1e3
-        windows = {"uplink_to_router_ms": (sent_ms, sent_ms + split["uplink_to_router_ms"]),
-                   "downlink_from_router_ms": (recv_ms - split["downlink_from_router_ms"], recv_ms)}
+        shift = np.zeros(len(site))  # the runner's clock to the proxy's
+        node_start, node_end = getattr(self, "node_leg_start", None) or {}, getattr(self, "node_leg_end", None)
+        node_legs = {n: self.window_legs(node_start.get(n) or {}, end) for n, end in node_end.items()} \
+            if node_end else None
+        if node_legs is not None:  # cluster, per_node routers: each robot's hops through its node's copy of its site
+            site, legs, asked, shift = self.by_site_and_node(robots, site, node_legs)
+        windows = {"uplink_to_router_ms": (sent_ms + shift, sent_ms + split["uplink_to_router_ms"] + shift),
+                   "downlink_from_router_ms": (recv_ms - split["downlink_from_router_ms"] + shift, recv_ms + shift)}
         out, self.robot_hops = {}, {}
         for name, direction in fid.ROBOT_HOPS:
             by_s = {site: (legs_asked or {}).get(direction) for site, legs_asked in asked.items()}
             out[name[:-3] + "_bench_ms"], self.robot_hops[name] = fid.robot_hop_excess(
                 split[name], site, legs, direction, by_s, windows[name])
         return out
+
+    def by_site_and_node(self, robots: np.ndarray, site: np.ndarray, node_legs: dict) -> tuple:
+        """A cluster run's robot-side hops per site and node (`per_node` routers: a robot's chunks cross its own
+        node's copy of its site's proxy): each request's key `site@node` (the node id's first 12 characters), the
+        legs and the maxima by 100 ms under those keys (`node_legs`: the window's legs per node and site,
+        `self.node_asked`), and each request's shift from the runner's clock to its node's, ms (NaN where the
+        node's clock is unknown: bounded by the run's most asked)."""
+        parts = getattr(self, "node_asked", None) or {}
+        shard_of = {r["robot"]: r["shard"] for r in getattr(self, "robot_table", [])}
+        node = [self.child_nodes.get(f"shard:{shard_of.get(int(r), -1)}") or "" for r in robots]
+        keyed = np.array([f"{s}@{n[:12]}" if s and n else "" for s, n in zip(site, node)], dtype=object)
+        legs = {f"{s}@{n[:12]}": snap for n, by_site in node_legs.items() for s, snap in by_site.items()}
+        asked = {f"{s}@{n[:12]}": a for n, p in parts.items() for s, a in (p.get("asked") or {}).items()}
+        shift = np.array([(parts.get(n) or {}).get("offset_ms", np.nan) for n in node], dtype=float)
+        return keyed, legs, asked, shift
 
     def server_bench_share(self, audit, sent_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per request (`sent_ns`: its stamp), the queue wait and the forward pass the bench host added on its

@@ -139,6 +139,10 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     parts = [(u, a, b) for u, a, b in zip(req["uplink_ms"], req["uplink_to_router_ms"], req["uplink_from_router_ms"])
              if u is not None and u == u]
     assert all(abs(a + b - u) < 0.01 for u, a, b in parts), parts[:5]
+    # the robot side, bounded by the shard's node's copy of its site's proxy around each request's time (its maxima
+    # by 100 ms on that node's clock)
+    sites = summary["fidelity"]["bench_share"]["downlink_from_router_ms"]["sites"]
+    assert list(sites) == [f"lab@{placed['shard:0'][:12]}"] and all(v["asked_by_time"] for v in sites.values()), sites
     # the replica's audit times were moved onto the driver's clock: they fall in the run's window there
     t0_ms = json.loads((run_dir / "clock.json").read_text())["t0_mono_ms"]
     received = [v for v in pq.read_table(run_dir / "server_requests.parquet").column("received_mono_ms").to_pylist() if v]

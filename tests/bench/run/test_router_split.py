@@ -92,3 +92,48 @@ def test_a_node_whose_wall_clock_was_not_measured_leaves_its_requests_unsplit():
     assert np.isnan(split["uplink_to_router_ms"][robots == 0]).all()
     np.testing.assert_allclose(split["uplink_to_router_ms"][robots == 1], truth["uplink_to_router_ms"][robots == 1],
                                atol=1e-3)
+
+
+def _proxy_leg(records):
+    from chaos.toxiproxy.fidelity import LegStats
+
+    leg = LegStats()
+    for now_s, asked_ms in records:  # the proxy's monotonic clock, s
+        leg.record(100, asked_ms / 1e3, asked_ms / 1e3, now_s)
+    return leg
+
+
+def test_a_robot_s_hops_are_bounded_by_its_own_node_s_proxy_around_its_time_on_that_node_s_clock():
+    """per_node routers: robot 0's chunks cross node A's copy of site ap's proxy, whose clock is 1 s ahead of the
+    runner's; its maxima by 100 ms are read at the request's time moved onto that clock. Node B's copy asked 25 ms
+    throughout."""
+    from chaos.toxiproxy.fidelity import EDGES_MS
+
+    burst = _proxy_leg([(100.02, 25.0), (100.15, 600.0), (100.31, 24.0)])  # node A: a burst's queue at 100.1 s
+    steady = _proxy_leg([(100.02 + 0.1 * i, 25.0) for i in range(4)])
+    quiet = _proxy_leg([])
+    run = Run.__new__(Run)
+    run.cluster, run.routers = object(), "per_node"
+    run.robot_table = [{"robot": r, "shard": r % 2, "site": "ap"} for r in range(62)]
+    run.child_nodes = {"shard:0": "node-a" * 3, "shard:1": "node-b" * 3}
+    run.node_leg_start = None
+    run.node_leg_end = {n: {"ap": {"edges_ms": list(EDGES_MS), "downstream": leg.to_json(), "upstream": quiet.to_json()}}
+                        for n, leg in (("node-a" * 3, burst), ("node-b" * 3, steady))}
+    run.node_asked = {"node-a" * 3: {"offset_ms": 1000.0, "asked": {"ap": {"downstream": burst.asked_json()}}},
+                      "node-b" * 3: {"offset_ms": 0.0, "asked": {"ap": {"downstream": steady.asked_json()}}}}
+    robots = np.arange(62)
+    hop = np.where(robots < 60, 25.5, 95.0)  # robots 60 (node A) and 61 (node B) stalled
+    t_recv_s = np.full(62, 99.380)  # on the runner's clock: 100.38 s on node A's, in its 100.3 s bucket (24 asked)
+    split = {"uplink_to_router_ms": np.full(62, np.nan), "downlink_from_router_ms": hop}
+    out = run.robot_hop_bench_share(robots, split, np.zeros(62), t_recv_s)
+    info = run.robot_hops["downlink_from_router_ms"]
+    a, b = "ap@" + ("node-a" * 3)[:12], "ap@" + ("node-b" * 3)[:12]
+    assert set(info) == {a, b} and info[a]["asked_by_time"] and info[a]["asked_ms_max"] == 600.0
+    part = out["downlink_from_router_bench_ms"]
+    assert part[60] == pytest.approx(95.0 - 24.0 - info[a]["floor_ms"], abs=1e-3)  # not the 600 of 100.1 s
+    # node B's proxy never saw t = 99.3 s on its clock (it started at 100 s): nothing asked then, so all of it
+    assert part[61] == pytest.approx(95.0 - info[b]["floor_ms"], abs=1e-3)
+    # without node A's clock its request is bounded by the most node A's copy asked over the run: all of it explained
+    run.node_asked["node-a" * 3].pop("offset_ms")
+    unshifted = run.robot_hop_bench_share(robots, split, np.zeros(62), t_recv_s)["downlink_from_router_bench_ms"]
+    assert unshifted[60] == pytest.approx(info[a]["error_ms_p50"], abs=1e-3)
