@@ -300,17 +300,34 @@ def hop_excess(hop: np.ndarray, replica: np.ndarray) -> tuple[np.ndarray, dict[s
     fleet, and a hop beyond its quiet floor waited for a core (the router's, the replica's receive or send). On a
     host of its own the replica's other threads (its dispatch loop, other requests' callbacks, under one GIL)
     would still delay some, so the excess is an upper bound of the bench's share."""
-    hop = np.asarray(hop, dtype=float)
-    replica = np.asarray(replica, dtype=str)
-    out = np.full(hop.shape, np.nan)
+    return beyond_floor(hop, replica)
+
+
+def encode_excess(encode_ms: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+    """Per request, the client's encode (`encode_ms`: the engine's JPEG encode of its cameras, the msgpack body
+    and the put) beyond its group's floor for it (every robot of a group sends the same cameras and state), and
+    the floors by group. On a bench shard a hundred engines and the control loop share one process and its GIL,
+    so an encode beyond its quiet floor mostly waited for them. An upper bound of the bench's share: a robot's
+    own computer varies too (image content, its own threads); and the floor is this host's CPU, not the robot's,
+    so a slower edge computer's encode is not what this measures."""
+    return beyond_floor(encode_ms, group)
+
+
+def beyond_floor(values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+    """Per row, `values` beyond its key's floor (the HOP_FLOOR_QUANTILE-th percentile of that key's finite
+    values), never below zero; NaN where the value or key is unknown or the key has under
+    HOP_FLOOR_MIN_REQUESTS values. And the floors by key."""
+    values = np.asarray(values, dtype=float)
+    keys = np.asarray(keys, dtype=str)
+    out = np.full(values.shape, np.nan)
     floors = {}
-    for rid in sorted(set(replica.tolist()) - {""}):
-        rows = (replica == rid) & np.isfinite(hop)
+    for key in sorted(set(keys.tolist()) - {""}):
+        rows = (keys == key) & np.isfinite(values)
         if np.count_nonzero(rows) < HOP_FLOOR_MIN_REQUESTS:
             continue
-        floor = float(np.percentile(hop[rows], HOP_FLOOR_QUANTILE))
-        floors[rid] = round(floor, 3)
-        out[rows] = np.maximum(hop[rows] - floor, 0.0)
+        floor = float(np.percentile(values[rows], HOP_FLOOR_QUANTILE))
+        floors[key] = round(floor, 3)
+        out[rows] = np.maximum(values[rows] - floor, 0.0)
     return out.astype(np.float32), floors
 
 
@@ -393,7 +410,8 @@ def robot_hop_excess(hop: np.ndarray, site: np.ndarray, proxy_legs: dict | None,
 
 def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | None = None,
                 hop_floors: dict[str, dict[str, float]] | None = None, duration_s: float | None = None,
-                robot_hops: dict[str, dict[str, dict]] | None = None) -> dict:
+                robot_hops: dict[str, dict[str, dict]] | None = None,
+                encode_floors: dict[str, float] | None = None) -> dict:
     """How much of the latency budget's figures the bench added (summary.json `fidelity.bench_share`, the report's
     "of it, the bench" column), where it can be measured:
 
@@ -421,8 +439,9 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
       the round trip, from the observation's tick to its engine's worker taking it up, and from a chunk's arrival
       to its merge, p50 and p99. A robot's own computer runs one engine; a bench shard runs a hundred beside its
       control loop in one process, so these are the shard's (an upper bound of the bench's share: a real
-      worker's wake-up is not zero).
-    The client's encode is not split between the system and the bench (`note`).
+      worker's wake-up is not zero);
+    - `encode_ms` (from the requests' `encode_bench_ms`, encode_excess): the client's encode, outside the round
+      trip, each request's beyond its group's floor; `floor_ms` by group (`encode_floors`). An upper bound.
     Requests count as the figures do: answered, in the measured window (t from 0 to `duration_s`, when given)."""
     out: dict = {}
     for direction, figure in (("upstream", "uplink_ms"), ("downstream", "downlink_ms")):
@@ -495,6 +514,9 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
             out[name] = {**hop, "sites": dict(sorted(((robot_hops or {}).get(name) or {}).items()))}
             hops_b.append(b)
             robot_side = True
+    encode = less(answered("encode_ms"), answered("encode_bench_ms"))
+    if encode is not None:  # outside the round trip: not taken off it
+        out["encode_ms"] = {**encode, "floor_ms": dict(sorted((encode_floors or {}).items()))}
     for name in ("send_lag_ms", "merge_lag_ms"):  # the answered requests', as the budget's rows count them
         v = answered(name)
         v = v[np.isfinite(v)]
@@ -528,7 +550,7 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
                            "router and the replica beyond their floor (an upper bound) and "
                            + ("its hops between the robot and the router beyond what the proxies asked (a lower "
                               "bound)" if robot_side else "the proxies' p50 error up and down")
-                           + "; the client's encode is not split between the system and the bench")
+                           + "; the client's encode is outside the round trip (its own row)")
     if "rtt_ms" not in out:
         parts = [out.get(k, {}).get("p50") for k in ("uplink_ms", "downlink_ms", "inference_ms")]
         if any(p is not None for p in parts):
@@ -552,7 +574,8 @@ def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit,
             unloaded: dict[str, dict | None], window_ms: tuple[float, float], proxy_note: str | None = None,
             cores: int = 1, judge_drift: bool = False, queue_replay: list[dict] | None = None,
             hop_floors: dict[str, dict[str, float]] | None = None,
-            robot_hops: dict[str, dict[str, dict]] | None = None) -> dict:
+            robot_hops: dict[str, dict[str, dict]] | None = None,
+            encode_floors: dict[str, float] | None = None) -> dict:
     """The `fidelity` mapping of summary.json. `proxy_legs`: site -> the proxy's window counters
     ({"edges_ms", "upstream", "downstream"}), None when the proxy cannot say (real Toxiproxy). `judge_drift`:
     the scenario asserts on a `_drift` figure, so the host's outside load in its two windows is judged."""
@@ -568,7 +591,7 @@ def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit,
     out = {"valid": not reasons, "reasons": reasons, "tolerances": dict(tol), "legs": legs, "shards": shards,
            "replicas": replicas, "other_load": background,
            "bench_share": bench_share(proxy_legs, replicas, getattr(data, "requests", None), hop_floors,
-                                        duration_s, robot_hops),
+                                        duration_s, robot_hops, encode_floors),
            "queue_replay": list(queue_replay or [])}
     if proxy_note:
         out["note"] = proxy_note
@@ -615,6 +638,9 @@ def table_lines(f: dict) -> list[str]:
                          f"{q['unloaded_ms_p50']} / {q['unloaded_ms_p99']}")
     lags = [f"{name} p50 {share[k]['p50']:.1f} / p99 {share[k]['p99']:.1f} ms" for k, name in
             (("send_lag_ms", "observation -> send"), ("merge_lag_ms", "arrival -> merge")) if share.get(k)]
+    enc = share.get("encode_ms") or {}
+    if enc.get("p50") is not None and enc.get("p99") is not None:
+        lags.append(f"client encode beyond its floor p50 {enc['p50']:.1f} / p99 {enc['p99']:.1f} ms")
     if lags:
         lines.append(f"    the shards' own delay outside the round trip: {'; '.join(lags)}")
     lines += [f"    ! {x}" for x in f.get("reasons", [])]

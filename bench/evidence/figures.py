@@ -482,7 +482,8 @@ _UP, _DOWN = tuple(h[:-3] + "_bench_ms" for h in _HOPS[:2]), tuple(h[:-3] + "_be
 BENCH_PARTS = {"queue_wait_ms": ("queue_wait_bench_ms",), "inference_ms": ("inference_bench_ms",),
                **{hop: (hop[:-3] + "_bench_ms",) for hop in _HOPS},
                "uplink_ms": _UP, "downlink_ms": _DOWN, "network_ms": _UP + _DOWN,
-               "rtt_ms": ("queue_wait_bench_ms", "inference_bench_ms") + _UP + _DOWN}
+               "rtt_ms": ("queue_wait_bench_ms", "inference_bench_ms") + _UP + _DOWN,
+               "encode_ms": ("encode_bench_ms",)}
 
 
 def _without_bench(name: str, network_ms: float):

@@ -1256,7 +1256,8 @@ class Run:
                                (t0, t0 + self.s.duration_s * 1e3), note, cores=self.cpu.cores, judge_drift=drift,
                                queue_replay=getattr(self, "server_replay", None),
                                hop_floors=getattr(self, "hop_floors", None),
-                               robot_hops=getattr(self, "robot_hops", None))
+                               robot_hops=getattr(self, "robot_hops", None),
+                               encode_floors=getattr(self, "encode_floors", None))
         except Exception as exc:  # the verdict must still be written; say what could not be measured
             return {"valid": True, "reasons": [], "tolerances": tol, "legs": [], "shards": [], "replicas": [],
                     "note": f"fidelity could not be computed: {exc!r}"}
@@ -1355,6 +1356,10 @@ class Run:
                             for h in fid.SERVER_HOPS + tuple(h for h, _ in fid.ROBOT_HOPS)}
                 for name, values in hops.items():
                     t = t.append_column(name, pa.array(values))
+                group_of = {r["robot"]: r.get("group") or "" for r in getattr(self, "robot_table", [])}
+                encode_bench, self.encode_floors = fid.encode_excess(
+                    t.column("encode_ms").to_numpy(), np.array([group_of.get(int(r), "") for r in t.column("robot").to_numpy()]))
+                t = t.append_column("encode_bench_ms", pa.array(encode_bench))
             pq.write_table(t, self.run_dir / f"{kind}.parquet")
             tables[kind] = t
         robots_tab = pa.Table.from_pylist(getattr(self, "robot_table", []) or [], schema=None) \

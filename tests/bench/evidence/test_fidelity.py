@@ -350,3 +350,25 @@ def test_the_shards_own_delays_outside_the_round_trip_are_in_the_bench_share_and
                                                                     "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}],
                              "replicas": [], "bench_share": share})
     assert any("observation -> send p50 0.2" in x for x in lines)
+
+
+def test_the_client_s_encode_beyond_its_group_s_floor_is_the_bench_s_and_stays_outside_the_round_trip():
+    # group a encodes ~0.4 ms quiet, b (bigger cameras) ~2.0 ms; each has a tail that waited for the shard's GIL
+    encode = np.array([0.4] * 45 + [6.4] * 5 + [2.0] * 45 + [12.0] * 5 + [3.0] * 5)
+    group = np.array(["a"] * 50 + ["b"] * 50 + ["c"] * 5)  # c: too few requests to read a floor
+    part, floors = fid.encode_excess(encode, group)
+    assert floors == {"a": 0.4, "b": 2.0}
+    np.testing.assert_allclose(part[:100], np.concatenate([[0.0] * 45, [6.0] * 5, [0.0] * 45, [10.0] * 5]), atol=1e-6)
+    assert np.isnan(part[100:]).all()
+    requests = {"encode_ms": encode, "encode_bench_ms": part, "outcome": np.array(["ok"] * 105)}
+    share = fid.bench_share({}, [], requests, encode_floors=floors)
+    assert share["encode_ms"]["floor_ms"] == {"a": 0.4, "b": 2.0} and share["encode_ms"]["requests_measured"] < 1
+    # p99: 12.0 with its bench part, 3.0 (c's, unmeasured) or 2.0 without: the share is their difference
+    assert share["encode_ms"]["p99"] == pytest.approx(np.percentile(encode, 99) - np.percentile(
+        encode - np.nan_to_num(part), 99), abs=1e-3)
+    assert "rtt_ms" not in share  # outside the round trip: never taken off it
+    rows = {r["figure"]: r for r in report.latency_budget({"encode_ms": {"p99": 12.0}}, {"bench_share": share})}
+    assert rows["encode_ms"]["bench_p99_ms"] == share["encode_ms"]["p99"]
+    lines = fid.table_lines({"valid": True, "legs": [], "replicas": [], "bench_share": share, "shards": [
+        {"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}]})
+    assert any("client encode beyond its floor p50 0.0 / p99" in x for x in lines), lines
