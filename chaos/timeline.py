@@ -35,8 +35,8 @@ from wire.suggest import did_you_mean
 # --- the events --------------------------------------------------------------------------------
 
 FAMILY_OF_KIND = {"site": "site", "server": "process", "router": "process", "robot": "robot"}
-_TARGET_RE = re.compile(r"^(?:(?P<kind>site|server|robot|group):(?P<name>[^\s/:]+)(?:/(?P<index>\S+))?|(?P<router>router))$")
-TARGET_FORMS = "site:NAME, server:REPLICA_ID, router, robot:GROUP, robot:GROUP/INDEX, group:NAME"
+_TARGET_RE = re.compile(r"^(?:(?P<kind>site|server|robot|group):(?P<name>[^\s/:]+)(?:/(?P<index>\S+))?|(?P<router>router)(?P<hub>:hub)?)$")
+TARGET_FORMS = "site:NAME, server:REPLICA_ID, router, router:hub, robot:GROUP, robot:GROUP/INDEX, group:NAME"
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class FaultEvent:
     duration: float | None = None
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
     kind: str = ""
-    name: str = ""  # site name, replica id or group; "" for the router
+    name: str = ""  # site name, replica id or group; for the router "" (every router) or "hub" (the driver's)
     robot_index: int | None = None
 
     def __post_init__(self):
@@ -282,8 +282,8 @@ def _parse_target(i: int, raw) -> tuple[str, str, int | None]:
     m = _TARGET_RE.match(raw) if isinstance(raw, str) else None
     if not m:
         raise TimelineError(i, "target", f"target {raw!r} is not one of {TARGET_FORMS}")
-    if m.group("router"):
-        return "router", "", None
+    if m.group("router"):  # `router`: every router of the run; `router:hub`: the driver's alone (bench.run.mesh)
+        return "router", "hub" if m.group("hub") else "", None
     kind, name, index = m.group("kind"), m.group("name"), m.group("index")
     if index is not None and kind != "robot":
         raise TimelineError(i, "target", f"target {raw!r}: only robot targets take /INDEX; forms: {TARGET_FORMS}")

@@ -6,6 +6,8 @@
                                                             ├─ server:ID    → that replica's process
                                                             ├─ router       → the router process (with per-node
                                                             │                 routers, all of them: bench.run.mesh)
+                                                            ├─ router:hub   → the driver's router alone (with
+                                                            │                 per-node routers the mesh carries on)
                                                             └─ robot:GROUP  → a message to the shards
 
 The timeline's log is the run's `fault_log` (times in seconds after t=0, `t_end` None while a fault
@@ -31,12 +33,13 @@ def start_timeline(run):
         else:
             processes[f"server:{rid}"] = ManagedProcess(info["child"], name=f"server:{rid}", ready_timeout_s=120.0)
     if run.router_child is not None:
-        processes["router"] = ManagedProcess(run.router_child, name="router", ready_timeout_s=15.0)
+        hub = processes["router:hub"] = processes["router"] = ManagedProcess(run.router_child, name="router",
+                                                                             ready_timeout_s=15.0)
         if getattr(run, "mesh", None) is not None and run.mesh.nodes:  # per-node routers: `router` is all of them
             from bench.run.cluster import RemoteManaged
             from bench.run.mesh import AllRouters
 
-            processes["router"] = AllRouters([processes["router"], *(RemoteManaged(c, c.name) for c in run.mesh.routers())])
+            processes["router"] = AllRouters([hub, *(RemoteManaged(c, c.name) for c in run.mesh.routers())])
     site_toxics = {name: profiles.profile_toxics(site.profile, site.overrides) for name, site in run.s.sites.items()}
 
     def robot_fault(group: str, index: int | None, action: str) -> None:

@@ -873,6 +873,8 @@ class Run:
                     continue
                 if name.startswith("router") and self._restarting("router"):
                     continue  # a `router` fault holds every router (a node's too, bench.run.mesh) down on purpose
+                if name == "router" and self._restarting("router:hub"):
+                    continue  # a `router:hub` fault holds the driver's router down, the node routers carry on
                 if name.startswith("shard:") and child.proc.returncode == 0 and (
                         name.split(":", 1)[1] in {str(k) for k in self.state.done}
                         or time.monotonic() >= (self.state.end_mono or math.inf) - 1.0):

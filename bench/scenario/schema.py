@@ -34,7 +34,7 @@ from wire.suggest import did_you_mean
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS_DIR = REPO_ROOT / "bench" / "checkpoints"
 SCENARIOS_DIR = REPO_ROOT / "scenarios"
-FAULT_TARGET_RE = re.compile(r"^(robot|site|server):[^\s]+$|^router$")
+FAULT_TARGET_RE = re.compile(r"^(robot|site|server):[^\s]+$|^router(:hub)?$")
 PLACEHOLDER_ENDPOINT = "tcp/127.0.0.1:7447"  # the engine check's router; the run's comes from the router it starts
 
 
@@ -547,7 +547,7 @@ def _read_attackers(w: _Where, m: sm.ScenarioFile, groups: list[Group]) -> list[
 
 def _read_faults(w: _Where, m: sm.ScenarioFile, sites, replicas, groups) -> list[dict]:
     raw = m.faults
-    targets_known = {"router"} | {f"site:{s}" for s in sites} | {f"server:{r.id}" for r in replicas}
+    targets_known = {"router", "router:hub"} | {f"site:{s}" for s in sites} | {f"server:{r.id}" for r in replicas}
     for i, item in enumerate(raw):
         path = ("faults", i)
         target = item.get("target")

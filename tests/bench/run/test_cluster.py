@@ -190,18 +190,31 @@ def test_an_mtls_fleet_spread_over_the_nodes_passes_through_per_node_routers_wit
 
 
 def test_a_replica_killed_on_another_node_is_restarted_there_and_the_fleet_recovers(cluster, tmp_path):
-    """Then a `router` restart, which restarts every router: the driver's and each node's, on its node."""
+    """Then a `router` restart, which restarts every router: the driver's and each node's, on its node. Then the
+    driver's router alone killed for 3 s (`router:hub`): the node routers' direct link carries the robots' requests
+    to the replica meanwhile, so no robot notices."""
     c, _ = cluster
-    rc, out, summary = _run(c.address, tmp_path, duration=18,
+    rc, out, summary = _run(c.address, tmp_path, duration=22,
                             faults="[{at: 3, target: 'server:r0', action: kill, duration: 3}, "
-                                   "{at: 11, target: router, action: restart}]",
+                                   "{at: 11, target: router, action: restart}, "
+                                   "{at: 16, target: 'router:hub', action: kill, duration: 3}]",
                             extra="  - reconnects >= 1\n  - unrecovered_robots == 0")
     assert rc == 0, out
-    (kill,) = [f for f in summary["faults"] if f.get("action") == "kill"]
+    (hub,) = [f for f in summary["faults"] if f.get("target") == "router:hub"]
+    assert hub["error"] is None and hub["t_end"] is not None, hub
+    import pyarrow.parquet as pq
+
+    run_dir = next((tmp_path / "reports").glob("cluster_probe/*/"))
+    t = pq.read_table(run_dir / "transitions.parquet").to_pydict()
+    lost = [(ti, to) for ti, to in zip(t["t"], t["to_state"]) if hub["t_start"] <= ti <= hub["t_end"] + 0.5]
+    assert lost == [], f"robots noticed the hub's death: {lost}"
+    req = pq.read_table(run_dir / "requests.parquet", columns=["t", "outcome"]).to_pydict()
+    answered = [ti for ti, o in zip(req["t"], req["outcome"]) if o == "ok" and hub["t_start"] + 0.5 <= ti <= hub["t_end"]]
+    assert len(answered) >= 4, f"{len(answered)} requests answered while the hub was down"
+    (kill,) = [f for f in summary["faults"] if f.get("action") == "kill" and f.get("target") == "server:r0"]
     assert kill["t_end"] is not None, kill
     (restart,) = [f for f in summary["faults"] if f.get("target") == "router"]
     assert restart["error"] is None, restart
-    run_dir = next((tmp_path / "reports").glob("cluster_probe/*/"))
     node_logs = sorted(run_dir.glob("logs/router-*.log"))
     assert len(node_logs) == 2 and all(p.read_text().count("router ready") == 2 for p in node_logs), \
         "every node router was restarted on its node"

@@ -120,6 +120,11 @@ def test_group_rate_must_match_the_served_checkpoint_unless_resampling_is_allowe
 def test_fault_target_must_exist():
     err = error_of(BASE + "faults:\n  - {at: 2, target: site:mars, action: partition, duration: 1}\n")
     assert err.path == "faults[0].target" and err.line == 19 and "site:lab" in err.message
+    # the driver's router alone is a target of its own; a near miss is named
+    assert parse(BASE + "faults:\n  - {at: 2, target: 'router:hub', action: kill, duration: 1}\n").faults[0]["target"] \
+        == "router:hub"
+    err = error_of(BASE + "faults:\n  - {at: 2, target: 'router:hubs', action: kill, duration: 1}\n")
+    assert err.path.startswith("faults") and err.line == 19 and "router:hub" in err.message
 
 
 def test_duplicate_keys_and_bad_yaml_report_a_line():
