@@ -1454,12 +1454,12 @@ class Run:
         off (the stamping router's node's wall clock minus the replica's node's: `routed_mono_ms` is that much
         late), and its chunk's, read on its robot's node (the stamping node's minus the robot's:
         `downlink_from_router_ms` is that much short), and which requests keep a split (the largest combined
-        uncertainty of two offsets among those kept to `self.router_split_error_ms`). The stamping routers (bench.run.mesh): with `per_node` routers the robot's node's for the
-        observation and the replica's node's for the chunk; with the driver's, the hub's for both (this host,
-        offset 0). Nodes' offsets: `self.node_walls` (measured at the start and near the end, combined). NaN and
-        not kept where a node or its offset is unknown; a (shard, replica) pair unsure by more than
-        HOP_SPLIT_MAX_CLOCK_ERROR of its median one-way hop ((uplink + downlink) / 2) is not kept, all of it
-        (`self.router_split_dropped`)."""
+        uncertainty of two offsets among those kept to `self.router_split_error_ms`). The stamping routers
+        (bench.run.mesh): with `per_node` routers the robot's node's for the observation and the replica's node's
+        for the chunk; with the driver's, the hub's for both (this host, offset 0). Nodes' offsets:
+        `self.node_walls` (measured at the start and near the end, combined). NaN and not kept where a node or its
+        offset is unknown; a (shard, replica) pair unsure by more than HOP_SPLIT_MAX_CLOCK_ERROR of its median
+        one-way hop ((uplink + downlink) / 2) is not kept, all of it (`self.router_split_dropped`)."""
         from bench.evidence.audit import by_stamp, equals, strings
 
         n = len(sent_ns)
@@ -1470,6 +1470,10 @@ class Run:
         found = np.isfinite(row)
         replica = np.full(n, "", dtype=object)
         replica[found] = strings(audit, "replica")[row[found].astype(np.int64)]
+
+        def apart(a: clocks.ClockOffset, b: clocks.ClockOffset) -> tuple[float, float]:
+            """Clock a less clock b, ms, and how unsure that is (none for one clock)."""
+            return (a.offset_s - b.offset_s) * 1e3, (0.0 if a is b else (a.uncertainty_s + b.uncertainty_s) * 1e3)
 
         node = self.child_nodes.get
         hub = clocks.SAME_CLOCK  # the driver's router runs on this host
@@ -1484,10 +1488,6 @@ class Run:
                 continue
             robot_wall, replica_wall = walls[robot_node], walls[replica_node]
             up_stamp, down_stamp = (robot_wall, replica_wall) if self.routers == "per_node" else (hub, hub)
-
-            def apart(a: clocks.ClockOffset, b: clocks.ClockOffset) -> tuple[float, float]:
-                return (a.offset_s - b.offset_s) * 1e3, (0.0 if a is b else (a.uncertainty_s + b.uncertainty_s) * 1e3)
-
             (ue, uu), (de, du) = apart(up_stamp, replica_wall), apart(down_stamp, robot_wall)
             up_err[rows], down_err[rows] = ue, de
             hop = float(np.nanmedian((np.asarray(up, float)[rows] + np.asarray(down, float)[rows]) / 2.0)) \
