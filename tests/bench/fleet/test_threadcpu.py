@@ -3,6 +3,7 @@ right role, keep it after the thread ends, and say which share of the process's 
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -65,11 +66,20 @@ def test_cpu_of_a_thread_that_ended_stays_on_its_role():
     assert 0.95 <= got["accounted"] <= 1.001, got  # the split is the process's CPU, the ended thread's included
 
 
+def _wait_gone_from_proc(tid: int, timeout_s: float = 5.0) -> None:
+    """Until the ended thread `tid` is no longer in /proc/self/task (no event says so: polled)."""
+    deadline = time.monotonic() + timeout_s
+    while os.path.exists(f"/proc/self/task/{tid}"):
+        assert time.monotonic() < deadline, f"thread {tid} still in /proc/self/task {timeout_s} s after its join"
+        time.sleep(0.001)
+
+
 def test_a_thread_born_and_ended_between_samples_is_missing_and_accounted_says_so():
     ledger = threadcpu.Ledger()
     t, burned = _burning_thread("records-test", 0.4, None)
     t.start()
     t.join()
+    _wait_gone_from_proc(t.native_id)  # join returns before the kernel lets go of the thread: /proc may still list it
     got = ledger.report()
     assert got["cpu_s"]["records"] == 0.0, got
     assert got["process_cpu_s"] >= 0.35 and got["accounted"] < 0.6, got
