@@ -40,7 +40,7 @@ sites:
 servers:
   replicas:
     - {{id: r0, checkpoint: reacher, max_sessions: 8}}
-cluster: {{placement: spread, shard_cpus: 1, replica_cpus: 1}}
+cluster: {{placement: spread, shard_cpus: 1, replica_cpus: 1{routers}}}
 faults: {faults}
 assertions:
   - dead_robots == 0
@@ -60,10 +60,11 @@ def cluster():
         c.shutdown()
 
 
-def _run(cluster_address: str, tmp_path: Path, *, duration=8, faults="[]", extra="", timeout=240,
+def _run(cluster_address: str, tmp_path: Path, *, duration=8, faults="[]", extra="", routers="", timeout=240,
          while_running=None, env_extra: dict | None = None) -> tuple[int, str, dict | None]:
     path = tmp_path / "cluster_probe.yaml"
-    path.write_text(SCENARIO.format(duration=duration, faults=faults, extra=extra))
+    path.write_text(SCENARIO.format(duration=duration, faults=faults, extra=extra,
+                                    routers=f", routers: {routers}" if routers else ""))
     env = dict(os.environ, RAY_ADDRESS=cluster_address, PYTHONPATH=str(ROOT), MUJOCO_GL="egl", **(env_extra or {}))
     proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "run", str(path), "--cluster", "ray", "--quiet",
                              "--reports", str(tmp_path / "reports")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -187,6 +188,21 @@ def test_an_mtls_fleet_spread_over_the_nodes_passes_through_per_node_routers_wit
     assert {r["engine"]["connect_endpoints"][0] for r in spec["robots"]} == {shard_node["chaos_proxy"]["sites"]["lab"]}
     assert shard_node["chaos_proxy"]["sites"]["lab"].startswith("tls/")  # TLS through the node's TCP proxy
     assert summary["figures"]["ticks"] > 0
+
+
+def test_with_the_driver_s_router_the_hops_are_split_and_the_robot_side_read_by_100_ms(cluster, tmp_path):
+    """`routers: driver`: every link crosses to the hub, which stamps both ways (this host's wall clock), and the
+    robots cross the driver's site proxies, whose maxima by 100 ms are on this host's clock."""
+    c, _ = cluster
+    rc, out, summary = _run(c.address, tmp_path, routers="driver")
+    assert rc == 0, out
+    assert summary["cluster"]["routers"] == "driver" and not any("router" in n for n in summary["cluster"]["nodes"])
+    assert summary["clock"]["router_split"]["valid"], summary["clock"]
+    share = summary["fidelity"]["bench_share"]
+    for hop in ("uplink_to_router_ms", "downlink_from_router_ms"):
+        assert set(share[hop]["sites"]) == {"lab"} and share[hop]["sites"]["lab"]["asked_by_time"], share[hop]
+    for hop in ("uplink_from_router_ms", "downlink_to_router_ms"):
+        assert share[hop]["requests_measured"] > 0.9, share[hop]
 
 
 def test_a_replica_killed_on_another_node_is_restarted_there_and_the_fleet_recovers(cluster, tmp_path):
