@@ -1079,11 +1079,12 @@ class Run:
         out: dict[str, dict] = {}
         if self.mesh is None:
             return out
-        for node_id in {n for site in self.sites for n in self.mesh.clients_by_node(f"site-{site}")}:
+        by_site = {site: self.mesh.clients_by_node(f"site-{site}") for site in self.sites}
+        for node_id in {n for clients in by_site.values() for n in clients}:
             router = self.mesh.router_of(node_id)
             try:
-                asked = {site: c.fidelity_asked(f"site-{site}") for site in self.sites
-                         if (c := self.mesh.clients_by_node(f"site-{site}").get(node_id)) is not None}
+                asked = {site: clients[node_id].fidelity_asked(f"site-{site}") for site, clients in by_site.items()
+                         if node_id in clients}
                 offset = clocks.settle(router.measure_clock(), self._local(router))
             except Exception:  # an old proxy, a node gone
                 continue
@@ -1358,9 +1359,8 @@ class Run:
                             for h in fid.SERVER_HOPS + tuple(h for h, _ in fid.ROBOT_HOPS)}
                 for name, values in hops.items():
                     t = t.append_column(name, pa.array(values))
-                group_of = {r["robot"]: r.get("group") or "" for r in getattr(self, "robot_table", [])}
                 encode_bench, self.encode_floors = fid.encode_excess(
-                    t.column("encode_ms").to_numpy(), np.array([group_of.get(int(r), "") for r in t.column("robot").to_numpy()]))
+                    t.column("encode_ms").to_numpy(), self.per_robot(t.column("robot").to_numpy(), "group", ""))
                 t = t.append_column("encode_bench_ms", pa.array(encode_bench))
             pq.write_table(t, self.run_dir / f"{kind}.parquet")
             tables[kind] = t
@@ -1464,8 +1464,7 @@ class Run:
 
         n = len(sent_ns)
         robots = np.full(n, -1) if robots is None else np.asarray(robots)
-        shard_of = {r["robot"]: r["shard"] for r in getattr(self, "robot_table", [])}
-        shard = np.array([shard_of.get(int(r), -1) for r in robots], dtype=np.int64)
+        shard = self.per_robot(robots, "shard", -1).astype(np.int64)
         (row,) = by_stamp(audit, equals(audit, "outcome", "ok"), sent_ns, [np.arange(audit.num_rows, dtype=float)])
         found = np.isfinite(row)
         replica = np.full(n, "", dtype=object)
@@ -1526,8 +1525,7 @@ class Run:
         site, to `self.robot_hops` (summary.json `fidelity.bench_share`). A cluster run with per_node routers keys them
         by site and node (by_site_and_node): a robot's chunks cross its own node's copy of its site's proxy, whose
         maxima by 100 ms are on that node's clock."""
-        site_of = {r["robot"]: r.get("site") or "" for r in getattr(self, "robot_table", [])}
-        site = np.array([site_of.get(int(r), "") for r in robots], dtype=object)
+        site = self.per_robot(robots, "site", "")
         legs = self.window_legs()
         asked = getattr(self, "leg_asked", None) or {}
         recv_ms = np.asarray(t_recv, dtype=float) * 1e3
@@ -1553,8 +1551,7 @@ class Run:
         `self.node_asked`), and each request's shift from the runner's clock to its node's, ms (NaN where the
         node's clock is unknown: bounded by the run's most asked)."""
         parts = getattr(self, "node_asked", None) or {}
-        shard_of = {r["robot"]: r["shard"] for r in getattr(self, "robot_table", [])}
-        node = [self.child_nodes.get(f"shard:{shard_of.get(int(r), -1)}") or "" for r in robots]
+        node = [self.child_nodes.get(f"shard:{k}") or "" for k in self.per_robot(robots, "shard", -1)]
         keyed = np.array([f"{s}@{n[:12]}" if s and n else "" for s, n in zip(site, node)], dtype=object)
         legs = {f"{s}@{n[:12]}": snap for n, by_site in node_legs.items() for s, snap in by_site.items()}
         asked = {f"{s}@{n[:12]}": a for n, p in parts.items() for s, a in (p.get("asked") or {}).items()}
@@ -1584,12 +1581,19 @@ class Run:
             return np.full(len(sent_ns), np.nan, np.float32), np.full(len(sent_ns), np.nan, np.float32)
         return tuple(by_stamp(audit, equals(audit, "outcome", "ok"), sent_ns, [qw, inf]))
 
+    def per_robot(self, robots: np.ndarray, field: str, default) -> np.ndarray:
+        """Each row's robot's `field` in the run's robot table (`default` where the robot or its field is unknown):
+        a numpy array of objects."""
+        of = {r["robot"]: r.get(field) for r in getattr(self, "robot_table", [])}
+        out = [of.get(int(r)) for r in robots]
+        return np.array([default if v is None or v == "" else v for v in out], dtype=object)
+
     def robot_clocks(self, robots: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
         """Per record row: its robot's shard's clock offset and uncertainty, ms (None, None: all on this clock), and
         the shard."""
-        shard_of = {r["robot"]: r["shard"] for r in getattr(self, "robot_table", [])}
-        shard = np.array([shard_of.get(int(r), -1) for r in robots], dtype=np.int64)
-        by_shard = {k: self.clocks.get(f"shard:{k}", clocks.SAME_CLOCK) for k in set(shard_of.values())}
+        shard = self.per_robot(robots, "shard", -1).astype(np.int64)
+        by_shard = {k: self.clocks.get(f"shard:{k}", clocks.SAME_CLOCK)
+                    for k in {r["shard"] for r in getattr(self, "robot_table", [])}}
         if all(o.same_clock for o in by_shard.values()):
             return None, None, shard
         offsets = np.array([by_shard[k].offset_s * 1e3 if k in by_shard else np.nan for k in shard])
