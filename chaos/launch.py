@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from wire.procs import ChildProcess, free_port
+from wire.procs import ChildProcess, start_on_picked_port
 
 
 @dataclass
@@ -38,20 +38,23 @@ class ProxyServer:
 
 def start_proxy_server(log_path: str | Path, host: str = "127.0.0.1", port: int | None = None,
                        timeout_s: float = 15.0, priority: str = "normal") -> ProxyServer:
-    """`priority`: ours' `--priority` (normal, nice, fifo; the Go binary has no such flag and runs as started)."""
-    port = port or free_port()
+    """`priority`: ours' `--priority` (normal, nice, fifo; the Go binary has no such flag and runs as started).
+    Without `port`, the API's port is picked and picked again if another process bound it first."""
     choice = os.environ.get("CHAOS_PROXY", "auto")
     binary = shutil.which("toxiproxy-server")
     if choice == "toxiproxy" and not binary:
         raise FileNotFoundError("CHAOS_PROXY=toxiproxy but no toxiproxy-server on PATH; unset it to use chaos.toxiproxy")
     real = bool(binary) and choice != "python"
-    if real:
-        argv, ready = [binary, "-host", host, "-port", str(port)], "Starting Toxiproxy HTTP server"
-    else:
-        argv, ready = [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(port),
-                       "--priority", priority], "toxiproxy-server-py ready"
-    child = ChildProcess(argv, log_path, ready_text=ready, name="chaos-proxy")
-    child.start(timeout_s=timeout_s)
+
+    def make(p: int) -> ChildProcess:
+        if real:
+            argv, ready = [binary, "-host", host, "-port", str(p)], "Starting Toxiproxy HTTP server"
+        else:
+            argv, ready = [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(p),
+                           "--priority", priority], "toxiproxy-server-py ready"
+        return ChildProcess(argv, log_path, ready_text=ready, name="chaos-proxy")
+
+    child, port = start_on_picked_port(make, port, timeout_s)
     return ProxyServer(child, host, port, real, scheduling_of(child.pid))
 
 

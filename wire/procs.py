@@ -24,6 +24,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def raise_fd_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit; return the limit now in force. A process
+    holding a socket per robot (a router: one a session; the chaos proxy: two a connection) outgrows a soft limit
+    of 1024 near 1,000 robots, where the hard limit is usually far higher."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 def raise_priority(want: str, fifo_priority: int, tid: int = 0) -> str:
     """Schedule thread `tid` (0: the calling one) as `want` asks: "fifo" = SCHED_FIFO at `fifo_priority`, falling
     back to nice -10 where the host refuses real-time (no CAP_SYS_NICE), then to unchanged; "nice" = nice -10 or
@@ -129,25 +146,34 @@ def router_argv(endpoint: str, connect: list[str] | tuple[str, ...] = (), extra_
             *[a for e in connect for a in ("--connect", e)], *(extra_args or [])]
 
 
-PICKED_PORT_TRIES = 3  # start_router: routers started again after a port picked for them was taken first
+PICKED_PORT_TRIES = 3  # start_router, start_on_picked_port: a child started again after its picked port was taken
+
+
+def start_on_picked_port(make, port: int | None, timeout_s: float = 15.0):
+    """Start the ChildProcess `make(port)` returns, on `port` or, without one, on a free port picked here. The
+    child binds it a moment later, and another process may take it in between (a test suite or a bench run
+    starts many), so a child refused with "Address already in use" is started again on a new port, up to
+    PICKED_PORT_TRIES times. A `port` given is the caller's: no retry. Returns (child, port)."""
+    for attempt in range(1 if port else PICKED_PORT_TRIES):
+        picked = port or free_port()
+        child = make(picked)
+        try:
+            child.start(timeout_s=timeout_s)
+            return child, picked
+        except RuntimeError:
+            if port or attempt == PICKED_PORT_TRIES - 1 or "address already in use" not in child.tail().lower():
+                raise
+    raise AssertionError("unreachable")
 
 
 def start_router(port: int | None, log_path: str | Path, extra_args: list[str] | None = None,
-                 host: str = "127.0.0.1", connect: list[str] | tuple[str, ...] = ()) -> tuple[ChildProcess, str]:
-    """Start a Zenoh router in its own process; return it and its tcp endpoint (on `host`: loopback unless
-    processes on other hosts must reach it). `connect`: routers it joins (they route between them).
-
-    Without `port`, a free one is picked here and bound by the router a moment later: another process may take
-    it in between (a test suite or a bench run starts many), so a router refused with "Address already in use"
-    is started again on a new port, up to PICKED_PORT_TRIES times. A `port` given is the caller's: no retry."""
-    for attempt in range(1 if port else PICKED_PORT_TRIES):
-        endpoint = f"tcp/{host}:{port or free_port()}"
-        child = ChildProcess(router_argv(endpoint, connect, extra_args), log_path, ready_text="router ready",
-                             name="zenoh-router")
-        try:
-            child.start(timeout_s=15)
-            return child, endpoint
-        except RuntimeError:
-            if port or attempt == PICKED_PORT_TRIES - 1 or "Address already in use" not in child.tail():
-                raise
-    raise AssertionError("unreachable")
+                 host: str = "127.0.0.1", connect: list[str] | tuple[str, ...] = (), scheme: str = "tcp",
+                 env: dict | None = None) -> tuple[ChildProcess, str]:
+    """Start a Zenoh router in its own process; return it and its endpoint (`scheme`/`host`:port; `host`: loopback
+    unless processes on other hosts must reach it). `connect`: routers it joins (they route between them).
+    `extra_args`: more of wire.transport's flags (TLS files, access rules, --max-sessions). Without `port`, one is
+    picked, and taken again if another process got it first (start_on_picked_port)."""
+    child, picked = start_on_picked_port(
+        lambda p: ChildProcess(router_argv(f"{scheme}/{host}:{p}", connect, extra_args), log_path,
+                               ready_text="router ready", name="zenoh-router", env=env), port)
+    return child, f"{scheme}/{host}:{picked}"

@@ -25,6 +25,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from wire.procs import raise_fd_limit
+
 
 class TlsError(ValueError):
     """A TLS file is missing, unreadable, not PEM, expired, not yet valid, or does not match its key/CA."""
@@ -133,6 +135,15 @@ TX_QUEUE_SIZE = {"control": 2, "real_time": 2, "interactive_high": 16, "interact
 # closes them too, and a robot's per-request timeout catches a silent link long before either lease.
 ROUTER_LEASE_MS = 4000
 
+# Sessions a router accepts (Zenoh's `transport/unicast/max_sessions`). Zenoh's default, 1000, refuses the
+# 1,001st client as if no router listened ("Unable to connect to any of ..."): on the 16-core H200 machine
+# (2026-11-27) 8 of 1,000 robots never connected, because the 8 replicas had taken their places. A fleet's
+# router sizes it from the fleet (`bench.run.sizing.router_max_sessions`); this is the floor.
+ROUTER_MAX_SESSIONS = 4096
+# Incoming links in handshake at once (Zenoh's `accept_pending`, default 100): 1,000 robots start within
+# half a second, and a partition's end sends a site's robots back together.
+ROUTER_ACCEPT_PENDING = 1000
+
 
 def make_config(
     mode: str = "client",
@@ -199,7 +210,8 @@ def open_session(*, connect: list[str], lease_ms: int = 1000, tls: TlsFiles | No
                 "the router's certificate must name this endpoint's host") from None
         raise ConnectionError(
             f"{what}: cannot reach a Zenoh router at {', '.join(connect)} ({_short(exc)}); "
-            "start the router or fix the endpoint"
+            "start the router or fix the endpoint (a running router refuses sessions beyond its --max-sessions "
+            "the same way)"
         ) from None
 
 
@@ -237,9 +249,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tls-ca"), ap.add_argument("--tls-cert"), ap.add_argument("--tls-key")
     ap.add_argument("--lease-ms", type=int, default=ROUTER_LEASE_MS,
                     help=f"the router's lease: clients see a frozen router after it (default {ROUTER_LEASE_MS})")
+    ap.add_argument("--max-sessions", type=int, default=ROUTER_MAX_SESSIONS,
+                    help="client sessions (robots, replicas, other routers) the router accepts; the one beyond is "
+                         "refused as if no router listened (default %(default)s; Zenoh's own is 1000)")
     args = ap.parse_args(argv)
     if args.lease_ms < 100:
         print(f"router: --lease-ms {args.lease_ms} is too short (at least 100 ms)", file=sys.stderr)
+        return 2
+    if args.max_sessions < 1:
+        print(f"router: --max-sessions {args.max_sessions} must be at least 1", file=sys.stderr)
         return 2
     import zenoh
 
@@ -259,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
             print("router: access rules key on certificate common names: give --tls-ca/--tls-cert/--tls-key "
                   "(mTLS) too", file=sys.stderr)
             return 2
+    extra = {"transport/unicast/max_sessions": args.max_sessions,
+             "transport/unicast/accept_pending": max(100, min(args.max_sessions, ROUTER_ACCEPT_PENDING)), **(extra or {})}
+    fds = raise_fd_limit()
+    if fds < args.max_sessions + 64:  # one socket a session, and the router's own
+        print(f"router: warning: {fds} open files allowed (ulimit -n) for up to {args.max_sessions} sessions: "
+              f"sessions beyond about {max(0, fds - 64)} fail; raise the hard limit (ulimit -Hn)", file=sys.stderr)
     try:
         session = zenoh.open(make_config("router", listen=args.listen, connect=args.connect, lease_ms=args.lease_ms,
                                          tls=tls, extra=extra))
@@ -268,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print(f"router ready {' '.join(args.listen)}", flush=True)
+    print(f"router ready {' '.join(args.listen)} (max sessions {args.max_sessions})", flush=True)
     stop.wait()
     session.close()
     return 0

@@ -72,23 +72,24 @@ def node_host(run_host: str, node: dict) -> str:
 
 
 def node_router_argv(host: str, port: int, hub_endpoint: str, tls=None, rules: str | None = None,
-                     peers: list[str] | tuple[str, ...] = ()) -> list[str]:
+                     peers: list[str] | tuple[str, ...] = (), extra_args: list[str] | tuple[str, ...] = ()) -> list[str]:
     """A node's Zenoh router: listening on `host:port` (its node's address), joined to the driver's router and to
     `peers`, the endpoints of the node routers started before it (the mesh: they never connect back, so each
     pair has one link). With `tls` (a bench.security.pki.Issued) and `rules` (the access rules file) it listens
     with mTLS, joins the hub and its peers over mTLS with the same certificate and enforces the rules on its
-    own clients."""
+    own clients. `extra_args`: more wire.transport flags (the run's --max-sessions)."""
     scheme = "tcp" if tls is None else "tls"
     wrong = [e for e in (hub_endpoint, *peers) if not e.startswith(f"{scheme}/")]
     if tls is None:
         if wrong:
             raise ValueError(f"a plain node router joins plain routers, not {wrong[0]!r}")
-        return router_argv(f"tcp/{host}:{port}", [hub_endpoint, *peers])
+        return router_argv(f"tcp/{host}:{port}", [hub_endpoint, *peers], list(extra_args))
     if wrong or not rules:
         raise ValueError(f"a node router with TLS joins TLS routers under access rules, not "
                          f"{(wrong or [hub_endpoint])[0]!r} with rules {rules!r}")
     return router_argv(f"tls/{host}:{port}", [hub_endpoint, *peers],
-                       ["--tls-ca", tls.ca, "--tls-cert", tls.cert, "--tls-key", tls.key, "--access-control", rules])
+                       ["--tls-ca", tls.ca, "--tls-cert", tls.cert, "--tls-key", tls.key, "--access-control", rules,
+                        *extra_args])
 
 
 @dataclass(frozen=True)
@@ -176,8 +177,9 @@ class NodeMesh:
 
     def __init__(self, cluster, hub_endpoint: str, host: str, logs: Path,
                  site_toxics: Callable[[], dict[str, list[dict]]], register: Callable[[str, object], None],
-                 security: MeshSecurity | None = None):
+                 security: MeshSecurity | None = None, router_args: list[str] | tuple[str, ...] = ()):
         self.cluster, self.hub_endpoint, self.host, self.logs = cluster, hub_endpoint, host, Path(logs)
+        self.router_args = tuple(router_args)  # wire.transport flags of every node router (the run's --max-sessions)
         self.security = security  # mTLS and access rules on every node router (security: mtls)
         if hub_endpoint.startswith("tls/") != (security is not None):  # never a plain node router beside a TLS hub
             raise ValueError(f"node routers joining the hub {hub_endpoint} need "
@@ -218,7 +220,7 @@ class NodeMesh:
             # the node reads them where the driver wrote them: the same files on a shared file system, else copies
             child.files = {p: Path(p).read_bytes() for p in (tls.ca, tls.cert, tls.key, rules)}
         peers = [links.router_endpoint for links in self.nodes.values()]
-        argv = node_router_argv(host, port, self.hub_endpoint, tls, rules, peers)
+        argv = node_router_argv(host, port, self.hub_endpoint, tls, rules, peers, self.router_args)
         child.set_argv(argv)
         child.start(timeout_s=30)
         return NodeLinks(node, child, argv[argv.index("--listen") + 1], access_rules=rules or "", peers=peers,

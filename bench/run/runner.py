@@ -181,6 +181,11 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
     places shards and replicas on a Ray cluster (bench.run.cluster, docs/cluster.md)."""
     install_signal_handlers()
     problems = preflight(scenario)
+    if not problems and cluster is None:  # one host holds every robot's sockets
+        from bench.run.sizing import open_files_problem
+
+        problems = [p for p in (open_files_problem(v) for v in [v for _, v in sweep_variants(scenario)] or [scenario])
+                    if p][:1]
     if not problems:  # a run whose report cannot fit in memory would be lost at its end
         from bench.run.sizing import report_memory
 
@@ -431,7 +436,8 @@ class Run:
         if self.s.security == "mtls":
             router, self.router_endpoint = self.start_secure_router()
         else:
-            router, self.router_endpoint = start_router(None, self.logs / "router.log", host=self.host)
+            router, self.router_endpoint = start_router(None, self.logs / "router.log", host=self.host,
+                                                        extra_args=self.router_args())
         self.router_child = self.procs.add("router", router)
         self.cpu.track("router", lambda: router.pid)  # a router restart (fault) changes the pid
         self.start_proxy()
@@ -496,7 +502,7 @@ class Run:
 
             security = MeshSecurity(self.pki, self.router_rules)
         self.mesh = NodeMesh(self.cluster, self.router_endpoint, self.host, self.logs, lambda: toxics, register,
-                             security)
+                             security, self.router_args())
         self.chaos = SiteFanout(self.chaos, self.mesh)
 
     def manifest_for(self, replica) -> dict:
@@ -559,14 +565,15 @@ class Run:
         rules.write_text(json.dumps({"access_control": acl}, indent=1))
         # on the run's host address: a cluster's node routers and replicas reach it there (loopback without one)
         r = self.pki.router(hosts=(self.host,))
-        port = free_port()
-        endpoint = f"tls/{self.host}:{port}"
-        child = ChildProcess([sys.executable, "-m", "wire.transport", "--listen", endpoint, "--tls-ca", r.ca,
-                              "--tls-cert", r.cert, "--tls-key", r.key, "--access-control", str(rules)],
-                             self.logs / "router.log", ready_text="router ready", name="zenoh-router",
-                             env={"PYTHONPATH": _pythonpath()})
-        child.start(timeout_s=15)
-        return child, endpoint
+        return start_router(None, self.logs / "router.log", host=self.host, scheme="tls", env={"PYTHONPATH": _pythonpath()},
+                            extra_args=["--tls-ca", r.ca, "--tls-cert", r.cert, "--tls-key", r.key,
+                                        "--access-control", str(rules), *self.router_args()])
+
+    def router_args(self) -> list[str]:
+        """wire.transport flags every router of this run gets: sessions sized from the fleet."""
+        from bench.run.sizing import router_max_sessions
+
+        return ["--max-sessions", str(router_max_sessions(self.s))]
 
     def attacker_spec(self, a: dict, start_unix: float) -> dict:
         from bench.robots.core import robot_type

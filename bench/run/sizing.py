@@ -426,3 +426,41 @@ def report_memory(scenario, available_mb: float | None = None) -> ReportMemory:
         except Exception:  # noqa: BLE001 - unknown: the check says nothing rather than refuse
             available_mb = None
     return ReportMemory(need, available_mb)
+
+
+def router_clients(scenario) -> int:
+    """Zenoh sessions a run's router must hold at once: every robot and attacker, every replica, and a margin for
+    the bench's own (its monitor, a cluster's node routers and actors)."""
+    robots = sum(int(g.count) for g in getattr(scenario, "groups", None) or [])
+    return robots + len(getattr(scenario, "attackers", None) or []) + len(getattr(scenario, "replicas", None) or []) + 16
+
+
+def router_max_sessions(scenario) -> int:
+    """The router's `--max-sessions` for a scenario: twice its clients (a reconnecting robot or a restarted
+    replica opens its new session before the router's lease ends the old one, and a partition's end sends a
+    whole site back at once), never below wire.transport.ROUTER_MAX_SESSIONS. Zenoh refuses a session beyond it
+    as if no router listened."""
+    from wire.transport import ROUTER_MAX_SESSIONS
+
+    return max(ROUTER_MAX_SESSIONS, 2 * router_clients(scenario))
+
+
+def open_files_needed(scenario) -> int:
+    """Open files the busiest process of a local run holds: the chaos proxy, two sockets for each robot's
+    connection (its side and the router's), plus its own. bench.run.runner.preflight compares it with the hard
+    limit (`ulimit -Hn`): the router and the proxy raise their soft limit to it (wire.procs.raise_fd_limit)."""
+    return 2 * router_clients(scenario) + 256
+
+
+def open_files_problem(scenario) -> str | None:
+    """Why this host cannot hold a local run's sockets (`open_files_needed` above its hard limit), or None."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = open_files_needed(scenario)
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        return None
+    return (f"host: scenario '{scenario.name}' needs about {need} open files in its chaos proxy ({router_clients(scenario)} "
+            f"Zenoh clients, two sockets each), but this host allows {hard} (ulimit -Hn): raise the hard limit "
+            f"(e.g. `ulimit -Hn {need}` as root, or nofile in /etc/security/limits.conf), or spread the fleet over "
+            f"hosts with --cluster ray")

@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         random.seed(args.seed)
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from wire.procs import raise_fd_limit
+
+    raise_fd_limit()  # two sockets a proxied connection: 1,000 robots outgrow a soft limit of 1024
     if args.priority != "normal":
         from chaos.launch import PRIORITY_LOG_TEXT
 

@@ -1,8 +1,10 @@
-"""wire.procs.start_router: a port picked for the router and taken by another process before the router binds it
-costs a retry on a new port, not a failed start; a port the caller gave is not swapped behind its back."""
+"""wire.procs.start_router and chaos.launch.start_proxy_server: a port picked for the child and taken by another
+process before the child binds it costs a retry on a new port, not a failed start; a port the caller gave is not
+swapped behind its back. wire.procs.raise_fd_limit: a process holding a socket per robot lifts its soft limit."""
 
 from __future__ import annotations
 
+import resource
 import socket
 
 import pytest
@@ -34,3 +36,53 @@ def test_a_picked_port_taken_before_the_router_binds_it_is_picked_again(tmp_path
 def test_a_port_the_caller_gave_is_not_swapped_when_taken(tmp_path, taken_port):
     with pytest.raises(RuntimeError, match="Address already in use"):
         procs.start_router(taken_port, tmp_path / "router.log")
+
+
+def test_the_chaos_proxy_api_port_taken_before_it_binds_is_picked_again(tmp_path, taken_port, monkeypatch):
+    """The replay test's proxy lost this race once in CI ("[Errno 98] address already in use", lower case)."""
+    from chaos.client import ChaosClient
+    from chaos.launch import start_proxy_server
+
+    monkeypatch.setenv("CHAOS_PROXY", "python")
+    picks = iter([taken_port])
+    real_free_port = procs.free_port
+    monkeypatch.setattr(procs, "free_port", lambda: next(picks, None) or real_free_port())
+    server = start_proxy_server(tmp_path / "proxy.log")
+    try:
+        assert server.port != taken_port and server.child.alive()
+        assert "address already in use" in (tmp_path / "proxy.log").read_text().lower()
+        assert ChaosClient(server.api_url).version()  # the API answers on the port it reports
+    finally:
+        server.stop()
+
+
+def test_raise_fd_limit_lifts_the_soft_limit_to_the_hard_one():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"this host's hard limit of open files is {hard}: nothing to lift")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        got = procs.raise_fd_limit()
+        assert got > 256 and resource.getrlimit(resource.RLIMIT_NOFILE)[0] == got
+        assert hard == resource.RLIM_INFINITY or got == hard
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_router_refuses_the_session_beyond_its_max_sessions_and_names_the_limit(tmp_path):
+    """Zenoh's own default (1000) refused 8 of 1,000 robots on the 16-core machine: the flag must reach Zenoh."""
+    from wire.transport import open_session
+
+    child, endpoint = procs.start_router(None, tmp_path / "router.log", extra_args=["--max-sessions", "2"])
+    sessions = []
+    try:
+        assert "(max sessions 2)" in (tmp_path / "router.log").read_text()
+        sessions += [open_session(connect=[endpoint]) for _ in range(2)]
+        with pytest.raises(ConnectionError, match="--max-sessions"):
+            sessions.append(open_session(connect=[endpoint]))
+        sessions.pop(0).close()  # a place freed is a place taken
+        sessions.append(open_session(connect=[endpoint]))
+    finally:
+        for s in sessions:
+            s.close()
+        child.stop()

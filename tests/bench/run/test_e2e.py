@@ -144,6 +144,11 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert "<svg" in (run / "report.html").read_text()
     for name in ("ticks.parquet", "requests.parquet", "transitions.parquet", "logs/router.log", "logs/server-r0.log"):
         assert (run / name).is_file(), name
+    from bench.run.sizing import router_max_sessions
+    from bench.scenario.schema import load_scenario
+
+    sized = router_max_sessions(load_scenario(run / "scenario.yaml"))  # the router got the fleet's size
+    assert f"(max sessions {sized})" in (run / "logs/router.log").read_text()
     table = json.loads((run / "processes.json").read_text())
     assert {"router", "server:r0", "shard:0", "shard:1"} <= {r["name"] for r in table}
     assert not [r for r in table if group_alive(r["pid"])]

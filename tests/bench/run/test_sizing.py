@@ -360,3 +360,31 @@ def test_a_run_whose_report_cannot_fit_is_refused_with_exit_2_before_any_process
     assert "the report of this run would hold" in proc.stderr and "Shorten duration_s to" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not any(tmp_path.iterdir())  # refused before a run directory, a router or a server existed
+
+
+def test_the_router_holds_a_thousand_robots_with_room_for_their_reconnects():
+    """On the 16-core H200 machine (2026-11-27) Zenoh's default of 1000 sessions refused 8 of 1,000 robots: the 8
+    replicas had taken their places, and those robots died CONNECTING."""
+    from bench.run.sizing import router_clients, router_max_sessions
+    from bench.scenario.schema import load_scenario
+    from wire.transport import ROUTER_MAX_SESSIONS
+
+    s = load_scenario("scenarios/1000_robots_wan.yaml")
+    assert router_clients(s) >= 1000 + len(s.replicas)
+    assert router_max_sessions(s) >= 2 * router_clients(s) > 2000
+    small = load_scenario("scenarios/smoke.yaml")
+    assert router_max_sessions(small) == ROUTER_MAX_SESSIONS  # the floor: never below the router's default
+
+
+def test_a_host_that_cannot_hold_the_fleets_sockets_is_refused_naming_the_limit(monkeypatch):
+    import resource
+
+    from bench.run.sizing import open_files_needed, open_files_problem
+    from bench.scenario.schema import load_scenario
+
+    s = load_scenario("scenarios/1000_robots_wan.yaml")
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 1024))
+    problem = open_files_problem(s)
+    assert problem and "1024" in problem and str(open_files_needed(s)) in problem and "ulimit -Hn" in problem
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, open_files_needed(s)))
+    assert open_files_problem(s) is None  # the soft limit is raised by the processes themselves
