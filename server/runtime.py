@@ -298,18 +298,28 @@ class LocalPredictor:
     "prefix_robot". Same pipeline, same policy, same numbers as the server: the parity baseline.
     """
 
-    def __init__(self, runtime: ModelRuntime, rtc: bool = True):
+    def __init__(self, runtime: ModelRuntime, rtc: bool = True, torch_threads: int = 1):
         self.runtime = runtime
         self.pipeline = runtime.new_pipeline()
         self.rtc = rtc and runtime.supports_rtc
+        # Each calling thread gets the replica's intra-op threads (manifest torch_threads, 1 by default) on its
+        # first call: another count changes the GEMMs' summation order, hence the chunk's last bits (on an
+        # AVX-512 host the reacher's chunk at 2 threads differed from 1 thread's by up to 3e-3 after guidance),
+        # and the parity baseline must be the server's numbers; it also keeps OpenMP teams from spinning
+        # against a shard's control loop (set_torch_threads).
+        self.torch_threads = int(torch_threads)
+        self._threads_set = threading.local()
 
     @classmethod
-    def from_checkpoint(cls, path: str, rtc: bool = True, device: str = "cpu") -> "LocalPredictor":
+    def from_checkpoint(cls, path: str, rtc: bool = True, device: str = "cpu", torch_threads: int = 1) -> "LocalPredictor":
         from server.policies.checkpoint import load_checkpoint
 
-        return cls(ModelRuntime(load_checkpoint(path, device=device)), rtc=rtc)
+        return cls(ModelRuntime(load_checkpoint(path, device=device)), rtc=rtc, torch_threads=torch_threads)
 
     def predict_action_chunk(self, obs: dict, inference_delay: int, prefix: np.ndarray | None):
+        if not getattr(self._threads_set, "done", False):
+            set_torch_threads(self.torch_threads)
+            self._threads_set.done = True
         item = InferItem(self.pipeline, np.asarray(obs["state"], np.float32), dict(obs.get("images") or {}),
                          int(inference_delay), prefix, obs.get("prefix_robot"), rtc=self.rtc)
         res = self.runtime.infer([item], emulate=False)[0]

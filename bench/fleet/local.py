@@ -9,32 +9,11 @@ host's load in one run, so the difference in their task success is what the netw
 server process cost. The shard imports torch only when it hosts such a group (edge never does).
 
 Invariant: one predictor per robot (a session's pipeline and the policy's noise state are per robot,
-as on the server); each inference thread gives itself one torch thread (server.runtime.set_torch_threads)
-so the shard's engines do not start OpenMP teams that spin against its control loop.
+as on the server); the predictor gives each inference thread one torch thread, as a replica's
+(LocalPredictor's torch_threads): the server's numbers, and no OpenMP teams spinning against the control loop.
 """
 
 from __future__ import annotations
-
-import threading
-
-
-class _OneThreadTorch:
-    """A LocalPredictor whose calling thread is set to one intra-op torch thread on its first call."""
-
-    def __init__(self, predictor):
-        self.predictor = predictor
-        self._configured = threading.local()
-
-    def predict_action_chunk(self, obs, inference_delay, prefix):
-        if not getattr(self._configured, "done", False):
-            from server.runtime import set_torch_threads
-
-            set_torch_threads(1)
-            self._configured.done = True
-        return self.predictor.predict_action_chunk(obs, inference_delay, prefix)
-
-    def reset(self) -> None:
-        self.predictor.reset()
 
 
 def make_local_engine(engine_cfg: dict, checkpoint: str):
@@ -48,4 +27,4 @@ def make_local_engine(engine_cfg: dict, checkpoint: str):
 
     remote = RemoteEngineConfig.from_dict(dict(engine_cfg))
     predictor = LocalPredictor.from_checkpoint(str(checkpoint), rtc=remote.rtc_enabled)
-    return RTCEngine(local_engine_config(remote), policy=_OneThreadTorch(predictor))
+    return RTCEngine(local_engine_config(remote), policy=predictor)

@@ -447,7 +447,7 @@ def router_max_sessions(scenario) -> int:
 
 def open_files_needed(scenario) -> int:
     """Open files the busiest process of a local run holds: the chaos proxy, two sockets for each robot's
-    connection (its side and the router's), plus its own. bench.run.runner.preflight compares it with the hard
+    connection (its side and the router's), plus its own. bench.run.runner.run_scenario compares it with the hard
     limit (`ulimit -Hn`): the router and the proxy raise their soft limit to it (wire.procs.raise_fd_limit)."""
     return 2 * router_clients(scenario) + 256
 

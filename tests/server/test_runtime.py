@@ -152,3 +152,28 @@ def test_set_torch_threads_sets_the_calling_threads_openmp_team():
         assert default == os.cpu_count()  # the hazard: the new thread's first large op spawns a spinning team
     assert _omp_team_size_in_new_thread(lambda: set_torch_threads(1)) == 1
     assert _omp_team_size_in_new_thread(lambda: set_torch_threads(3)) == 3
+
+
+def test_local_predictor_runs_each_calling_thread_at_the_replicas_torch_threads(tmp_path):
+    """The parity baseline must be the server's numbers: a replica's forward runs at its manifest's torch_threads
+    (1 by default), and on an AVX-512 host a 2-thread pass of the reacher differed from the 1-thread one by up to
+    3e-3 (rtc_parity then failed 1,224 of 1,500 action checks). A caller's thread of any count gets the same
+    bytes, and is left at the replica's count."""
+    import threading
+
+    lp = LocalPredictor(ModelRuntime(checkpoint(tmp_path)))
+    st = np.arange(S, dtype=np.float32)
+    prefix = np.ones((4, A), np.float32)
+    out = {}
+
+    def call(threads_before: int) -> None:
+        torch.set_num_threads(threads_before)
+        lp.reset()
+        out[threads_before] = (lp.predict_action_chunk({"state": st}, 2, prefix)[0], torch.get_num_threads())
+
+    for n in (1, 4):
+        t = threading.Thread(target=call, args=(n,))
+        t.start()
+        t.join()
+    assert out[1][0].tobytes() == out[4][0].tobytes()
+    assert out[1][1] == out[4][1] == 1
