@@ -48,7 +48,7 @@ from bench.run.procset import ProcessSet, install_signal_handlers
 from bench.run.samplelog import SampleLog
 from bench.run.progress import Progress, print_verdict
 from bench.scenario.schema import REPO_ROOT, Scenario, checkpoint_dir, missing_checkpoints, sweep_variants
-from wire.procs import ChildProcess, free_port, start_router
+from wire.procs import ChildProcess, free_port, start_on_picked_port, start_router
 
 EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 SERVER_READY_TEXT = "policy-server ready"
@@ -679,9 +679,12 @@ class Run:
             self.servers[replica.id] = {"child": child, "manifest": path, "health_port": manifest["health_port"],
                                         "audit": Path(manifest.get("audit_path", ""))}
 
-            def start(c=child):
+            def start(c=child, rid=replica.id, path=path, manifest=manifest):
                 try:
-                    c.start(timeout_s=120)
+                    if self.cluster is None:
+                        self._start_local_replica(rid, path, manifest)
+                    else:
+                        c.start(timeout_s=120)
                 except Exception as exc:
                     errors.append(str(exc))
             t = threading.Thread(target=start, daemon=True)
@@ -696,6 +699,20 @@ class Run:
                 self.cpu.track(f"server:{rid}", lambda c=info["child"]: c.pid)  # a restart changes the pid
             else:
                 self.track_remote_cpu(f"server:{rid}", info["child"])
+
+    def _start_local_replica(self, rid: str, path: Path, manifest: dict) -> None:
+        """Start a local replica; the health port picked for it and taken by another process before the replica
+        binds it (its torch import takes seconds) is picked again, its manifest rewritten (start_on_picked_port)."""
+        import yaml
+
+        info = self.servers[rid]
+
+        def make(port: int):
+            manifest["health_port"] = info["health_port"] = port
+            path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+            return info["child"]  # the same child, started again: the run's process set holds it
+
+        start_on_picked_port(make, None, timeout_s=120, picked=int(manifest["health_port"]))
 
     def shard_specs(self) -> list[dict]:
         """Deal robots round-robin over the shards (each group spread over all shards)."""
