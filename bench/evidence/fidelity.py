@@ -408,10 +408,28 @@ def robot_hop_excess(hop: np.ndarray, site: np.ndarray, proxy_legs: dict | None,
     return out.astype(np.float32), info
 
 
+FAULT_SETTLE_S = 10.0  # after a fault window: a partition's end and a restart send sessions back for seconds
+
+
+def near_faults(t_s: np.ndarray, fault_windows: list[dict]) -> np.ndarray:
+    """Which of the times `t_s` (s of the run) fall in a fault window or the FAULT_SETTLE_S after it; a window
+    without an end (a kill, a restart still running) reaches to its start + FAULT_SETTLE_S at least."""
+    t = np.asarray(t_s, dtype=float)
+    out = np.zeros(t.shape, dtype=bool)
+    for w in fault_windows or []:
+        start = w.get("t_start")
+        if start is None:
+            continue
+        end = w.get("t_end") if w.get("t_end") is not None else start
+        out |= (t >= float(start)) & (t <= float(end) + FAULT_SETTLE_S)
+    return out
+
+
 def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | None = None,
                 hop_floors: dict[str, dict[str, float]] | None = None, duration_s: float | None = None,
                 robot_hops: dict[str, dict[str, dict]] | None = None,
-                encode_floors: dict[str, float] | None = None) -> dict:
+                encode_floors: dict[str, float] | None = None,
+                fault_windows: list[dict] | None = None) -> dict:
     """How much of the latency budget's figures the bench added (summary.json `fidelity.bench_share`, the report's
     "of it, the bench" column), where it can be measured:
 
@@ -434,7 +452,11 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
       (`robot_hops`). A lower bound but for that p50 error (robot_hop_excess says why);
     - `rtt_ms`: the same for the round trip, each request less its queue wait, forward and four hop parts; a run
       whose robot-side hops were not split (a real Toxiproxy) takes the proxies' p50 up and down
-      off every request instead (their error is per chunk, not per request), `network_ms_taken_off`;
+      off every request instead (their error is per chunk, not per request), `network_ms_taken_off`; with
+      `fault_windows` ({t_start, t_end} of the run's faults), also `steady` and `around_faults` {p50, p99,
+      requests}: the same for the requests sent outside every fault window and the FAULT_SETTLE_S after it, and
+      for the others (reconnect storms and restarts load the host too: a bench p99 made there says nothing of
+      steady state);
     - `send_lag_ms` / `merge_lag_ms` (from the engines' request records, `requests`): the robot's delays outside
       the round trip, from the observation's tick to its engine's worker taking it up, and from a chunk's arrival
       to its merge, p50 and p99. A robot's own computer runs one engine; a bench shard runs a hundred beside its
@@ -545,6 +567,13 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
         if rtt_share is not None:
             rtt_share.pop("requests_measured")
             out["rtt_ms"] = rtt_share
+            near = near_faults(answered("t"), fault_windows) if fault_windows else None
+            if near is not None and near.size == rtt.size:
+                for name, rows in (("steady", ~near), ("around_faults", near)):
+                    phase = less(rtt[rows], parts[rows]) if rows.any() else None
+                    if phase is not None:
+                        phase.pop("requests_measured")
+                    out["rtt_ms"][name] = {**(phase or {"p50": None, "p99": None}), "requests": int(rows.sum())}
             out["network_ms_taken_off"] = _r(network)
             out["note"] = ("the round trip less each request's queue wait and forward parts, its hops between the "
                            "router and the replica beyond their floor (an upper bound) and "
@@ -591,7 +620,7 @@ def compute(data, duration_s: float, tol: dict, proxy_legs: dict | None, audit,
     out = {"valid": not reasons, "reasons": reasons, "tolerances": dict(tol), "legs": legs, "shards": shards,
            "replicas": replicas, "other_load": background,
            "bench_share": bench_share(proxy_legs, replicas, getattr(data, "requests", None), hop_floors,
-                                        duration_s, robot_hops, encode_floors),
+                                        duration_s, robot_hops, encode_floors, getattr(data, "fault_windows", None)),
            "queue_replay": list(queue_replay or [])}
     if proxy_note:
         out["note"] = proxy_note
@@ -631,6 +660,12 @@ def table_lines(f: dict) -> list[str]:
         p99 = share["rtt_ms"].get("p99")
         lines.append(f"    the bench's share of the round trip: ~{share['rtt_ms']['p50']:.1f} ms at p50"
                      + (f", ~{p99:.1f} at p99" if p99 is not None else "") + f" ({', '.join(parts)} at p50)")
+        steady, near = share["rtt_ms"].get("steady") or {}, share["rtt_ms"].get("around_faults") or {}
+        if steady.get("p99") is not None and near.get("requests"):
+            lines.append(f"      away from the faults ({steady['requests']} requests) ~{steady['p50']:.1f} / ~"
+                         f"{steady['p99']:.1f} ms at p50 / p99; in their windows and {FAULT_SETTLE_S:g} s after "
+                         f"({near['requests']}) " + (f"~{near['p50']:.1f} / ~{near['p99']:.1f} ms"
+                                                     if near.get("p99") is not None else "unmeasured"))
     for q in f.get("queue_replay") or []:
         if q.get("replay_error_ms_p50") is not None:
             lines.append(f"    replica {q['replica']} queue replayed: wait p50 {q['queue_wait_ms_p50']} / p99 "
