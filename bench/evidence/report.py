@@ -481,6 +481,16 @@ def _fidelity_section(o: RunOutcome, fid: dict, windows) -> str:
                        f"<td>{_v(r['forward_ms_p50'])}</td><td>{_v(r['forward_ratio_p50'])}</td>"
                        f"<td>{_v(r['forward_ratio_p99'])}</td><td class=l>{e(str(r.get('unloaded_ms') or r.get('note')))}</td></tr>")
         out.append("</table>")
+    rtt_share = (fid.get("bench_share") or {}).get("rtt_ms") or {}
+    steady, near = rtt_share.get("steady") or {}, rtt_share.get("around_faults") or {}
+    if steady.get("requests") and near.get("requests"):
+        from bench.evidence.fidelity import FAULT_SETTLE_S
+
+        out.append(f"<p>The bench's share of the round trip, p50 / p99 ms: {_v(rtt_share.get('p50'))} / "
+                   f"{_v(rtt_share.get('p99'))} over the run; {_v(steady.get('p50'))} / {_v(steady.get('p99'))} for the "
+                   f"{steady['requests']} requests away from the faults; {_v(near.get('p50'))} / {_v(near.get('p99'))} "
+                   f"for the {near['requests']} sent in a fault window or the {FAULT_SETTLE_S:g} s after it "
+                   f"(reconnects and restarts load the host too).</p>")
     if fid.get("queue_replay"):
         out.append("<p class=muted>Each replica's queue replayed on the requests it answered (bench.evidence.replay): "
                    "the queue wait it reported, the same replayed with the host's load as it was (against the "

@@ -240,6 +240,16 @@ def test_verdict_inconclusive_only_for_a_failure_with_bad_fidelity(tmp_path):
     assert "Warning: the bench host was out of its fidelity tolerances" in (tmp_path / "report.html").read_text()
 
 
+def test_the_report_tells_the_bench_share_away_from_faults_from_the_one_around_them(tmp_path):
+    o = _outcome(tmp_path, True, True)
+    o.meta["fidelity"]["bench_share"] = {"rtt_ms": {"p50": 4.2, "p99": 50.3, "steady": {"p50": 3.9, "p99": 6.1,
+                                                                                     "requests": 900},
+                                                    "around_faults": {"p50": 5.0, "p99": 61.0, "requests": 300}}}
+    report.write_all(o)
+    page = (tmp_path / "report.html").read_text()
+    assert "6.1 for the 900 requests away from the faults" in page and "61 for the 300 sent in a fault window" in page
+
+
 def test_report_figures_render_with_fault_windows(tmp_path):
     d = _run_data(late_every=10)
     windows = [(2.0, 4.0, "partition site:eu")]
