@@ -6,8 +6,10 @@
 
 Builds the policy with random weights in this process (time does not depend on the weights), then:
 - forward: `predict_action_chunk` at each batch size, every sample with an RTC prefix (an RTC
-  session's request: the guided sampler with its autograd VJP) and without; median ms per call
-  (CUDA: synchronised around each call, never inside the sampling loop);
+  session's request: the guided sampler with its autograd VJP), without one (plain), and with one
+  under training-time RTC (the same weights read as `rtc_mode: training_time`, the prefix as clean
+  tokens: what capacity_gpu's checkpoint serves); median ms per call (CUDA: synchronised around
+  each call, never inside the sampling loop);
 - runtime: `ModelRuntime.infer` at each batch size with JPEG-encoded camera frames, i.e. the
   server's whole batched path (per-session preprocess, nvjpeg decode where CUDA and torchvision
   are there, pinned copies, bucket padding, forward, postprocess);
@@ -23,6 +25,7 @@ import json
 import os
 import statistics
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -64,6 +67,18 @@ def time_calls(fn, device: torch.device, repeat: int, warmup: int) -> list[float
     return out
 
 
+@contextmanager
+def rtc_mode(policy, mode: str):
+    """The policy read as `rtc_mode: mode` for a while: timing only (the weights have the same shapes either way;
+    random weights mean nothing in either mode), so a network built for guidance times a training-time pass."""
+    before = (policy.hp["rtc_mode"], policy.prefix_conditioned)
+    policy.hp["rtc_mode"], policy.prefix_conditioned = mode, mode == "training_time"
+    try:
+        yield policy
+    finally:
+        policy.hp["rtc_mode"], policy.prefix_conditioned = before
+
+
 def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=None) -> dict:
     """Median ms of a guided and a plain forward at each batch size; `on_size(out)` after each (a caller stopped
     at its time limit keeps the sizes already timed)."""
@@ -77,8 +92,10 @@ def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=
             batch[f"observation.images.{name}"] = torch.rand(n, *shape, generator=gen).to(device)
         prefix = [torch.randn(cfg.execution_horizon, cfg.action_dim, generator=gen).to(device) for _ in range(n)]
         row = {}
-        for label, prefixes in (("guided", prefix), ("plain", [None] * n)):
-            ms = time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup)
+        for label, prefixes, mode in (("guided", prefix, "guidance"), ("plain", [None] * n, "guidance"),
+                                      ("training_time", prefix, "training_time")):
+            with rtc_mode(policy, mode):
+                ms = time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup)
             row[label] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "per_sample_ms": statistics.median(ms) / n}
         out[str(n)] = row
         if on_size is not None:
@@ -148,6 +165,7 @@ def run(quick: bool) -> Result:
     res = Result(details={"device": torch.cuda.get_device_name(0), "forward": forward, "micro_batching": gain})
     for n in batches:
         res.add(f"vla_300m guided forward, batch {n}", forward[str(n)]["guided"]["median_ms"], "ms")
+        res.add(f"vla_300m training-time forward, batch {n}", forward[str(n)]["training_time"]["median_ms"], "ms")
     res.add(f"micro-batching gain at {gain['sessions']} sessions", gain["gain"], "x")
     return res
 
@@ -197,10 +215,12 @@ def main(argv=None) -> int:
     print(f"flow_transformer {preset} ({params / 1e6:.1f}M params) on {report['device']}, torch {torch.__version__}, "
           f"{args.cameras} x {args.image_size}x{args.image_size} cameras, compile={args.compile}; "
           f"load {report['load_avg_before'][0]:.2f} -> {report['load_avg_after'][0]:.2f}")
-    print(f"{'batch':>6} {'guided ms':>10} {'plain ms':>10} {'guided ms/sample':>17} {'runtime ms (jpeg)':>18}")
+    print(f"{'batch':>6} {'guided ms':>10} {'plain ms':>10} {'training-time ms':>17} {'guided ms/sample':>17} "
+          f"{'runtime ms (jpeg)':>18}")
     for n in args.batches:
         f, r = report["forward"][str(n)], report["runtime"][str(n)]
         print(f"{n:>6} {f['guided']['median_ms']:>10.2f} {f['plain']['median_ms']:>10.2f} "
+              f"{f['training_time']['median_ms']:>17.2f} "
               f"{f['guided']['per_sample_ms']:>17.3f} {r['median_ms']:>18.2f}")
     g = report["micro_batching"]
     print(f"micro-batching at {g['sessions']} sessions: {g['throughput_one_at_a_time_rps']:.1f} -> "

@@ -269,6 +269,8 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
                                               f"; STOPPED at its limit after {report.get('seconds')} s (partial)"),
            f"  batch {'/'.join(sizes) or '-'}: guided ms " + "/".join(_fmt(fwd[n]['guided']['median_ms']) for n in sizes)
            + "; plain ms " + "/".join(_fmt(fwd[n]['plain']['median_ms']) for n in sizes)
+           + ("; training-time ms " + "/".join(_fmt(fwd[n]['training_time']['median_ms']) for n in sizes)
+              if sizes and all('training_time' in fwd[n] for n in sizes) else "")
            + "; runtime (JPEG, whole batched path) ms "
            + ("/".join(_fmt(runtime[n]['median_ms']) for n in sizes if n in runtime) or "not timed")]
     g = report.get("micro_batching")

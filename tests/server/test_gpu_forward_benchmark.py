@@ -17,3 +17,23 @@ def test_the_gpu_benchmark_runs_at_tiny_size_and_writes_every_figure(tmp_path, c
     assert report["forward"]["4"]["guided"]["median_ms"] > 0 and report["micro_batching"]["sessions"] == 4
     assert report["micro_batching"]["gain"] > 0 and report["runtime"]["gpu_jpeg_decode"] is False
     assert "micro-batching at 4 sessions" in capsys.readouterr().out
+
+
+def test_the_training_time_pass_is_timed_on_the_same_weights_and_the_mode_is_put_back():
+    """capacity_gpu's checkpoint serves training-time RTC; the benchmark times that pass too, reading the
+    guidance-built network as training-time for the while (timing only), then restores it."""
+    import torch
+
+    policy = gpu_forward.build("tiny", 1, 32, "cpu", False)
+    before = (policy.hp["rtc_mode"], policy.prefix_conditioned)
+    row = gpu_forward.forward_figures(policy, [2], repeat=1, warmup=0)["2"]
+    assert set(row) == {"guided", "plain", "training_time"} and row["training_time"]["median_ms"] > 0
+    assert (policy.hp["rtc_mode"], policy.prefix_conditioned) == before
+    with gpu_forward.rtc_mode(policy, "training_time"):  # the prefix rows come back as given: clean tokens
+        batch = {"observation.state": torch.zeros(1, policy.config.state_dim)}
+        for name, shape in policy.config.image_features.items():
+            batch[f"observation.images.{name}"] = torch.zeros(1, *shape)
+        prefix = torch.full((policy.config.execution_horizon, policy.config.action_dim), 0.25)
+        out = policy.predict_action_chunk(batch, [3], [prefix])
+    assert torch.allclose(out[0, :3], prefix[:3].float(), atol=1e-5)
+    assert (policy.hp["rtc_mode"], policy.prefix_conditioned) == before
