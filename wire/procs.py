@@ -149,14 +149,14 @@ def router_argv(endpoint: str, connect: list[str] | tuple[str, ...] = (), extra_
 PICKED_PORT_TRIES = 3  # start_router, start_on_picked_port: a child started again after its picked port was taken
 
 
-def start_on_picked_port(make, port: int | None, timeout_s: float = 15.0, picked: int | None = None):
+def start_on_picked_port(make, port: int | None, timeout_s: float = 15.0, first: int | None = None):
     """Start the ChildProcess `make(port)` returns, on `port` or, without one, on a free port picked here (or
-    `picked`, one the caller picked already, first). The child binds it a moment later, and another process may
+    `first`, one the caller picked already, tried first). The child binds it a moment later, and another process may
     take it in between (a test suite or a bench run starts many), so a child refused with "Address already in
     use" is started again on a new port, up to PICKED_PORT_TRIES times. A `port` given is the caller's: no
     retry. Returns (child, port)."""
     for attempt in range(1 if port else PICKED_PORT_TRIES):
-        picked = port or (picked if attempt == 0 and picked else free_port())
+        picked = port or (first if attempt == 0 and first else free_port())
         child = make(picked)
         try:
             child.start(timeout_s=timeout_s)

@@ -181,15 +181,14 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
     places shards and replicas on a Ray cluster (bench.run.cluster, docs/cluster.md)."""
     install_signal_handlers()
     problems = preflight(scenario)
+    variants = [v for _, v in sweep_variants(scenario)] or [scenario]
     if not problems and cluster is None:  # one host holds every robot's sockets
         from bench.run.sizing import open_files_problem
 
-        problems = [p for p in (open_files_problem(v) for v in [v for _, v in sweep_variants(scenario)] or [scenario])
-                    if p][:1]
+        problems = [p for p in map(open_files_problem, variants) if p][:1]
     if not problems:  # a run whose report cannot fit in memory would be lost at its end
         from bench.run.sizing import report_memory
 
-        variants = [v for _, v in sweep_variants(scenario)] or [scenario]
         memory = max((report_memory(v) for v in variants), key=lambda m: m.needed_mb)
         if not memory.fits:
             problems = [memory.line(scenario)]
@@ -712,7 +711,7 @@ class Run:
             path.write_text(yaml.safe_dump(manifest, sort_keys=False))
             return info["child"]  # the same child, started again: the run's process set holds it
 
-        start_on_picked_port(make, None, timeout_s=120, picked=int(manifest["health_port"]))
+        start_on_picked_port(make, None, timeout_s=120, first=int(manifest["health_port"]))
 
     def shard_specs(self) -> list[dict]:
         """Deal robots round-robin over the shards (each group spread over all shards)."""
