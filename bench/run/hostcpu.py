@@ -269,7 +269,8 @@ class CpuSampler:
         ts = self.samples.column("t")
         for n in self.samples.keys("rss_mb"):
             rss, fds, pids = (self.samples.column(k, n) for k in ("rss_mb", "fds", "pids"))
-            win = [i for i, t in enumerate(ts) if rss[i] is not None and t_from <= t <= t_to]
+            # a process exiting between two samples (a zombie) reads 0 MB and 0 fds: not a sample of it alive
+            win = [i for i, t in enumerate(ts) if rss[i] and t_from <= t <= t_to]
             if not win:
                 continue
             last_pid = pids[win[-1]]
