@@ -25,7 +25,7 @@ import json
 import os
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -79,9 +79,22 @@ def rtc_mode(policy, mode: str):
         policy.hp["rtc_mode"], policy.prefix_conditioned = before
 
 
+@contextmanager
+def eager(policy):
+    """A compiled policy's velocity network run eager for a while: the baseline of the compile's gain, timed in
+    the same process on the same weights."""
+    before = (policy._velocity_fn, policy._compiled)
+    policy._velocity_fn, policy._compiled = policy.velocity, True  # _compiled: no compile meanwhile
+    try:
+        yield policy
+    finally:
+        policy._velocity_fn, policy._compiled = before
+
+
 def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=None) -> dict:
     """Median ms of a guided and a plain forward at each batch size; `on_size(out)` after each (a caller stopped
-    at its time limit keeps the sizes already timed)."""
+    at its time limit keeps the sizes already timed). A compiled policy (`compile`) also times its plain and
+    training-time passes eager (`plain_eager`, `training_time_eager`) and the compile's gain on each."""
     device = policy.param_device
     cfg = policy.config
     gen = torch.Generator().manual_seed(1)
@@ -92,11 +105,17 @@ def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=
             batch[f"observation.images.{name}"] = torch.rand(n, *shape, generator=gen).to(device)
         prefix = [torch.randn(cfg.execution_horizon, cfg.action_dim, generator=gen).to(device) for _ in range(n)]
         row = {}
-        for label, prefixes, mode in (("guided", prefix, "guidance"), ("plain", [None] * n, "guidance"),
-                                      ("training_time", prefix, "training_time")):
-            with rtc_mode(policy, mode):
+        passes = [("guided", prefix, "guidance"), ("plain", [None] * n, "guidance"),
+                  ("training_time", prefix, "training_time")]
+        if policy.hp["compile"]:  # (on a CPU the policy never compiles: both eager, the gain ~1)
+            passes += [("plain_eager", [None] * n, "guidance"), ("training_time_eager", prefix, "training_time")]
+        for label, prefixes, mode in passes:
+            with rtc_mode(policy, mode), (eager(policy) if label.endswith("_eager") else nullcontext()):
                 ms = time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup)
             row[label] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "per_sample_ms": statistics.median(ms) / n}
+        for label in ("plain", "training_time"):
+            if label + "_eager" in row:
+                row[label]["compile_gain"] = row[label + "_eager"]["median_ms"] / row[label]["median_ms"]
         out[str(n)] = row
         if on_size is not None:
             on_size(out)
@@ -104,7 +123,8 @@ def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=
 
 
 def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
-    """ModelRuntime.infer with JPEG frames: the server's batched path, one call per micro-batch."""
+    """ModelRuntime.infer with JPEG frames: the server's batched path, one call per micro-batch; guided RTC
+    (`median_ms`) and training-time RTC (`training_time_ms`)."""
     from server.policies.checkpoint import LoadedCheckpoint
     from server.policies.stats import stats_to_tensors
     from server.runtime import InferItem, ModelRuntime
@@ -124,7 +144,10 @@ def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
         items = [InferItem(runtime.new_pipeline(), np.zeros(cfg.state_dim, np.float32), dict(jpegs), 3, prefix, prefix,
                            rtc=True) for _ in range(n)]
         ms = time_calls(lambda: runtime.infer(items, emulate=False), device, repeat, warmup)
-        out[str(n)] = {"median_ms": statistics.median(ms), "per_sample_ms": statistics.median(ms) / n}
+        with rtc_mode(policy, "training_time"):  # what capacity_gpu's checkpoint serves
+            tt = time_calls(lambda: runtime.infer(items, emulate=False), device, repeat, warmup)
+        out[str(n)] = {"median_ms": statistics.median(ms), "per_sample_ms": statistics.median(ms) / n,
+                       "training_time_ms": statistics.median(tt)}
     return out
 
 
@@ -216,12 +239,17 @@ def main(argv=None) -> int:
           f"{args.cameras} x {args.image_size}x{args.image_size} cameras, compile={args.compile}; "
           f"load {report['load_avg_before'][0]:.2f} -> {report['load_avg_after'][0]:.2f}")
     print(f"{'batch':>6} {'guided ms':>10} {'plain ms':>10} {'training-time ms':>17} {'guided ms/sample':>17} "
-          f"{'runtime ms (jpeg)':>18}")
+          f"{'runtime ms (jpeg)':>18} {'runtime training-time':>22}")
     for n in args.batches:
         f, r = report["forward"][str(n)], report["runtime"][str(n)]
         print(f"{n:>6} {f['guided']['median_ms']:>10.2f} {f['plain']['median_ms']:>10.2f} "
               f"{f['training_time']['median_ms']:>17.2f} "
-              f"{f['guided']['per_sample_ms']:>17.3f} {r['median_ms']:>18.2f}")
+              f"{f['guided']['per_sample_ms']:>17.3f} {r['median_ms']:>18.2f} {r['training_time_ms']:>22.2f}")
+    gains = [f"batch {n} plain {report['forward'][str(n)]['plain']['compile_gain']:.2f}x, training-time "
+             f"{report['forward'][str(n)]['training_time']['compile_gain']:.2f}x" for n in args.batches
+             if "compile_gain" in report["forward"][str(n)]["plain"]]
+    if gains:
+        print("torch.compile's gain over eager (same process, same weights): " + "; ".join(gains))
     g = report["micro_batching"]
     print(f"micro-batching at {g['sessions']} sessions: {g['throughput_one_at_a_time_rps']:.1f} -> "
           f"{g['throughput_micro_batched_rps']:.1f} requests/s (gain {g['gain']:.2f}x); "

@@ -200,3 +200,16 @@ def test_the_fleet_summary_names_where_the_cpu_went_and_why_robots_died(tmp_path
     # each hop at the router, and the bench's part of it where that is measured
     assert "up to router 27.1/63.5; router to server 1.5/54.5 (the bench's part 1.3/54.2)" in text
     assert "STALLED -> DEAD: 400 changes, 400 robots, t 81..95.5 s: offline for more than 60 s" in text
+
+
+def test_the_forward_summary_gives_a_compiled_runs_eager_baseline_and_gain():
+    row = {"guided": {"median_ms": 378.0}, "plain": {"median_ms": 25.0, "compile_gain": 5.0},
+           "training_time": {"median_ms": 23.5, "compile_gain": 7.0}, "plain_eager": {"median_ms": 125.0},
+           "training_time_eager": {"median_ms": 164.5}}
+    report = {"preset": "vla_300m", "parameters": 353.8e6, "device": "NVIDIA H200", "torch": "2.11", "autocast": "bf16",
+              "cameras": 2, "image_size": 224, "compile": True, "forward": {"1": row},
+              "runtime": {"1": {"median_ms": 374.0, "training_time_ms": 40.0}}}
+    text = "\n".join(device.forward_lines(report, "forward-compile"))
+    assert "runtime training-time ms 40.00" in text
+    assert "eager in the same process, ms: plain 125.00; training-time 164.50; compile's gain: plain 5.00x, " \
+           "training-time 7.00x" in text

@@ -456,7 +456,8 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
       `fault_windows` ({t_start, t_end} of the run's faults), also `steady` and `around_faults` {p50, p99,
       requests}: the same for the requests sent outside every fault window and the FAULT_SETTLE_S after it, and
       for the others (reconnect storms and restarts load the host too: a bench p99 made there says nothing of
-      steady state);
+      steady state), and `by_fault`: [{fault, t_start, p50, p99, requests}] one entry a fault window (which fault
+      the tail came with);
     - `send_lag_ms` / `merge_lag_ms` (from the engines' request records, `requests`): the robot's delays outside
       the round trip, from the observation's tick to its engine's worker taking it up, and from a chunk's arrival
       to its merge, p50 and p99. A robot's own computer runs one engine; a bench shard runs a hundred beside its
@@ -567,13 +568,22 @@ def bench_share(proxy_legs: dict | None, replicas: list[dict], requests: dict | 
         if rtt_share is not None:
             rtt_share.pop("requests_measured")
             out["rtt_ms"] = rtt_share
-            near = near_faults(answered("t"), fault_windows) if fault_windows else None
+            t_answered = answered("t")
+            near = near_faults(t_answered, fault_windows) if fault_windows else None
             if near is not None and near.size == rtt.size:
-                for name, rows in (("steady", ~near), ("around_faults", near)):
+                def phase_of(rows: np.ndarray) -> dict:
                     phase = less(rtt[rows], parts[rows]) if rows.any() else None
                     if phase is not None:
                         phase.pop("requests_measured")
-                    out["rtt_ms"][name] = {**(phase or {"p50": None, "p99": None}), "requests": int(rows.sum())}
+                    return {**(phase or {"p50": None, "p99": None}), "requests": int(rows.sum())}
+
+                for name, rows in (("steady", ~near), ("around_faults", near)):
+                    out["rtt_ms"][name] = phase_of(rows)
+                # which fault the tail came with: each window (and its settle time) on its own
+                out["rtt_ms"]["by_fault"] = [
+                    {"fault": f"{w.get('action')} {w.get('target')}".strip() if w.get("action") else f"fault {i}",
+                     "t_start": _r(float(w["t_start"])), **phase_of(near_faults(t_answered, [w]))}
+                    for i, w in enumerate(fault_windows) if w.get("t_start") is not None]
             out["network_ms_taken_off"] = _r(network)
             out["note"] = ("the round trip less each request's queue wait and forward parts, its hops between the "
                            "router and the replica beyond their floor (an upper bound) and "
@@ -666,6 +676,10 @@ def table_lines(f: dict) -> list[str]:
                          f"{steady['p99']:.1f} ms at p50 / p99; in their windows and {FAULT_SETTLE_S:g} s after "
                          f"({near['requests']}) " + (f"~{near['p50']:.1f} / ~{near['p99']:.1f} ms"
                                                      if near.get("p99") is not None else "unmeasured"))
+            for b in share["rtt_ms"].get("by_fault") or []:
+                if b.get("p99") is not None:
+                    lines.append(f"        {b['fault']} at t {b['t_start']:g} s ({b['requests']} requests): "
+                                 f"~{b['p50']:.1f} / ~{b['p99']:.1f} ms")
     for q in f.get("queue_replay") or []:
         if q.get("replay_error_ms_p50") is not None:
             lines.append(f"    replica {q['replica']} queue replayed: wait p50 {q['queue_wait_ms_p50']} / p99 "

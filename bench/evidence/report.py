@@ -490,7 +490,10 @@ def _fidelity_section(o: RunOutcome, fid: dict, windows) -> str:
                    f"{_v(rtt_share.get('p99'))} over the run; {_v(steady.get('p50'))} / {_v(steady.get('p99'))} for the "
                    f"{steady['requests']} requests away from the faults; {_v(near.get('p50'))} / {_v(near.get('p99'))} "
                    f"for the {near['requests']} sent in a fault window or the {FAULT_SETTLE_S:g} s after it "
-                   f"(reconnects and restarts load the host too).</p>")
+                   f"(reconnects and restarts load the host too)"
+                   + "".join(f"; {e(b['fault'])} at t {b['t_start']:g} s: {_v(b.get('p50'))} / {_v(b.get('p99'))} "
+                             f"({b['requests']} requests)" for b in rtt_share.get("by_fault") or [])
+                   + ".</p>")
     if fid.get("queue_replay"):
         out.append("<p class=muted>Each replica's queue replayed on the requests it answered (bench.evidence.replay): "
                    "the queue wait it reported, the same replayed with the host's load as it was (against the "

@@ -31,7 +31,7 @@ def start_timeline(run):
 
             processes[f"server:{rid}"] = RemoteManaged(info["child"], f"server:{rid}")
         else:
-            processes[f"server:{rid}"] = ManagedProcess(info["child"], name=f"server:{rid}", ready_timeout_s=120.0)
+            processes[f"server:{rid}"] = ManagedProcess(info["child"], name=f"server:{rid}", ready_timeout_s=info["start_s"])
     if run.router_child is not None:
         hub = processes["router:hub"] = processes["router"] = ManagedProcess(run.router_child, name="router",
                                                                              ready_timeout_s=15.0)

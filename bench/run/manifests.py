@@ -78,3 +78,29 @@ def replica_manifest(scenario, replica, run_keys: dict | None = None) -> dict:
     if getattr(replica, "emulated_latency", None) is not None:
         m["emulated_latency"] = plain(replica.emulated_latency)
     return deep_merge(m, overrides(scenario, replica))
+
+
+REPLICA_START_S = 120.0  # import torch, load the checkpoint, warm up, open the Zenoh session
+# torch.compile of the velocity network at warm-up, one CUDA graph per batch bucket (flow_transformer's `compile`):
+# measured at ~25 s a bucket for vla_300m on the H200 (2026-11-27, benchmarks.gpu_forward --compile, two buckets
+# of two signatures in 172 s with their timing), five buckets for the preset
+REPLICA_COMPILE_START_S = 600.0
+
+
+def replica_start_s(manifest: dict) -> float:
+    """How long a replica of `manifest` may take to say it is ready: longer where its model compiles (`compile`
+    in the manifest's `model.hyper_params`, else in the checkpoint's config.json) on a CUDA device."""
+    import json
+    from pathlib import Path
+
+    model = manifest.get("model") or {}
+    if not str(model.get("device", "cpu")).startswith("cuda"):
+        return REPLICA_START_S
+    compile_ = (model.get("hyper_params") or {}).get("compile")
+    if compile_ is None and model.get("repo_or_path"):
+        try:
+            config = json.loads((Path(model["repo_or_path"]) / "config.json").read_text())
+            compile_ = (config.get("hyper_params") or {}).get("compile")
+        except (OSError, ValueError):
+            compile_ = None
+    return REPLICA_COMPILE_START_S if compile_ else REPLICA_START_S

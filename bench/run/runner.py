@@ -43,7 +43,7 @@ from bench.scenario.assertions import evaluate
 from bench.fleet.control import ControlServer
 from bench.run.hostcpu import CpuSampler, Leftovers
 from bench.run.manifests import overrides as manifest_overrides
-from bench.run.manifests import plain, replica_manifest, replica_priority
+from bench.run.manifests import plain, replica_manifest, replica_priority, replica_start_s
 from bench.run.procset import ProcessSet, install_signal_handlers
 from bench.run.samplelog import SampleLog
 from bench.run.progress import Progress, print_verdict
@@ -676,14 +676,15 @@ class Run:
                                      ready_text=SERVER_READY_TEXT, name=f"server-{replica.id}")
             self.procs.add(f"server:{replica.id}", child)
             self.servers[replica.id] = {"child": child, "manifest": path, "health_port": manifest["health_port"],
-                                        "audit": Path(manifest.get("audit_path", ""))}
+                                        "audit": Path(manifest.get("audit_path", "")),
+                                        "start_s": replica_start_s(manifest)}  # its start and a restart's
 
             def start(c=child, rid=replica.id, path=path, manifest=manifest):
                 try:
                     if self.cluster is None:
                         self._start_local_replica(rid, path, manifest)
                     else:
-                        c.start(timeout_s=120)
+                        c.start(timeout_s=self.servers[rid]["start_s"])
                 except Exception as exc:
                     errors.append(str(exc))
             t = threading.Thread(target=start, daemon=True)
@@ -711,7 +712,7 @@ class Run:
             path.write_text(yaml.safe_dump(manifest, sort_keys=False))
             return info["child"]  # the same child, started again: the run's process set holds it
 
-        start_on_picked_port(make, None, timeout_s=120, first=int(manifest["health_port"]))
+        start_on_picked_port(make, None, timeout_s=info["start_s"], first=int(manifest["health_port"]))
 
     def shard_specs(self) -> list[dict]:
         """Deal robots round-robin over the shards (each group spread over all shards)."""

@@ -272,7 +272,14 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
            + ("; training-time ms " + "/".join(_fmt(fwd[n]['training_time']['median_ms']) for n in sizes)
               if sizes and all('training_time' in fwd[n] for n in sizes) else "")
            + "; runtime (JPEG, whole batched path) ms "
-           + ("/".join(_fmt(runtime[n]['median_ms']) for n in sizes if n in runtime) or "not timed")]
+           + ("/".join(_fmt(runtime[n]['median_ms']) for n in sizes if n in runtime) or "not timed")
+           + ("; runtime training-time ms " + "/".join(_fmt(runtime[n]['training_time_ms']) for n in sizes)
+              if sizes and all('training_time_ms' in (runtime.get(n) or {}) for n in sizes) else "")]
+    if sizes and all("plain_eager" in fwd[n] for n in sizes):  # --compile: the eager baseline of the same run
+        out.append("  eager in the same process, ms: plain " + "/".join(_fmt(fwd[n]['plain_eager']['median_ms']) for n in sizes)
+                   + "; training-time " + "/".join(_fmt(fwd[n]['training_time_eager']['median_ms']) for n in sizes)
+                   + "; compile's gain: plain " + "/".join(_fmt(fwd[n]['plain']['compile_gain'], '.2f') + "x" for n in sizes)
+                   + ", training-time " + "/".join(_fmt(fwd[n]['training_time']['compile_gain'], '.2f') + "x" for n in sizes))
     g = report.get("micro_batching")
     if g:
         out.append(f"  micro-batching at {g['sessions']} sessions: {_fmt(g['throughput_one_at_a_time_rps'], '.1f')} -> "
@@ -288,11 +295,18 @@ def capacity_lines(root: Path) -> list[str]:
     sweeps = sorted(root.glob("*/*/sweep.json"))
     if not sweeps:
         return ["capacity: no sweep.json (refused or stopped before its first load step ended)"]
-    sweep = _load(sweeps[-1]) or {}
+    out = []
+    for path in sweeps:  # capacity and capacity-compile (the scenario named capacity_gpu_compile): one block each
+        out += _sweep_lines(root, path)
+    return out
+
+
+def _sweep_lines(root: Path, path: Path) -> list[str]:
+    sweep = _load(path) or {}
     cap = sweep.get("capacity") or {}
     f, m = cap.get("figures") or {}, cap.get("formula_measured") or {}
     knee = f.get("knee") if f.get("first_failure") is not None else f">= {f.get('knee')} (no load step failed)"
-    out = [f"capacity ({sweeps[-1].parent.relative_to(root)}): knee {knee} sessions (first failure "
+    out = [f"capacity ({path.parent.relative_to(root)}): knee {knee} sessions (first failure "
            f"{f.get('first_failure')}, {f.get('steps')} steps); P10 formula from the measured forward time "
            f"t {_fmt(m.get('t_ms'), '.1f')} ms, r {_fmt(m.get('r_hz'))} Hz, rtt {_fmt(m.get('rtt_ms'), '.1f')} ms: "
            f"n_max {_fmt(m.get('n_max'), '.1f')}; knee / n_max {_fmt(f.get('knee_ratio'))}"]
@@ -351,7 +365,15 @@ def fleet_lines(root: Path) -> list[str]:
                                          ("uplink_ms", "downlink_ms", "queue_wait_ms", "inference_ms",
                                           "uplink_from_router_ms", "downlink_to_router_ms"))
                                if (share.get(k) or {}).get("p50") is not None)
-                   + f" at p50); proxy priority {', '.join((s.get('chaos_proxy') or {}).get('priority') or ['?'])}")
+                   + f" at p50); proxy priority {', '.join((s.get('chaos_proxy') or {}).get('priority') or ['?'])}, "
+                   f"{(s.get('chaos_proxy') or {}).get('processes', '?')} proxy process(es)")
+        phases = [f"{name} {_fmt(v.get('p50'), '.1f')} / {_fmt(v.get('p99'), '.1f')} ({v.get('requests')} requests)"
+                  for name, v in (("away from the faults", share["rtt_ms"].get("steady")),
+                                  ("around them", share["rtt_ms"].get("around_faults"))) if v]
+        phases += [f"{b['fault']} at t {b['t_start']:g} s {_fmt(b.get('p50'), '.1f')} / {_fmt(b.get('p99'), '.1f')} "
+                   f"({b['requests']})" for b in share["rtt_ms"].get("by_fault") or []]
+        if phases:
+            out.append("    p50 / p99 ms: " + "; ".join(phases))
     for q in (s.get("fidelity") or {}).get("queue_replay") or []:
         if q.get("replay_error_ms_p50") is not None:
             out.append(f"  replica {q['replica']} queue: reported p50/p99 {q['queue_wait_ms_p50']}/{q['queue_wait_ms_p99']} "

@@ -9,7 +9,10 @@
 #                      against P10's formula fed the measured forward time (19)  -> $OUT/capacity.tar.gz
 #     fleet            bench run scenarios/1000_robots_wan.yaml: verdict, figures, CPU split (17)
 #                                                                                 -> $OUT/fleet.tar.gz
-#     forward-compile  forward with --compile (torch.compile per bucket)          -> $OUT/gpu_forward_compile.json
+#     forward-compile  forward with --compile (torch.compile per bucket), with the eager pass timed beside it in
+#                      the same process                                           -> $OUT/gpu_forward_compile.json
+#     capacity-compile capacity with the replica's velocity network compiled (model.hyper_params.compile; the
+#                      scenario named capacity_gpu_compile; packed with capacity's) -> $OUT/capacity.tar.gz
 #     gpu = forward capacity;  all = forward fleet capacity
 #   --dry (or DEVICE_DRY=1): the same steps at a tiny size on any host, under nice: forward at the tiny
 #     preset on the CPU, capacity's refusal without CUDA (exit 2 expected), fleet shrunk to 20 robots and 20 s.
@@ -40,9 +43,10 @@ for arg in "$@"; do
     --dry) DRY=1 ;;
     all) steps+=(forward fleet capacity) ;;
     gpu) steps+=(forward capacity) ;;
-    forward|capacity|fleet|forward-compile) steps+=("$arg") ;;
+    forward|capacity|fleet|forward-compile|capacity-compile) steps+=("$arg") ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run.sh: unknown step '$arg' (forward, capacity, fleet, forward-compile, gpu, all, --dry)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown step '$arg' (forward, capacity, fleet, forward-compile, capacity-compile, gpu, all, --dry)" >&2
+       exit 2 ;;
   esac
 done
 [ ${#steps[@]} -eq 0 ] && steps=(forward fleet capacity)
@@ -66,13 +70,13 @@ limit_of() {
   case $1 in
     forward) [ "$DRY" = 1 ] && echo 300 || echo 240 ;;
     forward-compile) [ "$DRY" = 1 ] && echo 300 || echo 330 ;;
-    capacity) [ "$DRY" = 1 ] && echo 180 || echo 540 ;;
+    capacity|capacity-compile) [ "$DRY" = 1 ] && echo 180 || echo 540 ;;
     fleet) [ "$DRY" = 1 ] && echo 900 || echo 330 ;;
   esac
 }
 reserve_of() {
   case $1 in
-    forward) echo 90 ;; forward-compile) echo 200 ;; capacity) echo 60 ;; fleet) echo 280 ;;
+    forward) echo 90 ;; forward-compile) echo 200 ;; capacity) echo 60 ;; capacity-compile) echo 240 ;; fleet) echo 280 ;;
   esac
 }
 
@@ -199,8 +203,9 @@ step_forward() {  # $1: limit, $2: forward | forward-compile
   return $rc
 }
 
-step_capacity() {  # $1: limit
-  local deadline=$((SECONDS + $1)) log="$WORK/capacity.log" rc
+step_capacity() {  # $1: limit, $2: capacity | capacity-compile
+  local deadline=$((SECONDS + $1)) log="$WORK/$2.log" rc compiled=()
+  [ "$2" = capacity-compile ] && compiled=(--set name=capacity_gpu_compile --set 'servers.manifest.model.hyper_params={compile: true}')
   local weights="$ROOT/bench/checkpoints/reacher_vla/model.safetensors"
   if [ "$CUDA" = 1 ] && [ ! -f "$weights" ]; then
     local t=$((deadline - SECONDS)); [ $t -gt 150 ] && t=150
@@ -208,7 +213,7 @@ step_capacity() {  # $1: limit
   fi
   local extra=(); eval "extra=(${CAPACITY_ARGS:-})"  # shell words: quotes work as on a command line
   run_logged $((deadline - SECONDS)) "$log" "$PY" -m bench.cli run scenarios/capacity_gpu.yaml --quiet \
-    --reports "$WORK/capacity" "${extra[@]}"
+    --reports "$WORK/capacity" "${compiled[@]}" "${extra[@]}"
   rc=$?
   cp "$log" "$WORK/capacity/" 2>/dev/null
   [ -d "$WORK/capacity" ] && "$PY" "$HELPER" pack "$WORK/capacity" "$OUT/capacity.tar.gz" 2>&1 | tee -a "$CONSOLE"
@@ -248,13 +253,13 @@ for i in "${!steps[@]}"; do
   t0=$SECONDS
   case $name in
     forward|forward-compile) step_forward "$limit" "$name" ;;
-    capacity) step_capacity "$limit" ;;
+    capacity|capacity-compile) step_capacity "$limit" "$name" ;;
     fleet) step_fleet "$limit" ;;
   esac
   rc=$?
   note=""
-  if [ "$name" = capacity ] && [ "$CUDA" = 0 ]; then
-    grep -q "needs a CUDA GPU" "$WORK/capacity.log" && note="refused without CUDA (expected: exit 2)" \
+  if [ "${name%-compile}" = capacity ] && [ "$CUDA" = 0 ]; then
+    grep -q "needs a CUDA GPU" "$WORK/$name.log" && note="refused without CUDA (expected: exit 2)" \
       || note="no CUDA, and no refusal in the log"
   fi
   [ $rc = 124 ] && note="stopped at its limit (SIGINT)${note:+; $note}"

@@ -42,7 +42,7 @@ unguided velocity exactly (in training_time: commits no row).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -267,7 +267,14 @@ class FlowTransformerPolicy(ChunkPolicy):
         if self._compiled or not self.hp["compile"] or device.type != "cuda":
             return
         self._compiled = True
-        self._velocity_fn = torch.compile(self.velocity, mode="reduce-overhead", dynamic=False)
+        # one specialisation per bucket and per call signature (plain, training-time's per-token times): more
+        # than Dynamo's default of 8 would silently fall back to eager past the 8th
+        import torch._dynamo.config as dynamo_config
+
+        shapes = 2 * max(1, len(self.hp["batch_buckets"])) + 2
+        dynamo_config.recompile_limit = max(int(dynamo_config.recompile_limit), shapes)
+        self._velocity_fn = graph_safe(torch.compile(self.velocity, mode="reduce-overhead", dynamic=False),
+                                       self.velocity)
 
     def bucket(self, size: int) -> int:
         """The padded batch size for `size` samples: the smallest bucket >= size, else size itself."""
@@ -408,6 +415,22 @@ def _check_hyper_params(config: PolicyConfig, hp: dict[str, Any]) -> None:
                     f"flow_transformer vit: camera {name!r} is {height}x{width}, not a multiple of "
                     f"patch_size={patch}; declare another image size or patch size"
                 )
+
+
+def graph_safe(compiled: Callable[..., Tensor], eager: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """The velocity network as the sampler may call it when `compiled` replays CUDA graphs (reduce-overhead): a
+    graph replays into the same output buffers, so a no-grad call marks a new step and takes a copy of its
+    output before the next replay overwrites it; the guided sampler's VJP (autograd on) would read a graph's
+    output after the next step's replay, so it runs `eager`. (On the H200 without this, the guided pass
+    failed: "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run".)"""
+
+    def velocity(*args: Tensor) -> Tensor:
+        if torch.is_grad_enabled():
+            return eager(*args)
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args).clone()
+
+    return velocity
 
 
 def preset_hyper_params(name: str, **overrides: Any) -> dict[str, Any]:

@@ -37,3 +37,18 @@ def test_the_training_time_pass_is_timed_on_the_same_weights_and_the_mode_is_put
         out = policy.predict_action_chunk(batch, [3], [prefix])
     assert torch.allclose(out[0, :3], prefix[:3].float(), atol=1e-5)
     assert (policy.hp["rtc_mode"], policy.prefix_conditioned) == before
+
+
+def test_a_compiled_policy_is_timed_eager_too_and_its_compiled_network_is_put_back(capsys):
+    """--compile: the compile's gain is measured in the same process (eager rows beside the compiled ones); the
+    eager stretch leaves the policy's velocity network and its compile state as they were."""
+    policy = gpu_forward.build("tiny", 1, 32, "cpu", True)
+    marker = object()
+    policy._velocity_fn = marker  # stands for the compiled network
+    with gpu_forward.eager(policy):
+        assert policy._velocity_fn == policy.velocity and policy._compiled
+    assert policy._velocity_fn is marker and policy._compiled is False
+    policy._velocity_fn = policy.velocity
+    row = gpu_forward.forward_figures(policy, [2], repeat=1, warmup=0)["2"]
+    assert set(row) == {"guided", "plain", "training_time", "plain_eager", "training_time_eager"}
+    assert row["plain"]["compile_gain"] > 0 and row["training_time"]["compile_gain"] > 0

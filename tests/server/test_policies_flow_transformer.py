@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from server.policies import POLICY_REGISTRY, PolicyConfig, PolicyConfigError, classify, load_checkpoint, make_policy, save_checkpoint
 from server.policies.flow_matching import prefix_mask, sample_committed
-from server.policies.flow_transformer import FlowTransformerPolicy, count_parameters, preset_hyper_params
+from server.policies.flow_transformer import FlowTransformerPolicy, count_parameters, graph_safe, preset_hyper_params
 from server.policies.stats import compute_stats
 
 S, A, T, H = 6, 3, 12, 6
@@ -126,6 +126,55 @@ def test_runs_under_inference_mode_callers():
         batch = states(2)
         out = p.predict_action_chunk(batch, [1, 1], [rows(6, 0), None])
     torch.testing.assert_close(out, p.predict_action_chunk(states(2), [1, 1], [rows(6, 0), None]), rtol=0, atol=0)
+
+
+class ReplayStandIn:
+    """What a CUDA-graph replay does to its caller (torch.compile's reduce-overhead): every call writes into the
+    same output buffer and returns it. Counts the calls that came with autograd on."""
+
+    def __init__(self, velocity):
+        self.velocity, self.buffer, self.calls, self.grad_calls = velocity, None, 0, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        self.grad_calls += torch.is_grad_enabled()
+        with torch.no_grad():
+            out = self.velocity(*args)
+        if self.buffer is None or self.buffer.shape != out.shape:
+            self.buffer = torch.empty_like(out)
+        return self.buffer.copy_(out)
+
+
+@pytest.mark.parametrize("rtc_mode", ["guidance", "training_time"])
+def test_a_graph_replayed_velocity_gives_the_eager_chunks(rtc_mode):
+    """graph_safe: plain and training-time calls go to the replayed network and keep their output past the next
+    replay; the guided sampler's VJP runs eager. Chunks equal the eager policy's, guided or not."""
+    eager = policy(hyper_params={"rtc_mode": rtc_mode})
+    replayed = policy(hyper_params={"rtc_mode": rtc_mode})
+    stand_in = ReplayStandIn(replayed.velocity)
+    replayed._velocity_fn = graph_safe(stand_in, replayed.velocity)
+    batch = states(3, seed=5)
+    args = ([2, 0, 3], [rows(6, 1), None, rows(6, 2)])
+    torch.testing.assert_close(replayed.predict_action_chunk(batch, *args), eager.predict_action_chunk(batch, *args),
+                               rtol=1e-5, atol=1e-5)
+    assert stand_in.grad_calls == 0
+    assert stand_in.calls == (int(TINY["num_steps"]) if rtc_mode == "training_time" else 0)  # guided: all eager
+    unguided = ([0, 0, 0], [None, None, None])
+    torch.testing.assert_close(replayed.predict_action_chunk(batch, *unguided),
+                               eager.predict_action_chunk(batch, *unguided), rtol=1e-5, atol=1e-5)
+    assert stand_in.calls >= int(TINY["num_steps"])
+    memory = replayed.encode(states(2))
+    x_t = torch.randn(2, T, A, generator=torch.Generator().manual_seed(4))
+    first = replayed._velocity_fn(x_t, torch.full((2,), 0.9), memory)
+    kept = first.clone()
+    replayed._velocity_fn(x_t + 1.0, torch.full((2,), 0.5), memory)
+    torch.testing.assert_close(first, kept, rtol=0, atol=0)  # not overwritten by the next replay
+
+
+def test_compile_is_for_cuda_only_a_cpu_policy_stays_eager():
+    p = policy(hyper_params={"compile": True})
+    out = p.predict_action_chunk(states(2), [1, 1], [rows(6, 0), None])
+    assert out.shape == (2, T, A) and p._velocity_fn == p.velocity
 
 
 @pytest.mark.parametrize("encoder", ["conv", "vit"])

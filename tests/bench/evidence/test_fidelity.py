@@ -244,10 +244,17 @@ def test_the_report_tells_the_bench_share_away_from_faults_from_the_one_around_t
     o = _outcome(tmp_path, True, True)
     o.meta["fidelity"]["bench_share"] = {"rtt_ms": {"p50": 4.2, "p99": 50.3, "steady": {"p50": 3.9, "p99": 6.1,
                                                                                      "requests": 900},
-                                                    "around_faults": {"p50": 5.0, "p99": 61.0, "requests": 300}}}
+                                                    "around_faults": {"p50": 5.0, "p99": 61.0, "requests": 300},
+                                                    "by_fault": [{"fault": "partition site:eu", "t_start": 40.0,
+                                                                  "p50": 4.0, "p99": 12.0, "requests": 200},
+                                                                 {"fault": "restart server:r1", "t_start": 80.0,
+                                                                  "p50": 6.0, "p99": 97.0, "requests": 100}]}}
     report.write_all(o)
     page = (tmp_path / "report.html").read_text()
     assert "6.1 for the 900 requests away from the faults" in page and "61 for the 300 sent in a fault window" in page
+    assert "restart server:r1 at t 80 s: 6 / 97 (100 requests)" in page
+    lines = "\n".join(fid.table_lines({**o.meta["fidelity"], "legs": [{"error_ms_p99": None}]}))  # a judged run
+    assert "restart server:r1 at t 80 s (100 requests): ~6.0 / ~97.0 ms" in lines
 
 
 def test_report_figures_render_with_fault_windows(tmp_path):

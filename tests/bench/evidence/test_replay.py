@@ -246,6 +246,21 @@ def test_the_bench_share_away_from_faults_is_told_apart_from_the_one_in_their_wi
     assert steady["requests"] == int((~storm).sum()) and near["requests"] == int(storm.sum())
     assert steady["p99"] == pytest.approx(2.0) and near["p99"] == pytest.approx(202.0)
     assert share["p99"] > 100.0  # the whole run's p99 is the storm's
+    # two faults: which one the tail came with (a partition at 1 s with no storm, a restart at 20 s with one)
+    t = np.linspace(0.0, 40.0, 400)
+    rtt, qwb = np.full(t.size, 100.0), np.zeros(t.size)
+    storm = (t >= 20.0) & (t < 24.0)
+    rtt[storm], qwb[storm] = 300.0, 200.0
+    d = run_data(rtt, np.full(t.size, 30.0), qwb, np.full(t.size, 5.0), np.full(t.size, 2.0))
+    d.requests["t"] = t
+    two = bench_share({}, [], d.requests, fault_windows=[
+        {"t_start": 1.0, "t_end": 2.0, "action": "partition", "target": "site:eu"},
+        {"t_start": 20.0, "t_end": 21.0, "action": "restart", "target": "server:r1"}])["rtt_ms"]["by_fault"]
+    assert [(b["fault"], b["t_start"]) for b in two] == [("partition site:eu", 1.0), ("restart server:r1", 20.0)]
+    assert two[0]["requests"] == int(((t >= 1.0) & (t <= 2.0 + FAULT_SETTLE_S)).sum())
+    assert two[0]["p99"] == pytest.approx(2.0)  # nothing starved after the partition
+    assert two[1]["requests"] == int(((t >= 20.0) & (t <= 21.0 + FAULT_SETTLE_S)).sum())
+    assert two[1]["p99"] == pytest.approx(202.0)  # the restart's storm
     # a window without an end reaches FAULT_SETTLE_S past its start; none given: no split at all
     assert near_faults(np.array([1.0, 1.0 + FAULT_SETTLE_S + 0.1]), [{"t_start": 1.0, "t_end": None}]).tolist() == [True, False]
     assert "steady" not in bench_share({}, [], d.requests)["rtt_ms"]

@@ -30,3 +30,21 @@ def test_only_replicas_on_cuda_ask_for_it():
     assert cuda_problems(load_scenario(SCENARIOS_DIR / "capacity_act.yaml")) == []
     problems = cuda_problems(load_scenario(SCENARIOS_DIR / "capacity_gpu.yaml"))
     assert (problems == []) == torch.cuda.is_available()
+
+
+def test_a_replica_that_compiles_on_cuda_gets_longer_to_start(tmp_path):
+    """torch.compile at warm-up takes ~25 s a batch bucket on the H200: such a replica's start (and restart)
+    deadline is REPLICA_COMPILE_START_S, asked by the manifest or by the checkpoint's own config."""
+    import json
+
+    from bench.cli import load_with_overrides
+    from bench.run.manifests import REPLICA_COMPILE_START_S, REPLICA_START_S, replica_manifest, replica_start_s
+
+    s = load_with_overrides(str(SCENARIOS_DIR / "capacity_gpu.yaml"), [])
+    assert replica_start_s(replica_manifest(s, s.replicas[0])) == REPLICA_START_S  # reacher_vla: compile false
+    s = load_with_overrides(str(SCENARIOS_DIR / "capacity_gpu.yaml"), ["servers.manifest.model.hyper_params={compile: true}"])
+    assert replica_start_s(replica_manifest(s, s.replicas[0])) == REPLICA_COMPILE_START_S > REPLICA_START_S
+    (tmp_path / "config.json").write_text(json.dumps({"hyper_params": {"compile": True}}))
+    assert replica_start_s({"model": {"repo_or_path": str(tmp_path), "device": "cuda"}}) == REPLICA_COMPILE_START_S
+    assert replica_start_s({"model": {"repo_or_path": str(tmp_path), "device": "cpu"}}) == REPLICA_START_S  # no compile there
+    assert replica_start_s({"model": {"repo_or_path": str(tmp_path / "gone"), "device": "cuda"}}) == REPLICA_START_S
