@@ -122,20 +122,38 @@ class InferResult:
         return self.preprocess_ms + self.forward_ms + self.postprocess_ms
 
 
+def compiles_on_cuda(policy) -> bool:
+    """Whether `policy` replays CUDA graphs (flow_transformer's `compile` on a CUDA device)."""
+    hp = getattr(policy, "hp", None) or {}
+    device = getattr(policy, "param_device", None)
+    return bool(hp.get("compile")) and getattr(device, "type", "cpu") == "cuda"
+
+
 class LocalForward:
     """The batched forward pass on this process's policy: the default `dispatch.backend` (server.dispatch has
-    the Ray Serve one, with the same call)."""
+    the Ray Serve one, with the same call). A policy that replays CUDA graphs (`compiles_on_cuda`) is called from
+    one thread of its own whichever thread asks (the warm-up's, each dispatch loop's): torch's CUDA-graph trees
+    are per thread, and before torch 2.12 (pytorch/pytorch#123177, fixed by #184357) a graph captured on one
+    thread asserts when another replays it; the GPU's work does not overlap across calls anyway."""
 
     backend = "local"
 
-    def __init__(self, policy):
+    def __init__(self, policy, one_thread: bool | None = None):
         self.policy = policy
+        self._thread = None
+        if compiles_on_cuda(policy) if one_thread is None else one_thread:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
 
     def __call__(self, batch, delays, prefixes):
-        return self.policy.predict_action_chunk(batch, delays, prefixes)
+        if self._thread is None:
+            return self.policy.predict_action_chunk(batch, delays, prefixes)
+        return self._thread.submit(self.policy.predict_action_chunk, batch, delays, prefixes).result()
 
     def close(self) -> None:
-        pass
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
 
 
 class ModelRuntime:

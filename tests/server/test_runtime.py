@@ -177,3 +177,48 @@ def test_local_predictor_runs_each_calling_thread_at_the_replicas_torch_threads(
         t.join()
     assert out[1][0].tobytes() == out[4][0].tobytes()
     assert out[1][1] == out[4][1] == 1
+
+
+def test_a_policy_that_replays_cuda_graphs_is_called_from_one_thread_of_its_own():
+    """torch 2.11's CUDA-graph trees are per thread (pytorch#123177): the warm-up (main thread) and each dispatch
+    loop must not replay one capture from two threads, so LocalForward hands every call to one forward thread.
+    On a CPU no policy compiles: calls stay on the caller's thread."""
+    import threading
+
+    from server.runtime import LocalForward, compiles_on_cuda
+
+    class Recorder:
+        hp = {"compile": True}
+        param_device = torch.device("cpu")
+
+        def __init__(self):
+            self.threads = []
+
+        def predict_action_chunk(self, batch, delays, prefixes):
+            self.threads.append(threading.get_ident())
+            return torch.full((len(delays), 2, 1), float(len(self.threads)))
+
+    policy = Recorder()
+    assert not compiles_on_cuda(policy)  # compile asked, but not on CUDA
+    same = LocalForward(policy)
+    same([], [0], [None])
+    assert policy.threads == [threading.get_ident()]
+
+    policy.threads.clear()
+    forward = LocalForward(policy, one_thread=True)
+    callers = []
+
+    def call():
+        callers.append(threading.get_ident())
+        forward([], [0, 0], [None, None])
+
+    call()
+    others = [threading.Thread(target=call) for _ in range(3)]
+    for t in others:
+        t.start()
+    for t in others:
+        t.join()
+    out = forward([], [0], [None])
+    assert out.shape == (1, 2, 1) and float(out[0, 0, 0]) == 5.0  # the result comes back to the caller
+    assert len(set(policy.threads)) == 1 and not set(policy.threads) & set(callers + [threading.get_ident()])
+    forward.close()
