@@ -124,7 +124,8 @@ def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=
 
 def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
     """ModelRuntime.infer with JPEG frames: the server's batched path, one call per micro-batch; guided RTC
-    (`median_ms`) and training-time RTC (`training_time_ms`)."""
+    (`median_ms`) and training-time RTC (`training_time_ms`); where the frames decode on the GPU (nvjpeg), the
+    training-time path again with the CPU decoder (`training_time_cpu_jpeg_ms`, `gpu_jpeg_gain`)."""
     from server.policies.checkpoint import LoadedCheckpoint
     from server.policies.stats import stats_to_tensors
     from server.runtime import InferItem, ModelRuntime
@@ -146,8 +147,17 @@ def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
         ms = time_calls(lambda: runtime.infer(items, emulate=False), device, repeat, warmup)
         with rtc_mode(policy, "training_time"):  # what capacity_gpu's checkpoint serves
             tt = time_calls(lambda: runtime.infer(items, emulate=False), device, repeat, warmup)
-        out[str(n)] = {"median_ms": statistics.median(ms), "per_sample_ms": statistics.median(ms) / n,
-                       "training_time_ms": statistics.median(tt)}
+            row = {"median_ms": statistics.median(ms), "per_sample_ms": statistics.median(ms) / n,
+                   "training_time_ms": statistics.median(tt)}
+            if runtime.jpeg_decoder is not None:  # the GPU decode's gain: the same path with the CPU decoder
+                gpu_decoder, runtime.jpeg_decoder = runtime.jpeg_decoder, None
+                try:
+                    cpu = time_calls(lambda: runtime.infer(items, emulate=False), device, repeat, warmup)
+                finally:
+                    runtime.jpeg_decoder = gpu_decoder
+                row["training_time_cpu_jpeg_ms"] = statistics.median(cpu)
+                row["gpu_jpeg_gain"] = row["training_time_cpu_jpeg_ms"] / row["training_time_ms"]
+        out[str(n)] = row
     return out
 
 
@@ -250,6 +260,11 @@ def main(argv=None) -> int:
              if "compile_gain" in report["forward"][str(n)]["plain"]]
     if gains:
         print("torch.compile's gain over eager (same process, same weights): " + "; ".join(gains))
+    decode = [f"batch {n} {report['runtime'][str(n)]['training_time_cpu_jpeg_ms']:.1f} -> "
+              f"{report['runtime'][str(n)]['training_time_ms']:.1f} ms ({report['runtime'][str(n)]['gpu_jpeg_gain']:.2f}x)"
+              for n in args.batches if "gpu_jpeg_gain" in report["runtime"][str(n)]]
+    if decode:
+        print("JPEG decode on the GPU against the CPU decoder, the training-time path: " + "; ".join(decode))
     g = report["micro_batching"]
     print(f"micro-batching at {g['sessions']} sessions: {g['throughput_one_at_a_time_rps']:.1f} -> "
           f"{g['throughput_micro_batched_rps']:.1f} requests/s (gain {g['gain']:.2f}x); "

@@ -208,8 +208,10 @@ def test_the_forward_summary_gives_a_compiled_runs_eager_baseline_and_gain():
            "training_time_eager": {"median_ms": 164.5}}
     report = {"preset": "vla_300m", "parameters": 353.8e6, "device": "NVIDIA H200", "torch": "2.11", "autocast": "bf16",
               "cameras": 2, "image_size": 224, "compile": True, "forward": {"1": row},
-              "runtime": {"1": {"median_ms": 374.0, "training_time_ms": 40.0}}}
+              "runtime": {"1": {"median_ms": 374.0, "training_time_ms": 40.0, "training_time_cpu_jpeg_ms": 50.0,
+                                "gpu_jpeg_gain": 1.25}}}
     text = "\n".join(device.forward_lines(report, "forward-compile"))
     assert "runtime training-time ms 40.00" in text
+    assert "CPU decoder -> nvjpeg, ms: 50.00 -> 40.00; gain 1.25x" in text
     assert "eager in the same process, ms: plain 125.00; training-time 164.50; compile's gain: plain 5.00x, " \
            "training-time 7.00x" in text

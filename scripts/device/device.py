@@ -275,6 +275,11 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
            + ("/".join(_fmt(runtime[n]['median_ms']) for n in sizes if n in runtime) or "not timed")
            + ("; runtime training-time ms " + "/".join(_fmt(runtime[n]['training_time_ms']) for n in sizes)
               if sizes and all('training_time_ms' in (runtime.get(n) or {}) for n in sizes) else "")]
+    if sizes and all("gpu_jpeg_gain" in (runtime.get(n) or {}) for n in sizes):
+        out.append("  JPEG decode, training-time path, CPU decoder -> nvjpeg, ms: "
+                   + "/".join(f"{_fmt(runtime[n]['training_time_cpu_jpeg_ms'])} -> {_fmt(runtime[n]['training_time_ms'])}"
+                              for n in sizes)
+                   + "; gain " + "/".join(_fmt(runtime[n]['gpu_jpeg_gain']) + "x" for n in sizes))
     if sizes and all("plain_eager" in fwd[n] for n in sizes):  # --compile: the eager baseline of the same run
         out.append("  eager in the same process, ms: plain " + "/".join(_fmt(fwd[n]['plain_eager']['median_ms']) for n in sizes)
                    + "; training-time " + "/".join(_fmt(fwd[n]['training_time_eager']['median_ms']) for n in sizes)

@@ -52,3 +52,33 @@ def test_a_compiled_policy_is_timed_eager_too_and_its_compiled_network_is_put_ba
     row = gpu_forward.forward_figures(policy, [2], repeat=1, warmup=0)["2"]
     assert set(row) == {"guided", "plain", "training_time", "plain_eager", "training_time_eager"}
     assert row["plain"]["compile_gain"] > 0 and row["training_time"]["compile_gain"] > 0
+
+
+def test_the_gpu_decodes_gain_is_timed_against_the_cpu_decoder_and_the_decoder_put_back(monkeypatch):
+    """Where frames decode on the GPU, the runtime path is timed again with the CPU decoder (issue 19: each
+    step's gain). A stand-in decoder (PIL, on the CPU) takes nvjpeg's place on this host."""
+    import io
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    import server.runtime as runtime_module
+    from server.accel import GpuJpegDecoder
+
+    used = []
+
+    def pil_decode(data, device):
+        frames = data if isinstance(data, list) else [data]
+        out = [torch.from_numpy(np.array(Image.open(io.BytesIO(bytes(f.numpy()))).convert("RGB"))).permute(2, 0, 1)
+               for f in frames]
+        used.append(len(out))
+        return out if isinstance(data, list) else out[0]
+
+    stand_in = GpuJpegDecoder(torch.device("cpu"), pil_decode)
+    monkeypatch.setattr(runtime_module.GpuJpegDecoder, "for_device", classmethod(lambda cls, device: stand_in))
+    policy = gpu_forward.build("tiny", 1, 32, "cpu", False)
+    out = gpu_forward.runtime_figures(policy, [2], repeat=1, warmup=0)
+    row = out["2"]
+    assert out["gpu_jpeg_decode"] is True and row["training_time_cpu_jpeg_ms"] > 0 and row["gpu_jpeg_gain"] > 0
+    assert used == [2, 2]  # one call of the guided path, one of the training-time path; the CPU timing none
