@@ -133,8 +133,8 @@ class LocalForward:
     """The batched forward pass on this process's policy: the default `dispatch.backend` (server.dispatch has
     the Ray Serve one, with the same call). A policy that replays CUDA graphs (`compiles_on_cuda`) is called from
     one thread of its own whichever thread asks (the warm-up's, each dispatch loop's): torch's CUDA-graph trees
-    are per thread, and before torch 2.12 (pytorch/pytorch#123177, fixed by #184357) a graph captured on one
-    thread asserts when another replays it; the GPU's work does not overlap across calls anyway."""
+    are per thread, and in torch 2.11 a graph captured on one thread asserts when another replays it
+    (pytorch/pytorch#123177, fixed by #184357 after that release); the GPU's work does not overlap anyway."""
 
     backend = "local"
 

@@ -213,7 +213,7 @@ PROXY_BUSY_SHARE = 0.25  # keep each chaos proxy process's event loop below this
 
 # The other processes' estimated cores (at the reference speed) times this, when a local run counts the cores its
 # proxies may spread over: on the H200 machine's 16 cores the 1,000-robot run's shards, replicas and router took
-# 6.1 cores against 5.2 estimated (1.17x), and its speed probe read 1.1-2.2x the reference during the run
+# 6.1 cores against 5.1 estimated (1.2x), and its speed probe read 1.1-2.2x the reference during the run
 PROXY_SPARE_MARGIN = 1.5
 
 
