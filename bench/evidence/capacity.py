@@ -60,6 +60,7 @@ def step_row(value, summary: dict) -> dict:
         "none_tick_ratio": f.get("none_tick_ratio"), "staleness_violations": f.get("staleness_violations"),
         "server_queue_depth_max": f.get("server_queue_depth_max"),
         "failed_assertions": [a["expression"] for a in summary.get("assertions", []) if a.get("result") != "pass"],
+        "verdict_without_bench": verdict_without_bench(summary),
         "groups": {g: {k: gf.get(k) for k in GROUP_COLUMNS} for g, gf in (summary.get("groups") or {}).items()},
     }
 
@@ -78,11 +79,24 @@ def format_group_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def knee_of(rows: list[dict]):
-    """(knee, first_failure): the last value before the first non-passing step."""
+def verdict_without_bench(summary: dict) -> str | None:
+    """A load step's verdict had the bench host added nothing it measured: a failed step passes where every
+    failed assertion passed again on its figures less the bench's share (runner's `without_bench`). None for an
+    errored step. An upper bound of the system's where the share's forward part is (on a GPU replica a
+    launch-bound pass also waits for its own process's threads)."""
+    verdict = summary.get("verdict")
+    if verdict == "pass" or verdict == "error" or verdict is None:
+        return None if verdict in ("error", None) else "pass"
+    failed = [a for a in summary.get("assertions", []) if a.get("result") != "pass"]
+    return "pass" if failed and all((a.get("without_bench") or {}).get("result") == "pass" for a in failed) else "fail"
+
+
+def knee_of(rows: list[dict], verdict: str = "verdict"):
+    """(knee, first_failure): the last value before the first non-passing step (by `verdict`: a row's own, or
+    `verdict_without_bench`)."""
     knee = None
     for row in rows:
-        if row["verdict"] != "pass":
+        if row.get(verdict) != "pass":
             return knee, row["value"]
         knee = row["value"]
     return knee, None
@@ -110,8 +124,11 @@ def capacity_report(rows: list[dict], horizon: int, dt_s: float, formula: dict |
                    "dt_s": float(formula.get("dt_s", dt_s))}
         nominal.update(n_max(nominal["r_hz"], nominal["t_ms"] / 1e3, nominal["horizon"], nominal["dt_s"],
                              nominal["rtt_ms"] / 1e3))
+    bare_knee, bare_failure = knee_of(rows, "verdict_without_bench")
     figures = {"knee": knee, "first_failure": first_failure, "steps": len(rows), "n_max": measured["n_max"],
-               "n_max_nominal": nominal["n_max"] if nominal else None}
+               "n_max_nominal": nominal["n_max"] if nominal else None,
+               # the same sweep read without the bench's measured share: how much of the knee is the bench host's
+               "knee_without_bench": bare_knee, "first_failure_without_bench": bare_failure}
     figures["knee_ratio"] = (knee / measured["n_max"]) if knee is not None and measured["n_max"] > 0 else None
     figures["knee_ratio_nominal"] = (knee / nominal["n_max"]) if knee is not None and nominal and nominal["n_max"] > 0 else None
     return {"figures": _clean(figures), "formula_measured": _clean(measured), "formula_nominal": _clean(nominal)}
@@ -145,7 +162,11 @@ def format_capacity(cap: dict) -> str:
 
     def g(v, spec=".1f"):
         return format(v, spec) if isinstance(v, (int, float)) else "-"
-    out = [f"knee (last step holding every assertion): {fig['knee']}   first failing step: {fig['first_failure']}",
+    out = [f"knee (last step holding every assertion): {fig['knee']}   first failing step: {fig['first_failure']}"
+           + (f"   without the bench's measured share: knee {fig.get('knee_without_bench')}, first failing "
+              f"{fig.get('first_failure_without_bench')}"
+              if (fig.get("knee_without_bench"), fig.get("first_failure_without_bench")) != (fig["knee"], fig["first_failure"])
+              else ""),
            f"N_max = min(0.8/(r*t), (H*dt/2 - RTT)/t) measured: r={g(m['r_hz'], '.2f')} Hz t={g(m['t_ms'])} ms "
            f"H={m['horizon']} dt={g(m['dt_s'], '.4f')} s RTT={g(m['rtt_ms'])} ms -> min({g(m['utilization_bound'])}, "
            f"{g(m['latency_bound'])}) = {g(m['n_max'])};  knee/N_max = {g(fig['knee_ratio'], '.2f')}"]

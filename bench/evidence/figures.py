@@ -270,9 +270,11 @@ scalar("request_errors")(lambda s: int(np.count_nonzero(~_ok_requests(s) & ~np.i
 scalar("request_error_ratio")(lambda s: _ratio(SCALARS["request_errors"](s), SCALARS["requests"](s)))
 
 
-def _goodput(s: _Scope) -> tuple[int, int]:
+def _goodput(s: _Scope, rtt: np.ndarray | None = None) -> tuple[int, int]:
+    """(requests answered within their robot's deadline, requests answered); `rtt`: the round trips to judge
+    (without_bench's, less the bench's share), else the recorded ones."""
     ok = _ok_requests(s)
-    rtt = s.col(s.requests, "rtt_ms").astype(float)
+    rtt = s.col(s.requests, "rtt_ms").astype(float) if rtt is None else rtt
     robots = s.col(s.requests, "robot", np.int32)
     deadline_by_robot = dict(zip(s.data.robots.get("robot", []), s.data.robots.get("deadline_s", [])))
     deadline_ms = np.array([deadline_by_robot.get(int(r), np.inf) for r in robots], float) * 1e3
@@ -486,15 +488,21 @@ BENCH_PARTS = {"queue_wait_ms": ("queue_wait_bench_ms",), "inference_ms": ("infe
                "encode_ms": ("encode_bench_ms",)}
 
 
+def _less_bench(s: _Scope, name: str, network_ms: float) -> np.ndarray:
+    """Every request's `name` less its measured bench parts (one value a request, unfiltered)."""
+    v = s.col(s.requests, name).astype(float)
+    for part in BENCH_PARTS[name]:
+        b = s.col(s.requests, part).astype(float)
+        if b.size == v.size:
+            v = v - np.nan_to_num(b, nan=0.0)
+    if name in ("rtt_ms", "network_ms"):
+        v = v - network_ms
+    return v
+
+
 def _without_bench(name: str, network_ms: float):
     def fn(s: _Scope) -> np.ndarray:
-        v = s.col(s.requests, name).astype(float)
-        for part in BENCH_PARTS[name]:
-            b = s.col(s.requests, part).astype(float)
-            if b.size == v.size:
-                v = v - np.nan_to_num(b, nan=0.0)
-        if name in ("rtt_ms", "network_ms"):
-            v = v - network_ms
+        v = _less_bench(s, name, network_ms)
         ok = _ok_requests(s)
         v = v[ok] if v.size == ok.size else v
         return v[np.isfinite(v)]
@@ -503,12 +511,15 @@ def _without_bench(name: str, network_ms: float):
 
 def without_bench(data: RunData, top: Figures, network_ms: float = 0.0) -> Figures:
     """`top` (compute's) with the series of BENCH_PARTS less the bench's measured share per request, the round
-    trip also less `network_ms` (the proxies' error, p50 up + down): what an assertion would read had every
-    process had a host of its own, as far as the bench measures its share. Every other figure is `top`'s."""
+    trip also less `network_ms` (the proxies' error, p50 up + down), and the goodput judged on those round
+    trips: what an assertion would read had every process had a host of its own, as far as the bench measures
+    its share. Every other figure is `top`'s."""
     def corrected(f: Figures, scope: _Scope) -> Figures:
-        out = Figures(scalars=f.scalars, series=dict(f.series), states=f.states)
+        out = Figures(scalars=dict(f.scalars), series=dict(f.series), states=f.states)
         for name in BENCH_PARTS:
             out.series[name] = _without_bench(name, network_ms)(scope)
+        good, answered = _goodput(scope, _less_bench(scope, "rtt_ms", network_ms))
+        out.scalars["goodput_requests"], out.scalars["goodput_ratio"] = good, _ratio(good, answered)
         return out
 
     groups = data.robots.get("group", np.empty(0, object))

@@ -304,7 +304,8 @@ class Sweep(_Model):
                                          default_doc="true in capacity mode")
     formula: Formula | None = _f(None, "`capacity`: nominal inputs of P10's formula, printed beside the measured ones")
     assertions: list[Str] = _f([], "`capacity`: expressions over the sweep figures `knee`, `first_failure`, `n_max`, "
-                                   "`n_max_nominal`, `knee_ratio`, `knee_ratio_nominal`, `steps` (bench.evidence.capacity)")
+                                   "`n_max_nominal`, `knee_ratio`, `knee_ratio_nominal`, `steps`, `knee_without_bench`, "
+                                   "`first_failure_without_bench` (bench.evidence.capacity)")
 
 
 class Attacker(_Model):

@@ -19,6 +19,9 @@ SWEEP_FIGURES = {
     "knee_ratio": "knee / n_max",
     "knee_ratio_nominal": "knee / n_max_nominal",
     "steps": "sweep values run",
+    "knee_without_bench": "the knee with each failed step judged again on its figures less the bench host's "
+                          "measured share (null if the first step still failed)",
+    "first_failure_without_bench": "the first failing value so judged (null if none)",
 }
 
 

@@ -39,16 +39,16 @@ def test_sites_are_dealt_over_the_servers_and_every_call_reaches_the_right_one(t
 
 
 def test_the_pool_size_follows_the_proxy_load_and_the_spare_cores():
-    from types import SimpleNamespace as NS
-
+    from bench.cli import load_with_overrides
     from bench.run.sizing import proxy_processes
 
-    def scenario(robots, sites=3, replicas=3):
-        groups = [NS(count=robots // sites, fps=30.0, robot="reacher") for _ in range(sites)]
-        return NS(groups=groups, robots=robots, sites={f"s{i}": None for i in range(sites)},
-                  replicas=[None] * replicas, shards="auto")
+    def headline(*sets):
+        return load_with_overrides("scenarios/300_robots_wan.yaml", list(sets), check_checkpoints=False)
 
-    assert proxy_processes(scenario(300), cores=2) == 1  # the headline here: one loop, no core to spare
-    assert proxy_processes(scenario(300), cores=64) == 1  # ~0.11 of a core of proxy work: one loop is enough
-    assert proxy_processes(scenario(3000), cores=64) == 3  # ~1.1 cores: one process per site
-    assert proxy_processes(scenario(3000, sites=1), cores=64) == 1  # never more processes than sites
+    assert proxy_processes(headline(), cores=2) == 1  # the headline here: one loop, no core to spare
+    assert proxy_processes(headline(), cores=64) == 1  # ~0.17 of a core of proxy work: one loop is enough
+    big = [f"fleet.groups.{i}.count=1000" for i in range(3)]
+    assert proxy_processes(headline(*big), cores=64) == 3  # ~1 core of proxy work: one process per site
+    assert proxy_processes(headline(*big), cores=4) == 1  # the shards and replicas' work leaves no core for more
+    one_site = big + ["fleet.groups.1.site=eu", "fleet.groups.2.site=eu", "sites={eu: {profile: wan_50ms}}"]
+    assert proxy_processes(headline(*one_site), cores=64) == 1  # never more processes than sites

@@ -222,3 +222,68 @@ def test_a_policy_that_replays_cuda_graphs_is_called_from_one_thread_of_its_own(
     assert out.shape == (1, 2, 1) and float(out[0, 0, 0]) == 5.0  # the result comes back to the caller
     assert len(set(policy.threads)) == 1 and not set(policy.threads) & set(callers + [threading.get_ident()])
     forward.close()
+
+
+def _camera_runtime(decoder):
+    """A tiny flow_transformer with one 32x32 camera, its frames decoded by `decoder` (a GpuJpegDecoder)."""
+    from benchmarks.gpu_forward import build
+    from server.policies.checkpoint import LoadedCheckpoint
+    from server.policies.stats import stats_to_tensors
+
+    policy = build("tiny", 1, 32, "cpu", False)
+    cfg = policy.config
+    stats = {"observation.state": {"mean": [0.0] * cfg.state_dim, "std": [1.0] * cfg.state_dim},
+             "action": {"mean": [0.0] * cfg.action_dim, "std": [1.0] * cfg.action_dim}}
+    runtime = ModelRuntime(LoadedCheckpoint(policy, cfg, stats_to_tensors(stats), "test", {}))
+    runtime.jpeg_decoder = decoder
+    return runtime
+
+
+class _SlowDecoder:
+    """Stands in for nvjpeg on this host (PIL on the CPU); each batch call takes `delay_s` and is counted."""
+
+    def __init__(self, delay_s: float = 0.0):
+        self.delay_s, self.calls = delay_s, []
+
+    def __call__(self, data, device):
+        import io
+        import time
+
+        from PIL import Image
+
+        frames = data if isinstance(data, list) else [data]
+        self.calls.append(len(frames))
+        time.sleep(self.delay_s)
+        out = [torch.from_numpy(np.array(Image.open(io.BytesIO(bytes(f.numpy()))).convert("RGB"))).permute(2, 0, 1)
+               for f in frames]
+        return out if isinstance(data, list) else out[0]
+
+
+def test_the_batchs_gpu_jpeg_decode_is_counted_in_each_items_server_time():
+    """On the H200 the batch's nvjpeg call ran before the per-item clock: its time was in no server figure, so
+    the bench read it as network. Every item waited for the whole call: it is in each one's preprocess time."""
+    from server.accel import GpuJpegDecoder
+    from wire.images import encode_image
+
+    slow = _SlowDecoder(delay_s=0.05)
+    runtime = _camera_runtime(GpuJpegDecoder(torch.device("cpu"), slow))
+    frame = encode_image(np.full((32, 32, 3), 128, np.uint8), "jpeg", 90)
+    items = [InferItem(runtime.new_pipeline(), np.zeros(runtime.config.state_dim, np.float32), {"front": frame}, 0,
+                       None, None, rtc=False) for _ in range(3)]
+    results = runtime.infer(items, emulate=False)
+    assert slow.calls == [3] and all(r.error is None for r in results)
+    assert all(r.preprocess_ms >= 50.0 for r in results)
+    assert all(r.inference_ms >= r.preprocess_ms + r.forward_ms for r in results)
+
+
+def test_warm_up_sends_jpeg_frames_through_the_gpu_decoder():
+    """The first request after a start paid ~0.7 s outside its forward pass on the H200 while warm-up frames were
+    raw arrays: with a GPU decoder, warm-up frames are JPEGs and go through it."""
+    from server.accel import GpuJpegDecoder
+
+    slow = _SlowDecoder()
+    runtime = _camera_runtime(GpuJpegDecoder(torch.device("cpu"), slow))
+    runtime.warmup(2)
+    assert len(slow.calls) == 4 and set(slow.calls) == {1}  # two rounds, guided and plain: one frame each call
+    plain = _camera_runtime(None)
+    assert plain.warmup(1) > 0  # no GPU decoder: raw frames, as before

@@ -34,6 +34,31 @@ def test_knee_is_the_last_value_before_the_first_failure():
     assert capacity.knee_of([_row(1, "pass")]) == (1, None)
 
 
+def test_the_knee_is_read_again_without_the_bench_s_share():
+    """A step that failed only on figures the bench host inflated (every failed assertion passes again less the
+    bench's measured share) counts as passing in `knee_without_bench`; the knee itself is the run's."""
+    def summary(verdict, *assertions):
+        return {"verdict": verdict, "figures": {}, "assertions": list(assertions)}
+
+    fail_bench = {"expression": "goodput_ratio >= 0.95", "result": "fail", "value": 0.94,
+                  "without_bench": {"value": 0.97, "result": "pass"}}
+    fail_system = {"expression": "goodput_ratio >= 0.95", "result": "fail", "value": 0.5,
+                   "without_bench": {"value": 0.6, "result": "fail"}}
+    unchanged = {"expression": "staleness_violations == 0", "result": "fail", "value": 3}
+    ok = {"expression": "none_tick_ratio < 0.05", "result": "pass", "value": 0.0}
+    assert capacity.verdict_without_bench(summary("pass", ok)) == "pass"
+    assert capacity.verdict_without_bench(summary("fail", ok, fail_bench)) == "pass"
+    assert capacity.verdict_without_bench(summary("inconclusive", fail_bench, unchanged)) == "fail"
+    assert capacity.verdict_without_bench(summary("fail", fail_system)) == "fail"
+    assert capacity.verdict_without_bench(summary("error")) is None
+    rows = [capacity.step_row(v, summary(*spec)) for v, spec in
+            ((1, ("pass", ok)), (4, ("fail", fail_bench)), (16, ("fail", fail_system)))]
+    cap = capacity.capacity_report(rows, horizon=10, dt_s=1 / 15, formula=None)
+    assert (cap["figures"]["knee"], cap["figures"]["first_failure"]) == (1, 4)
+    assert (cap["figures"]["knee_without_bench"], cap["figures"]["first_failure_without_bench"]) == (4, 16)
+    assert "without the bench's measured share: knee 4, first failing 16" in capacity.format_capacity(cap)
+
+
 def test_capacity_report_measures_from_the_lightest_step_and_gives_the_ratio():
     rows = [_row(4, "pass", inf=25.0), _row(8, "pass", inf=60.0), _row(12, "fail")]
     cap = capacity.capacity_report(rows, horizon=10, dt_s=1 / 15, formula={"r_hz": 1, "t_ms": 20})
