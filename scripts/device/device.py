@@ -314,7 +314,9 @@ def _sweep_lines(root: Path, path: Path) -> list[str]:
     out = [f"capacity ({path.parent.relative_to(root)}): knee {knee} sessions (first failure "
            f"{f.get('first_failure')}, {f.get('steps')} steps); P10 formula from the measured forward time "
            f"t {_fmt(m.get('t_ms'), '.1f')} ms, r {_fmt(m.get('r_hz'))} Hz, rtt {_fmt(m.get('rtt_ms'), '.1f')} ms: "
-           f"n_max {_fmt(m.get('n_max'), '.1f')}; knee / n_max {_fmt(f.get('knee_ratio'))}"]
+           f"n_max {_fmt(m.get('n_max'), '.1f')}; knee / n_max {_fmt(f.get('knee_ratio'))}"
+           + (f"; without the bench's measured share: knee {f.get('knee_without_bench')}, first failure "
+              f"{f.get('first_failure_without_bench')}" if "knee_without_bench" in f else "")]
     for v in sweep.get("variants", []):
         r = v.get("row") or {}
         out.append(f"  {v['value']:>4} sessions: {r.get('verdict')}, goodput {_fmt(r.get('goodput_ratio'))}, inference "
