@@ -86,3 +86,31 @@ def test_a_router_refuses_the_session_beyond_its_max_sessions_and_names_the_limi
         for s in sessions:
             s.close()
         child.stop()
+
+
+def test_a_listeners_port_is_picked_below_the_range_outbound_connections_take_their_local_ports_from():
+    """A replica's health port or a router's, kept across a restart, must not be the local end of a connection
+    some robot opened while it was down: picked below the kernel's ephemeral range, which outbound connections'
+    local ports come from (checked here on 64 of them)."""
+    lo, hi = procs.ephemeral_range()
+    picked = {procs.free_port() for _ in range(20)}
+    assert all(procs.LISTEN_PORT_FLOOR <= p < lo for p in picked)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", procs.free_port()))
+        listener.listen(128)
+        clients = [socket.create_connection(listener.getsockname()) for _ in range(64)]
+        try:
+            local = {c.getsockname()[1] for c in clients}
+        finally:
+            for c in clients:
+                c.close()
+    assert all(lo <= p <= hi for p in local) and not local & picked
+
+
+def test_without_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch):
+    real_lo, real_hi = procs.ephemeral_range()
+    monkeypatch.setattr(procs, "ephemeral_range", lambda: (procs.LISTEN_PORT_FLOOR + 10, 60999))
+    port = procs.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free
+    assert real_lo <= port <= real_hi  # the kernel's pick, not one from a 10-port gap
