@@ -313,6 +313,11 @@ def preflight(scenario: Scenario) -> list[str]:
         replica_priority()
     except ValueError as exc:
         out.append(f"environment: {exc}")
+    from bench.run.sizing import PROXY_PROCESSES_ENV
+
+    if os.environ.get(PROXY_PROCESSES_ENV) and not os.environ[PROXY_PROCESSES_ENV].strip().isdigit():
+        out.append(f"environment: {PROXY_PROCESSES_ENV}={os.environ[PROXY_PROCESSES_ENV]!r}: expected a whole number "
+                   "of chaos proxy processes (unset it for the bench's own sizing)")
     return out
 
 

@@ -152,3 +152,59 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     table = json.loads((run / "processes.json").read_text())
     assert {"router", "server:r0", "shard:0", "shard:1"} <= {r["name"] for r in table}
     assert not [r for r in table if group_alive(r["pid"])]
+
+
+THREE_SITES = """\
+name: e2e_sites
+description: three sites, each on its own chaos proxy process; one partitioned
+duration_s: 10
+warmup_s: 4
+seed: 5
+fleet:
+  shards: 1
+  groups:
+{groups}
+sites:
+  eu: {{profile: lan}}
+  us: {{profile: lan}}
+  ap: {{profile: lan}}
+servers:
+  replicas:
+    - {{id: r0, checkpoint: {checkpoint}, max_sessions: 8}}
+faults:
+  - {{at: 4, target: site:us, action: partition, duration: 2}}
+assertions:
+  - dead_robots == 0
+  - states(group=us) contains [STREAMING, STALLED, STREAMING]
+  - group[eu].fallback_tick_ratio < 0.05 and group[ap].fallback_tick_ratio < 0.05
+"""
+
+
+def test_sites_on_three_proxy_processes_each_get_their_own_and_a_partition_reaches_only_its_site(tmp_path, checkpoint):
+    """bench.run.sizing.proxy_processes gives 1,000_robots_wan three proxy loops on 16 cores: the same local run
+    path, forced here (BENCH_PROXY_PROCESSES) on a short fleet of three sites."""
+    import os
+
+    from bench.run.sizing import PROXY_PROCESSES_ENV
+
+    groups = "\n".join(f"    - {{name: {s}, robot: reacher, count: 2, site: {s}, policy: {checkpoint}, engine: "
+                       f"{{buffer_time_s: 0.5, max_action_age_s: 1.0, fallback: hold}}}}" for s in ("eu", "us", "ap"))
+    scenario = tmp_path / "sites.yaml"
+    scenario.write_text(THREE_SITES.format(groups=groups, checkpoint=checkpoint))
+    env = {**os.environ, PROXY_PROCESSES_ENV: "3"}
+    proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(tmp_path / "r"),
+                           "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=150, env=env)
+    runs = list((tmp_path / "r" / "e2e_sites").iterdir())
+    assert len(runs) == 1, proc.stderr
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    assert summary["verdict"] == "pass", (proc.stderr[-3000:], json.dumps(summary["assertions"], indent=1))
+    assert summary["chaos_proxy"]["processes"] == 3
+    assert sorted(summary["chaos_proxy"]["site_process"].values()) == [0, 1, 2]  # one site a process
+    assert {g["site"] for g in summary["fidelity"]["legs"]} == {"eu", "us", "ap"}  # each proxy's legs read back
+    logs = {p.name for p in (runs[0] / "logs").iterdir()}
+    assert {"chaos-proxy.log", "chaos-proxy-1.log", "chaos-proxy-2.log"} <= logs, logs
+    assert summary["memory"]["leftover_processes"] == 0
+    bad = subprocess.run([sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(tmp_path / "r2"),
+                          "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, PROXY_PROCESSES_ENV: "three"})
+    assert bad.returncode == 2 and PROXY_PROCESSES_ENV in bad.stderr and "Traceback" not in bad.stderr

@@ -108,6 +108,20 @@ def test_a_local_runs_proxies_spread_over_the_cores_its_other_processes_leave():
     assert proxy_processes(headline, cores=2) == proxy_processes(headline, cores=64) == 1  # one loop under 25 % busy
 
 
+def test_the_proxy_count_can_be_forced_and_never_exceeds_the_sites(monkeypatch):
+    from bench.run.sizing import PROXY_PROCESSES_ENV, proxy_processes
+    from bench.scenario.schema import load_scenario
+
+    headline = load_scenario("scenarios/300_robots_wan.yaml")
+    monkeypatch.setenv(PROXY_PROCESSES_ENV, "2")
+    assert proxy_processes(headline, cores=2) == 2
+    monkeypatch.setenv(PROXY_PROCESSES_ENV, "9")
+    assert proxy_processes(headline, cores=2) == 3  # three sites
+    monkeypatch.setenv(PROXY_PROCESSES_ENV, "many")
+    with pytest.raises(ValueError, match="BENCH_PROXY_PROCESSES='many'"):
+        proxy_processes(headline)
+
+
 # --- the request rate an engine keeps (edge.remote's request point, walked through an episode) ---------------------
 
 @pytest.mark.parametrize("fps, engine, rtt_s, per_s", [
