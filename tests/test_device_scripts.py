@@ -189,14 +189,14 @@ def test_the_fleet_summary_names_where_the_cpu_went_and_why_robots_died(tmp_path
         "verdict": "fail", "exit_code": 1, "robots": 1000, "wall_s": 200.0, "figures": {}, "assertions": [],
         "cpu": {"host_percent": 51.0, "cores": 16, "split": {"shard:0": 90.0},
                 "estimate": {"split": {"shards": 3.46, "replicas": 1.65}}, "by_kind": {"shards": 3.1, "replicas": 2.2},
-                "estimate_ratio": 1.1},
+                "estimate_ratio": 1.1, "estimate_ratio_at_reference": 0.9},
         "state_changes": [{"from": "STALLED", "to": "DEAD", "reason": "offline", "example": "offline for more than 60 s",
                            "changes": 400, "robots": 400, "t_first": 81.0, "t_last": 95.5}],
         "latency_budget": [{"figure": "uplink_to_router_ms", "p50_ms": 27.1, "p99_ms": 63.5},
                            {"figure": "uplink_from_router_ms", "p50_ms": 1.5, "p99_ms": 54.5, "bench_p50_ms": 1.3,
                             "bench_p99_ms": 54.2}]}))
     text = "\n".join(device.fleet_lines(tmp_path))
-    assert "shards 3.10 / 3.46, replicas 2.20 / 1.65 (ratio 1.10)" in text
+    assert "shards 3.10 / 3.46, replicas 2.20 / 1.65 (ratio 1.10; 0.90 unscaled)" in text
     # each hop at the router, and the bench's part of it where that is measured
     assert "up to router 27.1/63.5; router to server 1.5/54.5 (the bench's part 1.3/54.2)" in text
     assert "STALLED -> DEAD: 400 changes, 400 robots, t 81..95.5 s: offline for more than 60 s" in text

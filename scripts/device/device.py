@@ -352,7 +352,9 @@ def fleet_lines(root: Path) -> list[str]:
     est, got = (cpu.get("estimate") or {}).get("split") or {}, cpu.get("by_kind") or {}
     if est and got:  # issue 17's "where the CPU went", against the cost model the docs' sizing table comes from
         out.append("  cores by kind, measured / estimated: " + ", ".join(
-            f"{k} {_fmt(got.get(k))} / {_fmt(est.get(k))}" for k in est) + f" (ratio {_fmt(cpu.get('estimate_ratio'))})")
+            f"{k} {_fmt(got.get(k))} / {_fmt(est.get(k))}" for k in est) + f" (ratio {_fmt(cpu.get('estimate_ratio'))}"
+            + (f"; {_fmt(cpu['estimate_ratio_at_reference'])} unscaled" if cpu.get("estimate_ratio_at_reference") else "")
+            + ")")
     threads = cpu.get("shard_threads") or {}
     if threads.get("cores"):  # inside the shards, by thread role: what the bench's own loop cost against the engines
         out.append(f"  shards' threads, cores: " + ", ".join(f"{k} {v:.2f}" for k, v in threads["cores"].items() if v >= 0.005)

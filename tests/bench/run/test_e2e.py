@@ -130,6 +130,13 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     cpu = summary["cpu"]
     assert set(cpu["estimate"]["split"]) == set(cpu["by_kind"]) == {"shards", "replicas", "proxy", "router"}
     assert cpu["by_kind"]["shards"] > 0 and cpu["estimate"]["cores_needed"] > 0 and cpu["estimate_ratio"] > 0
+    # and unscaled, at the reference probe: the two differ by the run's probe against the reference
+    from bench.run.hostcpu import COST_REFERENCE_PROBE_MS
+
+    probe = cpu["estimate"]["probe_ms"]
+    assert cpu["estimate_ratio_at_reference"] == pytest.approx(cpu["estimate_ratio"] * probe / COST_REFERENCE_PROBE_MS,
+                                                               abs=0.02)
+    assert "with the model unscaled" in (run / "report.html").read_text()
     # the replica's forward pass priced from its own checkpoint, timed on this host (bench.run.forwardcost)
     assert cpu["estimate"]["forward_cpu_ms"]["r0"]["source"] in ("measured", "cached")
     assert "preflight's cost model" in (run / "report.html").read_text()
