@@ -408,7 +408,8 @@ def render_html(o: RunOutcome, summary: dict) -> str:
             if cpu.get("estimate_ratio_at_reference") is not None:
                 out.append("<p class=muted>" + e(f"Measured / estimated {_v(cpu.get('estimate_ratio'))} at this run's "
                            f"probe, {_v(cpu['estimate_ratio_at_reference'])} with the model unscaled (the reference "
-                           "probe): where the two differ, the probe read a slowdown the work did not have (SMT).") + "</p>")
+                           "probe): where the two differ, the probe read a slowdown the work did not have (on the 16-core "
+                           "accelerator machine, likely its SMT siblings).") + "</p>")
             forward = cpu["estimate"].get("forward_cpu_ms") or {}
             if forward:  # where each replica's forward pass was priced from: this host's timing or the constant
                 out.append("<p class=muted>" + e(f"{_v(cpu['estimate'].get('requests_per_s'))} requests/s estimated; "
