@@ -90,17 +90,12 @@ REPLICA_COMPILE_START_S = 600.0
 def replica_start_s(manifest: dict) -> float:
     """How long a replica of `manifest` may take to say it is ready: longer where its model compiles (`compile`
     in the manifest's `model.hyper_params`, else in the checkpoint's config.json) on a CUDA device."""
-    import json
-    from pathlib import Path
+    from bench.scenario.schema import checkpoint_config
 
     model = manifest.get("model") or {}
     if not str(model.get("device", "cpu")).startswith("cuda"):
         return REPLICA_START_S
     compile_ = (model.get("hyper_params") or {}).get("compile")
     if compile_ is None and model.get("repo_or_path"):
-        try:
-            config = json.loads((Path(model["repo_or_path"]) / "config.json").read_text())
-            compile_ = (config.get("hyper_params") or {}).get("compile")
-        except (OSError, ValueError):
-            compile_ = None
+        compile_ = (checkpoint_config(model["repo_or_path"]).get("hyper_params") or {}).get("compile")
     return REPLICA_COMPILE_START_S if compile_ else REPLICA_START_S

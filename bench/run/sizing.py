@@ -144,13 +144,11 @@ def _serving(scenario, group) -> list:
 
 
 def _chunk_size(replica) -> int | None:
-    import json
-
-    from bench.scenario.schema import checkpoint_dir
+    from bench.scenario.schema import checkpoint_config
 
     try:
-        return int(json.loads((checkpoint_dir(replica.checkpoint) / "config.json").read_text())["chunk_size"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return int(checkpoint_config(replica.checkpoint)["chunk_size"])
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

@@ -448,12 +448,22 @@ def _check_served(w: _Where, groups: list[Group], replicas: list[Replica]) -> No
                      shown=f"fleet.groups[{g.name}].{key}")
 
 
+def checkpoint_config(name_or_path: str) -> dict:
+    """A checkpoint's config.json (a name under bench/checkpoints or a path), {} where it cannot be read as a
+    mapping yet: the bench reads a few of its keys (fps, chunk_size, hyper_params) before any server loads it."""
+    try:
+        config = json.loads((checkpoint_dir(name_or_path) / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def _trained_fps(name_or_path: str) -> float | None:
     """The rate a checkpoint was trained at (its config.json's fps); None where it cannot be read yet."""
     try:
-        fps = json.loads((checkpoint_dir(name_or_path) / "config.json").read_text()).get("fps")
+        fps = checkpoint_config(name_or_path).get("fps")
         return float(fps) if fps else None
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError):
         return None
 
 
