@@ -309,15 +309,13 @@ def preflight(scenario: Scenario) -> list[str]:
         from edge import make_engine  # noqa: F401
     except Exception as exc:
         out.append(f"environment: edge.make_engine is not available: {exc}")
-    try:
-        replica_priority()
-    except ValueError as exc:
-        out.append(f"environment: {exc}")
-    from bench.run.sizing import PROXY_PROCESSES_ENV
+    from bench.run.sizing import forced_proxy_processes
 
-    if os.environ.get(PROXY_PROCESSES_ENV) and not os.environ[PROXY_PROCESSES_ENV].strip().isdigit():
-        out.append(f"environment: {PROXY_PROCESSES_ENV}={os.environ[PROXY_PROCESSES_ENV]!r}: expected a whole number "
-                   "of chaos proxy processes (unset it for the bench's own sizing)")
+    for check in (replica_priority, forced_proxy_processes):  # the environment's knobs, read as the run will
+        try:
+            check()
+        except ValueError as exc:
+            out.append(f"environment: {exc}")
     return out
 
 

@@ -218,18 +218,27 @@ PROXY_SPARE_MARGIN = 1.5
 PROXY_PROCESSES_ENV = "BENCH_PROXY_PROCESSES"  # a count that overrides the rule (a host it misjudges; tests)
 
 
+def forced_proxy_processes() -> int | None:
+    """The count PROXY_PROCESSES_ENV asks for, None where unset; ValueError (naming it) for anything but a whole
+    number (bench run's preflight says so, exit 2)."""
+    forced = os.environ.get(PROXY_PROCESSES_ENV, "").strip()
+    if not forced:
+        return None
+    if not forced.isdigit():
+        raise ValueError(f"{PROXY_PROCESSES_ENV}={forced!r}: expected a whole number of chaos proxy processes "
+                         "(unset it for the bench's own sizing)")
+    return int(forced)
+
+
 def proxy_processes(scenario, cores: int | None = None) -> int:
     """Chaos proxy processes for the run's sites on this host (`proxy_processes_for`): as many as the cores left
     beyond one for the runner and the host and the estimated work of the shards, replicas and router (with
     PROXY_SPARE_MARGIN) allow. (Until 2026-11-27 each shard and replica held a whole core here: the 1,000-robot run
     on 16 cores got one proxy loop, 41-48 % busy, whose downlink delay ran up to 33 ms late at p99, with the host
     44 % busy.)"""
-    forced = os.environ.get(PROXY_PROCESSES_ENV)
-    if forced:
-        try:
-            return max(1, min(len(scenario.sites), int(forced)))
-        except ValueError:
-            raise ValueError(f"{PROXY_PROCESSES_ENV}={forced!r}: expected a whole number of proxy processes") from None
+    forced = forced_proxy_processes()
+    if forced is not None:
+        return max(1, min(len(scenario.sites), forced))
     cores = cores or os.cpu_count() or 1
     requests = requests_per_s(scenario)
     others_ms = (shards_ms_per_s(scenario) + replica_ms_per_s(scenario, forward_costs(scenario, measure=False))
