@@ -41,6 +41,12 @@ class PolicyDeployment:
         self.policy = load_checkpoint(repo_or_path, device=device, dtype=dtype).policy
         if hyper_params:  # the manifest's `model.hyper_params`, as the Zenoh-facing server applied them
             self.policy.override_hyper_params(hyper_params)
+        self.policy.prepare_serving()  # e.g. `compile` without a compiler: refused as the deployment starts
+        from server.runtime import LocalForward
+
+        # as in the Zenoh-facing server: a policy replaying CUDA graphs is called from one thread of its own, and
+        # Serve calls from threads of its own
+        self._call = LocalForward(self.policy)
 
     def forward(self, batch: dict, delays: list[int], prefixes: list) -> Any:
         import torch
@@ -52,7 +58,7 @@ class PolicyDeployment:
         device, dtype = self.policy.param_device, self.policy.param_dtype
         batch = {k: v.to(device) for k, v in batch.items()}
         prefixes = [to_device(p, device, dtype) if p is not None else None for p in prefixes]
-        out = self.policy.predict_action_chunk(batch, delays, prefixes)
+        out = self._call(batch, delays, prefixes)
         return out.detach().to("cpu", torch.float32)
 
 

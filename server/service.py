@@ -132,6 +132,8 @@ class PolicyServer:
         emulated = EmulatedLatency.from_manifest(_get(m, "emulated_latency", None))
         horizon = _get(m, "execution_horizon", None) or loaded.config.execution_horizon
         self.runtime = ModelRuntime(loaded, emulated, horizon)
+        if not remote_forward:  # refused here, with the reason, rather than as a failed warm-up pass
+            loaded.policy.prepare_serving()
         if remote_forward:
             from server.dispatch import make_forward
 

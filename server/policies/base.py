@@ -256,6 +256,10 @@ class ChunkPolicy(nn.Module, abc.ABC):
     def reset(self) -> None:
         """Clear per-episode instance state. A no-op for chunk-stateless policies."""
 
+    def prepare_serving(self) -> None:
+        """Before a server's first forward pass, on the device it runs on: check what serving needs there
+        (a compiler for `compile`) and raise PolicyConfigError naming what to do. The default has nothing to check."""
+
     def training_loss(
         self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None
     ) -> Tensor:

@@ -17,8 +17,9 @@ GPU path (written for CUDA; CPU exercises all but the CUDA-only calls):
 - `autocast: "bf16"` runs the forward under torch.autocast(cuda, bfloat16); the chunk comes back float32.
 - `batch_buckets`: a batch is padded to the next bucket size (pad rows copy row 0 and are dropped
   afterwards), so a CUDA graph or a torch.compile specialisation exists for a few shapes only.
-- `compile`: torch.compile(mode="reduce-overhead") of the velocity network on CUDA (CUDA graphs per
-  bucket); ignored elsewhere.
+- `compile`: torch.compile of the velocity network, one specialisation per bucket: on CUDA
+  mode="reduce-overhead" (CUDA graphs), on a CPU inductor's default mode (generated C++; needs a C++
+  compiler, refused with a clear error without one). The guided sampler's VJP runs the eager network.
 - No host sync inside the sampling loop: every Euler time and guidance weight is a Python float
   computed before the loop, noise and prefix targets reach the device once, and nothing in the loop
   reads a device value back (tests/server/test_policies_flow_transformer.py enforces it on CPU).
@@ -87,7 +88,7 @@ DEFAULTS: dict[str, Any] = {
     "prefix_schedule": "linear",  # LeRobot's ramp; "exp": the RTC paper's soft mask (eq. 5)
     "autocast": "bf16",  # on CUDA only: "bf16" or "none"
     "batch_buckets": [],  # e.g. [1, 8, 16, 32, 64]: pad a batch to the next size (CUDA graphs, compile)
-    "compile": False,  # torch.compile the velocity network (CUDA only)
+    "compile": False,  # torch.compile the velocity network (CUDA: CUDA graphs; CPU: inductor's C++, needs g++)
     # "guidance" | "training_time" and its training prefix bound, as flow_matching's (module docstring)
     **{name: FLOW_MATCHING_DEFAULTS[name] for name in ("rtc_mode", "max_prefix_rows")},
 }
@@ -178,6 +179,7 @@ class FlowTransformerPolicy(ChunkPolicy):
     chunk_stateless = True
 
     hyper_param_defaults = DEFAULTS
+    compiled_shapes = 0  # the compiled velocity networks' specialisations in this process (`_maybe_compile`)
 
     @classmethod
     def normalize_hyper_params(cls, hp: dict[str, Any]) -> dict[str, Any]:
@@ -263,18 +265,29 @@ class FlowTransformerPolicy(ChunkPolicy):
         return nullcontext()
 
     def _maybe_compile(self, device: torch.device) -> None:
-        """torch.compile the velocity network once, on CUDA only (reduce-overhead: CUDA graphs per bucket)."""
-        if self._compiled or not self.hp["compile"] or device.type != "cuda":
+        """torch.compile the velocity network once: on CUDA mode="reduce-overhead" (CUDA graphs per bucket), on a
+        CPU inductor's default mode (C++ kernels; a host without a C++ compiler is refused here, not at the first
+        compile's traceback)."""
+        if self._compiled or not self.hp["compile"]:
             return
+        cuda = device.type == "cuda"
+        if not cuda:
+            check_cpu_compiler()
         self._compiled = True
-        # one specialisation per bucket and per call signature (plain, training-time's per-token times): more
-        # than Dynamo's default of 8 would silently fall back to eager past the 8th
+        # one specialisation per bucket and per call signature (plain, training-time's per-token times), counted
+        # over every compiled policy of the process (Dynamo's limit is per code object: the models of a process
+        # share `velocity`'s; same-sized ones share its graphs too, their weights being inputs): past Dynamo's
+        # default of 8 the network would silently run eager
         import torch._dynamo.config as dynamo_config
 
-        shapes = 2 * max(1, len(self.hp["batch_buckets"])) + 2
-        dynamo_config.recompile_limit = max(int(dynamo_config.recompile_limit), shapes)
-        self._velocity_fn = graph_safe(torch.compile(self.velocity, mode="reduce-overhead", dynamic=False),
-                                       self.velocity)
+        FlowTransformerPolicy.compiled_shapes += 2 * max(1, len(self.hp["batch_buckets"])) + 2
+        dynamo_config.recompile_limit = max(int(dynamo_config.recompile_limit), FlowTransformerPolicy.compiled_shapes)
+        compiled = torch.compile(self.velocity, mode="reduce-overhead" if cuda else None, dynamic=False)
+        self._velocity_fn = graph_safe(compiled, self.velocity)
+
+    def prepare_serving(self) -> None:
+        """`compile` set up where the weights are (the compile itself happens per bucket at the first calls)."""
+        self._maybe_compile(self.param_device)
 
     def bucket(self, size: int) -> int:
         """The padded batch size for `size` samples: the smallest bucket >= size, else size itself."""
@@ -431,6 +444,20 @@ def graph_safe(compiled: Callable[..., Tensor], eager: Callable[..., Tensor]) ->
         return compiled(*args).clone()
 
     return velocity
+
+
+def check_cpu_compiler() -> None:
+    """`compile` on a CPU: inductor writes C++ and builds it with the host's compiler ($CXX, else g++ or
+    clang++); without one the first call would fail deep inside torch. PolicyConfigError says what to do."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as e:  # torch raises RuntimeError (none found) or an import error (a build without inductor)
+        raise PolicyConfigError(
+            f"flow_transformer compile on a CPU needs a C++ compiler for torch.compile's inductor ({e}); install g++ "
+            "(apt install g++) or set model.hyper_params.compile: false"
+        ) from None
 
 
 def preset_hyper_params(name: str, **overrides: Any) -> dict[str, Any]:

@@ -165,3 +165,19 @@ def test_bad_tls_files_and_a_refused_handshake_are_one_line_errors(tmp_path, ckp
     out = run(["--manifest", str(path)])
     assert out.returncode == 2 and "refused the handshake" in out.stderr and "Traceback" not in out.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_compile_on_a_cpu_without_a_compiler_is_refused_at_load_without_a_traceback(tmp_path):
+    """`model.hyper_params.compile` on a CPU host whose C++ compiler is missing ($CXX names none here): the
+    server stops at load with the reason and both ways out, not at its first forward pass."""
+    import os
+    from pathlib import Path
+
+    ckpt = Path(__file__).resolve().parents[2] / "bench/checkpoints/reacher_transformer"
+    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt), "hyper_params": {"compile": True}},
+                            "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:1"]}})
+    out = subprocess.run(CLI + ["--manifest", str(path), "--check"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "CXX": str(tmp_path / "no-such-c++")})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "cannot load model 'reacher_transformer'" in out.stderr and "needs a C++ compiler" in out.stderr
+    assert "install g++" in out.stderr and "compile: false" in out.stderr

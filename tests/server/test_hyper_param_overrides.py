@@ -90,3 +90,35 @@ def test_a_ray_serve_deployment_applies_the_same_overrides(ckpt):
     local = load_checkpoint(ckpt).policy
     local.override_hyper_params({"guidance_jacobian": "identity"})
     assert served.hp == local.hp and torch.equal(guided_chunk(served), guided_chunk(local))
+
+
+def test_a_server_told_to_compile_compiles_its_network_at_load_and_serves_the_same_chunks(tmp_path):
+    """`compile: true` in a CPU replica's manifest: set up at load (inductor's C++ where a compiler is), compiled
+    by the warm-up pass, then the same chunks as the eager checkpoint from the server's own batched path."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from server.policies.flow_transformer import check_cpu_compiler
+    from server.runtime import InferItem
+
+    try:
+        check_cpu_compiler()
+    except PolicyConfigError as e:
+        pytest.skip(str(e))
+    ckpt = Path(__file__).resolve().parents[2] / "bench/checkpoints/reacher_transformer"
+    manifest = {"model": {"repo_or_path": str(ckpt), "hyper_params": {"compile": True}}, "model_id": "rt",
+                "replica_id": "r0", "warmup_inferences": 1, "health_port": 0, "scheduling": {"max_batch": 1},
+                "audit_path": str(tmp_path / "audit.jsonl")}
+    srv = PolicyServer(manifest)
+    srv.load()
+    policy = srv.loaded.policy
+    assert policy._compiled and policy._velocity_fn is not policy.velocity
+    state = np.linspace(-1, 1, srv.loaded.config.state_dim).astype(np.float32)
+    prefix = np.full((srv.runtime.execution_horizon, 2), 0.1, np.float32)
+    items = [InferItem(srv.runtime.new_pipeline(), state, {}, 2, prefix, prefix, rtc=rtc) for rtc in (False, True)]
+    served = [r.chunk_robot for r in srv.runtime.infer(items, emulate=False)]
+    policy._velocity_fn = policy.velocity  # the same weights, eager
+    eager = [r.chunk_robot for r in srv.runtime.infer(items, emulate=False)]
+    for a, b in zip(served, eager):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

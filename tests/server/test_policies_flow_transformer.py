@@ -10,7 +10,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from server.policies import POLICY_REGISTRY, PolicyConfig, PolicyConfigError, classify, load_checkpoint, make_policy, save_checkpoint
 from server.policies.flow_matching import prefix_mask, sample_committed
-from server.policies.flow_transformer import FlowTransformerPolicy, count_parameters, graph_safe, preset_hyper_params
+from server.policies.flow_transformer import (
+    FlowTransformerPolicy,
+    check_cpu_compiler,
+    count_parameters,
+    graph_safe,
+    preset_hyper_params,
+)
 from server.policies.stats import compute_stats
 
 S, A, T, H = 6, 3, 12, 6
@@ -171,10 +177,61 @@ def test_a_graph_replayed_velocity_gives_the_eager_chunks(rtc_mode):
     torch.testing.assert_close(first, kept, rtol=0, atol=0)  # not overwritten by the next replay
 
 
-def test_compile_is_for_cuda_only_a_cpu_policy_stays_eager():
+def _cpu_compiler_or_skip():
+    try:
+        check_cpu_compiler()
+    except PolicyConfigError as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("rtc_mode", ["guidance", "training_time"])
+def test_compile_on_a_cpu_runs_inductor_kernels_per_bucket_with_the_eager_chunks(rtc_mode):
+    """`compile` on a CPU: the velocity network is compiled (inductor's C++) once per bucket; the plain and the
+    training-time sampler call it, the guided VJP the eager network; chunks equal the eager policy's."""
+    _cpu_compiler_or_skip()
+    from torch._dynamo.utils import counters
+
+    hp = {"rtc_mode": rtc_mode, "batch_buckets": [4]}
+    eager, compiled = policy(hyper_params=hp), policy(hyper_params={**hp, "compile": True})
+    graphs = counters["stats"]["unique_graphs"]
+    batch = states(3, seed=7)
+    for args in (([2, 0, 3], [rows(6, 1), None, rows(6, 2)]), ([0, 0, 0], [None, None, None])):
+        torch.testing.assert_close(compiled.predict_action_chunk(batch, *args), eager.predict_action_chunk(batch, *args),
+                                   rtol=1e-4, atol=1e-4)
+    assert compiled._compiled and compiled._velocity_fn is not compiled.velocity
+    assert counters["stats"]["unique_graphs"] > graphs  # Dynamo captured (and inductor built) the network
+    torch.testing.assert_close(compiled.predict_action_chunk(states(4, seed=8), [0] * 4, [None] * 4),
+                               eager.predict_action_chunk(states(4, seed=8), [0] * 4, [None] * 4), rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_policies_of_one_process_share_graphs_but_each_runs_its_own_weights():
+    """Dynamo's graphs of `velocity` take the weights as inputs, so a second model of the same size reuses the
+    first's compiled graph: with its own weights, and the recompile limit counts both."""
+    _cpu_compiler_or_skip()
+    import torch._dynamo.config as dynamo_config
+
+    first, second = policy(hyper_params={"compile": True}), policy(hyper_params={"compile": True})
+    with torch.no_grad():
+        for p in second.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    before = FlowTransformerPolicy.compiled_shapes
+    chunks = [p.predict_action_chunk(states(2), [0, 0], [None, None]) for p in (first, second)]
+    assert FlowTransformerPolicy.compiled_shapes == before + 2 * 4  # no buckets: one shape, two signatures (+2)
+    assert dynamo_config.recompile_limit >= FlowTransformerPolicy.compiled_shapes
+    for p, chunk in zip((first, second), chunks):
+        p._velocity_fn = p.velocity  # its eager network
+        torch.testing.assert_close(chunk, p.predict_action_chunk(states(2), [0, 0], [None, None]), rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(chunks[0], chunks[1])
+
+
+def test_compile_on_a_cpu_without_a_cpp_compiler_is_refused_saying_what_to_do():
+    import torch._inductor.config as inductor_config
+
     p = policy(hyper_params={"compile": True})
-    out = p.predict_action_chunk(states(2), [1, 1], [rows(6, 0), None])
-    assert out.shape == (2, T, A) and p._velocity_fn == p.velocity
+    with inductor_config.patch({"cpp.cxx": ("/nonexistent/cxx",)}):
+        with pytest.raises(PolicyConfigError, match=r"needs a C\+\+ compiler.*install g\+\+.*compile: false"):
+            p.predict_action_chunk(states(1), [0], [None])
+    assert not p._compiled and p._velocity_fn == p.velocity  # nothing half-set: a fixed host can try again
 
 
 @pytest.mark.parametrize("encoder", ["conv", "vit"])

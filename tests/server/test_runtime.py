@@ -182,7 +182,7 @@ def test_local_predictor_runs_each_calling_thread_at_the_replicas_torch_threads(
 def test_a_policy_that_replays_cuda_graphs_is_called_from_one_thread_of_its_own():
     """torch 2.11's CUDA-graph trees are per thread (pytorch#123177): the warm-up (main thread) and each dispatch
     loop must not replay one capture from two threads, so LocalForward hands every call to one forward thread.
-    On a CPU no policy compiles: calls stay on the caller's thread."""
+    A CPU compile replays no CUDA graph: calls stay on the caller's thread."""
     import threading
 
     from server.runtime import LocalForward, compiles_on_cuda
