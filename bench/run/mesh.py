@@ -133,10 +133,14 @@ def short(node_id: str) -> str:
     return node_id[:12]
 
 
+def proxy_name(i: int) -> str:
+    """Process name of chaos proxy server `i` of this host (the first keeps the name runs always had)."""
+    return "chaos-proxy" if i == 0 else f"chaos-proxy-{i}"
+
+
 def node_proxy_name(i: int, node_id: str) -> str:
-    """Process name of a node's chaos proxy server `i` (the local run's names, bench.run.runner._proxy_name,
-    with the node's)."""
-    return f"{'chaos-proxy' if i == 0 else f'chaos-proxy-{i}'}:{short(node_id)}"
+    """Process name of a node's chaos proxy server `i`: this host's name (proxy_name) with the node's."""
+    return f"{proxy_name(i)}:{short(node_id)}"
 
 
 @dataclass

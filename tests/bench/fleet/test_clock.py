@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from bench.fleet import clock as clocks
 from bench.fleet.control import ControlServer
-from bench.run.runner import HOP_SPLIT_MAX_CLOCK_ERROR, hop_split
+from bench.run.collect import HOP_SPLIT_MAX_CLOCK_ERROR, hop_split
 
 REPO = Path(__file__).resolve().parents[3]
 delays = st.floats(min_value=0.0, max_value=0.5, allow_nan=False)

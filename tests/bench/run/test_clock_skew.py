@@ -88,7 +88,7 @@ def test_a_shard_5_s_ahead_starts_at_the_barrier_and_its_hop_split_stays_right(t
           f"uplink p50 {np.nanmedian(up):.1f} ms, downlink p50 {np.nanmedian(down):.1f} ms, network p50 {np.nanmedian(net):.1f} ms")
 
     # the same records joined as if every process shared one clock: the uplink would be 5 s in the negative
-    from bench.run.runner import hop_split
+    from bench.run.collect import hop_split
 
     audit = pq.read_table(run / "server_requests.parquet")
     wrong, _, _ = hop_split(col["sent_ns"], col["t"], audit)

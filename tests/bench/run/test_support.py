@@ -201,7 +201,7 @@ def test_cpu_sampler_follows_a_restarted_process_and_keeps_reaped_children_out_o
 
 
 def test_cpu_table_keeps_every_process_ever_sampled():
-    from bench.run.runner import cpu_table
+    from bench.run.collect import cpu_table
     from bench.run.samplelog import SampleLog
 
     samples = SampleLog()
@@ -238,7 +238,7 @@ def test_the_in_run_speed_probe_compares_with_the_probe_and_is_summarised():
 
 
 def test_hop_split_joins_audit_lines_on_the_client_stamp():
-    from bench.run.runner import hop_split
+    from bench.run.collect import hop_split
 
     rows = [{"outcome": "ok", "client_mono_ns": 1_000_000_000, "received_mono_ms": 1030.0, "sent_mono_ms": 1055.0},
             {"outcome": "ok", "client_mono_ns": 2_000_000_000, "received_mono_ms": 2010.5, "sent_mono_ms": 2020.0},
@@ -392,7 +392,7 @@ def test_list_rows_reads_an_arrow_list_column_as_to_pylist_does_for_seams():
     import pyarrow as pa
 
     from bench.evidence.figures import seam_inputs
-    from bench.run.runner import ListRows
+    from bench.run.collect import ListRows
 
     acts = [None if i % 7 == 0 else [float(i), float(-i)] for i in range(1000)]
     col = pa.chunked_array([pa.array(acts[:500]), pa.array(acts[500:])]).filter(pa.array([i % 3 != 0 for i in range(1000)]))
