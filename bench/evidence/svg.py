@@ -182,7 +182,7 @@ def state_timeline(rows: list[tuple[str, list[tuple[float, float, str]]]], t0: f
         p.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="#444"/>'
                  f'<text x="{x:.1f}" y="{bottom + 14}" text-anchor="middle">{_fmt(t)}</text>')
     p.append(f'<text x="{(label_w + width) / 2}" y="{bottom + 26}" text-anchor="middle">time since t=0 (s)</text>')
-    p += _legend(list(STATE_COLORS), list(STATE_COLORS.values()), 6, bottom + 4)[:0]  # legend drawn in HTML
+    # the states' legend is in the report's HTML beside the chart, not drawn here
     p.append("</svg>")
     return "\n".join(p)
 

@@ -268,7 +268,10 @@ class FlowTransformerPolicy(ChunkPolicy):
         """torch.compile the velocity network once: on CUDA mode="reduce-overhead" (CUDA graphs per bucket), on a
         CPU inductor's default mode (C++ kernels; a host without a C++ compiler is refused here, not at the first
         compile's traceback)."""
-        if self._compiled or not self.hp["compile"]:
+        if not self.hp["compile"]:  # (turned off after it compiled, by an override: eager again)
+            self._velocity_fn, self._compiled = self.velocity, False
+            return
+        if self._compiled:
             return
         cuda = device.type == "cuda"
         if not cuda:

@@ -202,6 +202,9 @@ def test_compile_on_a_cpu_runs_inductor_kernels_per_bucket_with_the_eager_chunks
     assert counters["stats"]["unique_graphs"] > graphs  # Dynamo captured (and inductor built) the network
     torch.testing.assert_close(compiled.predict_action_chunk(states(4, seed=8), [0] * 4, [None] * 4),
                                eager.predict_action_chunk(states(4, seed=8), [0] * 4, [None] * 4), rtol=1e-4, atol=1e-4)
+    compiled.override_hyper_params({"compile": False})  # turned off again: the eager network from the next call
+    compiled.predict_action_chunk(states(1), [0], [None])
+    assert not compiled._compiled and compiled._velocity_fn == compiled.velocity
 
 
 def test_compiled_policies_of_one_process_share_graphs_but_each_runs_its_own_weights():
