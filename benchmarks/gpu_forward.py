@@ -95,7 +95,8 @@ def eager(policy):
 def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=None) -> dict:
     """Median ms of a guided and a plain forward at each batch size; `on_size(out)` after each (a caller stopped
     at its time limit keeps the sizes already timed). A compiled policy (`compile`) also times its plain and
-    training-time passes eager (`plain_eager`, `training_time_eager`) and the compile's gain on each."""
+    training-time passes eager (`guided_eager`, `plain_eager`, `training_time_eager`) and the compile's gain on each
+    (`compile_gain`; `compile_fallbacks`: a path whose compile failed and ran eager)."""
     device = policy.param_device
     cfg = policy.config
     gen = torch.Generator().manual_seed(1)
@@ -109,12 +110,13 @@ def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=
         passes = [("guided", prefix, "guidance"), ("plain", [None] * n, "guidance"),
                   ("training_time", prefix, "training_time")]
         if policy.hp["compile"]:
-            passes += [("plain_eager", [None] * n, "guidance"), ("training_time_eager", prefix, "training_time")]
+            passes += [("guided_eager", prefix, "guidance"), ("plain_eager", [None] * n, "guidance"),
+                       ("training_time_eager", prefix, "training_time")]
         for label, prefixes, mode in passes:
             with rtc_mode(policy, mode), (eager(policy) if label.endswith("_eager") else nullcontext()):
                 ms = time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup)
             row[label] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "per_sample_ms": statistics.median(ms) / n}
-        for label in ("plain", "training_time"):
+        for label in ("guided", "plain", "training_time"):
             if label + "_eager" in row:
                 row[label]["compile_gain"] = row[label + "_eager"]["median_ms"] / row[label]["median_ms"]
         out[str(n)] = row
@@ -243,6 +245,7 @@ def main(argv=None) -> int:
     forward_figures(policy, args.batches, args.repeat, args.warmup, on_size=lambda out: save("forward", dict(out)))
     save("micro_batching", gain_figures(policy, max(args.batches), args.repeat, args.warmup))
     save("runtime", runtime_figures(policy, args.batches, args.repeat, args.warmup))
+    report["compile_fallbacks"] = list(getattr(policy, "compile_fallbacks", []))  # a compiled path that ran eager
     report["complete"] = True
     report["load_avg_after"] = os.getloadavg()
     report["seconds"] = round(time.perf_counter() - started, 1)
@@ -256,11 +259,14 @@ def main(argv=None) -> int:
         print(f"{n:>6} {f['guided']['median_ms']:>10.2f} {f['plain']['median_ms']:>10.2f} "
               f"{f['training_time']['median_ms']:>17.2f} "
               f"{f['guided']['per_sample_ms']:>17.3f} {r['median_ms']:>18.2f} {r['training_time_ms']:>22.2f}")
-    gains = [f"batch {n} plain {report['forward'][str(n)]['plain']['compile_gain']:.2f}x, training-time "
+    gains = [f"batch {n} guided {report['forward'][str(n)]['guided']['compile_gain']:.2f}x, plain "
+             f"{report['forward'][str(n)]['plain']['compile_gain']:.2f}x, training-time "
              f"{report['forward'][str(n)]['training_time']['compile_gain']:.2f}x" for n in args.batches
              if "compile_gain" in report["forward"][str(n)]["plain"]]
     if gains:
         print("torch.compile's gain over eager (same process, same weights): " + "; ".join(gains))
+    for reason in report["compile_fallbacks"]:
+        print(f"torch.compile: {reason}")
     decode = [f"batch {n} {report['runtime'][str(n)]['training_time_cpu_jpeg_ms']:.1f} -> "
               f"{report['runtime'][str(n)]['training_time_ms']:.1f} ms ({report['runtime'][str(n)]['gpu_jpeg_gain']:.2f}x)"
               for n in args.batches if "gpu_jpeg_gain" in report["runtime"][str(n)]]

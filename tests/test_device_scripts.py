@@ -215,3 +215,11 @@ def test_the_forward_summary_gives_a_compiled_runs_eager_baseline_and_gain():
     assert "CPU decoder -> nvjpeg, ms: 50.00 -> 40.00; gain 1.25x" in text
     assert "eager in the same process, ms: plain 125.00; training-time 164.50; compile's gain: plain 5.00x, " \
            "training-time 7.00x" in text
+    # since the guided VJP compiles too: its eager row and gain first, and a path whose compile failed, named
+    row.update(guided_eager={"median_ms": 500.0})
+    row["guided"]["compile_gain"] = 500.0 / 378.0
+    report["compile_fallbacks"] = ["compiling the network failed, it runs eager: BackendCompilerFailed: x"]
+    text = "\n".join(device.forward_lines(report, "forward-compile"))
+    assert "eager in the same process, ms: guided 500.00; plain 125.00; training-time 164.50; compile's gain: " \
+           "guided 1.32x, plain 5.00x, training-time 7.00x" in text
+    assert "compile fell back: compiling the network failed, it runs eager: BackendCompilerFailed" in text

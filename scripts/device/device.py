@@ -281,10 +281,14 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
                               for n in sizes)
                    + "; gain " + "/".join(_fmt(runtime[n]['gpu_jpeg_gain']) + "x" for n in sizes))
     if sizes and all("plain_eager" in fwd[n] for n in sizes):  # --compile: the eager baseline of the same run
-        out.append("  eager in the same process, ms: plain " + "/".join(_fmt(fwd[n]['plain_eager']['median_ms']) for n in sizes)
-                   + "; training-time " + "/".join(_fmt(fwd[n]['training_time_eager']['median_ms']) for n in sizes)
-                   + "; compile's gain: plain " + "/".join(_fmt(fwd[n]['plain']['compile_gain'], '.2f') + "x" for n in sizes)
-                   + ", training-time " + "/".join(_fmt(fwd[n]['training_time']['compile_gain'], '.2f') + "x" for n in sizes))
+        labels = [(k, k.replace("_", "-")) for k in ("guided", "plain", "training_time")
+                  if all(k + "_eager" in fwd[n] for n in sizes)]  # (guided_eager: reports since the guided compile)
+        out.append("  eager in the same process, ms: " + "; ".join(
+            f"{name} " + "/".join(_fmt(fwd[n][k + '_eager']['median_ms']) for n in sizes) for k, name in labels)
+            + "; compile's gain: " + ", ".join(
+            f"{name} " + "/".join(_fmt(fwd[n][k]['compile_gain'], '.2f') + "x" for n in sizes) for k, name in labels))
+    for reason in report.get("compile_fallbacks") or []:
+        out.append(f"  compile fell back: {reason}")
     g = report.get("micro_batching")
     if g:
         out.append(f"  micro-batching at {g['sessions']} sessions: {_fmt(g['throughput_one_at_a_time_rps'], '.1f')} -> "

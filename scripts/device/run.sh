@@ -9,7 +9,7 @@
 #                      against P10's formula fed the measured forward time (19)  -> $OUT/capacity.tar.gz
 #     fleet            bench run scenarios/1000_robots_wan.yaml: verdict, figures, CPU split (17)
 #                                                                                 -> $OUT/fleet.tar.gz
-#     forward-compile  forward with --compile (torch.compile per bucket) at batch 1/8/64, with the eager pass
+#     forward-compile  forward with --compile (torch.compile per bucket) at batch 1/64, with the eager pass
 #                      timed beside it in the same process                        -> $OUT/gpu_forward_compile.json
 #     capacity-compile capacity with the replica's velocity network compiled (model.hyper_params.compile; the
 #                      scenario named capacity_gpu_compile; steps 4/16/32/64 of 10 + 15 s unless CAPACITY_ARGS
@@ -195,8 +195,9 @@ step_forward() {  # $1: limit, $2: forward | forward-compile
   [ "$2" = forward-compile ] && { out="$WORK/gpu_forward_compile.json"; args+=(--compile); }
   if [ "$DRY" = 1 ]; then
     args+=(--device cpu --preset tiny --image-size 64 --batches 1 8 --repeat 2 --warmup 1)
-  elif [ "$2" = forward-compile ]; then  # a compile per batch size and pass (~25 s each on the H200): three sizes
-    args+=(--device cuda --preset vla_300m --image-size 224 --batches 1 8 64 --repeat 5 --warmup 3)
+  elif [ "$2" = forward-compile ]; then  # a compile per batch size and pass (~25 s each on the H200; the guided VJP's,
+    # with autograd, more): two sizes
+    args+=(--device cuda --preset vla_300m --image-size 224 --batches 1 64 --repeat 5 --warmup 3)
   else
     args+=(--device cuda --preset vla_300m --image-size 224 --batches 1 8 32 64 --repeat 10 --warmup 3)
   fi

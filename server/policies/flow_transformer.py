@@ -18,8 +18,9 @@ GPU path (written for CUDA; CPU exercises all but the CUDA-only calls):
 - `batch_buckets`: a batch is padded to the next bucket size (pad rows copy row 0 and are dropped
   afterwards), so a CUDA graph or a torch.compile specialisation exists for a few shapes only.
 - `compile`: torch.compile of the velocity network, one specialisation per bucket: on CUDA
-  mode="reduce-overhead" (CUDA graphs), on a CPU inductor's default mode (generated C++; needs a C++
-  compiler, refused with a clear error without one). The guided sampler's VJP runs the eager network.
+  mode="reduce-overhead" (CUDA graphs) for plain and training-time calls and a compile without CUDA
+  graphs for the guided sampler's VJP; on a CPU inductor's default mode for all (generated C++; needs a
+  C++ compiler, refused with a clear error without one). A compile that fails runs eager, with a warning.
 - No host sync inside the sampling loop: every Euler time and guidance weight is a Python float
   computed before the loop, noise and prefix targets reach the device once, and nothing in the loop
   reads a device value back (tests/server/test_policies_flow_transformer.py enforces it on CPU).
@@ -43,6 +44,7 @@ unguided velocity exactly (in training_time: commits no row).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -71,6 +73,8 @@ from server.policies.flow_matching import (
     sample_committed,
 )
 from server.policies.layers import mlp, time_embedding
+
+log = logging.getLogger(__name__)
 
 DEFAULTS: dict[str, Any] = {
     "d_model": 64,
@@ -225,6 +229,7 @@ class FlowTransformerPolicy(ChunkPolicy):
         self.skip_gain = mlp(d, 64, 1, num_layers=2)
         self._velocity_fn = self.velocity
         self._compiled = False
+        self.compile_fallbacks: list[str] = []  # why a compiled path runs eager (_eager_on_failure)
 
     # -- the network ---------------------------------------------------------------------------
 
@@ -265,11 +270,15 @@ class FlowTransformerPolicy(ChunkPolicy):
         return nullcontext()
 
     def _maybe_compile(self, device: torch.device) -> None:
-        """torch.compile the velocity network once: on CUDA mode="reduce-overhead" (CUDA graphs per bucket), on a
-        CPU inductor's default mode (C++ kernels; a host without a C++ compiler is refused here, not at the first
-        compile's traceback)."""
-        if not self.hp["compile"]:  # (turned off after it compiled, by an override: eager again)
-            self._velocity_fn, self._compiled = self.velocity, False
+        """torch.compile the velocity network once. On CUDA: mode="reduce-overhead" (CUDA graphs per bucket) for the
+        no-grad calls (plain, training-time) and a second compile without CUDA graphs for the guided sampler's VJP
+        (autograd reads a step's output after the next step ran, which a replayed graph would have overwritten:
+        graph_safe). On a CPU: inductor's default mode for both (C++ kernels; a host without a C++ compiler is
+        refused here, not at the first compile's traceback). A compile that fails at its first call leaves that
+        path eager, with a warning and the reason in `compile_fallbacks`: the replica keeps serving."""
+        if not self.hp["compile"]:
+            if self._compiled:  # turned off after it compiled, by an override: eager again
+                self._velocity_fn, self._compiled = self.velocity, False
             return
         if self._compiled:
             return
@@ -277,16 +286,42 @@ class FlowTransformerPolicy(ChunkPolicy):
         if not cuda:
             check_cpu_compiler()
         self._compiled = True
-        # one specialisation per bucket and per call signature (plain, training-time's per-token times), counted
-        # over every compiled policy of the process (Dynamo's limit is per code object: the models of a process
-        # share `velocity`'s; same-sized ones share its graphs too, their weights being inputs): past Dynamo's
-        # default of 8 the network would silently run eager
+        # one specialisation per bucket and per call signature (plain, training-time's per-token times, the guided
+        # VJP's autograd), counted over every compiled policy of the process (Dynamo's limit is per code object:
+        # the models of a process share `velocity`'s; same-sized ones share its graphs too, their weights being
+        # inputs): past Dynamo's default of 8 the network would silently run eager
         import torch._dynamo.config as dynamo_config
 
-        FlowTransformerPolicy.compiled_shapes += 2 * max(1, len(self.hp["batch_buckets"])) + 2
+        FlowTransformerPolicy.compiled_shapes += 3 * max(1, len(self.hp["batch_buckets"])) + 2
         dynamo_config.recompile_limit = max(int(dynamo_config.recompile_limit), FlowTransformerPolicy.compiled_shapes)
-        compiled = torch.compile(self.velocity, mode="reduce-overhead" if cuda else None, dynamic=False)
-        self._velocity_fn = graph_safe(compiled, self.velocity)
+        differentiable = self._eager_on_failure(torch.compile(self.velocity, dynamic=False), "the network")
+        if cuda:
+            replayed = self._eager_on_failure(torch.compile(self.velocity, mode="reduce-overhead", dynamic=False),
+                                              "the CUDA-graph network")
+            self._velocity_fn = graph_safe(replayed, self.velocity, differentiable)
+        else:
+            self._velocity_fn = differentiable
+
+    def _eager_on_failure(self, compiled: Callable[..., Tensor], what: str) -> Callable[..., Tensor]:
+        """`compiled`, or the eager network from the first call whose compile fails (Dynamo's or inductor's errors,
+        TorchDynamoException): logged once, its reason kept in `compile_fallbacks`; never retried."""
+        from torch._dynamo.exc import TorchDynamoException
+
+        failed = False
+
+        def velocity(*args: Tensor) -> Tensor:
+            nonlocal failed
+            if not failed:
+                try:
+                    return compiled(*args)
+                except TorchDynamoException as exc:
+                    failed = True
+                    reason = f"compiling {what} failed, it runs eager: {type(exc).__name__}: {str(exc)[:300]}"
+                    self.compile_fallbacks.append(reason)
+                    log.warning("flow_transformer: %s", reason)
+            return self.velocity(*args)
+
+        return velocity
 
     def prepare_serving(self) -> None:
         """`compile` set up where the weights are (the compile itself happens per bucket at the first calls)."""
@@ -433,16 +468,19 @@ def _check_hyper_params(config: PolicyConfig, hp: dict[str, Any]) -> None:
                 )
 
 
-def graph_safe(compiled: Callable[..., Tensor], eager: Callable[..., Tensor]) -> Callable[..., Tensor]:
+def graph_safe(compiled: Callable[..., Tensor], eager: Callable[..., Tensor],
+               differentiable: Callable[..., Tensor] | None = None) -> Callable[..., Tensor]:
     """The velocity network as the sampler may call it when `compiled` replays CUDA graphs (reduce-overhead): a
     graph replays into the same output buffers, so a no-grad call marks a new step and takes a copy of its
     output before the next replay overwrites it; the guided sampler's VJP (autograd on) would read a graph's
-    output after the next step's replay, so it runs `eager`. (On the H200 without this, the guided pass
-    failed: "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run".)"""
+    output after the next step's replay, so it runs `differentiable` (a compile without CUDA graphs), else
+    `eager`. (On the H200 with the VJP on the replayed graph, the guided pass failed: "accessing tensor output
+    of CUDAGraphs that has been overwritten by a subsequent run".)"""
+    grad_fn = differentiable or eager
 
     def velocity(*args: Tensor) -> Tensor:
         if torch.is_grad_enabled():
-            return eager(*args)
+            return grad_fn(*args)
         torch.compiler.cudagraph_mark_step_begin()
         return compiled(*args).clone()
 

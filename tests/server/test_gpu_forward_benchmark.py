@@ -48,10 +48,12 @@ def test_a_compiled_policy_is_timed_eager_too_and_its_compiled_network_is_put_ba
     with gpu_forward.eager(policy):
         assert policy._velocity_fn == policy.velocity and policy._compiled
     assert policy._velocity_fn is marker and policy._compiled is False
-    policy._velocity_fn = policy.velocity
+    # the rows' bookkeeping only: marked compiled, the network stays eager (tests/server/test_policies_flow_transformer.py
+    # compiles; ~40 s of inductor here would prove nothing more)
+    policy._velocity_fn, policy._compiled = policy.velocity, True
     row = gpu_forward.forward_figures(policy, [2], repeat=1, warmup=0)["2"]
-    assert set(row) == {"guided", "plain", "training_time", "plain_eager", "training_time_eager"}
-    assert row["plain"]["compile_gain"] > 0 and row["training_time"]["compile_gain"] > 0
+    assert set(row) == {"guided", "plain", "training_time", "guided_eager", "plain_eager", "training_time_eager"}
+    assert all(row[k]["compile_gain"] > 0 for k in ("guided", "plain", "training_time"))
 
 
 def test_the_gpu_decodes_gain_is_timed_against_the_cpu_decoder_and_the_decoder_put_back(monkeypatch):

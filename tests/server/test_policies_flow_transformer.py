@@ -219,12 +219,51 @@ def test_compiled_policies_of_one_process_share_graphs_but_each_runs_its_own_wei
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     before = FlowTransformerPolicy.compiled_shapes
     chunks = [p.predict_action_chunk(states(2), [0, 0], [None, None]) for p in (first, second)]
-    assert FlowTransformerPolicy.compiled_shapes == before + 2 * 4  # no buckets: one shape, two signatures (+2)
+    assert FlowTransformerPolicy.compiled_shapes == before + 2 * 5  # no buckets: one shape, three signatures (+2)
     assert dynamo_config.recompile_limit >= FlowTransformerPolicy.compiled_shapes
     for p, chunk in zip((first, second), chunks):
         p._velocity_fn = p.velocity  # its eager network
         torch.testing.assert_close(chunk, p.predict_action_chunk(states(2), [0, 0], [None, None]), rtol=1e-4, atol=1e-4)
     assert not torch.allclose(chunks[0], chunks[1])
+
+
+def test_the_guided_vjp_runs_the_differentiable_compile_where_one_is_given():
+    """On CUDA the guided sampler's autograd calls go to a compile without CUDA graphs (`differentiable`), never to
+    the replayed network; chunks equal the eager policy's."""
+    eager = policy()
+    replayed_policy = policy()
+    stand_in = ReplayStandIn(replayed_policy.velocity)
+    grads = []
+
+    def differentiable(*args):
+        grads.append(torch.is_grad_enabled())
+        return replayed_policy.velocity(*args)
+
+    replayed_policy._velocity_fn = graph_safe(stand_in, replayed_policy.velocity, differentiable)
+    batch, args = states(2, seed=3), ([2, 1], [rows(6, 1), rows(6, 2)])
+    torch.testing.assert_close(replayed_policy.predict_action_chunk(batch, *args), eager.predict_action_chunk(batch, *args),
+                               rtol=1e-5, atol=1e-5)
+    assert grads == [True] * int(TINY["num_steps"]) and stand_in.calls == 0
+
+
+def test_a_compile_that_fails_runs_eager_says_why_and_is_not_retried(caplog):
+    """A backend error at the first call (here a backend that raises, as inductor would on a broken toolchain):
+    that path runs the eager network from then on, the chunk is the eager one, and the reason is logged once."""
+    calls = []
+
+    def broken_backend(gm, example_inputs):
+        calls.append(1)
+        raise RuntimeError("no toolchain")
+
+    p, eager = policy(), policy()
+    fn = p._eager_on_failure(torch.compile(p.velocity, backend=broken_backend, dynamic=False), "the test network")
+    p._velocity_fn, p._compiled, p.hp["compile"] = fn, True, True
+    out = [p.predict_action_chunk(states(2), [0, 0], [None, None]) for _ in range(2)]
+    for chunk in out:
+        torch.testing.assert_close(chunk, eager.predict_action_chunk(states(2), [0, 0], [None, None]), rtol=0, atol=0)
+    assert len(calls) == 1 and len(p.compile_fallbacks) == 1
+    assert "compiling the test network failed, it runs eager" in p.compile_fallbacks[0]
+    assert "no toolchain" in p.compile_fallbacks[0] and "runs eager" in caplog.text
 
 
 def test_compile_on_a_cpu_without_a_cpp_compiler_is_refused_saying_what_to_do():
