@@ -22,9 +22,9 @@ host's load average and every figure. CPU figures are contaminated by whatever e
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
+import sys
 import time
 from contextlib import contextmanager, nullcontext
 
@@ -113,11 +113,16 @@ def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=
             passes += [("guided_eager", prefix, "guidance"), ("plain_eager", [None] * n, "guidance"),
                        ("training_time_eager", prefix, "training_time")]
         for label, prefixes, mode in passes:
-            with rtc_mode(policy, mode), (eager(policy) if label.endswith("_eager") else nullcontext()):
-                ms = time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup)
+            try:
+                with rtc_mode(policy, mode), (eager(policy) if label.endswith("_eager") else nullcontext()):
+                    ms = time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup)
+            except Exception as exc:  # one failed pass (a compile on a device never tried) keeps the others' figures
+                row[label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                print(f"gpu_forward: the {label} pass at batch {n} failed: {row[label]['error']}", file=sys.stderr)
+                continue
             row[label] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "per_sample_ms": statistics.median(ms) / n}
         for label in ("guided", "plain", "training_time"):
-            if label + "_eager" in row:
+            if "median_ms" in row.get(label + "_eager", {}) and "median_ms" in row[label]:
                 row[label]["compile_gain"] = row[label + "_eager"]["median_ms"] / row[label]["median_ms"]
         out[str(n)] = row
         if on_size is not None:
@@ -254,15 +259,23 @@ def main(argv=None) -> int:
           f"load {report['load_avg_before'][0]:.2f} -> {report['load_avg_after'][0]:.2f}")
     print(f"{'batch':>6} {'guided ms':>10} {'plain ms':>10} {'training-time ms':>17} {'guided ms/sample':>17} "
           f"{'runtime ms (jpeg)':>18} {'runtime training-time':>22}")
+
+    def cell(row: dict, key: str, width: int, spec: str = ".2f") -> str:  # a failed pass: "failed"
+        return format(format(row[key], spec) if key in row else "failed", f">{width}")
+
     for n in args.batches:
         f, r = report["forward"][str(n)], report["runtime"][str(n)]
-        print(f"{n:>6} {f['guided']['median_ms']:>10.2f} {f['plain']['median_ms']:>10.2f} "
-              f"{f['training_time']['median_ms']:>17.2f} "
-              f"{f['guided']['per_sample_ms']:>17.3f} {r['median_ms']:>18.2f} {r['training_time_ms']:>22.2f}")
-    gains = [f"batch {n} guided {report['forward'][str(n)]['guided']['compile_gain']:.2f}x, plain "
-             f"{report['forward'][str(n)]['plain']['compile_gain']:.2f}x, training-time "
-             f"{report['forward'][str(n)]['training_time']['compile_gain']:.2f}x" for n in args.batches
-             if "compile_gain" in report["forward"][str(n)]["plain"]]
+        print(f"{n:>6} {cell(f['guided'], 'median_ms', 10)} {cell(f['plain'], 'median_ms', 10)} "
+              f"{cell(f['training_time'], 'median_ms', 17)} {cell(f['guided'], 'per_sample_ms', 17, '.3f')} "
+              f"{r['median_ms']:>18.2f} {r['training_time_ms']:>22.2f}")
+    gains = [f"batch {n} " + ", ".join(f"{k.replace('_', '-')} {report['forward'][str(n)][k]['compile_gain']:.2f}x"
+                                       for k in ("guided", "plain", "training_time")
+                                       if "compile_gain" in report["forward"][str(n)][k])
+             for n in args.batches if report["compile"]]
+    failed = [f"{label} at batch {n}: {row['error']}" for n in args.batches
+              for label, row in report["forward"][str(n)].items() if "error" in row]
+    for line in failed:
+        print(f"failed: {line}")
     if gains:
         print("torch.compile's gain over eager (same process, same weights): " + "; ".join(gains))
     for reason in report["compile_fallbacks"]:

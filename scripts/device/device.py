@@ -267,9 +267,9 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
            f"{report['torch']}, autocast {report['autocast']}, {report['cameras']} x {report['image_size']}px cameras, "
            f"compile={report['compile']}" + ("" if report.get("complete", True) else
                                               f"; STOPPED at its limit after {report.get('seconds')} s (partial)"),
-           f"  batch {'/'.join(sizes) or '-'}: guided ms " + "/".join(_fmt(fwd[n]['guided']['median_ms']) for n in sizes)
-           + "; plain ms " + "/".join(_fmt(fwd[n]['plain']['median_ms']) for n in sizes)
-           + ("; training-time ms " + "/".join(_fmt(fwd[n]['training_time']['median_ms']) for n in sizes)
+           f"  batch {'/'.join(sizes) or '-'}: guided ms " + "/".join(_fmt(fwd[n]['guided'].get('median_ms')) for n in sizes)
+           + "; plain ms " + "/".join(_fmt(fwd[n]['plain'].get('median_ms')) for n in sizes)
+           + ("; training-time ms " + "/".join(_fmt(fwd[n]['training_time'].get('median_ms')) for n in sizes)
               if sizes and all('training_time' in fwd[n] for n in sizes) else "")
            + "; runtime (JPEG, whole batched path) ms "
            + ("/".join(_fmt(runtime[n]['median_ms']) for n in sizes if n in runtime) or "not timed")
@@ -284,9 +284,11 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
         labels = [(k, k.replace("_", "-")) for k in ("guided", "plain", "training_time")
                   if all(k + "_eager" in fwd[n] for n in sizes)]  # (guided_eager: reports since the guided compile)
         out.append("  eager in the same process, ms: " + "; ".join(
-            f"{name} " + "/".join(_fmt(fwd[n][k + '_eager']['median_ms']) for n in sizes) for k, name in labels)
+            f"{name} " + "/".join(_fmt(fwd[n][k + '_eager'].get('median_ms')) for n in sizes) for k, name in labels)
             + "; compile's gain: " + ", ".join(
-            f"{name} " + "/".join(_fmt(fwd[n][k]['compile_gain'], '.2f') + "x" for n in sizes) for k, name in labels))
+            f"{name} " + "/".join(_fmt(fwd[n][k].get('compile_gain'), '.2f') + "x" for n in sizes) for k, name in labels))
+    for n in sizes:
+        out += [f"  FAILED: the {k} pass at batch {n}: {row['error']}" for k, row in fwd[n].items() if "error" in row]
     for reason in report.get("compile_fallbacks") or []:
         out.append(f"  compile fell back: {reason}")
     g = report.get("micro_batching")
@@ -361,7 +363,7 @@ def fleet_lines(root: Path) -> list[str]:
             + ")")
     threads = cpu.get("shard_threads") or {}
     if threads.get("cores"):  # inside the shards, by thread role: what the bench's own loop cost against the engines
-        out.append(f"  shards' threads, cores: " + ", ".join(f"{k} {v:.2f}" for k, v in threads["cores"].items() if v >= 0.005)
+        out.append("  shards' threads, cores: " + ", ".join(f"{k} {v:.2f}" for k, v in threads["cores"].items() if v >= 0.005)
                    + f" (of {_fmt(threads.get('process_cores'))}, accounted {_fmt(threads.get('accounted'))}); loop "
                    f"{_fmt(threads.get('loop_us_per_robot_tick'), '.1f')} us a robot-tick, engine "
                    f"{_fmt(threads.get('engine_ms_per_request'))} + zenoh {_fmt(threads.get('zenoh_ms_per_request'))} "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from benchmarks import gpu_forward
 
 
@@ -84,3 +86,32 @@ def test_the_gpu_decodes_gain_is_timed_against_the_cpu_decoder_and_the_decoder_p
     row = out["2"]
     assert out["gpu_jpeg_decode"] is True and row["training_time_cpu_jpeg_ms"] > 0 and row["gpu_jpeg_gain"] > 0
     assert used == [2, 2]  # one call of the guided path, one of the training-time path; the CPU timing none
+
+
+def test_a_pass_that_fails_is_named_and_the_others_still_timed(capsys):
+    """On the device a pass never tried there (a compile) may fail: its row says why, the other passes and sizes
+    keep their figures, and the summary names it (a failure used to end the step, and the lease's figures)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("device_helper", Path(__file__).resolve().parents[2] / "scripts/device/device.py")
+    device = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(device)
+    policy = gpu_forward.build("tiny", 1, 32, "cpu", False)
+    eager_velocity = policy.velocity
+
+    def velocity(*args):
+        if torch.is_grad_enabled():
+            raise RuntimeError("no backward on this device")
+        return eager_velocity(*args)
+
+    policy._velocity_fn = velocity
+    out = gpu_forward.forward_figures(policy, [1, 2], repeat=1, warmup=0)
+    for n in ("1", "2"):
+        assert out[n]["guided"] == {"error": "RuntimeError: no backward on this device"}
+        assert out[n]["plain"]["median_ms"] > 0 and out[n]["training_time"]["median_ms"] > 0
+    assert "the guided pass at batch 1 failed" in capsys.readouterr().err
+    report = {"preset": "tiny", "parameters": 1e5, "device": "cpu", "torch": "x", "autocast": "none", "cameras": 1,
+              "image_size": 32, "compile": False, "forward": out, "runtime": {}}
+    text = "\n".join(device.forward_lines(report, "forward"))
+    assert "guided ms -/-" in text and "FAILED: the guided pass at batch 2: RuntimeError: no backward" in text
