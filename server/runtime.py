@@ -132,19 +132,32 @@ def compiles_on_cuda(policy) -> bool:
 class LocalForward:
     """The batched forward pass on this process's policy: the default `dispatch.backend` (server.dispatch has
     the Ray Serve one, with the same call). A policy that replays CUDA graphs (`compiles_on_cuda`) is called from
-    one thread of its own whichever thread asks (the warm-up's, each dispatch loop's): torch's CUDA-graph trees
-    are per thread, and in torch 2.11 a graph captured on one thread asserts when another replays it
-    (pytorch/pytorch#123177, fixed by #184357 after that release); the GPU's work does not overlap anyway."""
+    one thread of its device's whichever thread asks (the warm-up's, each dispatch loop's, Ray Serve's): torch's
+    CUDA-graph trees are per thread, and in torch 2.11 a graph captured on one thread asserts when another
+    replays it (pytorch/pytorch#123177, fixed by #184357 after that release). The thread is the device's, not the
+    model's: two compiled models of one size share Dynamo's graphs, so their replays must come from one thread
+    too; the GPU's work does not overlap anyway. It runs with the torch thread count of the thread that made it."""
 
     backend = "local"
+    _device_threads: dict[str, Any] = {}  # device -> its forward thread (a one-worker executor), for the process
+    _device_threads_lock = threading.Lock()
 
     def __init__(self, policy, one_thread: bool | None = None):
         self.policy = policy
         self._thread = None
         if compiles_on_cuda(policy) if one_thread is None else one_thread:
-            from concurrent.futures import ThreadPoolExecutor
+            self._thread = self.device_thread(str(getattr(policy, "param_device", "cpu")))
 
-            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+    @classmethod
+    def device_thread(cls, device: str):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with cls._device_threads_lock:
+            if device not in cls._device_threads:
+                cls._device_threads[device] = ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix=f"forward-{device}", initializer=set_torch_threads,
+                    initargs=(torch.get_num_threads(),))
+            return cls._device_threads[device]
 
     def __call__(self, batch, delays, prefixes):
         if self._thread is None:
@@ -152,8 +165,8 @@ class LocalForward:
         return self._thread.submit(self.policy.predict_action_chunk, batch, delays, prefixes).result()
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._thread.shutdown(wait=False, cancel_futures=True)
+        """Nothing to release: the device's thread serves every model on it for the life of the process (idle, it
+        waits; the interpreter joins it at exit)."""
 
 
 class ModelRuntime:

@@ -286,7 +286,8 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
         out.append("  eager in the same process, ms: " + "; ".join(
             f"{name} " + "/".join(_fmt(fwd[n][k + '_eager'].get('median_ms')) for n in sizes) for k, name in labels)
             + "; compile's gain: " + ", ".join(
-            f"{name} " + "/".join(_fmt(fwd[n][k].get('compile_gain'), '.2f') + "x" for n in sizes) for k, name in labels))
+            f"{name} " + "/".join(_fmt(fwd[n][k].get('compile_gain'), '.2f') + ("x" if 'compile_gain' in fwd[n][k] else "")
+                                  for n in sizes) for k, name in labels))
     for n in sizes:
         out += [f"  FAILED: the {k} pass at batch {n}: {row['error']}" for k, row in fwd[n].items() if "error" in row]
     for reason in report.get("compile_fallbacks") or []:

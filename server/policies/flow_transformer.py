@@ -229,7 +229,9 @@ class FlowTransformerPolicy(ChunkPolicy):
         self.skip_gain = mlp(d, 64, 1, num_layers=2)
         self._velocity_fn = self.velocity
         self._compiled = False
-        self.compile_fallbacks: list[str] = []  # why a compiled path runs eager (_eager_on_failure)
+        self._grad_path: CompiledPath | None = None  # the compiled network the guided VJP calls
+        self._counted: tuple | None = None  # the (buckets, autocast) counted into Dynamo's recompile limit
+        self.compile_fallbacks: list[str] = []  # why a compiled path runs eager (CompiledPath)
 
     # -- the network ---------------------------------------------------------------------------
 
@@ -274,54 +276,46 @@ class FlowTransformerPolicy(ChunkPolicy):
         no-grad calls (plain, training-time) and a second compile without CUDA graphs for the guided sampler's VJP
         (autograd reads a step's output after the next step ran, which a replayed graph would have overwritten:
         graph_safe). On a CPU: inductor's default mode for both (C++ kernels; a host without a C++ compiler is
-        refused here, not at the first compile's traceback). A compile that fails at its first call leaves that
-        path eager, with a warning and the reason in `compile_fallbacks`: the replica keeps serving."""
+        refused here, not at the first compile's traceback). A compiled path that fails where the eager network
+        does not runs eager from then on (CompiledPath), with a warning and the reason in `compile_fallbacks`:
+        the replica keeps serving."""
         if not self.hp["compile"]:
             if self._compiled:  # turned off after it compiled, by an override: eager again
-                self._velocity_fn, self._compiled = self.velocity, False
+                self._velocity_fn, self._compiled, self._grad_path = self.velocity, False, None
             return
+        self._count_shapes()
         if self._compiled:
             return
-        cuda = device.type == "cuda"
-        if not cuda:
+        if device.type == "cpu":
             check_cpu_compiler()
-        self._compiled = True
-        # one specialisation per bucket and per call signature (plain, training-time's per-token times, the guided
-        # VJP's autograd), counted over every compiled policy of the process (Dynamo's limit is per code object:
-        # the models of a process share `velocity`'s; same-sized ones share its graphs too, their weights being
-        # inputs): past Dynamo's default of 8 the network would silently run eager
+        self._compiled = True  # tried once: a compile that cannot even be set up is not tried at every call
+        try:
+            differentiable = CompiledPath(torch.compile(self.velocity, dynamic=False), self.velocity, "the network",
+                                          self.compile_fallbacks)
+            replayed = None
+            if device.type == "cuda":
+                replayed = CompiledPath(torch.compile(self.velocity, mode="reduce-overhead", dynamic=False),
+                                        self.velocity, "the CUDA-graph network", self.compile_fallbacks)
+        except Exception as exc:  # torch.compile itself refused (a platform or Python it does not support)
+            CompiledPath.record(self.compile_fallbacks, "the network", exc)
+            return
+        self._grad_path = differentiable
+        self._velocity_fn = graph_safe(replayed, self.velocity, differentiable) if replayed else differentiable
+
+    def _count_shapes(self) -> None:
+        """Dynamo's recompile limit, raised to cover this policy's specialisations: one per bucket and per call
+        signature (plain, training-time's per-token times, the guided VJP's autograd), counted over every compiled
+        policy of the process (the limit is per code object: the models of a process share `velocity`'s, and
+        same-sized ones its graphs too, their weights being inputs), and again when an override changes the
+        buckets or the autocast after a compile. Past the limit Dynamo would silently run the network eager."""
         import torch._dynamo.config as dynamo_config
 
+        key = (tuple(self.hp["batch_buckets"]), self.hp["autocast"])
+        if key == self._counted:
+            return
+        self._counted = key
         FlowTransformerPolicy.compiled_shapes += 3 * max(1, len(self.hp["batch_buckets"])) + 2
         dynamo_config.recompile_limit = max(int(dynamo_config.recompile_limit), FlowTransformerPolicy.compiled_shapes)
-        differentiable = self._eager_on_failure(torch.compile(self.velocity, dynamic=False), "the network")
-        if cuda:
-            replayed = self._eager_on_failure(torch.compile(self.velocity, mode="reduce-overhead", dynamic=False),
-                                              "the CUDA-graph network")
-            self._velocity_fn = graph_safe(replayed, self.velocity, differentiable)
-        else:
-            self._velocity_fn = differentiable
-
-    def _eager_on_failure(self, compiled: Callable[..., Tensor], what: str) -> Callable[..., Tensor]:
-        """`compiled`, or the eager network from the first call whose compile fails (Dynamo's or inductor's errors,
-        TorchDynamoException): logged once, its reason kept in `compile_fallbacks`; never retried."""
-        from torch._dynamo.exc import TorchDynamoException
-
-        failed = False
-
-        def velocity(*args: Tensor) -> Tensor:
-            nonlocal failed
-            if not failed:
-                try:
-                    return compiled(*args)
-                except TorchDynamoException as exc:
-                    failed = True
-                    reason = f"compiling {what} failed, it runs eager: {type(exc).__name__}: {str(exc)[:300]}"
-                    self.compile_fallbacks.append(reason)
-                    log.warning("flow_transformer: %s", reason)
-            return self.velocity(*args)
-
-        return velocity
 
     def prepare_serving(self) -> None:
         """`compile` set up where the weights are (the compile itself happens per bucket at the first calls)."""
@@ -375,6 +369,19 @@ class FlowTransformerPolicy(ChunkPolicy):
         if self.hp["guidance_jacobian"] == "identity":
             v_t = velocity(x_t, t_batch, memory)
             return v_t - w * (target - (x_t - t * v_t)) * weights
+        args = (x_t, t, t_batch, memory, w, weights, target)
+        path = self._grad_path
+        if path is None or path.failed:
+            return self._vjp_step(velocity, *args)
+        try:  # a compiled backward is built at its first autograd.grad, outside the forward call CompiledPath guards
+            return self._vjp_step(velocity, *args)
+        except Exception as exc:
+            out = self._vjp_step(self.velocity, *args)  # the eager step; if it fails too, its own error stands
+            path.fall_back(exc)
+            return out
+
+    def _vjp_step(self, velocity, x_t: Tensor, t: float, t_batch: Tensor, memory: Tensor, w: float,
+                  weights: Tensor, target: Tensor) -> Tensor:
         with torch.enable_grad():
             x = x_t.detach().requires_grad_(True)
             v_t = velocity(x, t_batch, memory)
@@ -468,6 +475,40 @@ def _check_hyper_params(config: PolicyConfig, hp: dict[str, Any]) -> None:
                 )
 
 
+class CompiledPath:
+    """A compiled velocity network that falls back to the eager one: a call that fails compiled is run eager with
+    the same inputs; if that succeeds the compile was at fault, so this path runs eager from then on, logged once
+    with the reason (kept in `fallbacks`, the policy's `compile_fallbacks`); if eager fails too, the inputs were,
+    and its error is raised with the compiled path kept. (Not only Dynamo's own errors: a first-run Triton or
+    CUDA-graph error is the compile's too.)"""
+
+    def __init__(self, compiled: Callable[..., Tensor], eager: Callable[..., Tensor], what: str, fallbacks: list[str]):
+        self.compiled, self.eager, self.what, self.fallbacks = compiled, eager, what, fallbacks
+        self.failed = False
+
+    def __call__(self, *args: Tensor) -> Tensor:
+        if self.failed:
+            return self.eager(*args)
+        try:
+            return self.compiled(*args)
+        except Exception as exc:
+            out = self.eager(*args)
+            self.fall_back(exc)
+            return out
+
+    def fall_back(self, exc: BaseException) -> None:
+        """From now on eager: `exc` failed the compiled path where the eager network did not."""
+        if not self.failed:
+            self.failed = True
+            self.record(self.fallbacks, self.what, exc)
+
+    @staticmethod
+    def record(fallbacks: list[str], what: str, exc: BaseException) -> None:
+        reason = f"compiling {what} failed, it runs eager: {type(exc).__name__}: {str(exc)[:300]}"
+        fallbacks.append(reason)
+        log.warning("flow_transformer: %s", reason)
+
+
 def graph_safe(compiled: Callable[..., Tensor], eager: Callable[..., Tensor],
                differentiable: Callable[..., Tensor] | None = None) -> Callable[..., Tensor]:
     """The velocity network as the sampler may call it when `compiled` replays CUDA graphs (reduce-overhead): a
@@ -488,8 +529,8 @@ def graph_safe(compiled: Callable[..., Tensor], eager: Callable[..., Tensor],
 
 
 def check_cpu_compiler() -> None:
-    """`compile` on a CPU: inductor writes C++ and builds it with the host's compiler ($CXX, else g++ or
-    clang++); without one the first call would fail deep inside torch. PolicyConfigError says what to do."""
+    """`compile` on a CPU: inductor writes C++ and builds it with the host's compiler ($CXX, else g++ on Linux);
+    without one the first call would fail deep inside torch. PolicyConfigError says what to do."""
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
 

@@ -118,6 +118,7 @@ def test_a_server_told_to_compile_compiles_its_network_at_load_and_serves_the_sa
     prefix = np.full((srv.runtime.execution_horizon, 2), 0.1, np.float32)
     items = [InferItem(srv.runtime.new_pipeline(), state, {}, 2, prefix, prefix, rtc=rtc) for rtc in (False, True)]
     served = [r.chunk_robot for r in srv.runtime.infer(items, emulate=False)]
+    assert policy.compile_fallbacks == []  # served compiled, not eager behind the same chunks
     policy._velocity_fn = policy.velocity  # the same weights, eager
     eager = [r.chunk_robot for r in srv.runtime.infer(items, emulate=False)]
     for a, b in zip(served, eager):

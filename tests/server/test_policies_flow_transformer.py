@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from server.policies import POLICY_REGISTRY, PolicyConfig, PolicyConfigError, classify, load_checkpoint, make_policy, save_checkpoint
 from server.policies.flow_matching import prefix_mask, sample_committed
 from server.policies.flow_transformer import (
+    CompiledPath,
     FlowTransformerPolicy,
     check_cpu_compiler,
     count_parameters,
@@ -186,8 +187,9 @@ def _cpu_compiler_or_skip():
 
 @pytest.mark.parametrize("rtc_mode", ["guidance", "training_time"])
 def test_compile_on_a_cpu_runs_inductor_kernels_per_bucket_with_the_eager_chunks(rtc_mode):
-    """`compile` on a CPU: the velocity network is compiled (inductor's C++) once per bucket; the plain and the
-    training-time sampler call it, the guided VJP the eager network; chunks equal the eager policy's."""
+    """`compile` on a CPU: the velocity network is compiled (inductor's C++) once per bucket; the plain, the
+    training-time and the guided sampler (its VJP through the compiled backward) call it; no path fell back to
+    eager, and chunks equal the eager policy's."""
     _cpu_compiler_or_skip()
     from torch._dynamo.utils import counters
 
@@ -200,6 +202,7 @@ def test_compile_on_a_cpu_runs_inductor_kernels_per_bucket_with_the_eager_chunks
                                    rtol=1e-4, atol=1e-4)
     assert compiled._compiled and compiled._velocity_fn is not compiled.velocity
     assert counters["stats"]["unique_graphs"] > graphs  # Dynamo captured (and inductor built) the network
+    assert compiled.compile_fallbacks == []  # compiled, not eager behind the same chunks
     torch.testing.assert_close(compiled.predict_action_chunk(states(4, seed=8), [0] * 4, [None] * 4),
                                eager.predict_action_chunk(states(4, seed=8), [0] * 4, [None] * 4), rtol=1e-4, atol=1e-4)
     compiled.override_hyper_params({"compile": False})  # turned off again: the eager network from the next call
@@ -209,16 +212,20 @@ def test_compile_on_a_cpu_runs_inductor_kernels_per_bucket_with_the_eager_chunks
 
 def test_compiled_policies_of_one_process_share_graphs_but_each_runs_its_own_weights():
     """Dynamo's graphs of `velocity` take the weights as inputs, so a second model of the same size reuses the
-    first's compiled graph: with its own weights, and the recompile limit counts both."""
+    first's compiled graph (no new graph): with its own weights, and the recompile limit counts both."""
     _cpu_compiler_or_skip()
     import torch._dynamo.config as dynamo_config
+    from torch._dynamo.utils import counters
 
     first, second = policy(hyper_params={"compile": True}), policy(hyper_params={"compile": True})
     with torch.no_grad():
         for p in second.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     before = FlowTransformerPolicy.compiled_shapes
-    chunks = [p.predict_action_chunk(states(2), [0, 0], [None, None]) for p in (first, second)]
+    chunks = [first.predict_action_chunk(states(2), [0, 0], [None, None])]
+    graphs = counters["stats"]["unique_graphs"]
+    chunks.append(second.predict_action_chunk(states(2), [0, 0], [None, None]))
+    assert counters["stats"]["unique_graphs"] == graphs and second.compile_fallbacks == []
     assert FlowTransformerPolicy.compiled_shapes == before + 2 * 5  # no buckets: one shape, three signatures (+2)
     assert dynamo_config.recompile_limit >= FlowTransformerPolicy.compiled_shapes
     for p, chunk in zip((first, second), chunks):
@@ -256,7 +263,8 @@ def test_a_compile_that_fails_runs_eager_says_why_and_is_not_retried(caplog):
         raise RuntimeError("no toolchain")
 
     p, eager = policy(), policy()
-    fn = p._eager_on_failure(torch.compile(p.velocity, backend=broken_backend, dynamic=False), "the test network")
+    fn = CompiledPath(torch.compile(p.velocity, backend=broken_backend, dynamic=False), p.velocity, "the test network",
+                      p.compile_fallbacks)
     p._velocity_fn, p._compiled, p.hp["compile"] = fn, True, True
     out = [p.predict_action_chunk(states(2), [0, 0], [None, None]) for _ in range(2)]
     for chunk in out:
@@ -264,6 +272,69 @@ def test_a_compile_that_fails_runs_eager_says_why_and_is_not_retried(caplog):
     assert len(calls) == 1 and len(p.compile_fallbacks) == 1
     assert "compiling the test network failed, it runs eager" in p.compile_fallbacks[0]
     assert "no toolchain" in p.compile_fallbacks[0] and "runs eager" in caplog.text
+
+
+def test_a_compiled_backward_that_fails_leaves_the_guided_vjp_eager():
+    """The guided VJP's backward is compiled at its first autograd.grad, after the compiled forward returned: a
+    failure there (a backward compiler that raises) gives the eager step's chunk, once recorded, and later guided
+    calls run eager without trying it again."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    forwards, backwards = [], []
+
+    def fw(gm, example_inputs):
+        forwards.append(1)
+        return gm
+
+    def bw(gm, example_inputs):
+        backwards.append(1)
+        raise RuntimeError("no backward compiler")
+
+    p, eager = policy(), policy()
+    path = CompiledPath(torch.compile(p.velocity, backend=aot_autograd(fw_compiler=fw, bw_compiler=bw), dynamic=False),
+                        p.velocity, "the guided network", p.compile_fallbacks)
+    p._velocity_fn, p._grad_path, p._compiled, p.hp["compile"] = path, path, True, True
+    args = ([2, 1], [rows(6, 1), rows(6, 2)])
+    for _ in range(2):
+        torch.testing.assert_close(p.predict_action_chunk(states(2, seed=3), *args),
+                                   eager.predict_action_chunk(states(2, seed=3), *args), rtol=1e-5, atol=1e-5)
+    assert forwards and len(backwards) == 1 and path.failed
+    assert len(p.compile_fallbacks) == 1
+    assert p.compile_fallbacks[0].startswith("compiling the guided network failed, it runs eager: ")
+    assert "no backward compiler" in p.compile_fallbacks[0]
+
+
+def test_buckets_changed_after_a_compile_raise_the_recompile_limit_again():
+    """An override of `batch_buckets` after the network compiled adds specialisations: they are counted too, so
+    Dynamo's limit never silently sends the new buckets to eager."""
+    import torch._dynamo.config as dynamo_config
+
+    p = policy(hyper_params={"compile": True})
+    p._compiled = True  # as after a compile (none needed to count)
+    p._maybe_compile(torch.device("cpu"))
+    before = FlowTransformerPolicy.compiled_shapes
+    p._maybe_compile(torch.device("cpu"))
+    assert FlowTransformerPolicy.compiled_shapes == before  # the same buckets: counted once
+    p.override_hyper_params({"batch_buckets": [1, 8, 16]})
+    p._maybe_compile(torch.device("cpu"))
+    assert FlowTransformerPolicy.compiled_shapes == before + 3 * 3 + 2
+    assert dynamo_config.recompile_limit >= FlowTransformerPolicy.compiled_shapes
+
+
+def test_a_failure_the_eager_network_shares_is_raised_and_the_compile_kept():
+    """Bad inputs fail eager too: that error is raised, and the compiled path stays (nothing recorded)."""
+    fallbacks = []
+
+    def compiled(x):
+        raise ValueError("compiled: bad shape")
+
+    def eager_fn(x):
+        raise ValueError("eager: bad shape")
+
+    path = CompiledPath(compiled, eager_fn, "the network", fallbacks)
+    with pytest.raises(ValueError, match="eager: bad shape"):
+        path(torch.zeros(1))
+    assert not path.failed and fallbacks == []
 
 
 def test_compile_on_a_cpu_without_a_cpp_compiler_is_refused_saying_what_to_do():

@@ -224,6 +224,43 @@ def test_a_policy_that_replays_cuda_graphs_is_called_from_one_thread_of_its_own(
     forward.close()
 
 
+def test_compiled_models_on_one_device_share_its_forward_thread_at_the_replicas_torch_threads():
+    """Two compiled models of one size share Dynamo's graphs, so their CUDA-graph replays must come from one
+    thread: the device's (not the model's), which runs with the torch thread count of the replica that made it."""
+    import threading
+    import uuid
+
+    from server.runtime import LocalForward
+
+    device = f"test-device-{uuid.uuid4().hex[:8]}"  # a device of this test's own: the threads are the process's
+
+    class Recorder:
+        hp = {"compile": True}
+        param_device = device
+
+        def __init__(self):
+            self.seen = []
+
+        def predict_action_chunk(self, batch, delays, prefixes):
+            self.seen.append((threading.get_ident(), torch.get_num_threads()))
+            return torch.zeros(len(delays), 2, 1)
+
+    first, second = Recorder(), Recorder()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a, b = LocalForward(first, one_thread=True), LocalForward(second, one_thread=True)
+    finally:
+        torch.set_num_threads(threads)
+    a([], [0], [None])
+    b([], [0], [None])
+    a.close()  # one model's close leaves the device's thread to the other
+    b([], [0], [None])
+    assert a._thread is b._thread
+    assert {t for t, _ in first.seen + second.seen} == {first.seen[0][0]} != {threading.get_ident()}
+    assert {n for _, n in first.seen + second.seen} == {1}
+
+
 def _camera_runtime(decoder):
     """A tiny flow_transformer with one 32x32 camera, its frames decoded by `decoder` (a GpuJpegDecoder)."""
     from benchmarks.gpu_forward import build
