@@ -84,12 +84,12 @@ def rtc_mode(policy, mode: str):
 def eager(policy):
     """A compiled policy's velocity network run eager for a while: the baseline of the compile's gain, timed in
     the same process on the same weights."""
-    before = (policy._velocity_fn, policy._compiled)
-    policy._velocity_fn, policy._compiled = policy.velocity, True  # _compiled: no compile meanwhile
+    before = (policy._velocity_fn, policy._compiled, policy._grad_path)
+    policy._velocity_fn, policy._compiled, policy._grad_path = policy.velocity, True, None  # _compiled: none meanwhile
     try:
         yield policy
     finally:
-        policy._velocity_fn, policy._compiled = before
+        policy._velocity_fn, policy._compiled, policy._grad_path = before
 
 
 def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=None) -> dict:

@@ -45,11 +45,12 @@ def test_a_compiled_policy_is_timed_eager_too_and_its_compiled_network_is_put_ba
     """--compile: the compile's gain is measured in the same process (eager rows beside the compiled ones); the
     eager stretch leaves the policy's velocity network and its compile state as they were."""
     policy = gpu_forward.build("tiny", 1, 32, "cpu", True)
-    marker = object()
-    policy._velocity_fn = marker  # stands for the compiled network
+    marker, grad_marker = object(), object()
+    policy._velocity_fn, policy._grad_path = marker, grad_marker  # stand for the compiled network and its VJP's
     with gpu_forward.eager(policy):
-        assert policy._velocity_fn == policy.velocity and policy._compiled
-    assert policy._velocity_fn is marker and policy._compiled is False
+        assert policy._velocity_fn == policy.velocity and policy._compiled and policy._grad_path is None
+    assert policy._velocity_fn is marker and policy._grad_path is grad_marker and policy._compiled is False
+    policy._grad_path = None
     # the rows' bookkeeping only: marked compiled, the network stays eager (tests/server/test_policies_flow_transformer.py
     # compiles; ~40 s of inductor here would prove nothing more)
     policy._velocity_fn, policy._compiled = policy.velocity, True
