@@ -91,7 +91,7 @@ DEFAULTS: dict[str, Any] = {
     "guidance_jacobian": "network",  # or "identity" (LeRobot main's effective behaviour)
     "prefix_schedule": "linear",  # LeRobot's ramp; "exp": the RTC paper's soft mask (eq. 5)
     "autocast": "bf16",  # on CUDA only: "bf16" or "none"
-    "batch_buckets": [],  # e.g. [1, 8, 16, 32, 64]: pad a batch to the next size (CUDA graphs, compile)
+    "batch_buckets": [],  # e.g. [1, 8, 16, 32, 64]: pad a batch to the next size (compile; none: COMPILE_BUCKETS)
     "compile": False,  # torch.compile the velocity network (CUDA: CUDA graphs; CPU: inductor's C++, needs g++)
     # "guidance" | "training_time" and its training prefix bound, as flow_matching's (module docstring)
     **{name: FLOW_MATCHING_DEFAULTS[name] for name in ("rtc_mode", "max_prefix_rows")},
@@ -104,6 +104,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "vla_300m": {"d_model": 1024, "num_heads": 16, "num_layers": 14, "obs_layers": 2, "mlp_ratio": 4,
                  "image_encoder": "vit", "patch_size": 16, "batch_buckets": [1, 8, 16, 32, 64]},
 }
+# `compile` without `batch_buckets`: powers of two up to the largest batch P10's sweeps use (a larger batch compiles
+# its own size); set `batch_buckets` to pad less (an eager pass gains nothing from padding)
+COMPILE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 IMAGE_ENCODERS = ("conv", "vit")
 AUTOCASTS = ("bf16", "none")
 GUIDANCE_JACOBIANS = ("network", "identity")
@@ -310,20 +313,25 @@ class FlowTransformerPolicy(ChunkPolicy):
         buckets or the autocast after a compile. Past the limit Dynamo would silently run the network eager."""
         import torch._dynamo.config as dynamo_config
 
-        key = (tuple(self.hp["batch_buckets"]), self.hp["autocast"])
+        key = (tuple(self.buckets()), self.hp["autocast"])
         if key == self._counted:
             return
         self._counted = key
-        FlowTransformerPolicy.compiled_shapes += 3 * max(1, len(self.hp["batch_buckets"])) + 2
+        FlowTransformerPolicy.compiled_shapes += 3 * len(self.buckets()) + 2
         dynamo_config.recompile_limit = max(int(dynamo_config.recompile_limit), FlowTransformerPolicy.compiled_shapes)
 
     def prepare_serving(self) -> None:
         """`compile` set up where the weights are (the compile itself happens per bucket at the first calls)."""
         self._maybe_compile(self.param_device)
 
+    def buckets(self) -> list[int]:
+        """The batch sizes a micro-batch is padded to: `batch_buckets`; under `compile` without any, COMPILE_BUCKETS
+        (else every batch size would compile a graph of its own, past Dynamo's limit silently eager)."""
+        return list(self.hp["batch_buckets"]) or (list(COMPILE_BUCKETS) if self.hp["compile"] else [])
+
     def bucket(self, size: int) -> int:
         """The padded batch size for `size` samples: the smallest bucket >= size, else size itself."""
-        return next((b for b in self.hp["batch_buckets"] if b >= size), size)
+        return next((b for b in self.buckets() if b >= size), size)
 
     def _noise(self, size: int) -> Tensor:
         noise = initial_noise(size, (self.config.chunk_size, self.config.action_dim), self.hp["noise_seed"])

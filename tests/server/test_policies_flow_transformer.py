@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from server.policies import POLICY_REGISTRY, PolicyConfig, PolicyConfigError, classify, load_checkpoint, make_policy, save_checkpoint
 from server.policies.flow_matching import prefix_mask, sample_committed
 from server.policies.flow_transformer import (
+    COMPILE_BUCKETS,
     CompiledPath,
     FlowTransformerPolicy,
     check_cpu_compiler,
@@ -226,7 +227,7 @@ def test_compiled_policies_of_one_process_share_graphs_but_each_runs_its_own_wei
     graphs = counters["stats"]["unique_graphs"]
     chunks.append(second.predict_action_chunk(states(2), [0, 0], [None, None]))
     assert counters["stats"]["unique_graphs"] == graphs and second.compile_fallbacks == []
-    assert FlowTransformerPolicy.compiled_shapes == before + 2 * 5  # no buckets: one shape, three signatures (+2)
+    assert FlowTransformerPolicy.compiled_shapes == before + 2 * (3 * len(COMPILE_BUCKETS) + 2)  # per bucket and signature
     assert dynamo_config.recompile_limit >= FlowTransformerPolicy.compiled_shapes
     for p, chunk in zip((first, second), chunks):
         p._velocity_fn = p.velocity  # its eager network
@@ -302,6 +303,15 @@ def test_a_compiled_backward_that_fails_leaves_the_guided_vjp_eager():
     assert len(p.compile_fallbacks) == 1
     assert p.compile_fallbacks[0].startswith("compiling the guided network failed, it runs eager: ")
     assert "no backward compiler" in p.compile_fallbacks[0]
+
+
+def test_compile_without_buckets_pads_to_powers_of_two_and_eager_never_pads():
+    """Without `batch_buckets` every batch size would compile a graph of its own (past Dynamo's limit, silently
+    eager): under `compile` a batch is padded to COMPILE_BUCKETS; an eager pass, which padding only slows, is not."""
+    assert policy(hyper_params={"compile": True}).bucket(5) == 8
+    assert policy(hyper_params={"compile": True}).bucket(65) == 65  # past the largest: its own size
+    assert policy().bucket(5) == 5
+    assert policy(hyper_params={"compile": True, "batch_buckets": [6, 12]}).bucket(5) == 6
 
 
 def test_buckets_changed_after_a_compile_raise_the_recompile_limit_again():
