@@ -204,12 +204,7 @@ class ModelRuntime:
     def reset_policy(self) -> None:
         self.policy.reset()
 
-    def warmup(self, n: int) -> float:
-        """`n` rounds of dummy forward passes (with and without an RTC prefix); returns the mean ms per round."""
-        if n <= 0:
-            return 0.0
-        pipe = self.new_pipeline()
-        state = np.zeros(self.config.state_dim, np.float32)
+    def _warmup_frames(self) -> dict[str, Any]:
         images = {name: np.zeros((s[1], s[2], 3), np.uint8) for name, s in self.config.image_features.items()}
         if self.jpeg_decoder is not None and images:
             # JPEG frames, as robots send them: the GPU decoder's first call sets itself up (the first request
@@ -217,16 +212,49 @@ class ModelRuntime:
             from wire.images import encode_image
 
             images = {name: encode_image(frame, "jpeg", 90) for name, frame in images.items()}
+        return images
+
+    def _warmup_pass(self, size: int, images: dict[str, Any], prefixed: bool) -> None:
+        """One dummy pass of `size` samples, each with an RTC prefix (`prefixed`, where the policy takes one) or none."""
+        state = np.zeros(self.config.state_dim, np.float32)
+        prefix = np.zeros((self.execution_horizon, self.config.action_dim), np.float32) if prefixed else None
+        items = [InferItem(self.new_pipeline(), state, images, 1, prefix, prefix, rtc=self.supports_rtc)
+                 for _ in range(size)]
+        res = self.infer(items, emulate=False)[0]
+        if res.error:
+            raise RuntimeError(f"warm-up forward pass failed: {res.error}")
+
+    def warmup(self, n: int) -> float:
+        """`n` rounds of dummy forward passes (with and without an RTC prefix); returns the mean ms per round."""
+        if n <= 0:
+            return 0.0
+        images = self._warmup_frames()
         t0 = time.perf_counter()
         for _ in range(n):  # both paths each time: the first guided pass pays its own set-up
-            for prefix in (None, np.zeros((self.execution_horizon, self.config.action_dim), np.float32)):
-                if prefix is not None and not self.supports_rtc:
+            for prefixed in (False, True):
+                if prefixed and not self.supports_rtc:
                     continue
-                res = self.infer([InferItem(pipe, state, images, 1, prefix, prefix, rtc=self.supports_rtc)], emulate=False)[0]
-                if res.error:
-                    raise RuntimeError(f"warm-up forward pass failed: {res.error}")
+                self._warmup_pass(1, images, prefixed)
         self.reset_policy()
         return (time.perf_counter() - t0) * 1e3 / n
+
+    def warm_buckets(self, max_batch: int) -> list[int]:
+        """A policy that compiles per bucket (flow_transformer's `compile`): one pass of every bucket a batch of up
+        to `max_batch` can be padded to, with an RTC prefix and without (an episode's first request has none: a
+        batch of those is the plain pass), so every graph a request can reach is built before the replica says it
+        is ready. A bucket first met by requests compiled inside their forward pass: 9.0 s on the 2-core VM, every
+        robot of that batch past its budget. Returns the bucket sizes warmed (none for other policies)."""
+        hp = getattr(self.policy, "hp", None) or {}
+        if not hp.get("compile") or not hasattr(self.policy, "buckets"):
+            return []
+        top = self.policy.bucket(max(1, int(max_batch)))
+        sizes = [b for b in self.policy.buckets() if b <= top] or [top]
+        images = self._warmup_frames()
+        for size in sizes:
+            for prefixed in (False, True) if self.supports_rtc else (False,):
+                self._warmup_pass(size, images, prefixed)
+        self.reset_policy()
+        return sizes
 
     def unloaded_forward_ms(self, max_batch: int, repeats: int = 5) -> dict[int, float]:
         """Forward-pass ms (the fastest of `repeats`: the least disturbed) at batch sizes 1, 2, 4, ... up to

@@ -310,15 +310,17 @@ class FlowTransformerPolicy(ChunkPolicy):
         signature (plain, training-time's per-token times, the guided VJP's autograd), counted over every compiled
         policy of the process (the limit is per code object: the models of a process share `velocity`'s, and
         same-sized ones its graphs too, their weights being inputs), and again when an override changes the
-        buckets or the autocast after a compile. Past the limit Dynamo would silently run the network eager."""
+        buckets or the autocast after a compile. Past the limit Dynamo would silently run the network eager. Set
+        in the calling thread, at every call: torch's config overrides are per thread (a limit raised on the main
+        thread left a replica's dispatch thread at 8, and its 9th graph eager: seen on the 2-core VM, torch 2.13)."""
         import torch._dynamo.config as dynamo_config
 
         key = (tuple(self.buckets()), self.hp["autocast"])
-        if key == self._counted:
-            return
-        self._counted = key
-        FlowTransformerPolicy.compiled_shapes += 3 * len(self.buckets()) + 2
-        dynamo_config.recompile_limit = max(int(dynamo_config.recompile_limit), FlowTransformerPolicy.compiled_shapes)
+        if key != self._counted:
+            self._counted = key
+            FlowTransformerPolicy.compiled_shapes += 3 * len(self.buckets()) + 2
+        if int(dynamo_config.recompile_limit) < FlowTransformerPolicy.compiled_shapes:
+            dynamo_config.recompile_limit = FlowTransformerPolicy.compiled_shapes
 
     def prepare_serving(self) -> None:
         """`compile` set up where the weights are (the compile itself happens per bucket at the first calls)."""

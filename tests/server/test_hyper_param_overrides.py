@@ -93,8 +93,9 @@ def test_a_ray_serve_deployment_applies_the_same_overrides(ckpt):
 
 
 def test_a_server_told_to_compile_compiles_its_network_at_load_and_serves_the_same_chunks(tmp_path):
-    """`compile: true` in a CPU replica's manifest: set up at load (inductor's C++ where a compiler is), compiled
-    by the warm-up pass, then the same chunks as the eager checkpoint from the server's own batched path."""
+    """`compile: true` in a CPU replica's manifest: set up at load (inductor's C++ where a compiler is), every bucket
+    up to max_batch compiled by the warm-up with and without an RTC prefix (no request compiles: a bucket first met
+    by requests took 9 s inside their pass), then the same chunks as the eager checkpoint from the server's path."""
     from pathlib import Path
 
     import numpy as np
@@ -108,16 +109,22 @@ def test_a_server_told_to_compile_compiles_its_network_at_load_and_serves_the_sa
         pytest.skip(str(e))
     ckpt = Path(__file__).resolve().parents[2] / "bench/checkpoints/reacher_transformer"
     manifest = {"model": {"repo_or_path": str(ckpt), "hyper_params": {"compile": True}}, "model_id": "rt",
-                "replica_id": "r0", "warmup_inferences": 1, "health_port": 0, "scheduling": {"max_batch": 1},
+                "replica_id": "r0", "warmup_inferences": 1, "health_port": 0, "scheduling": {"max_batch": 2},
                 "audit_path": str(tmp_path / "audit.jsonl")}
+    from torch._dynamo.utils import counters
+
     srv = PolicyServer(manifest)
     srv.load()
     policy = srv.loaded.policy
     assert policy._compiled and policy._velocity_fn is not policy.velocity
     state = np.linspace(-1, 1, srv.loaded.config.state_dim).astype(np.float32)
     prefix = np.full((srv.runtime.execution_horizon, 2), 0.1, np.float32)
+    graphs = counters["stats"]["unique_graphs"]
     items = [InferItem(srv.runtime.new_pipeline(), state, {}, 2, prefix, prefix, rtc=rtc) for rtc in (False, True)]
-    served = [r.chunk_robot for r in srv.runtime.infer(items, emulate=False)]
+    served = [r.chunk_robot for r in srv.runtime.infer(items, emulate=False)]  # a guided batch of 2
+    plain = [InferItem(srv.runtime.new_pipeline(), state, {}, 2, None, None, rtc=True) for _ in range(2)]
+    srv.runtime.infer(plain, emulate=False)  # two episodes' first requests: the plain pass at bucket 2
+    assert counters["stats"]["unique_graphs"] == graphs  # built by the warm-up, none by a request
     assert policy.compile_fallbacks == []  # served compiled, not eager behind the same chunks
     policy._velocity_fn = policy.velocity  # the same weights, eager
     eager = [r.chunk_robot for r in srv.runtime.infer(items, emulate=False)]

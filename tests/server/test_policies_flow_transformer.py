@@ -305,6 +305,28 @@ def test_a_compiled_backward_that_fails_leaves_the_guided_vjp_eager():
     assert "no backward compiler" in p.compile_fallbacks[0]
 
 
+def test_the_recompile_limit_holds_in_the_thread_that_calls():
+    """torch's config overrides are per thread: a limit raised where the policy loaded (the main thread) must hold
+    in a dispatch thread too, or its 9th graph runs eager (seen in a replica: "hit config.recompile_limit (8)")."""
+    import threading
+
+    import torch._dynamo.config as dynamo_config
+
+    p = policy(hyper_params={"compile": True})
+    p._compiled = True  # as after a compile (none needed to set the limit)
+    p._maybe_compile(torch.device("cpu"))
+    seen = []
+
+    def dispatch():
+        p._maybe_compile(torch.device("cpu"))  # what each predict_action_chunk does first
+        seen.append(int(dynamo_config.recompile_limit))
+
+    t = threading.Thread(target=dispatch)
+    t.start()
+    t.join()
+    assert seen and seen[0] >= FlowTransformerPolicy.compiled_shapes > 8
+
+
 def test_compile_without_buckets_pads_to_powers_of_two_and_eager_never_pads():
     """Without `batch_buckets` every batch size would compile a graph of its own (past Dynamo's limit, silently
     eager): under `compile` a batch is padded to COMPILE_BUCKETS; an eager pass, which padding only slows, is not."""
