@@ -81,20 +81,19 @@ def replica_manifest(scenario, replica, run_keys: dict | None = None) -> dict:
 
 
 REPLICA_START_S = 120.0  # import torch, load the checkpoint, warm up, open the Zenoh session
-# torch.compile of the velocity network at warm-up, one CUDA graph per batch bucket (flow_transformer's `compile`):
-# measured at ~25 s a bucket for vla_300m on the H200 (2026-11-27, benchmarks.gpu_forward --compile, two buckets
-# of two signatures in 172 s with their timing), five buckets for the preset
+# torch.compile of the velocity network at warm-up, every batch bucket up to max_batch with and without an RTC prefix
+# (flow_transformer's `compile`, ModelRuntime.warm_buckets): measured at ~25 s a bucket and signature for vla_300m on
+# the H200 (2026-11-27, benchmarks.gpu_forward --compile, two buckets of two signatures in 172 s with their timing),
+# five buckets for the preset; ~10-25 s each for the tiny transformer on the 2-core VM, seven default buckets
 REPLICA_COMPILE_START_S = 600.0
 
 
 def replica_start_s(manifest: dict) -> float:
     """How long a replica of `manifest` may take to say it is ready: longer where its model compiles (`compile`
-    in the manifest's `model.hyper_params`, else in the checkpoint's config.json) on a CUDA device."""
+    in the manifest's `model.hyper_params`, else in the checkpoint's config.json), on a CUDA device or a CPU."""
     from bench.scenario.schema import checkpoint_config
 
     model = manifest.get("model") or {}
-    if not str(model.get("device", "cpu")).startswith("cuda"):
-        return REPLICA_START_S
     compile_ = (model.get("hyper_params") or {}).get("compile")
     if compile_ is None and model.get("repo_or_path"):
         compile_ = (checkpoint_config(model["repo_or_path"]).get("hyper_params") or {}).get("compile")

@@ -32,9 +32,10 @@ def test_only_replicas_on_cuda_ask_for_it():
     assert (problems == []) == torch.cuda.is_available()
 
 
-def test_a_replica_that_compiles_on_cuda_gets_longer_to_start(tmp_path):
-    """torch.compile at warm-up takes ~25 s a batch bucket on the H200: such a replica's start (and restart)
-    deadline is REPLICA_COMPILE_START_S, asked by the manifest or by the checkpoint's own config."""
+def test_a_replica_that_compiles_gets_longer_to_start(tmp_path):
+    """torch.compile at warm-up takes ~25 s a batch bucket on the H200 (and compiles on a CPU too since
+    2026-11-27): such a replica's start (and restart) deadline is REPLICA_COMPILE_START_S, asked by the manifest
+    or by the checkpoint's own config."""
     import json
 
     from bench.cli import load_with_overrides
@@ -47,5 +48,8 @@ def test_a_replica_that_compiles_on_cuda_gets_longer_to_start(tmp_path):
     assert replica_start_s(replica_manifest(s, s.replicas[0])) == REPLICA_COMPILE_START_S > REPLICA_START_S
     (tmp_path / "config.json").write_text(json.dumps({"hyper_params": {"compile": True}}))
     assert replica_start_s({"model": {"repo_or_path": str(tmp_path), "device": "cuda"}}) == REPLICA_COMPILE_START_S
-    assert replica_start_s({"model": {"repo_or_path": str(tmp_path), "device": "cpu"}}) == REPLICA_START_S  # no compile there
+    # a CPU compiles too (inductor's C++, every bucket at warm-up): the same deadline; without compile, the plain one
+    assert replica_start_s({"model": {"repo_or_path": str(tmp_path), "device": "cpu"}}) == REPLICA_COMPILE_START_S
+    assert replica_start_s({"model": {"repo_or_path": str(tmp_path), "device": "cpu",
+                                      "hyper_params": {"compile": False}}}) == REPLICA_START_S
     assert replica_start_s({"model": {"repo_or_path": str(tmp_path / "gone"), "device": "cuda"}}) == REPLICA_START_S
