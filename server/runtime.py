@@ -214,15 +214,23 @@ class ModelRuntime:
             images = {name: encode_image(frame, "jpeg", 90) for name, frame in images.items()}
         return images
 
-    def _warmup_pass(self, size: int, images: dict[str, Any], prefixed: bool) -> None:
-        """One dummy pass of `size` samples, each with an RTC prefix (`prefixed`, where the policy takes one) or none."""
+    def _dummy_items(self, size: int, images: dict[str, Any], prefixed: bool) -> list[InferItem]:
+        """`size` zero observations of new sessions, each with a zero RTC prefix (`prefixed`) or none."""
         state = np.zeros(self.config.state_dim, np.float32)
         prefix = np.zeros((self.execution_horizon, self.config.action_dim), np.float32) if prefixed else None
-        items = [InferItem(self.new_pipeline(), state, images, 1, prefix, prefix, rtc=self.supports_rtc)
-                 for _ in range(size)]
-        res = self.infer(items, emulate=False)[0]
+        return [InferItem(self.new_pipeline(), state, images, 1, prefix, prefix, rtc=self.supports_rtc)
+                for _ in range(size)]
+
+    def _warmup_pass(self, size: int, images: dict[str, Any], prefixed: bool) -> None:
+        """One dummy pass of `size` samples, with an RTC prefix (`prefixed`) or without; raises on its error."""
+        res = self.infer(self._dummy_items(size, images, prefixed), emulate=False)[0]
         if res.error:
             raise RuntimeError(f"warm-up forward pass failed: {res.error}")
+
+    @property
+    def _prefix_kinds(self) -> tuple[bool, ...]:
+        """The request kinds a warm-up passes: without an RTC prefix, and with one where the policy takes it."""
+        return (False, True) if self.supports_rtc else (False,)
 
     def warmup(self, n: int) -> float:
         """`n` rounds of dummy forward passes (with and without an RTC prefix); returns the mean ms per round."""
@@ -231,9 +239,7 @@ class ModelRuntime:
         images = self._warmup_frames()
         t0 = time.perf_counter()
         for _ in range(n):  # both paths each time: the first guided pass pays its own set-up
-            for prefixed in (False, True):
-                if prefixed and not self.supports_rtc:
-                    continue
+            for prefixed in self._prefix_kinds:
                 self._warmup_pass(1, images, prefixed)
         self.reset_policy()
         return (time.perf_counter() - t0) * 1e3 / n
@@ -251,7 +257,7 @@ class ModelRuntime:
         sizes = [b for b in self.policy.buckets() if b <= top] or [top]
         images = self._warmup_frames()
         for size in sizes:
-            for prefixed in (False, True) if self.supports_rtc else (False,):
+            for prefixed in self._prefix_kinds:
                 self._warmup_pass(size, images, prefixed)
         self.reset_policy()
         return sizes
@@ -262,14 +268,11 @@ class ModelRuntime:
         the replica's own unloaded reference, against which the bench reads a starved replica as a ratio and
         replays its queue (bench fidelity). A fleet's replicas measure it together as they start, so a median read
         their neighbours' start-up as much as their own speed (2-core VM: 6.8 ms at batch 1, 2.9 at 16)."""
-        state = np.zeros(self.config.state_dim, np.float32)
         images = {name: np.zeros((s[1], s[2], 3), np.uint8) for name, s in self.config.image_features.items()}
-        prefix = np.zeros((self.execution_horizon, self.config.action_dim), np.float32) if self.supports_rtc else None
         out: dict[int, float] = {}
         n = 1
         while n <= min(max(1, max_batch), 64):
-            items = [InferItem(self.new_pipeline(), state, images, 1, prefix, prefix, rtc=self.supports_rtc)
-                     for _ in range(n)]
+            items = self._dummy_items(n, images, self.supports_rtc)
             out[n] = round(min(self.infer(items)[0].forward_ms for _ in range(repeats)), 3)
             n *= 2
         self.reset_policy()

@@ -176,13 +176,14 @@ class PolicyServer:
         log.info("loaded %s (%s, rtc_mode %s, hash %s...%s), %d warm-up passes, %.1f ms each", model_id,
                  loaded.config.type, self.runtime.rtc_mode, loaded.checkpoint_hash[:12],
                  f", hyper_params {json.dumps(overrides, sort_keys=True)}" if overrides else "", n, ms)
-        max_batch = int(_get(_get(m, "scheduling", None), "max_batch", 1) or 1)
-        if n > 0:  # a compiling policy's every bucket and signature, built before the replica says it is ready
+        if n > 0:
+            max_batch = int(_get(_get(m, "scheduling", None), "max_batch", 1) or 1)
+            # a compiling policy's every bucket and signature, built before the replica says it is ready
             t0 = time.perf_counter()
             warmed = self.runtime.warm_buckets(max_batch)
             if warmed:
                 log.info("compiled buckets %s with and without an RTC prefix in %.1f s", warmed, time.perf_counter() - t0)
-        if n > 0:  # the replica's own unloaded forward time: the bench reads starvation against it
+            # the replica's own unloaded forward time: the bench reads starvation against it
             sizes = self.runtime.unloaded_forward_ms(max_batch)
             log.info("unloaded forward ms by batch size: %s", json.dumps(sizes))
 
