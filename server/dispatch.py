@@ -44,7 +44,7 @@ class PolicyDeployment:
         self.policy.prepare_serving()  # e.g. `compile` without a compiler: refused as the deployment starts
         from server.runtime import LocalForward
 
-        # as in the Zenoh-facing server: a policy replaying CUDA graphs is called from one thread of its own, and
+        # as in the Zenoh-facing server: a policy replaying CUDA graphs is called from its device's one thread, and
         # Serve calls from threads of its own
         self._call = LocalForward(self.policy)
 

@@ -380,12 +380,12 @@ class FlowTransformerPolicy(ChunkPolicy):
             v_t = velocity(x_t, t_batch, memory)
             return v_t - w * (target - (x_t - t * v_t)) * weights
         args = (x_t, t, t_batch, memory, w, weights, target)
-        path = self._grad_path
-        if path is None or path.failed:
-            return self._vjp_step(velocity, *args)
         try:  # a compiled backward is built at its first autograd.grad, outside the forward call CompiledPath guards
             return self._vjp_step(velocity, *args)
         except Exception as exc:
+            path = self._grad_path
+            if path is None or path.failed:
+                raise
             out = self._vjp_step(self.velocity, *args)  # the eager step; if it fails too, its own error stands
             path.fall_back(exc)
             return out
