@@ -270,15 +270,16 @@ def main(argv=None) -> int:
         print(f"{n:>6} {cell(f['guided'], 'median_ms', 10)} {cell(f['plain'], 'median_ms', 10)} "
               f"{cell(f['training_time'], 'median_ms', 17)} {cell(f['guided'], 'per_sample_ms', 17, '.3f')} "
               f"{r['median_ms']:>18.2f} {r['training_time_ms']:>22.2f}")
-    gains = [f"batch {n} " + ", ".join(f"{k.replace('_', '-')} {report['forward'][str(n)][k]['compile_gain']:.2f}x"
-                                       for k in ("guided", "plain", "training_time")
-                                       if "compile_gain" in report["forward"][str(n)][k])
-             for n in args.batches if report["compile"] and any("compile_gain" in report["forward"][str(n)][k]
-                                                                for k in ("guided", "plain", "training_time"))]
-    failed = [f"{label} at batch {n}: {row['error']}" for n in args.batches
-              for label, row in report["forward"][str(n)].items() if "error" in row]
-    for line in failed:
-        print(f"failed: {line}")
+    gains = []
+    for n in args.batches:
+        row = report["forward"][str(n)]
+        parts = [f"{k.replace('_', '-')} {row[k]['compile_gain']:.2f}x" for k in ("guided", "plain", "training_time")
+                 if "compile_gain" in row[k]]
+        if parts:
+            gains.append(f"batch {n} " + ", ".join(parts))
+        for label, timed in row.items():
+            if "error" in timed:
+                print(f"failed: {label} at batch {n}: {timed['error']}")
     if gains:
         print("torch.compile's gain over eager (same process, same weights): " + "; ".join(gains))
     for reason in report["compile_fallbacks"]:
