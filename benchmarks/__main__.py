@@ -23,7 +23,8 @@ from benchmarks.common import load_average, report_dict, summary_table
 
 # cheap first: a broken benchmark shows in seconds
 NAMES = ("codec", "scheduling", "cameras", "robot_step", "robot_memory", "router_memory", "proxy", "engine",
-         "server", "server_memory", "peers", "headline_rss", "report_memory", "dispatch", "gpu_forward", "speed_probe")
+         "server", "server_memory", "peers", "headline_rss", "report_memory", "dispatch", "forward_cost", "gpu_forward",
+         "speed_probe")
 
 
 def run_one(name: str, quick: bool, out_dir: Path) -> dict:

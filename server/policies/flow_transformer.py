@@ -2,6 +2,7 @@
 
     observation ──► obs tokens: state (1) + per camera image tokens (conv grid or ViT patches)
                     ──► obs_layers encoder blocks ──► memory (B, N_obs, d)      once per call
+                    ──► context: pooled condition + every action block's cross-attention K, V   once per call
     noise x(t=1) ──► action tokens (B, T, d) = in(x_t) + pos + time(t)
                     ──► num_layers blocks (adaLN on t + pooled obs): self-attention, cross-attention to memory
                     ──► v = out(tokens) + a(t) * x_t    ──Euler, num_steps──►  x(t=0) = the chunk
@@ -50,6 +51,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from server.policies.base import (
@@ -119,10 +121,15 @@ class Block(nn.Module):
     by a projection of (flow time + pooled observation) (zero-initialised: a plain block at first).
     The velocity changes sharply with t, and a time feature added at the input alone fades. The
     condition is (B, d), one per sample, or (B, T, d), one per token (training-time RTC's per-row time).
+
+    The attention is nn.MultiheadAttention's (its weights, so checkpoints load as before) written out with
+    scaled_dot_product_attention, so an action block takes its cross-attention keys and values already
+    projected (`memory_kv`): the memory is the same at every Euler step, its projection is done once per call.
     """
 
     def __init__(self, d: int, heads: int, mlp_ratio: int, cross: bool):
         super().__init__()
+        self.heads = heads
         self.norm1 = nn.LayerNorm(d)
         self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
         self.cross = cross
@@ -135,20 +142,44 @@ class Block(nn.Module):
         self.norm3 = nn.LayerNorm(d)
         self.mlp = mlp(d, d * mlp_ratio, d, num_layers=2)
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, time: Tensor | None = None) -> Tensor:
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """The cross-attention's keys and values of `memory` (B, N, d), split into heads: 2 x (B, heads, N, d/heads)."""
+        d = memory.shape[-1]
+        k, v = F.linear(memory, self.cross_attn.in_proj_weight[d:], self.cross_attn.in_proj_bias[d:]).chunk(2, dim=-1)
+        return _split_heads(k, self.heads), _split_heads(v, self.heads)
+
+    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor] | None = None, time: Tensor | None = None) -> Tensor:
         if not self.cross:
-            h = self.norm1(x)
-            x = x + self.attn(h, h, h, need_weights=False)[0]
+            x = x + self._self_attention(self.norm1(x))
             return x + self.mlp(self.norm3(x))
         modulation = self.modulation(time)
         if modulation.dim() == 2:  # one condition per sample: broadcast over its tokens
             modulation = modulation[:, None, :]
         shift1, scale1, shift2, scale2, shift3, scale3 = modulation.chunk(6, dim=-1)
-        h = self.norm1(x) * (1 + scale1) + shift1
-        x = x + self.attn(h, h, h, need_weights=False)[0]
-        h = self.norm2(x) * (1 + scale2) + shift2
-        x = x + self.cross_attn(h, memory, memory, need_weights=False)[0]
+        x = x + self._self_attention(self.norm1(x) * (1 + scale1) + shift1)
+        x = x + self._cross_attention(self.norm2(x) * (1 + scale2) + shift2, *memory_kv)
         return x + self.mlp(self.norm3(x) * (1 + scale3) + shift3)
+
+    def _self_attention(self, h: Tensor) -> Tensor:
+        attn = self.attn
+        q, k, v = (_split_heads(part, self.heads)
+                   for part in F.linear(h, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1))
+        return attn.out_proj(_merge_heads(F.scaled_dot_product_attention(q, k, v)))
+
+    def _cross_attention(self, h: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        attn, d = self.cross_attn, h.shape[-1]
+        q = _split_heads(F.linear(h, attn.in_proj_weight[:d], attn.in_proj_bias[:d]), self.heads)
+        return attn.out_proj(_merge_heads(F.scaled_dot_product_attention(q, k, v)))
+
+
+def _split_heads(x: Tensor, heads: int) -> Tensor:
+    """(B, L, d) -> (B, heads, L, d / heads)"""
+    return x.unflatten(-1, (heads, -1)).transpose(1, 2)
+
+
+def _merge_heads(x: Tensor) -> Tensor:
+    """(B, heads, L, d / heads) -> (B, L, d)"""
+    return x.transpose(1, 2).flatten(2)
 
 
 class ConvTokens(nn.Module):
@@ -248,23 +279,32 @@ class FlowTransformerPolicy(ChunkPolicy):
             memory = block(memory)
         return self.obs_norm(memory)
 
-    def velocity(self, x_t: Tensor, t: Tensor, memory: Tensor, row_t: Tensor | None = None) -> Tensor:
-        """v(x_t, t, obs): (B, T, A), (B,), (B, N, d) -> (B, T, A). `row_t` (B, T): each action token's own flow
-        time (training-time RTC), embedded per token into its input, its adaLN condition and its skip gain;
+    def context(self, memory: Tensor) -> tuple[Tensor, ...]:
+        """What the velocity reads of the observation, the same at every Euler step, so computed once per call (as
+        pi0's prefix KV cache): the pooled observation's condition (B, d), then every action block's cross-attention
+        keys and values (B, heads, N, d/heads). Most of a step's work at VLA size: N (2 x 196 + 1 tokens) is ~13x T
+        (30 action tokens); `python -m benchmarks.forward_cost` counts a call's FLOPs and ops. Under CUDA graphs
+        the context is an input each replay copies into its graph (2 x num_layers tensors: ~1.4 GB a step at vla_300m
+        batch 64 in bf16, against ~1.5 TFLOP of projection it saves; unmeasured on a GPU)."""
+        return (self.obs_cond(memory.mean(dim=1)), *(kv for block in self.blocks for kv in block.memory_kv(memory)))
+
+    def velocity(self, x_t: Tensor, t: Tensor, context: tuple[Tensor, ...], row_t: Tensor | None = None) -> Tensor:
+        """v(x_t, t, obs): (B, T, A), (B,), `context(memory)` -> (B, T, A). `row_t` (B, T): each action token's own
+        flow time (training-time RTC), embedded per token into its input, its adaLN condition and its skip gain;
         None: every token at t, one embedding per sample."""
         d = int(self.hp["d_model"])
+        pooled, memory_kv = context[0], context[1:]
         per_token = row_t is not None
         t_emb = time_embedding(row_t.reshape(-1), d).reshape(*row_t.shape, d) if per_token else time_embedding(t, d)
         time = self.time_mlp(t_emb)  # (B, T, d) per token, else (B, d)
-        pooled = self.obs_cond(memory.mean(dim=1))
         if per_token:
             time_tokens, pooled, skip = time, pooled[:, None, :], self.skip_gain(t_emb)
         else:
             time_tokens, skip = time[:, None, :], self.skip_gain(t_emb)[:, :, None]
         h = self.action_in(x_t) + self.action_pos + time_tokens
-        cond = torch.nn.functional.silu(time + pooled)
-        for block in self.blocks:
-            h = block(h, memory, cond)
+        cond = F.silu(time + pooled)
+        for i, block in enumerate(self.blocks):
+            h = block(h, memory_kv[2 * i:2 * i + 2], cond)
         return self.action_out(self.out_norm(h)) + skip * x_t
 
     # -- serving -------------------------------------------------------------------------------
@@ -357,7 +397,7 @@ class FlowTransformerPolicy(ChunkPolicy):
             target[b, :rows] = prefix[:rows].detach().to(**kw, non_blocking=True)
         return weights.unsqueeze(-1).to(**kw, non_blocking=True), target
 
-    def sample(self, memory: Tensor, x_t: Tensor, guidance: tuple[Tensor, Tensor] | None) -> Tensor:
+    def sample(self, context: tuple[Tensor, ...], x_t: Tensor, guidance: tuple[Tensor, Tensor] | None) -> Tensor:
         """The Euler loop. Host-side values only (Python floats): nothing here waits for the device."""
         num_steps = int(self.hp["num_steps"])
         dt = -1.0 / num_steps
@@ -368,18 +408,18 @@ class FlowTransformerPolicy(ChunkPolicy):
         for t, w in zip(times, weights):
             t_batch = torch.full((size,), t, device=x_t.device, dtype=x_t.dtype)
             if guidance is None:
-                v_t = velocity(x_t, t_batch, memory)
+                v_t = velocity(x_t, t_batch, context)
             else:
-                v_t = self._guided_velocity(velocity, x_t, t, t_batch, memory, w, *guidance)
+                v_t = self._guided_velocity(velocity, x_t, t, t_batch, context, w, *guidance)
             x_t = x_t + dt * v_t
         return x_t
 
-    def _guided_velocity(self, velocity, x_t: Tensor, t: float, t_batch: Tensor, memory: Tensor, w: float,
+    def _guided_velocity(self, velocity, x_t: Tensor, t: float, t_batch: Tensor, context: tuple[Tensor, ...], w: float,
                          weights: Tensor, target: Tensor) -> Tensor:
         if self.hp["guidance_jacobian"] == "identity":
-            v_t = velocity(x_t, t_batch, memory)
+            v_t = velocity(x_t, t_batch, context)
             return v_t - w * (target - (x_t - t * v_t)) * weights
-        args = (x_t, t, t_batch, memory, w, weights, target)
+        args = (x_t, t, t_batch, context, w, weights, target)
         try:  # a compiled backward is built at its first autograd.grad, outside the forward call CompiledPath guards
             return self._vjp_step(velocity, *args)
         except Exception as exc:
@@ -390,11 +430,11 @@ class FlowTransformerPolicy(ChunkPolicy):
             path.fall_back(exc)
             return out
 
-    def _vjp_step(self, velocity, x_t: Tensor, t: float, t_batch: Tensor, memory: Tensor, w: float,
+    def _vjp_step(self, velocity, x_t: Tensor, t: float, t_batch: Tensor, context: tuple[Tensor, ...], w: float,
                   weights: Tensor, target: Tensor) -> Tensor:
         with torch.enable_grad():
             x = x_t.detach().requires_grad_(True)
-            v_t = velocity(x, t_batch, memory)
+            v_t = velocity(x, t_batch, context)
             x1_hat = x - t * v_t
             err = (target - x1_hat) * weights
             # VJP of x1_hat wrt x_t with err: (I - t J_v)^T err, the RTC paper's correction
@@ -429,14 +469,13 @@ class FlowTransformerPolicy(ChunkPolicy):
                 committed = prefix_mask(delays + [0] * pad, prefixes + [None] * pad, self.config.chunk_size,
                                         self.config.action_dim, device, self.param_dtype)
                 with self._autocast(device):
-                    memory = self.encode(inputs)
-                    x_t = sample_committed(self._velocity_fn, memory, self._noise(padded), *committed,
+                    context = self.context(self.encode(inputs))
+                    x_t = sample_committed(self._velocity_fn, context, self._noise(padded), *committed,
                                            int(self.hp["num_steps"]))
                 return x_t[:size].float()
             guidance = self._guidance_targets(delays, prefixes, padded)
             with self._autocast(device):
-                memory = self.encode(inputs)
-                x_t = self.sample(memory, self._noise(padded), guidance)
+                x_t = self.sample(self.context(self.encode(inputs)), self._noise(padded), guidance)
             return x_t[:size].float()
 
     def training_loss(
@@ -446,8 +485,9 @@ class FlowTransformerPolicy(ChunkPolicy):
         """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1. With
         rtc_mode training_time the first `prefix_rows[b]` rows of sample b are clean conditioning (token flow
         time 0) and out of the loss; None draws them from U{0..max_prefix_rows}."""
-        return rtc_flow_matching_loss(self.velocity, self.encode(batch), action_chunk, generator, prefix_rows,
-                                      self.prefix_conditioned, int(self.hp["max_prefix_rows"]), "flow_transformer")
+        return rtc_flow_matching_loss(self.velocity, self.context(self.encode(batch)), action_chunk, generator,
+                                      prefix_rows, self.prefix_conditioned, int(self.hp["max_prefix_rows"]),
+                                      "flow_transformer")
 
 
 def _pad_rows(tensor: Tensor, size: int) -> Tensor:

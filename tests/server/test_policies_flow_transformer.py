@@ -111,21 +111,21 @@ def test_guidance_pulls_the_frozen_rows_toward_the_prefix_and_none_is_unguided()
 def test_network_guidance_is_the_vjp_of_x1_hat():
     """The correction is (I - t J_v)^T err: checked against torch.func.vjp of the same function."""
     p = policy()
-    memory = p.encode(states(2))
+    context = p.context(p.encode(states(2)))
     gen = torch.Generator().manual_seed(7)
     x_t = torch.randn(2, T, A, generator=gen)
     weights = torch.rand(2, T, 1, generator=gen)
     target = torch.randn(2, T, A, generator=gen)
     t = 0.6
     t_batch = torch.full((2,), t)
-    guided = p._guided_velocity(p.velocity, x_t, t, t_batch, memory, 1.0, weights, target)
+    guided = p._guided_velocity(p.velocity, x_t, t, t_batch, context, 1.0, weights, target)
 
     def x1_hat(x):
-        return x - t * p.velocity(x, t_batch, memory)
+        return x - t * p.velocity(x, t_batch, context)
 
     value, vjp = torch.func.vjp(x1_hat, x_t)
     (expected,) = vjp((target - value) * weights)
-    torch.testing.assert_close(p.velocity(x_t, t_batch, memory) - guided, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(p.velocity(x_t, t_batch, context) - guided, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_runs_under_inference_mode_callers():
@@ -171,11 +171,11 @@ def test_a_graph_replayed_velocity_gives_the_eager_chunks(rtc_mode):
     torch.testing.assert_close(replayed.predict_action_chunk(batch, *unguided),
                                eager.predict_action_chunk(batch, *unguided), rtol=1e-5, atol=1e-5)
     assert stand_in.calls >= int(TINY["num_steps"])
-    memory = replayed.encode(states(2))
+    context = replayed.context(replayed.encode(states(2)))
     x_t = torch.randn(2, T, A, generator=torch.Generator().manual_seed(4))
-    first = replayed._velocity_fn(x_t, torch.full((2,), 0.9), memory)
+    first = replayed._velocity_fn(x_t, torch.full((2,), 0.9), context)
     kept = first.clone()
-    replayed._velocity_fn(x_t + 1.0, torch.full((2,), 0.5), memory)
+    replayed._velocity_fn(x_t + 1.0, torch.full((2,), 0.5), context)
     torch.testing.assert_close(first, kept, rtol=0, atol=0)  # not overwritten by the next replay
 
 
@@ -392,6 +392,37 @@ def test_cameras_become_tokens_that_change_the_chunk(encoder):
     assert not torch.allclose(out, p.predict_action_chunk(other, [0, 0], [None, None]))
 
 
+def test_the_written_out_attention_is_multihead_attentions():
+    """The blocks keep nn.MultiheadAttention's weights and compute what it computes (a checkpoint trained before
+    serves the same chunks), the cross-attention from keys and values projected once (`memory_kv`)."""
+    p = policy(image_features={"front": [3, 32, 32]}, hyper_params={"image_encoder": "vit", "patch_size": 8})
+    gen = torch.Generator().manual_seed(3)
+    for block in [*p.obs_blocks, *p.blocks]:  # zero-initialised weights would hide a swapped q/k/v
+        for param in block.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    memory, h = torch.randn(2, 17, TINY["d_model"], generator=gen), torch.randn(2, T, TINY["d_model"], generator=gen)
+    for block in p.obs_blocks:
+        torch.testing.assert_close(block._self_attention(memory), block.attn(memory, memory, memory, need_weights=False)[0])
+    for block in p.blocks:
+        torch.testing.assert_close(block._self_attention(h), block.attn(h, h, h, need_weights=False)[0])
+        torch.testing.assert_close(block._cross_attention(h, *block.memory_kv(memory)),
+                                   block.cross_attn(h, memory, memory, need_weights=False)[0])
+    assert p.context(memory)[1].shape == (2, TINY["num_heads"], 17, TINY["d_model"] // TINY["num_heads"])
+
+
+@pytest.mark.parametrize("rtc_mode", ["guidance", "training_time"])
+def test_the_observation_is_projected_once_per_call_not_per_euler_step(rtc_mode, monkeypatch):
+    """Each action block projects the memory to its keys and values once per call (the context), whatever the
+    number of Euler steps and whether the steps are guided."""
+    p = policy(hyper_params={"rtc_mode": rtc_mode})
+    calls = []
+    real = type(p.blocks[0]).memory_kv
+    monkeypatch.setattr(type(p.blocks[0]), "memory_kv", lambda block, memory: calls.append(block) or real(block, memory))
+    p.predict_action_chunk(states(2), [2, 0], [rows(H, 0), None])
+    assert len(calls) == TINY["num_layers"] and set(map(id, calls)) == set(map(id, p.blocks))
+    assert TINY["num_steps"] > 1
+
+
 class HostSyncs(TorchDispatchMode):
     """Records the ops that make the host wait for the device: a tensor read back as a Python value."""
 
@@ -411,14 +442,14 @@ class HostSyncs(TorchDispatchMode):
 def test_the_sampling_loop_never_reads_a_device_value_back():
     p = policy()
     with torch.no_grad():
-        memory = p.encode(states(3))
+        context = p.context(p.encode(states(3)))
         guidance = p._guidance_targets([1, 0, 2], [rows(6, 0), None, rows(4, 1)], 3)
         noise = p._noise(3)
     committed = prefix_mask([1, 0, 2], [rows(6, 0), None, rows(4, 1)], T, A, p.param_device, p.param_dtype)
     with HostSyncs() as mode:
-        p.sample(memory, noise, guidance)
-        p.sample(memory, noise, None)
-        sample_committed(p.velocity, memory, noise, *committed, 4)  # rtc_mode training_time's loop
+        p.sample(context, noise, guidance)
+        p.sample(context, noise, None)
+        sample_committed(p.velocity, context, noise, *committed, 4)  # rtc_mode training_time's loop
     assert mode.seen == []
     with HostSyncs() as mode:  # the detector does see a read-back
         float(noise.sum())

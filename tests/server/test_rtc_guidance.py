@@ -166,7 +166,7 @@ def check_network(kind: str, schedule: str, **hp) -> None:
     delay = 2
     mask = torch.tensor((paper_mask if schedule == "exp" else lerobot_linear_mask)(delay, H, T))
     inputs = policy.model_inputs({"observation.state": STATE[None]})
-    cond = policy.encoder(inputs) if kind == "flow_matching" else policy.encode(inputs)
+    cond = policy.encoder(inputs) if kind == "flow_matching" else policy.context(policy.encode(inputs))
 
     def velocity(x, t):
         return policy.velocity(x[None], torch.full((1,), t), cond)[0]

@@ -105,12 +105,12 @@ def test_transformer_tokens_read_their_own_flow_time():
     x_t = torch.randn(2, T, A, generator=torch.Generator().manual_seed(6))
     t = torch.tensor([0.7, 0.3])
     with torch.no_grad():
-        memory = p.encode(state(2))
-        per_sample = p.velocity(x_t, t, memory)
-        torch.testing.assert_close(p.velocity(x_t, t, memory, t[:, None].expand(2, T)), per_sample, rtol=1e-5, atol=1e-6)
+        context = p.context(p.encode(state(2)))
+        per_sample = p.velocity(x_t, t, context)
+        torch.testing.assert_close(p.velocity(x_t, t, context, t[:, None].expand(2, T)), per_sample, rtol=1e-5, atol=1e-6)
         row_t = t[:, None].expand(2, T).clone()
         row_t[:, :3] = 0.0
-        moved = p.velocity(x_t, t, memory, row_t)
+        moved = p.velocity(x_t, t, context, row_t)
     assert not torch.allclose(moved[:, 3:], per_sample[:, 3:], atol=1e-4)
 
 

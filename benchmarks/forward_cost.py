@@ -1,0 +1,120 @@
+"""flow_transformer's work per call, counted rather than timed: the FLOPs and the dispatched ATen ops of a guided, a
+plain and a training-time call at each batch size, on torch's meta device (shapes only, nothing allocated or computed:
+the vla_300m preset counts on any host, in seconds).
+
+    python -m benchmarks.forward_cost                                # vla_300m, 2 x 224x224 cameras, batch 1 8 32 64
+    python -m benchmarks.forward_cost --preset tiny --image-size 64
+
+FLOPs (torch.utils.flop_counter's formulas: matmuls, convolutions, attention) are what a call costs where the device is
+compute-bound (large batches on a GPU, or compiled); dispatched ops (each an eager kernel launch, or a view's host-side
+work) are what it costs where the host's dispatch is the bound (small batches eager on a GPU: the H200 spent ~10 us of
+host time per op at batch 1). Both are the same on every host and in every run, so a change to the network is judged
+by them before any GPU time, with no noise; they say nothing about how fast a device runs them (benchmarks.gpu_forward
+times that). Writes reports/bench/forward_cost.json.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from benchmarks.common import Result, cli, parse_with_out, write_report
+from benchmarks.gpu_forward import build, rtc_mode
+
+VIEW_OPS = frozenset({"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "slice",
+                      "select", "split", "split_with_sizes", "chunk", "unflatten", "alias", "detach", "as_strided",
+                      "reshape", "unbind"})
+PASSES = ("guided", "plain", "training_time")
+
+
+class CountingMode(TorchDispatchMode):
+    """Counts every ATen op dispatched inside it (views apart) and the FLOPs of those torch has a formula for."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = self.views = self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops += 1
+        if func._schema.name.split("::")[-1] in VIEW_OPS:
+            self.views += 1
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **kwargs, out_val=out)
+        return out
+
+
+def count_call(fn) -> dict:
+    mode = CountingMode()
+    with mode:
+        fn()
+    return {"gflop": mode.flops / 1e9, "ops": mode.ops, "view_ops": mode.views}
+
+
+def cost_figures(policy, sizes: list[int]) -> dict:
+    """{batch: {pass: {gflop, ops, view_ops}}} of one predict_action_chunk per pass, every sample with an RTC prefix
+    (guided: the RTC-guided sampler with its VJP; training_time: the prefix as clean tokens) or none (plain)."""
+    cfg, device = policy.config, policy.param_device
+    out = {}
+    for n in sizes:
+        batch = {"observation.state": torch.zeros(n, cfg.state_dim, device=device)}
+        for name, shape in cfg.image_features.items():
+            batch[f"observation.images.{name}"] = torch.zeros(n, *shape, device=device)
+        prefix = [torch.zeros(cfg.execution_horizon, cfg.action_dim, device=device) for _ in range(n)]
+        row = {}
+        for label, prefixes, mode in (("guided", prefix, "guidance"), ("plain", [None] * n, "guidance"),
+                                      ("training_time", prefix, "training_time")):
+            with rtc_mode(policy, mode):
+                row[label] = count_call(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes))
+        out[str(n)] = row
+    return out
+
+
+def run(quick: bool) -> Result:
+    """vla_300m counted on the meta device (any host)."""
+    sizes = [1] if quick else [1, 8, 32, 64]
+    policy = build("vla_300m", 2, 224, "meta", False)
+    cost = cost_figures(policy, sizes)
+    res = Result(details={"preset": "vla_300m", "cost": cost})
+    for n in sizes:
+        res.add(f"vla_300m training-time call, batch {n}: GFLOP", cost[str(n)]["training_time"]["gflop"], "GFLOP")
+        res.add(f"vla_300m training-time call, batch {n}: dispatched ops", cost[str(n)]["training_time"]["ops"], "ops")
+    return res
+
+
+def main(argv=None) -> int:
+    ap = cli(__doc__, prog="python -m benchmarks.forward_cost")
+    ap.add_argument("--preset", default="vla_300m", help="flow_transformer preset")
+    ap.add_argument("--cameras", type=int, default=2)
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    args = parse_with_out(ap, argv, "reports/bench/forward_cost.json")
+    started = time.perf_counter()
+    try:
+        policy = build(args.preset, args.cameras, args.image_size, "meta", False)
+    except Exception as exc:  # noqa: BLE001  a bad preset or image size: the policy's own message
+        print(f"benchmarks.forward_cost: {exc}", file=sys.stderr)
+        return 2
+    params = sum(p.numel() for p in policy.parameters())
+    cost = cost_figures(policy, args.batches)
+    report = {"preset": args.preset, "parameters": params, "cameras": args.cameras, "image_size": args.image_size,
+              "torch": torch.__version__, "cost": cost, "seconds": round(time.perf_counter() - started, 1)}
+    print(f"flow_transformer {args.preset} ({params / 1e6:.1f}M params), {args.cameras} x "
+          f"{args.image_size}x{args.image_size} cameras, torch {torch.__version__}: one call's work, counted")
+    print(f"{'batch':>6} " + " ".join(f"{p.replace('_', '-') + ' GFLOP':>20} {'ops (views)':>14}" for p in PASSES))
+    for n in args.batches:
+        row = cost[str(n)]
+        print(f"{n:>6} " + " ".join(f"{row[p]['gflop']:>20.1f} {row[p]['ops']:>7} ({row[p]['view_ops']:>5})"
+                                    for p in PASSES))
+    write_report(args.out, report, say="->")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
