@@ -15,13 +15,18 @@ import platform
 import time
 from pathlib import Path
 
-import mujoco
 import numpy as np
 
 from bench.robots import DEFAULT_FPS, ROBOT_TYPES, RobotBatch, make_robot
 from benchmarks.common import Result, cli, parse_with_out, run_main, write_report
 
 REPORT = Path("reports/bench/robots_step.json")
+
+
+def _mujoco_version() -> str:
+    import mujoco  # after bench.robots, which chooses MuJoCo's GL backend before mujoco is imported
+
+    return mujoco.__version__
 
 
 def commands(batch: RobotBatch, tick: int, rng: np.random.Generator) -> list[np.ndarray | None]:
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_with_out(parser, argv, REPORT)
 
     report = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "mujoco": mujoco.__version__},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "mujoco": _mujoco_version()},
         "types": {},
     }
     for name in args.types:

@@ -7,6 +7,9 @@
 Each robot type's MjModel is compiled once per process (models.py); robots own only their MjData.
 """
 
+# First: the GL backend is chosen before anything here imports mujoco (MuJoCo reads MUJOCO_GL once, at import).
+from bench.robots import models  # noqa: I001  isort: skip
+
 from bench.robots.core import (
     DEFAULT_FPS,
     ROBOT_TYPES,

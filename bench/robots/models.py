@@ -22,13 +22,20 @@ def _choose_gl_backend() -> str | None:
     host without libEGL must still simulate robots with synthetic cameras, but `import mujoco` with
     MUJOCO_GL=egl and no libEGL dies (AttributeError on eglQueryString), so there GL is switched off and
     the reason kept for the first rendered camera to report. An explicit MUJOCO_GL other than egl wins.
-    Returns why rendering is unavailable, or None.
+    Returns why rendering is unavailable, or None. `bench/robots/__init__.py` imports this module first, so every
+    import of bench.robots chooses before mujoco is imported; a process that imported mujoco itself before that,
+    with MUJOCO_GL unset and no display, got MuJoCo's default (GLFW, which needs one): said so here, not left to
+    fail at the first frame with MuJoCo's "an OpenGL platform library has not been loaded".
     """
     import ctypes.util
+    import sys
 
     asked = os.environ.get("MUJOCO_GL", "").strip().lower()
     if asked not in ("", "egl"):
         return None
+    if "mujoco" in sys.modules and not asked and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        return ("mujoco was imported before bench.robots, with MUJOCO_GL unset, so MuJoCo chose GLFW, which needs a "
+                "display: set MUJOCO_GL=egl in the environment, or import bench.robots before mujoco")
     if ctypes.util.find_library("EGL"):
         os.environ["MUJOCO_GL"] = "egl"
         return None

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 from typing import Callable, ClassVar
 
-import mujoco
 import numpy as np
 
-from bench.robots import DEFAULT_FPS, RobotBatch, RobotType, robot_type, shared_model
+# bench.robots before mujoco: it chooses MuJoCo's GL backend, which MuJoCo reads once, at import (models.py)
+from bench.robots import DEFAULT_FPS, RobotBatch, RobotType, robot_type, shared_model  # isort: skip
 from bench.robots.arm import Arm
 from bench.robots.models import substeps_for
+
+import mujoco  # noqa: E402,I001
 
 EXPERTS: dict[str, type[Expert]] = {}
 

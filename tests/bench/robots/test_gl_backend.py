@@ -3,11 +3,14 @@ first rendered camera (or the scenario check) names the missing library instead 
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -67,3 +70,42 @@ def test_a_scenario_with_rendered_cameras_is_refused_up_front_naming_the_library
     assert out.returncode == 2, out.stdout + out.stderr
     err = out.stdout + out.stderr
     assert "cameras.kind" in err and "libEGL" in err and "Traceback" not in err
+
+
+def _python_with_egl(code: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter on this host as it is (its libEGL found), MUJOCO_GL and any display unset."""
+    e = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY", "WAYLAND_DISPLAY")}
+    e["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e,
+                          cwd=ROOT, timeout=120)
+
+
+@pytest.mark.skipif(ctypes.util.find_library("EGL") is None, reason="no libEGL on this host (Debian: libegl1)")
+def test_without_mujoco_gl_any_bench_robots_import_renders_on_egl():
+    """MuJoCo reads MUJOCO_GL once, at its import: the package chooses EGL before any of its modules imports mujoco
+    (bench.robots.core imports it at its top; it used to come first, so MuJoCo took GLFW and every rendered frame of
+    a process started without MUJOCO_GL failed: the benchmark suite's `cameras`), and so do the modules outside it
+    that import mujoco at their top."""
+    for first in ("bench.robots.core", "bench.robots.cameras", "bench.training.experts", "benchmarks.robot_step"):
+        out = _python_with_egl(f"""
+            import os, importlib
+            importlib.import_module({first!r})
+            from bench.robots import make_robot
+            from bench.robots.cameras import make_camera
+            robot = make_robot("arm", seed=0)
+            robot.reset(seed=0)
+            frame = make_camera("rendered", robot.unwrapped, 32, 32).frame()
+            print(os.environ["MUJOCO_GL"], frame.shape, int(frame.max()) > 0)
+        """)
+        assert out.returncode == 0, (first, out.stderr[-2000:])
+        assert out.stdout.split() == ["egl", "(32,", "32,", "3)", "True"], (first, out.stdout)
+
+
+def test_mujoco_imported_first_without_mujoco_gl_is_named_not_left_to_fail_at_the_first_frame():
+    out = _python_with_egl("""
+        import mujoco
+        import bench.robots.models as m
+        print(m.GL_UNAVAILABLE)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "imported before bench.robots" in out.stdout and "MUJOCO_GL=egl" in out.stdout
