@@ -10,7 +10,8 @@ compute-bound (large batches on a GPU, or compiled); dispatched ops (each an eag
 work) are what it costs where the host's dispatch is the bound (small batches eager on a GPU: the H200 spent ~10 us of
 host time per op at batch 1). Both are the same on every host and in every run, so a change to the network is judged
 by them before any GPU time, with no noise; they say nothing about how fast a device runs them (benchmarks.gpu_forward
-times that). Writes reports/bench/forward_cost.json.
+times that). Counted in float32 without autocast (the meta device has none): on CUDA under `autocast: bf16` each
+matmul also casts its weight and input, ops the count leaves out. Writes reports/bench/forward_cost.json.
 """
 
 from __future__ import annotations
