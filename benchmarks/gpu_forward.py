@@ -4,6 +4,8 @@
     python -m benchmarks.gpu_forward --preset tiny --image-size 64   # any host: the same code at tiny size
     python -m benchmarks.gpu_forward --compile                        # + torch.compile (CUDA graphs per bucket;
                                                                       #   on a CPU inductor's C++ kernels)
+    python -m benchmarks.gpu_forward --dtype bfloat16                 # weights stored in bf16 (model.dtype), not
+                                                                      #   float32 cast by autocast at every step
 
 Builds the policy with random weights in this process (time does not depend on the weights), then:
 - forward: `predict_action_chunk` at each batch size, every sample with an RTC prefix (an RTC
@@ -34,7 +36,7 @@ import torch
 from benchmarks.common import Result, cli, parse_with_out, write_report
 
 
-def build(preset: str, cameras: int, image_size: int, device: str, compile_: bool):
+def build(preset: str, cameras: int, image_size: int, device: str, compile_: bool, dtype: str = "float32"):
     from server.policies import PolicyConfig, make_policy
     from server.policies.flow_transformer import preset_hyper_params
 
@@ -46,7 +48,9 @@ def build(preset: str, cameras: int, image_size: int, device: str, compile_: boo
                           execution_horizon=10, image_features={n: [3, image_size, image_size] for n in names},
                           hyper_params=hp)
     torch.manual_seed(0)
-    policy = make_policy(config).to(device).eval().requires_grad_(False)
+    # dtype: the manifest's model.dtype (bfloat16: weights stored in bf16, nothing cast; float32: on CUDA the
+    # checkpoint's autocast bf16 casts each weight at each step)
+    policy = make_policy(config).to(device=device, dtype=getattr(torch, dtype)).eval().requires_grad_(False)
     return policy
 
 
@@ -223,6 +227,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="torch.compile the velocity network (CUDA: CUDA graphs; CPU: needs a C++ compiler)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="weights dtype, as the manifest's model.dtype (float32: on CUDA with bf16 autocast)")
     args = parse_with_out(ap, argv, "reports/bench/gpu_forward.json")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -230,14 +236,14 @@ def main(argv=None) -> int:
         print("benchmarks.gpu_forward: --device cuda but torch sees no CUDA device; use --device cpu --preset tiny")
         return 2
     preset = args.preset or ("vla_300m" if device.type == "cuda" else "tiny")
-    policy = build(preset, args.cameras, args.image_size, args.device, args.compile)
+    policy = build(preset, args.cameras, args.image_size, args.device, args.compile, args.dtype)
     params = sum(p.numel() for p in policy.parameters())
     started = time.perf_counter()
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores, "
                                                                                   f"{args.threads} thread(s))",
         "torch": torch.__version__, "preset": preset, "parameters": params, "cameras": args.cameras,
-        "image_size": args.image_size, "compile": args.compile, "autocast": policy.hp["autocast"] if device.type == "cuda" else "none",
+        "image_size": args.image_size, "compile": args.compile, "dtype": args.dtype, "autocast": policy.hp["autocast"] if device.type == "cuda" else "none",
         "load_avg_before": os.getloadavg(), "complete": False,
     }
 
@@ -257,7 +263,7 @@ def main(argv=None) -> int:
     report["load_avg_after"] = os.getloadavg()
     report["seconds"] = round(time.perf_counter() - started, 1)
     print(f"flow_transformer {preset} ({params / 1e6:.1f}M params) on {report['device']}, torch {torch.__version__}, "
-          f"{args.cameras} x {args.image_size}x{args.image_size} cameras, compile={args.compile}; "
+          f"{args.cameras} x {args.image_size}x{args.image_size} cameras, compile={args.compile}, weights {args.dtype}; "
           f"load {report['load_avg_before'][0]:.2f} -> {report['load_avg_after'][0]:.2f}")
     print(f"{'batch':>6} {'guided ms':>10} {'plain ms':>10} {'training-time ms':>17} {'guided ms/sample':>17} "
           f"{'runtime ms (jpeg)':>18} {'runtime training-time':>22}")

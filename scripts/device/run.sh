@@ -30,7 +30,8 @@
 # left: at its limit it gets SIGINT (Ctrl-C) and its sweep reports the knee of the load steps it finished.
 # Environment: OUT (.device/out), DEVICE_WORK (/tmp/fleet-device), DEVICE_SITE (/tmp/fleet-device-site),
 # PYTHON (python3), CAPACITY_ARGS / FLEET_ARGS (more `bench run` arguments, shell-quoted, e.g.
-# CAPACITY_ARGS="--set 'sweep.values=[16, 32, 64, 128]'").
+# CAPACITY_ARGS="--set 'sweep.values=[16, 32, 64, 128]'"), FORWARD_ARGS (more benchmarks.gpu_forward arguments, after
+# the step's own, e.g. FORWARD_ARGS="--dtype bfloat16 --batches 1 64").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -201,7 +202,8 @@ step_forward() {  # $1: limit, $2: forward | forward-compile
   else
     args+=(--device cuda --preset vla_300m --image-size 224 --batches 1 8 32 64 --repeat 10 --warmup 3)
   fi
-  run_logged "$1" "$WORK/$2.log" "$PY" -m benchmarks.gpu_forward "${args[@]}" --out "$out"
+  local extra=(); eval "extra=(${FORWARD_ARGS:-})"  # after the step's own: argparse keeps the last
+  run_logged "$1" "$WORK/$2.log" "$PY" -m benchmarks.gpu_forward "${args[@]}" "${extra[@]}" --out "$out"
   local rc=$?
   [ -f "$out" ] && cp "$out" "$OUT/"
   return $rc

@@ -21,6 +21,23 @@ def test_the_gpu_benchmark_runs_at_tiny_size_and_writes_every_figure(tmp_path, c
     assert "micro-batching at 4 sessions" in capsys.readouterr().out
 
 
+def test_bf16_weights_are_timed_through_every_path(tmp_path):
+    """--dtype bfloat16: the policy's weights in bf16 (the manifest's model.dtype), the server's batched path too;
+    the chunks still come back float32."""
+    out = tmp_path / "gpu_forward.json"
+    rc = gpu_forward.main(["--device", "cpu", "--preset", "tiny", "--cameras", "1", "--image-size", "32",
+                           "--batches", "2", "--repeat", "1", "--warmup", "0", "--dtype", "bfloat16", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["dtype"] == "bfloat16" and report["forward"]["2"]["training_time"]["median_ms"] > 0
+    assert report["runtime"]["2"]["training_time_ms"] > 0
+    policy = gpu_forward.build("tiny", 1, 32, "cpu", False, "bfloat16")
+    assert {p.dtype for p in policy.parameters()} == {torch.bfloat16}
+    chunk = policy.predict_action_chunk({"observation.state": torch.zeros(1, 10),
+                                         "observation.images.front": torch.zeros(1, 3, 32, 32)}, [0], [None])
+    assert chunk.dtype == torch.float32 and torch.isfinite(chunk).all()
+
+
 def test_the_training_time_pass_is_timed_on_the_same_weights_and_the_mode_is_put_back():
     """capacity_gpu's checkpoint serves training-time RTC; the benchmark times that pass too, reading the
     guidance-built network as training-time for the while (timing only), then restores it."""
