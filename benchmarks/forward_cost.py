@@ -1,17 +1,19 @@
 """flow_transformer's work per call, counted rather than timed: the FLOPs and the dispatched ATen ops of a guided, a
 plain and a training-time call at each batch size, on torch's meta device (shapes only, nothing allocated or computed:
-the vla_300m preset counts on any host, in seconds).
+the vla_300m preset counts on any host in ~30 s).
 
     python -m benchmarks.forward_cost                                # vla_300m, 2 x 224x224 cameras, batch 1 8 32 64
     python -m benchmarks.forward_cost --preset tiny --image-size 64
 
 FLOPs (torch.utils.flop_counter's formulas: matmuls, convolutions, attention) are what a call costs where the device is
 compute-bound (large batches on a GPU, or compiled); dispatched ops (each an eager kernel launch, or a view's host-side
-work) are what it costs where the host's dispatch is the bound (small batches eager on a GPU: the H200 spent ~10 us of
-host time per op at batch 1). Both are the same on every host and in every run, so a change to the network is judged
-by them before any GPU time, with no noise; they say nothing about how fast a device runs them (benchmarks.gpu_forward
-times that). Counted in float32 without autocast (the meta device has none): on CUDA under `autocast: bf16` each
-matmul also casts its weight and input, ops the count leaves out. Writes reports/bench/forward_cost.json.
+work) are what it costs where the host's dispatch is the bound (small batches eager on a GPU: the H200's eager pass
+took 173 ms at batch 1 for a call that dispatches ~13,400 ops on a CPU). Both are the same on every host and in every
+run, so a change to the network is judged by them before any GPU time, with no noise; they say nothing about how fast
+a device runs them (benchmarks.gpu_forward times that). The ops are the meta device's: an attention call is counted as
+the one fused kernel a GPU runs (`FusedAttention`), but its backward (the guided VJP) and ops nested inside other
+functions (nn.MultiheadAttention's own attention) as meta decomposes them, and nothing of autocast (the meta device
+has none; on CUDA bf16 autocast adds casts). FLOPs are exact. Writes reports/bench/forward_cost.json.
 """
 
 from __future__ import annotations
@@ -20,40 +22,66 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
 from benchmarks.common import Result, cli, parse_with_out, write_report
 from benchmarks.gpu_forward import build, rtc_mode
 
-VIEW_OPS = frozenset({"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "slice",
-                      "select", "split", "split_with_sizes", "chunk", "unflatten", "alias", "detach", "as_strided",
-                      "reshape", "unbind"})
 PASSES = ("guided", "plain", "training_time")
 
 
 class CountingMode(TorchDispatchMode):
-    """Counts every ATen op dispatched inside it (views apart) and the FLOPs of those torch has a formula for."""
+    """Counts every ATen op dispatched inside it (`views` of them views) and the FLOPs of those torch has a formula
+    for; with `FusedAttention` beside it, an attention call as the one kernel a GPU runs."""
 
     def __init__(self):
         super().__init__()
         self.ops = self.views = self.flops = 0
+        self.fused = 0  # > 0 inside a fused kernel's call: its decomposition is not counted
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if self.fused:
+            return out
         self.ops += 1
-        if func._schema.name.split("::")[-1] in VIEW_OPS:
-            self.views += 1
+        self.views += bool(func.is_view)
         formula = flop_registry.get(func._overloadpacket)
         if formula is not None:
             self.flops += formula(*args, **kwargs, out_val=out)
         return out
 
 
+class FusedAttention(TorchFunctionMode):
+    """F.scaled_dot_product_attention counted as one op with its FLOPs (torch's formula), as the fused kernel CUDA
+    (and a CPU) runs: the meta device runs its math decomposition instead, ~16 ops a call, which would inflate the
+    count by half at vla_300m. Its backward (the guided pass's VJP) still counts as that decomposition."""
+
+    def __init__(self, counter: CountingMode):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        self.counter.fused += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.counter.fused -= 1
+        q, k, v = args[:3]
+        self.counter.ops += 1
+        self.counter.flops += sdpa_flop_count(q.shape, k.shape, v.shape)
+        return out
+
+
 def count_call(fn) -> dict:
     mode = CountingMode()
-    with mode:
+    with mode, FusedAttention(mode):
         fn()
     return {"gflop": mode.flops / 1e9, "ops": mode.ops, "view_ops": mode.views}
 

@@ -5,7 +5,8 @@
     python -m benchmarks.gpu_forward --compile                        # + torch.compile (CUDA graphs per bucket;
                                                                       #   on a CPU inductor's C++ kernels)
     python -m benchmarks.gpu_forward --dtype bfloat16                 # weights stored in bf16 (model.dtype), not
-                                                                      #   float32 cast by autocast at every step
+                                                                      #   float32 whose autocast casts them at every
+                                                                      #   step (timing: noise and t are bf16 then)
 
 Builds the policy with random weights in this process (time does not depend on the weights), then:
 - forward: `predict_action_chunk` at each batch size, every sample with an RTC prefix (an RTC
@@ -48,10 +49,12 @@ def build(preset: str, cameras: int, image_size: int, device: str, compile_: boo
                           execution_horizon=10, image_features={n: [3, image_size, image_size] for n in names},
                           hyper_params=hp)
     torch.manual_seed(0)
-    # dtype: the manifest's model.dtype (bfloat16: weights stored in bf16, nothing cast; float32: on CUDA the
-    # checkpoint's autocast bf16 casts each weight at each step)
-    policy = make_policy(config).to(device=device, dtype=getattr(torch, dtype)).eval().requires_grad_(False)
-    return policy
+    # meta (benchmarks.forward_cost): built there, shapes only, no weights allocated
+    with torch.device("meta") if device == "meta" else nullcontext():
+        policy = make_policy(config)
+    # dtype: the manifest's model.dtype (bfloat16: weights stored in bf16, no weight cast at each step; float32:
+    # on CUDA the checkpoint's autocast bf16 casts each weight at each step)
+    return policy.to(device=device, dtype=getattr(torch, dtype)).eval().requires_grad_(False)
 
 
 def _sync(device: torch.device) -> None:

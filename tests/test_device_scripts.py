@@ -39,7 +39,11 @@ def test_every_file_and_module_run_sh_names_exists():
     assert {"benchmarks.gpu_forward", "bench.cli"} <= modules
     for f in files:
         assert (ROOT / f).is_file(), f"run.sh names {f}, which is gone"
-    for m in modules:
+    # ours only: find_spec("pip") switches setuptools' distutils shim (_distutils_hack) to pip's mode for the whole
+    # process, and a torch.compile on a CPU in a later test then fails (AssertionError: .../distutils/core.py)
+    ours = {m for m in modules if m.split(".")[0] in ("bench", "benchmarks", "server", "edge", "wire", "chaos")}
+    assert ours
+    for m in ours:
         assert importlib.util.find_spec(m) is not None, f"run.sh runs python -m {m}, which is gone"
 
 

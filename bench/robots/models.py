@@ -30,12 +30,16 @@ def _choose_gl_backend() -> str | None:
     import ctypes.util
     import sys
 
+    imported = sys.modules.get("mujoco")
+    if imported is not None:  # too late to choose: say what MuJoCo chose, if it cannot render here
+        chosen = getattr(getattr(imported, "GLContext", None), "__module__", "")
+        if chosen == "mujoco.glfw" and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+            return ("mujoco was imported before bench.robots and chose GLFW, which needs a display: import "
+                    "bench.robots before mujoco, or set MUJOCO_GL=egl (with libEGL) before anything imports mujoco")
+        return None
     asked = os.environ.get("MUJOCO_GL", "").strip().lower()
     if asked not in ("", "egl"):
         return None
-    if "mujoco" in sys.modules and not asked and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        return ("mujoco was imported before bench.robots, with MUJOCO_GL unset, so MuJoCo chose GLFW, which needs a "
-                "display: set MUJOCO_GL=egl in the environment, or import bench.robots before mujoco")
     if ctypes.util.find_library("EGL"):
         os.environ["MUJOCO_GL"] = "egl"
         return None

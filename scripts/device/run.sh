@@ -151,10 +151,10 @@ install_wheels() {
 
 IMPORTS=$(cat <<'PYEOF'
 import importlib, os, sys
-names = ["zenoh", "simplejpeg", "mujoco", "gymnasium", "cryptography", "pydantic", "toxiproxy", "pyarrow",
+# bench.robots.models first: it chooses MuJoCo's GL backend, which mujoco reads once, at its import
+names = ["bench.robots.models", "zenoh", "simplejpeg", "mujoco", "gymnasium", "cryptography", "pydantic", "toxiproxy", "pyarrow",
          "msgpack", "yaml", "psutil", "rich", "prometheus_client", "safetensors", "PIL", "requests", "torch",
-         "torchvision", "wire.transport", "edge", "server.cli", "chaos.client", "bench.cli", "bench.robots.models",
-         "benchmarks.gpu_forward"]
+         "torchvision", "wire.transport", "edge", "server.cli", "chaos.client", "bench.cli", "benchmarks.gpu_forward"]
 bad = []
 for n in names:
     try:

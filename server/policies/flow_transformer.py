@@ -143,10 +143,11 @@ class Block(nn.Module):
         self.mlp = mlp(d, d * mlp_ratio, d, num_layers=2)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """The cross-attention's keys and values of `memory` (B, N, d), split into heads: 2 x (B, heads, N, d/heads)."""
+        """The cross-attention's keys and values of `memory` (B, N, d), split into heads: 2 x (B, heads, N, d/heads),
+        each contiguous (not views of one projection: a CUDA graph copies an input into a buffer of its strides)."""
         d = memory.shape[-1]
         k, v = F.linear(memory, self.cross_attn.in_proj_weight[d:], self.cross_attn.in_proj_bias[d:]).chunk(2, dim=-1)
-        return _split_heads(k, self.heads), _split_heads(v, self.heads)
+        return _split_heads(k, self.heads).contiguous(), _split_heads(v, self.heads).contiguous()
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor] | None = None, time: Tensor | None = None) -> Tensor:
         if not self.cross:

@@ -102,10 +102,23 @@ def test_without_mujoco_gl_any_bench_robots_import_renders_on_egl():
 
 
 def test_mujoco_imported_first_without_mujoco_gl_is_named_not_left_to_fail_at_the_first_frame():
+    """What MuJoCo chose at its import is what counts: GLFW without a display is named, whether or not MUJOCO_GL
+    was set afterwards; EGL chosen by the caller is left alone."""
+    for late in ("", "import os; os.environ['MUJOCO_GL'] = 'egl'"):
+        out = _python_with_egl(f"""
+            import mujoco
+            {late}
+            import bench.robots.models as m
+            print(m.GL_UNAVAILABLE)
+        """)
+        assert out.returncode == 0, out.stderr
+        assert "imported before bench.robots and chose GLFW" in out.stdout and "MUJOCO_GL=egl" in out.stdout
     out = _python_with_egl("""
+        import os
+        os.environ["MUJOCO_GL"] = "egl"
         import mujoco
         import bench.robots.models as m
         print(m.GL_UNAVAILABLE)
     """)
     assert out.returncode == 0, out.stderr
-    assert "imported before bench.robots" in out.stdout and "MUJOCO_GL=egl" in out.stdout
+    assert out.stdout.strip() == "None"
