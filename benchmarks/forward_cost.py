@@ -13,7 +13,9 @@ run, so a change to the network is judged by them before any GPU time, with no n
 a device runs them (benchmarks.gpu_forward times that). The ops are the meta device's: an attention call is counted as
 the one fused kernel a GPU runs (`FusedAttention`), but its backward (the guided VJP) and ops nested inside other
 functions (nn.MultiheadAttention's own attention) as meta decomposes them, and nothing of autocast (the meta device
-has none; on CUDA bf16 autocast adds casts). FLOPs are exact. Writes reports/bench/forward_cost.json.
+has none; on CUDA bf16 autocast adds casts). FLOPs are torch's (its FlopCounterMode's); the guided VJP's attention
+backward is the decomposition's, which leaves out the gradients of the constant keys and values that a fused kernel's
+backward computes too. Writes reports/bench/forward_cost.json.
 """
 
 from __future__ import annotations
