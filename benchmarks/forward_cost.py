@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
 from benchmarks.common import Result, cli, parse_with_out, write_report
-from benchmarks.gpu_forward import build, rtc_mode
+from benchmarks.gpu_forward import build, observations, passes, rtc_mode
 
 PASSES = ("guided", "plain", "training_time")
 
@@ -89,18 +89,13 @@ def count_call(fn) -> dict:
 
 
 def cost_figures(policy, sizes: list[int]) -> dict:
-    """{batch: {pass: {gflop, ops, view_ops}}} of one predict_action_chunk per pass, every sample with an RTC prefix
-    (guided: the RTC-guided sampler with its VJP; training_time: the prefix as clean tokens) or none (plain)."""
-    cfg, device = policy.config, policy.param_device
+    """{batch: {pass: {gflop, ops, view_ops}}} of one predict_action_chunk per pass (gpu_forward.passes)."""
+    gen = torch.Generator().manual_seed(0)
     out = {}
     for n in sizes:
-        batch = {"observation.state": torch.zeros(n, cfg.state_dim, device=device)}
-        for name, shape in cfg.image_features.items():
-            batch[f"observation.images.{name}"] = torch.zeros(n, *shape, device=device)
-        prefix = [torch.zeros(cfg.execution_horizon, cfg.action_dim, device=device) for _ in range(n)]
+        batch, prefix = observations(policy, n, gen)
         row = {}
-        for label, prefixes, mode in (("guided", prefix, "guidance"), ("plain", [None] * n, "guidance"),
-                                      ("training_time", prefix, "training_time")):
+        for label, prefixes, mode in passes(prefix):
             with rtc_mode(policy, mode):
                 row[label] = count_call(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes))
         out[str(n)] = row

@@ -99,27 +99,38 @@ def eager(policy):
         policy._velocity_fn, policy._compiled, policy._grad_path = before
 
 
+def observations(policy, n: int, gen: torch.Generator) -> tuple[dict, list]:
+    """`n` random observations (the state, each camera's frame in [0, 1]) and `n` RTC prefixes, on the policy's
+    device (values do not move the time, or the counts)."""
+    cfg, device = policy.config, policy.param_device
+    batch = {"observation.state": torch.randn(n, cfg.state_dim, generator=gen).to(device)}
+    for name, shape in cfg.image_features.items():
+        batch[f"observation.images.{name}"] = torch.rand(n, *shape, generator=gen).to(device)
+    return batch, [torch.randn(cfg.execution_horizon, cfg.action_dim, generator=gen).to(device) for _ in range(n)]
+
+
+def passes(prefix: list) -> list[tuple[str, list, str]]:
+    """(label, prefixes, rtc_mode) of the three calls timed or counted: every sample with an RTC prefix (guided: the
+    RTC-guided sampler with its VJP; training_time: the prefix as clean tokens) or none (plain)."""
+    return [("guided", prefix, "guidance"), ("plain", [None] * len(prefix), "guidance"),
+            ("training_time", prefix, "training_time")]
+
+
 def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=None) -> dict:
     """Median ms of a guided and a plain forward at each batch size; `on_size(out)` after each (a caller stopped
     at its time limit keeps the sizes already timed). A compiled policy (`compile`) also times its plain and
     training-time passes eager (`guided_eager`, `plain_eager`, `training_time_eager`) and the compile's gain on each
     (`compile_gain`; `compile_fallbacks`: a path whose compile failed and ran eager)."""
     device = policy.param_device
-    cfg = policy.config
     gen = torch.Generator().manual_seed(1)
     out = {}
     for n in sizes:
-        batch = {"observation.state": torch.randn(n, cfg.state_dim, generator=gen).to(device)}
-        for name, shape in cfg.image_features.items():
-            batch[f"observation.images.{name}"] = torch.rand(n, *shape, generator=gen).to(device)
-        prefix = [torch.randn(cfg.execution_horizon, cfg.action_dim, generator=gen).to(device) for _ in range(n)]
+        batch, prefix = observations(policy, n, gen)
         row = {}
-        passes = [("guided", prefix, "guidance"), ("plain", [None] * n, "guidance"),
-                  ("training_time", prefix, "training_time")]
+        timed = passes(prefix)
         if policy.hp["compile"]:
-            passes += [("guided_eager", prefix, "guidance"), ("plain_eager", [None] * n, "guidance"),
-                       ("training_time_eager", prefix, "training_time")]
-        for label, prefixes, mode in passes:
+            timed += [(label + "_eager", prefixes, mode) for label, prefixes, mode in passes(prefix)]
+        for label, prefixes, mode in timed:
             try:
                 with rtc_mode(policy, mode), (eager(policy) if label.endswith("_eager") else nullcontext()):
                     ms = time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup)
@@ -179,12 +190,7 @@ def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
 def gain_figures(policy, n: int, repeat: int, warmup: int) -> dict:
     """N sessions: N calls of batch 1 against one call of batch N (RTC prefixes on, as sessions run)."""
     device = policy.param_device
-    cfg = policy.config
-    gen = torch.Generator().manual_seed(2)
-    batch = {"observation.state": torch.randn(n, cfg.state_dim, generator=gen).to(device)}
-    for name, shape in cfg.image_features.items():
-        batch[f"observation.images.{name}"] = torch.rand(n, *shape, generator=gen).to(device)
-    prefix = [torch.randn(cfg.execution_horizon, cfg.action_dim, generator=gen).to(device) for _ in range(n)]
+    batch, prefix = observations(policy, n, torch.Generator().manual_seed(2))
     singles = [{k: v[i:i + 1] for k, v in batch.items()} for i in range(n)]
 
     def one_at_a_time():

@@ -23,9 +23,9 @@ def _choose_gl_backend() -> str | None:
     MUJOCO_GL=egl and no libEGL dies (AttributeError on eglQueryString), so there GL is switched off and
     the reason kept for the first rendered camera to report. An explicit MUJOCO_GL other than egl wins.
     Returns why rendering is unavailable, or None. `bench/robots/__init__.py` imports this module first, so every
-    import of bench.robots chooses before mujoco is imported; a process that imported mujoco itself before that,
-    with MUJOCO_GL unset and no display, got MuJoCo's default (GLFW, which needs one): said so here, not left to
-    fail at the first frame with MuJoCo's "an OpenGL platform library has not been loaded".
+    import of bench.robots chooses before mujoco is imported. In a process that imported mujoco itself before that,
+    MuJoCo has chosen already (GLFW where MUJOCO_GL was unset): where that cannot render (GLFW without a display)
+    it is said here, not left to fail at the first frame with "an OpenGL platform library has not been loaded".
     """
     import ctypes.util
     import sys
