@@ -3,7 +3,7 @@
     robot session ──► router process ──► Responder session (this module, its own Zenoh session)
       obs put      ─────────────────►    obs subscriber ─► mailbox (latest per session) ─► worker ─► chunk put
       status/session/reset queries ──►   queryables (answered inline)
-      alive token                  ──►   liveliness subscriber: token gone -> session forgotten
+      alive token                  ──►   liveliness subscriber: token gone for `gc_grace_s` -> session forgotten
                                          own alive token (closing the session removes it)
 
 Chunks are a pure function of the observed state (`expected_chunk`), so a test can tell exactly
@@ -66,8 +66,8 @@ class Responder:
                  checkpoint_hash: str = HASH_A, policy_type: str = "flow_matching", max_sessions: int = 8,
                  fps: float = 30.0, supports_rtc: bool = True, delay_s: float = 0.0, hang: bool = False,
                  drop_every_n: int = 0, duplicate: bool = False, late_chunk: bool = False, reset_delay_s: float = 0.0,
-                 lease_ms: int = 500):
-        self.endpoint, self.lease_ms = endpoint, lease_ms
+                 lease_ms: int = 500, gc_grace_s: float = 0.3):
+        self.endpoint, self.lease_ms, self.gc_grace_s = endpoint, lease_ms, gc_grace_s
         self.model_id, self.revision, self.replica_id, self.root = model_id, revision, replica_id, root
         self.action_names, self.state_dim, self.chunk_size = list(action_names), state_dim, chunk_size
         self.checkpoint_hash, self.policy_type, self.max_sessions = checkpoint_hash, policy_type, max_sessions
@@ -255,18 +255,34 @@ class Responder:
         query.reply(query.key_expr, body.encode(), attachment=_CONTROL)
 
     def _on_client_alive(self, sample, gen: int) -> None:
+        """As the server: a token's DELETE marks the client's sessions lost, its PUT clears the mark, and a session
+        still lost after `gc_grace_s` is forgotten. A re-handshake undeclares the old token and declares the new one;
+        the DELETE may reach this subscriber after the new session's open query, which must not forget it."""
         import zenoh
 
-        if sample.kind != zenoh.SampleKind.DELETE:
-            return
         try:
             client = parse_client_key(str(sample.key_expr), self.root).client_uuid
         except WireError:
             return
+        lost = sample.kind == zenoh.SampleKind.DELETE
         with self.cv:
             if gen != self._gen:
                 return
-            for sid in [sid for sid, s in self.sessions.items() if s["client"] == client]:
+            for s in self.sessions.values():
+                if s["client"] == client:
+                    s["lost_at"] = time.monotonic() if lost else None
+        if lost:
+            timer = threading.Timer(self.gc_grace_s, self._forget_lost, (client, gen))
+            timer.daemon = True
+            timer.start()
+
+    def _forget_lost(self, client: str, gen: int) -> None:
+        with self.cv:
+            if gen != self._gen:
+                return
+            now = time.monotonic()
+            for sid in [sid for sid, s in self.sessions.items() if s["client"] == client
+                        and s.get("lost_at") is not None and now - s["lost_at"] >= self.gc_grace_s - 1e-3]:
                 del self.sessions[sid]
                 self.mailbox.pop(sid, None)
             self.cv.notify_all()

@@ -269,6 +269,28 @@ def test_unknown_session_asks_for_a_new_handshake(router, responders):
         assert isinstance(r, Result) and r.seq_id == seq and r.session_epoch == m.epoch
 
 
+def test_a_late_token_delete_does_not_forget_the_session_that_replaced_it(router, responders):
+    """A re-handshake undeclares the old liveliness token and declares a new one; the DELETE can reach the replica
+    after the new session's open query. As the server, the responder forgets a client's session only when its token
+    stays gone for the grace period: a DELETE followed by the new token's PUT forgets nothing."""
+    import types
+
+    import zenoh
+
+    r0 = responders(gc_grace_s=0.2)
+    with Connection(router, "robot-1") as conn:
+        m = open_model(conn)
+        sid = m.ack.session_id
+        token = types.SimpleNamespace(key_expr=m.keys.alive, kind=zenoh.SampleKind.DELETE)
+        r0._on_client_alive(token, r0._gen)  # the old token's DELETE, late
+        r0._on_client_alive(types.SimpleNamespace(key_expr=m.keys.alive, kind=zenoh.SampleKind.PUT), r0._gen)
+        assert not r0.wait_for(lambda r: sid not in r.sessions, 0.6)  # three grace periods: still there
+        seq, r = round_trip(m, np.zeros(S))
+        assert isinstance(r, Result) and r.seq_id == seq
+        r0._on_client_alive(token, r0._gen)  # gone for good: forgotten after the grace period
+        assert r0.wait_for(lambda r: sid not in r.sessions, 5.0)
+
+
 def test_server_loss_and_drain_are_flagged(router, responders):
     r0 = responders()
     with Connection(router, "robot-1") as conn:
