@@ -14,10 +14,12 @@ def ours_only(proxy_server):
 def test_loss_stalls_but_never_loses_or_reorders(api, echo):
     s = connect(proxy_to(api, echo))
     api.add_toxic("p", "loss", {"probability": 0.3, "rto_ms": 40, "segment_size": 0}, stream="downstream")
-    rtts = [round_trip(s, i.to_bytes(4, "big") * 8) for i in range(40)]  # round_trip asserts the echo is exact
+    # the proxy's draws are not seeded: 150 round trips (~45 lost) make a run without a repeated loss (0.7^45,
+    # ~1e-7) or a stall count outside the bounds (> 5 standard deviations) negligible; 40 failed ~1 % of runs
+    rtts = [round_trip(s, i.to_bytes(4, "big") * 8) for i in range(150)]  # round_trip asserts the echo is exact
     stalled = [r for r in rtts if r >= 0.038]
-    assert 3 <= len(stalled) <= 30, rtts
-    assert any(r >= 0.078 for r in rtts) or len(stalled) < 8, "consecutive losses double the RTO"
+    assert 15 <= len(stalled) <= 80, rtts
+    assert any(r >= 0.078 for r in rtts), "consecutive losses double the RTO"
     s.close()
 
 
