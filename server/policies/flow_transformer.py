@@ -129,7 +129,6 @@ class Block(nn.Module):
 
     def __init__(self, d: int, heads: int, mlp_ratio: int, cross: bool):
         super().__init__()
-        self.heads = heads
         self.norm1 = nn.LayerNorm(d)
         self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
         self.cross = cross
@@ -147,7 +146,8 @@ class Block(nn.Module):
         each contiguous (not views of one projection: a CUDA graph copies an input into a buffer of its strides)."""
         d = memory.shape[-1]
         k, v = F.linear(memory, self.cross_attn.in_proj_weight[d:], self.cross_attn.in_proj_bias[d:]).chunk(2, dim=-1)
-        return _split_heads(k, self.heads).contiguous(), _split_heads(v, self.heads).contiguous()
+        heads = self.cross_attn.num_heads
+        return _split_heads(k, heads).contiguous(), _split_heads(v, heads).contiguous()
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor] | None = None, time: Tensor | None = None) -> Tensor:
         if not self.cross:
@@ -163,13 +163,13 @@ class Block(nn.Module):
 
     def _self_attention(self, h: Tensor) -> Tensor:
         attn = self.attn
-        q, k, v = (_split_heads(part, self.heads)
+        q, k, v = (_split_heads(part, attn.num_heads)
                    for part in F.linear(h, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1))
         return attn.out_proj(_merge_heads(F.scaled_dot_product_attention(q, k, v)))
 
     def _cross_attention(self, h: Tensor, k: Tensor, v: Tensor) -> Tensor:
         attn, d = self.cross_attn, h.shape[-1]
-        q = _split_heads(F.linear(h, attn.in_proj_weight[:d], attn.in_proj_bias[:d]), self.heads)
+        q = _split_heads(F.linear(h, attn.in_proj_weight[:d], attn.in_proj_bias[:d]), attn.num_heads)
         return attn.out_proj(_merge_heads(F.scaled_dot_product_attention(q, k, v)))
 
 
