@@ -37,6 +37,9 @@ import torch
 from benchmarks.common import Result, cli, parse_with_out, write_report
 
 
+STAGES = ("forward", "micro_batching", "runtime")  # in the order they run: the figures first
+
+
 def build(preset: str, cameras: int, image_size: int, device: str, compile_: bool, dtype: str = "float32"):
     from server.policies import PolicyConfig, make_policy
     from server.policies.flow_transformer import preset_hyper_params
@@ -238,6 +241,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="weights dtype, as the manifest's model.dtype (float32: on CUDA with bf16 autocast)")
+    ap.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES),
+                    help="what to time (default: all): a short lease times only what it lacks, e.g. --stages runtime")
     args = parse_with_out(ap, argv, "reports/bench/gpu_forward.json")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -264,9 +269,13 @@ def main(argv=None) -> int:
         report["compile_fallbacks"] = list(getattr(policy, "compile_fallbacks", []))  # a compiled path run eager
         write_report(args.out, report, say=None)
 
-    forward_figures(policy, args.batches, args.repeat, args.warmup, on_size=lambda out: save("forward", dict(out)))
-    save("micro_batching", gain_figures(policy, max(args.batches), args.repeat, args.warmup))
-    save("runtime", runtime_figures(policy, args.batches, args.repeat, args.warmup))
+    report["stages"] = list(args.stages)
+    if "forward" in args.stages:
+        forward_figures(policy, args.batches, args.repeat, args.warmup, on_size=lambda out: save("forward", dict(out)))
+    if "micro_batching" in args.stages:
+        save("micro_batching", gain_figures(policy, max(args.batches), args.repeat, args.warmup))
+    if "runtime" in args.stages:
+        save("runtime", runtime_figures(policy, args.batches, args.repeat, args.warmup))
     report["compile_fallbacks"] = list(getattr(policy, "compile_fallbacks", []))
     report["complete"] = True
     report["load_avg_after"] = os.getloadavg()
@@ -277,16 +286,17 @@ def main(argv=None) -> int:
     print(f"{'batch':>6} {'guided ms':>10} {'plain ms':>10} {'training-time ms':>17} {'guided ms/sample':>17} "
           f"{'runtime ms (jpeg)':>18} {'runtime training-time':>22}")
 
-    def cell(row: dict, key: str, width: int, spec: str = ".2f") -> str:  # a failed pass: "failed"
-        return format(format(row[key], spec) if key in row else "failed", f">{width}")
+    def cell(row: dict, key: str, width: int, spec: str = ".2f") -> str:  # a failed pass: "failed"; not run: "-"
+        return format(format(row[key], spec) if key in row else "failed" if row else "-", f">{width}")
 
-    for n in args.batches:
-        f, r = report["forward"][str(n)], report["runtime"][str(n)]
+    untimed = {"guided": {}, "plain": {}, "training_time": {}}
+    for n in args.batches:  # a stage not run: its cells read "-"
+        f, r = report.get("forward", {}).get(str(n), untimed), report.get("runtime", {}).get(str(n), {})
         print(f"{n:>6} {cell(f['guided'], 'median_ms', 10)} {cell(f['plain'], 'median_ms', 10)} "
               f"{cell(f['training_time'], 'median_ms', 17)} {cell(f['guided'], 'per_sample_ms', 17, '.3f')} "
-              f"{r['median_ms']:>18.2f} {r['training_time_ms']:>22.2f}")
+              f"{cell(r, 'median_ms', 18)} {cell(r, 'training_time_ms', 22)}")
     gains = []
-    for n in args.batches:
+    for n in args.batches if "forward" in report else ():
         row = report["forward"][str(n)]
         parts = [f"{k.replace('_', '-')} {row[k]['compile_gain']:.2f}x" for k in ("guided", "plain", "training_time")
                  if "compile_gain" in row[k]]
@@ -299,15 +309,19 @@ def main(argv=None) -> int:
         print("torch.compile's gain over eager (same process, same weights): " + "; ".join(gains))
     for reason in report["compile_fallbacks"]:
         print(f"torch.compile: {reason}")
-    decode = [f"batch {n} {report['runtime'][str(n)]['training_time_cpu_jpeg_ms']:.1f} -> "
-              f"{report['runtime'][str(n)]['training_time_ms']:.1f} ms ({report['runtime'][str(n)]['gpu_jpeg_gain']:.2f}x)"
-              for n in args.batches if "gpu_jpeg_gain" in report["runtime"][str(n)]]
+    runtime = report.get("runtime", {})
+    decode = [f"batch {n} {runtime[str(n)]['training_time_cpu_jpeg_ms']:.1f} -> "
+              f"{runtime[str(n)]['training_time_ms']:.1f} ms ({runtime[str(n)]['gpu_jpeg_gain']:.2f}x)"
+              for n in args.batches if "gpu_jpeg_gain" in runtime.get(str(n), {})]
     if decode:
         print("JPEG decode on the GPU against the CPU decoder, the training-time path: " + "; ".join(decode))
-    g = report["micro_batching"]
-    print(f"micro-batching at {g['sessions']} sessions: {g['throughput_one_at_a_time_rps']:.1f} -> "
-          f"{g['throughput_micro_batched_rps']:.1f} requests/s (gain {g['gain']:.2f}x); "
-          f"gpu jpeg decode: {report['runtime']['gpu_jpeg_decode']}")
+    g = report.get("micro_batching")
+    if g:
+        print(f"micro-batching at {g['sessions']} sessions: {g['throughput_one_at_a_time_rps']:.1f} -> "
+              f"{g['throughput_micro_batched_rps']:.1f} requests/s (gain {g['gain']:.2f}x)")
+    if runtime:
+        print(f"gpu jpeg decode: {runtime['gpu_jpeg_decode']}")
+    print(f"stages timed: {', '.join(args.stages)}")
     write_report(args.out, report, say="->")
     return 0
 

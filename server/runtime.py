@@ -264,11 +264,14 @@ class ModelRuntime:
 
     def unloaded_forward_ms(self, max_batch: int, repeats: int = 5) -> dict[int, float]:
         """Forward-pass ms (the fastest of `repeats`: the least disturbed) at batch sizes 1, 2, 4, ... up to
-        min(max_batch, 64), the way requests run (guided where the policy supports it, emulated latency included):
-        the replica's own unloaded reference, against which the bench reads a starved replica as a ratio and
-        replays its queue (bench fidelity). A fleet's replicas measure it together as they start, so a median read
-        their neighbours' start-up as much as their own speed (2-core VM: 6.8 ms at batch 1, 2.9 at 16)."""
-        images = {name: np.zeros((s[1], s[2], 3), np.uint8) for name, s in self.config.image_features.items()}
+        min(max_batch, 64), the way requests run (guided where the policy supports it, emulated latency included,
+        frames as JPEGs through a GPU decoder where the replica has one): the replica's own unloaded reference,
+        against which the bench reads a starved replica as a ratio and replays its queue (bench fidelity). A fleet's
+        replicas measure it together as they start, so a median read their neighbours' start-up as much as their
+        own speed (2-core VM: 6.8 ms at batch 1, 2.9 at 16). Raw frames on a GPU replica took a path no request
+        takes (stacked on the host and copied over inside the timed pass): 96.9 ms at batch 64 against the 34 ms
+        a loaded bucket of 64 took (H100, compiled vla_300m, 2 x 224x224), so the bench's share read negative."""
+        images = self._warmup_frames()
         out: dict[int, float] = {}
         n = 1
         while n <= min(max(1, max_batch), 64):

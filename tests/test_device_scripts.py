@@ -227,3 +227,19 @@ def test_the_forward_summary_gives_a_compiled_runs_eager_baseline_and_gain():
     assert "eager in the same process, ms: guided 500.00; plain 125.00; training-time 164.50; compile's gain: " \
            "guided 1.32x, plain 5.00x, training-time 7.00x" in text
     assert "compile fell back: compiling the network failed, it runs eager: BackendCompilerFailed" in text
+
+
+def test_the_forward_summary_of_a_run_without_the_forward_stage_gives_the_runtimes_figures():
+    """FORWARD_ARGS="--stages runtime": no forward sizes in the report; the JPEG path's figures and the GPU
+    decoder's gain are still summarised, at the runtime's sizes."""
+    report = {"preset": "vla_300m", "parameters": 353.8e6, "device": "NVIDIA H100", "torch": "2.11", "autocast": "bf16",
+              "cameras": 2, "image_size": 224, "compile": True, "stages": ["runtime"],
+              "runtime": {"gpu_jpeg_decode": True,
+                          "1": {"median_ms": 300.0, "training_time_ms": 30.0, "training_time_cpu_jpeg_ms": 36.0,
+                                "gpu_jpeg_gain": 1.2},
+                          "64": {"median_ms": 310.0, "training_time_ms": 80.0, "training_time_cpu_jpeg_ms": 160.0,
+                                 "gpu_jpeg_gain": 2.0}}}
+    text = "\n".join(device.forward_lines(report, "forward-compile"))
+    assert "batch 1/64: guided ms -/-; plain ms -/-; runtime (JPEG, whole batched path) ms 300.00/310.00" in text
+    assert "CPU decoder -> nvjpeg, ms: 36.00 -> 30.00/160.00 -> 80.00; gain 1.20x/2.00x" in text
+    assert "micro-batching: not timed" in text and "eager in the same process" not in text

@@ -262,15 +262,18 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
     if not report:
         return [f"{label}: no report"]
     fwd, runtime = report.get("forward") or {}, report.get("runtime") or {}
-    sizes = list(fwd)
+    sizes = list(fwd) or [n for n in runtime if n != "gpu_jpeg_decode"]  # --stages without forward: runtime's sizes
+
+    def timed(n: str, k: str) -> dict:  # a stage not run: no figures
+        return (fwd.get(n) or {}).get(k) or {}
     out = [f"{label}: {report['preset']} ({report['parameters'] / 1e6:.1f}M params) on {report['device']}, torch "
            f"{report['torch']}, autocast {report['autocast']}, {report['cameras']} x {report['image_size']}px cameras, "
            f"compile={report['compile']}" + ("" if report.get("complete", True) else
                                               f"; STOPPED at its limit after {report.get('seconds')} s (partial)"),
-           f"  batch {'/'.join(sizes) or '-'}: guided ms " + "/".join(_fmt(fwd[n]['guided'].get('median_ms')) for n in sizes)
-           + "; plain ms " + "/".join(_fmt(fwd[n]['plain'].get('median_ms')) for n in sizes)
+           f"  batch {'/'.join(sizes) or '-'}: guided ms " + "/".join(_fmt(timed(n, 'guided').get('median_ms')) for n in sizes)
+           + "; plain ms " + "/".join(_fmt(timed(n, 'plain').get('median_ms')) for n in sizes)
            + ("; training-time ms " + "/".join(_fmt(fwd[n]['training_time'].get('median_ms')) for n in sizes)
-              if sizes and all('training_time' in fwd[n] for n in sizes) else "")
+              if fwd and all('training_time' in fwd[n] for n in sizes) else "")
            + "; runtime (JPEG, whole batched path) ms "
            + ("/".join(_fmt(runtime[n]['median_ms']) for n in sizes if n in runtime) or "not timed")
            + ("; runtime training-time ms " + "/".join(_fmt(runtime[n]['training_time_ms']) for n in sizes)
@@ -280,7 +283,7 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
                    + "/".join(f"{_fmt(runtime[n]['training_time_cpu_jpeg_ms'])} -> {_fmt(runtime[n]['training_time_ms'])}"
                               for n in sizes)
                    + "; gain " + "/".join(_fmt(runtime[n]['gpu_jpeg_gain']) + "x" for n in sizes))
-    if sizes and all("plain_eager" in fwd[n] for n in sizes):  # --compile: the eager baseline of the same run
+    if fwd and all("plain_eager" in fwd[n] for n in sizes):  # --compile: the eager baseline of the same run
         labels = [(k, k.replace("_", "-")) for k in ("guided", "plain", "training_time")
                   if all(k + "_eager" in fwd[n] for n in sizes)]  # (guided_eager: reports since the guided compile)
         out.append("  eager in the same process, ms: " + "; ".join(
@@ -288,7 +291,7 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
             + "; compile's gain: " + ", ".join(
             f"{name} " + "/".join(_fmt(fwd[n][k].get('compile_gain'), '.2f') + ("x" if 'compile_gain' in fwd[n][k] else "")
                                   for n in sizes) for k, name in labels))
-    for n in sizes:
+    for n in fwd:
         out += [f"  FAILED: the {k} pass at batch {n}: {row['error']}" for k, row in fwd[n].items() if "error" in row]
     for reason in report.get("compile_fallbacks") or []:
         out.append(f"  compile fell back: {reason}")

@@ -11,8 +11,8 @@
 #                                                                                 -> $OUT/fleet.tar.gz
 #     forward-compile  forward with --compile (torch.compile per bucket) at batch 1/64, with the eager pass
 #                      timed beside it in the same process                        -> $OUT/gpu_forward_compile.json
-#     capacity-compile capacity with the replica's velocity network compiled (model.hyper_params.compile; the
-#                      scenario named capacity_gpu_compile; steps 4/16/32/64 of 10 + 15 s unless CAPACITY_ARGS
+#     capacity-compile capacity's short form, compiled as shipped (model.hyper_params.compile; the scenario named
+#                      capacity_gpu_compile; steps 8/16/32/64 of 10 + 15 s, 351 s on an H100, unless CAPACITY_ARGS
 #                      says otherwise; packed with capacity's)                    -> $OUT/capacity.tar.gz
 #     gpu = forward capacity;  all = forward fleet capacity
 #   --dry (or DEVICE_DRY=1): the same steps at a tiny size on any host, under nice: forward at the tiny
@@ -211,10 +211,10 @@ step_forward() {  # $1: limit, $2: forward | forward-compile
 
 step_capacity() {  # $1: limit, $2: capacity | capacity-compile
   local deadline=$((SECONDS + $1)) log="$WORK/$2.log" rc compiled=()
-  # compiled: every load step's replica compiles its buckets as it starts (~2 min the first time, Inductor's
-  # cache after), so fewer, shorter steps by default; CAPACITY_ARGS, after these, still wins
+  # every load step's replica compiles its buckets as it starts (72 s the first time on an H100, 11-14 s from
+  # Inductor's cache after), so the short form has fewer, shorter steps; CAPACITY_ARGS, after these, still wins
   [ "$2" = capacity-compile ] && compiled=(--set name=capacity_gpu_compile --set 'servers.manifest.model.hyper_params={compile: true}'
-                                           --set 'sweep.values=[4, 16, 32, 64]' --set warmup_s=10 --set duration_s=15)
+                                           --set 'sweep.values=[8, 16, 32, 64]' --set warmup_s=10 --set duration_s=15)
   local weights="$ROOT/bench/checkpoints/reacher_vla/model.safetensors"
   if [ "$CUDA" = 1 ] && [ ! -f "$weights" ]; then
     local t=$((deadline - SECONDS)); [ $t -gt 150 ] && t=150

@@ -69,13 +69,17 @@ _FREQS: dict[tuple[int, str], Tensor] = {}
 
 def _time_freqs(half: int, device: torch.device) -> Tensor:
     """The embedding's frequencies, computed once per (size, device): every Euler step of every request
-    asked for the same arange/exp again (a third of the embedding's time: 15 -> 11 us a call)."""
+    asked for the same arange/exp again (a third of the embedding's time: 15 -> 11 us a call). Inside torch.compile
+    they are computed in the graph and never cached: a tensor made there is the graph's output, and under CUDA graphs
+    the next replay overwrites it (a replica that compiled first and cached then failed its second bucket's compile:
+    "accessing tensor output of CUDAGraphs that has been overwritten", an H100, 2026-11-27)."""
     key = (half, str(device))
     freqs = _FREQS.get(key)
     if freqs is None:
         with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable under autograd too
             freqs = torch.exp(torch.arange(half, device=device, dtype=torch.float32) * (-math.log(1000.0) / max(half - 1, 1)))
-        _FREQS[key] = freqs
+        if not torch.compiler.is_compiling():
+            _FREQS[key] = freqs
     return freqs
 
 

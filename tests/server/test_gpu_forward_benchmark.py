@@ -133,3 +133,20 @@ def test_a_pass_that_fails_is_named_and_the_others_still_timed(capsys):
               "image_size": 32, "compile": False, "forward": out, "runtime": {}}
     text = "\n".join(device.forward_lines(report, "forward"))
     assert "guided ms -/-" in text and "FAILED: the guided pass at batch 2: RuntimeError: no backward" in text
+
+
+def test_stages_time_only_what_a_short_lease_lacks(tmp_path, capsys):
+    """--stages runtime: the JPEG path (the GPU decoder's gain) alone, without the forward sizes and the serial
+    micro-batching pass a lease already measured; the table says what was not run."""
+    out = tmp_path / "gpu_forward.json"
+    rc = gpu_forward.main(["--device", "cpu", "--preset", "tiny", "--cameras", "1", "--image-size", "32",
+                           "--batches", "1", "2", "--repeat", "1", "--warmup", "0", "--stages", "runtime",
+                           "--out", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["stages"] == ["runtime"] and report["complete"] is True
+    assert "forward" not in report and "micro_batching" not in report
+    assert report["runtime"]["2"]["training_time_ms"] > 0
+    printed = capsys.readouterr().out
+    assert "stages timed: runtime" in printed and "micro-batching at" not in printed
+    assert any(line.split()[:4] == ["2", "-", "-", "-"] for line in printed.splitlines())

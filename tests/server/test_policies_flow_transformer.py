@@ -524,3 +524,22 @@ def test_init_weights_makes_a_loadable_seeded_checkpoint_from_config_and_stats(t
     assert out.shape == (1, T, A) and torch.isfinite(out).all()
     with pytest.raises(CheckpointError, match="stats.json"):
         init_weights(tmp_path / "empty")
+
+
+def test_the_time_embeddings_frequencies_are_never_cached_from_inside_a_compile():
+    """The embedding caches its frequencies per device, but one made inside torch.compile is the graph's output:
+    under CUDA graphs the next replay overwrites it, and a replica whose first call was compiled (the server's
+    warm-up) failed its second bucket on an H100 ("accessing tensor output of CUDAGraphs that has been
+    overwritten"). Computed in the graph there, cached only by an eager call."""
+    from server.policies import layers
+
+    layers._FREQS.clear()
+    try:
+        compiled = torch.compile(lambda t: layers.time_embedding(t, 8), backend="eager", dynamic=False)
+        t = torch.tensor([0.0, 0.5, 1.0])
+        out = compiled(t)
+        assert layers._FREQS == {}
+        assert torch.equal(out, layers.time_embedding(t, 8))  # the same features, eager
+        assert list(layers._FREQS) == [(4, "cpu")]
+    finally:
+        layers._FREQS.clear()

@@ -324,3 +324,19 @@ def test_warm_up_sends_jpeg_frames_through_the_gpu_decoder():
     assert len(slow.calls) == 4 and set(slow.calls) == {1}  # two rounds, guided and plain: one frame each call
     plain = _camera_runtime(None)
     assert plain.warmup(1) > 0  # no GPU decoder: raw frames, as before
+
+
+def test_the_unloaded_reference_sends_frames_the_way_requests_do():
+    """The unloaded forward time is the reference the bench reads a replica's passes against. On a GPU replica it
+    passed raw frames (stacked on the host and copied over inside the timed pass) while requests' JPEGs decode
+    on the GPU: 96.9 ms at batch 64 against 34 ms under load (H100), so the bench's share read negative. With a
+    GPU decoder its frames are JPEGs through it, one call per pass; without one, raw frames as before."""
+    from server.accel import GpuJpegDecoder
+
+    slow = _SlowDecoder()
+    runtime = _camera_runtime(GpuJpegDecoder(torch.device("cpu"), slow))
+    table = runtime.unloaded_forward_ms(4, repeats=2)
+    assert sorted(table) == [1, 2, 4] and all(v > 0 for v in table.values())
+    assert slow.calls == [1, 1, 2, 2, 4, 4]  # each pass's frames through the decoder, as a batch of requests'
+    plain = _camera_runtime(None)
+    assert sorted(plain.unloaded_forward_ms(2, repeats=1)) == [1, 2]

@@ -389,3 +389,19 @@ def test_the_client_s_encode_beyond_its_group_s_floor_is_the_bench_s_and_stays_o
     lines = fid.table_lines({"valid": True, "legs": [], "replicas": [], "bench_share": share, "shards": [
         {"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}]})
     assert any("client encode beyond its floor p50 0.0 / p99" in x for x in lines), lines
+
+
+def test_a_replica_faster_than_its_unloaded_reference_is_said_to_have_a_suspect_reference():
+    """An H100 replica's loaded passes ran at 0.65x its unloaded time (the reference timed another path): the
+    table says the reference is suspect instead of leaving a negative bench share unexplained."""
+    shard = {"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1.0}
+
+    def replica_line(ratio):
+        row = {"replica": "r0", "forward_ms_p50": 19.8, "forward_ratio_p50": ratio, "forward_ratio_p99": 1.06,
+               "unloaded_ms": {1: 15.2, 64: 96.9}}
+        lines = fid.table_lines({"valid": True, "legs": [], "shards": [shard], "replicas": [row]})
+        (line,) = [x for x in lines if "replica r0" in x]
+        return line
+
+    assert "reference {1: 15.2, 64: 96.9}" in replica_line(0.647) and "suspect" in replica_line(0.647)
+    assert "suspect" not in replica_line(0.94) and "suspect" not in replica_line(1.3)

@@ -41,10 +41,10 @@ def test_a_replica_that_compiles_gets_longer_to_start(tmp_path):
     from bench.cli import load_with_overrides
     from bench.run.manifests import REPLICA_COMPILE_START_S, REPLICA_START_S, replica_manifest, replica_start_s
 
-    s = load_with_overrides(str(SCENARIOS_DIR / "capacity_gpu.yaml"), [], check_checkpoints=False)  # no weights in git
-    assert replica_start_s(replica_manifest(s, s.replicas[0])) == REPLICA_START_S  # reacher_vla: compile false
-    s = load_with_overrides(str(SCENARIOS_DIR / "capacity_gpu.yaml"), ["servers.manifest.model.hyper_params={compile: true}"],
-                            check_checkpoints=False)
+    s = load_with_overrides(str(SCENARIOS_DIR / "capacity_gpu.yaml"), ["servers.manifest.model.hyper_params={compile: false}"],
+                            check_checkpoints=False)  # no weights in git
+    assert replica_start_s(replica_manifest(s, s.replicas[0])) == REPLICA_START_S  # reacher_vla's own: compile false
+    s = load_with_overrides(str(SCENARIOS_DIR / "capacity_gpu.yaml"), [], check_checkpoints=False)  # as shipped: compiled
     assert replica_start_s(replica_manifest(s, s.replicas[0])) == REPLICA_COMPILE_START_S > REPLICA_START_S
     (tmp_path / "config.json").write_text(json.dumps({"hyper_params": {"compile": True}}))
     assert replica_start_s({"model": {"repo_or_path": str(tmp_path), "device": "cuda"}}) == REPLICA_COMPILE_START_S
