@@ -269,8 +269,7 @@ class ModelRuntime:
         against which the bench reads a starved replica as a ratio and replays its queue (bench fidelity). A fleet's
         replicas measure it together as they start, so a median read their neighbours' start-up as much as their
         own speed (2-core VM: 6.8 ms at batch 1, 2.9 at 16). Raw frames on a GPU replica took a path no request
-        takes (stacked on the host and copied over inside the timed pass): 96.9 ms at batch 64 against the 34 ms
-        a loaded bucket of 64 took (H100, compiled vla_300m, 2 x 224x224), so the bench's share read negative."""
+        takes (77 MB stacked on the host and copied over inside the timed pass at batch 64 of 2 x 224x224)."""
         images = self._warmup_frames()
         out: dict[int, float] = {}
         n = 1
@@ -327,6 +326,10 @@ class ModelRuntime:
             with self.forward_lock:
                 chunks = self.forward(stacked, delays, prefixes)
                 self.forward_count += 1
+            # In the pass's time: on CUDA the kernels run after the call returns, and this copy waits for them.
+            # Timed before it, the pass's GPU tail was in no server figure (14-35 ms p50 on an H100, compiled
+            # vla_300m, 8-64 sessions) and the bench read it as network. A device error surfaces here too.
+            chunks = chunks.detach().to("cpu", torch.float32)
         except Exception as exc:
             msg = f"forward pass failed: {type(exc).__name__}: {exc}"
             log.exception("forward pass failed for a batch of %d", len(live))
@@ -340,7 +343,6 @@ class ModelRuntime:
             if emulated_ms > spent:  # the emulated accelerator time replaces, not adds to, our CPU time
                 time.sleep((emulated_ms - spent) / 1e3)
         forward_ms = (time.perf_counter() - t0) * 1e3
-        chunks = chunks.detach().to("cpu", torch.float32)
         for row, i in enumerate(live):
             t1 = time.perf_counter()
             try:

@@ -302,7 +302,7 @@ class ActionChunk(Message):
         F("chunk_model", "tensor", True, doc="model-space chunk (T, A) float32"),
         F("chunk_robot", "tensor", True, doc="robot-space chunk (T, A) float32"),
         F("queue_wait_ms", "float", True, 0.0, 0.0, unit="ms", doc="server-side wait before inference"),
-        F("inference_ms", "float", True, 0.0, 0.0, unit="ms", doc="server-side pre+forward+post time"),
+        F("inference_ms", "float", True, 0.0, 0.0, unit="ms", doc="server-side pre+forward+post time (forward: until the chunks are on the host, so a GPU's whole pass)"),
         F("superseded_seqs", "uint", False, 0, doc="observations of this session replaced unanswered since the last chunk"),
         F("server_load", "float", False, 0.0, 0.0, doc="active_sessions / max_sessions"),
         F("rtc_applied", "bool", False, False, doc="chunk was generated with prefix guidance"),

@@ -137,8 +137,8 @@ def shard_figures(data, duration_s: float) -> list[dict]:
 
 UNLOADED_RE = re.compile(r"unloaded forward ms by batch size: (\{.*\})")
 SUSPECT_REFERENCE_RATIO = 0.8  # loaded passes at p50 this much faster than the replica's unloaded time at the same
-# batch size: the reference, not the run, is off (an H100 replica timed raw frames stacked on the host while its
-# requests' JPEGs decoded on the GPU: 0.65x at 64 sessions, the bench's share -11 ms at p50)
+# batch size: the reference, not the run, is off (an H100 replica's reference timed raw frames stacked on the host
+# and the previous pass's GPU tail, its loaded passes neither: 0.65x at 64 sessions, the bench's share -11 ms at p50)
 
 
 def unloaded_forward(log_path: Path) -> dict[int, float] | None:

@@ -392,7 +392,7 @@ def test_the_client_s_encode_beyond_its_group_s_floor_is_the_bench_s_and_stays_o
 
 
 def test_a_replica_faster_than_its_unloaded_reference_is_said_to_have_a_suspect_reference():
-    """An H100 replica's loaded passes ran at 0.65x its unloaded time (the reference timed another path): the
+    """An H100 replica's loaded passes ran at 0.65x its unloaded time (the two timed different paths): the
     table says the reference is suspect instead of leaving a negative bench share unexplained."""
     shard = {"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1.0}
 
