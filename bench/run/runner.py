@@ -349,12 +349,16 @@ class Run(Collecting, Judging):
     # --- start ---------------------------------------------------------------------------------
 
     def write_process_table(self) -> None:
-        """processes.json: every child's name, pid (= its process group) and log, for people and tests."""
+        """processes.json: every child's name, pid (= its process group) and log, for people and tests. Written
+        beside and renamed into place, so a reader polling for it never reads it half-written (a CI test that
+        killed a node's router once it appeared read an empty file)."""
         rows = [{"name": n, "pid": c.pid, "log": str(getattr(c, "log_path", ""))} for n, c in self.procs.children if c.pid]
         for i, server in enumerate(getattr(self, "proxy_servers", [])):
             if getattr(server, "pid", None):
                 rows.append({"name": proxy_name(i), "pid": server.pid, "log": str(self.logs / f"{proxy_name(i)}.log")})
-        (self.run_dir / "processes.json").write_text(json.dumps(rows, indent=1))
+        tmp = self.run_dir / "processes.json.tmp"
+        tmp.write_text(json.dumps(rows, indent=1))
+        tmp.replace(self.run_dir / "processes.json")
 
     def start_processes(self) -> None:
         self.cpu.start()

@@ -100,3 +100,29 @@ def test_the_summary_names_how_every_chaos_proxy_was_scheduled_local_or_on_a_nod
         "INFO chaos.toxiproxy: event loop priority: nice -10 (asked: fifo)\n")
     (tmp_path / "chaos-proxy-1-0a1b2c3d4e5f.log").write_text("toxiproxy-server-py ready: listening on x\n")
     assert runner.proxy_priorities() == ["SCHED_FIFO 5", "nice -10", "unknown"]
+
+
+def test_the_process_table_appears_whole(tmp_path, monkeypatch):
+    """processes.json is polled by people and tests while the run starts (a CI test read it empty and failed): it
+    is written beside and renamed into place, never opened in place."""
+    from types import SimpleNamespace
+
+    from bench.run.runner import Run
+
+    opened_in_place = []
+    write_text = Path.write_text
+
+    def recording(self, *args, **kwargs):
+        if self.name == "processes.json":
+            opened_in_place.append(self)
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", recording)
+    child = SimpleNamespace(pid=4242, log_path=tmp_path / "router.log")
+    run = SimpleNamespace(procs=SimpleNamespace(children=[("router", child)]), proxy_servers=[], run_dir=tmp_path,
+                          logs=tmp_path)
+    Run.write_process_table(run)
+    assert opened_in_place == []
+    assert json.loads((tmp_path / "processes.json").read_text()) == [{"name": "router", "pid": 4242,
+                                                                      "log": str(tmp_path / "router.log")}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["processes.json"]
