@@ -17,8 +17,10 @@ Builds the policy with random weights in this process (time does not depend on t
 - runtime: `ModelRuntime.infer` at each batch size with JPEG-encoded camera frames, i.e. the
   server's whole batched path (per-session preprocess, nvjpeg decode where CUDA and torchvision
   are there, pinned copies, bucket padding, forward, postprocess);
-- micro-batching gain at the largest batch size N: time of N one-at-a-time calls / time of one
-  call of N (the throughput ratio of max_batch=N over max_batch=1 at N sessions).
+- micro-batching gain at the largest batch size N, each pass apart: time of N one-at-a-time calls / time of
+  one call of N (the throughput ratio of max_batch=N over max_batch=1 at N sessions).
+`--passes plain training_time` leaves the guided pass out of every stage (its VJP's compile costs a short
+lease more than the other two together; capacity_gpu serves training-time RTC).
 Prints a table and writes reports/bench/gpu_forward.json with the device, torch version, the
 host's load average and every figure. CPU figures are contaminated by whatever else runs.
 """
@@ -37,7 +39,8 @@ import torch
 from benchmarks.common import Result, cli, parse_with_out, write_report
 
 
-STAGES = ("forward", "micro_batching", "runtime")  # in the order they run: the issue's figures first
+STAGES = ("forward", "micro_batching", "runtime")  # the default order: the issue's figures first
+PASSES = ("guided", "plain", "training_time")
 
 
 def build(preset: str, cameras: int, image_size: int, device: str, compile_: bool, dtype: str = "float32"):
@@ -112,17 +115,19 @@ def observations(policy, n: int, gen: torch.Generator) -> tuple[dict, list]:
     return batch, [torch.randn(cfg.execution_horizon, cfg.action_dim, generator=gen).to(device) for _ in range(n)]
 
 
-def passes(prefix: list) -> list[tuple[str, list, str]]:
-    """(label, prefixes, rtc_mode) of the three calls timed or counted: every sample with an RTC prefix (guided: the
-    RTC-guided sampler with its VJP; training_time: the prefix as clean tokens) or none (plain)."""
-    return [("guided", prefix, "guidance"), ("plain", [None] * len(prefix), "guidance"),
-            ("training_time", prefix, "training_time")]
+def passes(prefix: list, which=PASSES) -> list[tuple[str, list, str]]:
+    """(label, prefixes, rtc_mode) of the calls timed or counted, of the three (`which` of them): every sample with an
+    RTC prefix (guided: the RTC-guided sampler with its VJP; training_time: the prefix as clean tokens) or none
+    (plain)."""
+    every = [("guided", prefix, "guidance"), ("plain", [None] * len(prefix), "guidance"),
+             ("training_time", prefix, "training_time")]
+    return [p for p in every if p[0] in which]
 
 
-def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=None) -> dict:
-    """Median ms of a guided and a plain forward at each batch size; `on_size(out)` after each (a caller stopped
-    at its time limit keeps the sizes already timed). A compiled policy (`compile`) also times its plain and
-    training-time passes eager (`guided_eager`, `plain_eager`, `training_time_eager`) and the compile's gain on each
+def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=None, which=PASSES) -> dict:
+    """Median ms of each pass (`which` of guided, plain, training_time) at each batch size; `on_size(out)` after each
+    (a caller stopped at its time limit keeps the sizes already timed). A compiled policy (`compile`) also times the
+    same passes eager (`guided_eager`, `plain_eager`, `training_time_eager`) and the compile's gain on each
     (`compile_gain`; `compile_fallbacks`: a path whose compile failed and ran eager)."""
     device = policy.param_device
     gen = torch.Generator().manual_seed(1)
@@ -130,9 +135,9 @@ def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=
     for n in sizes:
         batch, prefix = observations(policy, n, gen)
         row = {}
-        timed = passes(prefix)
+        timed = passes(prefix, which)
         if policy.hp["compile"]:
-            timed += [(label + "_eager", prefixes, mode) for label, prefixes, mode in passes(prefix)]
+            timed += [(label + "_eager", prefixes, mode) for label, prefixes, mode in passes(prefix, which)]
         for label, prefixes, mode in timed:
             try:
                 with rtc_mode(policy, mode), (eager(policy) if label.endswith("_eager") else nullcontext()):
@@ -142,7 +147,7 @@ def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=
                 print(f"gpu_forward: the {label} pass at batch {n} failed: {row[label]['error']}", file=sys.stderr)
                 continue
             row[label] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "per_sample_ms": statistics.median(ms) / n}
-        for label in ("guided", "plain", "training_time"):
+        for label in which:
             if "median_ms" in row.get(label + "_eager", {}) and "median_ms" in row[label]:
                 row[label]["compile_gain"] = row[label + "_eager"]["median_ms"] / row[label]["median_ms"]
         out[str(n)] = row
@@ -151,10 +156,11 @@ def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=
     return out
 
 
-def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
+def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int, which=PASSES) -> dict:
     """ModelRuntime.infer with JPEG frames: the server's batched path, one call per micro-batch; guided RTC
-    (`median_ms`) and training-time RTC (`training_time_ms`); where the frames decode on the GPU (nvjpeg), the
-    training-time path again with the CPU decoder (`training_time_cpu_jpeg_ms`, `gpu_jpeg_gain`)."""
+    (`median_ms`) and training-time RTC (`training_time_ms`), each where `which` has it; where the frames decode on
+    the GPU (nvjpeg), the training-time path again with the CPU decoder (`training_time_cpu_jpeg_ms`,
+    `gpu_jpeg_gain`)."""
     from server.policies.checkpoint import LoadedCheckpoint
     from server.policies.stats import stats_to_tensors
     from server.runtime import InferItem, ModelRuntime
@@ -173,11 +179,16 @@ def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
     for n in sizes:
         items = [InferItem(runtime.new_pipeline(), np.zeros(cfg.state_dim, np.float32), dict(jpegs), 3, prefix, prefix,
                            rtc=True) for _ in range(n)]
-        ms = time_calls(lambda: runtime.infer(items, emulate=False), device, repeat, warmup)
+        row = {}
+        if "guided" in which:
+            ms = time_calls(lambda: runtime.infer(items, emulate=False), device, repeat, warmup)
+            row.update(median_ms=statistics.median(ms), per_sample_ms=statistics.median(ms) / n)
+        if "training_time" not in which:
+            out[str(n)] = row
+            continue
         with rtc_mode(policy, "training_time"):  # what capacity_gpu's checkpoint serves
             tt = time_calls(lambda: runtime.infer(items, emulate=False), device, repeat, warmup)
-            row = {"median_ms": statistics.median(ms), "per_sample_ms": statistics.median(ms) / n,
-                   "training_time_ms": statistics.median(tt)}
+            row["training_time_ms"] = statistics.median(tt)
             if runtime.jpeg_decoder is not None:  # the GPU decode's gain: the same path with the CPU decoder
                 gpu_decoder, runtime.jpeg_decoder = runtime.jpeg_decoder, None
                 try:
@@ -190,24 +201,34 @@ def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int) -> dict:
     return out
 
 
-def gain_figures(policy, n: int, repeat: int, warmup: int) -> dict:
-    """N sessions: N calls of batch 1 against one call of batch N (RTC prefixes on, as sessions run)."""
+def gain_figures(policy, n: int, repeat: int, warmup: int, which=PASSES) -> dict:
+    """N sessions: N calls of batch 1 against one call of batch N, for each pass of `which` (`{"sessions": N, pass:
+    {...}}`; a pass that fails names why in its row and the others keep their figures)."""
     device = policy.param_device
     batch, prefix = observations(policy, n, torch.Generator().manual_seed(2))
     singles = [{k: v[i:i + 1] for k, v in batch.items()} for i in range(n)]
+    out: dict = {"sessions": n}
+    for label, prefixes, mode in passes(prefix, which):
+        def one_at_a_time():
+            for i in range(n):
+                policy.predict_action_chunk(singles[i], [3], [prefixes[i]])
 
-    def one_at_a_time():
-        for i in range(n):
-            policy.predict_action_chunk(singles[i], [3], [prefix[i]])
-
-    # one pass after one warm-up call: a pass is n calls already (64 guided calls took 23.5 s on the H200; the 6
-    # whole passes this took before cost 141 s of a 15-minute device lease)
-    policy.predict_action_chunk(singles[0], [3], [prefix[0]])
-    serial = statistics.median(time_calls(one_at_a_time, device, 1, 0))
-    batched = statistics.median(time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefix), device, repeat, warmup))
-    return {"sessions": n, "one_at_a_time_ms": serial, "micro_batched_ms": batched,
-            "throughput_one_at_a_time_rps": n / serial * 1e3, "throughput_micro_batched_rps": n / batched * 1e3,
-            "gain": serial / batched}
+        try:
+            with rtc_mode(policy, mode):
+                # one pass after one warm-up call: a pass is n calls already (64 guided calls took 23.5 s on the H200;
+                # the 6 whole passes this took before cost 141 s of a 15-minute device lease)
+                policy.predict_action_chunk(singles[0], [3], [prefixes[0]])
+                serial = statistics.median(time_calls(one_at_a_time, device, 1, 0))
+                batched = statistics.median(time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes),
+                                                       device, repeat, warmup))
+        except Exception as exc:  # as forward_figures: one failed pass keeps the others' figures
+            out[label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            print(f"gpu_forward: micro-batching's {label} pass failed: {out[label]['error']}", file=sys.stderr)
+            continue
+        out[label] = {"one_at_a_time_ms": serial, "micro_batched_ms": batched,
+                      "throughput_one_at_a_time_rps": n / serial * 1e3, "throughput_micro_batched_rps": n / batched * 1e3,
+                      "gain": serial / batched}
+    return out
 
 
 def run(quick: bool) -> Result:
@@ -224,7 +245,9 @@ def run(quick: bool) -> Result:
         # a failed pass (its row says why) is a figure with no value
         res.add(f"vla_300m guided forward, batch {n}", forward[str(n)]["guided"].get("median_ms"), "ms")
         res.add(f"vla_300m training-time forward, batch {n}", forward[str(n)]["training_time"].get("median_ms"), "ms")
-    res.add(f"micro-batching gain at {gain['sessions']} sessions", gain["gain"], "x")
+    for label in ("guided", "training_time"):
+        res.add(f"micro-batching gain at {gain['sessions']} sessions, {label.replace('_', '-')} pass",
+                gain[label].get("gain"), "x")
     return res
 
 
@@ -242,7 +265,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="weights dtype, as the manifest's model.dtype (float32: on CUDA with bf16 autocast)")
     ap.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES),
-                    help="what to time (default: all): a short lease times only what it lacks, e.g. --stages runtime")
+                    help="what to time, in this order (default: all, forward first): a short lease times only what it "
+                         "lacks, e.g. --stages runtime")
+    ap.add_argument("--passes", nargs="+", choices=PASSES, default=list(PASSES),
+                    help="which passes every stage times (default: all three), e.g. --passes plain training_time "
+                         "(the guided VJP's compile is the slowest)")
     args = parse_with_out(ap, argv, "reports/bench/gpu_forward.json")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -269,13 +296,16 @@ def main(argv=None) -> int:
         report["compile_fallbacks"] = list(getattr(policy, "compile_fallbacks", []))  # a compiled path run eager
         write_report(args.out, report, say=None)
 
-    report["stages"] = list(args.stages)
-    if "forward" in args.stages:
-        forward_figures(policy, args.batches, args.repeat, args.warmup, on_size=lambda out: save("forward", dict(out)))
-    if "micro_batching" in args.stages:
-        save("micro_batching", gain_figures(policy, max(args.batches), args.repeat, args.warmup))
-    if "runtime" in args.stages:
-        save("runtime", runtime_figures(policy, args.batches, args.repeat, args.warmup))
+    report["stages"], report["passes"] = list(args.stages), list(args.passes)
+    which = tuple(args.passes)
+    for stage in dict.fromkeys(args.stages):  # in the order given: what a lease needs most, first
+        if stage == "forward":
+            forward_figures(policy, args.batches, args.repeat, args.warmup, on_size=lambda out: save("forward", dict(out)),
+                            which=which)
+        elif stage == "micro_batching":
+            save("micro_batching", gain_figures(policy, max(args.batches), args.repeat, args.warmup, which))
+        else:
+            save("runtime", runtime_figures(policy, args.batches, args.repeat, args.warmup, which))
     report["compile_fallbacks"] = list(getattr(policy, "compile_fallbacks", []))
     report["complete"] = True
     report["load_avg_after"] = os.getloadavg()
@@ -289,17 +319,16 @@ def main(argv=None) -> int:
     def cell(row: dict, key: str, width: int, spec: str = ".2f") -> str:  # a failed pass: "failed"; not run: "-"
         return format(format(row[key], spec) if key in row else "failed" if row else "-", f">{width}")
 
-    untimed = {"guided": {}, "plain": {}, "training_time": {}}
-    for n in args.batches:  # a stage not run: its cells read "-"
-        f, r = report.get("forward", {}).get(str(n), untimed), report.get("runtime", {}).get(str(n), {})
-        print(f"{n:>6} {cell(f['guided'], 'median_ms', 10)} {cell(f['plain'], 'median_ms', 10)} "
-              f"{cell(f['training_time'], 'median_ms', 17)} {cell(f['guided'], 'per_sample_ms', 17, '.3f')} "
-              f"{cell(r, 'median_ms', 18)} {cell(r, 'training_time_ms', 22)}")
+    for n in args.batches:  # a stage or pass not run: its cells read "-"
+        f, r = report.get("forward", {}).get(str(n), {}), report.get("runtime", {}).get(str(n), {})
+        g, p, t = f.get("guided", {}), f.get("plain", {}), f.get("training_time", {})
+        print(f"{n:>6} {cell(g, 'median_ms', 10)} {cell(p, 'median_ms', 10)} {cell(t, 'median_ms', 17)} "
+              f"{cell(g, 'per_sample_ms', 17, '.3f')} {cell(r, 'median_ms', 18)} {cell(r, 'training_time_ms', 22)}")
     gains = []
     for n in args.batches if "forward" in report else ():
         row = report["forward"][str(n)]
-        parts = [f"{k.replace('_', '-')} {row[k]['compile_gain']:.2f}x" for k in ("guided", "plain", "training_time")
-                 if "compile_gain" in row[k]]
+        parts = [f"{k.replace('_', '-')} {row[k]['compile_gain']:.2f}x" for k in PASSES
+                 if "compile_gain" in row.get(k, {})]
         if parts:
             gains.append(f"batch {n} " + ", ".join(parts))
         for label, timed in row.items():
@@ -315,13 +344,17 @@ def main(argv=None) -> int:
               for n in args.batches if "gpu_jpeg_gain" in runtime.get(str(n), {})]
     if decode:
         print("JPEG decode on the GPU against the CPU decoder, the training-time path: " + "; ".join(decode))
-    g = report.get("micro_batching")
-    if g:
-        print(f"micro-batching at {g['sessions']} sessions: {g['throughput_one_at_a_time_rps']:.1f} -> "
-              f"{g['throughput_micro_batched_rps']:.1f} requests/s (gain {g['gain']:.2f}x)")
+    g = report.get("micro_batching") or {}
+    for label in PASSES:
+        if "gain" in g.get(label, {}):
+            print(f"micro-batching at {g['sessions']} sessions, the {label.replace('_', '-')} pass: "
+                  f"{g[label]['throughput_one_at_a_time_rps']:.1f} -> {g[label]['throughput_micro_batched_rps']:.1f} "
+                  f"requests/s (gain {g[label]['gain']:.2f}x)")
+        elif "error" in g.get(label, {}):
+            print(f"failed: micro-batching's {label} pass: {g[label]['error']}")
     if runtime:
         print(f"gpu jpeg decode: {runtime['gpu_jpeg_decode']}")
-    print(f"stages timed: {', '.join(args.stages)}")
+    print(f"stages timed: {', '.join(args.stages)}; passes: {', '.join(args.passes)}")
     write_report(args.out, report, say="->")
     return 0
 

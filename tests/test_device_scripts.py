@@ -55,6 +55,32 @@ def test_gpu_forward_still_takes_every_option_run_sh_passes():
     assert used and not missing, f"benchmarks.gpu_forward no longer takes {missing}"
 
 
+def test_the_forward_compile_steps_arguments_run_at_tiny_size(tmp_path):
+    """forward-compile's own arguments (values too, not only the option names) taken by benchmarks.gpu_forward, at a
+    tiny size on the CPU (argparse keeps the last of each): the passes capacity_gpu serves, micro-batching first."""
+    import shlex
+
+    step = RUN_SH[RUN_SH.index("step_forward() {"):RUN_SH.index("step_capacity() {")]
+    branch = step[step.index('elif [ "$2" = forward-compile ]'):]
+    words = shlex.split(re.search(r"args\+=\((.*?)\)", branch, re.S).group(1), comments=True)
+    import benchmarks.gpu_forward as gf
+
+    out = tmp_path / "gpu_forward_compile.json"
+    assert gf.main(words + ["--device", "cpu", "--preset", "tiny", "--cameras", "1", "--image-size", "32",
+                            "--batches", "1", "2", "--repeat", "1", "--warmup", "0", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["stages"] == ["micro_batching", "forward", "runtime"] and report["passes"] == ["plain", "training_time"]
+    assert list(report).index("micro_batching") < list(report).index("forward")  # written first: timed first
+    assert set(report["forward"]["2"]) == {"plain", "training_time"}
+    assert set(report["micro_batching"]) == {"sessions", "plain", "training_time"}
+    assert report["micro_batching"]["training_time"]["gain"] > 0
+    assert "median_ms" not in report["runtime"]["2"] and report["runtime"]["2"]["training_time_ms"] > 0
+    text = "\n".join(device.forward_lines(report, "forward-compile"))
+    assert "passes plain/training_time" in text and "guided ms -/-;" in text
+    assert re.search(r"micro-batching at 2 sessions, requests/s one at a time -> micro-batched: plain [\d.]+ -> [\d.]+ "
+                     r"\(gain [\d.]+x\); training-time", text)
+
+
 def test_the_dry_fleet_overrides_still_fit_1000_robots_wan():
     args = subprocess.run(["bash", "-c", 'eval "$(sed -n "/^DRY_FLEET=(/,/)$/p" "$0")"; printf "%s\\n" "${DRY_FLEET[@]}"',
                            str(DEVICE / "run.sh")], check=True, capture_output=True, text=True).stdout.splitlines()

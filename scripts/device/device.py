@@ -257,6 +257,9 @@ def _val(v) -> str:
     return format(v, ".4g") if isinstance(v, float) else repr(v)
 
 
+PASSES = ("guided", "plain", "training_time")  # benchmarks.gpu_forward's (this script imports no torch)
+
+
 def forward_lines(report: dict | None, label: str) -> list[str]:
     """The forward step's figures; a report cut short at the step's limit (`complete: false`) gives what it has."""
     if not report:
@@ -268,14 +271,17 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
         return (fwd.get(n) or {}).get(k) or {}
     out = [f"{label}: {report['preset']} ({report['parameters'] / 1e6:.1f}M params) on {report['device']}, torch "
            f"{report['torch']}, autocast {report['autocast']}, {report['cameras']} x {report['image_size']}px cameras, "
-           f"compile={report['compile']}" + ("" if report.get("complete", True) else
+           f"compile={report['compile']}"
+           + (f", passes {'/'.join(report['passes'])}" if len(report.get("passes") or PASSES) < len(PASSES) else "")
+           + ("" if report.get("complete", True) else
                                               f"; STOPPED at its limit after {report.get('seconds')} s (partial)"),
            f"  batch {'/'.join(sizes) or '-'}: guided ms " + "/".join(_fmt(timed(n, 'guided').get('median_ms')) for n in sizes)
            + "; plain ms " + "/".join(_fmt(timed(n, 'plain').get('median_ms')) for n in sizes)
            + ("; training-time ms " + "/".join(_fmt(fwd[n]['training_time'].get('median_ms')) for n in sizes)
               if fwd and all('training_time' in fwd[n] for n in sizes) else "")
            + "; runtime (JPEG, whole batched path) ms "
-           + ("/".join(_fmt(runtime[n]['median_ms']) for n in sizes if n in runtime) or "not timed")
+           + ("/".join(_fmt((runtime.get(n) or {}).get('median_ms')) for n in sizes)
+              if any('median_ms' in (runtime.get(n) or {}) for n in sizes) else "not timed")
            + ("; runtime training-time ms " + "/".join(_fmt(runtime[n]['training_time_ms']) for n in sizes)
               if sizes and all('training_time_ms' in (runtime.get(n) or {}) for n in sizes) else "")]
     if sizes and all("gpu_jpeg_gain" in (runtime.get(n) or {}) for n in sizes):
@@ -283,9 +289,9 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
                    + "/".join(f"{_fmt(runtime[n]['training_time_cpu_jpeg_ms'])} -> {_fmt(runtime[n]['training_time_ms'])}"
                               for n in sizes)
                    + "; gain " + "/".join(_fmt(runtime[n]['gpu_jpeg_gain']) + "x" for n in sizes))
-    if fwd and all("plain_eager" in fwd[n] for n in sizes):  # --compile: the eager baseline of the same run
-        labels = [(k, k.replace("_", "-")) for k in ("guided", "plain", "training_time")
-                  if all(k + "_eager" in fwd[n] for n in sizes)]  # (guided_eager: reports since the guided compile)
+    labels = [(k, k.replace("_", "-")) for k in PASSES  # --compile: the eager baseline of the same run
+              if fwd and all(k + "_eager" in fwd[n] for n in sizes)]  # (guided_eager: reports since the guided compile)
+    if labels:
         out.append("  eager in the same process, ms: " + "; ".join(
             f"{name} " + "/".join(_fmt(fwd[n][k + '_eager'].get('median_ms')) for n in sizes) for k, name in labels)
             + "; compile's gain: " + ", ".join(
@@ -295,12 +301,15 @@ def forward_lines(report: dict | None, label: str) -> list[str]:
         out += [f"  FAILED: the {k} pass at batch {n}: {row['error']}" for k, row in fwd[n].items() if "error" in row]
     for reason in report.get("compile_fallbacks") or []:
         out.append(f"  compile fell back: {reason}")
-    g = report.get("micro_batching")
-    if g:
-        out.append(f"  micro-batching at {g['sessions']} sessions: {_fmt(g['throughput_one_at_a_time_rps'], '.1f')} -> "
-                   f"{_fmt(g['throughput_micro_batched_rps'], '.1f')} requests/s, gain {_fmt(g['gain'])}x; GPU JPEG decode: "
-                   f"{runtime.get('gpu_jpeg_decode')}; load {_fmt(report['load_avg_before'][0])} -> "
-                   f"{_fmt((report.get('load_avg_after') or [None])[0])}")
+    g = report.get("micro_batching") or {}
+    gains = [(k, g[k]) for k in PASSES if k in g]
+    if gains:
+        out.append(f"  micro-batching at {g['sessions']} sessions, requests/s one at a time -> micro-batched: " + "; ".join(
+            f"{k.replace('_', '-')} FAILED: {row['error']}" if "error" in row else
+            f"{k.replace('_', '-')} {_fmt(row['throughput_one_at_a_time_rps'], '.1f')} -> "
+            f"{_fmt(row['throughput_micro_batched_rps'], '.1f')} (gain {_fmt(row['gain'])}x)" for k, row in gains)
+            + f"; GPU JPEG decode: {runtime.get('gpu_jpeg_decode')}; load {_fmt(report['load_avg_before'][0])} -> "
+            f"{_fmt((report.get('load_avg_after') or [None])[0])}")
     else:
         out.append("  micro-batching: not timed")
     return out

@@ -9,8 +9,10 @@
 #                      against P10's formula fed the measured forward time (19)  -> $OUT/capacity.tar.gz
 #     fleet            bench run scenarios/1000_robots_wan.yaml: verdict, figures, CPU split (17)
 #                                                                                 -> $OUT/fleet.tar.gz
-#     forward-compile  forward with --compile (torch.compile per bucket) at batch 1/64, with the eager pass
-#                      timed beside it in the same process                        -> $OUT/gpu_forward_compile.json
+#     forward-compile  forward with --compile (torch.compile per bucket) at batch 1/8/32/64, the plain and
+#                      training-time passes (not the guided VJP's slow compile), the eager pass timed beside
+#                      each in the same process; micro-batching at 64 first, the JPEG path last
+#                                                                                 -> $OUT/gpu_forward_compile.json
 #     capacity-compile capacity's short form, compiled as shipped (model.hyper_params.compile; the scenario named
 #                      capacity_gpu_compile; steps 8/16/32/64 of 10 + 15 s, 351 s on an H100, unless CAPACITY_ARGS
 #                      says otherwise; packed with capacity's)                    -> $OUT/capacity.tar.gz
@@ -31,7 +33,7 @@
 # Environment: OUT (.device/out), DEVICE_WORK (/tmp/fleet-device), DEVICE_SITE (/tmp/fleet-device-site),
 # PYTHON (python3), CAPACITY_ARGS / FLEET_ARGS (more `bench run` arguments, shell-quoted, e.g.
 # CAPACITY_ARGS="--set 'sweep.values=[16, 32, 64, 128]'"), FORWARD_ARGS (more benchmarks.gpu_forward arguments, after
-# the step's own, e.g. FORWARD_ARGS="--dtype bfloat16 --batches 1 64").
+# the step's own, e.g. FORWARD_ARGS="--dtype bfloat16 --batches 1 64" or "--passes guided plain training_time").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -196,9 +198,11 @@ step_forward() {  # $1: limit, $2: forward | forward-compile
   [ "$2" = forward-compile ] && { out="$WORK/gpu_forward_compile.json"; args+=(--compile); }
   if [ "$DRY" = 1 ]; then
     args+=(--device cpu --preset tiny --image-size 64 --batches 1 8 --repeat 2 --warmup 1)
-  elif [ "$2" = forward-compile ]; then  # a compile per batch size and pass (~25 s each on the H200; the guided VJP's,
-    # with autograd, more): two sizes
-    args+=(--device cuda --preset vla_300m --image-size 224 --batches 1 64 --repeat 5 --warmup 3)
+  elif [ "$2" = forward-compile ]; then  # a compile per batch size and pass (a replica compiled 10 in 72 s on the H100;
+    # the guided VJP's, with autograd, took most of the 188 s of two sizes): the passes capacity_gpu serves, the
+    # micro-batching gain at 64 first (buckets 1 and 64), then every size, the JPEG path last
+    args+=(--device cuda --preset vla_300m --image-size 224 --batches 1 8 32 64 --repeat 5 --warmup 3
+           --passes plain training_time --stages micro_batching forward runtime)
   else
     args+=(--device cuda --preset vla_300m --image-size 224 --batches 1 8 32 64 --repeat 10 --warmup 3)
   fi

@@ -17,8 +17,12 @@ def test_the_gpu_benchmark_runs_at_tiny_size_and_writes_every_figure(tmp_path, c
     report = json.loads(out.read_text())
     assert set(report["forward"]) == {"1", "4"} and set(report["runtime"]) >= {"1", "4"}
     assert report["forward"]["4"]["guided"]["median_ms"] > 0 and report["micro_batching"]["sessions"] == 4
-    assert report["micro_batching"]["gain"] > 0 and report["runtime"]["gpu_jpeg_decode"] is False
-    assert "micro-batching at 4 sessions" in capsys.readouterr().out
+    # micro-batching's gain for each pass: the guided one, and the plain and training-time ones capacity_gpu serves
+    assert all(report["micro_batching"][k]["gain"] > 0 for k in ("guided", "plain", "training_time"))
+    assert report["runtime"]["gpu_jpeg_decode"] is False and report["passes"] == ["guided", "plain", "training_time"]
+    printed = capsys.readouterr().out
+    assert "micro-batching at 4 sessions, the guided pass" in printed
+    assert "micro-batching at 4 sessions, the training-time pass" in printed
 
 
 def test_bf16_weights_are_timed_through_every_path(tmp_path):
@@ -133,6 +137,14 @@ def test_a_pass_that_fails_is_named_and_the_others_still_timed(capsys):
               "image_size": 32, "compile": False, "forward": out, "runtime": {}}
     text = "\n".join(device.forward_lines(report, "forward"))
     assert "guided ms -/-" in text and "FAILED: the guided pass at batch 2: RuntimeError: no backward" in text
+    # micro-batching too: the failed pass named, the others' gains kept
+    gain = gpu_forward.gain_figures(policy, 2, repeat=1, warmup=0)
+    assert gain["guided"] == {"error": "RuntimeError: no backward on this device"}
+    assert gain["plain"]["gain"] > 0 and gain["training_time"]["gain"] > 0
+    report.update(micro_batching=gain, load_avg_before=[0.5])
+    text = "\n".join(device.forward_lines(report, "forward"))
+    assert "micro-batching at 2 sessions, requests/s one at a time -> micro-batched: guided FAILED: RuntimeError" in text
+    assert "; plain " in text and "; training-time " in text
 
 
 def test_stages_time_only_what_a_short_lease_lacks(tmp_path, capsys):
