@@ -84,7 +84,9 @@ class Actuators(Protocol):
     """The world the runner acts on. Methods are called from the runner's threads (one per target)."""
 
     def partition(self, site: str, on: bool) -> None:
-        """on=True: the site's proxy drops every connection and refuses new ones; False: back."""
+        """on=True: the site's proxy drops every connection and refuses new ones; False: one partition of the site
+        ends (it heals when every partition on it has: two overlapping windows are one partition from the first
+        start to the last end)."""
 
     def add_toxic(self, site: str, toxic: dict) -> Any:
         """Add one toxic dict ({type, name, stream, toxicity, attributes}); return a handle."""
@@ -92,7 +94,9 @@ class Actuators(Protocol):
     def remove_toxic(self, site: str, handle: Any) -> None: ...
 
     def set_profile(self, site: str, profile: str) -> Any:
-        """Replace the site's profile toxics with `profile`'s; return what restore_profile needs."""
+        """Replace the site's profile toxics with `profile`'s; return what restore_profile needs. Overlapping
+        windows: the profile that started last of those still in effect holds the site; when none is, the site's
+        own profile is back."""
 
     def restore_profile(self, site: str, handle: Any) -> None: ...
 
@@ -495,7 +499,10 @@ class LiveActuators:
     """Actuators over a ChaosClient (one proxy per site) and `chaos.faults.ManagedProcess`es.
 
     `processes` maps targets ("server:r0", "router") to ManagedProcesses; `site_toxics` holds each
-    site's current profile toxics (what `set_profile` takes off); `robot_fault` forwards robot
+    site's current profile toxics (what `set_profile` takes off; given: the sites' own profiles, which come back
+    when no `profile` fault is in effect); partitions of a site are counted (it heals when the last one ends) and
+    `profile` faults stacked (the latest still in effect holds the site), so overlapping windows on one site
+    compose as the Actuators protocol says; `robot_fault` forwards robot
     actions (the bench sends them to its shards); `manifest_for_checkpoint(target, checkpoint)`
     writes a manifest for `restart_with: {checkpoint}` and returns its path. With
     `real_toxiproxy=True` toxics the real binary lacks (`loss`) are sent as their stand-ins.
@@ -513,6 +520,10 @@ class LiveActuators:
         self.manifest_for_checkpoint = manifest_for_checkpoint
         self.proxy_name = proxy_name
         self.real_toxiproxy = real_toxiproxy
+        self._own_toxics = dict(self.site_toxics)  # each site's own profile (the same lists: nothing swapped yet)
+        self._partitions: dict[str, int] = {}  # site -> partitions in effect
+        self._profiles: dict[str, list[tuple[object, list[dict]]]] = {}  # site -> (handle, toxics), oldest first
+        self._lock = threading.Lock()  # one lane a target, but `site:eu` faults and a bench caller may meet here
 
     def _send(self, site: str, toxic: dict) -> str:
         if self.real_toxiproxy:
@@ -521,7 +532,11 @@ class LiveActuators:
         return toxic["name"]
 
     def partition(self, site: str, on: bool) -> None:
-        self.client.set_enabled(self.proxy_name(site), not on)
+        with self._lock:
+            before = self._partitions.get(site, 0)
+            self._partitions[site] = max(0, before + (1 if on else -1))
+            if before == (0 if on else 1):  # the first partition starts, or the last one ends
+                self.client.set_enabled(self.proxy_name(site), not on)
 
     def add_toxic(self, site: str, toxic: dict) -> str:
         return self._send(site, toxic)
@@ -529,20 +544,30 @@ class LiveActuators:
     def remove_toxic(self, site: str, handle: str) -> None:
         self.client.remove_toxic(self.proxy_name(site), handle)
 
-    def set_profile(self, site: str, profile: str) -> list[dict]:
-        return self._swap_toxics(site, profiles.profile_toxics(profile))
+    def set_profile(self, site: str, profile: str) -> object:
+        handle = object()
+        with self._lock:
+            self._profiles.setdefault(site, []).append((handle, profiles.profile_toxics(profile)))
+            self._show_profile(site)
+        return handle
 
-    def restore_profile(self, site: str, handle: list[dict]) -> None:
-        self._swap_toxics(site, handle)
+    def restore_profile(self, site: str, handle: object) -> None:
+        with self._lock:
+            self._profiles[site] = [p for p in self._profiles.get(site, []) if p[0] is not handle]
+            self._show_profile(site)
 
-    def _swap_toxics(self, site: str, toxics: list[dict]) -> list[dict]:
-        previous = self.site_toxics.get(site, [])
-        for t in previous:
+    def _show_profile(self, site: str) -> None:
+        """The site's proxy given the toxics of the latest profile fault in effect, or of its own profile."""
+        stack = self._profiles.get(site)
+        toxics = stack[-1][1] if stack else self._own_toxics.get(site, [])
+        current = self.site_toxics.get(site, [])
+        if toxics is current:  # a fault below the latest ended: the site keeps what it has
+            return
+        for t in current:
             self.client.remove_toxic(self.proxy_name(site), t["name"])
         for t in toxics:
             self._send(site, t)
-        self.site_toxics[site] = list(toxics)
-        return previous
+        self.site_toxics[site] = toxics
 
     def process_fault(self, target: str, action: str, params: Mapping[str, Any]):
         from chaos import faults

@@ -217,8 +217,29 @@ def explain(cls: type, err: Mapping, unknown_hint: Callable[[type, str, str], st
             hint = "; give a positive integer"
         elif words in ("must be an integer", "must be a number") and (lo, hi, gt) != (None, None, None):
             hint = f"; give a value {range_text(lo, hi, gt)}"
+        if words in ("must be an integer", "must be a number") and isinstance(value, str) and _yaml_1_1_number(value):
+            # YAML 1.1 (PyYAML) reads an exponent without a dot or a sign as a string: 1e9, 2E3
+            hint += f"; YAML reads {value} as text: " + (
+                f"write it out ({int(float(value))})" if words == "must be an integer" and float(value).is_integer()
+                else f"write it with a dot and a signed exponent ({_yaml_number(value)})")
         return loc, f"{words}, got {show(value)}{hint}"
     return loc, err["msg"]
+
+
+def _yaml_1_1_number(text: str) -> bool:
+    """A number in scientific notation that YAML 1.1 leaves a string (`1e9`; `1.0e+9` is a float)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return "e" in text.lower() and text.strip().lower() not in ("inf", "-inf", "+inf", "nan")
+
+
+def _yaml_number(text: str) -> str:
+    mantissa, _, exponent = text.strip().lower().partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    return f"{mantissa}e{exponent if exponent[:1] in '+-' else '+' + exponent}"
 
 
 def first_error(errors: list[Mapping]) -> Mapping:

@@ -101,6 +101,13 @@ def _shards(v: Any) -> Any:
     problem(f"expected a positive integer or auto, got {v!r}")
 
 
+def _unique(v: list) -> list:
+    repeated = sorted({x for x in v if v.count(x) > 1})
+    if repeated:
+        problem(f"{', '.join(map(repr, repeated))} given more than once; each camera needs its own name")
+    return v
+
+
 def _site_shorthand(v: Any) -> Any:
     return {"profile": v} if isinstance(v, str) else v  # `eu: wan_50ms`
 
@@ -194,8 +201,9 @@ class Cameras(_Model):
 
     kind: CameraKind = _f("synthetic", "synthetic (cheap, procedurally drawn) or rendered (MuJoCo)",
                           enum=camera_kinds)
-    names: list[Str] = Field(default_factory=lambda: ["front"], min_length=1,
-                             description="camera names; one image each per observation")
+    names: Annotated[list[Str], AfterValidator(_unique)] = Field(
+        default_factory=lambda: ["front"], min_length=1, json_schema_extra={"uniqueItems": True},
+        description="camera names, each once; one image each per observation")
     height: PosInt = _f(64, "image height in pixels")
     width: PosInt = _f(64, "image width in pixels")
 

@@ -438,6 +438,73 @@ def test_live_actuators_profile_switch_swaps_and_restores_the_toxics():
     assert act.site_toxics["eu"] == profiles.profile_toxics("wan_50ms")
 
 
+def test_overlapping_partitions_of_a_site_heal_when_the_last_one_ends():
+    """Two partition windows that overlap (nested or crossing) are one partition from the first start to the last
+    end: the inner window's end used to heal the site while the outer one still held it."""
+    client = FakeClient()
+    runner = TimelineRunner(parse_timeline([
+        {"at": 0.0, "target": "site:eu", "action": "partition", "duration": 0.6},
+        {"at": 0.1, "target": "site:eu", "action": "partition", "duration": 0.2},    # nested: ends at 0.3
+        {"at": 0.5, "target": "site:eu", "action": "partition", "duration": 0.3}]),  # crossing: ends at 0.8
+        LiveActuators(client))
+    runner.start()
+    assert runner.wait(5) and runner.error is None
+    assert client.calls == [("set_enabled", "site-eu", False), ("set_enabled", "site-eu", True)]
+    ends = [e["t_end"] for e in sorted(runner.log, key=lambda e: e["index"])]
+    assert ends[1] < ends[0] < ends[2]  # each window still logs its own end (0.3, 0.6, 0.8 s)
+    # a partition that starts after the last ended is a new one; other sites are their own
+    act = LiveActuators(client)
+    client.calls.clear()
+    act.partition("eu", True)
+    act.partition("us", True)
+    act.partition("eu", False)
+    act.partition("eu", True)
+    act.partition("eu", False)
+    act.partition("us", False)
+    assert client.calls == [("set_enabled", "site-eu", False), ("set_enabled", "site-us", False),
+                            ("set_enabled", "site-eu", True), ("set_enabled", "site-eu", False),
+                            ("set_enabled", "site-eu", True), ("set_enabled", "site-us", True)]
+
+
+def test_crossing_profile_windows_leave_the_latest_in_effect_and_then_the_sites_own():
+    """profile A 0-10 s and B 5-15 s: B from 5, still B after A ends at 10 (the swap used to put the site's own
+    profile back there), the site's own from 15 (it used to put A back for good)."""
+    from chaos import profiles
+
+    client = FakeClient()
+    own = profiles.profile_toxics("wan_50ms")
+    act = LiveActuators(client, site_toxics={"eu": own})
+
+    def on_proxy():  # the toxics the fake proxy holds now, by name -> attributes
+        held = {}
+        for call in client.calls:
+            if call[0] == "add_toxic":
+                held[call[3]] = call[6]
+            elif call[0] == "remove_toxic":
+                held.pop(call[2])
+        return held
+
+    def named(toxics):
+        return {t["name"]: t["attributes"] for t in toxics}
+
+    client.calls += [("add_toxic", "site-eu", t["type"], t["name"], t["stream"], 1.0, t["attributes"]) for t in own]
+    a = act.set_profile("eu", "satellite")
+    assert on_proxy() == named(profiles.profile_toxics("satellite"))
+    b = act.set_profile("eu", "lte")
+    assert on_proxy() == named(profiles.profile_toxics("lte"))
+    act.restore_profile("eu", a)  # A ends first: B stays
+    assert on_proxy() == named(profiles.profile_toxics("lte"))
+    act.restore_profile("eu", b)
+    assert on_proxy() == named(own) and act.site_toxics["eu"] == own
+    # nested: the inner one's end gives the outer one back
+    a = act.set_profile("eu", "satellite")
+    b = act.set_profile("eu", "lan")
+    act.restore_profile("eu", b)
+    assert on_proxy() == named(profiles.profile_toxics("satellite"))
+    act.restore_profile("eu", a)
+    assert on_proxy() == named(own)
+
+
 def test_live_actuators_send_loss_stand_ins_to_real_toxiproxy():
     from chaos import profiles
 

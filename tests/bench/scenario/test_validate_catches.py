@@ -91,6 +91,15 @@ CASES = [
     ("lease under a slow link's round trip", BASE.replace("buffer_time_s: 0.5", "lease_ms: 2000").replace(
         "lab: {profile: lan}", "lab:\n    profile: lan\n    overrides: {latency.latency: 1500}"), 10,
      "fleet.groups[0].engine.lease_ms", "set engine.lease_ms >= 4500"),
+    # YAML 1.1 (PyYAML) reads an exponent without a dot and a sign as text: the message says so and how to write it
+    ("an integer in scientific notation", BASE.replace("count: 2", "count: 2e0"), 7, "fleet.groups[0].count",
+     "must be an integer, got '2e0' (a string); give a positive integer; YAML reads 2e0 as text: write it out (2)"),
+    ("a number in scientific notation", BASE.replace("duration_s: 10", "duration_s: 1e1"), 2, "duration_s",
+     "YAML reads 1e1 as text: write it with a dot and a signed exponent (1.0e+1)"),
+    ("an engine number in scientific notation", BASE.replace("buffer_time_s: 0.5", "buffer_time_s: 5e-1"), 10,
+     "fleet.groups[0].engine.buffer_time_s", "write it with a dot and a signed exponent (5.0e-1)"),
+    ("a camera named twice", BASE.replace("site: lab\n", "site: lab\n      cameras: {names: [front, wrist, front]}\n"),
+     9, "fleet.groups[0].cameras.names", "'front' given more than once; each camera needs its own name"),
 ]
 
 
