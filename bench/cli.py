@@ -158,8 +158,11 @@ def cmd_run(args) -> int:
     if s is None:
         return EXIT_INVALID
     if args.check:
+        from bench.run.runner import reports_problems
         from bench.run.sizing import estimate, report_memory
 
+        for problem in reports_problems(Path(args.reports)):
+            return _invalid(f"bench: {problem}")
         est = estimate(s)
         print("\n".join(est.lines()))
         memory = report_memory(s)

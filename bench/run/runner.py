@@ -104,7 +104,7 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
     `cluster`: None runs every process here (the default, nothing to install); "ray" or "ray://HOST:PORT"
     places shards and replicas on a Ray cluster (bench.run.cluster, docs/cluster.md)."""
     install_signal_handlers()
-    problems = preflight(scenario)
+    problems = reports_problems(reports_dir) or preflight(scenario)
     variants = [v for _, v in sweep_variants(scenario)] or [scenario]
     if not problems and cluster is None:  # one host holds every robot's sockets
         from bench.run.sizing import open_files_problem
@@ -215,6 +215,25 @@ def finish_sweep(scenario: Scenario, base: Path, labels: list[str], rows: list[d
     path = capacity.write_sweep(base, scenario, labels, rows, cap, results)
     print(f"bench: sweep -> {path}", file=sys.stderr)
     return worst
+
+
+def reports_problems(reports_dir: Path) -> list[str]:
+    """Whether the reports root can be written, found before any process starts (a run that makes its directory
+    there at its start would fail with a traceback, exit 1, as if the system had failed): a file made and removed
+    in it, or in its nearest existing parent where it is still to be made (nothing is left behind)."""
+    import tempfile
+
+    where = Path(reports_dir).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        if not where.is_dir():
+            raise NotADirectoryError(f"{where} is a file")
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".bench-write-check-"):
+            pass
+    except OSError as exc:
+        return [f"reports: cannot write under {str(reports_dir)!r} ({exc}); give --reports a directory you can write"]
+    return []
 
 
 def preflight(scenario: Scenario) -> list[str]:

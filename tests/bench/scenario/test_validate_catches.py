@@ -125,6 +125,21 @@ def test_the_base_validates_and_run_refuses_exactly_what_validate_does(tmp_path,
     assert not (tmp_path / "reports").exists()  # refused before anything started
 
 
+def test_a_reports_root_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
+    """`--reports` under a file: exit 2 naming it, before any process (it was a traceback and exit 1, a failed
+    system's code, from the run's first mkdir); `--check` says the same, and a root still to be made is fine."""
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE)
+    (tmp_path / "a-file").write_text("")
+    for extra in ([], ["--check"]):
+        assert main(["run", str(path), "--reports", str(tmp_path / "a-file" / "reports"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"bench: reports: cannot write under '{tmp_path / 'a-file' / 'reports'}'" in err, err
+        assert "a-file is a file); give --reports a directory you can write" in err and "Traceback" not in err
+    assert main(["run", str(path), "--reports", str(tmp_path / "new" / "reports"), "--check"]) == 0
+    assert not (tmp_path / "new").exists() and not list(tmp_path.glob("**/.bench-write-check-*"))
+
+
 def test_set_overrides_pass_the_same_checks(tmp_path, capsys):
     path = tmp_path / "s.yaml"
     path.write_text(BASE)
