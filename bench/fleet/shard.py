@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import queue
 import signal
 import sys
 import threading
@@ -166,6 +167,10 @@ class Shard:
         self.recent_rtt: list[float] = []
         self.faults: list[dict] = []
         self._fault_lock = threading.Lock()
+        # one thread applies robot faults, in the order they came: a restart that stops a slow engine must not be
+        # overtaken by the kill sent after it (a thread a fault let that kill land first and the restart revive it)
+        self._fault_queue: queue.Queue[dict] = queue.Queue()
+        self._fault_worker: threading.Thread | None = None
         self.control = None
         self.t0 = 0.0
         self.make_engine = engine_factory(spec.get("engine_factory"))
@@ -356,12 +361,23 @@ class Shard:
             return
         with self._fault_lock:
             faults, self.faults = self.faults, []
+        if self._fault_worker is None:
+            self._fault_worker = threading.Thread(target=self._fault_loop, name="robot faults", daemon=True)
+            self._fault_worker.start()
         for f in faults:
-            threading.Thread(target=self._robot_fault, args=(f,), daemon=True).start()
+            self._fault_queue.put(f)
+
+    def _fault_loop(self) -> None:
+        """Robot faults run off the loop thread (stopping an engine may block on I/O), one at a time, in order."""
+        normal_thread_priority()  # started by the loop thread; a restarted engine's threads must not be RT
+        while True:
+            f = self._fault_queue.get()
+            try:
+                self._robot_fault(f)
+            finally:
+                self._fault_queue.task_done()
 
     def _robot_fault(self, f: dict) -> None:
-        """Robot faults run off the loop thread: stopping an engine may block on I/O."""
-        normal_thread_priority()  # started by the loop thread; a restarted engine's threads must not be RT
         targets = [r for r in self.robots if r.rid in set(f.get("robots", []))]
         action = f.get("action")
         ledger = self.thread_cpu
@@ -386,7 +402,7 @@ class Shard:
             except Exception as exc:
                 self.send({"type": "log", "message": f"robot fault {action} on {r.rid}: {exc!r}"})
         if ledger is not None:
-            ledger.sample()  # this thread's own CPU (it ends now) and the stops' last work
+            ledger.sample()  # this thread's CPU so far and the stops' last work
 
     # --- status / drain thread -----------------------------------------------------------------
 
