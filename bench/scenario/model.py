@@ -302,7 +302,8 @@ class Sweep(_Model):
     """Run the scenario once per value of one key."""
 
     key: Str = _f(..., "dotted key to vary, e.g. `sites.eu.profile` or `fleet.groups.eu.count`")
-    values: list = Field(..., min_length=1, description="one run per value")
+    values: list = Field(..., min_length=1, description="one run per value, each once (in `capacity` mode "
+                                                        "increasing numbers); each run is checked as it will be built")
     mode: Literal["runs", "capacity"] = _f("runs", "`runs`: every run is judged by the assertions and the exit code is "
                                                    "the worst run's. `capacity`: the values are load steps; the "
                                                    "assertions are the target one step must hold; the knee is the last "

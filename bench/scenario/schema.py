@@ -637,11 +637,42 @@ def _read_sweep(w: _Where, m: sm.ScenarioFile, data: dict) -> dict | None:
             check_sweep_expression(expr)
         except AssertionSyntaxError as exc:
             raise ScenarioError(w.source, w.line("sweep", "assertions", i), f"sweep.assertions[{i}]", str(exc)) from None
+    _check_sweep_values(w, sw, data)
     formula = {k: v for k, v in sw.formula.model_dump().items() if k in (data["sweep"].get("formula") or {})} \
         if sw.formula else None
     return {"key": sw.key, "values": list(sw.values), "mode": sw.mode,
             "stop_after_failure": (sw.mode == "capacity") if sw.stop_after_failure is None else sw.stop_after_failure,
             "formula": formula or None, "assertions": list(sw.assertions)}
+
+
+def _check_sweep_values(w: _Where, sw, data: dict) -> None:
+    """Each value once (a run and its directory are named after it), a capacity sweep's load steps increasing (its
+    knee is the last step held before the first that failed), and every run valid as the sweep will build it: a bad
+    value is blamed on `sweep.values[i]`, found by `bench validate`, not by the run that reaches it (or, for the
+    first step, by a traceback)."""
+    values = list(sw.values)
+
+    def fail(i: int, message: str) -> ScenarioError:
+        return ScenarioError(w.source, w.line("sweep", "values", i), f"sweep.values[{i}]", message)
+
+    for i, v in enumerate(values):
+        if v in values[:i]:
+            raise fail(i, f"{v!r} is given twice: each value is one run, named after it; give each once")
+    if sw.mode == "capacity":
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise fail(i, f"a capacity sweep's values are load steps (numbers), got {v!r}")
+            if i and v <= values[i - 1]:
+                raise fail(i, f"{v!r} after {values[i - 1]!r}: a capacity sweep's steps increase (its knee is the last "
+                              f"step held before the first that failed); sort them: {sorted(values)}")
+    for i, v in enumerate(values):
+        variant = copy.deepcopy(data)
+        variant.pop("sweep", None)
+        set_dotted(variant, sw.key, v)
+        try:
+            build_scenario(variant, w.source)
+        except ScenarioError as exc:
+            raise fail(i, f"with {sw.key} = {v!r}: {exc.path + ': ' if exc.path else ''}{exc.message}") from None
 
 
 # --- sweep helpers -----------------------------------------------------------------------------

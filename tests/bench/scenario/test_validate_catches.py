@@ -98,6 +98,14 @@ CASES = [
      "YAML reads 1e1 as text: write it with a dot and a signed exponent (1.0e+1)"),
     ("an engine number in scientific notation", BASE.replace("buffer_time_s: 0.5", "buffer_time_s: 5e-1"), 10,
      "fleet.groups[0].engine.buffer_time_s", "write it with a dot and a signed exponent (5.0e-1)"),
+    # a sweep's values: every run checked as the sweep builds it (a bad one was a traceback, exit 1, when its run came)
+    ("a sweep value the run refuses", BASE + "sweep: {key: fleet.groups.g.count, values: [2, 0]}\n", 18,
+     "sweep.values[1]", "with fleet.groups.g.count = 0: fleet.groups[0].count: 0 is outside (0, inf)"),
+    ("a sweep value given twice", BASE + "sweep: {key: fleet.groups.g.count, values: [2, 3, 2]}\n", 18,
+     "sweep.values[2]", "2 is given twice: each value is one run, named after it"),
+    ("capacity steps out of order", BASE + "sweep: {key: fleet.groups.g.count, values: [4, 2], mode: capacity}\n", 18,
+     "sweep.values[1]", "2 after 4: a capacity sweep's steps increase (its knee is the last step held before the "
+                        "first that failed); sort them: [2, 4]"),
     ("a camera named twice", BASE.replace("site: lab\n", "site: lab\n      cameras: {names: [front, wrist, front]}\n"),
      9, "fleet.groups[0].cameras.names", "'front' given more than once; each camera needs its own name"),
 ]
