@@ -522,6 +522,14 @@ def check_checkpoints_present(scenario: Scenario) -> None:
             raise w.fail(("fleet", "groups", i, key), _missing_checkpoint_words(g.policy, [g]))
         if g.shadow and not _checkpoint_present(g.shadow["policy"]):
             raise w.fail(("fleet", "groups", i, "shadow", "policy"), _missing_checkpoint_words(g.shadow["policy"], [g]))
+    for i, f in enumerate(scenario.faults):  # a replica restarted with another model: found now, not mid-run
+        if f.get("action") != "restart_with":
+            continue
+        if "checkpoint" in f and not _checkpoint_present(str(f["checkpoint"])):
+            raise w.fail(("faults", i, "checkpoint"), _missing_checkpoint_words(str(f["checkpoint"]), scenario.groups))
+        if "manifest" in f and not Path(str(f["manifest"])).is_file():
+            raise w.fail(("faults", i, "manifest"), f"manifest {str(f['manifest'])!r} is not a file (relative paths start "
+                                                    f"at {Path.cwd()}, where bench runs); give a policy-server manifest")
 
 
 def _read_attackers(w: _Where, m: sm.ScenarioFile, groups: list[Group]) -> list[dict]:

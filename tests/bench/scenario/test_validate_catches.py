@@ -106,6 +106,13 @@ CASES = [
     ("capacity steps out of order", BASE + "sweep: {key: fleet.groups.g.count, values: [4, 2], mode: capacity}\n", 18,
      "sweep.values[1]", "2 after 4: a capacity sweep's steps increase (its knee is the last step held before the "
                         "first that failed); sort them: [2, 4]"),
+    # a replica restarted with another model: its checkpoint or manifest found before the run, not by the restart
+    ("restart_with a missing checkpoint", BASE + "faults:\n  - {at: 2, target: server:r0, action: restart_with, "
+                                                 "checkpoint: reacher_v9}\n", 19, "faults[0].checkpoint",
+     "checkpoint 'reacher_v9' is missing"),
+    ("restart_with a missing manifest", BASE + "faults:\n  - {at: 2, target: server:r0, action: restart_with, "
+                                               "manifest: no/such/manifest.yaml}\n", 19, "faults[0].manifest",
+     "manifest 'no/such/manifest.yaml' is not a file (relative paths start at"),
     ("a camera named twice", BASE.replace("site: lab\n", "site: lab\n      cameras: {names: [front, wrist, front]}\n"),
      9, "fleet.groups[0].cameras.names", "'front' given more than once; each camera needs its own name"),
 ]
