@@ -57,6 +57,7 @@ def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool =
     if not sets:
         if check_checkpoints:
             sc.check_checkpoints_present(s)
+            sc.check_replica_manifests(s)
         return s
     import copy
 
@@ -73,6 +74,7 @@ def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool =
     s = sc.build_scenario(data, f"{path} (with --set)")
     if check_checkpoints:
         sc.check_checkpoints_present(s)
+        sc.check_replica_manifests(s)
     return s
 
 
@@ -89,6 +91,7 @@ def load_runnable(path: str, sets: list[str]):
     if problems:
         return None
     sc.check_checkpoints_present(s)
+    sc.check_replica_manifests(s)
     return s
 
 

@@ -770,6 +770,12 @@ def _parse(text: str, source: str) -> Any:
 
 # ---- loading and overrides ---------------------------------------------------------------------------------------
 
+def validate_manifest(raw: Mapping[str, Any], source: str) -> Manifest:
+    """A manifest given as data (a bench replica's, merged from its scenario): validated as a file would be;
+    ManifestError names `source`, the dotted key and the fix."""
+    return _build(Manifest, raw, "", None, source)
+
+
 def load_manifest(path: str | os.PathLike, overrides: list[str] | Mapping[str, Any] | None = None) -> Manifest:
     """Read `path`, apply `overrides` (later wins), validate; raise ManifestError naming file, line, key, fix."""
     source = str(path)

@@ -113,6 +113,14 @@ CASES = [
     ("restart_with a missing manifest", BASE + "faults:\n  - {at: 2, target: server:r0, action: restart_with, "
                                                "manifest: no/such/manifest.yaml}\n", 19, "faults[0].manifest",
      "manifest 'no/such/manifest.yaml' is not a file (relative paths start at"),
+    # the replicas' manifests as the run merges them, checked by the server's own schema (a bad key or value ended
+    # the replica before ready, mid-start)
+    ("a manifest key the server does not know", BASE.replace("servers:\n", "servers:\n  manifest: {scheduling: "
+                                                                          "{max_btch: 4}}\n"), 14, "servers.replicas[r0]",
+     "servers.manifest: scheduling.max_btch: unknown key; did you mean scheduling.max_batch?"),
+    ("a replica's manifest value the server refuses", BASE.replace("checkpoint: reacher}", "checkpoint: reacher, "
+                                                                   "manifest: {session.gc_grace_s: -1}}"), 15,
+     "servers.replicas[r0]", "its manifest: session.gc_grace_s: -1 is outside [0, 3600]"),
     ("a camera named twice", BASE.replace("site: lab\n", "site: lab\n      cameras: {names: [front, wrist, front]}\n"),
      9, "fleet.groups[0].cameras.names", "'front' given more than once; each camera needs its own name"),
 ]
