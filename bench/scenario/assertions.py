@@ -188,9 +188,10 @@ _ALLOWED = "figure names, numbers, + - * /, < <= > >= == !=, and/or/not, contain
 
 
 class _Evaluator:
-    def __init__(self, figures: Figures, group_names: list[str]):
+    def __init__(self, figures: Figures, group_names: list[str], replicas: list[str] | None = None):
         self.figures = figures
         self.group_names = group_names
+        self.replicas = replicas  # a check before the run (its processes unknown yet): `figure[PROCESS]` by its form
         self.values: list[Any] = []  # the left operand of each comparison, for the report
 
     def group_scope(self, name) -> Figures:
@@ -266,6 +267,8 @@ class _Evaluator:
         return sorted({k[k.index("[") + 1:-1] for k in (*self.figures.scalars, *self.figures.series) if k.endswith("]")})
 
     def process_figure(self, name: str, process: str) -> Any:
+        if self.replicas is not None:
+            self._check_process(process)
         key = f"{name}[{process}]"
         if FIGURES[name][0] == "process_series":
             if key not in self.figures.series and self.processes() and process not in self.processes():
@@ -273,10 +276,29 @@ class _Evaluator:
             return Series(key, self.figures.series.get(key, np.empty(0)))
         return self.figures.scalars.get(key, math.nan)
 
+    def _check_process(self, process: str) -> None:
+        """Before the run: a process of the forms a run has (docs/scenarios.md), a replica by its id."""
+        kind, _, name = process.partition(":")
+        if kind == "server" and name in self.replicas or kind == "shard" and name.isdigit() \
+                or process in ("router", "chaos-proxy", "runner") or re.fullmatch(r"chaos-proxy-\d+", process) \
+                or kind in ("router", "chaos-proxy") and name:  # a node's router or proxy (--cluster ray)
+            return
+        hint = f"; replicas: {', '.join(self.replicas)}" if kind == "server" else \
+            did_you_mean(process, ["router", "chaos-proxy", "runner", *(f"server:{r}" for r in self.replicas)])
+        raise AssertionSyntaxError(f"no process {process!r} in a run of this scenario{hint}; processes: router, "
+                                   f"chaos-proxy, runner, server:<replica>, shard:<k> (and router:<node>, "
+                                   f"chaos-proxy:<node> with --cluster ray)")
+
     def _process_word(self, node: ast.AST) -> str:
-        """`server:r0` parses as a slice, `shard:0` too, `router` as a name, "chaos-proxy" as a string."""
+        """`server:r0` parses as a slice, `shard:0` too, `router` as a name, `chaos-proxy` as a subtraction (or
+        "chaos-proxy" as a string)."""
         if isinstance(node, ast.Slice) and node.step is None and node.lower is not None and node.upper is not None:
-            return f"{self._word(node.lower, 'process name')}:{self._word(node.upper, 'process name')}"
+            return f"{self._dashed(node.lower)}:{self._dashed(node.upper)}"
+        return self._dashed(node)
+
+    def _dashed(self, node: ast.AST) -> str:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
+            return f"{self._dashed(node.left)}-{self._dashed(node.right)}"
         return self._word(node, "process name (router, chaos-proxy, server:<replica>, shard:<k>, runner)")
 
     def _truth(self, v) -> bool:
@@ -406,11 +428,12 @@ def parse(expression: str) -> ast.Expression:
         raise AssertionSyntaxError(f"not an expression: {exc.msg} at column {exc.offset}") from None
 
 
-def check_expression(expression: str, groups: list[str]) -> None:
-    """Raise AssertionSyntaxError unless `expression` is valid for a scenario with these groups."""
+def check_expression(expression: str, groups: list[str], replicas: list[str] | None = None) -> None:
+    """Raise AssertionSyntaxError unless `expression` is valid for a scenario with these groups (and replica ids:
+    `figure[server:ID]` must name one)."""
     tree = parse(expression)
     empty = Figures(groups={g: Figures() for g in groups}, states={g: [] for g in [*groups, "*"]})
-    result = _Evaluator(empty, list(groups)).eval(tree)
+    result = _Evaluator(empty, list(groups), None if replicas is None else list(replicas)).eval(tree)
     if not isinstance(result, bool):
         raise AssertionSyntaxError("an assertion must be a comparison, e.g. `dead_robots == 0`")
 

@@ -266,7 +266,7 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
     _check_served(w, groups, replicas)
     _check_rates(w, groups, replicas, dict(m.servers.manifest))
     faults = _read_faults(w, m, sites, replicas, groups)
-    assertions = _read_assertions(w, m, groups)
+    assertions = _read_assertions(w, m, groups, replicas)
     sweep = _read_sweep(w, m, data)
     attackers = _read_attackers(w, m, groups)
     return Scenario(
@@ -653,14 +653,14 @@ def _check_timeline_with_chaos(w: _Where, raw: list) -> None:
         raise ScenarioError(w.source, line, "faults", msg) from None
 
 
-def _read_assertions(w: _Where, m: sm.ScenarioFile, groups: list[Group]) -> list[AssertionSpec]:
+def _read_assertions(w: _Where, m: sm.ScenarioFile, groups: list[Group], replicas: list[Replica]) -> list[AssertionSpec]:
     from bench.scenario import assertions as asserts
 
     out = []
     for i, expr in enumerate(m.assertions):
         line = w.line("assertions", i)
         try:
-            asserts.check_expression(expr, groups=[g.name for g in groups])
+            asserts.check_expression(expr, groups=[g.name for g in groups], replicas=[r.id for r in replicas])
         except asserts.AssertionSyntaxError as exc:
             raise ScenarioError(w.source, line, f"assertions[{i}]", str(exc)) from None
         out.append(AssertionSpec(expression=expr, line=line))

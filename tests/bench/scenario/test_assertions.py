@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -115,3 +116,23 @@ def test_per_process_figures_are_named_with_the_process_in_brackets():
     r = evaluate("max(rss_mb) < 300", f, [], 1)
     assert "one value per process: name the process, e.g. rss_mb[server:r0]" in r.error
     assert math.isnan(evaluate("rss_growth_ratio[shard:3] < 1", f, [], 1).value or math.nan)  # no data never passes
+    assert evaluate("max(rss_mb[chaos-proxy]) == 30", f, [], 1).passed  # unquoted: a dashed name, not a subtraction
+
+
+@pytest.mark.parametrize("expression,words", [
+    ("max(rss_mb[server:r9]) < 300", "no process 'server:r9' in a run of this scenario; replicas: r0, r1"),
+    ("rss_growth_ratio[shard:x] < 0.05", "no process 'shard:x'"),
+    ("max(rss_mb[routr]) < 300", "no process 'routr' in a run of this scenario (did you mean 'router'?)"),
+])
+def test_a_process_no_run_of_the_scenario_has_is_refused_before_the_run(expression, words):
+    """`bench validate` knows the replicas and the forms of the other processes: a misspelt process used to pass
+    and fail the assertion only after the whole run."""
+    with pytest.raises(AssertionSyntaxError, match=re.escape(words)):
+        check_expression(expression, groups=["g"], replicas=["r0", "r1"])
+
+
+@pytest.mark.parametrize("expression", ["max(rss_mb[server:r1]) < 300", "rss_growth_ratio[shard:2] < 0.05",
+                                        "max(rss_mb[chaos-proxy]) < 90", "max(rss_mb[chaos-proxy-1]) < 90",
+                                        'max(rss_mb["router:3f2a"]) < 90', "max(rss_mb[runner]) < 900"])
+def test_every_process_form_a_run_has_passes_the_check(expression):
+    check_expression(expression, groups=["g"], replicas=["r0", "r1"])
