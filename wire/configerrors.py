@@ -194,6 +194,13 @@ def explain(cls: type, err: Mapping, unknown_hint: Callable[[type, str, str], st
         return ((*loc, ctx["key"]) if ctx.get("key") else loc), ctx.get("message", err["msg"])
     if value is None and info is not None:
         return loc, f"may not be null; {info.description or 'give a value'}"
+    if kind in ("too_short", "too_long"):  # a list's length (pydantic: "List should have at least 1 item ...")
+        ctx = err.get("ctx") or {}
+        bound = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")
+        size = len(value) if hasattr(value, "__len__") else ctx.get("actual_length")
+        need = f"at least {bound}" if kind == "too_short" else f"at most {bound}"
+        return loc, (f"needs {need} item{'s' if bound != 1 else ''}, got {size}"
+                     + (f"; {info.description}" if info is not None and info.description else ""))
     if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
         lo, hi, gt = bounds(info, tp)
         opening = f"({num(gt)}" if gt is not None else f"[{num(lo) if lo is not None else '-inf'}"

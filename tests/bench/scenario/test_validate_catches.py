@@ -121,6 +121,9 @@ CASES = [
     ("a replica's manifest value the server refuses", BASE.replace("checkpoint: reacher}", "checkpoint: reacher, "
                                                                    "manifest: {session.gc_grace_s: -1}}"), 15,
      "servers.replicas[r0]", "its manifest: session.gc_grace_s: -1 is outside [0, 3600]"),
+    ("a list that must not be empty", BASE.replace("  replicas:\n    - {id: r0, checkpoint: reacher}\n",
+                                                   "  replicas: []\n"), 14, "servers.replicas",
+     "needs at least 1 item, got 0"),
     ("a camera named twice", BASE.replace("site: lab\n", "site: lab\n      cameras: {names: [front, wrist, front]}\n"),
      9, "fleet.groups[0].cameras.names", "'front' given more than once; each camera needs its own name"),
 ]
