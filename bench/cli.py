@@ -56,8 +56,7 @@ def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool =
     s = sc.load_scenario(path)
     if not sets:
         if check_checkpoints:
-            sc.check_checkpoints_present(s)
-            sc.check_replica_manifests(s)
+            sc.check_on_disk(s)
         return s
     import copy
 
@@ -73,8 +72,7 @@ def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool =
             raise sc.ScenarioError(path, 0, key, f"--set: {parent or key!r} does not exist in the scenario") from None
     s = sc.build_scenario(data, f"{path} (with --set)")
     if check_checkpoints:
-        sc.check_checkpoints_present(s)
-        sc.check_replica_manifests(s)
+        sc.check_on_disk(s)
     return s
 
 
@@ -90,8 +88,7 @@ def load_runnable(path: str, sets: list[str]):
         print(f"bench: {problem}", file=sys.stderr)
     if problems:
         return None
-    sc.check_checkpoints_present(s)
-    sc.check_replica_manifests(s)
+    sc.check_on_disk(s)
     return s
 
 

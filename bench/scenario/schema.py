@@ -572,6 +572,25 @@ def _override_key(d: Mapping | None, first: str) -> str | None:
     return next((str(k) for k in (d or {}) if str(k).split(".")[0] == first), None)
 
 
+def check_on_disk(scenario: Scenario) -> None:
+    """check_checkpoints_present and check_replica_manifests, for the scenario and for every run of its sweep (a
+    sweep over a checkpoint or a manifest key): a run's problem is blamed on its `sweep.values[i]`."""
+    check_checkpoints_present(scenario)
+    check_replica_manifests(scenario)
+    if not scenario.sweep:
+        return
+    w = _Where(scenario.source, scenario.raw)
+    key = scenario.sweep["key"]
+    for i, (_, variant) in enumerate(sweep_variants(scenario)):
+        try:
+            check_checkpoints_present(variant)
+            check_replica_manifests(variant)
+        except ScenarioError as exc:
+            value = scenario.sweep["values"][i]
+            raise ScenarioError(w.source, w.line("sweep", "values", i), f"sweep.values[{i}]",
+                                f"with {key} = {value!r}: {exc.path + ': ' if exc.path else ''}{exc.message}") from None
+
+
 def _read_attackers(w: _Where, m: sm.ScenarioFile, groups: list[Group]) -> list[dict]:
     out: list[dict] = []
     try:

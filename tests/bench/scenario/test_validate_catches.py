@@ -121,6 +121,10 @@ CASES = [
     ("a replica's manifest value the server refuses", BASE.replace("checkpoint: reacher}", "checkpoint: reacher, "
                                                                    "manifest: {session.gc_grace_s: -1}}"), 15,
      "servers.replicas[r0]", "its manifest: session.gc_grace_s: -1 is outside [0, 3600]"),
+    ("a sweep over a checkpoint one of whose values is missing",
+     BASE + "sweep: {key: servers.replicas.r0.checkpoint, values: [reacher, reacher_v9]}\n", 18, "sweep.values[1]",
+     "with servers.replicas.r0.checkpoint = 'reacher_v9': servers.replicas[0].checkpoint: checkpoint 'reacher_v9' is "
+     "missing"),
     ("a list that must not be empty", BASE.replace("  replicas:\n    - {id: r0, checkpoint: reacher}\n",
                                                    "  replicas: []\n"), 14, "servers.replicas",
      "needs at least 1 item, got 0"),
