@@ -187,7 +187,8 @@ def cmd_incident(args) -> int:
                                                   export_dir=Path(args.export) if args.export else None)
     except (OSError, ValueError, KeyError) as exc:
         return _invalid(f"bench incident: {exc}")
-    print(f"bench incident: wrote {out} ({len(scenario['faults'])} fault(s))", file=sys.stderr)
+    print(f"bench incident: wrote {out} ({len(scenario['faults'])} fault(s)) from {len(window.requests)} request(s) and "
+          f"{len(window.transitions)} transition(s) in the window", file=sys.stderr)
     for f in scenario["faults"]:
         print(f"  {f}", file=sys.stderr)
     if args.no_run:
