@@ -184,7 +184,8 @@ def cmd_incident(args) -> int:
                                                   export_dir=Path(args.export) if args.export else None)
     except (OSError, ValueError, KeyError) as exc:
         return _invalid(f"bench incident: {exc}")
-    print(f"bench incident: wrote {out} ({len(scenario['faults'])} fault(s))", file=sys.stderr)
+    print(f"bench incident: wrote {out} ({len(scenario['faults'])} fault(s)) from {len(window.requests)} request(s) and "
+          f"{len(window.transitions)} transition(s) in the window", file=sys.stderr)
     for f in scenario["faults"]:
         print(f"  {f}", file=sys.stderr)
     if args.no_run:
@@ -253,11 +254,27 @@ def cmd_init_weights(args) -> int:
 def cmd_pki(args) -> int:
     import json
 
-    from bench.security.pki import Pki
+    from bench.security.pki import Pki, PkiError
+    from wire.acl import FleetIdentities, router_access_control
+    from wire.errors import WireError
+    from wire.keys import sanitize
 
+    try:  # every name, and where the rules go, before anything is written
+        for flag, names in (("--robot", args.robot), ("--replica", args.replica)):
+            for name in names:
+                sanitize(name, flag)  # a certificate's CN is a key chunk in the router's rules
+        if args.acl:
+            fleet = FleetIdentities(tuple(args.robot), tuple(args.replica))
+            acl_path = Path(args.acl)
+            if acl_path.is_dir() or not acl_path.parent.is_dir():
+                return _invalid(f"bench pki: --acl {args.acl!r}: "
+                                f"{'is a directory' if acl_path.is_dir() else 'its directory does not exist'}; "
+                                "give a file in an existing directory")
+    except (WireError, ValueError) as exc:
+        return _invalid(f"bench pki: {str(exc).split('] ', 1)[-1]}")
     try:
         pki = Pki(args.dir, days=args.days)
-    except RuntimeError as exc:
+    except (RuntimeError, PkiError) as exc:
         return _invalid(f"bench pki: {exc}")
     issued = []
     if args.router:
@@ -270,9 +287,7 @@ def cmd_pki(args) -> int:
     for cn, f in issued:
         print(f"  CN {cn}: cert {f.cert} key {f.key}")
     if args.acl:
-        from wire.acl import FleetIdentities, router_access_control
-
-        acl = router_access_control(FleetIdentities(tuple(args.robot), tuple(args.replica)))
+        acl = router_access_control(fleet)
         Path(args.acl).write_text(json.dumps({"access_control": acl}, indent=1))
         print(f"router access rules for {len(args.robot)} robot(s) and {len(args.replica)} replica(s): {args.acl}")
     return EXIT_PASS
@@ -362,12 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
     iw.set_defaults(func=cmd_init_weights)
 
     pk = sub.add_parser("pki", help="a test CA and certificates: robots (CN = client uuid), replicas, the router")
-    pk.add_argument("--dir", required=True, help="directory for ca.pem/ca.key and the leaves (created 0700)")
+    pk.add_argument("--dir", required=True, help="directory for ca.pem/ca.key and the leaves (created 0700 if missing; an existing CA in it is reused)")
     pk.add_argument("--robot", action="append", default=[], metavar="UUID", help="a robot certificate (repeatable)")
     pk.add_argument("--replica", action="append", default=[], metavar="ID", help="a server replica certificate")
     pk.add_argument("--router", action="store_true", help="the router certificate (names localhost, 127.0.0.1)")
     pk.add_argument("--acl", default=None, metavar="FILE", help="also write the router access rules for these")
-    pk.add_argument("--days", type=int, default=30, help="validity of new certificates")
+    pk.add_argument("--days", type=int, default=30, help="validity of new certificates, 1 to 3650 days (default 30)")
     pk.set_defaults(func=cmd_pki)
     return ap
 

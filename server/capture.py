@@ -11,6 +11,9 @@ is not on the wire (the session's merge mode and horizon). A file is a whole bat
 of another size may differ in the last bit (BLAS blocking): replaying each batch as it ran
 reproduces a deterministic policy's floats exactly; a stateful policy replays correctly from an
 episode start on.
+
+A capture file that is not such a record (another program's file, a truncated copy) is a user error,
+`CaptureError`, naming the file and request: replay refuses it before loading the checkpoint.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from wire import ActionChunk, Observation, decode_message, unpack_header
+from wire import ActionChunk, Observation, WireError, decode_message, unpack_header
+
+# what replay reads of each captured request, and the type the writer gave it
+REQUEST_FIELDS = {"header": bytes, "observation": bytes, "chunk": bytes, "rtc_enabled": bool, "execution_horizon": int}
+
+
+class CaptureError(ValueError):
+    """A capture directory or file replay cannot read; the message names it and what to do."""
 
 
 class CaptureWriter:
@@ -55,12 +65,48 @@ class CaptureWriter:
 
 
 def read_capture(directory: str | os.PathLike) -> list[dict]:
-    """The captured batches, oldest first: {"n", "checkpoint_hash", "model_id", "requests": [...]}."""
+    """The captured batches, oldest first: {"n", "checkpoint_hash", "model_id", "requests": [...], "file"}."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CaptureError(f"capture directory {str(directory)!r} "
+                           f"{'is not a directory' if directory.exists() else 'does not exist'}; pass the server's "
+                           "debug.capture_dir")
     recs = []
-    for p in sorted(Path(directory).glob("slot-*.msgpack")):
-        recs.append(msgpack.unpackb(p.read_bytes(), raw=False))
+    for p in sorted(directory.glob("slot-*.msgpack")):
+        try:
+            rec = msgpack.unpackb(p.read_bytes(), raw=False)
+        except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, FormatError, StackError, bad UTF-8
+            raise CaptureError(f"{p}: not a capture record (msgpack: {exc or type(exc).__name__}); remove it or replay another "
+                               "directory") from None
+        _check_record(p, rec)
+        recs.append({**rec, "file": str(p)})
     recs.sort(key=lambda r: r["n"])
     return recs
+
+
+def _check_record(path: Path, rec) -> None:
+    if not (isinstance(rec, dict) and isinstance(rec.get("n"), int) and isinstance(rec.get("checkpoint_hash"), str)
+            and isinstance(rec.get("requests"), list)):
+        raise CaptureError(f"{path}: not a capture record (a map of n, checkpoint_hash and requests, "
+                           f"got {type(rec).__name__}); remove it or replay another directory")
+    for i, r in enumerate(rec["requests"]):
+        bad = [k for k, t in REQUEST_FIELDS.items() if not isinstance(r, dict) or not isinstance(r.get(k), t)]
+        if bad:
+            raise CaptureError(f"{path} request {i}: no valid {', '.join(bad)}; not a capture record, remove it or "
+                               "replay another directory")
+
+
+def _decode(batch: dict) -> list[tuple]:
+    """(request, observation, chunk, header) of each request of a batch, or a CaptureError naming it."""
+    out = []
+    for i, r in enumerate(batch["requests"]):
+        try:
+            out.append((r, decode_message(r["observation"], expect=Observation),
+                        decode_message(r["chunk"], expect=ActionChunk), unpack_header(r["header"])))
+        except WireError as exc:
+            raise CaptureError(f"{batch['file']} request {i}: {exc}; remove the file or replay another "
+                               "directory") from None
+    return out
 
 
 def replay(directory: str | os.PathLike, checkpoint: str, device: str = "cpu") -> dict:
@@ -70,8 +116,9 @@ def replay(directory: str | os.PathLike, checkpoint: str, device: str = "cpu") -
 
     batches = read_capture(directory)
     if not batches:
-        raise FileNotFoundError(f"no capture files (slot-*.msgpack) in {str(directory)!r}; run the server with "
+        raise CaptureError(f"no capture files (slot-*.msgpack) in {str(directory)!r}; run the server with "
                                 "debug.capture_dir set first")
+    decoded = [_decode(b) for b in batches]  # every file checked before the checkpoint loads
     loaded = load_checkpoint(checkpoint, device=device)
     hashes = {b["checkpoint_hash"] for b in batches}
     runtime = ModelRuntime(loaded, None)
@@ -79,14 +126,13 @@ def replay(directory: str | os.PathLike, checkpoint: str, device: str = "cpu") -
               "mismatched": 0, "errors": 0, "first_mismatch": None, "max_abs_diff": 0.0,
               "checkpoint_hash": loaded.checkpoint_hash, "captured_checkpoint_hashes": sorted(hashes),
               "same_checkpoint": hashes == {loaded.checkpoint_hash}}
-    for b in batches:
+    for b, requests in zip(batches, decoded):
         items, expect = [], []
-        for r in b["requests"]:
-            obs = decode_message(r["observation"], expect=Observation)
+        for r, obs, chunk, header in requests:
             runtime.execution_horizon = int(r["execution_horizon"])
             items.append(InferItem(runtime.new_pipeline(), obs.state, dict(obs.images), obs.inference_delay_steps,
                                    obs.prefix_model, obs.prefix_robot, rtc=r["rtc_enabled"]))
-            expect.append((r, decode_message(r["chunk"], expect=ActionChunk), unpack_header(r["header"])))
+            expect.append((r, chunk, header))
         results = runtime.infer(items, emulate=False)
         for (r, chunk, header), res in zip(expect, results):
             if res.error:
@@ -102,6 +148,6 @@ def replay(directory: str | os.PathLike, checkpoint: str, device: str = "cpu") -
             else:
                 report["mismatched"] += 1
                 if report["first_mismatch"] is None:
-                    report["first_mismatch"] = {"batch": b["n"], "session_id": r["session_id"], "seq_id": header.seq_id,
+                    report["first_mismatch"] = {"batch": b["n"], "session_id": r.get("session_id"), "seq_id": header.seq_id,
                                                 "max_abs_diff": diff}
     return report

@@ -39,7 +39,7 @@ def _replay_parser() -> argparse.ArgumentParser:
                                  description="Replay a debug capture through the same pipeline and compare outputs byte for byte.")
     ap.add_argument("capture_dir")
     ap.add_argument("--checkpoint", required=True, help="local checkpoint directory the capture was served from")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     return ap
 
@@ -124,12 +124,17 @@ def _serve(args) -> int:
 
 
 def _replay(args) -> int:
-    from server.capture import replay
+    from server.capture import CaptureError, replay
+    from server.manifest import device_problem
     from server.policies.base import PolicyError
 
+    problem = device_problem(args.device)
+    if problem:
+        print(f"policy-server replay: --device {problem}", file=sys.stderr)
+        return 2
     try:
         report = replay(args.capture_dir, args.checkpoint, device=args.device)
-    except (FileNotFoundError, PolicyError) as exc:
+    except (CaptureError, PolicyError) as exc:
         print(f"policy-server replay: {exc}", file=sys.stderr)
         return 2
     if args.json:

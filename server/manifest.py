@@ -686,6 +686,24 @@ def _check_device(v: str, fail) -> None:
         fail(f"{v!r} but torch sees {n} CUDA device(s); use cuda:0..cuda:{n - 1} (or CUDA_VISIBLE_DEVICES)")
 
 
+def device_problem(device: str) -> str | None:
+    """Why a model cannot run on `device` on this host (the manifest's `device` rule), or None."""
+    problems: list[str] = []
+
+    class _Refused(Exception):
+        pass
+
+    def fail(message: str) -> None:
+        problems.append(message)
+        raise _Refused
+
+    try:
+        _check_device(device, fail)
+    except _Refused:
+        pass
+    return problems[0] if problems else None
+
+
 _CHECKS: dict[str, Callable[[str, Callable[[str], None]], None]] = {
     "checkpoint_dir": _check_checkpoint_dir,
     "file": _check_file,

@@ -23,6 +23,10 @@ The edge log format (one JSON object per line; docs/scenarios.md "Incident repla
      "network_ms": 11.7, "outcome": "ok"}
     {"kind": "transition", "t": 14.2, "from": "STREAMING", "to": "DEGRADED", "reason": "request timed out"}
 `t` is seconds on one clock (any origin); a bench run's records use seconds since its t=0.
+
+What cannot be replayed is an `IncidentError` naming the flag, file or line: a window that is not finite
+or shorter than a stutter bin, an edge log line that is not a record, logs with nothing in the window, an
+audit file without one audit line. A scenario is written only from records that were read.
 """
 
 from __future__ import annotations
@@ -36,6 +40,24 @@ import numpy as np
 
 STUTTER_STATES = ("STALLED", "DEGRADED", "RECONNECTING", "DEAD")
 BIN_S = 0.5
+EDGE_LOG_HELP = "an edge log holds one JSON object a line (docs/scenarios.md, Incident replay)"
+
+
+class IncidentError(ValueError):
+    """Logs or a window `bench incident` cannot replay; the message names the flag, file or line and what to do."""
+
+
+def check_window(t0: float, t1: float) -> None:
+    """The window a scenario can be written for: finite, and at least one stutter bin long."""
+    if not (math.isfinite(t0) and math.isfinite(t1)):
+        raise IncidentError(f"--from {t0:g} --to {t1:g}: give finite seconds on the edge log's clock")
+    if t1 - t0 < BIN_S:
+        raise IncidentError(f"--from {t0:g} --to {t1:g}: --to must be at least {BIN_S:g} s after --from "
+                            f"(stutter is compared in {BIN_S:g} s bins)")
+
+
+def _seconds(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass
@@ -59,11 +81,24 @@ def read_edge_log(path: str | Path, robot: int | None = None) -> EdgeLog:
     if path.is_dir():
         return _from_run_dir(path, robot)
     log = EdgeLog()
-    for line in path.read_text().splitlines():
+    try:
+        text = path.read_bytes().decode()
+    except UnicodeDecodeError as exc:
+        raise IncidentError(f"{path}: not a text file ({exc.reason} at byte {exc.start}); {EDGE_LOG_HELP}") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        rec = json.loads(line)
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise IncidentError(f"{path} line {n}: not JSON ({exc.msg}); {EDGE_LOG_HELP}") from None
+        if not isinstance(rec, dict):
+            raise IncidentError(f"{path} line {n}: a JSON {type(rec).__name__}, not an object; {EDGE_LOG_HELP}")
         kind = rec.pop("kind", "")
+        if kind in ("request", "transition") and not _seconds(rec.get("t")):
+            raise IncidentError(f"{path} line {n}: a {kind} record needs t, finite seconds; {EDGE_LOG_HELP}")
+        if kind == "transition" and not isinstance(rec.get("to"), str):
+            raise IncidentError(f"{path} line {n}: a transition record needs to, the state entered; {EDGE_LOG_HELP}")
         if kind == "robot":
             log.robot = rec
         elif kind == "request":
@@ -79,7 +114,11 @@ def _from_run_dir(run: Path, robot: int | None) -> EdgeLog:
     import pyarrow.parquet as pq
 
     if robot is None:
-        raise ValueError("a bench run directory holds many robots: pass --robot N")
+        raise IncidentError("a bench run directory holds many robots: pass --robot N")
+    missing = [f for f in ("requests.parquet", "transitions.parquet") if not (run / f).is_file()]
+    if missing:
+        raise IncidentError(f"{run} is a directory without {' or '.join(missing)}; --edge takes a bench run "
+                            "directory (reports/<scenario>/<stamp>) or an edge-log file")
     log = EdgeLog()
     req = pq.read_table(run / "requests.parquet").to_pylist()
     log.requests = [{k: r[k] for k in ("t", "seq", "rtt_ms", "queue_wait_ms", "inference_ms", "network_ms", "outcome")}
@@ -87,6 +126,10 @@ def _from_run_dir(run: Path, robot: int | None) -> EdgeLog:
     tr = pq.read_table(run / "transitions.parquet").to_pylist()
     log.transitions = [{"t": r["t"], "from": r["from_state"], "to": r["to_state"], "reason": r["reason"]}
                        for r in tr if r["robot"] == robot]
+    if not log.requests and not log.transitions:
+        robots = sorted({r["robot"] for r in req} | {r["robot"] for r in tr})
+        raise IncidentError(f"{run} has no records of robot {robot}; its robots: "
+                            f"{', '.join(map(str, robots)) or 'none'}")
     for spec_path in sorted((run / "manifests").glob("shard-*.json")):
         for spec in json.loads(spec_path.read_text())["robots"]:
             if spec["robot"] == robot:
@@ -134,9 +177,11 @@ def read_audit_lines(paths: list[str | Path]) -> list[dict]:
     for p in paths:
         for line in Path(p).read_text(errors="replace").splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a torn last line
+            if isinstance(row, dict):  # an audit line is an object (server/audit.py); anything else is not one
+                rows.append(row)
     return rows
 
 
@@ -190,7 +235,8 @@ def stretches(log: EdgeLog, end: float) -> list[tuple[float, float, list[str]]]:
 
 def reconstruct(log: EdgeLog, duration: float, audit: list[dict]) -> dict:
     """The faults, base latency and server time that reproduce `log` (already windowed to 0..duration)."""
-    ok = [r for r in log.requests if r.get("outcome") == "ok" and math.isfinite(_num(r.get("network_ms")))]
+    ok = [r for r in log.requests if r.get("outcome") == "ok" and math.isfinite(_num(r.get("network_ms")))
+          and math.isfinite(_num(r.get("rtt_ms")))]
     base = min((_num(r["network_ms"]) for r in ok), default=0.0)
     secs = int(math.ceil(duration))
     # what a request saw beyond the base network, spread over the time it was in flight
@@ -320,16 +366,28 @@ def make_incident(edge: str, audit: list[str], t0: float, t1: float, out: Path, 
     audit.jsonl: the incident's evidence, re-runnable without the original run)."""
     import yaml
 
+    check_window(t0, t1)
     log = read_edge_log(edge, robot)
     window = log.window(t0, t1)
+    if not window.requests and not window.transitions:
+        ts = [r["t"] for r in log.requests + log.transitions]
+        raise IncidentError(f"--from {t0:g} --to {t1:g}: none of the {len(ts)} records of {edge} falls in the window "
+                            f"(their t runs {min(ts):g}..{max(ts):g} s); pick a window inside it" if ts else
+                            f"{edge} holds no request or transition records; {EDGE_LOG_HELP}")
     lines = []
     for path in audit:  # each replica's audit log on its own clock: audit-<replica>.jsonl, as a run writes them
-        lines += audit_window(read_audit_lines([path]), audit_origin(log, path), t0, t1)
+        rows = read_audit_lines([path])
+        if not rows:
+            raise IncidentError(f"--audit {path} holds no audit line (a JSON object a line, server/audit.py); give "
+                                "the replica's audit log, or leave --audit out to take server time from the edge log")
+        lines += audit_window(rows, audit_origin(log, path), t0, t1)
     name = name or out.stem
     scenario = incident_scenario(name, window, t1 - t0, lines, f"{Path(edge).name}, robot {robot if robot is not None else ''}, "
                                  f"t {t0:g}..{t1:g} s".replace("robot , ", ""))
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# Written by `bench incident` from {edge} and {len(audit)} audit log(s), window {t0:g}..{t1:g} s.\n"
+    header = (f"# Written by `bench incident` from {edge} ({len(window.requests)} request(s), {len(window.transitions)} "
+              f"transition(s) in the window) and {len(audit)} audit log(s) ({len(lines)} line(s) in the window), "
+              f"window {t0:g}..{t1:g} s.\n"
               "# Faults reproduce what the robot saw (docs/scenarios.md, Incident replay); edit freely.\n")
     out.write_text(header + yaml.safe_dump(scenario, sort_keys=False))
     if export_dir is not None:

@@ -7,7 +7,9 @@
                  └──► robot-<uuid>.pem       (CN = the robot's client uuid: the router's access rules key on it)
 
 Files land in one directory (the run directory's `pki/`), keys with mode 0600 and the directory
-0700. Real fleets bring their own CA and certificates (docs/security.md says how); nothing here is
+0700 when the PKI creates it (an existing directory keeps its mode: `--dir .` must not close a repository).
+A directory whose `ca.pem`/`ca.key` cannot be read as a CA, or whose CA has expired, is refused
+(`PkiError`) before anything is written. Real fleets bring their own CA and certificates (docs/security.md says how); nothing here is
 needed on a robot: the edge only reads the three files it is given.
 
 Invariant: a certificate's common name is exactly the identity the access rules name (the client
@@ -28,6 +30,13 @@ ROUTER_CN = "router"
 # had none is admitted without rewriting them (Zenoh reads access rules only at start). Its node is named in its
 # certificate's SAN (`node_router_name`) and file name, and in summary.json's cluster.nodes.
 NODE_ROUTER_CN = "node-router"
+
+
+MAX_DAYS = 3650  # a throw-away CA: ten years outlasts any test or bench run, and stays far inside X.509's dates
+
+
+class PkiError(ValueError):
+    """A directory or validity the PKI cannot use; the message names it and what to do."""
 
 
 def node_router_name(node: str) -> str:
@@ -56,15 +65,22 @@ class Pki:
             from cryptography import x509  # noqa: F401
         except ImportError as exc:  # the edge's plain install does not need it; the bench does
             raise RuntimeError("the PKI helper needs the `cryptography` package: pip install -e .[sim]") from exc
+        if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= MAX_DAYS:
+            raise PkiError(f"certificates valid for {days} days (--days): give 1 to {MAX_DAYS} days")
         self.dir = Path(directory)
         self.ca_name = ca_name
         self.days = days
-        self.dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.dir, 0o700)
         self.ca_cert_path = self.dir / "ca.pem"
         self.ca_key_path = self.dir / "ca.key"
-        if not self.ca_cert_path.exists():
-            self._make_ca()
+        if self.dir.exists() and not self.dir.is_dir():
+            raise PkiError(f"{str(self.dir)!r} is a file; the PKI needs a directory (a new one is created 0700)")
+        if self.ca_cert_path.exists():
+            self._ca()  # refuse an unreadable or expired CA before writing anything
+            return
+        if not self.dir.exists():
+            self.dir.mkdir(parents=True)
+            os.chmod(self.dir, 0o700)  # only a directory it made: an existing one (`--dir .`) keeps its mode
+        self._make_ca()
 
     # -- the CA -----------------------------------------------------------------------------------
     def _make_ca(self) -> None:
@@ -92,8 +108,20 @@ class Pki:
         from cryptography import x509
         from cryptography.hazmat.primitives import serialization
 
-        cert = x509.load_pem_x509_certificate(self.ca_cert_path.read_bytes())
-        key = serialization.load_pem_private_key(self.ca_key_path.read_bytes(), password=None)
+        fix = f"remove ca.pem and ca.key from {str(self.dir)!r} for a new CA, or use another directory"
+        if not self.ca_key_path.is_file():
+            raise PkiError(f"{str(self.ca_cert_path)!r} has no ca.key beside it; {fix}")
+        try:
+            cert = x509.load_pem_x509_certificate(self.ca_cert_path.read_bytes())
+        except ValueError as exc:
+            raise PkiError(f"{str(self.ca_cert_path)!r} is not a PEM certificate ({exc}); {fix}") from None
+        try:
+            key = serialization.load_pem_private_key(self.ca_key_path.read_bytes(), password=None)
+        except (ValueError, TypeError) as exc:  # TypeError: a key that needs a password
+            raise PkiError(f"{str(self.ca_key_path)!r} is not an unencrypted PEM key ({exc}); {fix}") from None
+        if cert.not_valid_after_utc <= _now():
+            raise PkiError(f"the CA in {str(self.ca_cert_path)!r} expired at {cert.not_valid_after_utc:%Y-%m-%d %H:%M} "
+                           f"UTC; {fix}")
         return cert, key
 
     # -- leaves -----------------------------------------------------------------------------------

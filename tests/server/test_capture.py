@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import msgpack
 import numpy as np
+import pytest
 
 from server.capture import read_capture, replay
 from server.cli import main as cli_main
@@ -43,3 +45,48 @@ def test_capture_replays_byte_for_byte_and_stays_bounded(ckpt, router, tmp_path,
 def test_replay_without_capture_files_is_a_user_error(tmp_path, capsys):
     assert cli_main(["replay", str(tmp_path), "--checkpoint", str(tmp_path)]) == 2
     assert "no capture files" in capsys.readouterr().err
+
+
+def _capture(tmp_path, content) -> str:
+    """A capture directory holding one slot file: `content` packed, or raw bytes as is."""
+    cap = tmp_path / "capture"
+    cap.mkdir()
+    (cap / "slot-000000.msgpack").write_bytes(content if isinstance(content, bytes) else msgpack.packb(content))
+    return str(cap)
+
+
+def _record(**request) -> dict:
+    r = {"header": b"\0" * 8, "observation": b"not an observation", "chunk": b"not a chunk", "session_id": "s0",
+         "client_uuid": "robot-0", "rtc_enabled": False, "execution_horizon": 4, **request}
+    return {"n": 0, "checkpoint_hash": "x", "model_id": "arm", "requests": [r]}
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"garbage\n", "slot-000000.msgpack: not a capture record (msgpack"),
+    ([1, 2, 3], "slot-000000.msgpack: not a capture record (a map of n, checkpoint_hash and requests, got list)"),
+    ({"n": 0, "checkpoint_hash": "x", "requests": [{"observation": b"xx"}]}, "slot-000000.msgpack request 0: no valid header"),
+    (_record(), "slot-000000.msgpack request 0: [MALFORMED]"),
+])
+def test_replay_refuses_a_file_that_is_no_capture_record_naming_it(ckpt, tmp_path, capsys, content, says):  # noqa: F811
+    """Not a replay mismatch (exit 1) nor a traceback: exit 2, one line naming the file and request."""
+    assert cli_main(["replay", _capture(tmp_path, content), "--checkpoint", str(ckpt)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "replay another directory" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_replay_of_a_missing_directory_says_it_does_not_exist(tmp_path, capsys):
+    assert cli_main(["replay", str(tmp_path / "nope"), "--checkpoint", str(tmp_path)]) == 2
+    assert f"capture directory {str(tmp_path / 'nope')!r} does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device, cuda_devices, says", [
+    ("bogus", 0, "--device 'bogus' is not a device; use cpu, cuda or cuda:N"),
+    ("cuda", 0, "--device 'cuda' but this torch has no CUDA device"),
+    ("cuda:1", 1, "--device 'cuda:1' but torch sees 1 CUDA device(s)"),
+])
+def test_replay_refuses_a_device_this_host_has_not(ckpt, tmp_path, capsys, monkeypatch, device, cuda_devices, says):  # noqa: F811
+    monkeypatch.setattr("server.manifest._cuda_device_count", lambda: cuda_devices)
+    cap = _capture(tmp_path, _record())
+    assert cli_main(["replay", cap, "--checkpoint", str(ckpt), "--device", device]) == 2
+    assert says in capsys.readouterr().err

@@ -118,3 +118,90 @@ def test_each_replicas_audit_lines_are_windowed_on_its_own_clock():
     assert audit_origin(log, "copied.jsonl") is None
     rows = [{"mono_ms": 7_000.0 + 1_500.0}, {"mono_ms": 10_000.0 + 1_500.0}]
     assert audit_window(rows, audit_origin(log, "audit-r1.jsonl"), 1.0, 2.0) == rows[:1]
+
+
+def _incident(tmp_path, edge, *args) -> int:
+    from bench.cli import main
+
+    return main(["incident", "--no-run", "--edge", str(edge), "--out", str(tmp_path / "inc.yaml"), *map(str, args)])
+
+
+def _edge_log(tmp_path) -> Path:
+    src = tmp_path / "edge.jsonl"
+    incident.write_edge_log(_log(), src)
+    return src
+
+
+@pytest.mark.parametrize("t_from, t_to, says", [
+    ("5", "0", "--from 5 --to 0: --to must be at least 0.5 s after --from"),
+    ("0", "0", "--from 0 --to 0: --to must be at least 0.5 s after --from"),  # was a scenario validate refuses
+    ("0", "inf", "--from 0 --to inf: give finite seconds"),
+    ("nan", "5", "--from nan --to 5: give finite seconds"),
+])
+def test_a_window_not_finite_or_not_after_its_start_is_refused_naming_from_and_to(tmp_path, capsys, t_from, t_to, says):
+    assert _incident(tmp_path, _edge_log(tmp_path), "--from", t_from, "--to", t_to) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "inc.yaml").exists()
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"[1, 2]\n", "edge.jsonl line 1: a JSON list, not an object"),
+    (b'{"kind": "robot"}\ngarbage\n', "edge.jsonl line 2: not JSON (Expecting value)"),
+    (b'{"kind": "request", "rtt_ms": 5}\n', "edge.jsonl line 1: a request record needs t"),
+    (b'{"kind": "transition", "t": 1.0}\n', "edge.jsonl line 1: a transition record needs to"),
+    (b"\xff\xfe\n", "edge.jsonl: not a text file"),
+    (b"", "edge.jsonl holds no request or transition records"),  # was a 0-fault scenario, exit 0
+])
+def test_an_edge_log_that_is_not_one_is_refused_naming_the_file_and_line(tmp_path, capsys, content, says):
+    (tmp_path / "edge.jsonl").write_bytes(content)
+    assert _incident(tmp_path, tmp_path / "edge.jsonl", "--from", 0, "--to", 5) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+    assert not (tmp_path / "inc.yaml").exists()
+
+
+def test_a_window_that_holds_none_of_the_records_is_refused_with_their_span(tmp_path, capsys):
+    (tmp_path / "edge.jsonl").write_text('{"kind": "request", "t": 1.0, "rtt_ms": 5, "outcome": "ok"}\n')
+    assert _incident(tmp_path, tmp_path / "edge.jsonl", "--from", 10, "--to", 20) == 2
+    assert "none of the 1 records" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["garbage\n", "5\n[1]\n", ""])
+def test_an_audit_file_without_an_audit_line_is_refused(tmp_path, capsys, content):
+    """All garbage was read as no server load at all (a 0-fault scenario, exit 0); `5` was a traceback."""
+    (tmp_path / "audit.jsonl").write_text(content)
+    assert _incident(tmp_path, _edge_log(tmp_path), "--audit", tmp_path / "audit.jsonl", "--from", 0, "--to", 20) == 2
+    assert f"--audit {tmp_path / 'audit.jsonl'} holds no audit line" in capsys.readouterr().err
+
+
+def test_audit_lines_that_are_not_objects_are_skipped_as_torn_lines_are(tmp_path):
+    (tmp_path / "audit.jsonl").write_text('5\n{"inference_ms": 4.0}\n["x"]\n{"inference_ms": 6.0}\n{"infer')
+    assert incident.read_audit_lines([tmp_path / "audit.jsonl"]) == [{"inference_ms": 4.0}, {"inference_ms": 6.0}]
+
+
+def test_a_directory_that_is_no_bench_run_or_lacks_the_robot_is_refused(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    assert _incident(tmp_path, tmp_path, "--robot", 3, "--from", 0, "--to", 5) == 2
+    assert "is a directory without requests.parquet or transitions.parquet" in capsys.readouterr().err
+    pq.write_table(pa.Table.from_pylist([{"robot": 0, "t": 1.0, "seq": 1, "rtt_ms": 5.0, "queue_wait_ms": 0.1,
+                                          "inference_ms": 3.0, "network_ms": 2.0, "outcome": "ok"}]),
+                   tmp_path / "requests.parquet")
+    pq.write_table(pa.Table.from_pylist([{"robot": 1, "t": 0.5, "from_state": "CONNECTING", "to_state": "STREAMING",
+                                          "reason": ""}]), tmp_path / "transitions.parquet")
+    assert _incident(tmp_path, tmp_path, "--robot", 3, "--from", 0, "--to", 5) == 2
+    assert "has no records of robot 3; its robots: 0, 1" in capsys.readouterr().err
+
+
+def test_the_written_scenario_says_what_was_read(tmp_path, capsys):
+    assert _incident(tmp_path, _edge_log(tmp_path), "--from", 0, "--to", 20) == 0
+    assert f"from {len(_log().requests)} request(s) and {len(_log().transitions)} transition(s) in the window" \
+        in capsys.readouterr().err
+
+
+def test_an_answered_request_without_a_round_trip_is_not_spread_over_the_window():
+    """Its send time is unknown: it was `int(nan)`, "cannot convert float NaN to integer"."""
+    log = _log()
+    log.requests.append({"t": 2.0, "outcome": "ok", "network_ms": 900.0})
+    assert incident.reconstruct(log, 20.0, audit=[])["faults"] == incident.reconstruct(_log(), 20.0, audit=[])["faults"]
