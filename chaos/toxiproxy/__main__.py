@@ -26,10 +26,21 @@ READY_TEXT = "toxiproxy-server-py ready: listening on"
 FIFO_PRIORITY = 5
 
 
+def port(text: str) -> int:
+    """A TCP port for argparse: 0..65535 (0 = any free port); anything else is a usage error, not a traceback."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: not a whole number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {value}: must be 0..65535 (0 = any free port)")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="toxiproxy-server-py", description="Toxiproxy-compatible TCP fault proxy (asyncio).")
     p.add_argument("-host", "--host", default="127.0.0.1", help="host for the API to listen on (default 127.0.0.1)")
-    p.add_argument("-port", "--port", type=int, default=8474, help="port for the API (default 8474; 0 = any free port)")
+    p.add_argument("-port", "--port", type=port, default=8474, help="port for the API (default 8474; 0 = any free port)")
     p.add_argument("-config", "--config", default=None, help="JSON file with proxies to create on startup (a populate list)")
     p.add_argument("-seed", "--seed", type=int, default=None, help="seed for the toxics' random draws")
     p.add_argument("-version", "--version", action="store_true", help="print the version and exit")

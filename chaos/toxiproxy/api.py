@@ -8,8 +8,9 @@
 
 Owns request parsing (a small HTTP/1.1 server with keep-alive) and the mapping from requests to
 the proxy collection. Invariant: any request, however malformed, gets an HTTP answer (errors as
-`{"error": msg, "status": code}`) and never takes the proxy down; every response carries an
-`X-Toxiproxy-Request-Id`.
+`{"error": msg, "status": code}`; one that does not arrive whole within READ_TIMEOUT_S of its first
+byte a 408) and never takes the proxy down; every response carries an `X-Toxiproxy-Request-Id`, and
+its JSON is JSON (no NaN or Infinity: the request bodies that could bring one in are refused).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import re
 from urllib.parse import unquote
 
 from chaos.toxiproxy.collection import PROXY_EXISTS, ProxyCollection, proxy_fields
-from chaos.toxiproxy.proxy import Proxy, ProxyError, make_toxic
-from chaos.toxiproxy.toxics.toxic import BadAttribute, _json_kind
+from chaos.toxiproxy.proxy import Proxy, ProxyError, check_name, make_toxic, toxicity_value
+from chaos.toxiproxy.toxics.toxic import INT64, BadAttribute, BigInt, _json_kind
 
 log = logging.getLogger("chaos.toxiproxy.api")
 
@@ -33,12 +35,16 @@ VERSION = f"{TOXIPROXY_VERSION}+chaos.py"  # what /version answers; `+chaos.py` 
 TOXIC_NOT_FOUND = ProxyError("toxic not found", 404)
 TOXIC_EXISTS = ProxyError("toxic already exists", 409)
 
-MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 64 * 1024  # the request line and headers together (also asyncio's longest line)
 MAX_BODY_BYTES = 16 * 1024 * 1024
-IDLE_TIMEOUT_S = 60.0
+IDLE_TIMEOUT_S = 60.0  # how long a connection may wait for its next request (Toxiproxy's IdleTimeout)
+READ_TIMEOUT_S = 15.0  # how long a request may take to arrive whole, from its first byte (Toxiproxy's ReadTimeout)
 
 _REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 409: "Conflict", 413: "Request Entity Too Large", 500: "Internal Server Error"}
+            405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 413: "Request Entity Too Large",
+            500: "Internal Server Error"}
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]+")
+_DIGITS = re.compile(r"[0-9]+")
 
 
 class Response:
@@ -49,7 +55,8 @@ class Response:
 
     @classmethod
     def json(cls, status: int, obj) -> "Response":
-        return cls(status, json.dumps(obj, separators=(",", ":")).encode())
+        # allow_nan=False: a non-finite number would be written as NaN, which no JSON parser reads; it raises (a 500)
+        return cls(status, json.dumps(obj, separators=(",", ":"), allow_nan=False).encode())
 
     @classmethod
     def error(cls, err: ProxyError) -> "Response":
@@ -65,15 +72,55 @@ class Response:
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (self.body if self.status != 204 else b"")
 
 
+class BadRequest(Exception):
+    """A request that cannot be read: answered with `status` and one line of plain text, then the connection closes."""
+
+    def __init__(self, status: int, text: str):
+        super().__init__(text)
+        self.status, self.text = status, text
+
+    def response(self) -> Response:
+        return Response(self.status, self.text.encode() + b"\n", "text/plain; charset=utf-8")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: no float64 holds it, in Go either
+        raise ProxyError(f"bad request body: json: cannot unmarshal number {text} into Go value of type float64", 400)
+    return value
+
+
+def _int64_or_big(text: str) -> int | BigInt:
+    if len(text) <= 20:  # a sign and int64's 19 digits: cheap to convert
+        value = int(text)
+        if value in INT64:
+            return value
+    return BigInt(text)
+
+
+def _not_json(text: str):  # NaN, Infinity, -Infinity: Python's json reads them, JSON (and Go) does not
+    where = "in numeric literal" if text.startswith("-") else "looking for beginning of value"
+    raise ProxyError(f"bad request body: invalid character '{text.lstrip('-')[0]}' {where}", 400)
+
+
+_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_int=_int64_or_big, parse_constant=_not_json)
+
+
 def decode_body(body: bytes):
-    """The first JSON value of the body, as Go's json.Decoder reads it (trailing bytes ignored)."""
+    """The first JSON value of the body, as Go's json.Decoder reads it (trailing bytes ignored).
+
+    Every number in the value is finite and every int fits int64 (a longer integer is a `BigInt`, which no field
+    takes), so nothing decoded can make a response non-JSON or a toxic's arithmetic overflow. Anything else,
+    nesting too deep for Python's parser included, is a 400."""
     text = body.decode("utf-8", errors="replace").lstrip()
     if not text:
         raise ProxyError("bad request body: EOF", 400)
     try:
-        value, _ = json.JSONDecoder().raw_decode(text)
+        value, _ = _DECODER.raw_decode(text)
     except json.JSONDecodeError as exc:
         raise ProxyError(f"bad request body: {exc.msg} (line {exc.lineno} column {exc.colno})", 400) from None
+    except RecursionError:
+        raise ProxyError("bad request body: exceeded max depth", 400) from None
     return value
 
 
@@ -95,8 +142,10 @@ def _set_attributes(wrapper, data: dict) -> None:
 class Api:
     """Routes and handlers over a `ProxyCollection`."""
 
-    def __init__(self, collection: ProxyCollection):
+    def __init__(self, collection: ProxyCollection, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 read_timeout_s: float = READ_TIMEOUT_S):
         self.collection = collection
+        self.idle_timeout_s, self.read_timeout_s = idle_timeout_s, read_timeout_s
         P, T = r"(?P<proxy>[^/]+)", r"(?P<toxic>[^/]+)"
         self.routes: list[tuple[re.Pattern, dict]] = [
             (re.compile(r"/reset"), {"POST": self.reset}),
@@ -153,6 +202,7 @@ class Api:
             raise ProxyError("missing required field: name", 400)
         if not upstream:
             raise ProxyError("missing required field: upstream", 400)
+        check_name(name)
         async with self.collection.lock:
             if name in self.collection.proxies:
                 raise PROXY_EXISTS
@@ -226,12 +276,11 @@ class Api:
             p, wrapper = self._toxic(proxy, toxic)
             data = _object(decode_body(body), "toxics.ToxicWrapper")
             toxicity = data.get("toxicity")
-            if toxicity is not None and (isinstance(toxicity, bool) or not isinstance(toxicity, (int, float))):
-                raise ProxyError(f"bad request body: json: cannot unmarshal {_json_kind(toxicity)} into Go struct field "
-                                 ".toxicity of type float32", 400)
+            if toxicity is not None:  # Go decodes into an anonymous struct: its field is ".toxicity"
+                toxicity = toxicity_value(toxicity, ".toxicity")
             _set_attributes(wrapper, data)
             if toxicity is not None:
-                wrapper.toxicity = float(toxicity)
+                wrapper.toxicity = toxicity
             await p.toxics.update(wrapper)
             return Response.json(200, wrapper.to_json())
 
@@ -246,12 +295,13 @@ class Api:
     async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                request = await self._read_request(reader)
-                if request is None:
-                    break
-                if isinstance(request, Response):  # unparseable: answer and hang up
-                    writer.write(request.encode(keep_alive=False))
+                try:
+                    request = await self._read_request(reader)
+                except BadRequest as bad:  # unreadable: answer and hang up
+                    writer.write(bad.response().encode(keep_alive=False))
                     await writer.drain()
+                    break
+                if request is None:
                     break
                 method, target, version, headers, body = request
                 keep_alive = headers.get("connection", "").lower() != "close" if version == "HTTP/1.1" \
@@ -262,59 +312,81 @@ class Api:
                 await writer.drain()
                 if not keep_alive:
                     break
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+        except (ConnectionError, TimeoutError):
             pass
         finally:
             writer.close()
 
     async def _read_request(self, reader: asyncio.StreamReader):
+        """(method, target, version, headers, body), or None when the peer closed or sat idle for idle_timeout_s
+        before a request began. Raises BadRequest for a request it cannot read, or one that has not arrived whole
+        read_timeout_s after its first byte (a 408: a request line, headers or body cut short never hold a
+        connection open)."""
         try:
-            line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT_S)
-            while line in (b"\r\n", b"\n"):
-                line = await reader.readline()
-            if not line:
-                return None
-            parts = line.decode("latin-1").split()
-            if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-                return Response(400, b"400 Bad Request\n", "text/plain; charset=utf-8")
-            method, target, version = parts
-            headers: dict[str, str] = {}
-            size = len(line)
-            while True:
-                hline = await reader.readline()
-                size += len(hline)
-                if size > MAX_HEADER_BYTES:
-                    return Response(400, b"400 Request Header Fields Too Large\n", "text/plain; charset=utf-8")
-                if hline in (b"\r\n", b"\n", b""):
-                    break
-                key, sep, value = hline.decode("latin-1").partition(":")
-                if not sep:
-                    return Response(400, b"400 Bad Request: malformed header\n", "text/plain; charset=utf-8")
-                headers[key.strip().lower()] = value.strip()
-            if "chunked" in headers.get("transfer-encoding", "").lower():
-                body = await self._read_chunked(reader)
-            else:
-                try:
-                    length = int(headers.get("content-length", "0") or 0)
-                except ValueError:
-                    return Response(400, b"400 Bad Request: bad Content-Length\n", "text/plain; charset=utf-8")
-                if length < 0 or length > MAX_BODY_BYTES:
-                    return Response(413, b"413 Request Entity Too Large\n", "text/plain; charset=utf-8")
-                body = await reader.readexactly(length) if length else b""
-            return method.upper(), target, version, headers, body
-        except (ValueError, asyncio.LimitOverrunError):
-            return Response(400, b"400 Bad Request: line too long\n", "text/plain; charset=utf-8")
+            first = await asyncio.wait_for(reader.read(1), self.idle_timeout_s)
+        except TimeoutError:
+            return None
+        if not first:
+            return None
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                return await self._read_whole(reader, first)
+        except TimeoutError:
+            raise BadRequest(408, "408 Request Timeout") from None
+        except asyncio.IncompleteReadError:
+            raise BadRequest(400, "400 Bad Request: unexpected EOF") from None
+        except (ValueError, asyncio.LimitOverrunError):  # asyncio's readline past its limit (MAX_HEADER_BYTES)
+            raise BadRequest(400, "400 Bad Request: line too long") from None
+
+    async def _read_whole(self, reader: asyncio.StreamReader, first: bytes):
+        line = first if first == b"\n" else first + await reader.readline()
+        while line in (b"\r\n", b"\n"):
+            line = await reader.readline()
+        if not line:
+            return None
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            raise BadRequest(400, "400 Bad Request")
+        method, target, version = parts
+        headers: dict[str, str] = {}
+        size = len(line)
+        while True:
+            hline = await reader.readline()
+            size += len(hline)
+            if size > MAX_HEADER_BYTES:
+                raise BadRequest(400, "400 Request Header Fields Too Large")
+            if hline in (b"\r\n", b"\n", b""):
+                break
+            key, sep, value = hline.decode("latin-1").partition(":")
+            if not sep:
+                raise BadRequest(400, "400 Bad Request: malformed header")
+            headers[key.strip().lower()] = value.strip()
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            body = await self._read_chunked(reader)
+        else:
+            length = headers.get("content-length", "") or "0"
+            if not _DIGITS.fullmatch(length):  # what int() takes beyond digits (-5, +5, 5_0, spaces) is no length
+                raise BadRequest(400, "400 Bad Request: bad Content-Length")
+            digits = length.lstrip("0")
+            if len(digits) > len(str(MAX_BODY_BYTES)) or int(digits or "0") > MAX_BODY_BYTES:
+                raise BadRequest(413, "413 Request Entity Too Large")
+            body = await reader.readexactly(int(digits or "0"))
+        return method.upper(), target, version, headers, body
 
     async def _read_chunked(self, reader: asyncio.StreamReader) -> bytes:
         parts, total = [], 0
         while True:
-            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+            size_text = (await reader.readline()).split(b";")[0].strip()
+            if not _CHUNK_SIZE.fullmatch(size_text):  # hex digits only (int(x, 16) also takes 0x, _ and signs)
+                raise BadRequest(400, "400 Bad Request: bad chunk size")
+            size = int(size_text, 16)  # linear in the digits: base 16 has no digit limit
             if size == 0:
                 while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                     pass  # trailers
                 return b"".join(parts)
             total += size
             if total > MAX_BODY_BYTES:
-                raise ValueError("body too large")
+                raise BadRequest(413, "413 Request Entity Too Large")
             parts.append(await reader.readexactly(size))
-            await reader.readexactly(2)
+            if await reader.readexactly(2) != b"\r\n":
+                raise BadRequest(400, "400 Bad Request: malformed chunked encoding")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from chaos.toxiproxy.proxy import AlreadyStarted, Proxy, ProxyError
+from chaos.toxiproxy.proxy import AlreadyStarted, Proxy, ProxyError, check_name
 
 PROXY_NOT_FOUND = ProxyError("proxy not found", 404)
 PROXY_EXISTS = ProxyError("proxy already exists", 409)
@@ -67,6 +67,10 @@ class ProxyCollection:
                 return [], ProxyError(f"missing required field: name at proxy {i}", 400)
             if not upstream:
                 return [], ProxyError(f"missing required field: upstream at proxy {i}", 400)
+            try:
+                check_name(name, f" at proxy {i}")
+            except ProxyError as exc:
+                return [], exc
             parsed.append((name, listen, upstream, enabled))
         done: list[Proxy] = []
         for name, listen, upstream, enabled in parsed:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import socket
 import struct
@@ -456,19 +457,38 @@ async def _gather(coros) -> None:
         await asyncio.gather(*coros)
 
 
+# The longest name of a proxy or a toxic. Both percent-encoded (12 bytes a character at worst) in the longest route
+# take 25 KiB of the API's 64 KiB request head (api.MAX_HEADER_BYTES): whatever is created can be addressed.
+MAX_NAME_CHARS = 1024
+
+FLOAT32_MAX = 3.4028234663852886e38  # Go decodes toxicity into a float32
+
+
+def check_name(name: str, where: str = "") -> None:
+    """400 for a name too long to be addressed in a URL later (Toxiproxy has no limit; its request head has 1 MB)."""
+    if len(name) > MAX_NAME_CHARS:
+        raise ProxyError(f"name too long: at most {MAX_NAME_CHARS} characters{where}", 400)
+
+
+def toxicity_value(value, field: str) -> float:
+    """A body's toxicity as Go decodes it into a float32; a 400 naming `field`, as Go's error does, otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= FLOAT32_MAX:
+        raise ProxyError(f"bad request body: json: cannot unmarshal {_kind(value)} into Go struct field {field} of "
+                         "type float32", 400)
+    return float(value)
+
+
 def make_toxic(body: dict) -> ToxicWrapper:
-    """Validate a toxic-create body the way Toxiproxy does, in its order of checks."""
-    stream = body.get("stream", "downstream")
-    toxicity = body.get("toxicity", 1.0)
-    name = body.get("name", "") or ""
-    type_ = body.get("type", "") or ""
-    for key, value, kind in (("name", name, str), ("type", type_, str), ("stream", stream, str)):
-        if not isinstance(value, kind):
+    """Validate a toxic-create body the way Toxiproxy does, in its order of checks (null is absent, as in Go)."""
+    defaults = {"name": "", "type": "", "stream": "downstream", "toxicity": 1.0}
+    name, type_, stream, toxicity = (default if body.get(key) is None else body[key]
+                                     for key, default in defaults.items())
+    for key, value in (("name", name), ("type", type_), ("stream", stream)):
+        if not isinstance(value, str):
             raise ProxyError(f"bad request body: json: cannot unmarshal {_kind(value)} into Go struct field "
                              f"ToxicWrapper.{key} of type string", 400)
-    if isinstance(toxicity, bool) or not isinstance(toxicity, (int, float)):
-        raise ProxyError(f"bad request body: json: cannot unmarshal {_kind(toxicity)} into Go struct field "
-                         "ToxicWrapper.toxicity of type float32", 400)
+    toxicity = toxicity_value(toxicity, "ToxicWrapper.toxicity")
+    check_name(name)
     if stream.lower() not in DIRECTIONS:
         raise ProxyError("stream was invalid, can be either upstream or downstream", 400)
     if not name:
@@ -476,7 +496,7 @@ def make_toxic(body: dict) -> ToxicWrapper:
     cls = REGISTRY.get(type_)
     if cls is None:
         raise ProxyError("invalid toxic type", 400)
-    return ToxicWrapper(name, type_, stream, float(toxicity), cls())
+    return ToxicWrapper(name, type_, stream, toxicity, cls())
 
 
 def _kind(v) -> str:
@@ -536,6 +556,11 @@ async def resolve_listen(addr: str) -> tuple[str, int]:
     return infos[0][4][0], port
 
 
+def listen_error(exc: Exception) -> ProxyError:
+    """A listen address that does not resolve, worded as Go's net.Listen words it (on create and update alike)."""
+    return ProxyError(f"listen tcp: {exc}", 500)
+
+
 class Proxy:
     """One listening address forwarding to one upstream, with its connections and toxics."""
 
@@ -563,7 +588,7 @@ class Proxy:
         try:
             host, port = await resolve_listen(self.listen)
         except (ValueError, OSError) as exc:
-            raise ProxyError(f"listen tcp: {exc}", 500) from None
+            raise listen_error(exc) from None
         loop = asyncio.get_running_loop()
 
         def accept() -> _Side:
@@ -571,8 +596,8 @@ class Proxy:
 
         try:
             self._server = await loop.create_server(accept, host, port, reuse_address=True, backlog=1024)
-        except OSError as exc:
-            reason = (exc.strerror or str(exc)).lower()
+        except OSError as exc:  # asyncio's text repeats the address: Go's is the errno's
+            reason = (os.strerror(exc.errno) if exc.errno else str(exc)).lower()
             raise ProxyError(f"listen tcp {join_hostport(host, port)}: bind: {reason}", 500) from None
         sockname = self._server.sockets[0].getsockname()
         self.listen = join_hostport(sockname[0], sockname[1])
@@ -594,7 +619,7 @@ class Proxy:
         try:
             host, port = await resolve_listen(listen)
         except (ValueError, OSError) as exc:
-            raise ProxyError(str(exc), 500) from None
+            raise listen_error(exc) from None
         return self.listen != join_hostport(host, port) or self.upstream != upstream
 
     async def update(self, listen: str, upstream: str, enabled: bool) -> None:

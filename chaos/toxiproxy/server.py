@@ -8,14 +8,14 @@ thread is the only thread that touches proxies, connections and toxics.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import threading
 from pathlib import Path
 
-from chaos.toxiproxy.api import VERSION, Api
+from chaos.toxiproxy.api import VERSION, Api, decode_body
 from chaos.toxiproxy.collection import ProxyCollection
+from chaos.toxiproxy.proxy import ProxyError
 
 log = logging.getLogger("chaos.toxiproxy")
 
@@ -41,9 +41,12 @@ class ToxiproxyServer:
     async def populate_file(self, path: str | Path) -> None:
         """Like `toxiproxy-server -config FILE`: a JSON populate list; errors are logged, not fatal."""
         try:
-            entries = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
+            entries = decode_body(Path(path).read_bytes())  # the API's decoder: what it refuses, a file cannot bring
+        except OSError as exc:
             log.error("error reading config file %s: %s", path, exc)
+            return
+        except ProxyError as exc:
+            log.error("error reading config file %s: %s", path, exc.message)
             return
         async with self.collection.lock:
             done, err = await self.collection.populate(entries)

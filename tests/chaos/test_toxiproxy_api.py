@@ -3,6 +3,7 @@ routes, JSON shapes, status codes, populate, reset, enable/disable, live reconfi
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -142,3 +143,92 @@ def test_many_proxies_and_connections(api, echo):
     for s in socks:
         s.close()
     assert len(api.list_proxies()) == 200
+
+
+# --- bad input: what Toxiproxy (Go's encoding/json and net) answers, ours answers too -----------------------
+
+
+def _send(method: str, url: str, body: str) -> requests.Response:
+    return requests.request(method, url, data=body.encode(), headers={"Content-Type": "application/json"})
+
+
+def _all_json(url: str) -> None:
+    """Every GET that shows toxics parses as strict JSON (NaN and Infinity are not JSON)."""
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in {text[:200]}"))
+    for path in ("/proxies", "/proxies/p", "/proxies/p/toxics"):
+        strict(requests.get(url + path).text)
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"])
+def test_a_non_finite_number_is_a_bad_request_body_and_never_reaches_a_response(api, echo, proxy_server, number):
+    url = proxy_server.api_url
+    proxy_to(api, echo)
+    r = _send("POST", f"{url}/proxies/p/toxics", f'{{"type": "latency", "toxicity": {number}}}')
+    assert r.status_code == 400 and r.json()["error"].startswith("bad request body: ")
+    assert _send("POST", f"{url}/proxies/p/toxics", '{"type": "latency"}').status_code == 200
+    r = _send("PATCH", f"{url}/proxies/p/toxics/latency_downstream", f'{{"toxicity": {number}}}')
+    assert r.status_code == 400 and r.json()["error"].startswith("bad request body: ")
+    r = _send("POST", f"{url}/proxies/p/toxics", f'{{"type": "loss", "attributes": {{"probability": {number}}}}}')
+    assert r.status_code == 400
+    if not number[-1].isdigit():  # not JSON wherever it stands (Go skips a 1e999 in a key it does not know)
+        r = _send("POST", f"{url}/proxies", f'{{"name": "q", "upstream": "127.0.0.1:1", "extra": [{number}]}}')
+        assert r.status_code == 400
+    _all_json(url)
+    assert api.get_proxy("p")["toxics"][0]["toxicity"] == 1.0
+
+
+def test_an_integer_attribute_beyond_int64_is_a_bad_request_and_int64_itself_is_accepted(api, echo, proxy_server):
+    url = proxy_server.api_url
+    listen = proxy_to(api, echo)
+    for big in (str(10**35), "9" * 401, str(2**63), str(-2**63 - 1)):
+        r = _send("POST", f"{url}/proxies/p/toxics", f'{{"type": "latency", "attributes": {{"latency": {big}}}}}')
+        assert r.status_code == 400, big[:30]
+        assert r.json()["error"] == (f"bad request body: json: cannot unmarshal number {big} into Go struct field "
+                                     "LatencyToxic.attributes.latency of type int64")
+    assert api.get_proxy("p")["toxics"] == []
+    ok = _send("POST", f"{url}/proxies/p/toxics", f'{{"type": "latency", "attributes": {{"latency": {2**63 - 1}}}}}')
+    assert ok.status_code == 200 and ok.json()["attributes"]["latency"] == 2**63 - 1
+    r = _send("PATCH", f"{url}/proxies/p/toxics/latency_downstream", f'{{"attributes": {{"jitter": {2**63}}}}}')
+    assert r.status_code == 400 and "of type int64" in r.json()["error"]
+    # the toxic accepted holds a connection's data (int64 ms: for ever) and removing it delivers the data
+    s = connect(listen)
+    s.sendall(b"held")
+    api.remove_toxic("p", "latency_downstream")
+    assert recv_exactly(s, 4) == b"held"
+    s.close()
+
+
+def test_numbers_too_long_and_nesting_too_deep_are_bad_requests(api, echo, proxy_server):
+    url = proxy_server.api_url
+    proxy_to(api, echo)
+    digits = "7" * 5000
+    r = _send("POST", f"{url}/proxies", f'{{"name": {digits}, "upstream": "127.0.0.1:1"}}')
+    assert r.status_code == 400 and r.json()["error"].startswith("bad request body: ")
+    r = _send("POST", f"{url}/proxies/p/toxics", f'{{"type": "latency", "attributes": {{"latency": {digits}}}}}')
+    assert r.status_code == 400 and r.json()["error"].endswith("of type int64")
+    deep = "[" * 100_000
+    for path in ("/proxies", "/proxies/p/toxics", "/populate"):
+        r = _send("POST", url + path, deep)
+        assert r.status_code == 400 and r.json()["error"].startswith("bad request body: "), path
+    r = _send("POST", f"{url}/populate", f'[{{"name": {digits}, "upstream": "127.0.0.1:1"}}]')
+    assert r.status_code == 400 and set(r.json()) == {"error", "status", "proxies"} and r.json()["proxies"] is None
+    assert set(api.list_proxies()) == {"p"}
+
+
+def test_null_stream_and_toxicity_on_create_mean_their_defaults(api, echo, proxy_server):
+    proxy_to(api, echo)
+    r = _send("POST", f"{proxy_server.api_url}/proxies/p/toxics",
+              '{"name": null, "type": "latency", "stream": null, "toxicity": null, "attributes": {"latency": null}}')
+    assert r.status_code == 200
+    assert r.json() == {"name": "latency_downstream", "type": "latency", "stream": "downstream", "toxicity": 1.0,
+                        "attributes": {"latency": 0, "jitter": 0}}
+
+
+def test_listen_errors_read_like_go(api, echo, proxy_server):
+    url = proxy_server.api_url
+    listen = proxy_to(api, echo)
+    r = requests.post(f"{url}/proxies", json={"name": "q", "listen": listen, "upstream": f"127.0.0.1:{echo.port}"})
+    assert r.status_code == 500 and r.json()["error"] == f"listen tcp {listen}: bind: address already in use"
+    r = requests.patch(f"{url}/proxies/p", json={"listen": "bad"})
+    assert r.status_code == 500 and r.json()["error"] == "listen tcp: address bad: missing port in address"

@@ -168,6 +168,22 @@ class BadAttribute(ValueError):
     """An attribute has the wrong JSON type; the message reads like Toxiproxy's."""
 
 
+INT64 = range(-2**63, 2**63)  # Go's int64: every integer attribute fits it, so no toxic's arithmetic overflows
+
+
+class BigInt:
+    """An integer literal of a request body beyond int64, kept as its text: Python would convert a long one in
+    quadratic time (and refuses one over 4300 digits). No field takes it; errors quote it, as Go's do."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 @dataclass
 class Toxic:
     """Base of every toxic. Subclasses are dataclasses whose fields are the JSON attributes."""
@@ -209,7 +225,7 @@ class Toxic:
             v = raw[f.name]
             kind = f.type if isinstance(f.type, str) else f.type.__name__
             if kind == "int":
-                if isinstance(v, bool) or not isinstance(v, int):
+                if isinstance(v, bool) or not isinstance(v, int) or v not in INT64:
                     raise BadAttribute(f"json: cannot unmarshal {_json_kind(v)} into Go struct field "
                                           f"{type(self).__name__}.attributes.{f.name} of type int64")
             elif kind == "float":
@@ -233,6 +249,8 @@ def _json_kind(v: Any) -> str:
         return "number"
     if isinstance(v, float):
         return f"number {v}"
+    if isinstance(v, BigInt):
+        return f"number {v.text}"
     if isinstance(v, str):
         return "string"
     if isinstance(v, list):
