@@ -47,6 +47,8 @@ class LegStats:
     def record(self, nbytes: int, asked_s: float, applied_s: float, now_s: float | None = None) -> None:
         """One chunk written: `asked_s` its toxics asked, `applied_s` it took, at `now_s` (the loop's monotonic
         clock; None: not kept by the 100 ms)."""
+        if asked_s == float("inf"):  # a 100 % loss held the chunk until its toxic went: that was what it asked
+            asked_s = applied_s
         err = applied_s - asked_s
         self.chunks += 1
         self.bytes += nbytes

@@ -34,3 +34,27 @@ def test_no_loss_means_no_stall(api, echo):
     s.sendall(payload)
     assert recv_exactly(s, len(payload)) == payload
     s.close()
+
+
+def test_a_chunk_total_loss_held_is_let_go_with_its_toxic_and_the_leg_stays_finite(api, echo):
+    """probability 1 asks an endless stall; the toxic's removal ends it. The chunk's asked delay is then what it
+    waited (its error 0), so the fidelity counters stay finite JSON (they read Infinity, which strict clients
+    cannot parse and the API now refuses to send: a 500)."""
+    import math
+    import socket
+
+    s = connect(proxy_to(api, echo))
+    api.add_toxic("p", "loss", {"probability": 1.0, "rto_ms": 40}, name="all_lost", stream="downstream")
+    payload = b"held" * 8
+    s.sendall(payload)
+    s.settimeout(0.3)
+    with pytest.raises(socket.timeout):  # held: nothing comes back while the toxic is there
+        s.recv(1)
+    s.settimeout(5.0)
+    api.remove_toxic("p", "all_lost")
+    assert recv_exactly(s, len(payload)) == payload
+    down = api.fidelity("p")["downstream"]
+    assert down["chunks"] >= 1 and math.isfinite(down["asked_ms_max"]) and down["asked_ms_max"] >= 300
+    assert math.isfinite(down["asked_ms_sum"]) and down["error_ms_max"] < 300
+    assert all(math.isfinite(x) for x in api.fidelity_asked("p")["downstream"]["asked_ms_max"])
+    s.close()
