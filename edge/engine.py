@@ -18,9 +18,11 @@ import dataclasses
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
+
+from wire.configerrors import show
 
 
 class EngineState(str, enum.Enum):
@@ -122,10 +124,13 @@ class ConfigError(ValueError):
 
 
 def config_from_dict(cls: type, d: dict):
-    """`cls(**d)` for a backend's config dataclass (its `from_dict`); a key it has no field for is a ConfigError
-    that lists the known ones."""
+    """`cls(**d)` for a backend's config dataclass (its `from_dict`); anything but a mapping, or a key it has no
+    field for, is a ConfigError (the latter lists the known ones)."""
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{cls.__name__}: the config must be a mapping of field names to values, e.g. "
+                          f"{{fps: 30}}, got {show(d)}; fields: {', '.join(sorted(known))}")
+    unknown = sorted(set(d) - known, key=str)
     if unknown:
         raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; known: {', '.join(sorted(known))}")
     return cls(**d)

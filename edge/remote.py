@@ -41,11 +41,24 @@ import numpy as np
 from edge.engine import Action, ConfigError, Engine, EngineState, FallbackBehavior, config_from_dict, register_engine
 from edge.latency import LATENCY_MODES, LatencyTracker
 from edge.queue import TRIM_MODES, ActionQueue, fit_prefix
+from wire.configerrors import range_text, show
+from wire.errors import WireError
+from wire.keys import sanitize, sanitize_root, task_slug
+from wire.messages import Observation
 from wire.qos import CONTROL_TIMEOUTS_S
+from wire.transport import MAX_LEASE_MS, MIN_LEASE_MS, TlsError, TlsFiles, endpoint_problem
 
 log = logging.getLogger(__name__)
 
 S = EngineState
+
+
+_PRIORITY_MAX = next(int(f.hi) for f in Observation.FIELDS if f.name == "priority")
+
+
+def _positive(v: Any) -> bool:
+    """A finite number > 0 (inf would make a period 0 or a wait endless; a bool is not a number here)."""
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v < math.inf
 
 
 @dataclass
@@ -94,16 +107,48 @@ class RemoteEngineConfig:
     priority: int = 0
 
     def __post_init__(self) -> None:
+        """Every field checked here, so a bad value is a ConfigError naming it, never a handshake that fails until
+        max_offline_s or a TypeError later. The rules are the wire's where it has them (key chunks, endpoints,
+        leases, the observation's urgency and priority)."""
+
         def bad(name, why):
             raise ConfigError(f"RemoteEngineConfig.{name}: {why}")
 
+        def strings(name, noun, example):
+            v = getattr(self, name)
+            if not isinstance(v, (list, tuple)):
+                hint = f"[{v}]" if isinstance(v, str) else example
+                bad(name, f"must be a list of {noun}, e.g. {hint}, got {show(v)}")
+            for x in v:
+                if not isinstance(x, str) or not x:
+                    bad(name, f"must be a list of {noun} (non-empty strings), got {x!r} in {v!r}")
+            twice = sorted({x for x in v if v.count(x) > 1})
+            if twice:
+                bad(name, f"{twice[0]!r} is listed {v.count(twice[0])} times in {v!r}; list each once")
+            setattr(self, name, list(v))
+
+        def key_chunk(name, v, fix):
+            if not isinstance(v, str):
+                bad(name, f"must be a string, got {show(v)}; {fix}")
+            try:
+                if name == "root":
+                    sanitize_root(v)
+                else:
+                    sanitize(v, name)
+            except WireError as exc:
+                bad(name, f"{str(exc).split('] ', 1)[-1]}; {fix}")
+
         if isinstance(self.connect_endpoints, str):
             self.connect_endpoints = [self.connect_endpoints]
-        if not self.connect_endpoints or not all(isinstance(e, str) and "/" in e for e in self.connect_endpoints):
-            bad("connect_endpoints", f"{self.connect_endpoints!r}: give zenoh endpoints like tcp/127.0.0.1:7447")
-        if self.buffer_time_s is not None and (isinstance(self.buffer_time_s, bool) or not isinstance(
-                self.buffer_time_s, (int, float)) or not self.buffer_time_s > 0):
-            bad("buffer_time_s", f"must be a number > 0, or null to derive it from the measured delay; got "
+        if not isinstance(self.connect_endpoints, (list, tuple)) or not self.connect_endpoints:
+            bad("connect_endpoints", f"must be a list of Zenoh router endpoints, e.g. [tcp/127.0.0.1:7447], got "
+                                     f"{show(self.connect_endpoints)}")
+        for e in self.connect_endpoints:
+            if endpoint_problem(e):
+                bad("connect_endpoints", endpoint_problem(e))
+        self.connect_endpoints = list(self.connect_endpoints)
+        if self.buffer_time_s is not None and not _positive(self.buffer_time_s):
+            bad("buffer_time_s", f"must be a finite number > 0, or null to derive it from the measured delay; got "
                                  f"{self.buffer_time_s!r}")
         if self.buffer_time_s is not None:
             self.buffer_time_s = float(self.buffer_time_s)
@@ -111,8 +156,8 @@ class RemoteEngineConfig:
                      "reconnect_initial_backoff_s", "reconnect_max_backoff_s", "max_offline_s",
                      "control_timeout_max_s"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                bad(name, f"must be a number > 0, got {v!r}")
+            if not _positive(v):
+                bad(name, f"must be a finite number > 0, got {v!r}")
             setattr(self, name, float(v))
         if self.reconnect_max_backoff_s < self.reconnect_initial_backoff_s:
             bad("reconnect_max_backoff_s", "must be >= reconnect_initial_backoff_s")
@@ -129,31 +174,67 @@ class RemoteEngineConfig:
             bad("trim", f"{self.trim!r} is not one of {TRIM_MODES}")
         if self.latency_mode not in LATENCY_MODES:
             bad("latency_mode", f"{self.latency_mode!r} is not one of {LATENCY_MODES}")
-        if not isinstance(self.jpeg_quality, int) or not 0 <= self.jpeg_quality <= 100:
-            bad("jpeg_quality", f"must be 0 (raw) .. 100, got {self.jpeg_quality!r}")
-        for name in ("execution_horizon", "timeout_streak", "latency_window", "lease_ms"):
+        if not isinstance(self.rtc_enabled, bool):
+            bad("rtc_enabled", f"must be true or false, got {show(self.rtc_enabled)}")
+        for name, lo, hi, meaning in (
+                ("jpeg_quality", 0, 100, "0: raw frames, else the JPEG quality"),
+                ("execution_horizon", 0, None, "the prefix rows shipped"), ("timeout_streak", 1, None, "timeouts"),
+                ("latency_window", 1, None, "round trips"),
+                ("lease_ms", MIN_LEASE_MS, MAX_LEASE_MS, "ms; keep it above the link's round trip"),
+                ("priority", 0, _PRIORITY_MAX, "0 = most urgent; the range of an observation's priority")):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "execution_horizon" else 1):
-                bad(name, f"must be a positive integer, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+                kind = "a positive integer" if (lo, hi) == (1, None) else f"an integer {range_text(lo, hi, None)}"
+                bad(name, f"must be {kind} ({meaning}), got {show(v)}")
         if not self.model_id:
             bad("model_id", "is required: the model id the server serves (its manifest's model_id)")
+        key_chunk("model_id", self.model_id, "give the model id the server serves (its manifest's model_id)")
+        key_chunk("revision", self.revision, "give the revision the server serves (its manifest's revision; "
+                                             "default main)")
+        key_chunk("root", self.root, "give the servers' key root, e.g. @fleet (the default)")
+        if self.client_uuid != "":
+            key_chunk("client_uuid", self.client_uuid,
+                      "give a name of letters, digits, . _ - (no * $ ? # / or spaces), or \"\" for a random id")
+        for name in ("task", "client_type", "expected_checkpoint_hash"):
+            if not isinstance(getattr(self, name), str):
+                bad(name, f"must be a string, got {show(getattr(self, name))}; write \"\" to leave it unset")
+        if self.task:
+            try:
+                task_slug(self.task)
+            except WireError as exc:
+                bad("task", f"{str(exc).split('] ', 1)[-1]}; write the instruction in words, or \"\" for the "
+                            "server's default")
         if not self.action_names:
             bad("action_names", "is required: the robot's ordered action names (they must match the policy's)")
+        strings("action_names", "the robot's action names in the policy's order", "[shoulder, elbow]")
+        strings("cameras", "camera names", "[front]")
+        strings("replica_order", "replica ids", "[r0, r1]")
+        for r in self.replica_order:
+            key_chunk("replica_order", r, "give the replica ids the servers run with (their manifests' replica_id)")
+        if not isinstance(self.tags, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                      for k, v in self.tags.items()):
+            bad("tags", f"must be a mapping of tag names to string values, e.g. {{site: lab}}, got {show(self.tags)}")
+        self.tags = dict(self.tags)
         if isinstance(self.state_dim, bool) or not isinstance(self.state_dim, int) or self.state_dim < 1:
             bad("state_dim", f"must be the robot's state size (>= 1), got {self.state_dim!r}")
-        if not 0.0 <= float(self.urgency) <= 1.0:
-            bad("urgency", "must be in [0, 1]")
+        if isinstance(self.urgency, bool) or not isinstance(self.urgency, (int, float)) or not 0 <= self.urgency <= 1:
+            bad("urgency", f"must be a number from 0 to 1 (1 = most time-critical), got {show(self.urgency)}")
+        self.urgency = float(self.urgency)
         for name in ("tls_cert", "tls_key", "tls_ca"):
             import os
 
             p = getattr(self, name)
+            if p is not None and not isinstance(p, str):
+                bad(name, f"must be a file path or null, got {show(p)}")
             if p is not None and not os.path.isfile(p):
                 bad(name, f"file {p!r} does not exist; check the path")
         if (self.tls_cert or self.tls_key) and not self.tls_ca:
             bad("tls_ca", "a client certificate needs the CA file that signed the router's certificate")
+        secure = [e for e in self.connect_endpoints if e.startswith(("tls/", "quic/"))]
+        if secure and not self.tls_ca:
+            bad("tls_ca", f"endpoint {secure[0]} needs TLS: give the CA file that signed the router's certificate "
+                          "(and tls_cert, tls_key for mTLS)")
         if self.tls_ca:
-            from wire.transport import TlsError, TlsFiles
-
             try:  # expired, not PEM, a key of another certificate, another CA: fail at construction, not later
                 TlsFiles(self.tls_ca, self.tls_cert, self.tls_key).check()
             except TlsError as exc:
@@ -165,15 +246,15 @@ class RemoteEngineConfig:
 # What each RemoteEngineConfig field means, for the generated docs (docs/scenarios.md's engine table)
 # and the scenario JSON Schema; a test fails when a field has no line here.
 FIELD_DOCS = {
-    "connect_endpoints": "Zenoh router endpoints",
-    "model_id": "the model id the server serves (its manifest's model_id)",
-    "revision": "checkpoint revision in the keys",
-    "fps": "control rate in Hz; one get_action per tick",
-    "action_names": "the robot's ordered action names: chunk column i drives action i",
+    "connect_endpoints": "Zenoh router endpoints, protocol/address (e.g. tcp/10.0.0.1:7447, tls/[::1]:7447)",
+    "model_id": "the model id the server serves (its manifest's model_id; a key chunk: no * $ ? # / or spaces)",
+    "revision": "checkpoint revision in the keys (a key chunk)",
+    "fps": "control rate in Hz (finite, > 0); one get_action per tick",
+    "action_names": "the robot's ordered action names, each once: chunk column i drives action i",
     "state_dim": "the robot's state size",
-    "cameras": "camera names the robot sends",
+    "cameras": "camera names the robot sends, each once",
     "task": "task string sent with each observation",
-    "client_uuid": "this client's id in the keys; empty: a random uuid at start()",
+    "client_uuid": "this client's id in the keys (a key chunk); empty: a random uuid at start()",
     "client_type": "free text reported to the server",
     "tls_cert": "client certificate (mTLS)",
     "tls_key": "its private key",
@@ -198,13 +279,13 @@ FIELD_DOCS = {
             "actions executed since the request, which fixes the first chunk's over-trim)",
     "latency_mode": "the delay estimate RTC plans with: percentile (p95 of the window), window_max, all_time_max (LeRobot)",
     "latency_window": "requests in the latency window (window_max, percentile)",
-    "tags": "tag=value labels sent at session open (server allowlists may use them)",
-    "root": "the verbatim root key chunk",
-    "lease_ms": "this client's Zenoh lease: how fast the router notices it is gone",
+    "tags": "tag: value labels (strings) sent at session open (server allowlists may use them)",
+    "root": "the verbatim root key chunk: @ and a key chunk",
+    "lease_ms": "this client's Zenoh lease, 100..600000 ms: how fast the router notices it is gone",
     "expected_checkpoint_hash": "non-empty: refuse any other checkpoint from the start",
-    "replica_order": "preferred replica ids, in order; default: the least loaded",
+    "replica_order": "preferred replica ids, in order, each once; default: the least loaded",
     "urgency": "0..1, sent with each request for deadline-aware scheduling",
-    "priority": "priority tier for priority_tiered scheduling (0 = most urgent)",
+    "priority": "priority tier for priority_tiered scheduling, 0..255 (0 = most urgent)",
 }
 
 

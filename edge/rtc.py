@@ -48,8 +48,8 @@ class RTCEngineConfig:
     def __post_init__(self) -> None:
         for name in ("fps", "buffer_time_s", "error_retry_s"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ConfigError(f"{type(self).__name__}.{name}: must be a number > 0, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise ConfigError(f"{type(self).__name__}.{name}: must be a finite number > 0, got {v!r}")
         if self.trim not in TRIM_MODES:
             raise ConfigError(f"{type(self).__name__}.trim: {self.trim!r} is not one of {TRIM_MODES}")
         if self.latency_mode not in LATENCY_MODES:

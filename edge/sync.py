@@ -7,6 +7,7 @@ the next observation is inferred.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +23,8 @@ class SyncEngineConfig:
     n_action_steps: int | None = None  # actions executed per chunk; None = the whole chunk
 
     def __post_init__(self) -> None:
-        if isinstance(self.fps, bool) or not isinstance(self.fps, (int, float)) or self.fps <= 0:
-            raise ConfigError(f"SyncEngineConfig.fps: must be > 0, got {self.fps!r}")
+        if isinstance(self.fps, bool) or not isinstance(self.fps, (int, float)) or not 0 < self.fps < math.inf:
+            raise ConfigError(f"SyncEngineConfig.fps: must be a finite number > 0, got {self.fps!r}")
         if self.n_action_steps is not None and (not isinstance(self.n_action_steps, int) or self.n_action_steps < 1):
             raise ConfigError(f"SyncEngineConfig.n_action_steps: must be a positive integer or null, got {self.n_action_steps!r}")
 

@@ -44,6 +44,7 @@ from wire.errors import WireError
 from wire.keys import sanitize, sanitize_root
 from wire.suggest import closest
 from wire.tensors import DEFAULT_LIMITS
+from wire.transport import MAX_LEASE_MS, MIN_LEASE_MS, endpoint_problem
 from wire.yamlines import OVERRIDE, LineDict
 
 __all__ = [
@@ -289,7 +290,8 @@ class ZenohConfig(_Section):
 
     connect_endpoints: Endpoints = _f(doc="router endpoints, e.g. [tcp/127.0.0.1:7447] or [tls/host:7447]")
     listen_endpoints: Endpoints = _f((), "endpoints this server also listens on (peers); usually empty")
-    lease_ms: Int = _f(1000, "this session's lease: how fast the router notices the server died", lo=100, hi=600000)
+    lease_ms: Int = _f(1000, "this session's lease: how fast the router notices the server died", lo=MIN_LEASE_MS,
+                       hi=MAX_LEASE_MS)
     connect_timeout_s: Num = _f(30.0, "keep retrying an unreachable router (backoff 0.1 s doubling to 2 s) this long "
                                 "before giving up with exit 2: a replica restarted while its router is busy or "
                                 "restarting waits for it; 0 = one attempt", lo=0.0)
@@ -609,7 +611,6 @@ manifest_from_dict = Manifest.from_dict
 
 # ---- value checks keyed by the `check` word ---------------------------------------------------------------------
 
-_ENDPOINT_RE = re.compile(r"^(tcp|udp|tls|quic|ws|unixsock-stream|unixpipe|serial|vsock)/\S+$")
 _DEVICE_RE = re.compile(r"^(cpu|cuda|cuda:\d+)$")
 
 
@@ -656,9 +657,9 @@ def _check_key_root(v: str, fail) -> None:
 
 
 def _check_endpoint(v: str, fail) -> None:
-    if not _ENDPOINT_RE.match(v):
-        example = v.split("/")[-1] or "127.0.0.1:7447"
-        fail(f"{v!r} is not a Zenoh endpoint; write it as protocol/address, e.g. tcp/{example}")
+    why = endpoint_problem(v)  # the edge's config checks its endpoints with the same rule
+    if why:
+        fail(why)
 
 
 def _cuda_device_count() -> int | None:

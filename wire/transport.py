@@ -10,6 +10,9 @@ shared/notes/zenoh-python.md:
 - connect retry as one object (leaf keys are rejected),
 - TLS/mTLS files when given.
 
+`endpoint_problem` is the one check of a Zenoh endpoint string (the server's manifest and the edge's
+config both use it), and `MIN_LEASE_MS`..`MAX_LEASE_MS` the one range of a lease.
+
 `python -m wire.transport --listen tcp/127.0.0.1:7447` runs a router in its own process (never
 in-process with a busy session: they starve each other).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -26,6 +30,7 @@ import time
 from dataclasses import dataclass
 
 from wire.procs import raise_fd_limit
+from wire.suggest import did_you_mean
 
 
 class TlsError(ValueError):
@@ -119,6 +124,49 @@ def common_name(cert) -> str:
 
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     return str(names[0].value) if names else ""
+
+
+# Zenoh's endpoint grammar (zenoh-protocol's EndPoint): <protocol>/<address>[?<metadata>][#<config>], e.g.
+# tcp/10.0.0.1:7447, tls/[fe80::1%eth0]:7447, tcp/10.0.0.1:7447#iface=eth0, unixsock-stream//run/zenoh.sock.
+# Zenoh itself only checks that an address follows the protocol ('foo/bar', 'tcp/host:notaport' pass its
+# config and fail at connect, where a robot blames an unreachable router): the protocols and the host:port
+# shape are checked here.
+HOST_PORT_PROTOCOLS = ("tcp", "udp", "tls", "quic", "ws")  # address: host:port, an IPv6 host in brackets
+# the protocols Zenoh's links speak, with an address of each (past ws: a path, pipe name, device, vsock address)
+ADDRESS_EXAMPLES = {**{p: "127.0.0.1:7447" for p in HOST_PORT_PROTOCOLS}, "unixsock-stream": "/tmp/zenoh.sock",
+                    "unixpipe": "zenoh-pipe", "serial": "/dev/ttyUSB0", "vsock": "VMADDR_CID_ANY:7447"}
+ENDPOINT_PROTOCOLS = tuple(ADDRESS_EXAMPLES)
+_HOST_PORT_RE = re.compile(r"(\[[0-9A-Fa-f:.]+(%[\w.-]+)?\]|[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?):(\d{1,5})")
+
+
+def endpoint_problem(endpoint: object) -> str:
+    """What is wrong with `endpoint` as a Zenoh endpoint, worded with what to write instead; "" if nothing is."""
+    example = f"tcp/{ADDRESS_EXAMPLES['tcp']}"
+    if not isinstance(endpoint, str):
+        return f"{endpoint!r} is not a Zenoh endpoint; give a string protocol/address, e.g. {example}"
+    if any(c.isspace() for c in endpoint):
+        return f"{endpoint!r} is not a Zenoh endpoint; write it as protocol/address without spaces, e.g. {example}"
+    protocol, slash, rest = endpoint.partition("/")
+    address = re.split(r"[?#]", rest, maxsplit=1)[0]
+    if not slash or protocol not in ENDPOINT_PROTOCOLS:
+        if _HOST_PORT_RE.fullmatch(rest or protocol):  # 127.0.0.1:7447, foo/127.0.0.1:7447
+            example = f"tcp/{rest or protocol}"
+        known = ", ".join(ENDPOINT_PROTOCOLS)
+        why = f"; {protocol!r} is not one of {known}{did_you_mean(protocol, ENDPOINT_PROTOCOLS)}" if slash else ""
+        return f"{endpoint!r} is not a Zenoh endpoint{why}; write it as protocol/address, e.g. {example}"
+    if protocol not in HOST_PORT_PROTOCOLS:
+        return "" if address else (f"{endpoint!r} is not a Zenoh endpoint: no address after {protocol}/; "
+                                   f"e.g. {protocol}/{ADDRESS_EXAMPLES[protocol]}")
+    m = _HOST_PORT_RE.fullmatch(address)
+    if m is None or not 1 <= int(m.group(4)) <= 65535:
+        return (f"{endpoint!r} is not a Zenoh endpoint: {protocol} needs host:port (a port from 1 to 65535, an IPv6 "
+                f"host in brackets), e.g. {protocol}/{ADDRESS_EXAMPLES[protocol]} or {protocol}/[::1]:7447")
+    return ""
+
+
+# A lease any side may announce: under 100 ms a busy host misses keep-alives (lease / 4) and loses healthy
+# links; over 10 minutes a dead peer holds its sessions (and a server its capacity) for as long.
+MIN_LEASE_MS, MAX_LEASE_MS = 100, 600_000
 
 
 TX_WAIT_BEFORE_DROP_US = 20_000
@@ -253,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="client sessions (robots, replicas, other routers) the router accepts; the one beyond is "
                          "refused as if no router listened (default %(default)s; Zenoh's own is 1000)")
     args = ap.parse_args(argv)
-    if args.lease_ms < 100:
-        print(f"router: --lease-ms {args.lease_ms} is too short (at least 100 ms)", file=sys.stderr)
+    if args.lease_ms < MIN_LEASE_MS:
+        print(f"router: --lease-ms {args.lease_ms} is too short (at least {MIN_LEASE_MS} ms)", file=sys.stderr)
         return 2
     if args.max_sessions < 1:
         print(f"router: --max-sessions {args.max_sessions} must be at least 1", file=sys.stderr)

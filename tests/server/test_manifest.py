@@ -288,6 +288,8 @@ def test_overrides_pass_the_same_checks_and_say_they_are_overrides(tmp_path, ckp
         (parse_flags(["--model-path", "lerobot/pi0"]), "Weights load only from local paths"),
         (["emulated_latency.std_ms=1"], "emulated_latency: is 20 (an integer), not a mapping"),
         (["zenoh.connect_endpoints=localhost:7447"], "zenoh.connect_endpoints[0]: 'localhost:7447' is not a Zenoh"),
+        (["zenoh.connect_endpoints=tcp/a"], "zenoh.connect_endpoints[0]: 'tcp/a' is not a Zenoh endpoint: tcp needs "
+                                            "host:port"),  # wire.transport.endpoint_problem, the edge's rule too
     ]
     for overrides, words in cases:
         with pytest.raises(ManifestError) as err:
