@@ -146,8 +146,10 @@ OutFile = _checked("not_dir")
 KeyChunk = _checked("key_chunk")
 KeyRoot = _checked("key_root")
 Endpoint = _checked("endpoint")
+ListenEndpoint = _checked("listen_endpoint")  # port 0: any free port
 Device = _checked("device")
 Endpoints = Annotated[tuple[Endpoint, ...], BeforeValidator(_one_or_many)]
+ListenEndpoints = Annotated[tuple[ListenEndpoint, ...], BeforeValidator(_one_or_many)]
 Strs = Annotated[tuple[Str, ...], BeforeValidator(_one_or_many)]
 
 _CONFIG = ConfigDict(extra="forbid")
@@ -289,7 +291,8 @@ class ZenohConfig(_Section):
     """How the server reaches the router (client mode; design 004 6.6)."""
 
     connect_endpoints: Endpoints = _f(doc="router endpoints, e.g. [tcp/127.0.0.1:7447] or [tls/host:7447]")
-    listen_endpoints: Endpoints = _f((), "endpoints this server also listens on (peers); usually empty")
+    listen_endpoints: ListenEndpoints = _f((), "endpoints this server also listens on (peers; port 0: any free "
+                                                "port); usually empty")
     lease_ms: Int = _f(1000, "this session's lease: how fast the router notices the server died", lo=MIN_LEASE_MS,
                        hi=MAX_LEASE_MS)
     connect_timeout_s: Num = _f(30.0, "keep retrying an unreachable router (backoff 0.1 s doubling to 2 s) this long "
@@ -662,6 +665,12 @@ def _check_endpoint(v: str, fail) -> None:
         fail(why)
 
 
+def _check_listen_endpoint(v: str, fail) -> None:
+    why = endpoint_problem(v, listen=True)
+    if why:
+        fail(why)
+
+
 def _cuda_device_count() -> int | None:
     """CUDA devices torch sees; None when torch is not installed (a seam for tests)."""
     try:
@@ -713,6 +722,7 @@ _CHECKS: dict[str, Callable[[str, Callable[[str], None]], None]] = {
     "key_chunk": _check_key_chunk,
     "key_root": _check_key_root,
     "endpoint": _check_endpoint,
+    "listen_endpoint": _check_listen_endpoint,
     "device": _check_device,
 }
 
@@ -920,7 +930,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 # ---- reference documentation and JSON Schema ---------------------------------------------------------------------
 
 _KIND_TEXT = {"checkpoint_dir": "directory", "file": "file", "not_file": "str", "not_dir": "str",
-              "endpoint": "endpoint", "key_chunk": "key chunk", "key_root": "@chunk", "device": "cpu \\| cuda \\| cuda:N"}
+              "endpoint": "endpoint", "listen_endpoint": "endpoint", "key_chunk": "key chunk", "key_root": "@chunk", "device": "cpu \\| cuda \\| cuda:N"}
 
 
 def _type_text(tp: Any, info: Any) -> str:

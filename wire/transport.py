@@ -139,8 +139,9 @@ ENDPOINT_PROTOCOLS = tuple(ADDRESS_EXAMPLES)
 _HOST_PORT_RE = re.compile(r"(\[[0-9A-Fa-f:.]+(%[\w.-]+)?\]|[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?):(\d{1,5})")
 
 
-def endpoint_problem(endpoint: object) -> str:
-    """What is wrong with `endpoint` as a Zenoh endpoint, worded with what to write instead; "" if nothing is."""
+def endpoint_problem(endpoint: object, listen: bool = False) -> str:
+    """What is wrong with `endpoint` as a Zenoh endpoint, worded with what to write instead; "" if nothing is.
+    `listen`: an endpoint to listen on, where port 0 asks for any free port."""
     example = f"tcp/{ADDRESS_EXAMPLES['tcp']}"
     if not isinstance(endpoint, str):
         return f"{endpoint!r} is not a Zenoh endpoint; give a string protocol/address, e.g. {example}"
@@ -158,9 +159,11 @@ def endpoint_problem(endpoint: object) -> str:
         return "" if address else (f"{endpoint!r} is not a Zenoh endpoint: no address after {protocol}/; "
                                    f"e.g. {protocol}/{ADDRESS_EXAMPLES[protocol]}")
     m = _HOST_PORT_RE.fullmatch(address)
-    if m is None or not 1 <= int(m.group(4)) <= 65535:
-        return (f"{endpoint!r} is not a Zenoh endpoint: {protocol} needs host:port (a port from 1 to 65535, an IPv6 "
-                f"host in brackets), e.g. {protocol}/{ADDRESS_EXAMPLES[protocol]} or {protocol}/[::1]:7447")
+    lowest = 0 if listen else 1
+    if m is None or not lowest <= int(m.group(4)) <= 65535:
+        return (f"{endpoint!r} is not a Zenoh endpoint: {protocol} needs host:port (a port from {lowest} to 65535"
+                f"{', 0: any free port' if listen else ''}, an IPv6 host in brackets), e.g. "
+                f"{protocol}/{ADDRESS_EXAMPLES[protocol]} or {protocol}/[::1]:7447")
     return ""
 
 

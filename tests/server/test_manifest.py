@@ -290,6 +290,7 @@ def test_overrides_pass_the_same_checks_and_say_they_are_overrides(tmp_path, ckp
         (["zenoh.connect_endpoints=localhost:7447"], "zenoh.connect_endpoints[0]: 'localhost:7447' is not a Zenoh"),
         (["zenoh.connect_endpoints=tcp/a"], "zenoh.connect_endpoints[0]: 'tcp/a' is not a Zenoh endpoint: tcp needs "
                                             "host:port"),  # wire.transport.endpoint_problem, the edge's rule too
+        (["zenoh.connect_endpoints=tcp/a:0"], "a port from 1 to 65535"),  # no router listens on port 0
     ]
     for overrides, words in cases:
         with pytest.raises(ManifestError) as err:
@@ -298,6 +299,8 @@ def test_overrides_pass_the_same_checks_and_say_they_are_overrides(tmp_path, ckp
         assert err.value.line == sm.OVERRIDE
     with pytest.raises(ManifestError, match="is not KEY=VALUE"):
         load_manifest(path, ["max_sessions"])
+    # a server may listen on any free port (port 0), as Zenoh allows
+    assert load_manifest(path, ["zenoh.listen_endpoints=[tcp/127.0.0.1:0]"]).zenoh.listen_endpoints == ("tcp/127.0.0.1:0",)
 
 
 def test_set_values_are_read_as_yaml(tmp_path, ckpt):

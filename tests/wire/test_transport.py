@@ -44,3 +44,11 @@ def test_every_zenoh_endpoint_form_is_accepted_and_zenoh_agrees(endpoint):
 def test_a_bad_endpoint_is_named_with_what_to_write(endpoint, words):
     why = endpoint_problem(endpoint)
     assert why.startswith(f"{endpoint!r} is not a Zenoh endpoint") and words in why, why
+
+
+def test_a_listen_endpoint_may_ask_for_any_free_port_a_connect_endpoint_may_not():
+    """Port 0 is a server's `listen_endpoints` asking for any free port (what Zenoh does with it); a router to
+    connect to on port 0 does not exist."""
+    assert endpoint_problem("tcp/127.0.0.1:0", listen=True) == ""
+    assert "a port from 1 to 65535" in endpoint_problem("tcp/127.0.0.1:0")
+    assert "a port from 0 to 65535, 0: any free port" in endpoint_problem("tcp/127.0.0.1:65536", listen=True)
