@@ -52,11 +52,12 @@ def _parse_value(text: str):
 def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool = True):
     """Load a scenario, apply `--set key=value` overrides (dotted keys, YAML values) and check that its
     checkpoints are on disk: everything `bench run` needs before a process starts (validate calls this too)."""
+    from bench.run.manifests import check_on_disk
     from bench.scenario import schema as sc
     s = sc.load_scenario(path)
     if not sets:
         if check_checkpoints:
-            sc.check_on_disk(s)
+            check_on_disk(s)
         return s
     import copy
 
@@ -72,15 +73,15 @@ def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool =
             raise sc.ScenarioError(path, 0, key, f"--set: {parent or key!r} does not exist in the scenario") from None
     s = sc.build_scenario(data, f"{path} (with --set)")
     if check_checkpoints:
-        sc.check_on_disk(s)
+        check_on_disk(s)
     return s
 
 
 def load_runnable(path: str, sets: list[str]):
     """`load_with_overrides` for `bench run`/`sweep`, or None after printing why this host cannot run it
     (a CUDA scenario without CUDA: said before the checkpoint check, whose weights it would build there)."""
+    from bench.run.manifests import check_on_disk
     from bench.run.runner import cuda_problems
-    from bench.scenario import schema as sc
 
     s = load_with_overrides(path, sets, check_checkpoints=False)
     problems = cuda_problems(s)
@@ -88,7 +89,7 @@ def load_runnable(path: str, sets: list[str]):
         print(f"bench: {problem}", file=sys.stderr)
     if problems:
         return None
-    sc.check_on_disk(s)
+    check_on_disk(s)
     return s
 
 

@@ -5,12 +5,15 @@ adds the run's own keys (router, ports, audit log, certificates), and the cost m
     replica's own manifest ────┴─► overrides (dotted keys expanded, the replica's win) ─► merged over
     {model.repo_or_path: the checkpoint, the run's keys, emulated_latency}
 
-Invariant: the runner and bench.run.sizing see the same model, scheduling and runtime keys for a replica.
+Invariant: the runner and bench.run.sizing see the same model, scheduling and runtime keys for a replica, and
+`check_on_disk` checks that manifest with the server's own schema before any process starts (`bench validate` and
+`bench run`).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
 
 def plain(v):
@@ -98,3 +101,66 @@ def replica_start_s(manifest: dict) -> float:
     if compile_ is None and model.get("repo_or_path"):
         compile_ = (checkpoint_config(model["repo_or_path"]).get("hyper_params") or {}).get("compile")
     return REPLICA_COMPILE_START_S if compile_ else REPLICA_START_S
+
+
+def check_replica_manifests(scenario) -> None:
+    """Raise ScenarioError at the first replica whose manifest (`servers.manifest`, its own `manifest`, merged over its
+    checkpoint as a run merges them) the policy server would refuse: an unknown key, a bad value. Found now, not by a
+    replica that exits before ready. Needs every checkpoint on disk (check_checkpoints_present first); the device is
+    left to the run's CUDA check, the run's own keys (router, ports) are placeholders."""
+    from bench.scenario.schema import ScenarioError
+    from server.manifest import ManifestError, validate_manifest
+    from wire.yamlines import line_at
+
+    def line(*path) -> int:
+        return line_at(scenario.raw, path, 0) or 0
+
+    for j, r in enumerate(scenario.replicas):
+        run_keys = {"model_id": r.model_id, "replica_id": r.id, "max_sessions": r.max_sessions,
+                    "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:7447"]}}
+        manifest = replica_manifest(scenario, r, run_keys)
+        if str((manifest.get("model") or {}).get("device", "cpu")).startswith("cuda"):
+            manifest["model"]["device"] = "cpu"  # whether this host has CUDA is the run's check (cuda_problems)
+        try:
+            validate_manifest(manifest, f"servers.replicas[{r.id}]")
+        except ManifestError as exc:
+            first = exc.key.split(".")[0].split("[")[0]
+            own = _override_key(r.manifest, first)
+            shared = _override_key(scenario.server_manifest, first)
+            if own is not None:
+                where, scope = ("servers", "replicas", j, "manifest", own), "its manifest"
+            elif shared is not None:
+                where, scope = ("servers", "manifest", shared), "servers.manifest"
+            else:  # a key the bench writes (its checkpoint's, the run's)
+                where, scope = ("servers", "replicas", j), "the manifest the bench writes for it"
+            raise ScenarioError(scenario.source, line(*where) or line(*where[:-1]) or line("servers"),
+                                f"servers.replicas[{r.id}]",
+                                f"{scope}: {exc.key + ': ' if exc.key else ''}{exc.message}") from None
+
+
+def _override_key(d: Mapping | None, first: str) -> str | None:
+    """The key of a manifest override that sets `first` (itself, or a dotted one: `scheduling.max_batch`)."""
+    return next((str(k) for k in (d or {}) if str(k).split(".")[0] == first), None)
+
+
+def check_on_disk(scenario) -> None:
+    """What a run needs on disk, before any process: every checkpoint (bench.scenario.schema.check_checkpoints_present)
+    and every replica manifest, for the scenario and for every run of its sweep (a sweep over a checkpoint or a
+    manifest key), a run's problem blamed on its `sweep.values[i]`."""
+    from bench.scenario.schema import ScenarioError, check_checkpoints_present, sweep_variants
+    from wire.yamlines import line_at
+
+    check_checkpoints_present(scenario)
+    check_replica_manifests(scenario)
+    if not scenario.sweep:
+        return
+    key = scenario.sweep["key"]
+    for i, (_, variant) in enumerate(sweep_variants(scenario)):
+        try:
+            check_checkpoints_present(variant)
+            check_replica_manifests(variant)
+        except ScenarioError as exc:
+            value = scenario.sweep["values"][i]
+            raise ScenarioError(scenario.source, line_at(scenario.raw, ("sweep", "values", i), 0) or 0,
+                                f"sweep.values[{i}]",
+                                f"with {key} = {value!r}: {exc.path + ': ' if exc.path else ''}{exc.message}") from None

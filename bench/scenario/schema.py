@@ -21,7 +21,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -530,65 +530,6 @@ def check_checkpoints_present(scenario: Scenario) -> None:
         if "manifest" in f and not Path(str(f["manifest"])).is_file():
             raise w.fail(("faults", i, "manifest"), f"manifest {str(f['manifest'])!r} is not a file (relative paths start "
                                                     f"at {Path.cwd()}, where bench runs); give a policy-server manifest")
-
-
-def check_replica_manifests(scenario: Scenario) -> None:
-    """Raise ScenarioError at the first replica whose manifest (`servers.manifest`, its own `manifest`, merged
-    over its checkpoint as a run merges them) the policy server would refuse: an unknown key, a bad value. Found
-    now, not by a replica that exits before ready. Needs every checkpoint on disk (check_checkpoints_present
-    first); the device is left to the run's CUDA check, the run's own keys (router, ports) are placeholders."""
-    try:
-        from server.manifest import ManifestError, validate_manifest
-    except ImportError:  # a bench install without the server: the run says so (preflight)
-        return
-    from bench.run.manifests import replica_manifest
-
-    w = _Where(scenario.source, scenario.raw)
-    for j, r in enumerate(scenario.replicas):
-        run_keys = {"model_id": r.model_id, "replica_id": r.id, "max_sessions": r.max_sessions,
-                    "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:7447"]}}
-        manifest = replica_manifest(scenario, r, run_keys)
-        if str((manifest.get("model") or {}).get("device", "cpu")).startswith("cuda"):
-            manifest["model"]["device"] = "cpu"  # whether this host has CUDA is the run's check (cuda_problems)
-        try:
-            validate_manifest(manifest, f"servers.replicas[{r.id}]")
-        except ManifestError as exc:
-            first = exc.key.split(".")[0].split("[")[0]
-            own = _override_key(r.manifest, first)
-            shared = _override_key(scenario.server_manifest, first)
-            if own is not None:
-                where, scope = ("servers", "replicas", j, "manifest", own), "its manifest"
-            elif shared is not None:
-                where, scope = ("servers", "manifest", shared), "servers.manifest"
-            else:  # a key the bench writes (its checkpoint's, the run's)
-                where, scope = ("servers", "replicas", j), "the manifest the bench writes for it"
-            raise ScenarioError(w.source, w.line(*where) or w.line(*where[:-1]) or w.line("servers"),
-                                f"servers.replicas[{r.id}]",
-                                f"{scope}: {exc.key + ': ' if exc.key else ''}{exc.message}") from None
-
-
-def _override_key(d: Mapping | None, first: str) -> str | None:
-    """The key of a manifest override that sets `first` (itself, or a dotted one: `scheduling.max_batch`)."""
-    return next((str(k) for k in (d or {}) if str(k).split(".")[0] == first), None)
-
-
-def check_on_disk(scenario: Scenario) -> None:
-    """check_checkpoints_present and check_replica_manifests, for the scenario and for every run of its sweep (a
-    sweep over a checkpoint or a manifest key): a run's problem is blamed on its `sweep.values[i]`."""
-    check_checkpoints_present(scenario)
-    check_replica_manifests(scenario)
-    if not scenario.sweep:
-        return
-    w = _Where(scenario.source, scenario.raw)
-    key = scenario.sweep["key"]
-    for i, (_, variant) in enumerate(sweep_variants(scenario)):
-        try:
-            check_checkpoints_present(variant)
-            check_replica_manifests(variant)
-        except ScenarioError as exc:
-            value = scenario.sweep["values"][i]
-            raise ScenarioError(w.source, w.line("sweep", "values", i), f"sweep.values[{i}]",
-                                f"with {key} = {value!r}: {exc.path + ': ' if exc.path else ''}{exc.message}") from None
 
 
 def _read_attackers(w: _Where, m: sm.ScenarioFile, groups: list[Group]) -> list[dict]:
