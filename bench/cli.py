@@ -21,6 +21,7 @@ Owns argument parsing and exit codes only; the work is in bench.scenario.schema,
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -127,6 +128,10 @@ def cmd_schema(args) -> int:
 def cmd_list(args) -> int:
     from bench.scenario.schema import SCENARIOS_DIR, list_scenarios
 
+    if args.dir and not Path(args.dir).is_dir():
+        return _invalid(f"bench list: --dir {args.dir!r} "
+                        f"{'is not a directory' if Path(args.dir).exists() else 'does not exist'}; "
+                        "give the directory holding the scenario files")
     items = list_scenarios(Path(args.dir) if args.dir else SCENARIOS_DIR)
     if not items:
         print(f"no scenarios in {args.dir or SCENARIOS_DIR}")
@@ -213,12 +218,19 @@ def cmd_sweep(args) -> int:
     """`bench sweep FILE --key K --values a,b,c [--capacity]`: the scenario's sweep section from the command line."""
     from bench.scenario.schema import ScenarioError, build_scenario
 
+    if args.assert_ and not args.capacity:
+        return _invalid("bench sweep: --assert needs --capacity: sweep assertions judge a capacity sweep's knee; "
+                        "add --capacity, or put each run's checks in the scenario's assertions")
+    texts = args.values.split(",")
+    if not all(t.strip() for t in texts):
+        return _invalid(f"bench sweep: --values {args.values!r}: a value may not be empty; give comma-separated "
+                        "values, e.g. --values 4,8,16")
     try:
         s = load_runnable(args.file, args.set)
         if s is None:
             return EXIT_INVALID
         data = dict(s.raw)
-        data["sweep"] = {"key": args.key, "values": [_parse_value(v) for v in args.values.split(",")],
+        data["sweep"] = {"key": args.key, "values": [_parse_value(v) for v in texts],
                          "mode": "capacity" if args.capacity else "runs", "assertions": list(args.assert_ or [])}
         s = build_scenario(data, f"{args.file} (bench sweep)")
     except ScenarioError as exc:
@@ -248,6 +260,8 @@ def cmd_init_weights(args) -> int:
         path = init_weights(checkpoint_dir(args.checkpoint), seed=args.seed)
     except CheckpointError as exc:
         return _invalid(f"bench init-weights: {exc}")
+    except OSError as exc:  # the directory cannot be read or written
+        return _invalid(f"bench init-weights: {exc.filename or args.checkpoint}: {exc.strerror or exc}")
     print(f"random weights (seed {args.seed}) written to {path}/model.safetensors")
     return EXIT_PASS
 
@@ -316,11 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="run a scenario once per value of one key (a load test with --capacity)")
     sw.add_argument("file")
     sw.add_argument("--key", required=True, help="dotted key, e.g. fleet.groups.0.count")
-    sw.add_argument("--values", required=True, help="comma-separated YAML values, e.g. 4,8,16")
+    sw.add_argument("--values", required=True, help="comma-separated YAML values, e.g. 4,8,16 (or -1,0)")
     sw.add_argument("--capacity", action="store_true",
                     help="load steps: stop at the first failing value, report the knee and the P10 formula")
     sw.add_argument("--assert", dest="assert_", action="append", metavar="EXPR",
-                    help="a sweep assertion over knee, n_max, knee_ratio, ... (capacity)")
+                    help="a sweep assertion over knee, n_max, knee_ratio, ... (needs --capacity)")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     sw.add_argument("--reports", default="reports")
     sw.add_argument("--quiet", action="store_true")
@@ -388,8 +402,19 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _glue_negative_values(argv: list[str]) -> list[str]:
+    """`--values -1,0` as `--values=-1,0`: argparse takes an argument that starts with '-' (and is not a plain
+    number) for an option, so a sweep over negative values would be refused as a missing argument."""
+    out = list(argv)
+    for i in range(len(out) - 1):
+        if out[i] == "--values" and re.match(r"-[\d.]", out[i + 1]):
+            out[i:i + 2] = [f"--values={out[i + 1]}"]
+            break
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_glue_negative_values(sys.argv[1:] if argv is None else argv))
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -203,9 +203,12 @@ def local_engine_config(remote_cfg):
 def load_scenario(path: str | Path, *, check_checkpoints: bool = False) -> Scenario:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(str(path), 0, "", f"cannot read the file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(str(path), 0, "", f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                                              f"{exc.start}); a scenario is a YAML file saved as UTF-8") from None
     return parse_scenario(text, source=str(path), check_checkpoints=check_checkpoints)
 
 
@@ -645,6 +648,10 @@ def _read_sweep(w: _Where, m: sm.ScenarioFile, data: dict) -> dict | None:
             check_sweep_expression(expr)
         except AssertionSyntaxError as exc:
             raise ScenarioError(w.source, w.line("sweep", "assertions", i), f"sweep.assertions[{i}]", str(exc)) from None
+    if sw.assertions and sw.mode != "capacity":  # the runner judges them against a capacity sweep's knee only
+        raise w.fail(("sweep", "assertions"), f"sweep assertions are judged only with mode: capacity (this sweep's "
+                                              f"mode is {sw.mode!r}); set mode: capacity, or move each run's "
+                                              f"checks to the top-level assertions")
     _check_sweep_values(w, sw, data)
     formula = {k: v for k, v in sw.formula.model_dump().items() if k in (data["sweep"].get("formula") or {})} \
         if sw.formula else None
@@ -747,6 +754,10 @@ def list_scenarios(directory: Path = SCENARIOS_DIR) -> list[tuple[Path, str, str
     """(path, name, description or error) for every shipped scenario file."""
     out = []
     for p in sorted(directory.glob("**/*.yaml")):  # sub-folders too: scenarios/ci/ holds the CI chaos jobs
+        if p.exists() and not p.is_file() and not p.is_dir():  # a FIFO or device: reading it could block forever
+            out.append((p, p.stem, f"INVALID: {p}: not a regular file (a FIFO or a device); "
+                                   "a scenario is a YAML file"))
+            continue
         try:
             s = load_scenario(p)
             out.append((p, s.name, s.description))

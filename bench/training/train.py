@@ -16,6 +16,8 @@ but the policy does not look at them, which keeps training minutes, not hours.
 from __future__ import annotations
 
 import json
+import math
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -107,6 +109,33 @@ RTC_MODE_RECIPES: dict[tuple[str, str, str], Recipe] = {
 }
 
 
+def check_arguments(out: Path, *, seed: int = 0, policy_type: str | None = None, episodes: int | None = None,
+                    steps: int | None = None, fps: float | None = None) -> None:
+    """Refuse (TrainError) what would fail only after minutes of demo collection; None keeps the recipe's value."""
+    from server.policies.base import PolicyLoadError, policy_class
+
+    if policy_type is not None:
+        try:
+            policy_class(policy_type)
+        except PolicyLoadError as exc:
+            raise TrainError(f"--policy-type: {exc}") from None
+    for flag, value in (("--episodes", episodes), ("--steps", steps)):
+        if value is not None and value < 1:
+            raise TrainError(f"{flag} {value}: must be at least 1 (leave it out for the recipe's)")
+    if seed < 0:
+        raise TrainError(f"--seed {seed}: must be >= 0 (numpy seeds the demos with it)")
+    if fps is not None and not (math.isfinite(fps) and fps > 0):
+        raise TrainError(f"--fps {fps:g}: must be a finite number of Hz > 0 (leave it out for the recipe's)")
+    if out.exists() and not out.is_dir():
+        raise TrainError(f"--out {str(out)!r} is not a directory; give a directory (it is created if missing)")
+    try:  # made now, as the checkpoint would be: access() says yes to root even on /sys
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as exc:
+        raise TrainError(f"--out {str(out)!r}: cannot write there ({exc.strerror or exc}); "
+                         "give a writable directory") from None
+
+
 def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed: int = 0, *,
                        policy_type: str | None = None, episodes: int | None = None, steps: int | None = None,
                        fps: float | None = None, evaluate: bool = True, recipe: Recipe | None = None,
@@ -136,11 +165,12 @@ def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed:
         raise TrainError(f"no recipe for robot type {robot_type!r}, policy type {rtc_key[1]!r} with rtc_mode "
                          f"{rtc_mode!r}; recipes: "
                          f"{', '.join(f'--robot {r} --policy-type {p} --rtc-mode {m}' for r, p, m in sorted(RTC_MODE_RECIPES))}")
+    out = Path(out_dir) if out_dir else CHECKPOINTS_DIR / robot_type
+    check_arguments(out, seed=seed, policy_type=policy_type, episodes=episodes, steps=steps, fps=fps)
     recipe = recipe or RTC_MODE_RECIPES.get(rtc_key)
     recipe = recipe or POLICY_RECIPES.get((robot_type, policy_type or ""), RECIPES[robot_type])
-    recipe = replace(recipe, policy_type=policy_type or recipe.policy_type, episodes=episodes or recipe.episodes,
-                     fps=fps or recipe.fps)
-    out = Path(out_dir) if out_dir else CHECKPOINTS_DIR / robot_type
+    recipe = replace(recipe, policy_type=policy_type or recipe.policy_type,
+                     episodes=recipe.episodes if episodes is None else episodes, fps=recipe.fps if fps is None else fps)
     cls = robot_cls(robot_type)
 
     threads = torch.get_num_threads()

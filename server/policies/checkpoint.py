@@ -25,7 +25,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from server.policies.base import ChunkPolicy, PolicyConfig, PolicyLoadError, make_policy, policy_class
+from server.policies.base import ChunkPolicy, PolicyConfig, PolicyError, PolicyLoadError, make_policy, policy_class
 from server.policies.stats import Stats, StatsTensors, stats_to_json, stats_to_tensors, validate_stats
 
 CONFIG_FILE = "config.json"
@@ -156,6 +156,14 @@ def load_checkpoint(
     return LoadedCheckpoint(policy, policy.config, stats_to_tensors(stats), digest, revision_info)
 
 
+def _words(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save it as UTF-8"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON: {exc}"
+    return str(exc)
+
+
 def init_weights(path: str | os.PathLike, seed: int = 0, dtype: torch.dtype | str = torch.bfloat16) -> Path:
     """Write model.safetensors with seeded random weights into a directory holding config.json and stats.json.
 
@@ -167,12 +175,28 @@ def init_weights(path: str | os.PathLike, seed: int = 0, dtype: torch.dtype | st
     missing = [name for name in (CONFIG_FILE, STATS_FILE) if not (directory / name).is_file()]
     if missing:
         raise CheckpointError(f"{str(directory)!r} lacks {missing}; init_weights needs {CONFIG_FILE} and {STATS_FILE}")
-    config = PolicyConfig.from_json((directory / CONFIG_FILE).read_bytes())
-    stats = json.loads((directory / STATS_FILE).read_text())
-    validate_stats(stats, config)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        policy = make_policy(config)
+    # every problem names its file (they are edited by hand), and both are checked before a large model is built
+    try:
+        config = PolicyConfig.from_json((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+        policy_class(config.type)
+    except (PolicyError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: {_words(exc)}") from None
+    try:
+        stats = json.loads((directory / STATS_FILE).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{directory / STATS_FILE}: {_words(exc)}") from None
+    if not isinstance(stats, dict):
+        raise CheckpointError(f"{directory / STATS_FILE}: must hold a JSON object, got {type(stats).__name__}")
+    try:
+        validate_stats(stats, config)
+    except PolicyError as exc:
+        raise CheckpointError(f"{directory / STATS_FILE}: {exc}") from None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            policy = make_policy(config)
+    except PolicyError as exc:  # the hyper-parameters, checked by the policy type
+        raise CheckpointError(f"{directory / CONFIG_FILE}: {exc}") from None
     weights = {k: v.detach().to(dtype=_as_dtype(dtype)).contiguous() for k, v in policy.state_dict().items()}
     # one metadata key, as save_checkpoint: safetensors writes a map's keys in a per-process random
     # order, so two keys would make the same weights hash differently from run to run

@@ -106,6 +106,10 @@ CASES = [
     ("capacity steps out of order", BASE + "sweep: {key: fleet.groups.g.count, values: [4, 2], mode: capacity}\n", 18,
      "sweep.values[1]", "2 after 4: a capacity sweep's steps increase (its knee is the last step held before the "
                         "first that failed); sort them: [2, 4]"),
+    # the runner judges sweep assertions against a capacity sweep's knee only: in runs mode they were skipped silently
+    ("sweep assertions outside capacity mode", BASE + "sweep: {key: fleet.groups.g.count, values: [2, 3], "
+                                                      "assertions: ['knee >= 2']}\n", 18, "sweep.assertions",
+     "sweep assertions are judged only with mode: capacity (this sweep's mode is 'runs'); set mode: capacity"),
     # a replica restarted with another model: its checkpoint or manifest found before the run, not by the restart
     ("restart_with a missing checkpoint", BASE + "faults:\n  - {at: 2, target: server:r0, action: restart_with, "
                                                  "checkpoint: reacher_v9}\n", 19, "faults[0].checkpoint",
