@@ -307,11 +307,21 @@ class Model:
             # ran out of time, not "the router knows no replica" (that answer comes at once, and waiting longer
             # would not change it)
             timed_out = not found and elapsed >= 0.9 * waited
-            raise NoReplica(f"no replica of {self.model_id}@{self.revision} answered under {self.conn.root} "
-                            f"(waited {elapsed:.1f} s, timeout {waited:.1f} s; excluded: {sorted(exclude) or 'none'}); "
-                            f"is the server running and connected to the router"
-                            f"{', and is the round trip of the link under the timeout' if timed_out else ''}?",
-                            unanswered=timed_out)
+            wait = f"waited {elapsed:.1f} s, timeout {waited:.1f} s; excluded: {sorted(exclude) or 'none'}"
+            if found:  # they answered, and each is excluded (drained, or tried this round)
+                raise NoReplica(f"no replica of {self.model_id}@{self.revision} under {self.conn.root} is left to "
+                                f"try: {sorted(s.replica_id for s in found)} answered and all are excluded ({wait})")
+            if timed_out:
+                raise NoReplica(f"no replica of {self.model_id}@{self.revision} answered under {self.conn.root} "
+                                f"({wait}); is the server running and connected to the router, and is the round "
+                                f"trip of the link under the timeout?", unanswered=True)
+            # empty before the timeout: the router knows no server of this model id and revision (a typo in
+            # either, or the server is not running or not on this router)
+            raise NoReplica(f"no server serves model_id {self.model_id!r} revision {self.revision!r} under "
+                            f"{self.conn.root} on this router ({wait}: the router answered, and knows no replica "
+                            f"of it); check model_id and revision against the server's manifest "
+                            f"(model_id, model.revision, root) and that the server is running and connected to the "
+                            f"same router")
         refusals, timeouts = [], 0
         for st in replicas:
             if not st.ready or st.draining:

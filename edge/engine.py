@@ -28,7 +28,7 @@ from wire.configerrors import show
 class EngineState(str, enum.Enum):
     """States of 9.2 (plus STOPPED/PAUSED for the lifecycle around them)."""
 
-    STOPPED = "STOPPED"  # before start() / after stop()
+    STOPPED = "STOPPED"  # before start() / after stop() (final then: an engine runs once)
     CONNECTING = "CONNECTING"
     STREAMING = "STREAMING"
     DEGRADED = "DEGRADED"  # requests failing, queue still holds actions
@@ -68,10 +68,17 @@ class Action:
 
 
 class Engine(ABC):
-    """One inference backend. See the module docstring for the thread contract."""
+    """One inference backend. See the module docstring for the thread contract.
+
+    Lifecycle: an engine runs once, as a session does. `start()` again while it runs does nothing; after
+    `stop()` (or DEAD) it raises `EngineStopped`: build a new engine. A stopped or DEAD engine executes nothing
+    from its queue (`get_action()` gives what it gives with nothing fresh: the fallback, or None); `reset`,
+    `pause`, `resume` and `notify_observation` before `start()` or after `stop()` raise nothing and start nothing.
+    """
 
     @abstractmethod
-    def start(self) -> None: ...
+    def start(self) -> None:
+        """Start the backend; raises EngineStopped after stop() or DEAD (an engine runs once)."""
 
     @abstractmethod
     def stop(self) -> None: ...
@@ -121,6 +128,16 @@ class Engine(ABC):
 
 class ConfigError(ValueError):
     """A config field has a bad value; the message names the field and the fix."""
+
+
+class EngineStopped(RuntimeError):
+    """`start()` on an engine that was stopped or is DEAD: an engine runs once, as a session does. Restarting one
+    in place would resume a closed session's episode, queue and counters; a new engine starts clean."""
+
+    def __init__(self, type_name: str, state: EngineState, why: str = ""):
+        was = "was stopped" if state == EngineState.STOPPED else f"is {state.value}" + (f" ({why})" if why else "")
+        super().__init__(f"start(): this {type_name} engine {was}, and an engine runs once; build a new one with "
+                         f"make_engine(config) and start that")
 
 
 def config_from_dict(cls: type, d: dict):

@@ -38,7 +38,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edge.engine import Action, ConfigError, Engine, EngineState, FallbackBehavior, config_from_dict, register_engine
+from edge.engine import (Action, ConfigError, Engine, EngineState, EngineStopped, FallbackBehavior, config_from_dict,
+                         register_engine)
 from edge.latency import LATENCY_MODES, LatencyTracker
 from edge.queue import TRIM_MODES, ActionQueue, fit_prefix
 from wire.configerrors import range_text, show
@@ -421,6 +422,8 @@ class RemoteEngine(Engine):
     # --- lifecycle -----------------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self._stop.is_set() or self._link == S.DEAD:  # its session is closed: a new engine opens a new one
+            raise EngineStopped("remote", self._link, self._dead_reason)
         if self._thread is not None:
             return
         self._last_ok = time.monotonic()  # the offline clock starts now (anything from the server restarts it)
@@ -436,6 +439,7 @@ class RemoteEngine(Engine):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(5.0, self.cfg.request_timeout_s + 2))
         self._close_conn()
+        self.queue.clear()  # the closed session's chunks are never executed (get_action checks _stop as well)
         if self._link != S.DEAD:
             self._set_state(S.STOPPED, "stop")
 
@@ -460,7 +464,8 @@ class RemoteEngine(Engine):
 
     def pause(self) -> None:
         self._paused = True
-        self._set_state(S.PAUSED, "pause")
+        if self._link != S.STOPPED:  # before start() the engine starts paused; after stop() it stays STOPPED
+            self._set_state(S.PAUSED, "pause")
 
     def resume(self) -> None:
         self._paused = False
@@ -490,7 +495,10 @@ class RemoteEngine(Engine):
     def get_action(self) -> Action | None:
         now = time.monotonic()
         max_age = self.cfg.max_action_age_s
-        while self._link != S.DEAD:  # DEAD executes nothing more, not even a queued chunk: fallback only
+        # DEAD or stopped: nothing more from the queue, not even a queued chunk of the closed session; the
+        # fallback only, as on a stall (a velocity-controlled robot needs its zero whatever ended the stream)
+        closed = self._link == S.DEAD or self._stop.is_set()
+        while not closed:
             item = self.queue.get_with_meta()
             if item is None:
                 break
@@ -513,7 +521,8 @@ class RemoteEngine(Engine):
             return self._last_action
         # nothing fresh: STALLED, apply the fallback
         # Waiting for an episode's first chunk on a healthy link is gating, not a stall; on a failing link it is.
-        if not self._stalled and (not self._awaiting_first or self._link in (S.DEGRADED, S.RECONNECTING)):
+        if not closed and not self._stalled and (not self._awaiting_first
+                                                 or self._link in (S.DEGRADED, S.RECONNECTING)):
             self._stalled = True
             self._publish("queue empty or stale")
         fb = self.cfg.fallback
@@ -722,9 +731,12 @@ class RemoteEngine(Engine):
 
     def step_once(self, timeout_s: float | None = None) -> str:
         """One request on the caller's thread (golden parity, tests): handshake if needed, send the latest
-        observation, wait for its chunk. Never call it on an engine whose worker runs (start())."""
+        observation, wait for its chunk. Never call it on an engine whose worker runs (start()); after stop() or
+        DEAD it sends nothing ("stopped")."""
         if self._thread is not None:
             raise RuntimeError("step_once is for an engine driven by the caller; this one runs its worker")
+        if self._stop.is_set() or self._link == S.DEAD:
+            return "stopped"  # its session is closed: no new one (a driver's get_action must not raise)
         if self._link == S.STOPPED:
             self._last_ok = self._last_merged = time.monotonic()
             self._set_state(S.CONNECTING, "step_once")

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edge.engine import Action, ConfigError, Engine, EngineState, config_from_dict, register_engine
+from edge.engine import Action, ConfigError, Engine, EngineState, EngineStopped, config_from_dict, register_engine
 from edge.latency import LATENCY_MODES, LatencyTracker
 from edge.queue import TRIM_MODES, ActionQueue, fit_prefix
 
@@ -76,14 +76,25 @@ def call_policy(policy, obs: dict, delay: int, prefix: np.ndarray | None) -> tup
 
 class LocalEngine(Engine):
     """What the two in-process engines (`sync`, `rtc`) share: a policy called here, an ActionQueue, pause and
-    the state word. A subclass sets `self.queue` and owns its own episode counting."""
+    the state word, the run-once lifecycle (edge.engine.Engine). A subclass sets `self.queue` and owns its own
+    episode counting."""
 
     def __init__(self, type_name: str, policy) -> None:
         if policy is None or not hasattr(policy, "predict_action_chunk"):
             raise ConfigError(f"the {type_name} engine needs a policy with predict_action_chunk(obs, inference_delay, prefix)")
+        self.type_name = type_name
         self.policy = policy
         self._paused = False
         self._state = EngineState.STOPPED
+        self._stop = threading.Event()  # set by stop(), never cleared: an engine runs once
+
+    def _refuse_restart(self) -> None:
+        if self._stop.is_set() or self._state == EngineState.DEAD:
+            raise EngineStopped(self.type_name, self._state)
+
+    def _running_state(self) -> EngineState:
+        """What start() sets: PAUSED if pause() came before it, else STREAMING."""
+        return EngineState.PAUSED if self._paused else EngineState.STREAMING
 
     def _clear_queue_and_policy(self) -> None:
         """The episode boundary's common part: no action of the finished episode, the policy's own state reset."""
@@ -93,7 +104,13 @@ class LocalEngine(Engine):
 
     def pause(self) -> None:
         self._paused = True
-        self._state = EngineState.PAUSED
+        if self._state not in (EngineState.STOPPED, EngineState.DEAD):  # before start() it is kept for start()
+            self._state = EngineState.PAUSED
+
+    def resume(self) -> None:
+        self._paused = False
+        if self._state == EngineState.PAUSED:
+            self._state = EngineState.STREAMING
 
     @property
     def state(self) -> EngineState:
@@ -116,7 +133,6 @@ class RTCEngine(LocalEngine):
         self._slot_lock = threading.Lock()
         self._version = 0
         self._wake = threading.Event()
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reset_epoch = 0
         self._episode = 0
@@ -126,8 +142,9 @@ class RTCEngine(LocalEngine):
         self.merges: list[dict] = []  # per merge: delay, real_delay, trimmed (parity tests read it)
 
     def start(self) -> None:
+        self._refuse_restart()
         if self._thread is None:
-            self._state = EngineState.STREAMING
+            self._state = self._running_state()
             self._thread = threading.Thread(target=self._run, name="rtc-engine", daemon=True)
             self._thread.start()
 
@@ -136,6 +153,7 @@ class RTCEngine(LocalEngine):
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
+        self.queue.clear()  # the run is over: none of its actions is executed after it
         if not self._failed:
             self._state = EngineState.STOPPED
 
@@ -147,9 +165,7 @@ class RTCEngine(LocalEngine):
         self._clear_queue_and_policy()
 
     def resume(self) -> None:
-        self._paused = False
-        if not self._failed:
-            self._state = EngineState.STREAMING
+        super().resume()
         self._wake.set()
 
     def notify_observation(self, obs: dict[str, Any]) -> None:
@@ -159,7 +175,8 @@ class RTCEngine(LocalEngine):
         self._wake.set()
 
     def get_action(self) -> Action | None:
-        item = self.queue.get_with_meta()
+        # stopped or DEAD: nothing from the queue (a merge racing stop() may have refilled it)
+        item = None if self._stop.is_set() or self._failed else self.queue.get_with_meta()
         if item is None:
             self.counters["none_ticks"] += 1
             return None
@@ -168,7 +185,7 @@ class RTCEngine(LocalEngine):
 
     @property
     def ready(self) -> bool:
-        return self._thread is not None and not self._failed
+        return self._thread is not None and not self._failed and not self._stop.is_set()
 
     @property
     def failed(self) -> bool:

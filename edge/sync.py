@@ -42,23 +42,25 @@ class SyncEngine(LocalEngine):
         self._inferences = 0
 
     def start(self) -> None:
-        self._state = EngineState.STREAMING
+        self._refuse_restart()
+        if self._state == EngineState.STOPPED:
+            self._state = self._running_state()
 
     def stop(self) -> None:
+        self._stop.set()
+        self.queue.clear()
         self._state = EngineState.STOPPED
 
     def reset(self) -> None:
         self._episode += 1
         self._clear_queue_and_policy()
 
-    def resume(self) -> None:
-        self._paused = False
-        self._state = EngineState.STREAMING
-
     def notify_observation(self, obs: dict[str, Any]) -> None:
         self._obs = obs
 
     def get_action(self) -> Action | None:
+        if self._stop.is_set():
+            return None  # stopped: no inference and no action of the finished run
         if self.queue.qsize() == 0 and self._obs is not None and not self._paused:
             model, robot = call_policy(self.policy, self._obs, 0, None)
             n = self.cfg.n_action_steps or len(robot)

@@ -231,10 +231,18 @@ def test_hard_refusals_raise_with_the_servers_words(router, responders):
         assert conn._models == []  # a refused handle is not kept
 
 
-def test_no_server_is_a_clear_error(router):
+def test_no_server_of_the_model_is_a_clear_error_naming_what_to_check(router, responders):
+    """A model id or revision no server serves used to read "no replica of arm@main answered ... (waited 0.0 s": as
+    if a server were slow. The router knows none: the error says so and what to compare."""
     with Connection(router, "robot-1") as conn:
-        with pytest.raises(NoReplica, match="is the server running"):
+        with pytest.raises(NoReplica, match="no server serves model_id 'arm' revision 'main' under @fleet") as e:
             conn.model("arm", action_names=NAMES, state_dim=S)
+        assert "check model_id and revision against the server's manifest" in str(e.value)
+        assert "the server is running and connected to the same router" in str(e.value)
+        responders()
+        open_model(conn)  # a server of arm@main, known to the router
+        with pytest.raises(NoReplica, match="no server serves model_id 'arm' revision 'v2'"):
+            conn.model("arm", revision="v2", action_names=NAMES, state_dim=S)
 
 
 def test_reset_is_acknowledged_and_moves_the_episode(router, responders):

@@ -169,3 +169,70 @@ def test_a_chunks_row_0_is_the_observations_tick_and_the_prefix_starts_with_its_
     assert eng.merges[-1]["idx_before"] == 0
     # one action consumed during inference (tick k's): the new chunk continues at its row 1 = tick k + 1
     np.testing.assert_allclose(eng.get_action().values, [1.01, 1.01], atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["sync", "rtc"])
+def test_start_after_stop_raises_and_names_the_fix(kind):
+    """An engine runs once, as a session does: start() after stop() used to return silently with the engine
+    STOPPED (rtc: no thread) or STREAMING again over the finished run's queue and episode (sync)."""
+    cfg = SyncEngineConfig() if kind == "sync" else RTCEngineConfig()
+    eng = make_engine(cfg, policy=RampPolicy())
+    eng.start()
+    eng.start()  # again while it runs: nothing
+    eng.stop()
+    with pytest.raises(RuntimeError, match=r"runs once; build a new one with make_engine\(config\)"):
+        eng.start()
+    assert eng.state == EngineState.STOPPED and not eng.ready
+
+
+def test_a_stopped_engine_executes_nothing_of_its_queue_and_infers_nothing():
+    sync = make_engine(SyncEngineConfig(), policy=RampPolicy())
+    sync.start()
+    sync.notify_observation({"state": np.zeros(4)})
+    assert sync.get_action().source == "chunk"  # a chunk of T inferred, T - 1 left
+    rtc = RTCEngine(RTCEngineConfig(), policy=RampPolicy())
+    rtc.notify_observation({"state": np.zeros(4)})
+    rtc.step_once()  # a chunk of T queued
+    rtc.start()
+    for eng in (sync, rtc):
+        eng.stop()
+        eng.notify_observation({"state": np.zeros(4)})
+        calls = len(eng.policy.calls)
+        assert [eng.get_action() for _ in range(3)] == [None] * 3
+        assert len(eng.policy.calls) == calls  # sync: no inline inference on a stopped engine either
+
+
+def test_a_dead_rtc_engine_executes_nothing_of_its_queue():
+    done = threading.Event()
+    pol = RampPolicy()
+    eng = RTCEngine(RTCEngineConfig(queue_threshold=10 * T, max_consecutive_errors=1), policy=pol,
+                    shutdown_event=done)
+    eng.notify_observation({"state": np.zeros(4)})
+    eng.step_once()  # a good chunk of T queued, then every inference fails
+    pol.fail = True
+    eng.start()
+    try:
+        eng.notify_observation({"state": np.ones(4)})
+        assert done.wait(5) and eng.state == EngineState.DEAD
+        assert eng.get_action() is None
+        with pytest.raises(RuntimeError, match="is DEAD"):
+            eng.start()
+    finally:
+        eng.stop()
+
+
+@pytest.mark.parametrize("kind", ["sync", "rtc"])
+def test_pause_resume_reset_outside_a_run_raise_nothing_and_keep_the_lifecycle_state(kind):
+    cfg = SyncEngineConfig() if kind == "sync" else RTCEngineConfig()
+    eng = make_engine(cfg, policy=RampPolicy())
+    eng.pause()  # before start(): the engine starts paused
+    eng.reset()
+    assert eng.state == EngineState.STOPPED
+    eng.start()
+    assert eng.state == EngineState.PAUSED
+    eng.resume()
+    assert eng.state == EngineState.STREAMING
+    eng.stop()
+    for call in (eng.pause, eng.resume, eng.reset, eng.pause):  # resume after stop() made it STREAMING, thread-less
+        call()
+        assert eng.state == EngineState.STOPPED and not eng.ready

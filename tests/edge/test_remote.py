@@ -206,6 +206,48 @@ def test_no_server_at_all_goes_dead_after_max_offline(router):
         trace = loop(eng, 5.0, until=lambda tr: eng.failed)
         assert eng.failed and "max_offline_s" in eng.stats["dead_reason"]
         assert all(a is None for _, a, _ in trace)  # repeat_last has nothing to repeat
+        with pytest.raises(RuntimeError, match=r"is DEAD \(offline .*make_engine\(config\)"):
+            eng.start()  # DEAD is final: it used to return silently
+
+
+def test_start_after_stop_raises_and_lifecycle_calls_outside_a_run_keep_it_stopped(router):
+    """An engine runs once, as a session does. start() after stop() used to return silently: STOPPED, no worker.
+    pause() before start() made it PAUSED without a worker, and pause(); resume() after stop() CONNECTING."""
+    eng = engine(router)
+    eng.pause()  # before start(): kept for start() (the first session opens PAUSED)
+    eng.reset()
+    assert eng.state == EngineState.STOPPED and eng.get_action() is None
+    eng.resume()
+    eng.start()
+    eng.start()  # again while it runs: nothing
+    eng.stop()
+    with pytest.raises(RuntimeError, match=r"was stopped, and an engine runs once; build a new one with make_engine"):
+        eng.start()
+    for call in (eng.pause, eng.resume, eng.reset, eng.pause):
+        call()
+        assert eng.state == EngineState.STOPPED and not eng.ready
+        assert eng.get_action() is None
+    assert EngineState.PAUSED.value not in {t[2] for t in eng.drain_transitions()}
+
+
+@pytest.mark.parametrize("fallback", ["zero", "hold"])
+def test_after_stop_no_chunk_of_the_closed_session_is_executed(router, server_factory, ckpt, fallback):
+    """get_action() after stop() used to return the closed session's queued actions (source chunk). Stopped, like
+    DEAD, the engine gives its fallback: a velocity-controlled robot still gets its zero."""
+    server_factory(ckpt)
+    eng = engine(router, fallback=fallback)
+    eng.start()
+    try:
+        trace = loop(eng, 8.0, until=lambda tr: tr[-1][1] is not None and eng.queue.qsize() >= 3)
+        assert trace[-1][1] is not None and trace[-1][1].source == "chunk"
+    finally:
+        eng.stop()
+    after = [eng.get_action() for _ in range(3)]
+    if fallback == "zero":
+        assert all(a.source == "zero" and not np.any(a.values) for a in after), after
+    else:
+        assert after == [None] * 3
+    assert eng.state == EngineState.STOPPED
 
 
 def test_rounds_no_replica_answers_double_the_control_timeouts_within_max_offline(router):
