@@ -4,8 +4,9 @@
     policy-server replay CAPTURE_DIR --checkpoint DIR
     policy-server schema manifest                      the manifest's JSON Schema (editors: docs/manifest.md)
 
-Exit codes: 0 clean stop or drain, 2 a user error (bad manifest, missing checkpoint, unreachable
-router) reported in one line without a traceback, 1 replay mismatch or an internal failure.
+Exit codes: 0 clean stop or drain (SIGTERM, Ctrl-C; also while it still waits for its router), 2 a user
+error (bad manifest, missing checkpoint, an output path it cannot create, unreachable router, health port
+taken) reported in one line without a traceback, 1 replay mismatch or an internal failure.
 """
 
 from __future__ import annotations
@@ -82,8 +83,13 @@ def _serve(args) -> int:
     set_torch_threads(threads)
     from server.policies.base import PolicyError
     from server.process import ServerProcess
+    from server.service import OutputPathError, StartCancelled
 
-    server = ServerProcess(manifest)
+    try:
+        server = ServerProcess(manifest)  # creates audit_path and debug.capture_dir, before any model loads
+    except OutputPathError as exc:
+        print(f"policy-server: {exc}", file=sys.stderr)
+        return 2
     for model_id, served in server.models.items():
         try:
             served.load()
@@ -105,18 +111,24 @@ def _serve(args) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_int)
+    from server.health import HealthBindError
     from wire.transport import TlsError
 
     try:
         server.start()
+    except StartCancelled:
+        pass  # SIGTERM or Ctrl-C while it waited for a router: the handler's stop sets `done`
     except (ConnectionError, TlsError) as exc:
-        print(f"policy-server: {exc}", file=sys.stderr)
+        print(exc, file=sys.stderr)  # open_session's message starts with the role, "policy-server: "
         server.stop()
         return 2
-    except OSError as exc:  # health port taken and the like
-        print(f"policy-server: {exc}; pick another health_port", file=sys.stderr)
+    except HealthBindError as exc:
+        print(f"policy-server: health_port: {exc}; pick another health_port", file=sys.stderr)
         server.stop()
         return 2
+    except BaseException:
+        server.stop()  # an internal failure: exit 1 with its traceback, the Zenoh session closed
+        raise
     while not done.wait(1.0):
         pass
     print("policy-server stopped", flush=True)

@@ -5,12 +5,14 @@
     GET /metrics  200 text 0.0.4, or OpenMetrics  Metrics.render() (`Accept` picks; `?name[]=` restricts)
     GET /sessions 200 {"models": {...}}          sessions_fn(client): each session's counters and latency
                                                  percentiles, the per-robot detail /metrics never labels
+    HEAD          the same status and headers, no body
     anything else 404
 
 Owns one `ThreadingHTTPServer` on a daemon thread; it never touches the inference path except by
 calling the functions it was given. Invariant: a probe answers from the functions' value at
 the moment of the request, a probe function that raises is answered 503 (never a crash or a 200),
-and no request is ever logged to stderr.
+and no request is ever logged to stderr. No client can hold it: a connection silent for
+`timeout_s` is closed, and one beyond `max_connections` open at once is closed unanswered.
 """
 
 from __future__ import annotations
@@ -30,8 +32,36 @@ log = logging.getLogger(__name__)
 ReadyFn = Callable[[], "bool | tuple[bool, str]"]
 
 
+TIMEOUT_S = 5.0  # a connection silent this long (a half-sent request, an idle keep-alive) is closed
+MAX_CONNECTIONS = 32  # connections served at once (a thread each); more are closed unanswered
+
+
+class HealthBindError(OSError):
+    """The health server cannot listen on its host and port (taken, or not an address of this host)."""
+
+
 class _QuietServer(ThreadingHTTPServer):
     daemon_threads = True
+
+    def __init__(self, address, handler, max_connections: int):
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):  # every slot held (slow or idle clients): refuse, never grow
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is free again
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request, client_address) -> None:
         # A prober hanging up mid-response is routine; the default prints a traceback to stderr.
@@ -42,8 +72,11 @@ class HealthServer:
     """Serves /healthz, /readyz, /metrics and /sessions on `host:port` (port 0 picks a free one; read `.port`)."""
 
     def __init__(self, port: int, metrics: Metrics | None, ready_fn: ReadyFn, live_fn: Callable[[], bool] = lambda: True,
-                 host: str = "127.0.0.1", sessions_fn: Callable[[str | None], dict] | None = None):
+                 host: str = "127.0.0.1", sessions_fn: Callable[[str | None], dict] | None = None,
+                 timeout_s: float = TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
         self.host = host
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
         self.sessions_fn = sessions_fn
         self.port = port
         self.metrics = metrics
@@ -53,10 +86,13 @@ class HealthServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> "HealthServer":
-        """Bind (raising OSError if the port is taken) and serve on a daemon thread; returns self."""
+        """Bind (raising HealthBindError if the port is taken) and serve on a daemon thread; returns self."""
         if self._httpd is not None:
             raise RuntimeError("HealthServer already started")
-        self._httpd = _QuietServer((self.host, self.port), self._handler_class())
+        try:
+            self._httpd = _QuietServer((self.host, self.port), self._handler_class(), self.max_connections)
+        except OSError as exc:
+            raise HealthBindError(f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                         name=f"health-http:{self.port}", daemon=True)
@@ -131,11 +167,16 @@ class HealthServer:
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         routes = {"/healthz": self._healthz, "/readyz": self._readyz}
         with_query = {"/metrics": self._metrics, "/sessions": self._sessions}
+        timeout_s = self.timeout_s
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = timeout_s  # the socket's: a read that waits longer ends the connection
 
-            def do_GET(self) -> None:
+            def do_HEAD(self) -> None:
+                self.do_GET(send_body=False)
+
+            def do_GET(self, send_body: bool = True) -> None:
                 path, _, query = self.path.partition("?")
                 if path in with_query:
                     status, ctype, body = with_query[path](query, self.headers.get("Accept", ""))
@@ -148,7 +189,8 @@ class HealthServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.send_header("Cache-Control", "no-store")
                 self.end_headers()
-                self.wfile.write(body)
+                if send_body:
+                    self.wfile.write(body)
 
             def log_message(self, format: str, *args) -> None:
                 pass  # probes arrive every few seconds; per-request lines would drown the server log

@@ -809,9 +809,12 @@ def load_manifest(path: str | os.PathLike, overrides: list[str] | Mapping[str, A
     """Read `path`, apply `overrides` (later wins), validate; raise ManifestError naming file, line, key, fix."""
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ManifestError(source, None, "", f"cannot read the manifest: {exc.strerror}; check the path") from None
+    except UnicodeDecodeError as exc:
+        raise ManifestError(source, None, "", f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                                              "give a YAML manifest saved as UTF-8") from None
     raw = _parse(text, source)
     if raw is None:
         raise ManifestError(source, None, "", "the manifest is empty; start from examples/manifests/minimal.yaml")

@@ -8,7 +8,7 @@ Owns: start-up order across models (every model loaded and warmed up before any 
 declared), the process's health endpoint, and drain/stop of all models.
 
 Invariants: a model's failure to load fails the start-up (no half-served manifest); the process is
-ready only when every model is; SIGTERM drains every model at once, within the largest drain bound.
+ready only when every model is and its Zenoh session has a router; SIGTERM drains every model at once, within the largest drain bound.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import threading
 from server.audit import AuditLog
 from server.health import HealthServer
 from server.metrics import Metrics
-from server.service import READY_TEXT, PolicyServer, Shared, _get, open_manifest_session
+from server.service import (
+    READY_TEXT, PolicyServer, RouterLink, Shared, StartCancelled, _get, create_output, open_manifest_session,
+)
 
 log = logging.getLogger("policy_server")
 
@@ -27,11 +29,13 @@ log = logging.getLogger("policy_server")
 class ServerProcess:
     def __init__(self, manifest):
         self.m = manifest
-        self.shared = Shared(None, Metrics(), AuditLog(_get(manifest, "audit_path", None)))
+        audit_path = _get(manifest, "audit_path", None)
+        self.shared = Shared(None, Metrics(), create_output("audit_path", audit_path, lambda: AuditLog(audit_path)))
         self.metrics = self.shared.metrics
         self.models: dict[str, PolicyServer] = {
             mid: PolicyServer(manifest.for_model(mid), shared=self.shared) for mid in manifest.model_ids}
         self.health = None
+        self.router: RouterLink | None = None
         self.stopped = threading.Event()
 
     def load(self) -> None:
@@ -39,7 +43,12 @@ class ServerProcess:
             server.load()
 
     def start(self) -> "ServerProcess":
-        self.shared.z = open_manifest_session(self.m)
+        """Raises StartCancelled when stop() comes while it still waits for a router."""
+        self.shared.z = open_manifest_session(self.m, stopped=self.stopped)
+        if self.stopped.is_set():  # stop() ran while the session opened, before it could see it
+            self.shared.z.close()
+            raise StartCancelled("stopped while the Zenoh session opened")
+        self.router = RouterLink(self.shared.z)
         for server in self.models.values():
             server.start()
         port = _get(self.m, "health_port", None)
@@ -59,6 +68,8 @@ class ServerProcess:
             ok, why = server._ready_reason()
             if not ok:
                 return False, f"{mid}: {why}" if len(self.models) > 1 else why
+        if self.router is not None and not self.router.connected():
+            return False, "no router"
         return True, "ready"
 
     def drain(self, reason: str = "SIGTERM") -> None:
@@ -77,6 +88,8 @@ class ServerProcess:
         self.stopped.set()
         for server in self.models.values():
             server.stop()
+        if self.router is not None:
+            self.router.close()
         if self.shared.z is not None:
             try:
                 self.shared.z.close()

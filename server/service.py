@@ -73,6 +73,22 @@ class Pending:
     routed_ns: int | None = None  # the same clock when the first router routed it (audit: routed_mono_ms), if stamped
 
 
+class OutputPathError(ValueError):
+    """An output path of the manifest (`audit_path`, `debug.capture_dir`) this process cannot create: a user error
+    whose message names the key, raised before any model loads."""
+
+
+def create_output(key: str, path, make):
+    """`make()` (which creates `path`), an OSError of it an OutputPathError naming `key`."""
+    try:
+        return make()
+    except OSError as exc:
+        above = next((p for p in Path(path).parents if p.exists()), None)
+        why = f"{str(above)!r} is a file" if above is not None and not above.is_dir() else exc.strerror or exc
+        raise OutputPathError(f"{key}: cannot create {str(path)!r}: {why}; give a path in a directory this process "
+                              f"can write, or leave {key} unset") from None
+
+
 @dataclass
 class Shared:
     """What the served models of one process share: its Zenoh session, metrics and audit log (the process
@@ -92,7 +108,8 @@ class PolicyServer:
         self.m = manifest
         self._shared = shared
         self.metrics = shared.metrics if shared else Metrics()
-        self.audit = shared.audit if shared else AuditLog(_get(manifest, "audit_path", None))
+        audit_path = _get(manifest, "audit_path", None)
+        self.audit = shared.audit if shared else create_output("audit_path", audit_path, lambda: AuditLog(audit_path))
         self.sessions = SessionRegistry()
         self.recent_queue_wait_ms = WindowedSketch()  # the replica's last 1-2 minutes, for the status
         self.recent_inference_ms = WindowedSketch()
@@ -102,12 +119,19 @@ class PolicyServer:
         self.stopped = threading.Event()
         self.drain_requested = threading.Event()
         self._z = None
+        self._router_link: RouterLink | None = None  # alone only; inside a ServerProcess the process watches
         self._decl: list[Any] = []
         self._threads: list[threading.Thread] = []
         self._inflight = 0
         self._inflight_cv = threading.Condition()
         self.limits = _limits(manifest)
         self.capture = None
+        capture_dir = _get(manifest, "debug.capture_dir", None)
+        if capture_dir:  # created here, before the model loads, so a path that cannot be is refused at once
+            from server.capture import CaptureWriter
+
+            self.capture = create_output("debug.capture_dir", capture_dir, lambda: CaptureWriter(
+                capture_dir, int(_get(manifest, "debug.capture_max", 256)), self))
         self._loaded = loaded
         self._dispatch_lock = threading.Lock()
         self._dispatch_started = False  # dispatch loops start with this model's first request (design 003)
@@ -163,11 +187,6 @@ class PolicyServer:
             accept_unknown=bool(_get(clients, "accept_unknown", True)),
         )
         self.default_latency_budget_ms = float(_get(clients, "defaults.latency_budget_ms", 50.0))
-        capture_dir = _get(m, "debug.capture_dir", None)
-        if capture_dir:
-            from server.capture import CaptureWriter
-
-            self.capture = CaptureWriter(capture_dir, int(_get(m, "debug.capture_max", 256)), self)
         self.guard = Guard(_get(m, "security", None), self.metrics, self.audit, self.keys.replica_id,
                            self.limits.max_message_bytes)
         n = int(_get(m, "warmup_inferences", 2))
@@ -209,7 +228,11 @@ class PolicyServer:
             overflow_policy=_get(sched, "overflow_policy", "drop_oldest"),
             request_ttl_ms=_get(sched, "request_ttl_ms", 5000.0), max_retries=int(_get(sched, "max_retries", 0)),
         )
-        self._z = self._shared.z if self._shared is not None else open_manifest_session(m)
+        if self._shared is None:
+            self._z = open_manifest_session(m, stopped=self.stopped)
+            self._router_link = RouterLink(self._z)
+        else:
+            self._z = self._shared.z
         k = self.keys
         z = self._z
         self._decl.append(z.declare_queryable(k.status, self._on_status))
@@ -261,6 +284,8 @@ class PolicyServer:
             return False, "draining"
         if not self.ready:
             return False, "warming up"
+        if self._router_link is not None and not self._router_link.connected():
+            return False, "no router"
         return True, "ready"
 
     # --- control plane -----------------------------------------------------------------------------
@@ -779,6 +804,8 @@ class PolicyServer:
             self.runtime.forward.close()  # a Ray Serve app of this replica goes with it
         if self._shared is not None:
             return  # the process closes its Zenoh session and audit log
+        if self._router_link is not None:
+            self._router_link.close()
         if self._z is not None:
             try:
                 self._z.close()
@@ -789,13 +816,69 @@ class PolicyServer:
         self.audit.close()
 
 
-def open_manifest_session(m, *, sleep=time.sleep, clock=time.monotonic):
+class RouterLink:
+    """Whether the server's Zenoh session has a router now, and a log line each time it loses or regains one.
+
+    A client-mode session reaches robots only through a router; while it has none, /readyz says not ready
+    (reason `no router`) so nothing sends it sessions. Zenoh reconnects by itself: this only watches. The
+    routers are counted from the transport events, not `routers_zid()`, which may still list a router when
+    the event of its loss arrives.
+    """
+
+    def __init__(self, z):
+        import zenoh
+
+        self._router, self._put = zenoh.WhatAmI.ROUTER, zenoh.SampleKind.PUT
+        self._lock = threading.Lock()
+        self._routers = {str(zid) for zid in z.info.routers_zid()}  # history=True repeats them: no change, no line
+        self._listener = z.info.declare_transport_events_listener(self._on_transport, history=True)
+
+    def connected(self) -> bool:
+        with self._lock:
+            return bool(self._routers)
+
+    def _on_transport(self, event) -> None:
+        transport = event.transport
+        if transport.whatami != self._router:
+            return
+        zid, put = str(transport.zid), event.kind == self._put
+        with self._lock:
+            changed = (zid in self._routers) != put
+            if put:
+                self._routers.add(zid)
+            else:
+                self._routers.discard(zid)
+            left = len(self._routers)
+        if not changed:
+            return
+        if put:
+            log.info("Zenoh router %s connected (%d in all): ready for sessions", zid, left)
+        elif left:
+            log.info("Zenoh router %s lost, %d still connected", zid, left)
+        else:
+            log.warning("Zenoh router %s lost: not ready (no router) until one is back; reconnecting", zid)
+
+    def close(self) -> None:
+        try:
+            self._listener.undeclare()
+        except Exception:  # the session may be closed already
+            pass
+
+
+class StartCancelled(Exception):
+    """stop() (SIGTERM, Ctrl-C) came while start() was still waiting for a Zenoh router: nothing to drain."""
+
+
+def open_manifest_session(m, *, sleep=time.sleep, clock=time.monotonic, stopped: threading.Event | None = None):
     """The server's Zenoh session as the manifest's `zenoh` section says (endpoints, lease, TLS files).
 
     An unreachable router is retried with backoff (0.1 s doubling to 2 s) until `zenoh.connect_timeout_s`
     has passed: a replica restarted while its router is saturated or restarting must not exit on a refusal
     that would have cleared a second later. Missing or bad TLS files fail at once (no retry can fix them).
+    `stopped` set ends the retries at once with StartCancelled (a SIGTERM must not wait out the timeout).
     """
+    if stopped is not None:
+        sleep = stopped.wait
     from wire.transport import TlsFiles, open_session
 
     tls = _get(m, "zenoh.tls", None)
@@ -820,6 +903,8 @@ def open_manifest_session(m, *, sleep=time.sleep, clock=time.monotonic):
                 raise
             log.warning("router not reachable yet (attempt %d), retrying in %.1f s: %s", attempts, min(delay, left), exc)
             sleep(min(delay, left))
+            if stopped is not None and stopped.is_set():
+                raise StartCancelled(f"stopped while waiting for a Zenoh router (attempt {attempts})") from None
             delay = min(2.0, delay * 2)
 
 

@@ -88,6 +88,7 @@ def test_an_unreachable_router_is_a_one_line_error(tmp_path, ckpt):  # noqa: F81
     out = run(["--manifest", str(path)])
     assert out.returncode == 2 and "cannot reach a Zenoh router" in out.stderr and "Traceback" not in out.stderr
     assert "gave up after" in out.stderr and "connect_timeout_s" in out.stderr
+    assert out.stderr.splitlines()[-1].startswith("policy-server: cannot reach"), "one prefix, not two"
 
 
 def test_a_server_started_before_its_router_waits_for_it_and_serves(tmp_path, ckpt):  # noqa: F811
@@ -139,6 +140,61 @@ def test_sigterm_drains_notifies_clients_and_exits_zero(tmp_path, ckpt, router):
         c.close()
         child.stop()
 
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_waiting_for_the_router_stops_at_once(tmp_path, ckpt, sig):  # noqa: F811
+    from wire.procs import free_port
+
+    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0,
+                            "zenoh": {"connect_endpoints": [f"tcp/127.0.0.1:{free_port()}"], "connect_timeout_s": 60}})
+    server = ChildProcess(CLI + ["--manifest", str(path)], tmp_path / "server.log", name="server",
+                          ready_text="router not reachable yet").start(timeout_s=60)
+    try:
+        server.signal(sig)
+        assert server.proc.wait(15) == 0, "it stops retrying, as a drain exits (not after connect_timeout_s)"
+        log = server.tail(100)
+        assert "policy-server stopped" in log and "gave up after" not in log and "Traceback" not in log
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("key,flag", [("audit_path", "--audit-path"), ("debug.capture_dir", "--capture-dir")])
+@pytest.mark.parametrize("where", ["under a file", "under /proc"])
+def test_an_output_path_that_cannot_be_created_is_a_one_line_error_before_the_model_loads(tmp_path, ckpt, key, flag,
+                                                                                           where):  # noqa: F811
+    (tmp_path / "afile").write_text("x")
+    target = str(tmp_path / "afile" / "out") if where == "under a file" else "/proc/nope/out"
+    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:1"]}})
+    out = run(["--manifest", str(path), "--check", flag, target])
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "checkpoint OK" not in out.stdout
+    assert out.stderr.strip().splitlines() == [
+        f"policy-server: {key}: cannot create {target!r}: "
+        f"{repr(str(tmp_path / 'afile')) + ' is a file' if where == 'under a file' else 'No such file or directory'}; "
+        f"give a path in a directory this process can write, or leave {key} unset"]
+
+
+def test_a_manifest_that_is_not_utf8_is_a_one_line_error(tmp_path):
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"\xff\xfe\xfa")
+    out = run(["--manifest", str(path), "--check"])
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"policy-server: {path}: not UTF-8 text (byte 0xff at offset 0); give a YAML manifest saved as UTF-8"]
+
+
+def test_a_taken_health_port_is_a_one_line_error_naming_it(tmp_path, ckpt, router):  # noqa: F811
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0, "health_port": port,
+                                "zenoh": {"connect_endpoints": [router]}})
+        out = run(["--manifest", str(path)])
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (f"policy-server: health_port: cannot listen on 127.0.0.1:{port}: "
+                                                   "Address already in use; pick another health_port")
 
 
 def test_bad_tls_files_and_a_refused_handshake_are_one_line_errors(tmp_path, ckpt):  # noqa: F811

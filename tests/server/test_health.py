@@ -1,14 +1,17 @@
-"""server.health: real HTTP on 127.0.0.1 — liveness, readiness flips, the /metrics scrape, 404, silence."""
+"""server.health: real HTTP on 127.0.0.1 — liveness, readiness flips, the /metrics scrape, 404, silence, slow clients."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from server.health import HealthServer
+from server.health import HealthBindError, HealthServer
 from server.metrics import Metrics
 
 # Bypass any HTTP(S)_PROXY of the environment: these requests must go straight to 127.0.0.1.
@@ -127,3 +130,61 @@ def test_requests_are_never_logged_to_stderr(metrics, capfd):
             get(server, path)
     out, err = capfd.readouterr()
     assert err == "" and out == ""
+
+
+def _half_request(server: HealthServer) -> socket.socket:
+    """A client that sends a request line and one header, never the blank line that ends them, and waits."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    return s
+
+
+def test_a_silent_connection_is_closed_after_the_timeout(metrics):
+    with HealthServer(0, metrics, lambda: True, timeout_s=0.3) as hs:
+        s = _half_request(hs)
+        try:
+            t0 = time.monotonic()
+            assert s.recv(1024) == b"", "the server closes the connection, unanswered"
+            assert time.monotonic() - t0 < 5
+        finally:
+            s.close()
+        assert get(hs, "/healthz")[0] == 200, "a whole request is answered as before"
+
+
+def test_connections_beyond_max_connections_are_closed_and_probes_return_when_they_go(metrics):
+    with HealthServer(0, metrics, lambda: True, timeout_s=60, max_connections=4) as hs:
+        held = [_half_request(hs) for _ in range(4)]
+        extra = _half_request(hs)
+        try:
+            assert extra.recv(1024) == b"", "the fifth is closed at once, not held for the 60 s timeout"
+        finally:
+            extra.close()
+            for s in held:
+                s.close()
+        deadline = time.monotonic() + 10
+        while True:  # their threads see the close and free their slots; nothing outside can wait on that
+            try:
+                if get(hs, "/healthz")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            assert time.monotonic() < deadline, "a probe is served again once the idle clients left"
+            time.sleep(0.02)
+
+
+def test_head_answers_the_probe_paths_without_a_body(metrics):
+    with HealthServer(0, metrics, lambda: (False, "warming up")) as hs:
+        conn = http.client.HTTPConnection("127.0.0.1", hs.port, timeout=5)
+        try:
+            for path, status in (("/healthz", 200), ("/readyz", 503), ("/metrics", 200)):
+                conn.request("HEAD", path)
+                r = conn.getresponse()
+                assert (r.status, r.read()) == (status, b"") and int(r.headers["Content-Length"]) > 0
+        finally:
+            conn.close()
+
+
+def test_a_taken_port_is_a_bind_error_naming_it(metrics):
+    with HealthServer(0, metrics, lambda: True) as hs:
+        with pytest.raises(HealthBindError, match=rf"cannot listen on 127\.0\.0\.1:{hs.port}: Address already in use"):
+            HealthServer(hs.port, metrics, lambda: True).start()

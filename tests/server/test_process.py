@@ -3,6 +3,10 @@ endpoint, per-model sessions, mailboxes and dispatch loops started by each model
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -128,3 +132,55 @@ def test_duplicate_model_ids_fail_the_manifest(two_ckpts, tmp_path):
     with pytest.raises(ManifestError, match=r"extra_models\[0\] has model_id 'arm', already served by model"):
         Manifest.from_dict(manifest(arm, "tcp/127.0.0.1:7447", tmp_path,
                                     extra_models=[{"model": {"repo_or_path": str(arm)}}]))
+
+
+class _LogEvents(logging.Handler):
+    """An Event per awaited log text, set when a record of the policy_server logger carries it."""
+
+    def __init__(self, *texts: str):
+        super().__init__()
+        self.seen = {t: threading.Event() for t in texts}
+
+    def emit(self, record) -> None:
+        for text, event in self.seen.items():
+            if text in record.getMessage():
+                event.set()
+
+
+def test_readyz_says_no_router_while_the_router_is_gone_and_the_log_says_when(two_ckpts, router_proc, tmp_path):
+    from wire.procs import start_router
+
+    child, endpoint = router_proc
+    arm, _ = two_ckpts
+    proc = ServerProcess(Manifest.from_dict(manifest(arm, endpoint, tmp_path)))
+    events = _LogEvents("lost: not ready (no router)", "connected")
+    logger = logging.getLogger("policy_server")
+    level = logger.level
+    logger.addHandler(events)
+    logger.setLevel(logging.INFO)
+    restarted = None
+    try:
+        proc.load()
+        proc.start()
+        url = f"http://127.0.0.1:{proc.health.port}/readyz"
+        assert _readyz(url) == (200, {"ready": True, "reason": "ready"})
+        child.stop()
+        assert events.seen["lost: not ready (no router)"].wait(10), "losing the router is logged"
+        assert _readyz(url) == (503, {"ready": False, "reason": "no router"})
+        restarted, _ = start_router(int(endpoint.rsplit(":", 1)[1]), tmp_path / "router2.log")
+        assert events.seen["connected"].wait(30), "regaining it is logged (Zenoh reconnects by itself)"
+        assert _readyz(url) == (200, {"ready": True, "reason": "ready"})
+    finally:
+        logger.removeHandler(events)
+        logger.setLevel(level)
+        proc.stop()
+        if restarted is not None:
+            restarted.stop()
+
+
+def _readyz(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
