@@ -397,8 +397,8 @@ class TimelineRunner:
             raise RuntimeError("this timeline runner was already started")
         self.t0 = self.clock() if t0 is None else t0
         lanes: dict[str, list[FaultEvent]] = {}
-        for ev in self.events:
-            lanes.setdefault(ev.target, []).append(ev)
+        for ev in self.events:  # `router` and `router:hub` share the driver's router: one lane, in timeline order
+            lanes.setdefault("router" if ev.kind == "router" else ev.target, []).append(ev)
         for target, events in lanes.items():
             t = threading.Thread(target=self._run_lane, args=(events,), name=f"faults {target}", daemon=True)
             self._threads.append(t)

@@ -311,7 +311,8 @@ class Sweep(_Model):
                                                    "verdict of the sweep's own `assertions`")
     stop_after_failure: Bool | None = _f(None, "stop at the first failing value",
                                          default_doc="true in capacity mode")
-    formula: Formula | None = _f(None, "`capacity`: nominal inputs of P10's formula, printed beside the measured ones")
+    formula: Formula | None = _f(None, "`capacity` only (refused in `runs` mode): nominal inputs of P10's formula, "
+                                       "printed beside the measured ones")
     assertions: list[Str] = _f([], "`capacity` only (refused in `runs` mode): expressions over the sweep figures `knee`, `first_failure`, `n_max`, "
                                    "`n_max_nominal`, `knee_ratio`, `knee_ratio_nominal`, `steps`, `knee_without_bench`, "
                                    "`first_failure_without_bench` (bench.evidence.capacity)")

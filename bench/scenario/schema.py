@@ -652,6 +652,9 @@ def _read_sweep(w: _Where, m: sm.ScenarioFile, data: dict) -> dict | None:
         raise w.fail(("sweep", "assertions"), f"sweep assertions are judged only with mode: capacity (this sweep's "
                                               f"mode is {sw.mode!r}); set mode: capacity, or move each run's "
                                               f"checks to the top-level assertions")
+    if sw.formula and sw.mode != "capacity":  # P10's formula is printed beside a capacity sweep's knee only
+        raise w.fail(("sweep", "formula"), f"the formula is compared with a capacity sweep's knee only (this sweep's "
+                                           f"mode is {sw.mode!r}); set mode: capacity, or remove it")
     _check_sweep_values(w, sw, data)
     formula = {k: v for k, v in sw.formula.model_dump().items() if k in (data["sweep"].get("formula") or {})} \
         if sw.formula else None

@@ -301,6 +301,19 @@ def test_a_slow_restart_does_not_delay_other_targets():
     assert restart["t_end"] - restart["t_start"] >= 0.35  # the window spans the restart
 
 
+def test_router_and_router_hub_faults_run_in_one_lane_in_timeline_order():
+    """Both act on the driver's router: a `router:hub` kill due while a slow `router` restart is still running waits
+    for it (in two lanes it ran beside the restart, on the same process)."""
+    rec = Recorder(slow={"process_fault": 0.3})
+    _runner, rec = run([
+        {"at": 0, "target": "router", "action": "restart"},
+        {"at": 0.05, "target": "router:hub", "action": "kill", "duration": 0.05},
+    ], rec)
+    calls = [c for c in rec.calls if c[1] in ("process_fault", "undo")]
+    assert [c[1:3] for c in calls] == [("process_fault", "router"), ("process_fault", "router:hub"), ("undo", "kill router:hub")]
+    assert calls[1][0] >= 0.3  # the kill waited for the restart's apply to return
+
+
 def test_stop_undoes_active_faults_and_skips_pending_ones():
     rec = Recorder()
     runner = TimelineRunner(parse_timeline([

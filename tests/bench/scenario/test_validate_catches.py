@@ -129,6 +129,9 @@ CASES = [
      BASE + "sweep: {key: servers.replicas.r0.checkpoint, values: [reacher, reacher_v9]}\n", 18, "sweep.values[1]",
      "with servers.replicas.r0.checkpoint = 'reacher_v9': servers.replicas[0].checkpoint: checkpoint 'reacher_v9' is "
      "missing"),
+    ("a formula outside capacity mode", BASE + "sweep: {key: fleet.groups.g.count, values: [2, 3], formula: "
+                                                "{t_ms: 20}}\n", 18, "sweep.formula",
+     "the formula is compared with a capacity sweep's knee only (this sweep's mode is 'runs')"),
     ("a list that must not be empty", BASE.replace("  replicas:\n    - {id: r0, checkpoint: reacher}\n",
                                                    "  replicas: []\n"), 14, "servers.replicas",
      "needs at least 1 item, got 0"),
