@@ -165,10 +165,9 @@ class Shard:
         self.replaced_requests = 0  # requests of engines a restart replaced: their workers' CPU is in thread_cpu
         self.counts = {"ticks": 0, "none_ticks": 0, "late_ticks": 0, "host_late_ticks": 0, "too_late_ticks": 0}
         self.recent_rtt: list[float] = []
-        self.faults: list[dict] = []
-        self._fault_lock = threading.Lock()
-        # one thread applies robot faults, in the order they came: a restart that stops a slow engine must not be
-        # overtaken by the kill sent after it (a thread a fault let that kill land first and the restart revive it)
+        # one thread applies robot faults, in the order they came, off the control loop: a restart that stops a
+        # slow engine must not be overtaken by the kill sent after it (a thread a fault let that kill land first and
+        # the restart revive it)
         self._fault_queue: queue.Queue[dict] = queue.Queue()
         self._fault_worker: threading.Thread | None = None
         self.control = None
@@ -198,8 +197,10 @@ class Shard:
             self.stop_event.set()
             self.start_event.set()
         elif kind == "robot_fault":
-            with self._fault_lock:
-                self.faults.append(msg)
+            if self._fault_worker is None:  # the control thread's only: started once, on the first fault
+                self._fault_worker = threading.Thread(target=self._fault_loop, name="robot faults", daemon=True)
+                self._fault_worker.start()
+            self._fault_queue.put(msg)
 
     def build(self) -> None:
         from bench.robots import core as robots_core
@@ -272,7 +273,6 @@ class Shard:
             if due > now:
                 if self.stop_event.wait(due - now):
                     break
-            self._apply_faults()
             t_wake = mono()
             cpu0 = time.thread_time()
             members = sched.members[sid]
@@ -356,20 +356,9 @@ class Shard:
                 rs.engine.reset()
         batch.reset(idx)
 
-    def _apply_faults(self) -> None:
-        if not self.faults:
-            return
-        with self._fault_lock:
-            faults, self.faults = self.faults, []
-        if self._fault_worker is None:
-            self._fault_worker = threading.Thread(target=self._fault_loop, name="robot faults", daemon=True)
-            self._fault_worker.start()
-        for f in faults:
-            self._fault_queue.put(f)
-
     def _fault_loop(self) -> None:
         """Robot faults run off the loop thread (stopping an engine may block on I/O), one at a time, in order."""
-        normal_thread_priority()  # started by the loop thread; a restarted engine's threads must not be RT
+        normal_thread_priority()  # a restarted engine's threads must not inherit a real-time priority
         while True:
             f = self._fault_queue.get()
             try:

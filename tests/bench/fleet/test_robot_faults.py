@@ -38,7 +38,6 @@ def test_a_kill_sent_after_a_restart_is_applied_after_it(tmp_path):
     shard.robots = [RobotSlot(spec={"engine": {}}, rid=7, engine=old)]
     shard.on_message({"type": "robot_fault", "robots": [7], "action": "restart"})
     shard.on_message({"type": "robot_fault", "robots": [7], "action": "kill"})
-    shard._apply_faults()
     release.set()
     shard._fault_queue.join()
     robot = shard.robots[0]
