@@ -24,6 +24,10 @@ POLICY_SOURCES = {"chunk", "queue", "policy"}
 OK_OUTCOMES = {"ok", "chunk", "merged", "success"}
 
 
+# the fault log's action for a replica or router that exited while no fault held it down (bench.run.runner)
+UNPLANNED_EXIT = "unplanned_exit"
+
+
 @dataclass
 class RunData:
     """Numpy views of one run's records, plus what the runner observed directly."""
@@ -418,6 +422,7 @@ scalar("attacks_contained")(_attack_count("denied", "contained"))
 scalar("attacks_breached")(_attack_count("breached"))
 scalar("attack_errors")(_attack_count("error", "pending"))
 scalar("server_crashes")(lambda s: float(s.data.server_crashes))
+scalar("unplanned_exits")(lambda s: float(sum(1 for w in s.data.fault_windows if w.get("action") == UNPLANNED_EXIT)))
 scalar("security_denials")(lambda s: float(sum(int(r.get("denied_count") or 1) for r in s.data.security_denials)))
 
 

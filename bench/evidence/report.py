@@ -202,7 +202,8 @@ def write_junit(o: RunOutcome, path: Path) -> None:
             ET.SubElement(case, "skipped", message=why[:500]).text = f"{r.expression}\nvalue: {r.value!r}{bare}\n{why}"
         elif not r.passed:
             ET.SubElement(case, "failure", message=f"value {r.value!r}", type="AssertionFailed").text = \
-                f"{r.expression}\nvalue: {r.value!r}\n(line {r.line} of the scenario)"
+                f"{r.expression}\nvalue: {r.value!r}\n" + (f"(line {r.line} of the scenario)" if r.line
+                                                          else "(not a line of the scenario: judged by the bench)")
         ET.SubElement(case, "system-out").text = f"value: {r.value!r}"
     suites = ET.Element("testsuites")
     suites.append(suite)

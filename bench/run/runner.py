@@ -36,6 +36,7 @@ import numpy as np
 
 from bench.evidence import fidelity as fid
 from bench.evidence import report
+from bench.evidence.figures import UNPLANNED_EXIT
 from bench.fleet import clock as clocks
 from bench.fleet import threadcpu
 from bench.fleet.control import ControlServer
@@ -56,6 +57,27 @@ SERVER_READY_TEXT = "policy-server ready"
 SHARD_READY_TIMEOUT_S = 60.0
 SHARD_DONE_TIMEOUT_S = 30.0
 CLOCK_RECHECK_BEFORE_END_S = 1.0  # the clocks are measured again this long before the end: shards leave at the end
+
+
+def exit_words(returncode: int | None) -> str:
+    """How a local child ended, for a person: `exited with 3`, `killed by SIGSEGV (exit -11)`."""
+    import signal
+
+    if returncode is None or returncode >= 0:
+        return f"exited with {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        return f"exited with {returncode}"
+    why = " from outside the run (the kernel's OOM killer? see `dmesg`)" if name == "SIGKILL" else ""
+    return f"killed by {name}{why} (exit {returncode})"
+
+
+def is_system_process(name: str) -> bool:
+    """A process of the system under test (a policy-server replica, a Zenoh router): its unplanned exit is a finding
+    the run records and goes on through (figure `unplanned_exits`). The bench's own processes (shards, chaos
+    proxies) and a lost cluster node are the bench failing: those end the run as an error."""
+    return name.startswith(("server:", "router"))
 
 
 
@@ -165,6 +187,8 @@ def _run_variants(scenario: Scenario, reports_dir: Path, progress: bool, stamp: 
         outcome = Run(variant, run_dir, progress=progress, cluster=ray_cluster).execute()
         print_verdict(f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
                       f"-> {outcome.run_dir}/summary.json", outcome.assertions, outcome.error)
+        for w in [f for f in outcome.meta.get("faults") or [] if f.get("action") == UNPLANNED_EXIT][:5]:
+            print(f"  EXIT  {w['target']} at t {w['t_start']:g} s with no fault on it: {w['detail']}", file=sys.stderr)
         dead = [c for c in outcome.meta.get("state_changes") or [] if c["to"] == "DEAD"]
         for c in dead[:3]:  # why robots died, before the host's fidelity: the first thing to read of a collapse
             print(f"  DEAD  {c['robots']} robots {c['from']} -> DEAD at t {c['t_first']:g}..{c['t_last']:g} s: "
@@ -842,19 +866,44 @@ class Run(Collecting, Judging):
         for name, child in list(self.procs.children):
             if name.startswith("attacker:"):
                 continue  # attackers end when their attacks are done
-            if isinstance(child, ChildProcess) and child.proc is not None and not child.alive():
-                if name.startswith("server:") and self._restarting(name):
-                    continue
-                if name.startswith("router") and self._restarting("router"):
-                    continue  # a `router` fault holds every router (a node's too, bench.run.mesh) down on purpose
-                if name == "router" and self._restarting("router:hub"):
-                    continue  # a `router:hub` fault holds the driver's router down, the node routers carry on
-                if name.startswith("shard:") and child.proc.returncode == 0 and (
-                        name.split(":", 1)[1] in {str(k) for k in self.state.done}
-                        or time.monotonic() >= (self.state.end_mono or math.inf) - 1.0):
-                    continue  # finished: its loop ends at its last slot due before the end, maybe before we look
-                how = child.exit_text() if hasattr(child, "exit_text") else f"exited with {child.proc.returncode}"
-                raise RuntimeError(f"{name} {how}; log {child.log_path}:\n{child.tail(15)}")
+            if not isinstance(child, ChildProcess) or child.proc is None:
+                continue
+            if child.alive():
+                self._back_up(name)
+                continue
+            if is_system_process(name) and self._held_down(name):
+                continue
+            if name.startswith("shard:") and child.proc.returncode == 0 and (
+                    name.split(":", 1)[1] in {str(k) for k in self.state.done}
+                    or time.monotonic() >= (self.state.end_mono or math.inf) - 1.0):
+                continue  # finished: its loop ends at its last slot due before the end, maybe before we look
+            if is_system_process(name) and self._down_unplanned(name):
+                continue  # recorded once per exit
+            how = child.exit_text() if hasattr(child, "exit_text") else exit_words(child.proc.returncode)
+            if is_system_process(name) and not getattr(child, "lost", None):
+                self._unplanned_exit(name, child, how)  # the system failed: the run goes on and shows what followed
+                continue
+            raise RuntimeError(f"{name} {how}; log {child.log_path}:\n{child.tail(15)}")
+
+    def _unplanned_exit(self, name: str, child, how: str) -> None:
+        """A replica or router exited while no fault held it: an `unplanned_exit` window in the fault log, open
+        until the process is back (a later `restart` fault) or the run ends."""
+        t = round(time.monotonic() - (self.state.t0_mono or time.monotonic()), 3)
+        log = Path(child.log_path)
+        log = log.relative_to(self.run_dir) if log.is_relative_to(self.run_dir) else log
+        self.fault_log.append({"index": None, "target": name, "action": UNPLANNED_EXIT, "params": {}, "at": t,
+                               "duration": None, "t_start": t, "t_end": None, "error": None,
+                               "detail": f"{how}; log {log}", "log_tail": child.tail(15)})
+
+    def _down_unplanned(self, name: str) -> bool:
+        return any(w.get("target") == name and w.get("action") == UNPLANNED_EXIT and w.get("t_end") is None
+                   for w in self.fault_log)
+
+    def _back_up(self, name: str) -> None:
+        """`name` runs again: its open `unplanned_exit` window (if any) ends now."""
+        for w in self.fault_log:
+            if w.get("target") == name and w.get("action") == UNPLANNED_EXIT and w.get("t_end") is None:
+                w["t_end"] = round(time.monotonic() - (self.state.t0_mono or time.monotonic()), 3)
 
     def _health_url(self, info: dict) -> str:
         """A replica's health server: on this host at loopback, on another host at its node's address."""
@@ -878,9 +927,19 @@ class Run(Collecting, Judging):
         self.cpu.track_remote(name, child.where())
         self.cpu.remote_usage = lambda names: self.cluster.usage({n: self.procs.get(n) for n in names})
 
-    def _restarting(self, name: str) -> bool:
-        """A server may be down on purpose while a fault holds it down."""
-        return any(w.get("target") == name and w.get("t_end") is None for w in self.fault_log) or self.state.phase == "stopping"
+    def _held_down(self, name: str) -> bool:
+        """A fault keeps replica or router `name` down on purpose: a window of it still open, or its last fault a
+        `kill`/`term` with no duration (down for good). A `router` fault acts on every router (a node's too,
+        bench.run.mesh), a `router:hub` fault on the driver's router (`router`) alone."""
+        if self.state.phase == "stopping":
+            return True
+        targets = {name}
+        if name.startswith("router"):
+            targets = {"router", "router:hub"} if name == "router" else {"router"}
+        planned = [w for w in self.fault_log if w.get("target") in targets and w.get("action") != UNPLANNED_EXIT]
+        if any(w.get("t_end") is None for w in planned):
+            return True
+        return bool(planned) and planned[-1].get("action") in ("kill", "term") and planned[-1].get("duration") is None
 
     # --- drive ---------------------------------------------------------------------------------
 

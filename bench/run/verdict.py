@@ -4,7 +4,8 @@ on the figures less the bench's measured share, where one failed), the bench hos
 
 `Judging` is the part of `bench.run.runner.Run` that does it, after the run stopped: it reads the run's state and
 its collected records (bench.run.collect). Invariant: a verdict is always written; what could not be computed (the
-figures, the fidelity, the share) is said in it, and an assertion never evaluated is failed with the reason.
+figures, the fidelity, the share) is said in it, and an assertion never evaluated is failed with the reason. A
+replica or router that exited while no fault held it down fails the run (`unplanned_exits == 0`, judged unasked).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import traceback
 from bench.evidence import fidelity as fid
 from bench.evidence import figures as figs
 from bench.evidence import report
+from bench.evidence.figures import UNPLANNED_EXIT
 from bench.run.mesh import proxy_name
 from bench.scenario.assertions import evaluate
 
@@ -25,6 +27,9 @@ def psutil_rss_mb() -> float:
     import psutil
 
     return round(psutil.Process().memory_info().rss / 2**20, 1)
+
+
+UNPLANNED_EXITS_CHECK = "unplanned_exits == 0"  # judged without being asked: Judging.implicit_checks
 
 
 class Judging:
@@ -46,6 +51,7 @@ class Judging:
             group_json = {g: figs.json_figures(f) for g, f in top.groups.items()}
             if error is None:
                 results = [evaluate(a.expression, top, [g.name for g in self.s.groups], a.line) for a in self.s.assertions]
+                results += self.implicit_checks(top)
         except Exception as exc:
             error = (error + "\n" if error else "") + f"aggregation failed: {exc!r}\n{traceback.format_exc()}"
         if error is not None and not results:
@@ -55,6 +61,8 @@ class Judging:
         if data is not None and error is None:
             self.without_bench(data, top, results, fidelity)
         verdict = report.verdict_of(results, error, fidelity)
+        if verdict == "inconclusive" and any(r.expression == UNPLANNED_EXITS_CHECK and not r.passed for r in results):
+            verdict = "fail"  # a replica or router that died is the system failing, however slow the host was
         # what collecting the records and computing figures held: the runner's peak, read before the report is
         # written (ru_maxrss is the peak of the runner's life; the run itself holds little, so it is this phase's)
         report_phase = {"rss_before_mb": rss_before_report, "rss_after_figures_mb": psutil_rss_mb(),
@@ -102,6 +110,16 @@ class Judging:
             meta=meta, error=error)
         report.write_all(outcome)
         return outcome
+
+    def implicit_checks(self, top) -> list:
+        """`unplanned_exits == 0`, judged when a replica or router exited while no fault held it down and no
+        assertion of the scenario names `unplanned_exits` (one that does decides instead: a scenario may expect a
+        crash). Otherwise a run whose server died could pass on figures its survivors kept."""
+        if any("unplanned_exits" in a.expression for a in self.s.assertions):
+            return []
+        if not any(w.get("action") == UNPLANNED_EXIT for w in self.fault_log):
+            return []
+        return [evaluate(UNPLANNED_EXITS_CHECK, top, [g.name for g in self.s.groups], 0)]
 
     def without_bench(self, data, top, results: list, fidelity: dict) -> None:
         """Each failed assertion, judged again on its figures less the bench's measured share (figs.without_bench):
