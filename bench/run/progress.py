@@ -34,6 +34,8 @@ def _status_text(status: dict, cpu: dict | None) -> str:
              f"rtt p50 {rtt:.0f} p99 {rtt99:.0f} ms" if rtt is not None and rtt99 is not None else "rtt -"]
     if cpu:
         parts.append(f"cpu {cpu.get('host_percent', 0):.0f}%")
+    if status.get("unplanned_exits"):  # a replica or router died with no fault on it: the run fails (bench.run.verdict)
+        parts.append("EXITED " + " ".join(status["unplanned_exits"]))
     return " | ".join(p for p in parts if p)
 
 

@@ -1044,6 +1044,7 @@ class Run(Collecting, Judging):
                 rtt99.append(st.get("rtt_ms_p99", st["rtt_ms_p50"]))
         if rtt50:
             merged["rtt_ms_p50"], merged["rtt_ms_p99"] = float(np.mean(rtt50)), float(np.max(rtt99))
+        merged["unplanned_exits"] = [w["target"] for w in list(self.fault_log) if w.get("action") == UNPLANNED_EXIT]
         return elapsed, total, self.state.phase, merged, self.cpu.latest()
 
     # --- stop ----------------------------------------------------------------------------------

@@ -261,6 +261,9 @@ def test_progress_line_shows_states_and_figures():
                                           "late_ticks": 1, "host_late_ticks": 2, "rtt_ms_p50": 60.0, "rtt_ms_p99": 140.0},
                          {"host_percent": 150.0})
     assert "12.0/60s" in line and "STRE:290" in line and "none 1.0%" in line and "rtt p50 60 p99 140" in line
+    assert "EXITED" not in line
+    exited = format_status(12.0, 60, "run", {"states": {}, "unplanned_exits": ["server:r0", "router"]}, None)
+    assert exited.endswith("EXITED server:r0 router"), exited
 
 
 @pytest.mark.parametrize("tcp_host", [None, "127.0.0.1"], ids=["unix", "tcp"])
