@@ -43,6 +43,7 @@ class RunData:
     server_samples: list[dict] = field(default_factory=list)  # {t, replica, metric, value}
     cpu_samples: list[dict] = field(default_factory=list)  # {t, host_percent, processes: {name: percent}}
     final_states: dict[int, str] = field(default_factory=dict)  # robot -> engine state at stop
+    engine_raises: dict[int, int] = field(default_factory=dict)  # robot -> engine calls that raised (bench.fleet.shard)
     session_checkpoints: dict[str, str] = field(default_factory=dict)  # session_id -> checkpoint hash (audit)
     seam: dict[int, tuple] = field(default_factory=dict)  # robot -> seam_inputs(...) entry
     parity: dict[int, dict] = field(default_factory=dict)  # robot -> bench.fleet.parity counts (shadow groups)
@@ -312,6 +313,12 @@ def _last_states(s: _Scope) -> dict[int, str]:
         if members is None or r in members:
             out[int(r)] = st
     return out
+
+
+@scalar("engine_raises")
+def _engine_raises(s: _Scope) -> int:
+    members = None if s.robot_ids is None else set(s.robot_ids.tolist())
+    return sum(n for r, n in s.data.engine_raises.items() if members is None or r in members)
 
 
 @scalar("dead_robots")

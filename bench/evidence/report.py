@@ -6,6 +6,7 @@ files are written for every run that got as far as a run directory, including ru
 
     summary.json  {scenario, verdict, exit_code, duration_s, robots, ticks, assertions[], figures{},
                    groups{}, latency_budget[], cpu{}, memory{}, camera_kind, inference_emulated, faults[],
+                   engine_raises[],
                    cluster{}, clock{children, hop_split}, files{}}
     junit.xml     one <testcase> per assertion (failure/error with value and expression)
     report.html   self-contained: inline SVG, inline CSS, no JS
@@ -158,6 +159,7 @@ def summary_dict(o: RunOutcome) -> dict:
         "group_engines": o.meta.get("group_engines", {}),
         "baselines": o.meta.get("baselines", []),
         "state_changes": o.meta.get("state_changes", []),
+        "engine_raises": o.meta.get("engine_raises", []),
         "latency_budget": latency_budget(f, o.meta.get("fidelity")),
         "cpu": o.meta.get("cpu", {}),
         "memory": o.meta.get("memory", {}),

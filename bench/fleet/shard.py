@@ -48,6 +48,7 @@ LOOP_FIFO_PRIORITY = 10  # SCHED_FIFO priority of the control loop thread, as a 
 STATUS_PERIOD_S = 1.0
 FLUSH_PERIOD_S = 2.0
 _FALLBACK_SOURCES = ("hold", "repeat_last", "zero", "fallback")
+RAISED_SOURCE = "raised"  # a tick's source when the engine's notify_observation or get_action raised
 
 
 def robot_seed(seed: int, group_index: int, index: int) -> int:
@@ -88,6 +89,9 @@ class RobotSlot:
     episode: int = 0
     episode_t0: float = 0.0
     max_age: float = math.inf
+    raises: int = 0  # engine calls that raised (the engine never raises: each one is the system failing)
+    first_raise: str = ""  # the first one's call and traceback, sent to the runner by the status thread
+    raise_sent: bool = False
 
 
 def raise_loop_priority() -> str:
@@ -184,6 +188,8 @@ class Shard:
             self.send({"type": "hello", "shard": self.index, "pid": os.getpid()})
 
     def send(self, msg: dict) -> None:
+        if msg.get("type") == "log":  # never from the loop thread: its own log file (logs/shard-K.log) keeps it
+            print(f"shard {self.index}: {msg['message']}", file=sys.stderr, flush=True)
         if self.control is not None:
             msg.setdefault("shard", self.index)
             self.control.send(msg)
@@ -289,15 +295,21 @@ class Shard:
                 rs = robots[r]
                 images = {name: cam.frame() for name, cam in rs.cameras} if rs.cameras else {}
                 tb = mono()
-                a = None
+                a, raised = None, False
                 if not rs.killed:
-                    rs.engine.notify_observation({"state": states[j], "images": images})
-                    a = rs.engine.get_action()
-                got[j] = (a, tb, mono(), engine_state_name(rs.engine) if not rs.killed else "DEAD")
+                    try:
+                        call = "notify_observation"
+                        rs.engine.notify_observation({"state": states[j], "images": images})
+                        call = "get_action"
+                        a = rs.engine.get_action()
+                    except Exception:  # the engine's contract broken: recorded (engine_raises), the robot holds
+                        a, raised = None, True
+                        self._engine_raised(rs, call)
+                got[j] = (a, tb, mono(), engine_state_name(rs.engine) if not rs.killed else "DEAD", raised)
             for j, r in enumerate(members):
                 rs = robots[r]
                 state = states[j]
-                a, tb, te, est = got[j]
+                a, tb, te, est, raised = got[j]
                 lateness = te - due
                 host_delay = tb - due
                 cls = classify_tick(lateness, host_delay, period)
@@ -305,7 +317,7 @@ class Shard:
                     ticks.append(robot=rs.rid, t=rel, lateness_ms=lateness * 1e3, host_delay_ms=host_delay * 1e3,
                                  engine_ms=(te - tb) * 1e3, tick_class=cls, state_digest=zlib.crc32(state.tobytes()),
                                  seq=-1, session_id="", episode_id=-1, chunk_index=-1, action_age_s=np.nan,
-                                 source="none", is_none=True, engine_state=est, robot_episode=rs.episode, action=None)
+                                 source=RAISED_SOURCE if raised else "none", is_none=True, engine_state=est, robot_episode=rs.episode, action=None)
                 else:
                     values = np.asarray(a.values, dtype=np.float32)
                     actions[j] = values
@@ -353,8 +365,23 @@ class Shard:
                                  length_s=float(batch.tick[j] / batch.fps))
             rs.episode += 1
             if not rs.killed:
-                rs.engine.reset()
+                try:
+                    rs.engine.reset()
+                except Exception:
+                    self._engine_raised(rs, "reset")
         batch.reset(idx)
+
+    def _engine_raised(self, rs: RobotSlot, call: str) -> None:
+        """On the loop thread: count it; keep the first traceback for the status thread to send (no I/O here)."""
+        rs.raises += 1
+        if not rs.first_raise:
+            rs.first_raise = f"engine.{call}() raised: {traceback.format_exc(limit=8).strip()}"
+
+    def _send_raises(self) -> None:
+        for rs in self.robots:
+            if rs.first_raise and not rs.raise_sent:
+                rs.raise_sent = True
+                self.send({"type": "log", "message": f"robot {rs.rid}: {rs.first_raise}"})
 
     def _fault_loop(self) -> None:
         """Robot faults run off the loop thread (stopping an engine may block on I/O), one at a time, in order."""
@@ -452,6 +479,7 @@ class Shard:
                 self.drain()
                 self.requests.flush()
                 self.transitions.flush()
+                self._send_raises()
                 self.send(self.status())
             except Exception as exc:
                 self.send({"type": "log", "message": f"status: {exc!r}"})
@@ -504,7 +532,9 @@ class Shard:
             self.send({"type": "error", "error": error})
             return 1
         parity = {str(r.rid): r.engine.parity for r in self.robots if getattr(r.engine, "parity", None) is not None}
+        raises = {str(r.rid): {"count": r.raises, "first": r.first_raise} for r in self.robots if r.raises}
         self.send({"type": "done", "final_states": final, "status": self.status_counts_only(), "parity": parity,
+                   "engine_raises": raises,
                    "loop_priority": getattr(self, "loop_priority", "normal"), "thread_cpu": thread_cpu})
         return 0
 

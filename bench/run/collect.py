@@ -170,10 +170,12 @@ class Collecting:
         except OSError:
             pass
         ticks = figs.table_to_numpy(tables["ticks"].drop_columns(["action"])) if tables["ticks"].num_rows else {}
-        final_states, parity = {}, {}
+        final_states, parity, raises = {}, {}, {}
         for msg in self.state.done.values():
             for r, st in (msg.get("final_states") or {}).items():
                 final_states[int(r)] = st
+            for r, raised in (msg.get("engine_raises") or {}).items():
+                raises[int(r)] = int(raised["count"])
             for r, counts in (msg.get("parity") or {}).items():
                 parity[int(r)] = counts
         data = figs.RunData(
@@ -183,6 +185,7 @@ class Collecting:
             loop=figs.table_to_numpy(tables["loop"]), duration_s=self.s.duration_s,
             fault_windows=[w for w in self.fault_log if w.get("t_start") is not None],
             server_samples=self.server_samples, cpu_samples=self.cpu.samples, final_states=final_states, parity=parity,
+            engine_raises=raises,
             session_checkpoints=checkpoints_by_session(audit),
             attacks=self.collect_attacks(audit), server_crashes=getattr(self, "server_crashes", 0),
             leftovers=getattr(self, "leftover_report", {}),

@@ -189,6 +189,10 @@ def _run_variants(scenario: Scenario, reports_dir: Path, progress: bool, stamp: 
                       f"-> {outcome.run_dir}/summary.json", outcome.assertions, outcome.error)
         for w in [f for f in outcome.meta.get("faults") or [] if f.get("action") == UNPLANNED_EXIT][:5]:
             print(f"  EXIT  {w['target']} at t {w['t_start']:g} s with no fault on it: {w['detail']}", file=sys.stderr)
+        for r in (outcome.meta.get("engine_raises") or [])[:3]:
+            first = r["first"].splitlines()
+            print(f"  RAISE robot {r['robot']}: {r['count']} engine calls raised; the first: {first[0] if first else ''} "
+                  f"{first[-1] if len(first) > 1 else ''}", file=sys.stderr)
         dead = [c for c in outcome.meta.get("state_changes") or [] if c["to"] == "DEAD"]
         for c in dead[:3]:  # why robots died, before the host's fidelity: the first thing to read of a collapse
             print(f"  DEAD  {c['robots']} robots {c['from']} -> DEAD at t {c['t_first']:g}..{c['t_last']:g} s: "

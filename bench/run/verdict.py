@@ -5,7 +5,8 @@ on the figures less the bench's measured share, where one failed), the bench hos
 `Judging` is the part of `bench.run.runner.Run` that does it, after the run stopped: it reads the run's state and
 its collected records (bench.run.collect). Invariant: a verdict is always written; what could not be computed (the
 figures, the fidelity, the share) is said in it, and an assertion never evaluated is failed with the reason. A
-replica or router that exited while no fault held it down fails the run (`unplanned_exits == 0`, judged unasked).
+replica or router that exited while no fault held it down, or an engine call that raised into a robot's control loop,
+fails the run (`unplanned_exits == 0`, `engine_raises == 0`, judged unasked: IMPLICIT_CHECKS).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import traceback
 from bench.evidence import fidelity as fid
 from bench.evidence import figures as figs
 from bench.evidence import report
-from bench.evidence.figures import UNPLANNED_EXIT
 from bench.run.mesh import proxy_name
 from bench.scenario.assertions import evaluate
 
@@ -29,7 +29,11 @@ def psutil_rss_mb() -> float:
     return round(psutil.Process().memory_info().rss / 2**20, 1)
 
 
-UNPLANNED_EXITS_CHECK = "unplanned_exits == 0"  # judged without being asked: Judging.implicit_checks
+# The system's own contracts, judged without being asked (Judging.implicit_checks): a replica or router does not die
+# with no fault on it, and the edge engine never raises into the robot's control loop.
+UNPLANNED_EXITS_CHECK = "unplanned_exits == 0"
+ENGINE_RAISES_CHECK = "engine_raises == 0"
+IMPLICIT_CHECKS = (UNPLANNED_EXITS_CHECK, ENGINE_RAISES_CHECK)
 
 
 class Judging:
@@ -61,8 +65,8 @@ class Judging:
         if data is not None and error is None:
             self.without_bench(data, top, results, fidelity)
         verdict = report.verdict_of(results, error, fidelity)
-        if verdict == "inconclusive" and any(r.expression == UNPLANNED_EXITS_CHECK and not r.passed for r in results):
-            verdict = "fail"  # a replica or router that died is the system failing, however slow the host was
+        if verdict == "inconclusive" and any(r.expression in IMPLICIT_CHECKS and not r.passed for r in results):
+            verdict = "fail"  # a dead replica or a raising engine is the system failing, however slow the host was
         # what collecting the records and computing figures held: the runner's peak, read before the report is
         # written (ru_maxrss is the peak of the runner's life; the run itself holds little, so it is this phase's)
         report_phase = {"rss_before_mb": rss_before_report, "rss_after_figures_mb": psutil_rss_mb(),
@@ -100,6 +104,7 @@ class Judging:
             "group_engines": {g.name: g.engine_kind for g in self.s.groups},
             "baselines": figs.baselines(self.s.groups, group_json, self.s.sites),
             "state_changes": figs.state_changes(data.transitions if data is not None else {}),
+            "engine_raises": self.engine_raise_examples(),
         }
         if meta["camera_kind"] and len(meta["camera_kind"]) == 1:
             meta["camera_kind"] = meta["camera_kind"][0]
@@ -112,14 +117,26 @@ class Judging:
         return outcome
 
     def implicit_checks(self, top) -> list:
-        """`unplanned_exits == 0`, judged when a replica or router exited while no fault held it down and no
-        assertion of the scenario names `unplanned_exits` (one that does decides instead: a scenario may expect a
-        crash). Otherwise a run whose server died could pass on figures its survivors kept."""
-        if any("unplanned_exits" in a.expression for a in self.s.assertions):
-            return []
-        if not any(w.get("action") == UNPLANNED_EXIT for w in self.fault_log):
-            return []
-        return [evaluate(UNPLANNED_EXITS_CHECK, top, [g.name for g in self.s.groups], 0)]
+        """Each of IMPLICIT_CHECKS that failed, where no assertion of the scenario names its figure (one that does
+        decides instead: a scenario may expect a crash). Otherwise a run whose server died, or whose engines raised
+        into the loop, could pass on the figures the rest kept. A check that holds adds nothing to the results."""
+        out = []
+        for check in IMPLICIT_CHECKS:
+            figure = check.split()[0]
+            if any(figure in a.expression for a in self.s.assertions):
+                continue
+            result = evaluate(check, top, [g.name for g in self.s.groups], 0)
+            if not result.passed and not result.error:
+                out.append(result)
+        return out
+
+    def engine_raise_examples(self) -> list[dict]:
+        """summary.json `engine_raises`: per robot whose engine raised, how often and the first call's traceback."""
+        out = []
+        for msg in self.state.done.values():
+            for robot, raised in (msg.get("engine_raises") or {}).items():
+                out.append({"robot": int(robot), "count": int(raised["count"]), "first": raised.get("first", "")})
+        return sorted(out, key=lambda r: r["robot"])
 
     def without_bench(self, data, top, results: list, fidelity: dict) -> None:
         """Each failed assertion, judged again on its figures less the bench's measured share (figs.without_bench):

@@ -44,6 +44,8 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "reconnects": ("scalar", "", "engine transitions into RECONNECTING"),
     "dead_robots": ("scalar", "", "robots whose engine ended DEAD or failed"),
     "recovered_within_s": ("scalar", "s", "worst time from a fault window's end until every robot streams again"),
+    "engine_raises": ("scalar", "", "engine calls (notify_observation, get_action, reset) that raised into the robot's "
+                      "control loop, which the engine must never do; any fails the run unless an assertion names this figure"),
     "unplanned_exits": ("scalar", "", "replicas and routers that exited while no fault held them down (each an "
                         "`unplanned_exit` in the fault log); any fails the run unless an assertion names this figure"),
     "unrecovered_robots": ("scalar", "", "robots not STREAMING at the end of the run"),

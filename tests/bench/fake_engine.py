@@ -1,7 +1,8 @@
 """A stand-in for edge's remote engine with the same surface, for testing the bench's own pipeline.
 
 It serves 10-step chunks from a zero policy, goes STALLED during [stall_from, stall_to) seconds of
-monotonic time after start (when given), and reports one request record per chunk.
+monotonic time after start (when given), and reports one request record per chunk. `fake_raise`
+[from_s, to_s]: get_action raises in that window, and reset raises then too (a broken contract).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class FakeEngine:
         self.t_start = 0.0
         self.episode = 0
         self.stall = cfg.get("fake_stall")  # [from_s, to_s] after start
+        self.raise_window = cfg.get("fake_raise")  # [from_s, to_s] after start
 
     def _to(self, state: str, reason: str = "") -> None:
         if state != self.state:
@@ -52,8 +54,14 @@ class FakeEngine:
     def stop(self):
         self._to("STOPPED", "stop")
 
+    def _raising(self) -> bool:
+        el = time.monotonic() - self.t_start
+        return bool(self.raise_window) and self.raise_window[0] <= el < self.raise_window[1]
+
     def reset(self):
         self.episode += 1
+        if self._raising():
+            raise RuntimeError("fake engine: reset broke its contract")
 
     def pause(self):
         self._to("PAUSED")
@@ -65,6 +73,8 @@ class FakeEngine:
         assert "state" in obs
 
     def get_action(self):
+        if self._raising():
+            raise ValueError("fake engine: get_action broke its contract")
         el = time.monotonic() - self.t_start
         if self.stall and self.stall[0] <= el < self.stall[1]:
             self._to("STALLED", "queue empty")

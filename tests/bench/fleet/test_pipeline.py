@@ -169,3 +169,57 @@ def test_a_slot_calls_every_engine_before_it_records_any_tick(tmp_path):
         i += 2 * size
         visits += 1
     assert visits > 10
+
+
+def test_an_engine_that_raises_is_counted_held_and_fails_the_run_unasked(tmp_path):
+    """get_action raising into the loop is the system breaking its contract: the tick is recorded as `raised` (the
+    robot holds), the shard keeps running its other robots, and `engine_raises == 0` fails the run unasked."""
+    s = parse_scenario(textwrap.dedent("""\
+        name: raises
+        description: one engine raises for a while
+        duration_s: 1.5
+        warmup_s: 0.2
+        fleet:
+          groups: [{name: a, robot: reacher, count: 2, site: lab, episode_s: 0.5}, {name: b, robot: reacher, count: 1, site: lab}]
+        sites: {lab: lan}
+        servers: {replicas: [{id: r0, checkpoint: reacher}]}
+        assertions: [ticks > 0]
+        fidelity: {host_late_ratio: 1, loop_overrun_ratio: 1, scheduler_wait_ms: 100000}
+    """))
+    run = Run(s, tmp_path, progress=False)
+    for d in (run.logs, run.rec_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    run.sites = {"lab": SiteLink("lab", "tcp/127.0.0.1:9")}
+    spec = run.shard_specs()[0]
+    spec["engine_factory"] = "tests.bench.fake_engine:make"
+    raising = next(r for r in spec["robots"] if r["group"] == "a")
+    raising["engine"]["fake_raise"] = [0.4, 1.2]  # seconds after engine start: across an episode's end (reset)
+    shard = Shard(spec, None)
+    shard.build()
+    now = time.monotonic()
+    shard.start_msg = {"start_mono": now, "t0_mono": now + s.warmup_s, "end_mono": now + s.warmup_s + s.duration_s}
+    shard.t0 = now + s.warmup_s
+    shard.run_loop()
+    shard.stop_event.set()
+    final = shard.teardown()
+    rid = raising["robot"]
+    (slot,) = [r for r in shard.robots if r.rid == rid]
+    assert slot.raises > 0 and "get_action() raised" in slot.first_raise and "ValueError" in slot.first_raise
+    assert all(r.raises == 0 for r in shard.robots if r.rid != rid)
+    run.state.done[0] = {"final_states": final,
+                         "engine_raises": {str(rid): {"count": slot.raises, "first": slot.first_raise}}}
+    outcome = run.judge(None)
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    assert summary["verdict"] == "fail" and outcome.exit_code == 1
+    results = {a["expression"]: a for a in summary["assertions"]}
+    assert results["ticks > 0"]["result"] == "pass"
+    assert results["engine_raises == 0"]["result"] == "fail" and results["engine_raises == 0"]["value"] == slot.raises
+    assert summary["groups"]["a"]["engine_raises"] == slot.raises and summary["groups"]["b"]["engine_raises"] == 0
+    assert summary["engine_raises"] == [{"robot": rid, "count": slot.raises, "first": slot.first_raise}]
+    import pyarrow.parquet as pq
+
+    ticks = pq.read_table(run.run_dir / "ticks.parquet", columns=["robot", "source", "is_none"]).to_pydict()
+    raised = [i for i, src in enumerate(ticks["source"]) if src == "raised"]
+    assert raised and all(ticks["robot"][i] == rid and ticks["is_none"][i] for i in raised)
+    # the raising robot's other ticks, before and after the window, came from its engine as usual
+    assert any(ticks["robot"][i] == rid and src == "chunk" for i, src in enumerate(ticks["source"]))

@@ -1,6 +1,7 @@
-"""A replica that dies with no fault on it is the system failing: the run goes on to its end, records the exit as
-an `unplanned_exit` window and fails (exit 1) on `unplanned_exits == 0`, judged unasked. A replica a `kill` fault
-with no duration took down for good is planned: it is neither an exit nor an error."""
+"""The system's contracts, judged unasked. A replica that dies with no fault on it is the system failing: the run
+goes on to its end, records the exit as an `unplanned_exit` window and fails (exit 1) on `unplanned_exits == 0`. A
+replica a `kill` fault with no duration took down for good is planned: it is neither an exit nor an error. An engine
+that raises into a robot's control loop is counted (`engine_raises`), the robot holds, and the run fails."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+from bench.evidence import figures as figs
 from bench.evidence.figures import UNPLANNED_EXIT
 from bench.run.runner import exit_words, is_system_process
-from bench.run.verdict import UNPLANNED_EXITS_CHECK, Judging
+from bench.run.verdict import ENGINE_RAISES_CHECK, UNPLANNED_EXITS_CHECK, Judging
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -107,19 +110,33 @@ def test_a_replica_that_dies_unplanned_fails_the_run_and_the_run_goes_on(tmp_pat
     assert suite.get("failures") == "1" and suite.get("errors") == "0"
 
 
-def _judging(assertions: list[str], faults: list[dict]):
+def _judging(assertions: list[str]):
     j = Judging()
-    j.s = SimpleNamespace(assertions=[SimpleNamespace(expression=e) for e in assertions], groups=[])
-    j.fault_log = faults
+    j.s = SimpleNamespace(assertions=[SimpleNamespace(expression=e) for e in assertions],
+                          groups=[SimpleNamespace(name="lab")])
     return j
 
 
-def test_an_assertion_naming_unplanned_exits_decides_instead_of_the_implicit_check():
-    exit_window = [{"target": "router", "action": UNPLANNED_EXIT, "t_start": 3.0, "t_end": None}]
-    assert _judging(["unplanned_exits <= 1"], exit_window).implicit_checks(top=None) == []
-    # no exit: nothing judged unasked, so a passing run's assertions are exactly the scenario's
-    assert _judging(["requests > 0"], [{"target": "server:r0", "action": "kill", "t_start": 1, "t_end": 2}]
-                    ).implicit_checks(top=None) == []
+def _figures(fault_windows: list[dict], engine_raises: dict[int, int]):
+    robots = {"robot": np.array([0, 1]), "group": np.array(["lab", "lab"], dtype=object),
+              "site": np.array(["s", "s"], dtype=object), "fps": np.array([30.0, 30.0]),
+              "max_action_age_s": np.array([1.0, 1.0]), "shard": np.array([0, 0])}
+    data = figs.RunData(robots=robots, ticks={}, requests={}, transitions={}, episodes={}, loop={}, duration_s=10,
+                        fault_windows=fault_windows, engine_raises=engine_raises)
+    return figs.compute(data)[0]
+
+
+def test_the_system_contracts_fail_a_run_unasked_unless_an_assertion_names_their_figure():
+    broken = _figures([{"target": "router", "action": UNPLANNED_EXIT, "t_start": 3.0, "t_end": None}], {1: 4})
+    got = {r.expression: r.value for r in _judging(["requests > 0"]).implicit_checks(broken)}
+    assert got == {UNPLANNED_EXITS_CHECK: 1.0, ENGINE_RAISES_CHECK: 4}
+    assert all(not r.passed and r.line == 0 for r in _judging([]).implicit_checks(broken))
+    # a scenario that names the figure decides itself (it may expect a crash, or a raising test engine)
+    assert [r.expression for r in _judging(["unplanned_exits <= 1"]).implicit_checks(broken)] == [ENGINE_RAISES_CHECK]
+    assert _judging(["unplanned_exits <= 1", "group[lab].engine_raises < 9"]).implicit_checks(broken) == []
+    # contracts kept: nothing judged unasked, so a run's assertions are exactly the scenario's
+    kept = _figures([{"target": "server:r0", "action": "kill", "t_start": 1.0, "t_end": 2.0}], {})
+    assert _judging(["requests > 0"]).implicit_checks(kept) == []
 
 
 def test_which_processes_are_the_system_and_how_an_exit_reads():
