@@ -5,8 +5,8 @@ on the figures less the bench's measured share, where one failed), the bench hos
 `Judging` is the part of `bench.run.runner.Run` that does it, after the run stopped: it reads the run's state and
 its collected records (bench.run.collect). Invariant: a verdict is always written; what could not be computed (the
 figures, the fidelity, the share) is said in it, and an assertion never evaluated is failed with the reason. A
-replica or router that exited while no fault held it down, or an engine call that raised into a robot's control loop,
-fails the run (`unplanned_exits == 0`, `engine_raises == 0`, judged unasked: IMPLICIT_CHECKS).
+replica or router that exited while no fault held it down, an engine call that raised into a robot's control loop, a
+stale or wrong-model action executed: each fails the run, asked or not (IMPLICIT_CHECKS).
 """
 
 from __future__ import annotations
@@ -30,10 +30,13 @@ def psutil_rss_mb() -> float:
 
 
 # The system's own contracts, judged without being asked (Judging.implicit_checks): a replica or router does not die
-# with no fault on it, and the edge engine never raises into the robot's control loop.
+# with no fault on it; the edge engine never raises into the robot's control loop, never executes a policy action
+# older than the robot's max_action_age_s, and never one of a checkpoint other than the one its session began with.
 UNPLANNED_EXITS_CHECK = "unplanned_exits == 0"
 ENGINE_RAISES_CHECK = "engine_raises == 0"
-IMPLICIT_CHECKS = (UNPLANNED_EXITS_CHECK, ENGINE_RAISES_CHECK)
+IMPLICIT_CHECKS = (UNPLANNED_EXITS_CHECK, ENGINE_RAISES_CHECK, "staleness_violations == 0", "wrong_model_actions == 0")
+# a crash or a raise is no host's doing: failed, these fail the run even while the host was out of its tolerances
+NEVER_EXCUSED = (UNPLANNED_EXITS_CHECK, ENGINE_RAISES_CHECK)
 
 
 class Judging:
@@ -65,7 +68,7 @@ class Judging:
         if data is not None and error is None:
             self.without_bench(data, top, results, fidelity)
         verdict = report.verdict_of(results, error, fidelity)
-        if verdict == "inconclusive" and any(r.expression in IMPLICIT_CHECKS and not r.passed for r in results):
+        if verdict == "inconclusive" and any(r.expression in NEVER_EXCUSED and not r.passed for r in results):
             verdict = "fail"  # a dead replica or a raising engine is the system failing, however slow the host was
         # what collecting the records and computing figures held: the runner's peak, read before the report is
         # written (ru_maxrss is the peak of the runner's life; the run itself holds little, so it is this phase's)
