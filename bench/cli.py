@@ -187,7 +187,8 @@ def cmd_incident(args) -> int:
     try:
         scenario, window = incident.make_incident(args.edge, args.audit, args.t_from, args.t_to, out, name=args.name,
                                                   robot=args.robot,
-                                                  export_dir=Path(args.export) if args.export else None)
+                                                  export_dir=Path(args.export) if args.export else None,
+                                                  say=lambda line: print(f"bench incident: {line}", file=sys.stderr))
     except (OSError, ValueError, KeyError) as exc:
         return _invalid(f"bench incident: {exc}")
     print(f"bench incident: wrote {out} ({len(scenario['faults'])} fault(s)) from {len(window.requests)} request(s) and "
@@ -205,7 +206,7 @@ def cmd_incident(args) -> int:
     run_dir = Path(args.reports) / s.name / stamp
     if rc == EXIT_INVALID or not (run_dir / "transitions.parquet").is_file():
         return EXIT_INVALID
-    score = incident.compare_stutter(window, incident.replay_log_of(run_dir), args.t_to - args.t_from)
+    score = incident.compare_stutter(window, incident.replay_log_of(run_dir), window.span[1] - window.span[0])
     ok = incident.reproduced(score)
     (run_dir / "incident.json").write_text(__import__("json").dumps({**score, "reproduced": ok}, indent=2))
     print(f"bench incident: stutter {'REPRODUCED' if ok else 'NOT reproduced'}: original {score['original_stutter_s']:.1f} s, "
@@ -344,8 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     inc.add_argument("--edge", required=True, help="edge-log JSONL of the robot, or a bench run directory (with --robot)")
     inc.add_argument("--robot", type=int, default=None, help="robot number in a bench run directory")
     inc.add_argument("--audit", action="append", default=[], help="server audit log (JSON lines); repeatable")
-    inc.add_argument("--from", dest="t_from", type=float, required=True, help="window start (edge-log seconds)")
-    inc.add_argument("--to", dest="t_to", type=float, required=True, help="window end (edge-log seconds)")
+    inc.add_argument("--from", dest="t_from", type=float, required=True, help="window start (edge-log seconds; clipped to the records)")
+    inc.add_argument("--to", dest="t_to", type=float, required=True, help="window end (edge-log seconds; clipped to the records)")
     inc.add_argument("--out", required=True, help="scenario file to write")
     inc.add_argument("--name", default=None, help="scenario name (default: the file's stem)")
     inc.add_argument("--export", default=None, help="also write the window's edge-log.jsonl and audit.jsonl here")

@@ -12,12 +12,15 @@ of another size may differ in the last bit (BLAS blocking): replaying each batch
 reproduces a deterministic policy's floats exactly; a stateful policy replays correctly from an
 episode start on.
 
-A capture file that is not such a record (another program's file, a truncated copy) is a user error,
-`CaptureError`, naming the file and request: replay refuses it before loading the checkpoint.
+A capture file that is not such a record (another program's file, a truncated copy), or that cannot be
+read at all (a directory in its place, a dangling symlink, no permission), and a capture directory that
+cannot be listed, are a user error, `CaptureError`, naming the file (and request) and what to do: replay
+refuses it before loading the checkpoint. Every read of a capture file or directory is in `read_capture`.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import threading
 from pathlib import Path
@@ -67,14 +70,25 @@ class CaptureWriter:
 def read_capture(directory: str | os.PathLike) -> list[dict]:
     """The captured batches, oldest first: {"n", "checkpoint_hash", "model_id", "requests": [...], "file"}."""
     directory = Path(directory)
-    if not directory.is_dir():
+    try:
+        # listdir, not glob: glob reads an unlistable directory as an empty one ("no capture files")
+        names = sorted(name for name in os.listdir(directory) if fnmatch.fnmatchcase(name, "slot-*.msgpack"))
+    except (FileNotFoundError, NotADirectoryError) as exc:
         raise CaptureError(f"capture directory {str(directory)!r} "
-                           f"{'is not a directory' if directory.exists() else 'does not exist'}; pass the server's "
-                           "debug.capture_dir")
+                           f"{'does not exist' if isinstance(exc, FileNotFoundError) else 'is not a directory'}; "
+                           "pass the server's debug.capture_dir") from None
+    except OSError as exc:
+        raise CaptureError(f"capture directory {str(directory)!r}: cannot list it ({exc.strerror or exc}); check the "
+                           "path and its permissions, or pass the server's debug.capture_dir") from None
     recs = []
-    for p in sorted(directory.glob("slot-*.msgpack")):
+    for p in (directory / name for name in names):
         try:
-            rec = msgpack.unpackb(p.read_bytes(), raw=False)
+            data = p.read_bytes()
+        except OSError as exc:
+            raise CaptureError(f"{p}: cannot read this capture file ({_why_unreadable(p, exc)}); remove it or replay "
+                               "another directory") from None
+        try:
+            rec = msgpack.unpackb(data, raw=False)
         except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, FormatError, StackError, bad UTF-8
             raise CaptureError(f"{p}: not a capture record (msgpack: {exc or type(exc).__name__}); remove it or replay another "
                                "directory") from None
@@ -82,6 +96,17 @@ def read_capture(directory: str | os.PathLike) -> list[dict]:
         recs.append({**rec, "file": str(p)})
     recs.sort(key=lambda r: r["n"])
     return recs
+
+
+def _why_unreadable(path: Path, exc: OSError) -> str:
+    if isinstance(exc, IsADirectoryError):
+        return "it is a directory"
+    if isinstance(exc, FileNotFoundError):
+        try:
+            return f"a symlink to {os.readlink(path)!r}, which does not exist"
+        except OSError:  # not a symlink: it was listed, then removed before it was read
+            return "it was removed while replay read the directory"
+    return exc.strerror or str(exc)
 
 
 def _check_record(path: Path, rec) -> None:

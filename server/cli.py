@@ -6,7 +6,7 @@
 
 Exit codes: 0 clean stop or drain (SIGTERM, Ctrl-C; also while it still waits for its router), 2 a user
 error (bad manifest, missing checkpoint, an output path it cannot create, unreachable router, health port
-taken) reported in one line without a traceback, 1 replay mismatch or an internal failure.
+taken, a capture directory or file replay cannot read) reported in one line without a traceback, 1 replay mismatch or an internal failure.
 """
 
 from __future__ import annotations

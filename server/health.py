@@ -12,14 +12,20 @@ Owns one `ThreadingHTTPServer` on a daemon thread; it never touches the inferenc
 calling the functions it was given. Invariant: a probe answers from the functions' value at
 the moment of the request, a probe function that raises is answered 503 (never a crash or a 200),
 and no request is ever logged to stderr. No client can hold it: a connection silent for
-`timeout_s` is closed, and one beyond `max_connections` open at once is closed unanswered.
+`timeout_s` is closed; a request whose line and headers have not arrived whole `head_deadline_s` after
+the server began waiting for it (however steadily it drips) is answered 408 and closed, or closed
+unanswered if not one byte of it came; one beyond `max_connections` open at once is closed unanswered.
+Every connection's slot is free again before its client sees the close.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 from urllib.parse import parse_qs
@@ -33,7 +39,10 @@ ReadyFn = Callable[[], "bool | tuple[bool, str]"]
 
 
 TIMEOUT_S = 5.0  # a connection silent this long (a half-sent request, an idle keep-alive) is closed
+HEAD_DEADLINE_S = 5.0  # a request line and headers not whole this long after the wait began: 408, closed
 MAX_CONNECTIONS = 32  # connections served at once (a thread each); more are closed unanswered
+
+_REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 class HealthBindError(OSError):
@@ -58,14 +67,60 @@ class _QuietServer(ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request, client_address) -> None:
+        # ThreadingMixIn's, with the slot released before the close: a client that sees its connection
+        # end can count on the slot being free for the next one.
         try:
-            super().process_request_thread(request, client_address)
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
             self._slots.release()
+            self.shutdown_request(request)
 
     def handle_error(self, request, client_address) -> None:
         # A prober hanging up mid-response is routine; the default prints a traceback to stderr.
         log.debug("health request from %s failed", client_address, exc_info=True)
+
+
+class _HeadReader(io.RawIOBase):
+    """A handler's socket as a raw stream; while a deadline is armed, no read waits past it.
+
+    The socket's own timeout bounds one read, so a client sending a byte just inside it every time
+    would hold the connection forever: each read here waits only for what is left of the deadline."""
+
+    def __init__(self, sock: socket.socket, timeout_s: float | None):
+        self._sock = sock
+        self._timeout_s = timeout_s
+        self._deadline: float | None = None
+        self.received = 0  # bytes read since arm(): any, and an expired deadline is a 408 rather than silence
+        self.expired = False
+
+    def readable(self) -> bool:
+        return True
+
+    def arm(self, seconds: float) -> None:
+        self._deadline = time.monotonic() + seconds
+        self.received = 0
+        self.expired = False
+
+    def disarm(self) -> None:
+        self._deadline = None
+        self._sock.settimeout(self._timeout_s)  # the response is written under the plain timeout
+
+    def readinto(self, buffer) -> int:
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                self.expired = True
+                raise TimeoutError("request line and headers not whole by their deadline")
+            self._sock.settimeout(left if self._timeout_s is None else min(left, self._timeout_s))
+        try:
+            n = self._sock.recv_into(buffer)
+        except TimeoutError:
+            self.expired = self._deadline is not None and time.monotonic() >= self._deadline
+            raise
+        self.received += n
+        return n
 
 
 class HealthServer:
@@ -73,9 +128,11 @@ class HealthServer:
 
     def __init__(self, port: int, metrics: Metrics | None, ready_fn: ReadyFn, live_fn: Callable[[], bool] = lambda: True,
                  host: str = "127.0.0.1", sessions_fn: Callable[[str | None], dict] | None = None,
-                 timeout_s: float = TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
+                 timeout_s: float = TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
+                 head_deadline_s: float = HEAD_DEADLINE_S):
         self.host = host
         self.timeout_s = timeout_s
+        self.head_deadline_s = head_deadline_s
         self.max_connections = max_connections
         self.sessions_fn = sessions_fn
         self.port = port
@@ -167,11 +224,35 @@ class HealthServer:
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         routes = {"/healthz": self._healthz, "/readyz": self._readyz}
         with_query = {"/metrics": self._metrics, "/sessions": self._sessions}
-        timeout_s = self.timeout_s
+        timeout_s, head_deadline_s = self.timeout_s, self.head_deadline_s
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             timeout = timeout_s  # the socket's: a read that waits longer ends the connection
+
+            def setup(self) -> None:
+                super().setup()
+                self.rfile.close()  # the socket's own reader, replaced by one that keeps the head's deadline
+                self.head_reader = _HeadReader(self.connection, timeout_s)
+                self.rfile = io.BufferedReader(self.head_reader)
+
+            def handle_one_request(self) -> None:
+                self.head_reader.arm(head_deadline_s)  # from the wait's start: an idle keep-alive counts too
+                super().handle_one_request()  # a TimeoutError inside ends the connection there
+                if self.head_reader.expired:
+                    self.close_connection = True
+                    if self.head_reader.received:  # a request begun and never finished: say why it ends
+                        self.head_reader.disarm()
+                        try:
+                            self.wfile.write(_REQUEST_TIMEOUT)
+                        except OSError:
+                            pass
+
+            def parse_request(self) -> bool:
+                try:
+                    return super().parse_request()  # reads the headers, under the deadline
+                finally:
+                    self.head_reader.disarm()
 
             def do_HEAD(self) -> None:
                 self.do_GET(send_body=False)

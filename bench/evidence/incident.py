@@ -24,6 +24,10 @@ The edge log format (one JSON object per line; docs/scenarios.md "Incident repla
     {"kind": "transition", "t": 14.2, "from": "STREAMING", "to": "DEGRADED", "reason": "request timed out"}
 `t` is seconds on one clock (any origin); a bench run's records use seconds since its t=0.
 
+The window is clipped to the whole seconds the edge log's records span (`clip_window`, said on stderr): the
+work, and the written scenario's duration, follow the logs, never the width asked (`--to 1e9` was a
+billion one-second cells walked, and a scenario that would have run for 31 years).
+
 What cannot be replayed is an `IncidentError` naming the flag, file or line: a window that is not finite
 or shorter than a stutter bin, an edge log line that is not a record, logs with nothing in the window, an
 audit file without one audit line. A scenario is written only from records that were read.
@@ -35,6 +39,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -65,6 +70,7 @@ class EdgeLog:
     robot: dict = field(default_factory=dict)  # robot_type, fps, policy, engine
     requests: list[dict] = field(default_factory=list)
     transitions: list[dict] = field(default_factory=list)
+    span: tuple[float, float] | None = None  # a window's [t0, t1) on the original log's clock
 
     def window(self, t0: float, t1: float) -> "EdgeLog":
         """Records in [t0, t1), re-timed to start at 0; the state at t0 is kept as a first transition."""
@@ -72,7 +78,21 @@ class EdgeLog:
         trans = [dict(tr, t=tr["t"] - t0) for tr in self.transitions if t0 <= tr["t"] < t1]
         if before:
             trans.insert(0, {"t": 0.0, "from": before[-1]["to"], "to": before[-1]["to"], "reason": "window start"})
-        return EdgeLog(dict(self.robot), [dict(r, t=r["t"] - t0) for r in self.requests if t0 <= r["t"] < t1], trans)
+        return EdgeLog(dict(self.robot), [dict(r, t=r["t"] - t0) for r in self.requests if t0 <= r["t"] < t1], trans,
+                       (t0, t1))
+
+
+def clip_window(log: EdgeLog, t0: float, t1: float) -> tuple[float, float]:
+    """[t0, t1) clipped to the whole seconds the log's records span, and still at least a stutter bin long.
+
+    Everything downstream is as long as the window (one-second delay cells, stutter bins, the scenario's
+    duration_s, so the replay's run time): past the records there is nothing to reconstruct."""
+    ts = [r["t"] for r in log.requests] + [tr["t"] for tr in log.transitions]
+    if not ts:
+        return t0, t1
+    start = max(t0, float(math.floor(min(ts))))
+    end = min(t1, max(float(math.floor(max(ts)) + 1), start + BIN_S))  # half-open: the last record's second kept
+    return max(t0, min(start, end - BIN_S)), end
 
 
 def read_edge_log(path: str | Path, robot: int | None = None) -> EdgeLog:
@@ -361,19 +381,27 @@ def replay_log_of(run_dir: Path) -> EdgeLog:
 
 
 def make_incident(edge: str, audit: list[str], t0: float, t1: float, out: Path, name: str | None = None,
-                  robot: int | None = None, export_dir: Path | None = None) -> tuple[dict, EdgeLog]:
+                  robot: int | None = None, export_dir: Path | None = None,
+                  say: Callable[[str], None] | None = None) -> tuple[dict, EdgeLog]:
     """Write the replay scenario to `out`; with `export_dir`, also the window's logs (edge-log.jsonl,
-    audit.jsonl: the incident's evidence, re-runnable without the original run)."""
+    audit.jsonl: the incident's evidence, re-runnable without the original run). The window is clipped to the
+    records (`clip_window`; `say` is told so in a line); the returned window's `span` is the one used."""
     import yaml
 
     check_window(t0, t1)
     log = read_edge_log(edge, robot)
-    window = log.window(t0, t1)
-    if not window.requests and not window.transitions:
-        ts = [r["t"] for r in log.requests + log.transitions]
+    ts = [r["t"] for r in log.requests + log.transitions]
+    if not any(t0 <= t < t1 for t in ts):
         raise IncidentError(f"--from {t0:g} --to {t1:g}: none of the {len(ts)} records of {edge} falls in the window "
                             f"(their t runs {min(ts):g}..{max(ts):g} s); pick a window inside it" if ts else
                             f"{edge} holds no request or transition records; {EDGE_LOG_HELP}")
+    asked, clipped = f"--from {t0:g} --to {t1:g}", clip_window(log, t0, t1)
+    clipped_from = "" if clipped == (t0, t1) else f" ({asked} clipped to the records)"
+    t0, t1 = clipped
+    if clipped_from and say is not None:
+        say(f"{asked} runs past the records of {edge} (their t runs {min(ts):g}..{max(ts):g} s): window clipped to "
+            f"{t0:g}..{t1:g} s")
+    window = log.window(t0, t1)
     lines = []
     for path in audit:  # each replica's audit log on its own clock: audit-<replica>.jsonl, as a run writes them
         rows = read_audit_lines([path])
@@ -387,7 +415,7 @@ def make_incident(edge: str, audit: list[str], t0: float, t1: float, out: Path, 
     out.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# Written by `bench incident` from {edge} ({len(window.requests)} request(s), {len(window.transitions)} "
               f"transition(s) in the window) and {len(audit)} audit log(s) ({len(lines)} line(s) in the window), "
-              f"window {t0:g}..{t1:g} s.\n"
+              f"window {t0:g}..{t1:g} s{clipped_from}.\n"
               "# Faults reproduce what the robot saw (docs/scenarios.md, Incident replay); edit freely.\n")
     out.write_text(header + yaml.safe_dump(scenario, sort_keys=False))
     if export_dir is not None:

@@ -80,6 +80,40 @@ def test_replay_of_a_missing_directory_says_it_does_not_exist(tmp_path, capsys):
     assert f"capture directory {str(tmp_path / 'nope')!r} does not exist" in capsys.readouterr().err
 
 
+def _slot_as_directory(cap):
+    (cap / "slot-000001.msgpack").mkdir()
+    return "slot-000001.msgpack: cannot read this capture file (it is a directory)"
+
+
+def _slot_as_dangling_symlink(cap):
+    (cap / "slot-000001.msgpack").symlink_to(cap / "gone.msgpack")
+    return f"slot-000001.msgpack: cannot read this capture file (a symlink to {str(cap / 'gone.msgpack')!r}, which does not exist)"
+
+
+def _slot_as_symlink_loop(cap):
+    (cap / "slot-000001.msgpack").symlink_to(cap / "slot-000001.msgpack")
+    return "slot-000001.msgpack: cannot read this capture file (Too many levels of symbolic links)"
+
+
+@pytest.mark.parametrize("unreadable", [_slot_as_directory, _slot_as_dangling_symlink, _slot_as_symlink_loop])
+def test_replay_of_a_capture_file_it_cannot_read_names_it_without_a_traceback(tmp_path, capsys, unreadable):
+    """Real unreadable files (tests run as root, so no chmod): exit 2 and one line, before the checkpoint loads."""
+    cap = _capture(tmp_path, _record())  # slot-000000 is fine: the bad one is found beside good ones
+    says = unreadable(tmp_path / "capture")
+    assert cli_main(["replay", cap, "--checkpoint", str(tmp_path / "no-checkpoint")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.strip().endswith("remove it or replay another directory"), err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_replay_of_a_directory_it_cannot_list_names_it_without_a_traceback(tmp_path, capsys):
+    cap = tmp_path / ("c" * 300)  # a name longer than the file system takes: stat and listing fail with ENAMETOOLONG
+    assert cli_main(["replay", str(cap), "--checkpoint", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"capture directory {str(cap)!r}: cannot list it (File name too long); check the path" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("device, cuda_devices, says", [
     ("bogus", 0, "--device 'bogus' is not a device; use cpu, cuda or cuda:N"),
     ("cuda", 0, "--device 'cuda' but this torch has no CUDA device"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
 import socket
 import time
 import urllib.error
@@ -188,3 +189,38 @@ def test_a_taken_port_is_a_bind_error_naming_it(metrics):
     with HealthServer(0, metrics, lambda: True) as hs:
         with pytest.raises(HealthBindError, match=rf"cannot listen on 127\.0\.0\.1:{hs.port}: Address already in use"):
             HealthServer(hs.port, metrics, lambda: True).start()
+
+
+def _drip_until_closed(s: socket.socket, max_bytes: int) -> bytes | None:
+    """Send a header one byte at a time, a byte every 50 ms (far inside the read timeout), until the server
+    answers or closes; returns what it sent back (b"" for a bare close), or None if it never did."""
+    try:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nX-Drip: ")
+        for _ in range(max_bytes):
+            readable, _, _ = select.select([s], [], [], 0.05)  # the pacing, and the server's answer if it comes
+            if readable:
+                return s.recv(1024)
+            s.sendall(b"a")
+    except (BrokenPipeError, ConnectionResetError):
+        return b""
+    return None
+
+
+def test_a_request_dripping_its_headers_is_answered_408_at_the_head_deadline_and_frees_its_slot(metrics):
+    # A read timeout alone never fires for a client sending a byte just inside it; the deadline is total.
+    with HealthServer(0, metrics, lambda: True, timeout_s=60, max_connections=1, head_deadline_s=0.3) as hs:
+        s = socket.create_connection(("127.0.0.1", hs.port), timeout=10)
+        try:
+            answer = _drip_until_closed(s, max_bytes=200)  # 10 s of dripping: 30x the deadline
+            assert answer is not None, "the dripping client still held its connection after 200 bytes"
+            assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+            assert s.recv(1024) == b"", "and the connection is closed"
+        finally:
+            s.close()
+        assert get(hs, "/healthz")[0] == 200, "its only slot is free again: the probe is served"
+
+
+def test_a_connection_that_sends_nothing_is_closed_unanswered_at_the_head_deadline(metrics):
+    with HealthServer(0, metrics, lambda: True, timeout_s=60, head_deadline_s=0.3) as hs:
+        with socket.create_connection(("127.0.0.1", hs.port), timeout=10) as s:
+            assert s.recv(1024) == b"", "closed well before the 60 s read timeout, with no response"

@@ -80,7 +80,8 @@ def test_the_written_scenario_is_valid_and_names_its_evidence(tmp_path):
     out = tmp_path / "inc.yaml"
     scenario, window = incident.make_incident(str(src), [], 0.0, 20.0, out, name="inc")
     s = load_scenario(out)
-    assert s.name == "inc" and s.duration_s == 20.0 and len(s.faults) == len(scenario["faults"]) >= 2
+    # 0..20 s clipped to the whole seconds of the records (the last at 18.5 s)
+    assert s.name == "inc" and s.duration_s == 19.0 and len(s.faults) == len(scenario["faults"]) >= 2
     assert "group[robot].fallback_ticks > 0" in [a.expression for a in s.assertions]
 
 
@@ -205,3 +206,44 @@ def test_an_answered_request_without_a_round_trip_is_not_spread_over_the_window(
     log = _log()
     log.requests.append({"t": 2.0, "outcome": "ok", "network_ms": 900.0})
     assert incident.reconstruct(log, 20.0, audit=[])["faults"] == incident.reconstruct(_log(), 20.0, audit=[])["faults"]
+
+
+def _example_scenario(tmp_path: Path, t_from: float, t_to: float) -> dict:
+    """The scenario `bench incident --no-run` writes from the shipped example's logs for the window."""
+    import yaml
+
+    tmp_path.mkdir(exist_ok=True)
+    args = ("--audit", EXAMPLE / "audit.jsonl", "--from", t_from, "--to", t_to)
+    assert _incident(tmp_path, EXAMPLE / "edge-log.jsonl", *args) == 0
+    return yaml.safe_load((tmp_path / "inc.yaml").read_text())
+
+
+@pytest.mark.parametrize("t_from, t_to, clipped", [
+    (0, 1e9, "0..26"),  # was a billion one-second delay cells walked one by one, and a 31-year scenario
+    (-1e9, 26, "-6..26"),  # the example's records start at -5.3 s (the warm-up)
+    (-1e9, 1e9, "-6..26"),
+])
+def test_a_window_past_the_records_is_clipped_to_them_and_said(tmp_path, capsys, t_from, t_to, clipped):
+    written = _example_scenario(tmp_path, t_from, t_to)
+    err = capsys.readouterr().err
+    assert f"--from {t_from:g} --to {t_to:g} runs past the records of {EXAMPLE / 'edge-log.jsonl'} " \
+           f"(their t runs -5.31123..25.9966 s): window clipped to {clipped} s" in err, err
+    header = (tmp_path / "inc.yaml").read_text().splitlines()[0]
+    assert f"window {clipped} s (--from {t_from:g} --to {t_to:g} clipped to the records)" in header
+    lo, hi = map(float, clipped.split(".."))
+    assert written["duration_s"] == hi - lo
+    assert written["faults"] == _example_scenario(tmp_path / "inside", lo, hi)["faults"], \
+        "the same scenario as the window asked inside the records"
+
+
+def test_a_clipped_window_is_still_a_stutter_bin_long():
+    log = EdgeLog({}, [_req(3.1)], [])
+    assert incident.clip_window(log, -100.0, 3.2) == (2.7, 3.2)  # clipped to 3..3.2 s would be shorter than a bin
+    assert incident.clip_window(log, 3.05, 100.0) == (3.05, 4.0)
+    assert incident.clip_window(log, 0.0, 4.0) == (3.0, 4.0)
+
+
+def test_a_window_after_the_last_record_is_refused_though_a_state_carries_into_it(tmp_path, capsys):
+    """It was a scenario of the robot's last state alone; with clipping it would be half a second of it."""
+    assert _incident(tmp_path, _edge_log(tmp_path), "--from", 50, "--to", 60) == 2
+    assert "none of the 38 records" in capsys.readouterr().err and not (tmp_path / "inc.yaml").exists()
