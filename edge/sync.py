@@ -7,6 +7,7 @@ the next observation is inferred.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from typing import Any
 from edge.engine import Action, ConfigError, EngineState, config_from_dict, register_engine
 from edge.queue import ActionQueue
 from edge.rtc import LocalEngine, call_policy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +43,7 @@ class SyncEngine(LocalEngine):
         self._obs: dict | None = None
         self._episode = 0
         self._inferences = 0
+        self._bad_chunks = 0  # chunks the queue refused (non-finite, wrong shape): nothing of them is executed
 
     def start(self) -> None:
         self._refuse_restart()
@@ -65,8 +69,13 @@ class SyncEngine(LocalEngine):
             model, robot = call_policy(self.policy, self._obs, 0, None)
             n = self.cfg.n_action_steps or len(robot)
             self.queue.clear()
-            self.queue.merge(model[:n], robot[:n], 0)
             self._inferences += 1
+            try:
+                self.queue.merge(model[:n], robot[:n], 0)
+            except ValueError as exc:  # a NaN, inf or misshapen chunk: this tick gets nothing, never that chunk
+                self._bad_chunks += 1
+                log.warning("sync engine: chunk refused: %s", exc)
+                return None
         item = self.queue.get_with_meta()
         if item is None:
             return None
@@ -83,4 +92,4 @@ class SyncEngine(LocalEngine):
 
     @property
     def stats(self) -> dict[str, Any]:
-        return {"inferences": self._inferences, "qsize": self.queue.qsize()}
+        return {"inferences": self._inferences, "bad_chunks": self._bad_chunks, "qsize": self.queue.qsize()}
