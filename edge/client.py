@@ -12,7 +12,8 @@ on the client's own `session` key (docs/protocol-contract.md). Every observation
 the session's auth tag (wire.auth, keyed by SessionAck.session_key); a re-handshake on the same
 replica proves it owned the session it replaces (previous_auth). Replicas come from one discovery query, ordered ready-and-not-draining
 first, lowest load first (or `replica_order`); CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY, SESSION_LIVE and a replica
-that does not answer its session query move on to the next replica; any other refusal raises `SessionRefused` (never run an incompatible model).
+that does not answer its session query move on to the next replica; any other refusal raises `SessionRefused` (never run an incompatible model),
+and so does an ack that promises another model than the one asked for (`_ack_disagreement`).
 
 Events: an Error EVENT with UNKNOWN_SESSION sets `model.needs_handshake` (the server forgot the session:
 call `open()` again); a DrainNotice (or a DRAINING error) sets `model.draining` (open elsewhere).
@@ -149,7 +150,7 @@ class Result:
 class Event:
     """An EVENT from the server: an Error for a request (or the session) or a DrainNotice."""
 
-    kind: str  # "error" | "drain"
+    kind: str  # "error" | "drain" | "bad_chunk" (a reply that does not decode, or a chunk whose header and body disagree)
     code: str
     message: str
     seq_id: int | None
@@ -248,6 +249,7 @@ class Model:
         self.episode_id = 0  # header episode of the next observation; `reset()` moves it
         self._seq = itertools.count(1)
         self.last_seq = 0
+        self.last_sent_ns = 0  # the header client_mono_ns of observation last_seq: its chunk must echo it
         self._inbox: deque = deque(maxlen=INBOX_MAX)  # full: the oldest item goes, Zenoh's thread never waits
         self._cv = threading.Condition()
         self._interrupted = False  # set by interrupt(): a waiting get_result returns None at once
@@ -405,9 +407,39 @@ class Model:
         if not isinstance(reply, SessionAck):
             self._undeclare()
             raise SessionRefused(ErrorCode.MALFORMED, f"session open answered with {type(reply).__name__}")
+        disagreement = self._ack_disagreement(reply, st.replica_id)
+        if disagreement is not None:
+            self._undeclare()  # its token goes: the replica forgets the session after its grace period
+            raise SessionRefused(*disagreement)
         self.replica, self.keys, self.ack = rk, keys, reply
         self._prev_ack = reply
         return reply
+
+    def _ack_disagreement(self, ack: SessionAck, replica_id: str) -> tuple[str, str] | None:
+        """(code, message) when the ack promises another model than the one asked for, else None.
+
+        A replica acknowledges only what it serves (it refuses any mismatch in words), so an ack that disagrees
+        with the request is a broken or hostile replica: before, the engine streamed from it and executed
+        chunks of its width (a 5-column chunk on a 3-action robot)."""
+        a = self.open_args
+        if ack.model_id != self.model_id or ack.revision != self.revision:
+            return ErrorCode.WRONG_MODEL, (f"replica {replica_id} acknowledged {ack.model_id}@{ack.revision}; this "
+                                           f"client asked for {self.model_id}@{self.revision}")
+        if a["action_names"] and list(ack.action_names) != a["action_names"]:
+            return ErrorCode.ACTION_MISMATCH, (f"replica {replica_id} acknowledged action_names "
+                                               f"{list(ack.action_names)}; this client drives {a['action_names']}")
+        if a["state_dim"] and ack.state_dim != a["state_dim"]:
+            return ErrorCode.STATE_DIM_MISMATCH, (f"replica {replica_id} acknowledged state_dim {ack.state_dim}; this "
+                                                  f"client sends {a['state_dim']}")
+        if a["expected_checkpoint_hash"] and ack.checkpoint_hash != a["expected_checkpoint_hash"]:
+            return ErrorCode.WRONG_MODEL, (f"replica {replica_id} acknowledged checkpoint {ack.checkpoint_hash!r}; "
+                                           f"this client pinned {a['expected_checkpoint_hash']!r}")
+        if a["policy_type"] and ack.policy_type != a["policy_type"]:
+            return ErrorCode.WRONG_MODEL, (f"replica {replica_id} acknowledged policy_type {ack.policy_type!r}; this "
+                                           f"client asked for {a['policy_type']!r}")
+        if ack.chunk_size < 1:
+            return ErrorCode.MALFORMED, f"replica {replica_id} acknowledged chunk_size {ack.chunk_size}; it must be >= 1"
+        return None
 
     def _query(self, key: str, body, timeout_s: float, episode_id: int = 0):
         header = Header(SCHEMA_VERSION, MsgType.CONTROL, 0, episode_id).pack()
@@ -445,11 +477,12 @@ class Model:
         obs = Observation(self.ack.session_id, np.asarray(state, np.float32), images=enc, tensors=tensors,
                           metadata=metadata, urgency=float(urgency),
                           priority=int(self.priority if priority is None else priority), **kw)
-        header = Header(SCHEMA_VERSION, MsgType.OBS, seq, self.episode_id, time.monotonic_ns(), self.epoch).pack()
+        sent_ns = time.monotonic_ns()
+        header = Header(SCHEMA_VERSION, MsgType.OBS, seq, self.episode_id, sent_ns, self.epoch).pack()
         if self.ack.session_key:
             obs.auth = wauth.obs_tag(self.ack.session_key, self.ack.session_id, header)
         self._pub.put(obs.encode(), attachment=header)
-        self.last_seq = seq
+        self.last_seq, self.last_sent_ns = seq, sent_ns
         return seq
 
     def _on_action(self, sample, gen: int) -> None:  # deposit only, on Zenoh's thread
@@ -507,11 +540,11 @@ class Model:
             h = unpack_header(att)
             msg = decode_message(payload)
         except WireError as exc:
-            return Event("error", exc.code, f"undecodable message from the server: {exc}", None, 0, 0)
+            return Event("bad_chunk", exc.code, f"undecodable message from the server: {exc}", None, 0, 0)
         if isinstance(msg, ActionChunk):
             if h.msg_type != MsgType.CHUNK or msg.seq_id_echo != h.seq_id:
-                return Event("error", ErrorCode.MALFORMED, "chunk header and body disagree", h.seq_id, h.episode_id,
-                             h.session_epoch)
+                return Event("bad_chunk", ErrorCode.MALFORMED, "chunk header and body disagree", h.seq_id,
+                             h.episode_id, h.session_epoch)
             return Result(h.seq_id, h.episode_id, h.session_epoch, msg.chunk_model, msg.chunk_robot,
                           (t_ns - msg.client_mono_ns_echo) / 1e9, msg.queue_wait_ms, msg.inference_ms,
                           msg.superseded_seqs, msg.server_load, msg.rtc_applied, msg.inference_emulated, t_ns / 1e9,

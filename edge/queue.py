@@ -171,16 +171,10 @@ class ActionQueue:
               action_index_before_inference: int | None = None, meta: Any = None) -> int:
         """Merge a new chunk; returns how many of its rows were trimmed. A chunk that breaks the queue's
         invariant (module docstring) raises ValueError and leaves the queue as it was."""
-        original = _as_chunk(original, "original")
-        processed = _as_chunk(processed, "processed")
-        if original.shape != processed.shape:
-            raise ValueError(f"original has shape {original.shape} but processed has {processed.shape}; "
-                             "both are the same chunk in two spaces (rows, action dims)")
+        original, processed = check_chunk(original, processed, self.action_dim)  # outside the lock get() takes
         with self._lock:
-            want = self.action_dim if self.action_dim is not None else (
-                None if self._processed is None else self._processed.shape[1])
-            if want is not None and processed.shape[1] != want:
-                raise ValueError(f"chunk has {processed.shape[1]} action dims; the queue holds {want}")
+            if self._processed is not None and self._processed.shape[1:] != processed.shape[1:]:
+                raise ValueError(f"chunk has {processed.shape[1]} action dims; the queue holds {self._processed.shape[1]}")
             self._generation += 1
             delay = int(real_delay)
             if action_index_before_inference is not None:
@@ -209,6 +203,19 @@ class ActionQueue:
                 self._index = np.concatenate([self._index[c:], rows])
             self._cursor = 0
             return 0
+
+
+def check_chunk(original, processed, action_dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Both spaces of a chunk as float32 (T, A) arrays, if the queue would hold them (module docstring: non-empty,
+    floating point, one shape, `action_dim` wide when given, every value finite); else ValueError saying why."""
+    original = _as_chunk(original, "original")
+    processed = _as_chunk(processed, "processed")
+    if original.shape != processed.shape:
+        raise ValueError(f"original has shape {original.shape} but processed has {processed.shape}; "
+                         "both are the same chunk in two spaces (rows, action dims)")
+    if action_dim is not None and processed.shape[1] != action_dim:
+        raise ValueError(f"chunk has {processed.shape[1]} action dims; the queue holds {action_dim}")
+    return original, processed
 
 
 def _as_chunk(x, name: str) -> np.ndarray:
