@@ -142,6 +142,29 @@ def test_a_session_ack_that_disagrees_with_the_request_is_refused_and_nothing_is
         resp.close()
 
 
+@pytest.mark.parametrize("changes,words", [
+    ({"chunk_size": 20}, "chunk_size 10 -> 20"),
+    # pinned on reconnect: a sound replica refuses in words; this one acknowledges another hash (the client refuses)
+    ({"checkpoint_hash": "b" * 64}, "WRONG_MODEL: replica r0 acknowledged checkpoint"),
+    ({"policy_type": "act"}, "policy_type 'flow_matching' -> 'act'"),
+])
+def test_a_reconnect_whose_ack_disagrees_with_the_first_is_dead_and_executes_nothing_of_it(router, changes, words):
+    resp = Responder(router, state_dim=S, chunk_size=10).start()
+    eng = engine(router, max_action_age_s=0.5)
+    eng.start()
+    try:
+        loop(eng, 5.0, until=lambda: eng.stats["chunks"] >= 3)
+        resp.restart(ack_changes=changes)  # the same model's keys, another model in the ack
+        actions = loop(eng, 8.0, until=lambda: eng.failed)
+        assert eng.failed and words in eng.stats["dead_reason"], eng.stats["dead_reason"]
+        assert all(a is None or a.source == "zero" or a.session_id != eng.stats["session_id"] or a.seq_id <= 4
+                   for a in actions)
+        assert eng.get_action().source == "zero"
+    finally:
+        eng.stop()
+        resp.close()
+
+
 def test_events_about_an_older_session_neither_kill_the_robot_nor_fail_its_request(router):
     """Before each chunk the server replays an ACTION_MISMATCH and an error for the same seq, both from a session
     epoch this robot left: seq ids restart at 1 in each session, and a final code went DEAD whatever its epoch."""
@@ -170,7 +193,10 @@ def test_garbage_on_the_reply_key_is_counted_and_the_stream_goes_on(router):
                 (b"\x81\xa4kind\xa5error", b"short attachment"),  # a header of the wrong size
                 (b"", None),  # no attachment at all
                 (ActionChunk(obs.session_id, h.seq_id + 1, h.client_mono_ns, np.full((10, 3), 99.0, np.float32),
-                             np.full((10, 3), 99.0, np.float32)).encode(), chunk.pack())]  # header and body disagree
+                             np.full((10, 3), 99.0, np.float32)).encode(), chunk.pack()),  # header and body disagree
+                (ActionChunk(obs.session_id, h.seq_id + 1, h.client_mono_ns, np.full((10, 3), 99.0, np.float32),
+                             np.full((10, 3), 99.0, np.float32)).encode(),  # a sound chunk for a seq never sent
+                 dataclasses.replace(chunk, seq_id=h.seq_id + 1).pack())]
 
     resp = Responder(router, state_dim=S, chunk_size=10, extra_replies=garbage).start()
     eng = engine(router)
@@ -180,6 +206,7 @@ def test_garbage_on_the_reply_key_is_counted_and_the_stream_goes_on(router):
         st = eng.stats
         assert all(a is None or float(a.values[0]) < 50 for a in actions)
         assert st["chunks"] >= 5 and st.get("bad_chunks") >= 4 * 5 and st["errors"] == 0 and not eng.failed, st
+        assert st["late_chunks"] >= 5  # the chunks for seqs never sent: answering nothing, never merged
     finally:
         eng.stop()
         resp.close()
