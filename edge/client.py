@@ -271,7 +271,8 @@ class Model:
 
     def discover(self, timeout_s: float = CONTROL_TIMEOUTS_S["status"]) -> list[Status]:
         """Every replica's Status, best first: ready and not draining, then `replica_order`, then a draw
-        weighted by free capacity (`spread_key`)."""
+        weighted by free capacity (`spread_key`). A Status that does not decode, names no key chunk as its
+        replica id, or names another model or revision is left out."""
         key = discovery_key(self.model_id, self.revision, self.conn.root)
         found: dict[str, Status] = {}
         for reply in self.conn.z.get(key, timeout=timeout_s):
@@ -279,8 +280,13 @@ class Model:
                 continue
             try:
                 st = decode_message(reply.ok.payload.to_bytes(), expect=Status)
+                # a replica id that is no key chunk has no keys to open a session on: its WireError, raised in
+                # open(), ended the whole round before any sound replica was tried (every round it sorted first)
+                ReplicaKeys(self.model_id, self.revision, st.replica_id, self.conn.root)
             except WireError:
                 continue
+            if (st.model_id, st.revision) != (self.model_id, self.revision):
+                continue  # it says it serves another model: not one to open this model's session on
             found[st.replica_id] = st
         order = {r: i for i, r in enumerate(self.replica_order)}
         return sorted(found.values(), key=lambda s: (not s.ready or s.draining, order.get(s.replica_id, len(order)),

@@ -275,3 +275,20 @@ def test_a_drain_notice_after_chunks_still_reconnects_at_once_elsewhere(router):
         a.close()
         b.close()
 
+
+
+@pytest.mark.parametrize("changes", [{"replica_id": "r9/../*"}, {"replica_id": ""}, {"model_id": "another"}])
+def test_a_status_naming_an_impossible_or_other_replica_is_skipped_and_the_sound_one_opens(router, changes):
+    """Discovery reads every Status on the model's key. One whose replica_id is no key chunk made the open raise
+    (WireError from its keys) before the sound replica was tried: every round, when it sorted first."""
+    sound = Responder(router, state_dim=S, chunk_size=10, replica_id="r0", status_changes={"load": 0.99}).start()
+    liar = Responder(router, state_dim=S, chunk_size=10, replica_id="r1", status_changes={"load": 0.0, **changes}).start()
+    eng = engine(router)
+    eng.start()
+    try:
+        loop(eng, 6.0, until=lambda: eng.stats["chunks"] >= 2)
+        assert eng.stats["chunks"] >= 2 and eng.stats["replica_id"] == "r0", eng.stats
+    finally:
+        eng.stop()
+        sound.close()
+        liar.close()
