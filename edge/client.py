@@ -11,8 +11,8 @@ subscriber, obs publisher, liveliness subscriber on the replica's token, then th
 on the client's own `session` key (docs/protocol-contract.md). Every observation and reset carries
 the session's auth tag (wire.auth, keyed by SessionAck.session_key); a re-handshake on the same
 replica proves it owned the session it replaces (previous_auth). Replicas come from one discovery query, ordered ready-and-not-draining
-first, lowest load first (or `replica_order`); CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY, SESSION_LIVE and a replica
-that does not answer its session query move on to the next replica; any other refusal raises `SessionRefused` (never run an incompatible model),
+first, lowest load first (or `replica_order`); CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY, SESSION_LIVE, a replica
+that does not answer its session query and one that answers neither an ack nor an error (`BrokenReplica`) move on to the next replica; any other refusal raises `SessionRefused` (never run an incompatible model),
 and so does an ack that promises another model than the one asked for (`_ack_disagreement`).
 
 Events: an Error EVENT with UNKNOWN_SESSION sets `model.needs_handshake` (the server forgot the session:
@@ -70,6 +70,11 @@ class SessionRefused(Exception):
     def __init__(self, code: str, message: str, details: dict | None = None):
         super().__init__(f"{code}: {message}")
         self.code, self.message, self.details = code, message, dict(details or {})
+
+
+class BrokenReplica(Exception):
+    """A replica answered the session open with something that is neither an ack nor a refusal (undecodable,
+    another message): a broken replica, not a verdict on the model, so `open` moves on to the next one."""
 
 
 class NoReplica(ConnectionError):
@@ -342,6 +347,8 @@ class Model:
                 if exc.code not in RETRY_ELSEWHERE:
                     raise
                 refusals.append(f"{st.replica_id}: {exc.code}")
+            except BrokenReplica as exc:
+                refusals.append(str(exc))
             except TimeoutError:
                 elapsed = time.monotonic() - t0
                 timeouts += elapsed >= 0.9 * waited  # at once: the replica's queryable is gone (it died), not slow
@@ -411,8 +418,10 @@ class Model:
             self._undeclare()
             raise SessionRefused(reply.code, reply.message, reply.details)
         if not isinstance(reply, SessionAck):
+            # before, a SessionRefused(MALFORMED): the robot went DEAD though a sound replica served the model
             self._undeclare()
-            raise SessionRefused(ErrorCode.MALFORMED, f"session open answered with {type(reply).__name__}")
+            what = f"undecodable reply ({reply})" if isinstance(reply, WireError) else type(reply).__name__
+            raise BrokenReplica(f"{st.replica_id}: session open answered with {what}")
         disagreement = self._ack_disagreement(reply, st.replica_id)
         if disagreement is not None:
             self._undeclare()  # its token goes: the replica forgets the session after its grace period
@@ -455,7 +464,7 @@ class Model:
             try:
                 return decode_message(reply.ok.payload.to_bytes())
             except WireError as exc:
-                return Error(exc.code, f"undecodable reply: {exc}")
+                return exc  # undecodable: neither an answer nor a refusal (a reset is not acknowledged by it)
         raise TimeoutError(f"no reply on {key} within {timeout_s} s")
 
     # --- data plane ----------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ before it is sent (return a new `(ActionChunk, Header)`: other rows, dims, dtype
 seq, episode, echoes), `extra_replies(header, obs)` returns raw `(payload, attachment)` pairs put on the
 robot's action key before each answer (garbage, bad attachments, floods, replays, chunks for a seq never
 sent), `ack_changes` overrides SessionAck fields (capabilities that disagree with the request or the first
-ack), `status_changes` overrides Status fields (what discovery reads), `drain_on_open` sends a DrainNotice
-right after every session it opens. `stop()` closes the session
+ack), `status_changes` overrides Status fields (what discovery reads), `session_reply` (bytes) is what every
+session query gets instead of an ack, `drain_on_open` sends a DrainNotice right after every session it opens. `stop()` closes the session
 like a killed process; `restart(**changes)` comes back (sessions forgotten), possibly as another model
 (checkpoint_hash, action_names...).
 """
@@ -74,7 +74,8 @@ class Responder:
                  fps: float = 30.0, supports_rtc: bool = True, delay_s: float = 0.0, hang: bool = False,
                  drop_every_n: int = 0, duplicate: bool = False, late_chunk: bool = False, reset_delay_s: float = 0.0,
                  lease_ms: int = 500, gc_grace_s: float = 0.3, tamper=None, extra_replies=None,
-                 ack_changes: dict | None = None, status_changes: dict | None = None, drain_on_open: bool = False):
+                 ack_changes: dict | None = None, status_changes: dict | None = None, session_reply: bytes | None = None,
+                 drain_on_open: bool = False):
         self.endpoint, self.lease_ms, self.gc_grace_s = endpoint, lease_ms, gc_grace_s
         self.model_id, self.revision, self.replica_id, self.root = model_id, revision, replica_id, root
         self.action_names, self.state_dim, self.chunk_size = list(action_names), state_dim, chunk_size
@@ -84,7 +85,7 @@ class Responder:
         self.duplicate, self.late_chunk, self.reset_delay_s = duplicate, late_chunk, reset_delay_s
         self.tamper, self.extra_replies = tamper, extra_replies
         self.ack_changes, self.drain_on_open = dict(ack_changes or {}), drain_on_open
-        self.status_changes = dict(status_changes or {})
+        self.status_changes, self.session_reply = dict(status_changes or {}), session_reply
         self.draining = False
         self.cv = threading.Condition()  # guards everything below; notified on every change
         self.sessions: dict[str, dict] = {}  # session_id -> {client, prefix, last_seq, episode}
@@ -203,6 +204,9 @@ class Responder:
         query.reply(self.keys.status, st.encode(), attachment=_CONTROL)
 
     def _on_session(self, query, gen: int) -> None:
+        if self.session_reply is not None:
+            query.reply(query.key_expr, self.session_reply, attachment=_CONTROL)
+            return
         req = _decode_or_reply(query, SessionOpen)
         if req is None:
             return

@@ -17,7 +17,7 @@ import pytest
 from edge import EngineState, RemoteEngineConfig, make_engine
 from tests.edge.conftest import ACTION_NAMES, S
 from tests.edge.responder import Responder
-from wire import ActionChunk, Error, ErrorCode, MsgType
+from wire import ActionChunk, Error, ErrorCode, MsgType, ResetAck
 
 FPS = 30.0
 GOOD = 2  # chunks answered soundly before the fault starts
@@ -292,3 +292,23 @@ def test_a_status_naming_an_impossible_or_other_replica_is_skipped_and_the_sound
         eng.stop()
         sound.close()
         liar.close()
+
+
+@pytest.mark.parametrize("reply", [b"\x00 not msgpack", b"\x81\xa4kind\xa9no_such_kind",
+                                   ResetAck("s", 1).encode()])
+def test_a_replica_answering_the_session_open_with_garbage_is_passed_over_not_fatal(router, reply):
+    """A reply that does not decode (or is not an ack) is a broken replica, not a refusal in words: the robot
+    went DEAD (`session refused: MALFORMED`) although a sound replica served the same model."""
+    sound = Responder(router, state_dim=S, chunk_size=10, replica_id="r0", status_changes={"load": 0.99}).start()
+    broken = Responder(router, state_dim=S, chunk_size=10, replica_id="r1", status_changes={"load": 0.0},
+                       session_reply=reply).start()
+    eng = engine(router)
+    eng.start()
+    try:
+        loop(eng, 6.0, until=lambda: eng.stats["chunks"] >= 2 or eng.failed)
+        assert not eng.failed, eng.stats["dead_reason"]
+        assert eng.stats["chunks"] >= 2 and eng.stats["replica_id"] == "r0", eng.stats
+    finally:
+        eng.stop()
+        sound.close()
+        broken.close()
