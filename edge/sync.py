@@ -7,7 +7,6 @@ the next observation is inferred.
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 from dataclasses import dataclass
@@ -16,8 +15,6 @@ from typing import Any
 from edge.engine import Action, ConfigError, EngineState, config_from_dict, register_engine
 from edge.queue import ActionQueue
 from edge.rtc import LocalEngine, call_policy
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,6 +41,7 @@ class SyncEngine(LocalEngine):
         self._episode = 0
         self._inferences = 0
         self._bad_chunks = 0  # chunks the queue refused (non-finite, wrong shape): nothing of them is executed
+        self.last_error = ""
 
     def start(self) -> None:
         self._refuse_restart()
@@ -73,8 +71,8 @@ class SyncEngine(LocalEngine):
             try:
                 self.queue.merge(model[:n], robot[:n], 0)
             except ValueError as exc:  # a NaN, inf or misshapen chunk: this tick gets nothing, never that chunk
-                self._bad_chunks += 1
-                log.warning("sync engine: chunk refused: %s", exc)
+                self._bad_chunks += 1  # counted, not logged: this is the control thread
+                self.last_error = f"bad chunk: {exc}"
                 return None
         item = self.queue.get_with_meta()
         if item is None:
@@ -92,4 +90,5 @@ class SyncEngine(LocalEngine):
 
     @property
     def stats(self) -> dict[str, Any]:
-        return {"inferences": self._inferences, "bad_chunks": self._bad_chunks, "qsize": self.queue.qsize()}
+        return {"inferences": self._inferences, "bad_chunks": self._bad_chunks, "qsize": self.queue.qsize(),
+                "last_error": self.last_error}
