@@ -280,8 +280,9 @@ def test_a_drain_notice_after_chunks_still_reconnects_at_once_elsewhere(router):
 @pytest.mark.parametrize("changes", [{"replica_id": "r9/../*"}, {"replica_id": ""}, {"model_id": "another"}])
 def test_a_status_naming_an_impossible_or_other_replica_is_skipped_and_the_sound_one_opens(router, changes):
     """Discovery reads every Status on the model's key. One whose replica_id is no key chunk made the open raise
-    (WireError from its keys) before the sound replica was tried: every round, when it sorted first."""
-    sound = Responder(router, state_dim=S, chunk_size=10, replica_id="r0", status_changes={"load": 0.99}).start()
+    (WireError from its keys) before the sound replica was tried: every round, when it sorted first (here always:
+    the sound one reports itself full, load 1, so discovery's draw puts it last)."""
+    sound = Responder(router, state_dim=S, chunk_size=10, replica_id="r0", status_changes={"load": 1.0}).start()
     liar = Responder(router, state_dim=S, chunk_size=10, replica_id="r1", status_changes={"load": 0.0, **changes}).start()
     eng = engine(router)
     eng.start()
@@ -299,7 +300,7 @@ def test_a_status_naming_an_impossible_or_other_replica_is_skipped_and_the_sound
 def test_a_replica_answering_the_session_open_with_garbage_is_passed_over_not_fatal(router, reply):
     """A reply that does not decode (or is not an ack) is a broken replica, not a refusal in words: the robot
     went DEAD (`session refused: MALFORMED`) although a sound replica served the same model."""
-    sound = Responder(router, state_dim=S, chunk_size=10, replica_id="r0", status_changes={"load": 0.99}).start()
+    sound = Responder(router, state_dim=S, chunk_size=10, replica_id="r0", status_changes={"load": 1.0}).start()
     broken = Responder(router, state_dim=S, chunk_size=10, replica_id="r1", status_changes={"load": 0.0},
                        session_reply=reply).start()
     eng = engine(router)
