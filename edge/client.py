@@ -11,8 +11,9 @@ subscriber, obs publisher, liveliness subscriber on the replica's token, then th
 on the client's own `session` key (docs/protocol-contract.md). Every observation and reset carries
 the session's auth tag (wire.auth, keyed by SessionAck.session_key); a re-handshake on the same
 replica proves it owned the session it replaces (previous_auth). Replicas come from one discovery query, ordered ready-and-not-draining
-first, lowest load first (or `replica_order`); CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY, SESSION_LIVE and a replica
-that does not answer its session query move on to the next replica; any other refusal raises `SessionRefused` (never run an incompatible model).
+first, lowest load first (or `replica_order`); CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY, SESSION_LIVE, a replica
+that does not answer its session query and one that answers neither an ack nor an error (`BrokenReplica`) move on to the next replica; any other refusal raises `SessionRefused` (never run an incompatible model),
+and so does an ack that promises another model than the one asked for (`_ack_disagreement`).
 
 Events: an Error EVENT with UNKNOWN_SESSION sets `model.needs_handshake` (the server forgot the session:
 call `open()` again); a DrainNotice (or a DRAINING error) sets `model.draining` (open elsewhere).
@@ -69,6 +70,11 @@ class SessionRefused(Exception):
     def __init__(self, code: str, message: str, details: dict | None = None):
         super().__init__(f"{code}: {message}")
         self.code, self.message, self.details = code, message, dict(details or {})
+
+
+class BrokenReplica(Exception):
+    """A replica answered the session open with something that is neither an ack nor a refusal (undecodable,
+    another message): a broken replica, not a verdict on the model, so `open` moves on to the next one."""
 
 
 class NoReplica(ConnectionError):
@@ -149,7 +155,7 @@ class Result:
 class Event:
     """An EVENT from the server: an Error for a request (or the session) or a DrainNotice."""
 
-    kind: str  # "error" | "drain"
+    kind: str  # "error" | "drain" | "bad_chunk" (a reply that does not decode, or a chunk whose header and body disagree)
     code: str
     message: str
     seq_id: int | None
@@ -248,6 +254,7 @@ class Model:
         self.episode_id = 0  # header episode of the next observation; `reset()` moves it
         self._seq = itertools.count(1)
         self.last_seq = 0
+        self.last_sent_ns = 0  # the header client_mono_ns of observation last_seq: its chunk must echo it
         self._inbox: deque = deque(maxlen=INBOX_MAX)  # full: the oldest item goes, Zenoh's thread never waits
         self._cv = threading.Condition()
         self._interrupted = False  # set by interrupt(): a waiting get_result returns None at once
@@ -269,7 +276,8 @@ class Model:
 
     def discover(self, timeout_s: float = CONTROL_TIMEOUTS_S["status"]) -> list[Status]:
         """Every replica's Status, best first: ready and not draining, then `replica_order`, then a draw
-        weighted by free capacity (`spread_key`)."""
+        weighted by free capacity (`spread_key`). A Status that does not decode, names no key chunk as its
+        replica id, or names another model or revision is left out."""
         key = discovery_key(self.model_id, self.revision, self.conn.root)
         found: dict[str, Status] = {}
         for reply in self.conn.z.get(key, timeout=timeout_s):
@@ -277,8 +285,13 @@ class Model:
                 continue
             try:
                 st = decode_message(reply.ok.payload.to_bytes(), expect=Status)
+                # a replica id that is no key chunk has no keys to open a session on: its WireError, raised in
+                # open(), ended the whole round before any sound replica was tried (every round it sorted first)
+                ReplicaKeys(self.model_id, self.revision, st.replica_id, self.conn.root)
             except WireError:
                 continue
+            if (st.model_id, st.revision) != (self.model_id, self.revision):
+                continue  # it says it serves another model: not one to open this model's session on
             found[st.replica_id] = st
         order = {r: i for i, r in enumerate(self.replica_order)}
         return sorted(found.values(), key=lambda s: (not s.ready or s.draining, order.get(s.replica_id, len(order)),
@@ -334,6 +347,8 @@ class Model:
                 if exc.code not in RETRY_ELSEWHERE:
                     raise
                 refusals.append(f"{st.replica_id}: {exc.code}")
+            except BrokenReplica as exc:
+                refusals.append(str(exc))
             except TimeoutError:
                 elapsed = time.monotonic() - t0
                 timeouts += elapsed >= 0.9 * waited  # at once: the replica's queryable is gone (it died), not slow
@@ -403,11 +418,43 @@ class Model:
             self._undeclare()
             raise SessionRefused(reply.code, reply.message, reply.details)
         if not isinstance(reply, SessionAck):
+            # before, a SessionRefused(MALFORMED): the robot went DEAD though a sound replica served the model
             self._undeclare()
-            raise SessionRefused(ErrorCode.MALFORMED, f"session open answered with {type(reply).__name__}")
+            what = f"undecodable reply ({reply})" if isinstance(reply, WireError) else type(reply).__name__
+            raise BrokenReplica(f"{st.replica_id}: session open answered with {what}")
+        disagreement = self._ack_disagreement(reply, st.replica_id)
+        if disagreement is not None:
+            self._undeclare()  # its token goes: the replica forgets the session after its grace period
+            raise SessionRefused(*disagreement)
         self.replica, self.keys, self.ack = rk, keys, reply
         self._prev_ack = reply
         return reply
+
+    def _ack_disagreement(self, ack: SessionAck, replica_id: str) -> tuple[str, str] | None:
+        """(code, message) when the ack promises another model than the one asked for, else None.
+
+        A replica acknowledges only what it serves (it refuses any mismatch in words), so an ack that disagrees
+        with the request is a broken or hostile replica: before, the engine streamed from it and executed
+        chunks of its width (a 5-column chunk on a 3-action robot)."""
+        a = self.open_args
+        if ack.model_id != self.model_id or ack.revision != self.revision:
+            return ErrorCode.WRONG_MODEL, (f"replica {replica_id} acknowledged {ack.model_id}@{ack.revision}; this "
+                                           f"client asked for {self.model_id}@{self.revision}")
+        if a["action_names"] and list(ack.action_names) != a["action_names"]:
+            return ErrorCode.ACTION_MISMATCH, (f"replica {replica_id} acknowledged action_names "
+                                               f"{list(ack.action_names)}; this client drives {a['action_names']}")
+        if a["state_dim"] and ack.state_dim != a["state_dim"]:
+            return ErrorCode.STATE_DIM_MISMATCH, (f"replica {replica_id} acknowledged state_dim {ack.state_dim}; this "
+                                                  f"client sends {a['state_dim']}")
+        if a["expected_checkpoint_hash"] and ack.checkpoint_hash != a["expected_checkpoint_hash"]:
+            return ErrorCode.WRONG_MODEL, (f"replica {replica_id} acknowledged checkpoint {ack.checkpoint_hash!r}; "
+                                           f"this client pinned {a['expected_checkpoint_hash']!r}")
+        if a["policy_type"] and ack.policy_type != a["policy_type"]:
+            return ErrorCode.WRONG_MODEL, (f"replica {replica_id} acknowledged policy_type {ack.policy_type!r}; this "
+                                           f"client asked for {a['policy_type']!r}")
+        if ack.chunk_size < 1:
+            return ErrorCode.MALFORMED, f"replica {replica_id} acknowledged chunk_size {ack.chunk_size}; it must be >= 1"
+        return None
 
     def _query(self, key: str, body, timeout_s: float, episode_id: int = 0):
         header = Header(SCHEMA_VERSION, MsgType.CONTROL, 0, episode_id).pack()
@@ -417,7 +464,7 @@ class Model:
             try:
                 return decode_message(reply.ok.payload.to_bytes())
             except WireError as exc:
-                return Error(exc.code, f"undecodable reply: {exc}")
+                return exc  # undecodable: neither an answer nor a refusal (a reset is not acknowledged by it)
         raise TimeoutError(f"no reply on {key} within {timeout_s} s")
 
     # --- data plane ----------------------------------------------------------------------------------
@@ -445,11 +492,12 @@ class Model:
         obs = Observation(self.ack.session_id, np.asarray(state, np.float32), images=enc, tensors=tensors,
                           metadata=metadata, urgency=float(urgency),
                           priority=int(self.priority if priority is None else priority), **kw)
-        header = Header(SCHEMA_VERSION, MsgType.OBS, seq, self.episode_id, time.monotonic_ns(), self.epoch).pack()
+        sent_ns = time.monotonic_ns()
+        header = Header(SCHEMA_VERSION, MsgType.OBS, seq, self.episode_id, sent_ns, self.epoch).pack()
         if self.ack.session_key:
             obs.auth = wauth.obs_tag(self.ack.session_key, self.ack.session_id, header)
         self._pub.put(obs.encode(), attachment=header)
-        self.last_seq = seq
+        self.last_seq, self.last_sent_ns = seq, sent_ns
         return seq
 
     def _on_action(self, sample, gen: int) -> None:  # deposit only, on Zenoh's thread
@@ -507,11 +555,11 @@ class Model:
             h = unpack_header(att)
             msg = decode_message(payload)
         except WireError as exc:
-            return Event("error", exc.code, f"undecodable message from the server: {exc}", None, 0, 0)
+            return Event("bad_chunk", exc.code, f"undecodable message from the server: {exc}", None, 0, 0)
         if isinstance(msg, ActionChunk):
             if h.msg_type != MsgType.CHUNK or msg.seq_id_echo != h.seq_id:
-                return Event("error", ErrorCode.MALFORMED, "chunk header and body disagree", h.seq_id, h.episode_id,
-                             h.session_epoch)
+                return Event("bad_chunk", ErrorCode.MALFORMED, "chunk header and body disagree", h.seq_id,
+                             h.episode_id, h.session_epoch)
             return Result(h.seq_id, h.episode_id, h.session_epoch, msg.chunk_model, msg.chunk_robot,
                           (t_ns - msg.client_mono_ns_echo) / 1e9, msg.queue_wait_ms, msg.inference_ms,
                           msg.superseded_seqs, msg.server_load, msg.rtc_applied, msg.inference_emulated, t_ns / 1e9,

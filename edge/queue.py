@@ -22,6 +22,13 @@ belongs to that tick, as the policy assumes (the prefix starts with the action e
 Invariant: one lock; every public method takes it and returns copies, so a caller never holds a view
 the worker thread can change. Each row carries provenance (`meta` of its merge and its index in the
 source chunk) so an engine can report where an action came from and how old it is.
+
+Invariant: every row the queue holds is finite and `action_dim` wide. `merge` refuses (ValueError, the queue
+left as it was) a chunk that is not a non-empty 2-D floating-point array, whose two spaces disagree in shape,
+whose width is not `action_dim` (or, without one, the width the queue holds), or that holds a NaN or an
+infinity in either space (checked after the cast to float32, so a float64 beyond float32's range is refused
+too). The check runs where a chunk arrives (the worker, or the sync engine's inference), never in `get`:
+every engine executes from this queue, so none can hand a robot a non-finite action or one of the wrong width.
 """
 
 from __future__ import annotations
@@ -38,11 +45,12 @@ TRIM_MODES = ("real_delay", "consumed")
 
 
 class ActionQueue:
-    def __init__(self, rtc_enabled: bool, trim: str = "real_delay"):
+    def __init__(self, rtc_enabled: bool, trim: str = "real_delay", action_dim: int | None = None):
         if trim not in TRIM_MODES:
             raise ValueError(f"trim must be one of {TRIM_MODES}, got {trim!r}")
         self.rtc_enabled = bool(rtc_enabled)
         self.trim = trim
+        self.action_dim = action_dim  # None: the width of the first chunk merged after a clear
         self._lock = threading.Lock()
         self._original: np.ndarray | None = None
         self._processed: np.ndarray | None = None
@@ -161,16 +169,13 @@ class ActionQueue:
 
     def merge(self, original: np.ndarray, processed: np.ndarray, real_delay: int,
               action_index_before_inference: int | None = None, meta: Any = None) -> int:
-        """Merge a new chunk; returns how many of its rows were trimmed."""
-        original = _as_chunk(original, "original")
-        processed = _as_chunk(processed, "processed")
-        if original.shape[0] != processed.shape[0]:
-            raise ValueError(f"original has {original.shape[0]} rows but processed has {processed.shape[0]}; "
-                             "both are the same chunk in two spaces")
+        """Merge a new chunk; returns how many of its rows were trimmed. A chunk that breaks the queue's
+        invariant (module docstring) raises ValueError and leaves the queue as it was."""
+        original, processed = check_chunk(original, processed, self.action_dim)  # outside the lock get() takes
         with self._lock:
-            self._generation += 1
             if self._processed is not None and self._processed.shape[1:] != processed.shape[1:]:
                 raise ValueError(f"chunk has {processed.shape[1]} action dims; the queue holds {self._processed.shape[1]}")
+            self._generation += 1
             delay = int(real_delay)
             if action_index_before_inference is not None:
                 consumed = max(0, self._cursor - int(action_index_before_inference))
@@ -200,10 +205,33 @@ class ActionQueue:
             return 0
 
 
+def check_chunk(original, processed, action_dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Both spaces of a chunk as float32 (T, A) arrays, if the queue would hold them (module docstring: non-empty,
+    floating point, one shape, `action_dim` wide when given, every value finite); else ValueError saying why."""
+    original = _as_chunk(original, "original")
+    processed = _as_chunk(processed, "processed")
+    if original.shape != processed.shape:
+        raise ValueError(f"original has shape {original.shape} but processed has {processed.shape}; "
+                         "both are the same chunk in two spaces (rows, action dims)")
+    if action_dim is not None and processed.shape[1] != action_dim:
+        raise ValueError(f"chunk has {processed.shape[1]} action dims; the queue holds {action_dim}")
+    return original, processed
+
+
 def _as_chunk(x, name: str) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float32)
-    if a.ndim != 2:
-        raise ValueError(f"{name} chunk must be 2-D (T, A), got shape {a.shape}")
+    """`x` as a float32 (T, A) array, T >= 1, A >= 1, every value finite; else ValueError naming what is wrong."""
+    raw = np.asarray(x)
+    if not np.issubdtype(raw.dtype, np.floating):
+        # an integer or boolean chunk is not an action chunk (the wire's is float32): a bug or a hostile sender
+        raise ValueError(f"{name} chunk must be floating point, got dtype {raw.dtype}")
+    if raw.ndim != 2 or raw.shape[0] < 1 or raw.shape[1] < 1:
+        raise ValueError(f"{name} chunk must be 2-D (T, A) with T, A >= 1, got shape {raw.shape}")
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf here, and is refused below
+        a = raw.astype(np.float32, copy=False)
+    if not np.isfinite(a).all():
+        bad = np.argwhere(~np.isfinite(a))[0]
+        raise ValueError(f"{name} chunk holds a non-finite value ({a[tuple(bad)]} at row {bad[0]}, column {bad[1]}; "
+                         f"{int((~np.isfinite(a)).sum())} in all): a NaN or inf action never reaches the robot")
     return a
 
 

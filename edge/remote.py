@@ -22,6 +22,9 @@ Invariants:
   `max_action_age_s` (the staleness bound holds whatever the network does).
 - A chunk is merged only if it answers the latest outstanding request of the current session epoch
   and episode; a model other than the first one acknowledged is never executed (DEAD instead).
+- A chunk is merged only if it is sound (`_chunk_problem`: this session's, `chunk_size` rows, the queue's
+  invariant of finite rows of `len(action_names)`, the request's own `client_mono_ns` and episode echoed); a
+  bad one is counted (`bad_chunks`), fails its request like a timeout and never answers the offline clock.
 - Only monotonic clocks; no wall-clock instant crosses the wire.
 """
 
@@ -41,7 +44,7 @@ import numpy as np
 from edge.engine import (Action, ConfigError, Engine, EngineState, EngineStopped, FallbackBehavior, config_from_dict,
                          register_engine)
 from edge.latency import LATENCY_MODES, LatencyTracker
-from edge.queue import TRIM_MODES, ActionQueue, fit_prefix
+from edge.queue import TRIM_MODES, ActionQueue, check_chunk, fit_prefix
 from wire.configerrors import range_text, show
 from wire.errors import WireError
 from wire.keys import sanitize, sanitize_root, task_slug
@@ -85,7 +88,7 @@ class RemoteEngineConfig:
     max_action_age_s: float = 3.0  # staleness bound (safety)
     degraded_after_s: float = 1.0  # no chunk for this long -> DEGRADED
     request_timeout_s: float = 5.0
-    timeout_streak: int = 3  # consecutive timeouts -> RECONNECTING
+    timeout_streak: int = 3  # consecutive requests without a usable chunk (timeouts, bad chunks) -> RECONNECTING
     reconnect_initial_backoff_s: float = 0.5
     reconnect_max_backoff_s: float = 10.0
     max_offline_s: float = 60.0  # offline longer -> DEAD
@@ -266,7 +269,8 @@ FIELD_DOCS = {
     "max_action_age_s": "staleness bound: an action older than this is never executed (safety)",
     "degraded_after_s": "no chunk for this long: DEGRADED",
     "request_timeout_s": "a request without an answer for this long counts as a timeout",
-    "timeout_streak": "consecutive timeouts that make the engine RECONNECTING",
+    "timeout_streak": "consecutive requests without a usable chunk (timed out, or answered with a bad chunk) that "
+                      "make the engine RECONNECTING",
     "reconnect_initial_backoff_s": "first wait between reconnect attempts (doubles, with jitter)",
     "reconnect_max_backoff_s": "longest wait between reconnect attempts",
     "max_offline_s": "offline longer than this: DEAD (the robot's own safety takes over)",
@@ -370,7 +374,7 @@ class RemoteEngine(Engine):
         self.dt = 1.0 / config.fps
         self.shutdown_event = shutdown_event
         self._conn_given = connection
-        self.queue = ActionQueue(config.rtc_enabled, config.trim)
+        self.queue = ActionQueue(config.rtc_enabled, config.trim, action_dim=len(config.action_names))
         self.tracker = LatencyTracker(config.latency_window, config.latency_mode)
         from edge.client import ControlTimeouts
 
@@ -416,7 +420,7 @@ class RemoteEngine(Engine):
         self.counters = {k: 0 for k in ("requests", "chunks", "timeouts", "errors", "late_chunks", "superseded",
                                         "reconnects", "none_ticks", "fallback_ticks", "staleness_refusals",
                                         "discarded_chunks", "resets", "resets_acked", "replica_nudges",
-                                        "plan_warnings")}
+                                        "plan_warnings", "bad_chunks")}
         self.last_error = ""
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -611,6 +615,7 @@ class RemoteEngine(Engine):
     def _run(self) -> None:
         backoff = self.cfg.reconnect_initial_backoff_s
         exclude: set[str] = set()
+        opened_at_chunks = -1  # counters["chunks"] when the current session opened
         while not self._stop.is_set() and self._link != S.DEAD:
             offline = time.monotonic() - self._last_ok
             if self._model is None or self._model.ack is None or self._link in (S.CONNECTING, S.RECONNECTING):
@@ -620,33 +625,46 @@ class RemoteEngine(Engine):
                     break
                 self._nudge.clear()  # a replica token appearing from now on cuts the backoff below
                 if self._handshake(exclude):
-                    backoff = self.cfg.reconnect_initial_backoff_s
+                    # the backoff starts over once this session merges a chunk, not on its ack: a replica that
+                    # acknowledges and then drains, forgets or fails every session would otherwise be asked again
+                    # at once, again and again (a drain notice on every open: 51 reconnects in 4 s)
+                    opened_at_chunks = self.counters["chunks"]
                     exclude = set()
                     continue
                 if self._link == S.DEAD:
                     break
                 exclude = set()  # after a failed round every replica is a candidate again
-                # jittered: a fleet that lost its replica at the same instant must not come back in lockstep
-                if self._nudge.wait(backoff * random.uniform(0.5, 1.0)):
-                    if self._stop.is_set():
-                        break
-                    # a replica's token appeared (server up, or our link to the router healed): try again
-                    # soon, spread over a short window so a whole fleet does not open sessions in one burst
-                    self.counters["replica_nudges"] += 1
-                    if self._stop.wait(random.uniform(0.0, min(self.cfg.reconnect_initial_backoff_s, NUDGE_SPREAD_S))):
-                        break
-                    continue
+                if self._back_off(backoff):
+                    break
                 backoff = min(backoff * 2, self.cfg.reconnect_max_backoff_s)
                 continue
             outcome = self._cycle()
+            if self.counters["chunks"] != opened_at_chunks:
+                backoff = self.cfg.reconnect_initial_backoff_s
             if outcome in ("lost", "drain", "unknown_session", "streak"):
                 if outcome == "drain" and self._model.replica is not None:
                     exclude = {self._model.replica.replica_id}
                 self._reconnect(outcome)
+                if self.counters["chunks"] == opened_at_chunks:  # the session gave nothing: back off before the next
+                    if self._back_off(backoff):
+                        break
+                    backoff = min(backoff * 2, self.cfg.reconnect_max_backoff_s)
             elif outcome in ("timeout", "error") and time.monotonic() - self._last_ok > self.cfg.max_offline_s:
                 self._set_state(S.DEAD, f"no chunk for more than max_offline_s={self.cfg.max_offline_s:g} s "
                                 f"({self.last_error or 'timeouts'})")
         self._close_conn()
+
+    def _back_off(self, backoff: float) -> bool:
+        """Wait out a reconnect backoff (jittered), cut short by a replica token appearing; True when stopped."""
+        # jittered: a fleet that lost its replica at the same instant must not come back in lockstep
+        if self._nudge.wait(backoff * random.uniform(0.5, 1.0)):
+            if self._stop.is_set():
+                return True
+            # a replica's token appeared (server up, or our link to the router healed): try again
+            # soon, spread over a short window so a whole fleet does not open sessions in one burst
+            self.counters["replica_nudges"] += 1
+            return self._stop.wait(random.uniform(0.0, min(self.cfg.reconnect_initial_backoff_s, NUDGE_SPREAD_S)))
+        return False
 
     def _connect(self) -> None:
         if self._conn is not None:
@@ -899,7 +917,7 @@ class RemoteEngine(Engine):
         # from the observation's tick to this worker taking it up: its wake-up (on a bench shard, every engine's
         # worker shares a process and its GIL with the control loop, so this is where a busy shard shows)
         send_lag_ms = (t0 - t_obs) * 1e3
-        self._outstanding = (seq, m.epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms)
+        self._outstanding = (seq, m.epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms, m.last_sent_ns)
         deadline = t0 + c.request_timeout_s
         while not self._stop.is_set():
             if self._episode != episode:
@@ -927,6 +945,13 @@ class RemoteEngine(Engine):
                 return outcome
             if outcome in ("error", "error_final"):
                 return "error"
+            if outcome == "bad_chunk":
+                # no usable chunk, as a timeout: a streak of them reconnects (perhaps to a sound replica)
+                self._timeouts_in_row = getattr(self, "_timeouts_in_row", 0) + 1
+                if self._timeouts_in_row >= c.timeout_streak:
+                    self._timeouts_in_row = 0
+                    return "streak"
+                return "error"
         if self._stop.is_set():
             return "stopped"
         # timed out: the request stays outstanding (a late answer may still be merged)
@@ -952,6 +977,47 @@ class RemoteEngine(Engine):
             rec["sent_ns"] = sent_ns
         self._records.append(rec)
 
+    def _chunk_problem(self, r, m) -> str:
+        """Why a chunk cannot be executed whatever it answers ("" if it can): another session's, another size than
+        the session's chunk_size, or the queue's refusal (not floating point, not (chunk_size, len(action_names)) in
+        both spaces, a NaN or an infinity). Checked here, on the worker, as the chunk arrives: never per tick."""
+        ack = m.ack if m is not None else None
+        if ack is None or r.session_epoch != m.epoch:
+            return ""  # another session's: never merged (late), nothing to judge it by
+        if r.session_id != ack.session_id:
+            return f"it names session {r.session_id!r}; this session is {ack.session_id!r}"
+        for name in ("chunk_model", "chunk_robot"):
+            rows = np.shape(getattr(r, name))[:1]
+            if rows != (ack.chunk_size,):
+                return f"{name} has shape {np.shape(getattr(r, name))}; the session's chunks have {ack.chunk_size} rows"
+        try:
+            check_chunk(r.chunk_model, r.chunk_robot, self.A)
+        except ValueError as exc:
+            return str(exc)
+        return ""
+
+    def _refuse_chunk(self, out, problem: str) -> str:
+        """The outstanding request's chunk is unusable: the request failed (a bad chunk, counted and recorded as one;
+        DEGRADED, as for a timeout) and the next one may leave at once."""
+        self.counters["errors"] += 1
+        self.counters["bad_chunks"] += 1
+        self.last_error = f"bad chunk: {problem}"
+        log.warning("%s: chunk of seq %d refused: %s", self.cfg.client_uuid, out[0], problem)
+        self._record_failed(out, "bad_chunk")
+        self._outstanding = None
+        if self._link == S.STREAMING:
+            self._set_state(S.DEGRADED, f"bad chunk: {problem}")
+        return "bad_chunk"
+
+    def _record_failed(self, out, outcome: str) -> None:
+        """The record of a request answered with an error or a bad chunk."""
+        self._records.append({"t": time.monotonic(), "seq": out[0], "rtt_ms": float("nan"),
+                              "queue_wait_ms": float("nan"), "inference_ms": float("nan"),
+                              "network_ms": float("nan"), "encode_ms": out[6], "send_lag_ms": out[7],
+                              "merge_lag_ms": float("nan"), "delay_steps": out[5],
+                              "execution_steps": self._execution_steps,
+                              "steps_remaining": self._steps_remaining, "superseded": 0, "outcome": outcome})
+
     def _drain_inbox(self) -> None:
         m = self._model
         while True:
@@ -963,14 +1029,22 @@ class RemoteEngine(Engine):
                 self._pending_outcome = outcome
 
     def _handle(self, r) -> str:
-        """Merge a chunk (if it answers the outstanding request) or act on an event."""
+        """Merge a chunk (if it answers the outstanding request and is sound) or act on an event."""
         from edge.client import Event
 
         m = self._model
         out = getattr(self, "_outstanding", None)
         if isinstance(r, Event):
             if r.kind == "drain":
-                return "drain"
+                return "drain"  # the client matched its replica id (a server's drain header carries epoch 0)
+            if r.kind == "bad_chunk":  # undecodable, or header and body disagree: nothing in it can be trusted
+                self.counters["bad_chunks"] += 1
+                self.last_error = f"bad chunk: {r.code}: {r.message}"
+                return "ignored"
+            if m is None or r.session_epoch != m.epoch:
+                # about an older session (seq ids restart at 1 in each): a late ACTION_MISMATCH of a session already
+                # replaced killed the robot (DEAD), a late error failed the new session's request of the same seq
+                return "ignored"
             if r.code == "UNKNOWN_SESSION":
                 return "unknown_session"
             if r.code in ("WRONG_MODEL", "IDENTITY_MISMATCH", "ACTION_MISMATCH"):
@@ -979,20 +1053,25 @@ class RemoteEngine(Engine):
             if out is not None and r.seq_id == out[0]:
                 self.counters["errors"] += 1
                 self.last_error = f"{r.code}: {r.message}"
-                self._records.append({"t": time.monotonic(), "seq": r.seq_id, "rtt_ms": float("nan"),
-                                      "queue_wait_ms": float("nan"), "inference_ms": float("nan"),
-                                      "network_ms": float("nan"), "encode_ms": out[6], "send_lag_ms": out[7],
-                                      "merge_lag_ms": float("nan"), "delay_steps": out[5],
-                                      "execution_steps": self._execution_steps,
-                                      "steps_remaining": self._steps_remaining, "superseded": 0,
-                                      "outcome": f"error:{r.code}"})
+                self._record_failed(out, f"error:{r.code}")
                 self._outstanding = None
+                if self._link == S.STREAMING:  # the request failed: the state says so, as for a timeout
+                    self._set_state(S.DEGRADED, f"server error {r.code}")
                 return "error"
             return "ignored"
-        # a chunk. Any chunk of this session, like an acknowledged reset, answers the offline clock (DEAD after
+        # a chunk
+        problem = self._chunk_problem(r, m)
+        if problem:
+            if out is not None and r.seq_id == out[0] and r.session_epoch == out[1]:
+                return self._refuse_chunk(out, problem)
+            self.counters["bad_chunks"] += 1  # answers nothing outstanding: counted, never merged
+            self.last_error = f"bad chunk: {problem}"
+            return "ignored"
+        # A sound chunk of this session, like an acknowledged reset, answers the offline clock (DEAD after
         # max_offline_s offline): the server and the link work, even when the chunk comes too late to merge. A
         # robot whose episodes end before their chunks arrive runs its fallback (STALLED); it is not offline (at
-        # 1 Hz, where the reacher's episode is two ticks, robots went DEAD that way with their server answering)
+        # 1 Hz, where the reacher's episode is two ticks, robots went DEAD that way with their server answering).
+        # A bad chunk does not: a server that sends only those is offline, and the ladder runs to DEAD.
         if m is not None and r.session_epoch == m.epoch:
             self._last_ok = time.monotonic()
         if out is None or r.seq_id != out[0] or r.session_epoch != out[1]:
@@ -1001,20 +1080,25 @@ class RemoteEngine(Engine):
                 return "ignored"
             self.counters["late_chunks"] += 1
             return "ignored"
-        seq, epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms = out
+        seq, epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms, sent_ns = out
+        if r.sent_ns != sent_ns:
+            # its rtt would be made up: one chunk echoing 0 set the delay estimate to the host's uptime, and every
+            # later request shipped an inference_delay_steps the wire refuses (no chunk again in that session)
+            return self._refuse_chunk(out, f"it echoes client_mono_ns {r.sent_ns}; seq {seq} was sent at {sent_ns}")
+        if episode == self._episode and r.episode_id != episode:
+            # the episode has not changed here: the server echoed another one (a reset in between is the case below)
+            return self._refuse_chunk(out, f"it echoes episode {r.episode_id}; seq {seq} was sent in episode {episode}")
         self._outstanding = None
-        if episode != self._episode or r.episode_id != episode:
+        if episode != self._episode:
             self.counters["discarded_chunks"] += 1  # a reset happened while it was in flight
             return "merged"
         latency = r.rtt_s if self.latency_override is None else float(self.latency_override(self.counters["chunks"] + 1))
         real_delay = int(math.ceil(latency / self.dt - 1e-9))
-        try:
+        try:  # sound by _chunk_problem; the queue keeps its own invariant whoever merges (edge.queue)
             self.queue.merge(r.chunk_model, r.chunk_robot, real_delay, idx_before,
                              meta=_Meta(m.ack.session_id if m.ack else "", seq, episode, t_obs))
         except ValueError as exc:
-            self.counters["errors"] += 1
-            self.last_error = f"bad chunk: {exc}"
-            return "error"
+            return self._refuse_chunk(out, str(exc))
         self.tracker.add(latency)
         self.counters["chunks"] += 1
         self.counters["superseded"] += r.superseded_seqs

@@ -138,7 +138,7 @@ class RTCEngine(LocalEngine):
         self._episode = 0
         self._errors_in_row = 0
         self._failed = False
-        self.counters = {"inferences": 0, "errors": 0, "none_ticks": 0, "discarded_chunks": 0}
+        self.counters = {"inferences": 0, "errors": 0, "none_ticks": 0, "discarded_chunks": 0, "bad_chunks": 0}
         self.merges: list[dict] = []  # per merge: delay, real_delay, trimmed (parity tests read it)
 
     def start(self) -> None:
@@ -219,7 +219,11 @@ class RTCEngine(LocalEngine):
         if epoch != self._reset_epoch:
             self.counters["discarded_chunks"] += 1  # a reset happened during inference
             return True
-        trimmed = self.queue.merge(model, robot, real_delay, idx_before, meta=self.counters["inferences"])
+        try:
+            trimmed = self.queue.merge(model, robot, real_delay, idx_before, meta=self.counters["inferences"])
+        except ValueError:  # non-finite or misshapen: refused whole; _run counts it as a failed inference too
+            self.counters["bad_chunks"] += 1
+            raise
         self.tracker.add(latency)
         self.merges.append({"delay": delay, "real_delay": real_delay, "trimmed": trimmed, "idx_before": idx_before})
         return True

@@ -40,6 +40,8 @@ class SyncEngine(LocalEngine):
         self._obs: dict | None = None
         self._episode = 0
         self._inferences = 0
+        self._bad_chunks = 0  # chunks the queue refused (non-finite, wrong shape): nothing of them is executed
+        self.last_error = ""
 
     def start(self) -> None:
         self._refuse_restart()
@@ -65,8 +67,13 @@ class SyncEngine(LocalEngine):
             model, robot = call_policy(self.policy, self._obs, 0, None)
             n = self.cfg.n_action_steps or len(robot)
             self.queue.clear()
-            self.queue.merge(model[:n], robot[:n], 0)
             self._inferences += 1
+            try:
+                self.queue.merge(model[:n], robot[:n], 0)
+            except ValueError as exc:  # a NaN, inf or misshapen chunk: this tick gets nothing, never that chunk
+                self._bad_chunks += 1  # counted, not logged: this is the control thread
+                self.last_error = f"bad chunk: {exc}"
+                return None
         item = self.queue.get_with_meta()
         if item is None:
             return None
@@ -83,4 +90,5 @@ class SyncEngine(LocalEngine):
 
     @property
     def stats(self) -> dict[str, Any]:
-        return {"inferences": self._inferences, "qsize": self.queue.qsize()}
+        return {"inferences": self._inferences, "bad_chunks": self._bad_chunks, "qsize": self.queue.qsize(),
+                "last_error": self.last_error}

@@ -10,8 +10,15 @@ Chunks are a pure function of the observed state (`expected_chunk`), so a test c
 which observation an executed action came from. Fault knobs (plain attributes, change them live):
 `delay_s` (answer after), `hang` (never answer), `drop_every_n` (no answer for every n-th obs),
 `duplicate` (every chunk twice), `late_chunk` (after each chunk, one more for the previous seq with
-POISON values), `reset_delay_s`. `stop()` closes the session like a killed process; `restart(**changes)`
-comes back (sessions forgotten), possibly as another model (checkpoint_hash, action_names...).
+POISON values), `reset_delay_s`. A hostile or broken server: `tamper(chunk, header)` rewrites each answer
+before it is sent (return a new `(ActionChunk, Header)`: other rows, dims, dtype, values, session, epoch,
+seq, episode, echoes), `extra_replies(header, obs)` returns raw `(payload, attachment)` pairs put on the
+robot's action key before each answer (garbage, bad attachments, floods, replays, chunks for a seq never
+sent), `ack_changes` overrides SessionAck fields (capabilities that disagree with the request or the first
+ack), `status_changes` overrides Status fields (what discovery reads), `session_reply` (bytes) is what every
+session query gets instead of an ack, `drain_on_open` sends a DrainNotice right after every session it opens. `stop()` closes the session
+like a killed process; `restart(**changes)` comes back (sessions forgotten), possibly as another model
+(checkpoint_hash, action_names...).
 """
 
 from __future__ import annotations
@@ -66,7 +73,9 @@ class Responder:
                  checkpoint_hash: str = HASH_A, policy_type: str = "flow_matching", max_sessions: int = 8,
                  fps: float = 30.0, supports_rtc: bool = True, delay_s: float = 0.0, hang: bool = False,
                  drop_every_n: int = 0, duplicate: bool = False, late_chunk: bool = False, reset_delay_s: float = 0.0,
-                 lease_ms: int = 500, gc_grace_s: float = 0.3):
+                 lease_ms: int = 500, gc_grace_s: float = 0.3, tamper=None, extra_replies=None,
+                 ack_changes: dict | None = None, status_changes: dict | None = None, session_reply: bytes | None = None,
+                 drain_on_open: bool = False):
         self.endpoint, self.lease_ms, self.gc_grace_s = endpoint, lease_ms, gc_grace_s
         self.model_id, self.revision, self.replica_id, self.root = model_id, revision, replica_id, root
         self.action_names, self.state_dim, self.chunk_size = list(action_names), state_dim, chunk_size
@@ -74,6 +83,9 @@ class Responder:
         self.fps, self.supports_rtc = fps, supports_rtc
         self.delay_s, self.hang, self.drop_every_n = delay_s, hang, drop_every_n
         self.duplicate, self.late_chunk, self.reset_delay_s = duplicate, late_chunk, reset_delay_s
+        self.tamper, self.extra_replies = tamper, extra_replies
+        self.ack_changes, self.drain_on_open = dict(ack_changes or {}), drain_on_open
+        self.status_changes, self.session_reply = dict(status_changes or {}), session_reply
         self.draining = False
         self.cv = threading.Condition()  # guards everything below; notified on every change
         self.sessions: dict[str, dict] = {}  # session_id -> {client, prefix, last_seq, episode}
@@ -186,11 +198,15 @@ class Responder:
 
     def _on_status(self, query) -> None:
         with self.cv:
-            st = Status(**self._model_fields(), ready=not self.draining, draining=self.draining,
-                        schema_min=MIN_SUPPORTED, schema_max=MAX_SUPPORTED)
+            fields = dict(**self._model_fields(), ready=not self.draining, draining=self.draining,
+                          schema_min=MIN_SUPPORTED, schema_max=MAX_SUPPORTED)
+            st = Status(**{**fields, **self.status_changes})
         query.reply(self.keys.status, st.encode(), attachment=_CONTROL)
 
     def _on_session(self, query, gen: int) -> None:
+        if self.session_reply is not None:
+            query.reply(query.key_expr, self.session_reply, attachment=_CONTROL)
+            return
         req = _decode_or_reply(query, SessionOpen)
         if req is None:
             return
@@ -207,13 +223,17 @@ class Responder:
                 self.sessions[sid] = {"client": req.client_uuid, "prefix": prefix, "last_seq": 0, "episode": 0,
                                       "latency_budget_ms": req.latency_budget_ms}
                 self.opens += 1
-                body = SessionAck(**self._model_fields(), session_id=sid, schema_version=req.schema_version,
-                                  rtc_enabled=req.rtc_enabled and self.supports_rtc,
-                                  execution_horizon=req.execution_horizon, task=req.task)
+                fields = dict(**self._model_fields(), session_id=sid, schema_version=req.schema_version,
+                              rtc_enabled=req.rtc_enabled and self.supports_rtc,
+                              execution_horizon=req.execution_horizon, task=req.task)
+                body = SessionAck(**{**fields, **self.ack_changes})
                 self.cv.notify_all()
             else:
                 body = err
         query.reply(query.key_expr, body.encode(), attachment=_CONTROL)
+        if err is None and self.drain_on_open:
+            self._put(prefix + "/action", DrainNotice(self.replica_id, "drain on open", 1000.0).encode(),
+                      Header(SCHEMA_VERSION, MsgType.EVENT, 0, 0))
 
     def _validate(self, req: SessionOpen) -> Error | None:
         if self.draining:
@@ -342,10 +362,15 @@ class Responder:
     def _answer(self, z, key: str, h: Header, obs: Observation, superseded: int) -> None:
         robot = expected_chunk(obs.state, self.chunk_size, len(self.action_names))
         model = robot * 0.5
-        body = ActionChunk(obs.session_id, h.seq_id, h.client_mono_ns, model, robot, queue_wait_ms=self.delay_s * 1e3,
-                           inference_ms=0.1, superseded_seqs=superseded, server_load=0.0,
-                           rtc_applied=obs.prefix_model is not None).encode()
+        chunk = ActionChunk(obs.session_id, h.seq_id, h.client_mono_ns, model, robot, queue_wait_ms=self.delay_s * 1e3,
+                            inference_ms=0.1, superseded_seqs=superseded, server_load=0.0,
+                            rtc_applied=obs.prefix_model is not None)
         header = Header(SCHEMA_VERSION, MsgType.CHUNK, h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch)
+        for payload, attachment in (self.extra_replies(h, obs) if self.extra_replies is not None else ()):
+            self._put_raw(key, payload, attachment, z)
+        if self.tamper is not None:
+            chunk, header = self.tamper(chunk, header)
+        body = chunk.encode()
         for _ in range(2 if self.duplicate else 1):
             self._put(key, body, header, z)
         if self.late_chunk and h.seq_id > 1:
@@ -358,11 +383,14 @@ class Responder:
             self.cv.notify_all()
 
     def _put(self, key: str, body: bytes, header: Header, z=None) -> None:
+        self._put_raw(key, body, header.pack(), z)
+
+    def _put_raw(self, key: str, body: bytes, attachment: bytes | None, z=None) -> None:
         z = z or self.z
         if z is None:
             return
         try:
-            z.put(key, body, attachment=header.pack(), **_PUT_QOS)
+            z.put(key, body, attachment=attachment, **_PUT_QOS)
         except Exception:
             pass  # a closed session while restarting: the chunk is lost, as on a real network
 

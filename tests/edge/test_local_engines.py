@@ -236,3 +236,36 @@ def test_pause_resume_reset_outside_a_run_raise_nothing_and_keep_the_lifecycle_s
     for call in (eng.pause, eng.resume, eng.reset, eng.pause):  # resume after stop() made it STREAMING, thread-less
         call()
         assert eng.state == EngineState.STOPPED and not eng.ready
+
+
+class NanPolicy(RampPolicy):
+    """The ramp, with a NaN in one row of every chunk inferred from a state whose first value is negative."""
+
+    def predict_action_chunk(self, obs, inference_delay, prefix):
+        chunk = super().predict_action_chunk(obs, inference_delay, prefix)
+        if np.asarray(obs["state"])[0] < 0:
+            chunk[3, 1] = np.nan
+        return chunk
+
+
+def test_sync_never_executes_a_non_finite_chunk_and_its_get_action_does_not_raise():
+    eng = make_engine(SyncEngineConfig(), policy=NanPolicy())
+    eng.start()
+    eng.notify_observation({"state": np.full(4, -1.0, np.float32)})
+    assert eng.get_action() is None  # refused whole: not its first rows either (before: the NaN was executed)
+    assert eng.stats["bad_chunks"] == 1 and eng.stats["qsize"] == 0
+    eng.notify_observation({"state": np.ones(4, np.float32)})
+    a = eng.get_action()
+    assert a is not None and np.isfinite(a.values).all()
+
+
+def test_rtc_never_executes_a_non_finite_chunk_and_keeps_its_leftover():
+    eng = RTCEngine(RTCEngineConfig(fps=10, execution_horizon=5), policy=NanPolicy())
+    eng.notify_observation({"state": np.ones(4, np.float32)})
+    eng.step_once()
+    eng.notify_observation({"state": np.full(4, -1.0, np.float32)})
+    with pytest.raises(ValueError, match="non-finite"):  # the worker's _run counts it as a failed inference
+        eng.step_once()
+    assert eng.stats["bad_chunks"] == 1
+    values = [eng.get_action().values for _ in range(T)]
+    assert all(np.isfinite(v).all() and v[0] >= 1.0 for v in values)  # the good chunk's rows, all of them

@@ -50,7 +50,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @initialize(rtc=st.booleans(), trim=st.sampled_from(["real_delay", "consumed"]))
     def setup(self, rtc, trim):
-        self.q = ActionQueue(rtc, trim)
+        self.q = ActionQueue(rtc, trim, action_dim=A)
         self.ref = Reference(rtc, trim)
         self.idx_before = None
 
@@ -73,7 +73,7 @@ class QueueMachine(RuleBasedStateMachine):
         for _ in range(4):
             self.get()
 
-    @rule(n=st.integers(0, 12), delay=st.integers(-3, 15), use_idx=st.booleans())
+    @rule(n=st.integers(1, 12), delay=st.integers(-3, 15), use_idx=st.booleans())
     def merge(self, n, delay, use_idx):
         QueueMachine.counter += 1
         base = QueueMachine.counter * 100
@@ -85,6 +85,34 @@ class QueueMachine(RuleBasedStateMachine):
         self.ref.merge([(r[0], [r[0], -r[0]]) for r in rows], [(r[1], [r[1], -r[1]]) for r in rows], delay,
                        idx)
         self.idx_before = None
+
+    @rule(bad=st.one_of(
+        # a NaN or an infinity anywhere, in either space
+        st.tuples(st.integers(1, 12), st.integers(0, 11), st.integers(0, A - 1), st.booleans(),
+                  st.sampled_from([np.nan, np.inf, -np.inf, 1e300])).map(lambda t: ("value",) + t),
+        st.tuples(st.integers(0, 12), st.integers(0, 5)).filter(lambda t: t[0] == 0 or t[1] != A)
+          .map(lambda t: ("shape",) + t),  # no rows, or another action width
+        st.sampled_from([np.int32, np.int64, np.uint8, np.bool_]).map(lambda t: ("dtype", t))),
+        delay=st.integers(-3, 15))
+    def merge_refused(self, bad, delay):
+        """A bad chunk raises and leaves the queue as it was (the reference is not told): never a row of it
+        executed, never the leftover lost."""
+        if bad[0] == "value":
+            _, n, row, col, in_model, value = bad
+            orig, proc = np.ones((n, A)), np.ones((n, A))
+            (orig if in_model else proc)[row % n, col] = value
+        elif bad[0] == "shape":
+            orig = proc = np.ones((bad[1], bad[2]), np.float32)
+        else:
+            orig = proc = np.ones((3, A), bad[1])
+        with pytest.raises(ValueError):
+            self.q.merge(orig, proc, delay, self.idx_before)
+
+    @precondition(lambda self: hasattr(self, "q"))
+    @invariant()
+    def every_row_is_finite_and_as_wide_as_the_queue(self):
+        rows = self.q.get_processed_left_over()
+        assert rows is None or (rows.shape[1] == A and np.isfinite(rows).all())
 
     @precondition(lambda self: hasattr(self, "q"))
     @invariant()
@@ -135,6 +163,11 @@ def test_reads_are_copies():
 @pytest.mark.parametrize("orig,proc,words", [
     (np.zeros(3), np.zeros(3), "2-D"),
     (np.zeros((3, 2)), np.zeros((4, 2)), "rows"),
+    (np.zeros((0, 2)), np.zeros((0, 2)), "T, A >= 1"),
+    (np.zeros((3, 2), np.int32), np.zeros((3, 2), np.int32), "floating point"),
+    (np.zeros((3, 2)), np.full((3, 2), np.nan), "non-finite"),
+    (np.full((3, 2), np.inf), np.zeros((3, 2)), "non-finite"),
+    (np.zeros((3, 2)), np.full((3, 2), 1e300), "non-finite"),  # float64 beyond float32: inf after the cast
 ])
 def test_bad_shapes_are_refused(orig, proc, words):
     with pytest.raises(ValueError, match=words):
@@ -146,6 +179,28 @@ def test_action_dimension_may_not_change():
     q.merge(np.zeros((3, 2)), np.zeros((3, 2)), 0)
     with pytest.raises(ValueError, match="action dims"):
         q.merge(np.zeros((3, 3)), np.zeros((3, 3)), 0)
+
+
+def test_a_queue_with_an_action_dim_refuses_another_width_even_when_empty():
+    """After a clear (an episode reset) the first chunk set the width: a remote server's chunk of 5 columns
+    for a 3-action robot was executed as 5-wide actions."""
+    q = ActionQueue(True, action_dim=3)
+    with pytest.raises(ValueError, match="5 action dims; the queue holds 3"):
+        q.merge(np.zeros((4, 5), np.float32), np.zeros((4, 5), np.float32), 0)
+    assert q.qsize() == 0
+    q.merge(np.zeros((4, 3), np.float32), np.zeros((4, 3), np.float32), 0)
+    q.clear()
+    with pytest.raises(ValueError, match="action dims"):
+        q.merge(np.zeros((4, 1), np.float32), np.zeros((4, 1), np.float32), 0)
+
+
+def test_a_refused_chunk_keeps_the_queue_and_its_snapshot():
+    q = ActionQueue(True, "consumed", action_dim=2)
+    q.merge(np.ones((4, 2)), np.ones((4, 2)), 0)
+    snap = q.snapshot()
+    with pytest.raises(ValueError, match="non-finite"):
+        q.merge(np.ones((4, 2)), np.full((4, 2), np.nan), 0)
+    assert q.qsize() == 4 and q.left_over_at(snap) is not None  # nothing merged: the snapshot still holds
 
 
 def test_provenance_travels_with_each_row():
