@@ -102,8 +102,16 @@ def tag(key_hex: str, *parts: bytes) -> str:
 
 
 def task_slug(task: str) -> str:
-    """Section 2: lower-cased, runs outside [a-z0-9._-] -> '-', leading/trailing '-' and '.' stripped."""
-    return re.sub(r"[^a-z0-9._-]+", "-", task.lower()).strip("-.") or "default"
+    """Section 2, step by step: strip, lower-case, runs outside [a-z0-9._-] -> '-', strip '-'/'.', collapse
+    runs of '-', cut to 128 and strip again. Empty task: `default`; a task whose slug is empty: ValueError (the
+    server refuses it BAD_KEY)."""
+    if not task:
+        return "default"
+    slug = re.sub(r"[^a-z0-9._-]+", "-", task.strip().lower()).strip("-.")
+    slug = re.sub(r"-{2,}", "-", slug)[:128].strip("-.")
+    if not slug:
+        raise ValueError(f"task {task!r} has no key characters (the server answers BAD_KEY)")
+    return slug
 
 
 def checkpoint_hash(directory: str | Path) -> str:
@@ -252,6 +260,8 @@ class CleanRoomClient:
         if len(replies) != 1:
             raise ProtocolViolation(f"session open got {len(replies)} replies, want exactly 1")
         reply = replies[0]
+        if reply.zenoh_error or reply.key != f"{prefix}/session":  # 5.1 step 3: a sample on the query's key
+            raise ProtocolViolation(f"open answered on {reply.key!r} (reply error: {reply.zenoh_error})")
         if reply.body.get("kind") == "session_ack":
             ack = reply.body
             if list(ack["action_names"]) != list(action_names):
@@ -369,6 +379,8 @@ class CleanRoomClient:
         if len(replies) != 1:
             raise ProtocolViolation(f"reset got {len(replies)} replies, want exactly 1")
         reply = replies[0]
+        if reply.zenoh_error or reply.key != f"{prefix}/reset":
+            raise ProtocolViolation(f"reset answered on {reply.key!r} (reply error: {reply.zenoh_error})")
         if reply.body.get("kind") == "reset_ack":
             if reply.body["episode_id"] != new or reply.body["session_id"] != sid:
                 raise ProtocolViolation(f"reset_ack {reply.body} for episode {new}")

@@ -69,6 +69,17 @@ def test_the_client_reads_the_documents_worked_examples():
         assert crc.decode(doc_example(kind)[1])["kind"] == kind
 
 
+def test_the_client_slugs_tasks_as_the_document_says():
+    section2 = DOC.read_text().split("## 2. Key expressions")[1].split("## 3.")[0]
+    examples = re.findall(r'`"([^"`]+)"` -> `([a-z0-9._-]+)`', section2)
+    assert len(examples) >= 3, section2
+    for task, slug in examples:
+        assert crc.task_slug(task) == slug, task
+    assert crc.task_slug("") == "default"
+    with pytest.raises(ValueError):
+        crc.task_slug("...")
+
+
 def test_the_client_reproduces_the_documents_auth_tag_and_checkpoint_hash(tmp_path):
     key = bytes(range(32)).hex()
     assert crc.tag(key, b"reset", b"s-1", (3).to_bytes(8, "little")) == "f37012ed94f9496af03cfe77536866d9"
@@ -97,7 +108,8 @@ def test_the_clients_checks_refuse_a_chunk_that_answers_another_request():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A router and one `policy-server` process serving both checkpoints; yields the router endpoint."""
+    """A router, one `policy-server` process serving both checkpoints (replica r0 of each) and a second serving
+    `reacher` as replica r1, so that discovery has two replicas to find; yields the router endpoint."""
     tmp = tmp_path_factory.mktemp("cleanroom")
     router, endpoint = start_router(None, tmp / "router.log")
     manifest = {"model": {"repo_or_path": str(MODELS["reacher"])}, "model_id": "reacher", "warmup_inferences": 1,
@@ -105,13 +117,16 @@ def server(tmp_path_factory):
                 "extra_models": [{"model": {"repo_or_path": str(MODELS["reacher-cam"])}, "model_id": "reacher-cam",
                                   "warmup_inferences": 1}]}
     (tmp / "manifest.yaml").write_text(yaml.safe_dump(manifest))
-    proc = ChildProcess([sys.executable, "-m", "server.cli", "--manifest", str(tmp / "manifest.yaml")],
-                        tmp / "server.log", ready_text="policy-server ready", name="policy-server")
+    procs = [ChildProcess([sys.executable, "-m", "server.cli", "--manifest", str(tmp / "manifest.yaml"), *extra],
+                          tmp / f"server-{i}.log", ready_text="policy-server ready", name=f"policy-server-{i}")
+             for i, extra in enumerate([[], ["--replica-id", "r1", "--set", "extra_models=[]"]])]
     try:
-        proc.start(timeout_s=60)
+        for proc in procs:
+            proc.start(timeout_s=60)
         yield endpoint
     finally:
-        proc.stop()
+        for proc in procs:
+            proc.stop()
         router.stop()
 
 
@@ -121,8 +136,8 @@ def frames(cameras: dict, rng: np.random.Generator) -> dict:
                    "shape": list(shape)} for name, shape in cameras.items()}
 
 
-def active_sessions(client: crc.CleanRoomClient) -> int:
-    (status,) = client.discover()
+def active_sessions(client: crc.CleanRoomClient, replica_id: str) -> int:
+    (status,) = [s for s in client.discover() if s["replica_id"] == replica_id]
     return status["active_sessions"]
 
 
@@ -133,7 +148,8 @@ def test_the_clean_room_client_is_served_by_policy_server(server, model_id):
     c = crc.CleanRoomClient(server, model_id)
     try:
         statuses = c.discover()
-        assert len(statuses) == 1, statuses
+        want = {"r0", "r1"} if model_id == "reacher" else {"r0"}
+        assert sorted(s["replica_id"] for s in statuses) == sorted(want), statuses
         status = c.pick(statuses)
         assert status["checkpoint_hash"] == crc.checkpoint_hash(MODELS[model_id]), "section 5.6's recipe"
         assert status["schema_min"] <= crc.SCHEMA_VERSION <= status["schema_max"]
@@ -179,8 +195,24 @@ def test_the_clean_room_client_is_served_by_policy_server(server, model_id):
         # The server forgets a closed session after its grace period (5.1 step 5); no event tells a client
         # when, so its status is asked again until the count is back or the deadline passes.
         deadline = time.monotonic() + 10
-        while active_sessions(c) != before and time.monotonic() < deadline:
+        while active_sessions(c, status["replica_id"]) != before and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert active_sessions(c) == before, "the closed session is still counted"
+        assert active_sessions(c, status["replica_id"]) == before, "the closed session is still counted"
+    finally:
+        c.close()
+
+
+@pytest.mark.integration
+def test_a_task_named_in_free_text_is_served_on_the_keys_the_document_derives(server):
+    # Section 2's slug: the client declares its keys from the task; a slug unlike the server's leaves its
+    # chunks on keys nobody reads. "--" and runs of spaces are where a naive slug differs.
+    c = crc.CleanRoomClient(server, "reacher")
+    try:
+        status = c.pick(c.discover())
+        ack = c.open(status, action_names=status["action_names"], state_dim=status["state_dim"],
+                     fps=status["trained_fps"], task="Pick UP the  --  cube!")
+        assert ack.body["kind"] == "session_ack" and ack.body["task"] == "Pick UP the  --  cube!", ack.body
+        answer = c.observe(np.zeros(status["state_dim"], np.float32))
+        assert answer.chunk is not None, answer
     finally:
         c.close()
