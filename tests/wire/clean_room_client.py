@@ -260,7 +260,7 @@ class CleanRoomClient:
         if len(replies) != 1:
             raise ProtocolViolation(f"session open got {len(replies)} replies, want exactly 1")
         reply = replies[0]
-        if reply.zenoh_error or reply.key != f"{prefix}/session":  # 5.1 step 3: a sample on the query's key
+        if reply.zenoh_error or reply.key != f"{prefix}/session":  # section 1: one reply sample on the query's key
             raise ProtocolViolation(f"open answered on {reply.key!r} (reply error: {reply.zenoh_error})")
         if reply.body.get("kind") == "session_ack":
             ack = reply.body
