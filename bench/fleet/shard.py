@@ -48,6 +48,7 @@ LOOP_FIFO_PRIORITY = 10  # SCHED_FIFO priority of the control loop thread, as a 
 STATUS_PERIOD_S = 1.0
 FLUSH_PERIOD_S = 2.0
 _FALLBACK_SOURCES = ("hold", "repeat_last", "zero", "fallback")
+INT32_MAX = 2**31 - 1  # a record's int32 column: a server's count beyond it (a u32 on the wire) is held at it
 RAISED_SOURCE = "raised"  # a tick's source when the engine's notify_observation or get_action raised
 
 
@@ -444,7 +445,7 @@ class Shard:
                                      delay_steps=int(rec.get("delay_steps") or 0),
                                      execution_steps=int(rec.get("execution_steps") or 0),
                                      steps_remaining=int(rec.get("steps_remaining") or 0),
-                                     superseded=int(rec.get("superseded", rec.get("superseded_seqs", 0)) or 0),
+                                     superseded=min(int(rec.get("superseded", rec.get("superseded_seqs", 0)) or 0), INT32_MAX),
                                      outcome=str(rec.get("outcome", "")), sent_ns=int(rec.get("sent_ns") or 0),
                                      downlink_from_router_ms=_f(rec.get("downlink_from_router_ms")))
                 if math.isfinite(rtt):

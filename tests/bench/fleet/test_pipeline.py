@@ -223,3 +223,34 @@ def test_an_engine_that_raises_is_counted_held_and_fails_the_run_unasked(tmp_pat
     assert raised and all(ticks["robot"][i] == rid and ticks["is_none"][i] for i in raised)
     # the raising robot's other ticks, before and after the window, came from its engine as usual
     assert any(ticks["robot"][i] == rid and src == "chunk" for i, src in enumerate(ticks["source"]))
+
+
+def test_a_server_count_beyond_a_records_int32_is_held_at_its_maximum(tmp_path):
+    """`superseded_seqs` is a u32 on the wire: a server's count past int32 must not break the shard's records."""
+    from bench.fleet.records import collect
+    from bench.fleet.shard import INT32_MAX
+
+    s = parse_scenario(textwrap.dedent("""\
+        name: big
+        description: a huge superseded count
+        duration_s: 1
+        fleet:
+          groups: [{name: a, robot: reacher, count: 1, site: lab}]
+        sites: {lab: lan}
+        servers: {replicas: [{id: r0, checkpoint: reacher}]}
+        assertions: [ticks >= 0]
+    """))
+    run = Run(s, tmp_path, progress=False)
+    for d in (run.logs, run.rec_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    run.sites = {"lab": SiteLink("lab", "tcp/127.0.0.1:9")}
+    spec = run.shard_specs()[0]
+    spec["engine_factory"] = "tests.bench.fake_engine:make"
+    shard = Shard(spec, None)
+    shard.build()
+    shard.t0 = time.monotonic()
+    shard.robots[0].engine._records.append({"seq": 1, "rtt_ms": 5.0, "superseded": 2**32 - 1, "outcome": "ok"})
+    shard.drain()
+    shard.teardown()
+    table = collect(run.rec_dir, "requests")
+    assert table.column("superseded").to_pylist() == [INT32_MAX]
