@@ -264,7 +264,7 @@ class Observation(Message):
         F("state", "tensor", True, doc="robot state vector, float32 (S,)"),
         F("images", "images", False, {}, doc="camera name -> frame"),
         F("tensors", "tensors", False, {}, doc="extra named tensors (SDK use)"),
-        F("task", "str", False, "", doc="language instruction; empty = server default_task"),
+        F("task", "str", False, "", doc="ignored by policy-server: the session's task (session_open, in the key) holds"),
         F("inference_delay_steps", "uint", False, 0, hi=10_000, unit="control steps", doc="estimated delay d the policy must assume (RTC)"),
         F("prefix_model", "tensor?", False, doc="model-space leftover (H, A) or absent"),
         F("prefix_robot", "tensor?", False, doc="robot-space leftover (H, A) or absent"),
@@ -273,7 +273,8 @@ class Observation(Message):
         F("priority", "uint", False, 0, hi=255, doc="0 = highest"),
         F("steps_remaining", "uint?", False, unit="control steps", doc="actions left in the client queue"),
         F("metadata", "str_map", False, {}, doc="free-form labels"),
-        F("auth", "str", False, None, doc="session proof: wire.auth.obs_tag(session_key, session_id, attachment header)"),
+        F("auth", "str", False, None, doc="session proof: wire.auth.obs_tag(session_key, session_id, attachment header); "
+                                          "policy-server drops an observation without a valid one, unanswered (5.5)"),
     )
     session_id: str
     state: np.ndarray
@@ -480,7 +481,8 @@ class SessionAck(_ModelMessage):
         F("task", "str", False, "", doc="effective task"),
         F("warnings", "str_list", False, []),
         F("session_key", "str", False, None,
-          doc="per-session secret (hex) for the auth tags of observations and resets; never logged, never re-sent"),
+          doc="per-session secret (hex) for the auth tags of observations and resets; never logged, never re-sent; "
+              "policy-server always sends one"),
     )
     session_id: str
     schema_version: int
