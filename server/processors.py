@@ -133,7 +133,7 @@ class ImageStep(ProcessorStep):
             if frame is None:
                 raise ProcessorError(f"observation has no {image_key(name)!r}; the policy declares camera {name!r}")
             if hasattr(frame, "decode") and not isinstance(frame, np.ndarray):
-                frame = frame.decode()  # wire.images.EncodedImage
+                frame = frame.decode(at_least=(int(shape[1]), int(shape[2])))  # wire.images.EncodedImage
             out[image_key(name)] = images_to_model(frame, shape)
         return out
 

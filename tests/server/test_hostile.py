@@ -11,13 +11,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
 
-from wire import ActionChunk, Error, ReplicaKeys, SessionAck
+from wire import ActionChunk, Error, ReplicaKeys, SessionAck, encode_image
+from wire.images import EncodedImage
 from wire.procs import ChildProcess, free_port
 from server.policies import load_checkpoint, save_checkpoint
 from tests.server.scrape import samples
@@ -86,3 +88,38 @@ def test_a_checkpoint_with_a_nan_weight_is_refused_at_start_up_without_a_traceba
     assert out.returncode == 2, out.stderr
     assert "cannot load model 'arm'" in out.stderr and "produced non-finite actions" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+CAMERA_ACTIONS = ("joint0.torque", "joint1.torque")
+CAMERA_CKPT = Path(__file__).resolve().parents[2] / "bench" / "checkpoints" / "reacher_camera_untrained"
+
+
+def test_a_frame_many_times_the_cameras_size_costs_the_server_little_more_than_one_of_its_size(tmp_path, router):
+    """A 4096x4096 JPEG (within the wire's pixel limit) to a policy that consumes 64x64: the server decodes it
+    scaled down (at 512x512) instead of at full size, so one robot sending such frames does not hold the
+    dispatch thread that serves every other robot of the model for ~1 s a request."""
+    path, _ = _manifest(tmp_path, CAMERA_CKPT, router, model_id="cam")
+    server = ChildProcess(CLI + ["--manifest", str(path)], tmp_path / "server.log", ready_text="policy-server ready",
+                          name="server").start(timeout_s=120)
+    c = RawClient(router, ReplicaKeys("cam", "main", "r0"), "robot-cam")
+    try:
+        ack = c.open(action_names=list(CAMERA_ACTIONS), state_dim=10, cameras={"front": [64, 64, 3]})
+        assert isinstance(ack, SessionAck), ack
+        state = np.zeros(10, np.float32)
+        small = encode_image(np.full((64, 64, 3), 100, np.uint8))
+        huge = encode_image(np.random.default_rng(0).integers(0, 256, (4096, 4096, 3), dtype=np.uint8), quality=5)
+        ms = {}
+        for name, frame in (("small", small), ("huge", huge), ("small again", small), ("huge again", huge)):
+            m = _answer(c, c.send(state, images={"front": frame}, episode_start=True))
+            assert isinstance(m, ActionChunk) and np.isfinite(m.chunk_robot).all(), m
+            ms[name] = m.inference_ms
+        # full-size decode, float conversion and antialiased resize of 16 M pixels: ~1000 ms on the 2-core VM;
+        # scaled decode: ~35 ms more than the small frame (the entropy decode); full size: 220-850 ms more
+        assert min(ms["huge"], ms["huge again"]) < min(ms["small"], ms["small again"]) + 150, ms
+        bomb = EncodedImage("jpeg", huge.data, (64, 64, 3))  # a 4096x4096 JPEG that declares 64x64
+        m = _answer(c, c.send(state, images={"front": bomb}))
+        assert isinstance(m, Error) and m.code == "BAD_IMAGE" and "JPEG is 4096x4096 but declares" in m.message, m
+        assert "Traceback" not in (tmp_path / "server.log").read_text()
+    finally:
+        c.close()
+        server.stop()
