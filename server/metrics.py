@@ -75,6 +75,8 @@ KNOWN_METRICS: dict[str, MetricSpec] = {
     "dispatch_retries": MetricSpec(COUNTER, "Dispatch retry attempts."),
     "send_errors": MetricSpec(COUNTER, "Action chunks or events that could not be published."),
     "requests_expired": MetricSpec(COUNTER, "Requests dropped because they outlived their deadline."),
+    "non_finite_actions": MetricSpec(COUNTER, "Action chunks withheld because the policy produced NaN or inf (answered "
+                                              "NON_FINITE_ACTION)."),
     "observation_errors": MetricSpec(COUNTER, "Malformed or refused observations (label code).", ("model", "code")),
     "client_disconnected": MetricSpec(COUNTER, "Client disconnect events (liveliness lost or session closed)."),
     "superseded_requests": MetricSpec(COUNTER, "Observations replaced unanswered by a newer one of the same session."),

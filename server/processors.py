@@ -97,14 +97,16 @@ class ToTensorStep(ProcessorStep):
     def preprocess(self, batch: dict[str, Any]) -> dict[str, Any]:
         if STATE_KEY not in batch:
             raise ProcessorError(f"observation has no {STATE_KEY!r}; keys: {sorted(batch)}")
-        state = np.asarray(batch[STATE_KEY], dtype=np.float32).reshape(-1)
+        with np.errstate(over="ignore", invalid="ignore"):  # out of float32's range becomes inf, refused below
+            state = np.asarray(batch[STATE_KEY], dtype=np.float32).reshape(-1)
         if state.shape != (self.config.state_dim,):
             raise ProcessorError(
                 f"{STATE_KEY} has {state.size} values; the policy expects {self.config.state_dim} "
                 f"({', '.join(self.config.state_names)})"
             )
         if not np.isfinite(state).all():
-            raise ProcessorError(f"{STATE_KEY} has non-finite values: {state.tolist()}")
+            raise ProcessorError(f"{STATE_KEY} has non-finite values (or values beyond float32's range): "
+                                 f"{state.tolist()}")
         return {**batch, STATE_KEY: torch.from_numpy(state.copy())[None]}
 
     def chunk_to_cpu(self, chunk: Tensor) -> Tensor:
@@ -131,7 +133,7 @@ class ImageStep(ProcessorStep):
             if frame is None:
                 raise ProcessorError(f"observation has no {image_key(name)!r}; the policy declares camera {name!r}")
             if hasattr(frame, "decode") and not isinstance(frame, np.ndarray):
-                frame = frame.decode()  # wire.images.EncodedImage
+                frame = frame.decode(at_least=(int(shape[1]), int(shape[2])))  # wire.images.EncodedImage
             out[image_key(name)] = images_to_model(frame, shape)
         return out
 
@@ -243,7 +245,8 @@ def _as_rows(array: Any, action_dim: int, label: str) -> Tensor | None:
     """(L, A) float32 tensor, a single (A,) row as (1, A), or None when absent or empty."""
     if array is None:
         return None
-    rows = np.asarray(array, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # out of float32's range becomes inf, refused below
+        rows = np.asarray(array, dtype=np.float32)
     if rows.size == 0:
         return None
     if rows.ndim == 1 and rows.size == action_dim:
@@ -251,7 +254,7 @@ def _as_rows(array: Any, action_dim: int, label: str) -> Tensor | None:
     if rows.ndim != 2 or rows.shape[1] != action_dim:
         raise ProcessorError(f"{label} has shape {rows.shape}; expected (L, {action_dim})")
     if not np.isfinite(rows).all():
-        raise ProcessorError(f"{label} has non-finite values")
+        raise ProcessorError(f"{label} has non-finite values (or values beyond float32's range)")
     return torch.from_numpy(rows.copy())
 
 

@@ -15,7 +15,9 @@ for remote/local parity and for replaying captures).
 
 Invariants: a per-sample failure (bad image, wrong state size) fails that sample only; the others
 of the batch still run. Each sample keeps its own delay and prefix (design 8.5's blocker lifted).
-Only the dispatch thread of this model calls `infer` (chunk-stateful policies rely on it).
+Only the dispatch thread of this model calls `infer` (chunk-stateful policies rely on it). No result
+carries a non-finite action: such a sample fails with NON_FINITE_ACTION instead (a robot executes what
+it gets), and a warm-up pass that produces one refuses the checkpoint.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ import numpy as np
 import torch
 
 from server.accel import GpuJpegDecoder, decode_item_jpegs, to_device
-from server.policies.base import STATE_KEY, image_key
+from server.policies.base import STATE_KEY, PolicyLoadError, image_key
 from server.policies.checkpoint import LoadedCheckpoint
 from server.processors import Pipeline, ProcessorError, make_session_pipeline, prepare_prefix
+from wire.messages import ErrorCode
 
 log = logging.getLogger(__name__)
+
+NON_FINITE_ACTION = ErrorCode.NON_FINITE_ACTION
 
 
 def set_torch_threads(n: int) -> None:
@@ -224,6 +229,9 @@ class ModelRuntime:
     def _warmup_pass(self, size: int, images: dict[str, Any], prefixed: bool) -> None:
         """One dummy pass of `size` samples, with an RTC prefix (`prefixed`) or without; raises on its error."""
         res = self.infer(self._dummy_items(size, images, prefixed), emulate=False)[0]
+        if res.error_code == NON_FINITE_ACTION:  # a zero observation overflowing: the checkpoint itself is broken
+            raise PolicyLoadError(f"warm-up forward pass on a zero observation: {res.error}; fix or re-export the "
+                                  "checkpoint (a replica that started would refuse every request)")
         if res.error:
             raise RuntimeError(f"warm-up forward pass failed: {res.error}")
 
@@ -350,13 +358,32 @@ class ModelRuntime:
             except Exception as exc:
                 results[i].error, results[i].error_code = f"postprocess failed: {exc}", "INTERNAL"
                 continue
-            results[i].chunk_model = chunks[row].numpy().copy()
-            results[i].chunk_robot = robot.numpy().astype(np.float32, copy=False)
+            chunk_model, chunk_robot = chunks[row].numpy().copy(), robot.numpy().astype(np.float32, copy=False)
+            where = _non_finite(chunk_model, chunk_robot)
+            if where:  # never sent: a robot executes what it gets (an overflow in the model or its stats, NaN weights)
+                results[i].error, results[i].error_code = where, NON_FINITE_ACTION
+                continue
+            results[i].chunk_model = chunk_model
+            results[i].chunk_robot = chunk_robot
             results[i].forward_ms = forward_ms
             results[i].batch = len(live)
             results[i].emulated_ms = emulated_ms
             results[i].postprocess_ms = (time.perf_counter() - t1) * 1e3
         return results
+
+
+def _non_finite(chunk_model: np.ndarray, chunk_robot: np.ndarray) -> str:
+    """'' when both chunks are finite; else what is not, for the NON_FINITE_ACTION message."""
+    bad = [(name, chunk) for name, chunk in (("model-space", chunk_model), ("robot-space", chunk_robot))
+           if not np.isfinite(chunk).all()]
+    if not bad:
+        return ""
+    name, chunk = bad[0]
+    rows = np.flatnonzero(~np.isfinite(chunk).reshape(chunk.shape[0], -1).all(axis=1))
+    return (f"the policy produced non-finite actions ({name} chunk rows {rows[:8].tolist()}"
+            f"{' ...' if rows.size > 8 else ''} of {chunk.shape[0]}); the chunk was withheld. An observation far "
+            f"outside the training range can overflow the model; if every observation gets this, the checkpoint's "
+            f"weights or stats hold NaN or inf")
 
 
 def _stack(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> torch.Tensor:

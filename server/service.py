@@ -692,6 +692,8 @@ class PolicyServer:
             code = res.error_code or ErrorCode.INTERNAL
             if code == "INTERNAL":
                 self.metrics.inc("dispatch_errors", model=model, error="forward")
+            elif code == ErrorCode.NON_FINITE_ACTION:  # the policy's output, not the observation's form, failed
+                self.metrics.inc("non_finite_actions", model=model)
             else:
                 self.metrics.inc("observation_errors", model=model, code=code)
             s.outcomes[f"error:{code}"] += 1

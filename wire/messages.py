@@ -51,6 +51,7 @@ class ErrorCode:
     NOT_READY = "NOT_READY"  # still warming up
     EXPIRED = "EXPIRED"  # the request waited longer than the server's request_ttl_ms; the next one may pass
     OVERLOADED = "OVERLOADED"  # the server's queue was full and this request was dropped (overflow policy)
+    NON_FINITE_ACTION = "NON_FINITE_ACTION"  # the policy produced NaN or inf actions for this request; nothing sent
     INTERNAL = "INTERNAL"  # server fault; retry
 
     @classmethod

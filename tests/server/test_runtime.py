@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from server.policies import PolicyConfig, load_checkpoint, make_policy, save_checkpoint
+from server.policies.base import PolicyLoadError
 from server.runtime import EmulatedLatency, InferItem, LocalPredictor, ModelRuntime
 
 S, A, T = 4, 3, 8
@@ -81,6 +82,44 @@ def test_a_bad_sample_fails_alone(tmp_path):
     assert "expects 4" in res[1].error and res[1].error_code == "BAD_TENSOR"
     assert "non-finite" in res[2].error
     np.testing.assert_allclose(res[0].chunk_robot, res[3].chunk_robot, atol=1e-6)
+
+
+def test_an_observation_that_overflows_the_model_gets_non_finite_action_and_its_batch_is_served(tmp_path):
+    """A finite state (and an RTC prefix) far outside the training range overflow the model to NaN: that sample
+    is refused NON_FINITE_ACTION with no chunk; its batch neighbour is served exactly as alone."""
+    rt = ModelRuntime(checkpoint(tmp_path))
+    ok = np.zeros(S, np.float32)
+    huge_state = InferItem(rt.new_pipeline(), np.full(S, 3e38, np.float32), {}, 2, None, None, rtc=True)
+    huge_prefix = InferItem(rt.new_pipeline(), ok, {}, 2, None, np.full((4, A), 3e38, np.float32), rtc=True)
+    bad_state, fine, bad_prefix = rt.infer([huge_state, items_for(rt, [ok])[0], huge_prefix])
+    for bad in (bad_state, bad_prefix):
+        assert bad.error_code == "NON_FINITE_ACTION" and bad.chunk_robot is None and bad.chunk_model is None
+        assert "non-finite actions" in bad.error and "withheld" in bad.error
+    alone = rt.infer(items_for(rt, [ok]))[0]
+    assert fine.error is None and np.isfinite(fine.chunk_robot).all()
+    np.testing.assert_allclose(fine.chunk_robot, alone.chunk_robot, rtol=0, atol=1e-5)
+
+
+def test_a_checkpoint_with_a_nan_weight_is_refused_at_warm_up_and_never_yields_a_chunk(tmp_path):
+    loaded = checkpoint(tmp_path)
+    with torch.no_grad():
+        next(loaded.policy.parameters()).view(-1)[0] = float("nan")
+    rt = ModelRuntime(loaded)
+    res = rt.infer(items_for(rt, [np.zeros(S, np.float32)] * 2))
+    assert [r.error_code for r in res] == ["NON_FINITE_ACTION"] * 2 and all(r.chunk_robot is None for r in res)
+    with pytest.raises(PolicyLoadError, match="warm-up forward pass on a zero observation: the policy produced "
+                                              "non-finite actions"):
+        rt.warmup(1)
+
+
+def test_a_float64_state_beyond_float32s_range_is_bad_tensor_without_a_numpy_warning(tmp_path):
+    import warnings
+
+    rt = ModelRuntime(checkpoint(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an "overflow encountered in cast" would land in the server log
+        res = rt.infer([InferItem(rt.new_pipeline(), np.full(S, 1e300), {}, 0, None, None)])[0]
+    assert res.error_code == "BAD_TENSOR" and "beyond float32's range" in res.error
 
 
 def test_append_mode_ignores_the_prefix(tmp_path):

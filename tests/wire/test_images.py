@@ -64,3 +64,35 @@ def test_random_bytes_as_images_give_only_wire_errors(codec, data):
         decode_image(EncodedImage(codec, data))
     except WireError:
         pass
+
+
+def test_a_jpeg_far_larger_than_its_consumer_needs_decodes_scaled_down_but_never_below_it():
+    rng = np.random.default_rng(0)
+    big = encode_image(rng.integers(0, 256, (4096, 4096, 3), dtype=np.uint8), quality=5)
+    out = big.decode(at_least=(64, 64))
+    assert out.shape == (512, 512, 3)  # libjpeg's smallest scale, 1/8, still at least 64x64
+    assert big.decode(at_least=(600, 700)).shape == (1024, 1024, 3)  # 1/4 keeps both sides >= asked
+
+
+def test_a_png_far_larger_than_its_consumer_needs_comes_back_reduced_but_never_below_it():
+    big = encode_image(np.zeros((4096, 2048, 3), np.uint8), codec="png")  # 4096x2048 pixels in ~110 KB
+    assert big.decode(at_least=(64, 64)).shape == (128, 64, 3)
+    assert big.decode(at_least=(1000, 1000)).shape == (2048, 1024, 3)
+    red = np.zeros((256, 256, 3), np.uint8)
+    red[..., 0] = 255
+    np.testing.assert_array_equal(encode_image(red, codec="png").decode(at_least=(64, 64)), red[:64, :64])
+
+
+def test_a_jpeg_under_twice_its_consumers_size_decodes_unchanged():
+    frame = np.random.default_rng(1).integers(0, 256, (100, 120, 3), dtype=np.uint8)
+    img = encode_image(frame)
+    np.testing.assert_array_equal(img.decode(at_least=(64, 64)), img.decode())
+    assert img.decode(at_least=(100, 120)).shape == (100, 120, 3)
+
+
+@pytest.mark.parametrize("codec", ["jpeg", "png"])
+def test_a_frame_whose_header_contradicts_its_declared_shape_is_refused_before_decoding(codec):
+    img = encode_image(np.zeros((64, 64, 3), np.uint8), codec=codec)
+    with pytest.raises(WireError, match=rf"{codec.upper()} is 64x64 but declares \[32, 32, 3\]") as e:
+        EncodedImage(codec, img.data, (32, 32, 3)).decode()
+    assert e.value.code == "BAD_IMAGE"
