@@ -33,7 +33,13 @@ from server.policies.stats import ACTION_KEY, StatsTensors, normalize, unnormali
 
 
 class ProcessorError(ValueError):
-    """An observation, chunk or prefix does not fit the session's policy; the message says which."""
+    """An observation, chunk or prefix does not fit the session's policy; the message says which, `code` the wire's
+    error code for it (BAD_TENSOR; a declared camera's frame missing: CAMERA_MISMATCH; a frame that is no
+    (H, W, 3) uint8 RGB image: BAD_IMAGE)."""
+
+    def __init__(self, message: str, code: str = "BAD_TENSOR"):
+        super().__init__(message)
+        self.code = code
 
 
 def images_to_model(frames: np.ndarray | Tensor, shape: Sequence[int]) -> Tensor:
@@ -51,7 +57,7 @@ def images_to_model(frames: np.ndarray | Tensor, shape: Sequence[int]) -> Tensor
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise ProcessorError(
             f"image has shape {frames.shape[1:] if frames.ndim == 4 else frames.shape} dtype {frames.dtype}; "
-            f"expected (H, W, 3) uint8 RGB"
+            f"expected (H, W, 3) uint8 RGB", "BAD_IMAGE"
         )
     # astype copies: decoded wire frames are read-only views, which torch.from_numpy warns about
     images = torch.from_numpy(frames.astype(np.float32)).permute(0, 3, 1, 2).div_(255.0).contiguous()
@@ -66,7 +72,8 @@ def _tensor_images_to_model(frames: Tensor, shape: Sequence[int]) -> Tensor:
     if frames.ndim == 3:
         frames = frames[None]
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != torch.uint8:
-        raise ProcessorError(f"image has shape {tuple(frames.shape)} dtype {frames.dtype}; expected (H, W, 3) uint8 RGB")
+        raise ProcessorError(f"image has shape {tuple(frames.shape)} dtype {frames.dtype}; expected (H, W, 3) uint8 RGB",
+                             "BAD_IMAGE")
     images = frames.to(torch.float32).permute(0, 3, 1, 2).div_(255.0).contiguous()
     height, width = int(shape[1]), int(shape[2])
     if images.shape[-2:] != (height, width):
@@ -131,7 +138,8 @@ class ImageStep(ProcessorStep):
         for name, shape in self.features.items():
             frame = batch.get(image_key(name))
             if frame is None:
-                raise ProcessorError(f"observation has no {image_key(name)!r}; the policy declares camera {name!r}")
+                raise ProcessorError(f"observation has no {image_key(name)!r}; the policy declares camera {name!r}",
+                                     "CAMERA_MISMATCH")
             if hasattr(frame, "decode") and not isinstance(frame, np.ndarray):
                 frame = frame.decode(at_least=(int(shape[1]), int(shape[2])))  # wire.images.EncodedImage
             out[image_key(name)] = images_to_model(frame, shape)

@@ -409,3 +409,19 @@ def test_the_forward_time_includes_the_wait_for_the_devices_results():
     assert all(r.error is None and r.chunk_model is not None for r in results)
     assert all(r.forward_ms >= 50.0 for r in results)
     assert all(r.inference_ms >= r.forward_ms for r in results)
+
+
+def test_a_missing_camera_frame_is_camera_mismatch_and_a_frame_of_another_form_is_bad_image():
+    """The wire's codes say what is wrong with a camera's frame: none sent for a declared camera is CAMERA_MISMATCH,
+    one that is no (H, W, 3) uint8 RGB image BAD_IMAGE; a good frame beside them is served."""
+    runtime = _camera_runtime(None)
+    name = next(iter(runtime.config.image_features))
+    state = np.zeros(runtime.config.state_dim, np.float32)
+    good = {name: np.zeros((32, 32, 3), np.uint8)}
+    res = runtime.infer([InferItem(runtime.new_pipeline(), state, {}),
+                         InferItem(runtime.new_pipeline(), state, {name: np.zeros((32, 32, 1), np.uint8)}),
+                         InferItem(runtime.new_pipeline(), state, {name: np.zeros((32, 32, 3), np.float32)}),
+                         InferItem(runtime.new_pipeline(), state, good)])
+    assert res[0].error_code == "CAMERA_MISMATCH" and name in res[0].error
+    assert res[1].error_code == "BAD_IMAGE" and res[2].error_code == "BAD_IMAGE" and "uint8 RGB" in res[1].error
+    assert res[3].error is None and res[3].chunk_robot is not None
