@@ -121,6 +121,17 @@ def test_report_is_self_contained(finished_run):
     assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
+def _fake_engine_shard_spec(s, tmp_path) -> tuple[Run, dict]:
+    """A run of scenario `s` in `tmp_path` with no process started, and its first shard's spec on fake engines."""
+    run = Run(s, tmp_path, progress=False)
+    for d in (run.logs, run.rec_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    run.sites = {"lab": SiteLink("lab", "tcp/127.0.0.1:9")}
+    spec = run.shard_specs()[0]
+    spec["engine_factory"] = "tests.bench.fake_engine:make"
+    return run, spec
+
+
 def test_a_slot_calls_every_engine_before_it_records_any_tick(tmp_path):
     """A robot's host_delay is the engine calls of the robots before it in its slot, not their tick records:
     the loop asks all engines of a slot first. Fails if records are written between engine calls."""
@@ -135,12 +146,7 @@ def test_a_slot_calls_every_engine_before_it_records_any_tick(tmp_path):
         servers: {replicas: [{id: r0, checkpoint: reacher}]}
         assertions: [dead_robots == 0]
     """))
-    run = Run(s, tmp_path, progress=False)
-    for d in (run.logs, run.rec_dir):
-        d.mkdir(parents=True, exist_ok=True)
-    run.sites = {"lab": SiteLink("lab", "tcp/127.0.0.1:9")}
-    spec = run.shard_specs()[0]
-    spec["engine_factory"] = "tests.bench.fake_engine:make"
+    run, spec = _fake_engine_shard_spec(s, tmp_path)
     shard = Shard(spec, None)
     shard.build()
     events: list[tuple[str, int]] = []
@@ -186,12 +192,7 @@ def test_an_engine_that_raises_is_counted_held_and_fails_the_run_unasked(tmp_pat
         assertions: [ticks > 0]
         fidelity: {host_late_ratio: 1, loop_overrun_ratio: 1, scheduler_wait_ms: 100000}
     """))
-    run = Run(s, tmp_path, progress=False)
-    for d in (run.logs, run.rec_dir):
-        d.mkdir(parents=True, exist_ok=True)
-    run.sites = {"lab": SiteLink("lab", "tcp/127.0.0.1:9")}
-    spec = run.shard_specs()[0]
-    spec["engine_factory"] = "tests.bench.fake_engine:make"
+    run, spec = _fake_engine_shard_spec(s, tmp_path)
     raising = next(r for r in spec["robots"] if r["group"] == "a")
     raising["engine"]["fake_raise"] = [0.4, 1.2]  # seconds after engine start: across an episode's end (reset)
     shard = Shard(spec, None)
@@ -240,12 +241,7 @@ def test_a_server_count_beyond_a_records_int32_is_held_at_its_maximum(tmp_path):
         servers: {replicas: [{id: r0, checkpoint: reacher}]}
         assertions: [ticks >= 0]
     """))
-    run = Run(s, tmp_path, progress=False)
-    for d in (run.logs, run.rec_dir):
-        d.mkdir(parents=True, exist_ok=True)
-    run.sites = {"lab": SiteLink("lab", "tcp/127.0.0.1:9")}
-    spec = run.shard_specs()[0]
-    spec["engine_factory"] = "tests.bench.fake_engine:make"
+    run, spec = _fake_engine_shard_spec(s, tmp_path)
     shard = Shard(spec, None)
     shard.build()
     shard.t0 = time.monotonic()
