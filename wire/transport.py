@@ -29,6 +29,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from wire.errors import WireError
+from wire.keys import DEFAULT_ROOT, sanitize_root
 from wire.procs import raise_fd_limit
 from wire.suggest import did_you_mean
 
@@ -191,6 +193,17 @@ ROUTER_LEASE_MS = 4000
 # (2026-11-27) 8 of 1,000 robots never connected, because the 8 replicas had taken their places. A fleet's
 # router sizes it from the fleet (`bench.run.sizing.router_max_sessions`); this is the floor.
 ROUTER_MAX_SESSIONS = 4096
+# Observations one link may put through the router per second (`--max-observation-rate-hz`; Zenoh's ingress
+# `downsampling`: a put on `<root>/**/obs` sooner than 1/HZ after the link's previous one is dropped at the router).
+# A robot floods at link speed only when broken or hostile: at ~34k observations/s a replica's subscriber fell
+# behind and the router's queue to it dropped the other robots' observations too (their p99 3.4 ms -> 2.2 s); no
+# per-message saving in Python keeps up with that, so it is shed here, before any server. Off by default: Zenoh's
+# budget is a minimum interval with no burst, so a client that asks again the moment its answer comes (a loopback
+# benchmark, `python -m wire.demo`: under 1 ms apart) would lose requests. A robot sends at most one observation a
+# control tick: set several times the fastest robot's rate (`bench run` sets 10x its fleet's fastest fps). The
+# budget is per link, so a router other routers connect to (a node router, the hub of `bench run --cluster ray`)
+# runs without it: that link carries many robots.
+ROUTER_MAX_OBSERVATION_RATE_HZ = 0.0
 # Incoming links in handshake at once (Zenoh's `accept_pending`, default 100): 1,000 robots start within
 # half a second, and a partition's end sends a site's robots back together.
 ROUTER_ACCEPT_PENDING = 1000
@@ -283,6 +296,15 @@ def arrival_stamps(sample) -> tuple[int, int | None]:
         return now, None
 
 
+def observation_rate_cap(hz: float, roots: list[str] | tuple[str, ...] = (DEFAULT_ROOT,)) -> list[dict]:
+    """Zenoh's `downsampling` config: on every link into the router, puts on a robot's observation key (wire.keys:
+    `<root>/.../<client>/obs`) at most `hz` a second. A root is a verbatim chunk (`@fleet`), which `**` never
+    matches, so each is named. Zenoh keeps one budget per link and rule, not per key: a robot's link puts on one
+    observation key, so it is that robot's."""
+    return [{"id": "observations", "flows": ["ingress"], "messages": ["put"],
+             "rules": [{"key_expr": f"{sanitize_root(r)}/**/obs", "freq": float(hz)} for r in roots]}]
+
+
 def _short(exc: Exception) -> str:
     """Zenoh's error text without the Rust source location it appends."""
     return str(exc).split(" at /")[0].strip()
@@ -300,6 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tls-ca"), ap.add_argument("--tls-cert"), ap.add_argument("--tls-key")
     ap.add_argument("--lease-ms", type=int, default=ROUTER_LEASE_MS,
                     help=f"the router's lease: clients see a frozen router after it (default {ROUTER_LEASE_MS})")
+    ap.add_argument("--max-observation-rate-hz", type=float, default=ROUTER_MAX_OBSERVATION_RATE_HZ,
+                    help="observations a link may put per second; sooner ones are dropped at the router (default "
+                         "%(default)s = no cap; set several times the fastest robot's control rate; keep 0 on a "
+                         "router that other routers connect to: the budget is per link)")
+    ap.add_argument("--observation-root", action="append", default=None, metavar="ROOT",
+                    help=f"key root whose observations the cap counts (repeatable; default {DEFAULT_ROOT}, the "
+                         "manifests' `zenoh.root`)")
     ap.add_argument("--max-sessions", type=int, default=ROUTER_MAX_SESSIONS,
                     help="client sessions (robots, replicas, other routers) the router accepts; the one beyond is "
                          "refused as if no router listened (default %(default)s; Zenoh's own is 1000)")
@@ -309,6 +338,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.max_sessions < 1:
         print(f"router: --max-sessions {args.max_sessions} must be at least 1", file=sys.stderr)
+        return 2
+    rate = args.max_observation_rate_hz
+    if not (rate == 0 or 1.0 <= rate <= 1e6):  # NaN and inf fail both
+        print(f"router: --max-observation-rate-hz {rate:g} must be 0 (no cap) or from 1 to 1e6", file=sys.stderr)
+        return 2
+    try:  # the roots are checked with no cap too: a wrong one given is a mistake either way
+        cap_config = observation_rate_cap(rate or 1.0, args.observation_root or [DEFAULT_ROOT])
+    except WireError as exc:
+        print(f"router: --observation-root: {exc}", file=sys.stderr)
         return 2
     import zenoh
 
@@ -329,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                   "(mTLS) too", file=sys.stderr)
             return 2
     extra = {"transport/unicast/max_sessions": args.max_sessions,
-             "transport/unicast/accept_pending": max(100, min(args.max_sessions, ROUTER_ACCEPT_PENDING)), **(extra or {})}
+             "transport/unicast/accept_pending": max(100, min(args.max_sessions, ROUTER_ACCEPT_PENDING)),
+             **({"downsampling": cap_config} if rate else {}), **(extra or {})}
     fds = raise_fd_limit()
     if fds < args.max_sessions + 64:  # one socket a session, and the router's own
         print(f"router: warning: {fds} open files allowed (ulimit -n) for up to {args.max_sessions} sessions: "
@@ -343,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print(f"router ready {' '.join(args.listen)} (max sessions {args.max_sessions})", flush=True)
+    cap = f"max {rate:g} observations/s a link" if rate else "observations uncapped"
+    print(f"router ready {' '.join(args.listen)} (max sessions {args.max_sessions}) ({cap})", flush=True)
     stop.wait()
     session.close()
     return 0

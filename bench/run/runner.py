@@ -56,6 +56,7 @@ EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 SERVER_READY_TEXT = "policy-server ready"
 SHARD_READY_TIMEOUT_S = 60.0
 SHARD_DONE_TIMEOUT_S = 30.0
+OBSERVATION_RATE_FACTOR = 10  # a router's cap on a link's observations, times the fleet's fastest fps
 CLOCK_RECHECK_BEFORE_END_S = 1.0  # the clocks are measured again this long before the end: shards leave at the end
 
 
@@ -547,10 +548,17 @@ class Run(Collecting, Judging):
                                         "--access-control", str(rules), *self.router_args()])
 
     def router_args(self) -> list[str]:
-        """wire.transport flags every router of this run gets: sessions sized from the fleet."""
+        """wire.transport flags every router of this run gets: sessions sized from the fleet, and observations a link
+        capped at OBSERVATION_RATE_FACTOR times the fleet's fastest control rate (a robot sends at most one a tick:
+        a flooding one is shed at the router, as docs/security.md advises), except under per-node routers (the cap
+        is per link, and a link between two routers carries a node's robots)."""
         from bench.run.sizing import router_max_sessions
 
-        return ["--max-sessions", str(router_max_sessions(self.s))]
+        args = ["--max-sessions", str(router_max_sessions(self.s))]
+        if self.routers == "per_node":
+            return args
+        fastest = max(g.fps for g in self.s.groups)
+        return args + ["--max-observation-rate-hz", f"{OBSERVATION_RATE_FACTOR * fastest:g}"]
 
     def attacker_spec(self, a: dict, start_unix: float) -> dict:
         from bench.robots.core import robot_type

@@ -123,3 +123,66 @@ def test_without_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # free
     assert real_lo <= port <= real_hi  # the kernel's pick, not one from a 10-port gap
+
+
+def test_a_router_sheds_a_links_observations_beyond_its_rate_and_leaves_other_links_and_keys_alone(tmp_path):
+    """A robot flooding its observation key loses what comes sooner than 1/HZ after its last at the router; another
+    robot's link keeps every observation, and the flooder's other puts pass (the cap is `<root>/**/obs`, per link;
+    the root `@fleet` is a verbatim chunk, which a bare `**/obs` would never match)."""
+    import queue
+    import subprocess
+    import sys
+    from collections import Counter
+
+    from wire.transport import open_session
+
+    child, endpoint = procs.start_router(None, tmp_path / "router.log", extra_args=["--max-observation-rate-hz", "20"])
+    sessions = []
+    try:
+        assert "(max 20 observations/s a link)" in (tmp_path / "router.log").read_text()
+        monitor, flooder, honest = (open_session(connect=[endpoint]) for _ in range(3))
+        sessions += [monitor, flooder, honest]
+        got: Counter = Counter()
+        arrived: queue.Queue = queue.Queue()
+
+        def seen(sample) -> None:
+            key = str(sample.key_expr)
+            got[key] += 1
+            if not key.endswith("/obs"):
+                arrived.put(key)
+        subscriber = monitor.declare_subscriber("@fleet/t/**", seen)
+        for s in (flooder, honest):  # each link's route to the subscriber is up once one of its puts arrives
+            while True:
+                s.put("@fleet/t/hello", b"")
+                try:
+                    arrived.get(timeout=0.2)
+                    break
+                except queue.Empty:
+                    continue
+        t0 = time.monotonic()
+        for i in range(2000):  # far above 20 a second
+            flooder.put("@fleet/t/flood/obs", b"x")
+            if i % 200 == 0:
+                honest.put("@fleet/t/honest/obs", b"y")  # ten, 60 ms or more apart: each under the cap's 50 ms
+                time.sleep(0.06)
+        for s, name in ((flooder, "flood"), (honest, "honest")):
+            s.put(f"@fleet/t/{name}/done", b"")  # a link's puts arrive in order: after this, all of its earlier ones have
+        seen_done = set()
+        while len(seen_done) < 2:
+            key = arrived.get(timeout=10)
+            if key.endswith("/done"):
+                seen_done.add(key)
+        elapsed = time.monotonic() - t0
+        assert got["@fleet/t/honest/obs"] == 10, got
+        assert 1 <= got["@fleet/t/flood/obs"] <= 20 * elapsed + 2 < 2000, (got, elapsed)
+        subscriber.undeclare()
+    finally:
+        for s in sessions:
+            s.close()
+        child.stop()
+    bad = subprocess.run([sys.executable, "-m", "wire.transport", "--listen", "tcp/127.0.0.1:0",
+                          "--max-observation-rate-hz", "0.5"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--max-observation-rate-hz 0.5 must be 0 (no cap) or from 1 to 1e6" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "wire.transport", "--listen", "tcp/127.0.0.1:0",
+                          "--observation-root", "fleet"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--observation-root" in bad.stderr and "'@'" in bad.stderr, bad.stderr

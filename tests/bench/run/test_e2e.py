@@ -155,7 +155,8 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     from bench.scenario.schema import load_scenario
 
     sized = router_max_sessions(load_scenario(run / "scenario.yaml"))  # the router got the fleet's size
-    assert f"(max sessions {sized})" in (run / "logs/router.log").read_text()
+    # and a cap on each link's observations, 10x the fleet's 30 Hz (docs/security.md)
+    assert f"(max sessions {sized}) (max 300 observations/s a link)" in (run / "logs/router.log").read_text()
     table = json.loads((run / "processes.json").read_text())
     assert {"router", "server:r0", "shard:0", "shard:1"} <= {r["name"] for r in table}
     assert not [r for r in table if group_alive(r["pid"])]
