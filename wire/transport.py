@@ -302,7 +302,7 @@ def observation_rate_cap(hz: float, roots: list[str] | tuple[str, ...] = (DEFAUL
     matches, so each is named. Zenoh keeps one budget per link and rule, not per key: a robot's link puts on one
     observation key, so it is that robot's."""
     return [{"id": "observations", "flows": ["ingress"], "messages": ["put"],
-             "rules": [{"key_expr": f"{sanitize_root(r)}/**/obs", "freq": float(hz)} for r in roots]}]
+             "rules": [{"key_expr": f"{r}/**/obs", "freq": float(hz)} for r in roots]}]
 
 
 def _short(exc: Exception) -> str:
@@ -343,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (rate == 0 or 1.0 <= rate <= 1e6):  # NaN and inf fail both
         print(f"router: --max-observation-rate-hz {rate:g} must be 0 (no cap) or from 1 to 1e6", file=sys.stderr)
         return 2
-    try:  # the roots are checked with no cap too: a wrong one given is a mistake either way
-        cap_config = observation_rate_cap(rate or 1.0, args.observation_root or [DEFAULT_ROOT])
+    try:  # checked with no cap too: a wrong root given is a mistake either way
+        roots = [sanitize_root(r) for r in args.observation_root or [DEFAULT_ROOT]]
     except WireError as exc:
         print(f"router: --observation-root: {exc}", file=sys.stderr)
         return 2
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     extra = {"transport/unicast/max_sessions": args.max_sessions,
              "transport/unicast/accept_pending": max(100, min(args.max_sessions, ROUTER_ACCEPT_PENDING)),
-             **({"downsampling": cap_config} if rate else {}), **(extra or {})}
+             **({"downsampling": observation_rate_cap(rate, roots)} if rate else {}), **(extra or {})}
     fds = raise_fd_limit()
     if fds < args.max_sessions + 64:  # one socket a session, and the router's own
         print(f"router: warning: {fds} open files allowed (ulimit -n) for up to {args.max_sessions} sessions: "

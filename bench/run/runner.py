@@ -889,7 +889,7 @@ class Run(Collecting, Judging):
                     name.split(":", 1)[1] in {str(k) for k in self.state.done}
                     or time.monotonic() >= (self.state.end_mono or math.inf) - 1.0):
                 continue  # finished: its loop ends at its last slot due before the end, maybe before we look
-            if is_system_process(name) and self._down_unplanned(name):
+            if is_system_process(name) and name in self._open_exits():
                 continue  # recorded once per exit
             how = child.exit_text() if hasattr(child, "exit_text") else exit_words(child.proc.returncode)
             if is_system_process(name) and not getattr(child, "lost", None):
@@ -907,15 +907,15 @@ class Run(Collecting, Judging):
                                "duration": None, "t_start": t, "t_end": None, "error": None,
                                "detail": f"{how}; log {log}", "log_tail": child.tail(15)})
 
-    def _down_unplanned(self, name: str) -> bool:
-        return any(w.get("target") == name and w.get("action") == UNPLANNED_EXIT and w.get("t_end") is None
-                   for w in self.fault_log)
+    def _open_exits(self) -> dict[str, dict]:
+        """Process name -> its `unplanned_exit` window still open (the process not back)."""
+        return {w["target"]: w for w in self.fault_log if w.get("action") == UNPLANNED_EXIT and w.get("t_end") is None}
 
     def _back_up(self, name: str) -> None:
         """`name` runs again: its open `unplanned_exit` window (if any) ends now."""
-        for w in self.fault_log:
-            if w.get("target") == name and w.get("action") == UNPLANNED_EXIT and w.get("t_end") is None:
-                w["t_end"] = round(time.monotonic() - (self.state.t0_mono or time.monotonic()), 3)
+        w = self._open_exits().get(name)
+        if w is not None:
+            w["t_end"] = round(time.monotonic() - (self.state.t0_mono or time.monotonic()), 3)
 
     def _health_url(self, info: dict) -> str:
         """A replica's health server: on this host at loopback, on another host at its node's address."""
@@ -1023,7 +1023,7 @@ class Run(Collecting, Judging):
         """Every failed fault acted on a process the system had already lost (an open `unplanned_exit` window on
         it, or on any router for `router`): a kill of a dead replica fails because the system failed first. That is
         the run's finding (`unplanned_exits`), not the bench erring."""
-        down = {w["target"] for w in self.fault_log if w.get("action") == UNPLANNED_EXIT and w.get("t_end") is None}
+        down = set(self._open_exits())
         failed = [w for w in self.fault_log if w.get("error") and w.get("action") != UNPLANNED_EXIT]
 
         def lost(target: str) -> bool:
