@@ -163,13 +163,18 @@ def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int, which=PA
     `gpu_jpeg_gain`)."""
     from server.policies.checkpoint import LoadedCheckpoint
     from server.policies.stats import stats_to_tensors
-    from server.runtime import InferItem, ModelRuntime
+    from server.runtime import InferItem, LocalForward, ModelRuntime
     from wire.images import encode_image
 
     cfg = policy.config
     stats = {"observation.state": {"mean": [0.0] * cfg.state_dim, "std": [1.0] * cfg.state_dim},
              "action": {"mean": [0.0] * cfg.action_dim, "std": [1.0] * cfg.action_dim}}
     runtime = ModelRuntime(LoadedCheckpoint(policy, cfg, stats_to_tensors(stats), "bench", {}))
+    # the passes on the thread that called the other stages: a replica calls a CUDA-graph policy from one device
+    # thread (LocalForward), but this benchmark's other stages captured their graphs on the calling thread, and
+    # torch 2.11 asserts on a replay from another one (pytorch#123177): on the H100 (2026-11-27, fp32 weights) the
+    # runtime stage's first call fell back to eager ("AssertionError: ") and timed eager passes as compiled ones
+    runtime.forward = LocalForward(policy, one_thread=False)
     rng = np.random.default_rng(0)
     jpegs = {name: encode_image(rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8), "jpeg", 90)
              for name, s in cfg.image_features.items()}

@@ -162,3 +162,28 @@ def test_stages_time_only_what_a_short_lease_lacks(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "stages timed: runtime" in printed and "micro-batching at" not in printed
     assert any(line.split()[:4] == ["2", "-", "-", "-"] for line in printed.splitlines())
+
+
+def test_the_runtime_stage_calls_the_policy_on_the_thread_of_the_other_stages(monkeypatch):
+    """A replica calls a CUDA-graph policy from its device's one thread; the benchmark's forward and micro-batching
+    stages call it on the calling thread, and torch 2.11 asserts on a CUDA-graph replay from another thread than
+    its capture's. The runtime stage must call it where the others did: on the H100 (fp32 weights) it replayed
+    from the device thread, fell back to eager and timed eager passes as compiled ones. The CUDA-graph case is
+    made here by telling the runtime that this CPU policy replays CUDA graphs."""
+    import threading
+
+    import server.runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "compiles_on_cuda", lambda policy: True)
+    policy = gpu_forward.build("tiny", 1, 32, "cpu", False)
+    threads = []
+    real = policy.predict_action_chunk
+
+    def predict(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "predict_action_chunk", predict)
+    out = gpu_forward.runtime_figures(policy, [2], repeat=1, warmup=0, which=("training_time",))
+    assert out["2"]["training_time_ms"] > 0
+    assert threads and set(threads) == {threading.current_thread()}
