@@ -374,11 +374,33 @@ def test_the_unloaded_reference_sends_frames_the_way_requests_do():
 
     slow = _SlowDecoder()
     runtime = _camera_runtime(GpuJpegDecoder(torch.device("cpu"), slow))
-    table = runtime.unloaded_forward_ms(4, repeats=2)
-    assert sorted(table) == [1, 2, 4] and all(v > 0 for v in table.values())
-    assert slow.calls == [1, 1, 2, 2, 4, 4]  # each pass's frames through the decoder, as a batch of requests'
+    table = runtime.unloaded_forward_ms(4, repeats=2)  # the tiny preset pads to buckets 1/8/...: a batch of 4 runs 8
+    assert sorted(table) == [1, 2, 8] and all(v > 0 for v in table.values())
+    assert slow.calls == [1, 1, 8, 8]  # each pass's frames through the decoder, as a batch of requests'
     plain = _camera_runtime(None)
-    assert sorted(plain.unloaded_forward_ms(2, repeats=1)) == [1, 2]
+    assert sorted(plain.unloaded_forward_ms(2, repeats=1)) == [1, 2, 8]
+
+
+def test_a_padding_replicas_unloaded_reference_is_timed_at_its_buckets_and_read_as_steps():
+    """A replica that pads each batch to a bucket runs a batch of 40 at bucket 64's cost. Its reference was timed
+    at 1, 2, 4, ... and the bench interpolated: on an H100 at 128 sessions (p50 batch 40) it read ~53 ms for a 73 ms
+    pass and called the 20 ms between them the bench's share. Now it is timed at each bucket, and each bucket's
+    time is given at the smallest batch padded to it too, so the bench's reading is the bucket's time."""
+    from bench.evidence.fidelity import _at_batch
+    from server.accel import GpuJpegDecoder
+
+    slow = _SlowDecoder()
+    runtime = _camera_runtime(GpuJpegDecoder(torch.device("cpu"), slow))
+    runtime.policy.hp["batch_buckets"] = [1, 4, 8]
+    assert runtime.padding_buckets(8) == [1, 4, 8] and runtime.padding_buckets(3) == [1, 4]
+    table = runtime.unloaded_forward_ms(8, repeats=1)
+    assert set(slow.calls) == {1, 4, 8}  # one timed pass a bucket, at the bucket's size
+    assert sorted(table) == [1, 2, 4, 5, 8]
+    assert table[2] == table[4] and table[5] == table[8]
+    read = _at_batch(table, np.array([2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]))
+    assert list(read[:3]) == [table[4]] * 3 and list(read[3:]) == [table[8]] * 4
+    runtime.policy.hp["batch_buckets"] = []  # no padding: every size its own, as before
+    assert runtime.padding_buckets(8) == [] and sorted(runtime.unloaded_forward_ms(8, repeats=1)) == [1, 2, 4, 8]
 
 
 class _LateChunks:
