@@ -99,6 +99,16 @@ class Shared:
     audit: AuditLog
 
 
+def state_shape_error(shape: tuple[int, ...], state_dim: int) -> str | None:
+    """Why an observation's state of `shape` does not fit a session of `state_dim`, or None: (S,) or a batch of one,
+    (1, S). A (2, 2) state for S = 4 has the right count but no agreed order of its values (was served flattened)."""
+    if tuple(shape) in ((state_dim,), (1, state_dim)):
+        return None
+    size = int(np.prod(shape)) if len(shape) else 1
+    return (f"state has shape {list(shape)} ({size} values); this policy takes a state of shape [{state_dim}] "
+            f"(or [1, {state_dim}]; the session_ack's state_dim)")
+
+
 class PolicyServer:
     """One served model: its sessions, mailbox, dispatch loop(s) and keys. Alone (the tests, a one-model
     manifest) it owns the Zenoh session, health server and audit log; inside `ServerProcess` it shares them."""
@@ -522,12 +532,11 @@ class PolicyServer:
             if g.should_answer(client, err.code):  # no session on this key: the answer harms nobody, but stays rare
                 self._event_error(key, header, err)
             return
-        if np.size(obs.state) != self.info.state_dim:  # the open agreed state_dim: same code as a refused open
+        if state_shape_error(np.shape(obs.state), self.info.state_dim):  # the open agreed state_dim: as a refused open
             self.metrics.inc("observation_errors", model=self.info.model_id, code=ErrorCode.STATE_DIM_MISMATCH)
             if g.should_answer(client, ErrorCode.STATE_DIM_MISMATCH):
-                self._event_error(key, header, Error(ErrorCode.STATE_DIM_MISMATCH, f"state has {np.size(obs.state)} "
-                                  f"values; this policy takes {self.info.state_dim} (the session_ack's state_dim)",
-                                  seq_id=header.seq_id), session=s)
+                self._event_error(key, header, Error(ErrorCode.STATE_DIM_MISMATCH, state_shape_error(
+                    np.shape(obs.state), self.info.state_dim), seq_id=header.seq_id), session=s)
             return
         if header.seq_id <= s.last_seq and not obs.episode_start:
             self.metrics.inc("observation_errors", model=self.info.model_id, code="STALE_SEQ")

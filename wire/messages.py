@@ -262,7 +262,7 @@ class Observation(Message):
     KIND: ClassVar[str] = "observation"
     FIELDS: ClassVar[tuple[F, ...]] = (
         F("session_id", "str", True, doc="session this observation belongs to (from SessionAck)"),
-        F("state", "tensor", True, doc="robot state vector, float32 (S,)"),
+        F("state", "tensor", True, doc="robot state vector, float32 (S,) or (1, S)"),
         F("images", "images", False, {}, doc="camera name -> frame"),
         F("tensors", "tensors", False, {}, doc="extra named tensors (SDK use)"),
         F("task", "str", False, "", doc="ignored by policy-server: the session's task (session_open, in the key) holds"),

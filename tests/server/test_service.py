@@ -422,6 +422,7 @@ def test_a_hostile_burst_changes_no_byte_of_another_clients_chunks(router, tmp_p
             dict(state=np.ones(S), session_id=good.session_id),  # the good client's session on evil's key
             dict(state=None, raw_body=b"\x93\x01\x02"),  # not an observation
             dict(state=None, raw_body=b"", raw_header=b"\x00"),  # no header
+            dict(state=np.ones((2, S // 2))),  # S values in a shape with no agreed order (was served flattened)
         ]
         # one at a time, each answered on evil's own key (a burst would let the newest supersede the rest)
         answers = []
@@ -575,3 +576,27 @@ def test_a_replica_with_1000_sessions_scrapes_under_100_kb_and_names_no_robot(ck
     finally:
         drive.close()
         srv.stop()
+
+
+def test_a_state_of_the_right_count_in_another_shape_is_refused_and_a_batch_of_one_served(server, router):
+    """A (2, 2) state to a 4-dim session has the right element count, so it was served flattened: whatever order
+    the robot meant. It is STATE_DIM_MISMATCH naming both shapes now; (S,) and (1, S) are served."""
+    with client(router, "robot-1") as c:
+        c.open(rtc_enabled=False)
+        seq = c.send(np.ones((2, S // 2)), episode_start=True)
+        got = c.wait_for(lambda h, m, s=seq: h.seq_id == s, timeout=5)
+        assert got is not None and isinstance(got[1], Error) and got[1].code == ErrorCode.STATE_DIM_MISMATCH, got
+        assert "shape [2, 2]" in got[1].message and f"shape [{S}]" in got[1].message
+        for state in (np.ones((1, S)), np.ones(S)):
+            seq = c.send(state)
+            got = c.chunk_for(seq, timeout=10)
+            assert got is not None and got[1].chunk_robot.shape == (T, A)
+
+
+def test_a_states_shape_must_be_the_sessions_vector_or_a_batch_of_one():
+    from server.service import state_shape_error
+
+    assert state_shape_error((4,), 4) is None and state_shape_error((1, 4), 4) is None
+    for shape in [(2, 2), (4, 1), (1, 1, 4), (5,), (), (0,)]:
+        message = state_shape_error(shape, 4)
+        assert message and f"shape {list(shape)}" in message and "shape [4]" in message, shape
