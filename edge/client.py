@@ -47,7 +47,13 @@ from wire.transport import arrival_stamps
 
 RETRY_ELSEWHERE = {ErrorCode.CAPACITY, ErrorCode.EXCLUSIVE_BUSY, ErrorCode.DRAINING, ErrorCode.NOT_READY,
                    ErrorCode.SESSION_LIVE}  # SESSION_LIVE: our previous process's session is not gone yet
-INBOX_MAX = 64
+INBOX_MAX = 64  # messages the inbox holds: past it (or INBOX_MAX_BYTES) the oldest event goes, else the oldest chunk
+INBOX_MAX_BYTES = 8 << 20  # their payloads and attachments together: a chunk is a few KB, a 32 MiB message is no chunk
+
+
+def _is_chunk(attachment: bytes) -> bool:
+    """Whether a message's attachment header says CHUNK (byte 2: msg_type, wire.header), without unpacking it."""
+    return len(attachment) > 2 and attachment[2] == MsgType.CHUNK
 
 
 def spread_key(load: float, rng: random.Random) -> float:
@@ -255,7 +261,8 @@ class Model:
         self._seq = itertools.count(1)
         self.last_seq = 0
         self.last_sent_ns = 0  # the header client_mono_ns of observation last_seq: its chunk must echo it
-        self._inbox: deque = deque(maxlen=INBOX_MAX)  # full: the oldest item goes, Zenoh's thread never waits
+        self._inbox: deque = deque()  # bounded by _deposit: Zenoh's thread never waits
+        self._inbox_bytes = 0
         self._cv = threading.Condition()
         self._interrupted = False  # set by interrupt(): a waiting get_result returns None at once
         self._decl: list[Any] = []
@@ -396,6 +403,7 @@ class Model:
         self.last_seq = 0
         with self._cv:
             self._inbox.clear()
+            self._inbox_bytes = 0
         # indirect=False: the deposit runs on Zenoh's own thread, no Python thread per subscriber
         self._decl.append(z.liveliness().declare_token(keys.alive))
         self._decl.append(z.declare_subscriber(
@@ -507,10 +515,25 @@ class Model:
         att = sample.attachment
         item = (t_ns, sample.payload.to_bytes(), att.to_bytes() if att is not None else b"", routed_ns)
         with self._cv:
-            self._inbox.append(item)
+            self._deposit(item)
             self._cv.notify_all()
         if self.wake is not None:
             self.wake.set()
+
+    def _deposit(self, item: tuple) -> None:
+        """Append `item` (t_ns, payload, attachment, routed_ns) to the inbox, held under `_cv`. Past INBOX_MAX
+        messages or INBOX_MAX_BYTES the oldest event (error, drain notice, anything but a chunk) goes first, then
+        the oldest chunk, never the newest message: a stream of events after a chunk pushed the chunk out of a message-capped inbox, and
+        its request timed out (a hostile server's 200 events a chunk: 1 timeout in 51 requests). Read from the
+        header's msg_type byte, no decode on Zenoh's thread; a message whose header lies is dropped at decode."""
+        self._inbox.append(item)
+        self._inbox_bytes += len(item[1]) + len(item[2])
+        while len(self._inbox) > INBOX_MAX or (self._inbox_bytes > INBOX_MAX_BYTES and len(self._inbox) > 1):
+            last = len(self._inbox) - 1  # the newest always stays
+            at = next((i for i, old in enumerate(self._inbox) if i < last and not _is_chunk(old[2])), 0)
+            gone = self._inbox[at]
+            del self._inbox[at]
+            self._inbox_bytes -= len(gone[1]) + len(gone[2])
 
     def _on_server_alive(self, sample, gen: int) -> None:  # deposit only, on Zenoh's thread
         import zenoh
@@ -536,6 +559,7 @@ class Model:
                         return None
                     self._cv.wait(left)
                 t_ns, payload, att, routed_ns = self._inbox.popleft()
+                self._inbox_bytes -= len(payload) + len(att)
             out = self._decode(t_ns, payload, att, routed_ns)
             if out is not None:
                 return out

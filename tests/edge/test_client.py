@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge.client import Connection, Event, NoReplica, Result, SessionRefused
+from wire import SCHEMA_VERSION, ActionChunk, Error, ErrorCode, Header, MsgType
 from tests.edge.responder import HASH_A, Responder, expected_chunk
 
 NAMES = ["x", "y", "grip"]
@@ -340,3 +341,55 @@ def test_discovery_spreads_a_herd_by_free_capacity():
     skewed = first({"r0": 0.5, "r1": 0.0})  # weights 0.5 : 1 -> first 1/3 : 2/3
     assert abs(skewed["r1"] - 2 / 3) < 0.03, skewed
     assert first({"r0": 1.0, "r1": 0.9})["r1"] == 1.0
+
+
+def _inbox_model():
+    from edge.client import Model
+
+    return Model(None, "arm")
+
+
+def _event_item(seq: int, size: int = 0):
+    body = Error(ErrorCode.BAD_TENSOR, "x" * size, seq_id=seq).encode()
+    return (time.monotonic_ns(), body, Header(SCHEMA_VERSION, MsgType.EVENT, seq, 0, 0, 0).pack(), None)
+
+
+def test_a_flood_of_events_after_a_chunk_does_not_push_the_chunk_out_of_the_inbox():
+    """A hostile server's 200 events after each chunk pushed the chunk out of a 64-message inbox (its request then
+    timed out: 1 in 51). The oldest event goes first now; the chunk is still there, and first out."""
+    from edge.client import INBOX_MAX, Result
+
+    m = _inbox_model()
+    chunk = ActionChunk("s", 7, 123, np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32)).encode()
+    m._deposit((time.monotonic_ns(), chunk, Header(SCHEMA_VERSION, MsgType.CHUNK, 7, 0, 123, 0).pack(), None))
+    for seq in range(200):
+        m._deposit(_event_item(1000 + seq))
+    assert len(m._inbox) == INBOX_MAX
+    first = m.poll()
+    assert isinstance(first, Result) and first.seq_id == 7
+    rest = [m.poll() for _ in range(INBOX_MAX - 1)]
+    assert [r.seq_id for r in rest] == list(range(1200 - (INBOX_MAX - 1), 1200))  # the newest events, in order
+    assert m.poll() is None and m._inbox_bytes == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3 << 20)), max_size=150))
+def test_the_inbox_stays_bounded_keeps_arrival_order_and_drops_events_before_chunks(arrivals):
+    """Any stream of chunks and events of any size: at most INBOX_MAX messages and INBOX_MAX_BYTES (unless one
+    message alone is larger), its byte count exact, what it holds in arrival order, and no chunk dropped while an
+    event older or newer is held."""
+    from edge.client import INBOX_MAX, INBOX_MAX_BYTES
+
+    m = _inbox_model()
+    order: list[int] = []
+    for i, (is_chunk, size) in enumerate(arrivals):
+        kind = MsgType.CHUNK if is_chunk else MsgType.EVENT
+        before = set(order) | {i}
+        m._deposit((i, b"\0" * size, Header(SCHEMA_VERSION, kind, i + 1, 0, 0, 0).pack(), None))
+        held = list(m._inbox)
+        assert len(held) <= INBOX_MAX and (len(held) == 1 or m._inbox_bytes <= INBOX_MAX_BYTES)
+        assert m._inbox_bytes == sum(len(p) + len(a) for _, p, a, _ in held)
+        order = [t for t, _, _, _ in held]
+        assert order == sorted(order) and order[-1] == i  # arrival order; the newest is always kept
+        if any(arrivals[j][0] for j in before - set(order)):  # a chunk went only when no older event was left
+            assert all(arrivals[j][0] for j in order[:-1]), order
