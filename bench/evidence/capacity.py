@@ -7,7 +7,8 @@
 
 Rows follow Triton's perf_analyzer: per load step, throughput (answered requests/s), goodput
 (requests answered within the deadline, /s), and where the time went (server queue wait, server
-compute, network). The deadline of a request is the RTC latency budget `H * dt / 2` of its robot
+compute, network, and of the network the replica's own time outside its queue and compute: `srv`,
+server_overhead_ms). The deadline of a request is the RTC latency budget `H * dt / 2` of its robot
 (P10's second term): a chunk later than that is merged with a delay the guidance cannot absorb.
 
 P10: `N_max = min(0.8 / (r * t), (H * dt / 2 - RTT) / t)` with `t` the server time per request,
@@ -56,6 +57,7 @@ def step_row(value, summary: dict) -> dict:
         "requests_per_robot_s": (requests / dur / robots) if robots and dur == dur else None,
         "queue_wait_ms_p50": _p(f, "queue_wait_ms", "p50"), "queue_wait_ms_p95": _p(f, "queue_wait_ms", "p95"),
         "inference_ms_p50": _p(f, "inference_ms", "p50"), "network_ms_p50": _p(f, "network_ms", "p50"),
+        "server_overhead_ms_p50": _p(f, "server_overhead_ms", "p50"),
         "rtt_ms_p50": _p(f, "rtt_ms", "p50"), "rtt_ms_p99": _p(f, "rtt_ms", "p99"),
         "none_tick_ratio": f.get("none_tick_ratio"), "staleness_violations": f.get("staleness_violations"),
         "server_queue_depth_max": f.get("server_queue_depth_max"),
@@ -142,7 +144,7 @@ def _clean(d):
 
 def format_table(rows: list[dict]) -> str:
     head = (f"{'value':>8} {'verdict':>7} {'thr/s':>7} {'good/s':>7} {'good%':>6} {'queue p50/p95 ms':>17} "
-            f"{'compute p50':>11} {'net p50':>7} {'rtt p99':>8} {'none%':>6}")
+            f"{'compute p50':>11} {'net p50':>7} {'srv p50':>7} {'rtt p99':>8} {'none%':>6}")
     lines = [head]
 
     def f(v, spec):
@@ -153,7 +155,8 @@ def format_table(rows: list[dict]) -> str:
         none = f(r["none_tick_ratio"] * 100, ".2f") if isinstance(r["none_tick_ratio"], (int, float)) else "-"
         lines.append(f"{str(r['value']):>8} {str(r['verdict']):>7} {f(r['throughput_rps'], '.1f'):>7} "
                      f"{f(r['goodput_rps'], '.1f'):>7} {good:>6} {q:>17} {f(r['inference_ms_p50'], '.1f'):>11} "
-                     f"{f(r['network_ms_p50'], '.1f'):>7} {f(r['rtt_ms_p99'], '.1f'):>8} {none:>6}")
+                     f"{f(r['network_ms_p50'], '.1f'):>7} {f(r.get('server_overhead_ms_p50'), '.1f'):>7} "
+                     f"{f(r['rtt_ms_p99'], '.1f'):>8} {none:>6}")
     return "\n".join(lines)
 
 

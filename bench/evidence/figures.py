@@ -478,9 +478,9 @@ def _req_col(name: str):
     return fn
 
 
-for _name in ("rtt_ms", "inference_ms", "queue_wait_ms", "network_ms", "uplink_ms", "downlink_ms", "uplink_to_router_ms",
-              "uplink_from_router_ms", "downlink_to_router_ms", "downlink_from_router_ms", "encode_ms",
-              "send_lag_ms", "merge_lag_ms"):
+for _name in ("rtt_ms", "inference_ms", "queue_wait_ms", "network_ms", "server_overhead_ms", "uplink_ms", "downlink_ms",
+              "uplink_to_router_ms", "uplink_from_router_ms", "downlink_to_router_ms", "downlink_from_router_ms",
+              "encode_ms", "send_lag_ms", "merge_lag_ms"):
     SERIES[_name] = _req_col(_name)
 SERIES["delay_steps"] = lambda s: s.col(s.requests, "delay_steps").astype(float)
 

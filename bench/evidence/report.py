@@ -34,7 +34,7 @@ EXIT_CODES = {"pass": 0, "fail": 1, "error": 2, "inconclusive": 3}
 # Design section 11 (Pi0-class reference), shown beside the measured budget.
 BUDGET_REFERENCE = {
     "client encode": ("2-9 ms", "2-9 ms"),
-    "network (up + down)": ("~4 ms", "~81 ms"),
+    "network (up + down + server overhead)": ("~4 ms", "~81 ms"),
     "uplink (tx + 1/2 RTT)": ("~2 ms", "~54 ms"),
     "uplink: robot -> router": ("most of the uplink", "most of the uplink"),
     "uplink: router -> server": ("< 1 ms (one LAN hop)", "< 1 ms (one LAN hop)"),
@@ -43,17 +43,19 @@ BUDGET_REFERENCE = {
     "downlink: router -> robot": ("most of the downlink", "most of the downlink"),
     "server queue wait": ("0 - 1x inference", "0 - 1x inference"),
     "inference": ("15-150 ms", "15-150 ms"),
+    "server overhead (batching, reply send)": ("~0", "~0"),  # the design has no row: part of network_ms
     "total (rtt)": ("~110-175 ms", "~190-250 ms"),
     # outside the round trip, on the robot: its own computer runs one engine (the design has no row for them)
     "robot: observation -> send (outside the rtt)": ("~0", "~0"),
     "robot: arrival -> merge (outside the rtt)": ("~0", "~0"),
 }
-BUDGET_SERIES = [("client encode", "encode_ms"), ("network (up + down)", "network_ms"),
+BUDGET_SERIES = [("client encode", "encode_ms"), ("network (up + down + server overhead)", "network_ms"),
                  ("uplink (tx + 1/2 RTT)", "uplink_ms"), ("uplink: robot -> router", "uplink_to_router_ms"),
                  ("uplink: router -> server", "uplink_from_router_ms"), ("downlink (+ 1/2 RTT)", "downlink_ms"),
                  ("downlink: server -> router", "downlink_to_router_ms"),
                  ("downlink: router -> robot", "downlink_from_router_ms"),
-                 ("server queue wait", "queue_wait_ms"), ("inference", "inference_ms"), ("total (rtt)", "rtt_ms"),
+                 ("server queue wait", "queue_wait_ms"), ("inference", "inference_ms"),
+                 ("server overhead (batching, reply send)", "server_overhead_ms"), ("total (rtt)", "rtt_ms"),
                  ("robot: observation -> send (outside the rtt)", "send_lag_ms"),
                  ("robot: arrival -> merge (outside the rtt)", "merge_lag_ms")]
 

@@ -39,22 +39,13 @@ def cpu_table(samples: SampleLog):
 HOP_SPLIT_MAX_CLOCK_ERROR = 0.25  # of a pair's median one-way hop: a split whose clocks are less sure is dropped
 
 
-def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, audit,
-              robot_offset_ms: np.ndarray | None = None, robot_uncertainty_ms: np.ndarray | None = None,
-              robot_shard: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, list[dict]]:
-    """Each answered request's uplink and downlink, ms: `uplink_ms` from the robot stamping it (`sent_ns`, its
-    header's client_mono_ns) to the server receiving it (audit `received_mono_ms`), `downlink_ms` from the server
-    handing the chunk to Zenoh (audit `sent_mono_ms`) to the robot receiving it (`t_recv_s`, monotonic seconds).
-    `audit`: the servers' audit lines (bench.evidence.audit's table).
-
-    Clocks (bench.fleet.clock): `t_recv_s` and the audit rows are on the runner's clock (collect_audit shifts a
-    replica on another clock, and gives its rows `clock_uncertainty_ms`); `sent_ns` is the robot's, moved onto
-    the runner's by `robot_offset_ms` (its shard's offset, per row; none = the same clock). Their sum,
-    `network_ms`, needs no offset; the split does. Per (shard, replica) pair: when its two clocks' combined
-    uncertainty exceeds HOP_SPLIT_MAX_CLOCK_ERROR of the pair's median one-way hop ((uplink + downlink) / 2), all
-    of its requests get NaN (all, not the long hops only, which would bias what is left). Joined on
-    client_mono_ns (the raw stamp, echoed); NaN where no audit line matches. Returns (uplink, downlink, the
-    dropped pairs: {shard, replica, requests, clock_error_ms, hop_ms_p50})."""
+def audit_lines(sent_ns: np.ndarray, audit) -> dict[str, np.ndarray]:
+    """Each request's audit line, joined on client_mono_ns (`sent_ns`: the raw stamp of its header, echoed), as
+    arrays over the requests: `matched` (bool), the line's `received_mono_ms`, `sent_mono_ms`, `queue_wait_ms`,
+    `inference_ms` and `clock_uncertainty_ms` (0 where the line has none), NaN where no line matches, and its
+    `replica` ("" where none).
+    Only answered lines with both stamps join; of two lines with one stamp, the first by stamp, received, sent,
+    clock uncertainty, replica. `audit`: the servers' audit lines (bench.evidence.audit's table)."""
     from bench.evidence.audit import equals, floats, integers, strings
 
     key, has_key = integers(audit, "client_mono_ns")
@@ -63,29 +54,72 @@ def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, audit,
     error_all = np.nan_to_num(floats(audit, "clock_uncertainty_ms"), nan=0.0)
     replica_all = strings(audit, "replica")[known]
     _, replica_code = np.unique(replica_all, return_inverse=True)
-    # by stamp, then by the other fields: of two lines with one stamp, the join takes the first in this order
     order = np.lexsort((replica_code, error_all[known], sent_all[known], received_all[known], key[known]))
-    keys, received, sent = key[known][order], received_all[known][order], sent_all[known][order]
-    server_error, replicas = error_all[known][order], replica_all[order]
-    up = np.full(len(sent_ns), np.nan, dtype=np.float32)
-    down = np.full(len(sent_ns), np.nan, dtype=np.float32)
-    if not len(keys) or not len(sent_ns):
-        return up, down, []
+    keys, rows = key[known][order], np.nonzero(known)[0][order]
+    fields = {"received_mono_ms": received_all, "sent_mono_ms": sent_all, "clock_uncertainty_ms": error_all,
+              "queue_wait_ms": floats(audit, "queue_wait_ms"), "inference_ms": floats(audit, "inference_ms")}
     sent_ns = np.asarray(sent_ns, dtype=np.int64)
+    out = {name: np.full(len(sent_ns), np.nan) for name in fields}
+    out["replica"] = np.full(len(sent_ns), "", dtype=replica_all.dtype if len(replica_all) else str)
+    out["matched"] = np.zeros(len(sent_ns), bool)
+    if not len(keys) or not len(sent_ns):
+        return out
     at = np.clip(np.searchsorted(keys, sent_ns), 0, len(keys) - 1)
     hit = (keys[at] == sent_ns) & (sent_ns > 0)
-    robot_ms = sent_ns / 1e6
+    line = at[hit]
+    for name, values in fields.items():
+        out[name][hit] = values[rows[line]]
+    out["replica"][hit] = replica_all[order][line]
+    out["matched"] = hit
+    return out
+
+
+def server_overhead(lines: dict[str, np.ndarray]) -> np.ndarray:
+    """Each request's `server_overhead_ms` from its audit line (`lines`: audit_lines'): the replica's time on it
+    outside its queue wait and its forward pass (sent - received - queue_wait_ms - inference_ms: the batch's
+    assembly, the replies' encode and send, one after another). Both stamps are on one replica's clock: no offset,
+    no clock error, so it is kept where hop_split drops a pair. NaN where no line matches. `network_ms` (rtt -
+    queue wait - inference) = uplink_ms + downlink_ms + server_overhead_ms."""
+    return (lines["sent_mono_ms"] - lines["received_mono_ms"] - lines["queue_wait_ms"]
+            - lines["inference_ms"]).astype(np.float32)
+
+
+def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, audit,
+              robot_offset_ms: np.ndarray | None = None, robot_uncertainty_ms: np.ndarray | None = None,
+              robot_shard: np.ndarray | None = None,
+              lines: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """Each answered request's uplink and downlink, ms: `uplink_ms` from the robot stamping it (`sent_ns`, its
+    header's client_mono_ns) to the server receiving it (audit `received_mono_ms`), `downlink_ms` from the server
+    handing the chunk to Zenoh (audit `sent_mono_ms`) to the robot receiving it (`t_recv_s`, monotonic seconds).
+    `audit`: the servers' audit lines (bench.evidence.audit's table), joined by audit_lines (`lines`: that join,
+    when the caller made it already).
+
+    Clocks (bench.fleet.clock): `t_recv_s` and the audit rows are on the runner's clock (collect_audit shifts a
+    replica on another clock, and gives its rows `clock_uncertainty_ms`); `sent_ns` is the robot's, moved onto
+    the runner's by `robot_offset_ms` (its shard's offset, per row; none = the same clock). `network_ms`, their sum
+    and server_overhead's, needs no offset; the split does. Per (shard, replica) pair:
+    when its two clocks' combined uncertainty exceeds HOP_SPLIT_MAX_CLOCK_ERROR of the pair's median one-way hop
+    ((uplink + downlink) / 2), all of its requests get NaN (all, not the long hops only, which would bias what is
+    left). NaN where no audit line matches. Returns (uplink, downlink, the dropped pairs: {shard, replica,
+    requests, clock_error_ms, hop_ms_p50})."""
+    line = audit_lines(sent_ns, audit) if lines is None else lines
+    up = np.full(len(sent_ns), np.nan, dtype=np.float32)
+    down = np.full(len(sent_ns), np.nan, dtype=np.float32)
+    hit, replicas = line["matched"], line["replica"]
+    if not hit.any():
+        return up, down, []
+    robot_ms = np.asarray(sent_ns, dtype=np.int64) / 1e6
     if robot_offset_ms is not None:
         robot_ms = robot_ms - np.asarray(robot_offset_ms, dtype=float)
-    u = received[at] - robot_ms
-    d = np.asarray(t_recv_s, dtype=float) * 1e3 - sent[at]
+    u = line["received_mono_ms"] - robot_ms
+    d = np.asarray(t_recv_s, dtype=float) * 1e3 - line["sent_mono_ms"]
     robot_error = np.zeros(len(sent_ns)) if robot_uncertainty_ms is None else np.asarray(robot_uncertainty_ms, float)
     shards = np.full(len(sent_ns), -1) if robot_shard is None else np.asarray(robot_shard)
-    error = server_error[at] + robot_error
+    error = line["clock_uncertainty_ms"] + robot_error
     keep = hit.copy()
     dropped = []
-    for shard, replica in sorted({(int(a), str(b)) for a, b in zip(shards[hit], replicas[at][hit])}):
-        rows = hit & (shards == shard) & (replicas[at] == replica)
+    for shard, replica in sorted({(int(a), str(b)) for a, b in zip(shards[hit], replicas[hit])}):
+        rows = hit & (shards == shard) & (replicas == replica)
         err = float(np.max(error[rows]))
         hop = float(np.median((u[rows] + d[rows]) / 2.0))
         if err > 0 and not err <= HOP_SPLIT_MAX_CLOCK_ERROR * hop:
@@ -124,9 +158,11 @@ class Collecting:
             if kind == "requests":
                 t_recv = t.column("t").to_numpy() + float(getattr(self.state, "t0_mono", 0.0) or 0.0)
                 offset_ms, error_ms, shard = self.robot_clocks(t.column("robot").to_numpy())
+                lines = audit_lines(t.column("sent_ns").to_numpy(), audit)
                 up, down, self.hop_split_dropped = hop_split(t.column("sent_ns").to_numpy(), t_recv, audit,
-                                                             offset_ms, error_ms, shard)
-                t = t.append_column("uplink_ms", pa.array(up)).append_column("downlink_ms", pa.array(down))
+                                                             offset_ms, error_ms, shard, lines)
+                t = t.append_column("uplink_ms", pa.array(up)).append_column("downlink_ms", pa.array(down)) \
+                    .append_column("server_overhead_ms", pa.array(server_overhead(lines)))
                 sent_ms = t.column("sent_ns").to_numpy() / 1e6  # the robots' stamps, on the runner's clock
                 if offset_ms is not None:
                     sent_ms = sent_ms - np.asarray(offset_ms, dtype=float)

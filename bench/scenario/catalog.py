@@ -75,7 +75,10 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "rtt_ms": ("series", "ms", "request round trip measured by the engine (monotonic, echoed)"),
     "inference_ms": ("series", "ms", "server inference time per request"),
     "queue_wait_ms": ("series", "ms", "server queue wait per request"),
-    "network_ms": ("series", "ms", "rtt - queue wait - inference"),
+    "network_ms": ("series", "ms", "rtt - queue wait - inference: uplink_ms + downlink_ms + server_overhead_ms"),
+    "server_overhead_ms": ("series", "ms", "the replica's time on a request outside its queue wait and inference "
+                                           "(batch assembly, the replies' encode and send), from its audit line; "
+                                           "bench only"),
     "uplink_ms": ("series", "ms", "robot's send to the server's receipt (monotonic clocks joined by their measured "
                                   "offsets; a shard/replica pair whose clocks are unsure by over 25 % of "
                                   "its hop is left out; bench only)"),

@@ -70,6 +70,18 @@ def test_capacity_report_measures_from_the_lightest_step_and_gives_the_ratio():
     assert "knee (last step holding every assertion): 8" in capacity.format_capacity(cap)
 
 
+
+def test_each_step_shows_the_server_s_overhead_beside_the_network_time():
+    """network_ms holds the replica's own time outside its queue and forward pass: the table splits it out."""
+    figures = {"rtt_ms": {"count": 100, "p50": 30.0, "p99": 40.0}, "network_ms": {"p50": 10.4},
+               "server_overhead_ms": {"p50": 7.2}, "inference_ms": {"p50": 12.0}}
+    row = capacity.step_row(64, {"verdict": "pass", "duration_s": 10, "robots": 64, "figures": figures})
+    assert row["server_overhead_ms_p50"] == 7.2 and row["network_ms_p50"] == 10.4
+    head, line = capacity.format_table([row]).splitlines()
+    assert "compute p50 net p50 srv p50  rtt p99" in head
+    assert line.split()[6:10] == ["12.0", "10.4", "7.2", "40.0"]  # compute, net, srv, rtt p99
+    assert capacity.format_table([_row(8, "pass")]).splitlines()[1].split()[8] == "-"  # a summary without it
+
 def test_sweep_assertions_fail_when_no_step_held_the_target():
     cap = capacity.capacity_report([_row(2, "fail")], horizon=10, dt_s=1 / 15, formula=None)
     (res,) = sweeps.evaluate_sweep_assertions(["knee >= 2"], cap["figures"])

@@ -99,6 +99,10 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
         positive = sum(1 for i in rows if to[i] > 0 and after[i] > 0)
         assert rows and positive >= 0.95 * len(rows), (way, positive, len(rows))
         assert all(abs(to[i] + after[i] - req[f"{way}_ms"][i]) < 0.01 for i in rows), way
+    # and the rest of network_ms is the replica's own time outside its queue and forward pass, from its audit line
+    assert all(abs(req["uplink_ms"][i] + req["downlink_ms"][i] + req["server_overhead_ms"][i] - req["network_ms"][i])
+               < 0.05 for i in rows)
+    assert f["server_overhead_ms"]["count"] >= f["uplink_ms"]["count"] and f["server_overhead_ms"]["p50"] > 0
     # the replica's queue replayed: each answered request has its queue wait's and forward pass's bench parts
     replay = summary["fidelity"]["queue_replay"]
     assert [q["replica"] for q in replay] == ["r0"] and replay[0]["requests"] > 10 and "note" not in replay[0]

@@ -256,6 +256,41 @@ def test_hop_split_joins_audit_lines_on_the_client_stamp():
     assert [len(x) for x in hop_split(sent, t_recv, pa.table({}))[:2]] == [6, 6]
 
 
+
+def test_server_overhead_is_the_replica_s_time_outside_queue_and_forward_pass_on_hop_split_s_line():
+    """sent - received - queue wait - inference of the audit line hop_split joins (of two with one stamp, the
+    same one), NaN where none matches, and kept where the split is dropped for its clocks: one replica's clock."""
+    from bench.run.collect import audit_lines, hop_split, server_overhead
+
+    rows = [{"outcome": "ok", "client_mono_ns": 1_000_000_000, "received_mono_ms": 1030.0, "sent_mono_ms": 1055.0,
+             "queue_wait_ms": 4.0, "inference_ms": 12.0, "replica": "r0", "clock_uncertainty_ms": 0.0},
+            {"outcome": "ok", "client_mono_ns": 2_000_000_000, "received_mono_ms": 2011.0, "sent_mono_ms": 2030.0,
+             "queue_wait_ms": 0.0, "inference_ms": 0.0, "replica": "r1", "clock_uncertainty_ms": 0.0},
+            {"outcome": "ok", "client_mono_ns": 2_000_000_000, "received_mono_ms": 2010.5, "sent_mono_ms": 2020.0,
+             "queue_wait_ms": 1.5, "inference_ms": 6.0, "replica": "r0", "clock_uncertainty_ms": 0.0},
+            {"outcome": "expired", "client_mono_ns": 3_000_000_000, "received_mono_ms": 3001.0, "sent_mono_ms": None,
+             "queue_wait_ms": 400.0, "inference_ms": None, "replica": "r0", "clock_uncertainty_ms": 0.0},
+            # a replica on another host whose clock is unsure by far more than its 2 ms hops: no split
+            {"outcome": "ok", "client_mono_ns": 6_000_000_000, "received_mono_ms": 6002.0, "sent_mono_ms": 6010.0,
+             "queue_wait_ms": 3.0, "inference_ms": 4.0, "replica": "r9", "clock_uncertainty_ms": 50.0}]
+    sent = np.array([1_000_000_000, 2_000_000_000, 3_000_000_000, 5_000_000_000, 6_000_000_000, 0], np.int64)
+    t_recv = np.array([1.08, 2.05, 3.5, 5.1, 6.012, 7.0])
+    audit = pa.Table.from_pylist(rows)
+    lines = audit_lines(sent, audit)
+    overhead = server_overhead(lines)
+    up, down, dropped = hop_split(sent, t_recv, audit, lines=lines)
+    assert overhead.dtype == np.float32 and len(overhead) == 6
+    assert overhead[:2] == pytest.approx([9.0, 2.0])  # 1055 - 1030 - 4 - 12; r0's line, not r1's 19 ms
+    assert up[1] == pytest.approx(10.5)  # the same line as the split's: the first by receipt
+    # network_ms (rtt - queue wait - inference) = uplink + downlink + server_overhead
+    network = t_recv[:2] * 1e3 - sent[:2] / 1e6 - np.array([4.0, 1.5]) - np.array([12.0, 6.0])
+    assert up[:2] + down[:2] + overhead[:2] == pytest.approx(network)
+    assert np.isnan(overhead[[2, 3, 5]]).all()  # not answered, no audit line, no stamp
+    assert [d["replica"] for d in dropped] == ["r9"] and np.isnan(up[4]) and np.isnan(down[4])
+    assert overhead[4] == pytest.approx(1.0)  # 6010 - 6002 - 3 - 4: the split dropped, the overhead kept
+    assert np.array_equal(hop_split(sent, t_recv, audit)[0], up, equal_nan=True)  # joined by hop_split itself
+    assert np.isnan(server_overhead(audit_lines(sent, pa.table({})))).all()
+
 def test_progress_line_shows_states_and_figures():
     line = format_status(12.0, 60, "run", {"states": {"STREAMING": 290, "STALLED": 10}, "ticks": 1000, "none_ticks": 10,
                                           "late_ticks": 1, "host_late_ticks": 2, "rtt_ms_p50": 60.0, "rtt_ms_p99": 140.0},
