@@ -408,6 +408,7 @@ class RemoteEngine(Engine):
         self._want_obs = False  # the worker is waiting for a fresh observation (notify wakes it)
         self._stop = threading.Event()
         self._nudge = threading.Event()  # set by stop() and when a replica token of the model appears
+        self._nudge_floor = 0.0  # the least a nudged back-off now waits: doubles with each nudged retry, 0 on a chunk
         self._paused = False
         self._reset_pending: int | None = None
         self._started_episode = -1  # the episode whose episode_start went out (worker-owned: no race with reset)
@@ -641,6 +642,7 @@ class RemoteEngine(Engine):
             outcome = self._cycle()
             if self.counters["chunks"] != opened_at_chunks:
                 backoff = self.cfg.reconnect_initial_backoff_s
+                self._nudge_floor = 0.0
             if outcome in ("lost", "drain", "unknown_session", "streak"):
                 if outcome == "drain" and self._model.replica is not None:
                     exclude = {self._model.replica.replica_id}
@@ -655,15 +657,23 @@ class RemoteEngine(Engine):
         self._close_conn()
 
     def _back_off(self, backoff: float) -> bool:
-        """Wait out a reconnect backoff (jittered), cut short by a replica token appearing; True when stopped."""
+        """Wait out a reconnect backoff (jittered), cut short by a replica token appearing; True when stopped.
+        A nudged retry that gets no chunk doubles the least the next nudged back-off waits (from
+        reconnect_initial_backoff_s, never past the back-off itself; a merged chunk sets it to 0): a replica
+        whose token flaps, or that acknowledges and fails every session, no longer cuts every back-off short."""
         # jittered: a fleet that lost its replica at the same instant must not come back in lockstep
-        if self._nudge.wait(backoff * random.uniform(0.5, 1.0)):
+        wait = backoff * random.uniform(0.5, 1.0)
+        started = time.monotonic()
+        if self._nudge.wait(wait):
             if self._stop.is_set():
                 return True
             # a replica's token appeared (server up, or our link to the router healed): try again
             # soon, spread over a short window so a whole fleet does not open sessions in one burst
             self.counters["replica_nudges"] += 1
-            return self._stop.wait(random.uniform(0.0, min(self.cfg.reconnect_initial_backoff_s, NUDGE_SPREAD_S)))
+            soonest = max(min(wait, self._nudge_floor) - (time.monotonic() - started), 0.0)
+            self._nudge_floor = max(2 * self._nudge_floor, self.cfg.reconnect_initial_backoff_s)
+            return self._stop.wait(soonest + random.uniform(0.0, min(self.cfg.reconnect_initial_backoff_s,
+                                                                      NUDGE_SPREAD_S)))
         return False
 
     def _connect(self) -> None:

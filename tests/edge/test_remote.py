@@ -485,3 +485,26 @@ def test_chunks_too_late_for_their_episode_keep_the_robot_online(router, server_
         trace = loop(eng, 1.0)
         assert "DEAD" not in {s for _, _, s in trace}, (eng.stats, eng.drain_transitions())
         assert not eng.failed
+
+
+def test_a_flapping_replica_token_cuts_back_offs_short_no_faster_than_doubling(monkeypatch):
+    """A replica token that keeps appearing (a flapping replica, or one that acknowledges and fails every session)
+    cut every back-off to U(0, 0.5 s): retries at once, forever. A nudged retry that gets no chunk now doubles the
+    least the next nudged back-off waits, from reconnect_initial_backoff_s up to the back-off itself; a merged chunk
+    starts it over. (No router: the nudge is set by hand and the waits are recorded, not slept.)"""
+    import edge.remote as remote
+
+    eng = engine("tcp/127.0.0.1:9", reconnect_initial_backoff_s=0.5, reconnect_max_backoff_s=8.0)
+    waits = []
+    monkeypatch.setattr(remote.random, "uniform", lambda a, b: b)  # the longest jitter: deterministic
+    monkeypatch.setattr(eng._stop, "wait", lambda t=None: waits.append(round(t, 2)) or False)
+    eng._nudge.set()  # the token appears at every wait
+    for _ in range(6):
+        assert eng._back_off(8.0) is False
+    spread = 0.5  # min(reconnect_initial_backoff_s, NUDGE_SPREAD_S)
+    assert [round(w - spread, 1) for w in waits] == [0.0, 0.5, 1.0, 2.0, 4.0, 8.0]
+    assert eng.stats["replica_nudges"] == 6
+    eng._nudge_floor = 0.0  # what a merged chunk does: the next nudge retries at once again
+    waits.clear()
+    eng._back_off(8.0)
+    assert waits == [spread]
