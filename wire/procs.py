@@ -103,6 +103,7 @@ class ChildProcess:
         self.env = env
         self.name = name or Path(argv[0]).name
         self.proc: subprocess.Popen | None = None
+        self.exited_mono: float | None = None  # time.monotonic() when the process exited (set by a watcher thread)
 
     def start(self, timeout_s: float = 30.0) -> "ChildProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,9 +112,20 @@ class ChildProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
+        self.exited_mono = None
+        self._exit_watch = threading.Thread(target=self._watch_exit, args=(self.proc,), name=f"exit-{self.name}",
+                                            daemon=True)
+        self._exit_watch.start()
         if self.ready_text:
             self.wait_ready(timeout_s)
         return self
+
+    def _watch_exit(self, proc: subprocess.Popen) -> None:
+        """Block until `proc` exits and note when: a caller that polls `alive()` learns of an exit up to its poll
+        interval late (the bench's runner: 0.5 s), and an unplanned exit's window then starts late."""
+        proc.wait()
+        if self.proc is proc:
+            self.exited_mono = time.monotonic()
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -900,7 +900,8 @@ class Run(Collecting, Judging):
     def _unplanned_exit(self, name: str, child, how: str) -> None:
         """A replica or router exited while no fault held it: an `unplanned_exit` window in the fault log, open
         until the process is back (a later `restart` fault) or the run ends."""
-        t = round(time.monotonic() - (self.state.t0_mono or time.monotonic()), 3)
+        exited = getattr(child, "exited_mono", None)  # when it exited, not when the runner's poll saw it
+        t = round((exited or time.monotonic()) - (self.state.t0_mono or time.monotonic()), 3)
         log = Path(child.log_path)
         log = log.relative_to(self.run_dir) if log.is_relative_to(self.run_dir) else log
         self.fault_log.append({"index": None, "target": name, "action": UNPLANNED_EXIT, "params": {}, "at": t,

@@ -186,3 +186,21 @@ def test_a_router_sheds_a_links_observations_beyond_its_rate_and_leaves_other_li
     bad = subprocess.run([sys.executable, "-m", "wire.transport", "--listen", "tcp/127.0.0.1:0",
                           "--observation-root", "fleet"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "--observation-root" in bad.stderr and "'@'" in bad.stderr, bad.stderr
+
+
+def test_a_child_notes_when_it_exited_not_when_someone_looked(tmp_path):
+    """The bench's runner polls its children every 0.5 s, so an unplanned exit's window started up to 0.5 s after
+    the exit. A watcher thread notes the exit as it happens."""
+    import sys
+
+    started = time.monotonic()
+    child = procs.ChildProcess([sys.executable, "-c", "import time; time.sleep(0.3)"], tmp_path / "c.log").start()
+    assert child.exited_mono is None or child.exited_mono >= started + 0.3
+    child.proc.wait()
+    child._exit_watch.join(timeout=10)
+    assert started + 0.3 <= child.exited_mono <= time.monotonic() and child.proc.returncode == 0
+    child.start()  # started again: a fresh exit time, the last one's forgotten
+    assert child.exited_mono is None
+    child.stop()
+    child._exit_watch.join(timeout=10)
+    assert child.exited_mono is not None and child.proc.returncode != 0  # stop() still reaps and reads the code
