@@ -523,9 +523,10 @@ class Model:
     def _deposit(self, item: tuple) -> None:
         """Append `item` (t_ns, payload, attachment, routed_ns) to the inbox, held under `_cv`. Past INBOX_MAX
         messages or INBOX_MAX_BYTES the oldest event (error, drain notice, anything but a chunk) goes first, then
-        the oldest chunk, never the newest message: a stream of events after a chunk pushed the chunk out of a message-capped inbox, and
-        its request timed out (a hostile server's 200 events a chunk: 1 timeout in 51 requests). Read from the
-        header's msg_type byte, no decode on Zenoh's thread; a message whose header lies is dropped at decode."""
+        the oldest chunk, never the newest message: a stream of events after a chunk pushed the chunk out of a
+        message-capped inbox, and its request timed out (a hostile server's 200 events a chunk: 1 timeout in 51
+        requests). Read from the header's msg_type byte, no decode on Zenoh's thread; a message whose header lies
+        is dropped at decode."""
         self._inbox.append(item)
         self._inbox_bytes += len(item[1]) + len(item[2])
         while len(self._inbox) > INBOX_MAX or (self._inbox_bytes > INBOX_MAX_BYTES and len(self._inbox) > 1):
