@@ -675,20 +675,25 @@ class PolicyServer:
                 return
             results = self.runtime.infer(items)
             t_done = time.monotonic()
-            captured = []
-            for req, res in zip(locked, results):
-                body = self._answer(req, res, t_pick, t_done)
+            captured, sent = [], []
+            for req, res in zip(locked, results):  # every reply first: none waits for its neighbours' bookkeeping
+                body = self._answer(req, res, t_pick, t_done, sent)
                 if body is not None and self.capture is not None and req.payload.raw is not None:
                     p = req.payload
                     captured.append((p.session, p.header, p.raw, body))
+            for args in sent:
+                self._book_chunk(*args)
             if self.capture is not None:
                 self.capture.record_batch(captured)
         finally:
             for req in locked:
                 req.payload.session.lock.release()
 
-    def _answer(self, req, res, t_pick: float, t_done: float) -> bytes | None:
-        """Publish the chunk (or the error event); returns the chunk body sent, if any."""
+    def _answer(self, req, res, t_pick: float, t_done: float, sent: list) -> bytes | None:
+        """Publish the chunk (or the error event); returns the chunk body sent, if any. A chunk's metrics and audit
+        line are left in `sent` for `_book_chunk`, after the batch's other replies went out: done here, each reply
+        of a batch waited for every earlier one's (the replica's time outside its queue and pass, 5.5 / 11.0 ms p50
+        at batches of 16 / 40 on the H100 host, most of it after the pass)."""
         p: Pending = req.payload
         s, h = p.session, p.header
         wait_ms = (t_pick - req.arrived) * 1e3
@@ -725,9 +730,19 @@ class PolicyServer:
             self.metrics.inc("send_errors", model=model)
             outcome, sent_ns = f"send_error:{type(exc).__name__}", None
         s.outcomes[outcome] += 1
+        sent.append((req, res, wait_ms, superseded, outcome, t_pick, handed_ns, sent_ns))
+        return body
+
+    def _book_chunk(self, req, res, wait_ms: float, superseded, outcome: str, t_pick: float, handed_ns: int,
+                    sent_ns: int | None) -> None:
+        """A sent chunk's metrics, per-session percentiles and audit line (`_answer` left them for after the
+        batch's replies)."""
+        p: Pending = req.payload
+        s, h = p.session, p.header
+        model = self.info.model_id
         self.metrics.observe("queue_wait_ms", wait_ms, model=model)
         self.metrics.observe("inference_ms", res.inference_ms, model=model)
-        self.metrics.observe("e2e_latency_ms", (time.monotonic() - req.arrived) * 1e3, model=model)
+        self.metrics.observe("e2e_latency_ms", (handed_ns / 1e9 - req.arrived) * 1e3, model=model)
         # per-robot percentiles in fixed memory, for the /sessions status (never a metric label)
         s.queue_wait_ms.add(wait_ms)
         s.inference_ms.add(res.inference_ms)
@@ -740,7 +755,6 @@ class PolicyServer:
                     routed_mono_ms=round(p.routed_ns / 1e6, 3) if p.routed_ns else None,
                     picked_mono_ms=round(t_pick * 1e3, 3),
                     sent_mono_ms=round(sent_ns / 1e6, 3) if sent_ns else None)
-        return body
 
     def _audit(self, s: Session, h: Header, wait_ms, inference_ms, chunk_range, superseded, outcome, **extra) -> None:
         self.audit.write({"session_id": s.session_id, "client_uuid": s.client_uuid, "seq_id": h.seq_id,

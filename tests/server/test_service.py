@@ -230,6 +230,56 @@ def test_newest_observation_wins_and_superseded_are_reported(ckpt, router, tmp_p
         srv.stop()
 
 
+def test_a_batch_sends_every_reply_before_any_of_their_bookkeeping(ckpt, router, tmp_path):
+    """Each reply of a batch used to wait for the metrics and audit line of every reply before it (the replica's
+    time outside its queue and pass grew with the batch: 5.5 ms p50 at batches of 16, 11.0 at 40 on the H100
+    host). Now a batch's replies all go out first; the bookkeeping follows."""
+    import threading
+
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=300,
+                                scheduling={"strategy": "round_robin", "max_batch": 8})).start()
+    events, answer, book, run_batch = [], srv._answer, srv._book_chunk, srv._run_batch
+
+    def answered(*args, **kw):
+        body = answer(*args, **kw)
+        events.append((threading.get_ident(), "answer" if body is not None else "none"))
+        return body
+
+    def booked(*args, **kw):
+        events.append((threading.get_ident(), "book"))
+        return book(*args, **kw)
+
+    def batch(*args, **kw):
+        events.append((threading.get_ident(), "batch"))
+        return run_batch(*args, **kw)
+
+    srv._answer, srv._book_chunk, srv._run_batch = answered, booked, batch
+    clients = [client(router, f"robot-{k}") for k in range(4)]
+    try:
+        for c in clients:
+            c.open(rtc_enabled=False)
+        first = clients[0].send(np.ones(S), episode_start=True)
+        _wait_forward_running(srv)  # the others queue behind its 300 ms pass: one batch of three after it
+        seqs = [c.send(np.ones(S), episode_start=True) for c in clients[1:]]
+        assert clients[0].chunk_for(first, timeout=10) is not None
+        assert all(c.chunk_for(q, timeout=10) is not None for c, q in zip(clients[1:], seqs))
+        batches: dict = {}
+        for thread, what in events:  # per dispatch thread, split at each batch
+            if what == "batch":
+                batches.setdefault(thread, []).append([])
+            else:
+                batches[thread][-1].append(what)
+        runs = [b for per_thread in batches.values() for b in per_thread if b]
+        assert max(len(b) for b in runs) >= 4, runs  # a batch of two or more was served
+        for b in runs:
+            n = b.count("answer")
+            assert b == ["answer"] * n + ["book"] * n, b
+    finally:
+        for c in clients:
+            c.close()
+        srv.stop()
+
+
 def test_drain_notifies_clients_and_refuses_new_sessions(ckpt, router, tmp_path):
     srv = PolicyServer(manifest(ckpt, router, tmp_path, drain={"timeout_s": 2.0})).start()
     c = client(router, "robot-1")
