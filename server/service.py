@@ -532,11 +532,12 @@ class PolicyServer:
             if g.should_answer(client, err.code):  # no session on this key: the answer harms nobody, but stays rare
                 self._event_error(key, header, err)
             return
-        if state_shape_error(np.shape(obs.state), self.info.state_dim):  # the open agreed state_dim: as a refused open
+        bad_state = state_shape_error(np.shape(obs.state), self.info.state_dim)  # the open agreed it: as a refused open
+        if bad_state:
             self.metrics.inc("observation_errors", model=self.info.model_id, code=ErrorCode.STATE_DIM_MISMATCH)
             if g.should_answer(client, ErrorCode.STATE_DIM_MISMATCH):
-                self._event_error(key, header, Error(ErrorCode.STATE_DIM_MISMATCH, state_shape_error(
-                    np.shape(obs.state), self.info.state_dim), seq_id=header.seq_id), session=s)
+                self._event_error(key, header, Error(ErrorCode.STATE_DIM_MISMATCH, bad_state, seq_id=header.seq_id),
+                                  session=s)
             return
         if header.seq_id <= s.last_seq and not obs.episode_start:
             self.metrics.inc("observation_errors", model=self.info.model_id, code="STALE_SEQ")
@@ -674,10 +675,9 @@ class PolicyServer:
             if not items:
                 return
             results = self.runtime.infer(items)
-            t_done = time.monotonic()
             captured, sent = [], []
             for req, res in zip(locked, results):  # every reply first: none waits for its neighbours' bookkeeping
-                body = self._answer(req, res, t_pick, t_done, sent)
+                body = self._answer(req, res, t_pick, sent)
                 if body is not None and self.capture is not None and req.payload.raw is not None:
                     p = req.payload
                     captured.append((p.session, p.header, p.raw, body))
@@ -689,7 +689,7 @@ class PolicyServer:
             for req in locked:
                 req.payload.session.lock.release()
 
-    def _answer(self, req, res, t_pick: float, t_done: float, sent: list) -> bytes | None:
+    def _answer(self, req, res, t_pick: float, sent: list) -> bytes | None:
         """Publish the chunk (or the error event); returns the chunk body sent, if any. A chunk's metrics and audit
         line are left in `sent` for `_book_chunk`, after the batch's other replies went out: done here, each reply
         of a batch waited for every earlier one's (the replica's time outside its queue and pass, 5.5 / 11.0 ms p50
