@@ -245,9 +245,15 @@ def test_a_batch_sends_every_reply_before_any_of_their_bookkeeping(ckpt, router,
         events.append((threading.get_ident(), "answer" if body is not None else "none"))
         return body
 
+    booking = threading.Condition()
+
     def booked(*args, **kw):
         events.append((threading.get_ident(), "book"))
-        return book(*args, **kw)
+        try:
+            return book(*args, **kw)
+        finally:
+            with booking:
+                booking.notify_all()
 
     def batch(*args, **kw):
         events.append((threading.get_ident(), "batch"))
@@ -263,6 +269,9 @@ def test_a_batch_sends_every_reply_before_any_of_their_bookkeeping(ckpt, router,
         seqs = [c.send(np.ones(S), episode_start=True) for c in clients[1:]]
         assert clients[0].chunk_for(first, timeout=10) is not None
         assert all(c.chunk_for(q, timeout=10) is not None for c, q in zip(clients[1:], seqs))
+        with booking:  # the last reply can reach its robot before its batch's bookkeeping has run
+            booking.wait_for(lambda: sum(w == "book" for _, w in events) >= sum(w == "answer" for _, w in events),
+                             timeout=10)
         batches: dict = {}
         for thread, what in events:  # per dispatch thread, split at each batch
             if what == "batch":
