@@ -418,6 +418,7 @@ class RemoteEngine(Engine):
         self._first_ack = None
         self._ready = False
         self._dead_reason = ""
+        self._failed = False  # DEAD, and everything that says so done (see failed)
         self.counters = {k: 0 for k in ("requests", "chunks", "timeouts", "errors", "late_chunks", "superseded",
                                         "reconnects", "none_ticks", "fallback_ticks", "staleness_refusals",
                                         "discarded_chunks", "resets", "resets_acked", "replica_nudges",
@@ -550,7 +551,8 @@ class RemoteEngine(Engine):
 
     @property
     def failed(self) -> bool:
-        return self._link == S.DEAD
+        """DEAD, and said so: the state reads DEAD, dead_reason is set, the shutdown event is set."""
+        return self._failed
 
     @property
     def state(self) -> EngineState:
@@ -595,8 +597,10 @@ class RemoteEngine(Engine):
             self._dead_reason = reason
             log.error("%s: DEAD: %s", self.cfg.client_uuid, reason)
         self._publish(reason)
-        if new == S.DEAD and self.shutdown_event is not None:
-            self.shutdown_event.set()
+        if new == S.DEAD:
+            if self.shutdown_event is not None:
+                self.shutdown_event.set()
+            self._failed = True
 
     def _publish(self, reason: str) -> None:
         """The state a control loop sees: the link state, or STALLED while it gets nothing fresh."""
@@ -1110,8 +1114,6 @@ class RemoteEngine(Engine):
         except ValueError as exc:
             return self._refuse_chunk(out, str(exc))
         self.tracker.add(latency)
-        self.counters["chunks"] += 1
-        self.counters["superseded"] += r.superseded_seqs
         self._last_ok = self._last_merged = time.monotonic()
         rtt_ms = r.rtt_s * 1e3
         self._records.append({"t": r.t_recv, "seq": seq, "rtt_ms": rtt_ms, "queue_wait_ms": r.queue_wait_ms,
@@ -1125,6 +1127,8 @@ class RemoteEngine(Engine):
                               "execution_steps": self._execution_steps, "steps_remaining": self._steps_remaining,
                               "superseded": r.superseded_seqs,
                               "outcome": "ok", "real_delay": real_delay, "sent_ns": r.sent_ns})
+        self.counters["superseded"] += r.superseded_seqs
+        self.counters["chunks"] += 1  # after its record: a chunk counted is a chunk drain_records() can return
         if self._link in (S.DEGRADED, S.CONNECTING, S.RECONNECTING):
             self._set_state(S.STREAMING, "chunk merged")
         return "merged"

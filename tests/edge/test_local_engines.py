@@ -122,6 +122,9 @@ def test_pause_keeps_the_queue():
     try:
         run(eng, 0.3)
         eng.pause()
+        deadline = time.monotonic() + 5  # a step already past the pause check still calls, then merges
+        while len(eng.merges) != len(pol.calls) and time.monotonic() < deadline:
+            time.sleep(0.01)
         n, q = len(pol.calls), eng.queue.qsize()
         for _ in range(5):
             eng.notify_observation({"state": np.zeros(4)})

@@ -196,7 +196,8 @@ def test_client_liveliness_loss_garbage_collects_the_session(server, router):
     assert len(server.sessions) == 1
     c.close()
     deadline = time.monotonic() + 5
-    while len(server.sessions) and time.monotonic() < deadline:
+    closed = lambda: len(server.sessions) == 0 and scraped(server.metrics, "policy_server_active_sessions") == 0  # noqa: E731
+    while not closed() and time.monotonic() < deadline:  # the gauge follows the registry once the session is closed
         time.sleep(0.05)  # observing another thread's state; no event crosses the process boundary
     assert len(server.sessions) == 0
     assert scraped(server.metrics, "policy_server_active_sessions") == 0

@@ -84,8 +84,14 @@ def test_a_replica_that_dies_unplanned_fails_the_run_and_the_run_goes_on(tmp_pat
             assert select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0], "the timeline never killed r1"
         finally:
             os.close(fd)
-        killed = time.monotonic()
-        os.kill(r0, signal.SIGKILL)
+        fd = os.pidfd_open(r0)
+        try:
+            killed = time.monotonic()
+            os.kill(r0, signal.SIGKILL)
+            assert select.select([fd], [], [], 10)[0], "r0 outlived SIGKILL"
+            died = time.monotonic()
+        finally:
+            os.close(fd)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -102,7 +108,8 @@ def test_a_replica_that_dies_unplanned_fails_the_run_and_the_run_goes_on(tmp_pat
     assert exits[0]["t_end"] is None and exits[0]["t_start"] > 1.0
     # its window starts when r0 died, not when the runner's 0.5 s poll saw it (one host: one monotonic clock)
     t0 = json.loads((run / "clock.json").read_text())["t0_mono_ms"] / 1e3
-    assert abs(exits[0]["t_start"] - (killed - t0)) < 0.15, (exits[0]["t_start"], killed - t0)
+    # (the runner's watcher thread wakes on a loaded host: 0.2 s for it; the old poll was up to 0.5 s late)
+    assert killed - t0 - 0.005 <= exits[0]["t_start"] <= died - t0 + 0.2, (exits[0]["t_start"], killed - t0, died - t0)
     # the planned kill with no duration is the timeline's, not an exit, and did not end the run; the later kill of
     # r0 failed on the process the system had lost already: said in its entry, the system's finding, not an error
     planned = [f for f in summary["faults"] if f["action"] != UNPLANNED_EXIT]
