@@ -514,3 +514,25 @@ def test_a_flapping_replica_token_cuts_back_offs_short_no_faster_than_doubling(m
     waits.clear()
     eng._back_off(8.0)
     assert waits == [spread]
+
+
+def test_failed_reads_true_only_once_dead_is_said_everywhere(router):
+    """A control loop that stops on `failed` reads the state, the reason and the shutdown event next: `failed` used
+    to turn true first, before any of them was set."""
+    from edge.remote import RemoteEngine
+
+    seen = []
+
+    class Watched(threading.Event):
+        def set(self):  # what a loop polling `failed` would see while the engine is saying DEAD
+            seen.append(eng.failed)
+            super().set()
+
+    done = Watched()
+    cfg = RemoteEngineConfig(connect_endpoints=[router], model_id="arm", fps=FPS, action_names=ACTION_NAMES,
+                             state_dim=S)
+    eng = RemoteEngine(cfg, shutdown_event=done)
+    assert not eng.failed
+    eng._set_state(EngineState.DEAD, "a refusal no retry fixes")
+    assert seen == [False] and done.is_set()
+    assert eng.failed and eng.state == EngineState.DEAD and eng.stats["dead_reason"] == "a refusal no retry fixes"
