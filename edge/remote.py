@@ -551,7 +551,7 @@ class RemoteEngine(Engine):
 
     @property
     def failed(self) -> bool:
-        """DEAD, and said so: the state reads DEAD, dead_reason is set, the shutdown event is set."""
+        """DEAD, and said so: the state reads DEAD and dead_reason is set (the shutdown event follows at once)."""
         return self._failed
 
     @property
@@ -598,9 +598,9 @@ class RemoteEngine(Engine):
             log.error("%s: DEAD: %s", self.cfg.client_uuid, reason)
         self._publish(reason)
         if new == S.DEAD:
+            self._failed = True  # once the state and the reason say so; the event, for whoever waits on it, last
             if self.shutdown_event is not None:
                 self.shutdown_event.set()
-            self._failed = True
 
     def _publish(self, reason: str) -> None:
         """The state a control loop sees: the link state, or STALLED while it gets nothing fresh."""

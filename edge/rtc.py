@@ -154,7 +154,7 @@ class RTCEngine(LocalEngine):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
         self.queue.clear()  # the run is over: none of its actions is executed after it
-        if not self._failed:
+        if self._state != EngineState.DEAD:
             self._state = EngineState.STOPPED
 
     def reset(self) -> None:
@@ -176,7 +176,7 @@ class RTCEngine(LocalEngine):
 
     def get_action(self) -> Action | None:
         # stopped or DEAD: nothing from the queue (a merge racing stop() may have refilled it)
-        item = None if self._stop.is_set() or self._failed else self.queue.get_with_meta()
+        item = None if self._stop.is_set() or self._state == EngineState.DEAD else self.queue.get_with_meta()
         if item is None:
             self.counters["none_ticks"] += 1
             return None
@@ -246,8 +246,8 @@ class RTCEngine(LocalEngine):
                 self._errors_in_row += 1
                 log.warning("rtc engine: inference failed (%d in a row): %s", self._errors_in_row, exc)
                 if self._errors_in_row >= self.cfg.max_consecutive_errors:
-                    self._failed = True
-                    self._state = EngineState.DEAD
+                    self._state = EngineState.DEAD  # nothing is executed from here on (get_action)
+                    self._failed = True  # once the state says so, as the remote engine's; the event last
                     if self.shutdown_event is not None:
                         self.shutdown_event.set()
                     return

@@ -142,7 +142,7 @@ def test_model_swap_on_reconnect_is_dead_and_never_executes_the_new_model(router
         srv.stop()
         server_factory(other_ckpt)  # same names and shapes, other weights
         trace = loop(eng, 6.0, until=lambda tr: eng.failed)
-        assert eng.failed and eng.state == EngineState.DEAD and done.is_set()
+        assert eng.failed and eng.state == EngineState.DEAD and done.wait(5)  # the event follows failed
         assert "WRONG_MODEL" in eng.stats["dead_reason"] or "checkpoint_hash" in eng.stats["dead_reason"]
         assert all(a is None or a.session_id == first_session for _, a, _ in trace)
         assert eng.get_action() is None
@@ -516,23 +516,30 @@ def test_a_flapping_replica_token_cuts_back_offs_short_no_faster_than_doubling(m
     assert waits == [spread]
 
 
-def test_failed_reads_true_only_once_dead_is_said_everywhere(router):
-    """A control loop that stops on `failed` reads the state, the reason and the shutdown event next: `failed` used
-    to turn true first, before any of them was set."""
+def test_failed_reads_true_only_once_dead_is_said_and_the_shutdown_event_follows(router):
+    """A control loop that stops on `failed` reads the state and the reason next, and one that waits on the shutdown
+    event reads `failed`: `failed` used to turn true first, before the state or the reason was set."""
     from edge.remote import RemoteEngine
 
     seen = []
 
     class Watched(threading.Event):
-        def set(self):  # what a loop polling `failed` would see while the engine is saying DEAD
-            seen.append(eng.failed)
+        def set(self):
+            seen.append(("event", eng.failed))
             super().set()
 
     done = Watched()
     cfg = RemoteEngineConfig(connect_endpoints=[router], model_id="arm", fps=FPS, action_names=ACTION_NAMES,
                              state_dim=S)
     eng = RemoteEngine(cfg, shutdown_event=done)
+    publish = eng._publish
+
+    def published(reason):  # the state a control loop sees, being set: what a loop polling `failed` reads meanwhile
+        seen.append(("state", eng.failed))
+        publish(reason)
+
+    eng._publish = published
     assert not eng.failed
     eng._set_state(EngineState.DEAD, "a refusal no retry fixes")
-    assert seen == [False] and done.is_set()
+    assert seen == [("state", False), ("event", True)] and done.is_set()
     assert eng.failed and eng.state == EngineState.DEAD and eng.stats["dead_reason"] == "a refusal no retry fixes"
