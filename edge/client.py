@@ -42,6 +42,7 @@ from wire import (
     replicas_alive_key, unpack_header,
 )
 from wire import auth as wauth
+from wire.header import MSG_TYPE_OFFSET
 from wire.qos import CONTROL_TIMEOUTS_S, declare_publisher
 from wire.transport import arrival_stamps
 
@@ -52,8 +53,8 @@ INBOX_MAX_BYTES = 8 << 20  # their payloads and attachments together: a chunk is
 
 
 def _is_chunk(attachment: bytes) -> bool:
-    """Whether a message's attachment header says CHUNK (byte 2: msg_type, wire.header), without unpacking it."""
-    return len(attachment) > 2 and attachment[2] == MsgType.CHUNK
+    """Whether a message's attachment header says CHUNK (its msg_type byte, wire.header), without unpacking it."""
+    return len(attachment) > MSG_TYPE_OFFSET and attachment[MSG_TYPE_OFFSET] == MsgType.CHUNK
 
 
 def spread_key(load: float, rng: random.Random) -> float:

@@ -418,7 +418,6 @@ class RemoteEngine(Engine):
         self._first_ack = None
         self._ready = False
         self._dead_reason = ""
-        self._failed = False  # DEAD, and everything that says so done (see failed)
         self.counters = {k: 0 for k in ("requests", "chunks", "timeouts", "errors", "late_chunks", "superseded",
                                         "reconnects", "none_ticks", "fallback_ticks", "staleness_refusals",
                                         "discarded_chunks", "resets", "resets_acked", "replica_nudges",
@@ -551,8 +550,8 @@ class RemoteEngine(Engine):
 
     @property
     def failed(self) -> bool:
-        """DEAD, and said so: the state reads DEAD and dead_reason is set (the shutdown event follows at once)."""
-        return self._failed
+        """DEAD, and said so: the visible state (set after dead_reason; the shutdown event follows at once)."""
+        return self._state == S.DEAD
 
     @property
     def state(self) -> EngineState:
@@ -597,10 +596,8 @@ class RemoteEngine(Engine):
             self._dead_reason = reason
             log.error("%s: DEAD: %s", self.cfg.client_uuid, reason)
         self._publish(reason)
-        if new == S.DEAD:
-            self._failed = True  # once the state and the reason say so; the event, for whoever waits on it, last
-            if self.shutdown_event is not None:
-                self.shutdown_event.set()
+        if new == S.DEAD and self.shutdown_event is not None:
+            self.shutdown_event.set()  # last: whoever waits on it reads failed, the state and the reason
 
     def _publish(self, reason: str) -> None:
         """The state a control loop sees: the link state, or STALLED while it gets nothing fresh."""

@@ -137,7 +137,6 @@ class RTCEngine(LocalEngine):
         self._reset_epoch = 0
         self._episode = 0
         self._errors_in_row = 0
-        self._failed = False
         self.counters = {"inferences": 0, "errors": 0, "none_ticks": 0, "discarded_chunks": 0, "bad_chunks": 0}
         self.merges: list[dict] = []  # per merge: delay, real_delay, trimmed (parity tests read it)
 
@@ -185,11 +184,11 @@ class RTCEngine(LocalEngine):
 
     @property
     def ready(self) -> bool:
-        return self._thread is not None and not self._failed and not self._stop.is_set()
+        return self._thread is not None and self._state != EngineState.DEAD and not self._stop.is_set()
 
     @property
     def failed(self) -> bool:
-        return self._failed
+        return self._state == EngineState.DEAD
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -246,8 +245,7 @@ class RTCEngine(LocalEngine):
                 self._errors_in_row += 1
                 log.warning("rtc engine: inference failed (%d in a row): %s", self._errors_in_row, exc)
                 if self._errors_in_row >= self.cfg.max_consecutive_errors:
-                    self._state = EngineState.DEAD  # nothing is executed from here on (get_action)
-                    self._failed = True  # once the state says so, as the remote engine's; the event last
+                    self._state = EngineState.DEAD  # failed, and nothing is executed from here on; the event last
                     if self.shutdown_event is not None:
                         self.shutdown_event.set()
                     return

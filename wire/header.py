@@ -23,6 +23,7 @@ from wire.errors import WireError
 
 _STRUCT = struct.Struct("<HBQIqI")
 HEADER_SIZE = _STRUCT.size  # 27
+MSG_TYPE_OFFSET = struct.calcsize("<H")  # 2: msg_type follows schema_version (a reader can route without unpacking)
 
 _U16, _U32, _U64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
