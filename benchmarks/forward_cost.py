@@ -7,8 +7,8 @@ the vla_300m preset counts on any host in ~30 s).
 
 FLOPs (torch.utils.flop_counter's formulas: matmuls, convolutions, attention) are what a call costs where the device is
 compute-bound (large batches on a GPU, or compiled); dispatched ops (each an eager kernel launch, or a view's host-side
-work) are what it costs where the host's dispatch is the bound (small batches eager on a GPU: the H200's eager pass
-took 173 ms at batch 1 for a call that dispatches ~13,400 ops on a CPU). Both are the same on every host and in every
+work) are what it costs where the host's dispatch is the bound (small batches eager on a GPU, where a call of
+~13,400 dispatched ops is launch-bound: docs/results/, "Accelerator lease 1: H200"). Both are the same on every host and in every
 run, so a change to the network is judged by them before any GPU time, with no noise; they say nothing about how fast
 a device runs them (benchmarks.gpu_forward times that). The ops are the meta device's: an attention call is counted as
 the one fused kernel a GPU runs (`FusedAttention`), but its backward (the guided VJP) and ops nested inside other

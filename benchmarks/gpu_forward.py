@@ -172,8 +172,8 @@ def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int, which=PA
     runtime = ModelRuntime(LoadedCheckpoint(policy, cfg, stats_to_tensors(stats), "bench", {}))
     # the passes on the thread that called the other stages: a replica calls a CUDA-graph policy from one device
     # thread (LocalForward), but this benchmark's other stages captured their graphs on the calling thread, and
-    # torch 2.11 asserts on a replay from another one (pytorch#123177): on the H100 (2026-11-27, fp32 weights) the
-    # runtime stage's first call fell back to eager ("AssertionError: ") and timed eager passes as compiled ones
+    # torch 2.11 asserts on a replay from another one (pytorch#123177): the runtime stage's first call would fall
+    # back to eager ("AssertionError: ") and time eager passes as compiled ones
     runtime.forward = LocalForward(policy, one_thread=False)
     rng = np.random.default_rng(0)
     jpegs = {name: encode_image(rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8), "jpeg", 90)

@@ -189,8 +189,8 @@ TX_QUEUE_SIZE = {"control": 2, "real_time": 2, "interactive_high": 16, "interact
 ROUTER_LEASE_MS = 4000
 
 # Sessions a router accepts (Zenoh's `transport/unicast/max_sessions`). Zenoh's default, 1000, refuses the
-# 1,001st client as if no router listened ("Unable to connect to any of ..."): on the 16-core H200 machine
-# (2026-11-27) 8 of 1,000 robots never connected, because the 8 replicas had taken their places. A fleet's
+# 1,001st client as if no router listened ("Unable to connect to any of ..."), so a fleet of 1,000 robots and
+# its replicas does not fit (docs/results/, "1,000 robots on 16 cores"). A fleet's
 # router sizes it from the fleet (`bench.run.sizing.router_max_sessions`); this is the floor.
 ROUTER_MAX_SESSIONS = 4096
 # Observations one link may put through the router per second (`--max-observation-rate-hz`; Zenoh's ingress

@@ -55,8 +55,8 @@ class RunData:
 
 def table_to_numpy(table) -> dict[str, np.ndarray]:
     """Columns as numpy arrays. A string column becomes an object array whose rows share one str per
-    distinct value (a tick's `source`, `engine_state`, `session_id` repeat: as one str object per row, a
-    30-minute, 52-robot soak's ticks took ~550 MB of the report phase; shared, ~70 MB)."""
+    distinct value (a tick's `source`, `engine_state`, `session_id` repeat, so one str object per row would hold
+    most of the report phase's memory on a long run: docs/results/, "Report memory")."""
     import pyarrow as pa
 
     out = {}

@@ -21,7 +21,7 @@ chunk exists d ticks later. While it is computed the robot executes what the str
 
 The previous chunk's row s + i and the new chunk's row i are the same tick, and a request carries the
 state of the tick its chunk's row 0 belongs to, as the edge engines do (`--obs-lag N`: of N ticks before it;
-the engines before their fix of 2026-11-26 were --obs-lag 1, docs/scenarios.md). The policy is the
+--obs-lag 1 models an engine that starts a chunk on the tick after its observation's). The policy is the
 checkpoint's, normalised as the server does (`load_policy`, as bench.training.train.CheckpointPolicy); `hp` overrides
 its sampling hyper-parameters for the run (prefix_schedule, max_guidance_weight, guidance_jacobian: as a
 replica's manifest, `ChunkPolicy.override_hyper_params`) and
@@ -63,9 +63,8 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
     `on_request(state, committed)`: called at every request with its state and the robot-space rows the
     robot executes while it is computed ((0, A) at an episode's first request, which follows nothing;
     what bench.training.demos.collect_on_policy_prefix_demos labels).
-    `obs_lag`: requests carry the state of `obs_lag` ticks before the one their chunk's row 0 belongs to (the
-    edge engines before their fix of 2026-11-26 started a chunk on the tick after its observation's: obs_lag 1;
-    docs/scenarios.md).
+    `obs_lag`: requests carry the state of `obs_lag` ticks before the one their chunk's row 0 belongs to (1: an
+    engine that starts a chunk on the tick after its observation's).
     `delay_margin`: the policy is told d + delay_margin (guided or committed rows) while the robot still switches to
     the new chunk at row d (an engine whose delay estimate runs over the real delay by that many ticks)."""
     import torch

@@ -5,9 +5,8 @@ Prints one ready line to stdout once the API listens, for a parent to wait on:
     toxiproxy-server-py ready: listening on 127.0.0.1:8474 version 2.12.0+chaos.py
 
 `--priority fifo` (what the bench asks) runs the event loop SCHED_FIFO at FIFO_PRIORITY where the host allows it,
-else nice -10: a proxy that emulates a network must not wait for a CPU behind the system it measures. On the 2-core
-VM at 9 % host CPU, every chunk the proxy delivered more than 3 ms late had waited 2-4.5 ms on the run queue
-(its loop's lag and /proc/self/schedstat read together, docs/bench.md "The proxy's priority").
+else nice -10: a proxy that emulates a network must not wait for a CPU behind the system it measures (its late
+chunks are the ones whose loop wake-up waited on the run queue: docs/results/, "Where the proxy tail went").
 """
 
 from __future__ import annotations
