@@ -1,5 +1,6 @@
-"""Discovery: which replicas of a model answer, in the order a client tries them, and the watch that says
-when a replica's liveliness token appears (edge.client.Model uses both before it opens a session).
+"""Discovery: which replicas of a model answer, best first, and the watch on their liveliness tokens.
+
+edge.client.Model uses both before it opens a session; the watch says when a replica's token appears.
 
 One discovery query on `<root>/<model>/<revision>/status` collects every replica's Status; they come back
 ready-and-not-draining first, then in the caller's `replica_order`, then by a draw weighted by free

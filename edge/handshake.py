@@ -1,5 +1,6 @@
-"""The handshake (session opening): the ladder over discovered replicas, the open on one replica, and the
-verdicts it can end in (edge.client.Model drives it; docs/protocol-contract.md is the contract).
+"""The handshake: opening a session, replica after replica, and the verdicts it can end in.
+
+edge.client.Model drives it; docs/protocol-contract.md is the contract.
 
 On one replica: liveliness token on the client's own `alive` key, action subscriber, liveliness subscriber on
 the replica's token and obs publisher are declared (`declare`), then the session-open query goes to the

@@ -1,5 +1,6 @@
-"""The client's inbox: what a session's action subscriber receives, held raw until the caller's thread
-decodes it into a `Result` (a chunk) or an `Event` (an error, a drain notice, a reply that does not decode).
+"""The client's inbox: a session's replies, held raw and bounded, decoded into a `Result` or an `Event`.
+
+A chunk becomes a Result; an error, a drain notice or a reply that does not decode becomes an Event.
 
 Zenoh's callback only deposits (raw bytes into the bounded `Inbox`, no decode on Zenoh's thread); the
 caller's `take` waits on the inbox's condition and `decode` runs on the caller's thread.
