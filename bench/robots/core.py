@@ -24,6 +24,7 @@ import mujoco
 import numpy as np
 from gymnasium.utils import seeding
 
+from bench.robots.cameras import make_camera
 from bench.robots.models import shared_model, substeps_for
 
 DEFAULT_FPS = 30
@@ -373,8 +374,6 @@ class TwinEnv(gym.Env):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (num_states,), dtype=np.float32)
         self.camera = None
         if camera is not None or render_mode == "rgb_array":
-            from bench.robots.cameras import make_camera  # cameras import robots' views, not the reverse
-
             self.camera = make_camera(camera or "rendered", self, *camera_size, seed=seed or 0)
 
     # -- metadata the bench, edge and demos read -------------------------------------------

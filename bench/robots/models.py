@@ -12,7 +12,7 @@ import os
 import math
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import ClassVar, Protocol
 
 
 def _choose_gl_backend() -> str | None:
@@ -53,9 +53,6 @@ GL_UNAVAILABLE = _choose_gl_backend()
 
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
-
-if TYPE_CHECKING:
-    from bench.robots.core import RobotType
 
 ASSETS = Path(__file__).parent / "assets"
 
@@ -104,7 +101,17 @@ def can_collide(model: mujoco.MjModel) -> bool:
     return bool(match.any())
 
 
-def shared_model(robot_type: type[RobotType], physics_dt: float) -> mujoco.MjModel:
+class ModelSource(Protocol):
+    """What the cache compiles: a robot type (a bench.robots.core.RobotType subclass) by its name and MJCF. Said
+    here, below core, so that the cache needs nothing above it."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    def load_spec(cls) -> mujoco.MjSpec: ...
+
+
+def shared_model(robot_type: type[ModelSource], physics_dt: float) -> mujoco.MjModel:
     """The one MjModel for `robot_type` at `physics_dt`, compiled on first use."""
     key = (robot_type.name, round(physics_dt, 12))
     model = _MODELS.get(key)

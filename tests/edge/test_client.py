@@ -361,15 +361,15 @@ def test_a_flood_of_events_after_a_chunk_does_not_push_the_chunk_out_of_the_inbo
 
     m = _inbox_model()
     chunk = ActionChunk("s", 7, 123, np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32)).encode()
-    m._deposit((time.monotonic_ns(), chunk, Header(SCHEMA_VERSION, MsgType.CHUNK, 7, 0, 123, 0).pack(), None))
+    m._inbox.deposit((time.monotonic_ns(), chunk, Header(SCHEMA_VERSION, MsgType.CHUNK, 7, 0, 123, 0).pack(), None))
     for seq in range(200):
-        m._deposit(_event_item(1000 + seq))
+        m._inbox.deposit(_event_item(1000 + seq))
     assert len(m._inbox) == INBOX_MAX
     first = m.poll()
     assert isinstance(first, Result) and first.seq_id == 7
     rest = [m.poll() for _ in range(INBOX_MAX - 1)]
     assert [r.seq_id for r in rest] == list(range(1200 - (INBOX_MAX - 1), 1200))  # the newest events, in order
-    assert m.poll() is None and m._inbox_bytes == 0
+    assert m.poll() is None and m._inbox.nbytes == 0
 
 
 @settings(max_examples=200, deadline=None)
@@ -385,10 +385,10 @@ def test_the_inbox_stays_bounded_keeps_arrival_order_and_drops_events_before_chu
     for i, (is_chunk, size) in enumerate(arrivals):
         kind = MsgType.CHUNK if is_chunk else MsgType.EVENT
         before = set(order) | {i}
-        m._deposit((i, b"\0" * size, Header(SCHEMA_VERSION, kind, i + 1, 0, 0, 0).pack(), None))
+        m._inbox.deposit((i, b"\0" * size, Header(SCHEMA_VERSION, kind, i + 1, 0, 0, 0).pack(), None))
         held = list(m._inbox)
-        assert len(held) <= INBOX_MAX and (len(held) == 1 or m._inbox_bytes <= INBOX_MAX_BYTES)
-        assert m._inbox_bytes == sum(len(p) + len(a) for _, p, a, _ in held)
+        assert len(held) <= INBOX_MAX and (len(held) == 1 or m._inbox.nbytes <= INBOX_MAX_BYTES)
+        assert m._inbox.nbytes == sum(len(p) + len(a) for _, p, a, _ in held)
         order = [t for t, _, _, _ in held]
         assert order == sorted(order) and order[-1] == i  # arrival order; the newest is always kept
         if any(arrivals[j][0] for j in before - set(order)):  # a chunk went only when no older event was left
