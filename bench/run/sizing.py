@@ -104,9 +104,9 @@ def requests_per_robot_s(fps: float, episode_s: float, chunk_size: int | None, e
     - an episode's first tick asks (the engine's reset cleared the queue); its chunk lands d = ceil(rtt / dt) ticks
       later, untrimmed under `trim: consumed` (nothing was executed meanwhile), by d rows under `real_delay`;
     - a chunk whose row 0 is tick T (every later one: trimmed by what was consumed) brings the queue to the buffer,
-      less the tick's own action (RemoteEngine._due), on tick T + ceil(H - 1 - buffer_steps), where H is the chunk
-      and the buffer `plan_execution`'s (`buffer_time_s`, or derived from d); in append mode (`rtc_enabled: false`)
-      every chunk adds H rows, so the queue falls to the buffer every H ticks;
+      less the tick's own action (edge.remote.plan.is_due), on tick T + ceil(H - 1 - buffer_steps), where H is the
+      chunk and the buffer `plan_execution`'s (`buffer_time_s`, or derived from d); in append mode
+      (`rtc_enabled: false`) every chunk adds H rows, so the queue falls to the buffer every H ticks;
     - unless its rows go stale first: ticks past `max_action_age_s` from its observation are dropped whole, and the
       empty queue asks on the next tick; one request in flight at a time, so never sooner than d ticks.
     A 1 Hz reacher with 2 s episodes asks once an episode (0.5 a second); a 10 Hz one with max_action_age_s 1.5 twice

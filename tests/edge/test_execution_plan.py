@@ -25,7 +25,7 @@ def engine(chunk_size: int = 30, **kw) -> RemoteEngine:
     cfg = dict(model_id="arm", fps=FPS, action_names=["a", "b"], state_dim=3)
     cfg.update(kw)
     eng = RemoteEngine(RemoteEngineConfig(**cfg))
-    eng._first_ack = SimpleNamespace(chunk_size=chunk_size)  # what the session's handshake would say
+    eng._worker.session.first_ack = SimpleNamespace(chunk_size=chunk_size)  # what the session's handshake would say
     return eng
 
 

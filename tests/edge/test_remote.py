@@ -193,7 +193,7 @@ def test_late_and_duplicate_chunks_are_never_merged(router, server_factory, ckpt
     z = open_session(connect=[router])
     try:
         loop(eng, 5.0, until=lambda tr: eng.stats["chunks"] >= 2)
-        m = eng._model
+        m = eng._worker.session.model
         bogus = np.full((10, 3), 99.0, np.float32)
         body = ActionChunk(m.ack.session_id, 1, 0, bogus, bogus).encode()
         for _ in range(3):
@@ -359,7 +359,7 @@ def test_a_server_that_downgrades_rtc_gets_append_merging_and_no_prefixes(router
     with running(router, rtc_enabled=True, buffer_time_s=0.2) as eng:
         loop(eng, 6.0, until=lambda tr: eng.stats["chunks"] >= 3)
         assert eng.stats["chunks"] >= 3 and not eng.queue.rtc_enabled
-        assert eng._model.ack.rtc_enabled is False
+        assert eng._worker.session.model.ack.rtc_enabled is False
 
 
 def test_episode_reset_is_acknowledged_without_holding_back_the_next_request(router, server_factory, ckpt):
@@ -498,21 +498,21 @@ def test_a_flapping_replica_token_cuts_back_offs_short_no_faster_than_doubling(m
     cut every back-off to U(0, 0.5 s): retries at once, forever. A nudged retry that gets no chunk now doubles the
     least the next nudged back-off waits, from reconnect_initial_backoff_s up to the back-off itself; a merged chunk
     starts it over. (No router: the nudge is set by hand and the waits are recorded, not slept.)"""
-    import edge.remote as remote
+    import edge.remote.link as link
 
     eng = engine("tcp/127.0.0.1:9", reconnect_initial_backoff_s=0.5, reconnect_max_backoff_s=8.0)
     waits = []
-    monkeypatch.setattr(remote.random, "uniform", lambda a, b: b)  # the longest jitter: deterministic
-    monkeypatch.setattr(eng._stop, "wait", lambda t=None: waits.append(round(t, 2)) or False)
-    eng._nudge.set()  # the token appears at every wait
+    monkeypatch.setattr(link.random, "uniform", lambda a, b: b)  # the longest jitter: deterministic
+    monkeypatch.setattr(eng._handoff.stop, "wait", lambda t=None: waits.append(round(t, 2)) or False)
+    eng._handoff.nudge.set()  # the token appears at every wait
     for _ in range(6):
-        assert eng._back_off(8.0) is False
+        assert eng._worker.backoff.wait(8.0) is False
     spread = 0.5  # min(reconnect_initial_backoff_s, NUDGE_SPREAD_S)
     assert [round(w - spread, 1) for w in waits] == [0.0, 0.5, 1.0, 2.0, 4.0, 8.0]
     assert eng.stats["replica_nudges"] == 6
-    eng._nudge_floor = 0.0  # what a merged chunk does: the next nudge retries at once again
+    eng._worker.backoff.nudge_floor = 0.0  # what a merged chunk does: the next nudge retries at once again
     waits.clear()
-    eng._back_off(8.0)
+    eng._worker.backoff.wait(8.0)
     assert waits == [spread]
 
 
@@ -532,14 +532,14 @@ def test_failed_reads_true_only_once_dead_is_said_and_the_shutdown_event_follows
     cfg = RemoteEngineConfig(connect_endpoints=[router], model_id="arm", fps=FPS, action_names=ACTION_NAMES,
                              state_dim=S)
     eng = RemoteEngine(cfg, shutdown_event=done)
-    publish = eng._publish
+    publish = eng._link.publish
 
     def published(reason):  # the state a control loop sees, being set: what a loop polling `failed` reads meanwhile
         seen.append(("state", eng.failed))
         publish(reason)
 
-    eng._publish = published
+    eng._link.publish = published
     assert not eng.failed
-    eng._set_state(EngineState.DEAD, "a refusal no retry fixes")
+    eng._link.set(EngineState.DEAD, "a refusal no retry fixes")
     assert seen == [("state", False), ("event", True)] and done.is_set()
     assert eng.failed and eng.state == EngineState.DEAD and eng.stats["dead_reason"] == "a refusal no retry fixes"

@@ -46,8 +46,8 @@ events = st.builds(
 
 def engine() -> RemoteEngine:
     eng = RemoteEngine(RemoteEngineConfig(model_id="arm", action_names=["x", "y", "grip"], state_dim=4))
-    eng._model = SimpleNamespace(epoch=EPOCH, ack=SimpleNamespace(session_id=SESSION, chunk_size=H), replica=None)
-    eng._episode = 0
+    eng._worker.session.model = SimpleNamespace(epoch=EPOCH, ack=SimpleNamespace(session_id=SESSION, chunk_size=H), replica=None)
+    eng._handoff.episode = 0
     return eng
 
 
@@ -63,12 +63,12 @@ def sound(r) -> bool:
 @given(st.lists(st.one_of(results, events), min_size=1, max_size=6))
 def test_no_reply_raises_and_only_a_sound_answer_to_the_request_is_merged(replies):
     eng = engine()
-    eng._outstanding = (SEQ, EPOCH, 0, time.monotonic(), 0, 1, 0.5, 0.1, SENT_NS)
+    eng._worker.outstanding = (SEQ, EPOCH, 0, time.monotonic(), 0, 1, 0.5, 0.1, SENT_NS)
     merged_sound = False
     for r in replies:
-        pending = eng._outstanding is not None
+        pending = eng._worker.outstanding is not None
         chunks_before = eng.counters["chunks"]
-        outcome = eng._handle(r)  # raises nothing, whatever r is
+        outcome = eng._worker.handle(r)  # raises nothing, whatever r is
         if eng.counters["chunks"] > chunks_before:
             assert isinstance(r, Result) and pending and sound(r), r
             merged_sound = True

@@ -1,0 +1,498 @@
+"""The remote engine's network worker: one thread that opens the session, sends each request when it is due and
+merges the chunk that answers it.
+
+    wait: qsize <= H - s (edge.remote.plan), a new observation (edge.remote.handoff), an acknowledged session
+    idx_before + prefixes as on the obs's tick, delay ─► encode JPEG ─► put obs ─► await chunk (timeout)
+    accept only the outstanding seq of this epoch ─► merge(ceil(rtt/dt), idx_before), tracker.add(rtt)
+
+Each request ends in an outcome word (`ok`, `timeout`, `error`, `streak`, `lost`, `drain`, `unknown_session`,
+`stopped`) that the run loop turns into a link event (edge.remote.link) and, for a lost session, a back-off.
+
+Invariants:
+- A chunk's row 0 belongs to its observation's tick: the prefix starts with the action executed on that tick and
+  the merge counts it as consumed (the queue's snapshot taken in notify_observation).
+- A chunk is merged only if it answers the latest outstanding request of the current session epoch and episode,
+  and only if it is sound (`chunk_problem`: this session's, `chunk_size` rows, the queue's invariant of finite rows
+  of `len(action_names)`, the request's own `client_mono_ns` and episode echoed); a bad one is counted
+  (`bad_chunks`), fails its request like a timeout and never answers the offline clock.
+- Only monotonic clocks; no wall-clock instant crosses the wire.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from edge.engine import EngineState
+from edge.latency import LatencyTracker
+from edge.queue import ActionQueue, check_chunk, fit_prefix
+from edge.remote.handoff import Handoff
+from edge.remote.link import Backoff, Link
+from edge.remote.plan import ExecutionPlan, delay_steps, is_due, plan_execution
+from edge.remote.session import Session, camera_shapes
+
+log = logging.getLogger(__name__)
+
+S = EngineState
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class Meta:
+    """Provenance of a merged chunk (shared by its rows)."""
+
+    session_id: str
+    seq_id: int
+    episode_id: int
+    t_obs: float  # monotonic s when the source observation was taken
+
+
+def chunk_problem(r, m, action_dim: int) -> str:
+    """Why a chunk cannot be executed whatever it answers ("" if it can): another session's, another size than
+    the session's chunk_size, or the queue's refusal (not floating point, not (chunk_size, len(action_names)) in
+    both spaces, a NaN or an infinity). Checked here, on the worker, as the chunk arrives: never per tick."""
+    ack = m.ack if m is not None else None
+    if ack is None or r.session_epoch != m.epoch:
+        return ""  # another session's: never merged (late), nothing to judge it by
+    if r.session_id != ack.session_id:
+        return f"it names session {r.session_id!r}; this session is {ack.session_id!r}"
+    for name in ("chunk_model", "chunk_robot"):
+        rows = np.shape(getattr(r, name))[:1]
+        if rows != (ack.chunk_size,):
+            return f"{name} has shape {np.shape(getattr(r, name))}; the session's chunks have {ack.chunk_size} rows"
+    try:
+        check_chunk(r.chunk_model, r.chunk_robot, action_dim)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def unanswered_record(seq, delay, encode_ms, send_lag_ms, outcome: str, execution_steps: int,
+                      steps_remaining: int) -> dict:
+    """The record of a request that got no chunk (no round trip to report)."""
+    return {"t": time.monotonic(), "seq": seq, "rtt_ms": NAN, "queue_wait_ms": NAN, "inference_ms": NAN,
+            "network_ms": NAN, "encode_ms": encode_ms, "send_lag_ms": send_lag_ms, "merge_lag_ms": NAN,
+            "delay_steps": delay, "execution_steps": execution_steps, "steps_remaining": steps_remaining,
+            "superseded": 0, "outcome": outcome}
+
+
+def merged_record(r, out: tuple, real_delay: int, merged_at: float, execution_steps: int,
+                  steps_remaining: int) -> dict:
+    """The record of the outstanding request `out` answered by the chunk `r`, merged at `merged_at`."""
+    seq, _epoch, _episode, _t_obs, _idx_before, delay, encode_ms, send_lag_ms, _sent_ns = out
+    rtt_ms = r.rtt_s * 1e3
+    return {"t": r.t_recv, "seq": seq, "rtt_ms": rtt_ms, "queue_wait_ms": r.queue_wait_ms,
+            "inference_ms": r.inference_ms, "network_ms": rtt_ms - r.queue_wait_ms - r.inference_ms,
+            "encode_ms": encode_ms, "send_lag_ms": send_lag_ms,
+            # from the chunk's arrival (Zenoh's callback) to its merge here, on this worker
+            "merge_lag_ms": (merged_at - r.t_recv) * 1e3, "delay_steps": delay,
+            # from the first router routing the chunk to its arrival here (its Zenoh timestamp)
+            "downlink_from_router_ms": (r.t_recv * 1e9 - r.routed_ns) / 1e6 if r.routed_ns else math.nan,
+            "execution_steps": execution_steps, "steps_remaining": steps_remaining,
+            "superseded": r.superseded_seqs, "outcome": "ok", "real_delay": real_delay, "sent_ns": r.sent_ns}
+
+
+class Worker:
+    def __init__(self, cfg, queue: ActionQueue, tracker: LatencyTracker, counters: dict[str, int], link: Link,
+                 handoff: Handoff, records: deque, connection=None,
+                 latency_override: Callable[[int], float] | None = None):
+        self.cfg, self.queue, self.tracker, self.counters, self.link = cfg, queue, tracker, counters, link
+        self.handoff, self.records, self.latency_override = handoff, records, latency_override
+        self.dt = 1.0 / cfg.fps
+        self.A = len(cfg.action_names)
+        self.session = Session(cfg, connection, wake=handoff.wake, nudge=handoff.nudge)
+        self.backoff = Backoff(cfg, handoff.nudge, handoff.stop, counters)
+        self.ready = False  # a replica said it is warmed up
+        self.last_error = ""
+        self.last_ok = self.last_merged = time.monotonic()  # the offline and DEGRADED clocks (start() restarts them)
+        # the request in flight: (seq, epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms, sent_ns)
+        self.outstanding: tuple | None = None
+        self.abandoned_seq: int | None = None  # the request an episode reset stopped waiting for (request)
+        self.pending_outcome: str | None = None  # a drain or UNKNOWN_SESSION read while draining the inbox
+        self.sent_version = -1  # the handoff slot's version last sent
+        self.timeouts_in_row = 0
+        self.started_episode = -1  # the episode whose episode_start went out (worker-owned: no race with reset)
+        self.execution_steps = 0  # s of the request last sent (its records report it)
+        self.steps_remaining = 0  # the queue's length when the last request left (its records carry it)
+        self._warned_plans: set[tuple[int, int, int]] = set()  # (d, s, H) already warned about
+
+    # --- the run loop: sessions, back-off, outcomes --------------------------------------------------------
+
+    def run(self) -> None:
+        cfg, link, stop = self.cfg, self.link, self.handoff.stop
+        backoff = cfg.reconnect_initial_backoff_s
+        exclude: set[str] = set()
+        opened_at_chunks = -1  # counters["chunks"] when the current session opened
+        while not stop.is_set() and link.state != S.DEAD:
+            offline = time.monotonic() - self.last_ok
+            if not self.session.acked or link.state in (S.CONNECTING, S.RECONNECTING):
+                if offline > cfg.max_offline_s:
+                    link.fire("fatal", f"offline for more than max_offline_s={cfg.max_offline_s:g} s "
+                                       f"({self.last_error or 'no server'})")
+                    break
+                self.handoff.nudge.clear()  # a replica token appearing from now on cuts the backoff below
+                if self.handshake(exclude):
+                    # the backoff starts over once this session merges a chunk, not on its ack: a replica that
+                    # acknowledges and then drains, forgets or fails every session would otherwise be asked again
+                    # at once, again and again (a drain notice on every open: 51 reconnects in 4 s)
+                    opened_at_chunks = self.counters["chunks"]
+                    exclude = set()
+                    continue
+                if link.state == S.DEAD:
+                    break
+                exclude = set()  # after a failed round every replica is a candidate again
+                if self.backoff.wait(backoff):
+                    break
+                backoff = self.backoff.grown(backoff)
+                continue
+            outcome = self.cycle()
+            if self.counters["chunks"] != opened_at_chunks:
+                backoff = cfg.reconnect_initial_backoff_s
+                self.backoff.chunk_merged()
+            if outcome in ("lost", "drain", "unknown_session", "streak"):
+                m = self.session.model
+                if outcome == "drain" and m.replica is not None:
+                    exclude = {m.replica.replica_id}
+                self.counters["reconnects"] += 1
+                link.fire("reconnect", outcome)
+                if self.counters["chunks"] == opened_at_chunks:  # the session gave nothing: back off before the next
+                    if self.backoff.wait(backoff):
+                        break
+                    backoff = self.backoff.grown(backoff)
+            elif outcome in ("timeout", "error") and time.monotonic() - self.last_ok > cfg.max_offline_s:
+                link.fire("fatal", f"no chunk for more than max_offline_s={cfg.max_offline_s:g} s "
+                                   f"({self.last_error or 'timeouts'})")
+        self.session.close()
+
+    def handshake(self, exclude: set[str]) -> bool:
+        opened = self.session.open(exclude, self.tracker.p95(), self.last_ok + self.cfg.max_offline_s,
+                                   self._camera_shapes)
+        if opened.error:
+            self.last_error = opened.error
+        if opened.fatal:
+            self.link.fire("fatal", opened.fatal)
+        ack = opened.ack
+        if ack is None:
+            return False
+        if self.queue.rtc_enabled and not ack.rtc_enabled:
+            # the server downgraded the session (its policy cannot guide): replace mode would throw away
+            # the leftover at every merge with nothing blending the seam, so append as LeRobot does
+            log.warning("%s: %s serves this session without RTC; merging in append mode", self.cfg.client_uuid,
+                        ack.replica_id)
+            self.queue.set_rtc_enabled(False)
+        if ack.warmed_up:
+            self.ready = True
+        self.outstanding = None
+        self.pending_outcome = None  # an event about the previous session (e.g. its drain) is not about this one
+        self.started_episode = -1  # a new session starts its first episode with episode_start
+        self.link.fire("session_paused" if self.handoff.paused else "session",
+                       f"session {ack.session_id} on {ack.replica_id}")
+        return True
+
+    def _camera_shapes(self) -> dict[str, list[int]]:
+        slot = self.handoff.latest()
+        return camera_shapes(self.cfg.cameras, slot[0] if slot else {})
+
+    def step(self, timeout_s: float | None = None) -> str:
+        """One request on the caller's thread (RemoteEngine.step_once): handshake if needed, send the latest
+        observation, wait for its chunk (for `timeout_s`, which becomes request_timeout_s, if given)."""
+        if not self.session.acked and not self.handshake(set()):
+            return "no_session"
+        slot = self.handoff.latest()
+        if slot is None:
+            return "no_observation"
+        if timeout_s is not None:
+            self.cfg.request_timeout_s = float(timeout_s)
+        return self.request(self.session.model, slot[0], slot[1], slot[3], slot[5])
+
+    # --- when to ask -----------------------------------------------------------------------------------------
+
+    def delay_steps(self) -> int:
+        """The delay estimate d in control steps (what each request ships as inference_delay_steps)."""
+        return delay_steps(self.tracker.max(), self.dt)
+
+    def execution_plan(self) -> ExecutionPlan:
+        """The request point for the delay measured now (edge.remote.plan.plan_execution); a plan that breaks RTC's
+        d <= s <= H - d is logged once per (d, s, H)."""
+        ack = self.session.first_ack
+        chunk = int(getattr(ack, "chunk_size", 0) or 0) or int(round(1.0 / self.dt))  # before a session: 1 s
+        plan = plan_execution(self.delay_steps(), chunk, self.dt, self.cfg.buffer_time_s, self.queue.rtc_enabled)
+        key = (plan.delay_steps, plan.execution_steps, plan.chunk_size)
+        if plan.violation and key not in self._warned_plans:
+            self._warned_plans.add(key)
+            self.counters["plan_warnings"] += 1
+            log.warning("%s: %s", self.cfg.client_uuid, plan.violation)
+        return plan
+
+    def cycle(self) -> str:
+        """Wait until a request is due, send it, await its chunk. Returns an outcome word."""
+        m, h = self.session.model, self.handoff
+        if m.server_lost.is_set():
+            return "lost"
+        if h.reset_pending is not None:
+            ep = h.reset_pending
+            h.reset_pending = None
+            try:  # acknowledged, but not awaited: the next observation's episode_start resets the session too
+                # seeded from the measured round trip: a slow link's ack still counts in resets_acked
+                self.session.control_timeouts.seed(self.tracker.p95())
+                m.reset_nowait(ep, self._on_reset_reply, timeout_s=self.session.control_timeouts.timeout_s("reset"))
+            except Exception as exc:
+                log.info("%s: reset to episode %d not sent: %s", self.cfg.client_uuid, ep, exc)
+        # wait for: a fresh observation, queue playback under the buffer, not paused
+        while not h.stop.is_set():
+            h.wake.clear()
+            self._drain_inbox()  # late chunks, events
+            if m.server_lost.is_set():
+                return "lost"
+            if self.pending_outcome:
+                out, self.pending_outcome = self.pending_outcome, None
+                return out
+            slot = h.latest()
+            # a request carries an observation not sent yet and taken while the queue was at or under the
+            # buffer (notify_observation), so it leaves on the tick that made it due, not up to a period later
+            fresh = slot is not None and slot[2] != self.sent_version and slot[4]
+            qsize = self.queue.qsize()
+            plan = self.execution_plan()
+            h.due_buffer_s = plan.buffer_s  # notify_observation marks observations taken at or under it
+            buffered = qsize * self.dt - plan.buffer_s  # > 0: seconds until a request is due
+            # due now, counting the action the observation's tick takes (it may not have run yet); a chunk
+            # merged since the observation refilled the queue, and that observation is no longer due
+            if not h.paused and h.reset_pending is None and fresh and is_due(qsize, self.dt, plan.buffer_s):
+                break
+            if h.reset_pending is not None:
+                return "ok"
+            self._check_degraded()
+            # The tick that brings the queue to the buffer wakes us with its observation (notify_observation):
+            # one wake-up a request, not a poll; every needless wake-up costs the control loop of a shard
+            # hosting hundreds of engines its GIL. The timeout is the DEGRADED check's, or a backstop.
+            h.want_obs = not h.paused
+            if h.paused:
+                timeout = 1.0
+            elif buffered > 0:
+                timeout = buffered + self.dt + 1e-3
+                if self.link.state == S.STREAMING:
+                    timeout = min(timeout, max(self.last_merged + self.cfg.degraded_after_s - time.monotonic(), 0.0)
+                                  + 1e-3)
+                timeout = min(timeout, 1.0)
+            else:
+                timeout = 0.25  # waiting for an observation: notify_observation wakes us first
+            h.wake.wait(timeout)
+            h.want_obs = False
+        if h.stop.is_set():
+            return "stopped"
+        obs, t_obs, version, episode, _due, at_obs = slot
+        self.sent_version = version
+        self.execution_steps = plan.execution_steps
+        return self.request(m, obs, t_obs, episode, at_obs)
+
+    def _on_reset_reply(self, acked: bool) -> None:  # on Zenoh's thread
+        if acked:
+            self.counters["resets_acked"] += 1
+            self.last_ok = time.monotonic()  # the server holds this session: not offline (see handle)
+
+    def _check_degraded(self) -> None:
+        if self.link.state == S.STREAMING and time.monotonic() - self.last_merged > self.cfg.degraded_after_s \
+                and self.queue.qsize() > 0:
+            self.link.fire("no_chunk", f"no chunk for {self.cfg.degraded_after_s:g} s")
+
+    # --- one request -------------------------------------------------------------------------------------------
+
+    def request(self, m, obs: dict, t_obs: float, episode: int, at_obs: tuple[int, int] | None = None) -> str:
+        c, h = self.cfg, self.handoff
+        H = c.execution_horizon
+        # the leftover and index on the observation's tick (its own action included): the chunk's row 0 is
+        # that tick's, as the policy plans it; the queue now, if a merge came in between
+        left_model, left_robot, idx_before = self.queue.left_over_since(at_obs)
+        prefix_model = prefix_robot = None
+        if self.queue.rtc_enabled and H > 0:
+            prefix_model = fit_prefix(left_model, H)
+            prefix_robot = fit_prefix(left_robot, H)
+        delay = self.delay_steps()
+        remaining = self.steps_remaining = self.queue.qsize()  # actions left as it leaves (wire: steps_remaining)
+        t0 = time.monotonic()
+        images = {n: (obs.get("images") or {})[n] for n in c.cameras if n in (obs.get("images") or {})}
+        episode_start = episode != self.started_episode
+        try:
+            seq = m.observe(c.urgency, state=np.asarray(obs["state"], np.float32), images=images, episode_id=episode,
+                            inference_delay_steps=delay, prefix_model=prefix_model, prefix_robot=prefix_robot,
+                            episode_start=episode_start, steps_remaining=remaining,
+                            **({"task": obs["task"]} if obs.get("task") else {}))
+        except Exception as exc:
+            self.last_error = f"observe failed: {type(exc).__name__}: {exc}"
+            self.counters["errors"] += 1
+            return "error"
+        self.started_episode = episode
+        encode_ms = (time.monotonic() - t0) * 1e3
+        self.counters["requests"] += 1
+        # from the observation's tick to this worker taking it up: its wake-up (on a bench shard, every engine's
+        # worker shares a process and its GIL with the control loop, so this is where a busy shard shows)
+        send_lag_ms = (t0 - t_obs) * 1e3
+        self.outstanding = (seq, m.epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms, m.last_sent_ns)
+        deadline = t0 + c.request_timeout_s
+        while not h.stop.is_set():
+            if h.episode != episode:
+                # The episode ended while this request was in flight: its chunk would be discarded on arrival,
+                # so waiting for it only delays the new episode's first request by the rest of a round trip.
+                # Abandoned, not timed out: its chunk, if it comes, is counted as discarded.
+                self.abandoned_seq = seq
+                self.outstanding = None
+                self._record_timeout(seq, delay, encode_ms, "abandoned", sent_ns=int(t0 * 1e9), send_lag_ms=send_lag_ms)
+                return "ok"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            r = m.get_result(min(left, 0.25) * 1e3)
+            if m.server_lost.is_set():
+                self._record_timeout(seq, delay, encode_ms, "lost", send_lag_ms=send_lag_ms)
+                return "lost"
+            if r is None:
+                continue
+            outcome = self.handle(r)
+            if outcome == "merged":
+                self.timeouts_in_row = 0
+                return "ok"
+            if outcome in ("drain", "unknown_session"):
+                return outcome
+            if outcome in ("error", "error_final"):
+                return "error"
+            if outcome == "bad_chunk":
+                # no usable chunk, as a timeout: a streak of them reconnects (perhaps to a sound replica)
+                self.timeouts_in_row += 1
+                if self.timeouts_in_row >= c.timeout_streak:
+                    self.timeouts_in_row = 0
+                    return "streak"
+                return "error"
+        if h.stop.is_set():
+            return "stopped"
+        # timed out: the request stays outstanding (a late answer may still be merged)
+        self.counters["timeouts"] += 1
+        self.timeouts_in_row += 1
+        self._record_timeout(seq, delay, encode_ms, "timeout", send_lag_ms=send_lag_ms)
+        self.link.fire("request_failed", "request timed out")
+        if self.timeouts_in_row >= c.timeout_streak:
+            self.timeouts_in_row = 0
+            return "streak"
+        return "timeout"
+
+    def _record_timeout(self, seq, delay, encode_ms, outcome, sent_ns: int | None = None,
+                        send_lag_ms: float = NAN) -> None:
+        """The record of a request that got no chunk: timeout, lost, abandoned."""
+        rec = unanswered_record(seq, delay, encode_ms, send_lag_ms, outcome, self.execution_steps,
+                                self.steps_remaining)
+        if sent_ns is not None:
+            rec["sent_ns"] = sent_ns
+        self.records.append(rec)
+
+    def _record_failed(self, out, outcome: str) -> None:
+        """The record of a request answered with an error or a bad chunk."""
+        self.records.append(unanswered_record(out[0], out[5], out[6], out[7], outcome, self.execution_steps,
+                                              self.steps_remaining))
+
+    # --- replies -----------------------------------------------------------------------------------------------
+
+    def _drain_inbox(self) -> None:
+        m = self.session.model
+        while True:
+            r = m.poll()
+            if r is None:
+                return
+            outcome = self.handle(r)
+            if outcome in ("drain", "unknown_session"):
+                self.pending_outcome = outcome
+
+    def _refuse_chunk(self, out, problem: str) -> str:
+        """The outstanding request's chunk is unusable: the request failed (a bad chunk, counted and recorded as one;
+        DEGRADED, as for a timeout) and the next one may leave at once."""
+        self.counters["errors"] += 1
+        self.counters["bad_chunks"] += 1
+        self.last_error = f"bad chunk: {problem}"
+        log.warning("%s: chunk of seq %d refused: %s", self.cfg.client_uuid, out[0], problem)
+        self._record_failed(out, "bad_chunk")
+        self.outstanding = None
+        self.link.fire("request_failed", f"bad chunk: {problem}")
+        return "bad_chunk"
+
+    def handle(self, r) -> str:
+        """Merge a chunk (if it answers the outstanding request and is sound) or act on an event."""
+        from edge.client import Event
+
+        m = self.session.model
+        out = self.outstanding
+        if isinstance(r, Event):
+            if r.kind == "drain":
+                return "drain"  # the client matched its replica id (a server's drain header carries epoch 0)
+            if r.kind == "bad_chunk":  # undecodable, or header and body disagree: nothing in it can be trusted
+                self.counters["bad_chunks"] += 1
+                self.last_error = f"bad chunk: {r.code}: {r.message}"
+                return "ignored"
+            if m is None or r.session_epoch != m.epoch:
+                # about an older session (seq ids restart at 1 in each): a late ACTION_MISMATCH of a session already
+                # replaced killed the robot (DEAD), a late error failed the new session's request of the same seq
+                return "ignored"
+            if r.code == "UNKNOWN_SESSION":
+                return "unknown_session"
+            if r.code in ("WRONG_MODEL", "IDENTITY_MISMATCH", "ACTION_MISMATCH"):
+                self.link.fire("fatal", f"server error {r.code}: {r.message}")
+                return "error_final"
+            if out is not None and r.seq_id == out[0]:
+                self.counters["errors"] += 1
+                self.last_error = f"{r.code}: {r.message}"
+                self._record_failed(out, f"error:{r.code}")
+                self.outstanding = None
+                self.link.fire("request_failed", f"server error {r.code}")  # the state says so, as for a timeout
+                return "error"
+            return "ignored"
+        # a chunk
+        problem = chunk_problem(r, m, self.A)
+        if problem:
+            if out is not None and r.seq_id == out[0] and r.session_epoch == out[1]:
+                return self._refuse_chunk(out, problem)
+            self.counters["bad_chunks"] += 1  # answers nothing outstanding: counted, never merged
+            self.last_error = f"bad chunk: {problem}"
+            return "ignored"
+        # A sound chunk of this session, like an acknowledged reset, answers the offline clock (DEAD after
+        # max_offline_s offline): the server and the link work, even when the chunk comes too late to merge. A
+        # robot whose episodes end before their chunks arrive runs its fallback (STALLED); it is not offline (at
+        # 1 Hz, where the reacher's episode is two ticks, robots went DEAD that way with their server answering).
+        # A bad chunk does not: a server that sends only those is offline, and the ladder runs to DEAD.
+        if m is not None and r.session_epoch == m.epoch:
+            self.last_ok = time.monotonic()
+        if out is None or r.seq_id != out[0] or r.session_epoch != out[1]:
+            if r.seq_id == self.abandoned_seq:
+                self.counters["discarded_chunks"] += 1  # the finished episode's, no longer awaited
+                return "ignored"
+            self.counters["late_chunks"] += 1
+            return "ignored"
+        seq, epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms, sent_ns = out
+        if r.sent_ns != sent_ns:
+            # its rtt would be made up: one chunk echoing 0 set the delay estimate to the host's uptime, and every
+            # later request shipped an inference_delay_steps the wire refuses (no chunk again in that session)
+            return self._refuse_chunk(out, f"it echoes client_mono_ns {r.sent_ns}; seq {seq} was sent at {sent_ns}")
+        if episode == self.handoff.episode and r.episode_id != episode:
+            # the episode has not changed here: the server echoed another one (a reset in between is the case below)
+            return self._refuse_chunk(out, f"it echoes episode {r.episode_id}; seq {seq} was sent in episode {episode}")
+        self.outstanding = None
+        if episode != self.handoff.episode:
+            self.counters["discarded_chunks"] += 1  # a reset happened while it was in flight
+            return "merged"
+        latency = r.rtt_s if self.latency_override is None else float(self.latency_override(self.counters["chunks"] + 1))
+        real_delay = delay_steps(latency, self.dt)
+        try:  # sound by chunk_problem(); the queue keeps its own invariant whoever merges (edge.queue)
+            self.queue.merge(r.chunk_model, r.chunk_robot, real_delay, idx_before,
+                             meta=Meta(m.ack.session_id if m.ack else "", seq, episode, t_obs))
+        except ValueError as exc:
+            return self._refuse_chunk(out, str(exc))
+        self.tracker.add(latency)
+        self.last_ok = self.last_merged = time.monotonic()
+        self.records.append(merged_record(r, out, real_delay, self.last_merged, self.execution_steps,
+                                          self.steps_remaining))
+        self.counters["superseded"] += r.superseded_seqs
+        self.counters["chunks"] += 1  # after its record: a chunk counted is a chunk drain_records() can return
+        self.link.fire("chunk_merged", "chunk merged")
+        return "merged"
