@@ -248,7 +248,8 @@ class _Run:
         if self.action_dim is not None and v.shape != (self.action_dim,):
             self.fail(f"get_action() returned {v.shape[0]} values{during}; the declared action_dim is {self.action_dim}")
         if a.source not in _SOURCES:
-            self.fail(f"Action.source {a.source!r}{during} is neither 'chunk' nor a fallback word {sorted(_SOURCES - {'chunk'})}")
+            words = sorted(_SOURCES - {"chunk"})
+            self.fail(f"Action.source {a.source!r}{during} is neither 'chunk' nor a fallback word {words}")
         if a.age_s is not None and not (math.isfinite(a.age_s) and a.age_s >= 0):
             self.fail(f"Action.age_s {a.age_s!r}{during}: an age is None or finite seconds >= 0")
         if a.source == "chunk":
@@ -344,7 +345,7 @@ class _Run:
 
     def watched(self, ticks: int = 8) -> None:
         watch = _Watch(self.probe)
-        for k in range(ticks):
+        for _ in range(ticks):
             for what, fn in (("notify_observation", lambda: self.eng.notify_observation(self.obs)),
                              ("get_action()", self.eng.get_action)):
                 sys.setprofile(watch)

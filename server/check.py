@@ -53,7 +53,8 @@ def check_policy(path: str | os.PathLike, device: str = "cpu", seed: int = 0) ->
         if directory.is_dir() and {p.name for p in directory.iterdir()} >= {CONFIG_FILE, STATS_FILE} \
                 and not (directory / WEIGHTS_FILE).exists():
             raise CheckpointError(f"{exc}. A checkpoint shipped as config and stats only gets seeded random weights "
-                                  f"from `bench init-weights {directory.resolve()}` (server.policies.checkpoint.init_weights)") from None
+                                  f"from `bench init-weights {directory.resolve()}` "
+                                  f"(server.policies.checkpoint.init_weights)") from None
         raise
     cfg = loaded.config
     runtime = ModelRuntime(loaded)

@@ -65,7 +65,7 @@ class _WaitsForTheWorker(RTCEngine):
 
     def get_action(self):
         t0 = time.monotonic()
-        while self._thread is not None and self.queue.qsize() == 0 and not self._stop.is_set() and time.monotonic() - t0 < 5:
+        while self._thread is not None and not self.queue.qsize() and not self._stop.is_set() and time.monotonic() - t0 < 5:
             self._stop.wait(0.001)
         return super().get_action()
 
