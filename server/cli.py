@@ -2,11 +2,13 @@
 
     policy-server --manifest m.yaml [--set scheduling.max_batch=8] [--max-sessions 16] ...
     policy-server replay CAPTURE_DIR --checkpoint DIR
+    policy-server check DIR [--device cuda] [--json]   would this checkpoint be served? (server.check.check_policy)
     policy-server schema manifest                      the manifest's JSON Schema (editors: docs/manifest.md)
 
 Exit codes: 0 clean stop or drain (SIGTERM, Ctrl-C; also while it still waits for its router), 2 a user
 error (bad manifest, missing checkpoint, an output path it cannot create, unreachable router, health port
-taken, a capture directory or file replay cannot read) reported in one line without a traceback, 1 replay mismatch or an internal failure.
+taken, a capture directory or file replay cannot read, a checkpoint `check` refuses) reported in one line without a
+traceback, 1 replay mismatch or an internal failure.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "replay":
         return _replay(_replay_parser().parse_args(argv[1:]))
+    if argv and argv[0] == "check":
+        from server.check import main as check_main
+
+        return check_main(argv[1:])
     if argv and argv[0] == "schema":
         ap = argparse.ArgumentParser(prog="policy-server schema",
                                      description="Print a JSON Schema for editors (docs/manifest.md, Editor support).")
