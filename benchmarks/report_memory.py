@@ -1,4 +1,5 @@
-"""The report phase's memory per request: what `Run.collect` holds for the servers' audit lines and the edge's records.
+"""The report phase's memory per request: what `collect` (bench.run.collect) holds for the servers' audit lines and
+the edge's records.
 
     python -m benchmarks.report_memory [--requests 50000 200000] [--reps 3] [--baseline DIR] [--code DIR]
 
@@ -7,26 +8,27 @@ another host), each as the audit line server/audit.py writes (its field order, t
 server/guard.py add: one line in 1000 a `denied:` line), and the edge's request records as the Arrow stream a
 shard writes (bench.fleet.records), joined on `client_mono_ns`. Then, in a fresh process per measurement (its
 code tree first on the path), a real `bench.run.runner.Run` over those files does what the report phase does with
-them: `collect()` (the audit, the hop split join, server_requests.parquet and the other parquet files, the
-checkpoints, attacks and denials), `fidelity()` and `_forward_series()`. Two figures per request count: `audit`
-(the audit lines alone: `collect_audit()`, what it holds afterwards) and `collect` (the whole path: the peak, and
-what it holds afterwards). Memory is the process's peak resident set (VmHWM, reset just before the measured step)
-and its RSS after, minus its RSS before; per request is the slope between the two request counts (the fixed cost
-drops out), the median of `--reps` processes each. `--baseline DIR`: the same measurement of another checkout
-(for example the main branch) in the same run, interleaved, and the ratio. No tick records here: see `--ticks`.
+them: `collect` (the audit, the hop split join, server_requests.parquet and the other parquet files, the
+checkpoints, attacks and denials), `fidelity_of` and `forward_series` (bench.run.verdict). Two figures per request
+count: `audit` (the audit lines alone: `collect_audit`, what it holds afterwards) and `collect` (the whole path: the
+peak, and what it holds afterwards). Memory is the process's peak resident set (VmHWM, reset just before the
+measured step) and its RSS after, minus its RSS before; per request is the slope between the two request counts (the
+fixed cost drops out), the median of `--reps` processes each. `--baseline DIR`: the same measurement of another
+checkout (for example the main branch) in the same run, interleaved, and the ratio. No tick records here: see
+`--ticks`.
 
     python -m benchmarks.report_memory --ticks 300000 1200000 [--reps 3] [--baseline DIR]
 
-`--ticks SMALL LARGE`: instead, the whole report phase (`Run.judge`: collect, figures, assertions, fidelity,
-summary.json, report.html) of two synthetic runs that differ only in their tick records (`write_ticks`: the
+`--ticks SMALL LARGE`: instead, the whole report phase (`bench.run.verdict.judge`: collect, figures, assertions,
+fidelity, summary.json, report.html) of two synthetic runs that differ only in their tick records (`write_ticks`: the
 300-robot headline's shape, 10,000 requests each): the peak per robot-tick is the slope between them, what
 `REPORT_BYTES_PER_TICK` prices (bench/run/sizing.py).
 
     python -m benchmarks.report_memory --replay reports/soak/20261126T112536Z [--replay DIR ...] [--baseline DIR]
 
-`--replay RUN_DIR`: instead, a real run's whole report phase again (`Run.judge`: collect, figures, assertions,
-fidelity, summary.json and report.html, written to a scratch copy), from its parquet files turned back into the
-shards' Arrow streams, its servers' audit logs and its clock.json; the peak resident set over the RSS before
+`--replay RUN_DIR`: instead, a real run's whole report phase again (`bench.run.verdict.judge`: collect, figures,
+assertions, fidelity, summary.json and report.html, written to a scratch copy), from its parquet files turned back into
+the shards' Arrow streams, its servers' audit logs and its clock.json; the peak resident set over the RSS before
 (VmHWM), per code tree, beside what the run itself recorded (summary.json `memory.report_phase`); with
 `--baseline`, what the code saved per request and per robot-tick (the run's whole saving over either count).
 """
@@ -174,6 +176,14 @@ args = json.loads(sys.argv[1])
 import numpy as np, psutil, pyarrow, pyarrow.parquet as pq
 from bench.fleet import clock as clocks
 from bench.run.runner import Run
+try:  # the run's phases as functions over its declared state (bench.run.state)
+    from bench.run.collect import collect, collect_audit
+    from bench.run.verdict import fidelity_of, forward_series, judge
+    open_run = lambda s, d: Run(s, d, progress=False).state
+except ImportError:  # --baseline/--code: a checkout whose Run held its phases as methods
+    collect, collect_audit, judge = Run.collect, Run.collect_audit, Run.judge
+    fidelity_of, forward_series = Run.fidelity, Run._forward_series
+    open_run = lambda s, d: Run(s, d, progress=False)
 from bench.scenario.schema import load_scenario
 
 def rss_mb():
@@ -191,12 +201,12 @@ shutil.copytree(args["records"], run_dir / "records")
 (run_dir / "logs").mkdir(parents=True)
 for p in Path(args["logs"]).glob("server-*.log"):
     shutil.copy(p, run_dir / "logs" / p.name)
-run = Run(load_scenario(args["scenario"]), run_dir, progress=False)
+run = open_run(load_scenario(args["scenario"]), run_dir)
 run.servers = {rid: {"audit": str(Path(args["logs"]) / f"audit-{rid}.jsonl")} for rid in args["replicas"]}
 run.clocks = {f"server:{args['skewed']}": clocks.ClockOffset(args["skew_s"], 0.0002, 0.0004)}
-run.state.t0_mono = args["t0_ms"] / 1e3
+getattr(run, "state", run).t0_mono = args["t0_ms"] / 1e3  # an older Run: its live state
 run.fault_log = []
-if args["mode"] == "judge":  # the robots as the runner lists them (bench.run.runner.Run.shard_specs)
+if args["mode"] == "judge":  # the robots as the runner lists them (bench.run.specs.shard_specs)
     run.robot_table = [{"robot": r, "group": g.name, "engine": g.engine_kind, "index": i, "site": g.site,
                         "shard": r % len(args["replicas"]), "robot_type": g.robot, "fps": g.fps,
                         "max_action_age_s": 1.5, "deadline_s": 1 / 6}
@@ -206,14 +216,14 @@ before = rss_mb()
 Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the RSS now
 t = time.perf_counter()
 if args["mode"] == "audit":
-    held = run.collect_audit()
+    held = collect_audit(run)
 elif args["mode"] == "judge":  # the whole report phase: collect, figures, assertions, fidelity, summary, report
-    outcome = run.judge(None)
+    outcome = judge(run, None)
     assert not outcome.error, outcome.error
 else:
-    data = run.collect()
-    fidelity = run.fidelity(data)
-    series = run._forward_series()
+    data = collect(run)
+    fidelity = fidelity_of(run, data)
+    series = forward_series(run)
     assert "note" not in fidelity, fidelity.get("note")
     assert len(fidelity["replicas"]) == len(args["replicas"]) and series, (fidelity, series)
 seconds = time.perf_counter() - t
@@ -230,18 +240,18 @@ shutil.copytree(args["records"], run_dir / "records")
 (run_dir / "logs").symlink_to((src / "logs").resolve())
 clock = json.loads((src / "clock.json").read_text())
 summary = json.loads((src / "summary.json").read_text())
-run = Run(load_scenario(src / "scenario.yaml"), run_dir, progress=False)
+run = open_run(load_scenario(src / "scenario.yaml"), run_dir)
 run.servers = {r.id: {"audit": str(src / "logs" / f"audit-{r.id}.jsonl"), "manifest": src / "manifests" / f"{r.id}.yaml"}
                for r in run.s.replicas}
 run.clocks = {k: clocks.ClockOffset(o["offset_ms"] / 1e3, o["uncertainty_ms"] / 1e3, o["rtt_ms"] / 1e3, o["exchanges"],
                                     o["same_clock"]) for k, o in clock.get("offsets", {}).items()}
-run.state.t0_mono = clock["t0_mono_ms"] / 1e3
+getattr(run, "state", run).t0_mono = clock["t0_mono_ms"] / 1e3
 run.robot_table = pq.read_table(src / "robots.parquet").to_pylist()
 run.fault_log = summary.get("faults") or []
 before = rss_mb()
 Path("/proc/self/clear_refs").write_text("5")
 t = time.perf_counter()
-outcome = run.judge(None)
+outcome = judge(run, None)
 seconds = time.perf_counter() - t
 peak = hwm_mb()
 print(json.dumps({"rss_before_mb": round(before, 1), "peak_mb": round(peak - before, 1), "seconds": round(seconds, 1),
@@ -327,7 +337,7 @@ def measure_one(code: Path, files: dict, mode: str, tmp: Path, tag: str) -> dict
 
 
 def measure_ticks(sizes: tuple[int, int], trees: dict[str, Path], reps: int) -> dict:
-    """The whole report phase (`Run.judge`) of synthetic runs that differ only in their tick count: its peak per
+    """The whole report phase (`bench.run.verdict.judge`) of synthetic runs that differ only in their tick count: its peak per
     robot-tick, the slope between the two sizes (medians of `reps` processes each, the trees interleaved)."""
     small, large = sizes
     raw: dict = {name: {n: [] for n in sizes} for name in trees}

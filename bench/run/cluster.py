@@ -236,7 +236,7 @@ class RemoteChild(ChildProcess):
 
     def measure_wall_clock(self):
         """This child's node's wall clock offset from the driver's wall clock: exchanges timed around the actor's
-        `wall()` (a Zenoh router's timestamps are wall time: Run.router_split moves them across nodes by it)."""
+        `wall()` (a Zenoh router's timestamps are wall time: bench.run.collect.router_split moves them across nodes by it)."""
         from bench.fleet import clock as clocks
 
         return clocks.measure(lambda: self._call("wall", timeout=10.0), clock=time.time)

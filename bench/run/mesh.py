@@ -35,10 +35,10 @@ were written) is admitted by the routers already running without restarting them
 actor (`put_files`). The site proxies forward the TLS bytes untouched, so the robots' endpoints are `tls/`
 ones on their node's proxy.
 
-Nodes are learnt as the run places its children (`Run.start_servers`/`start_shards` locate each one, then
+Nodes are learnt as the run places its children (bench.run.starters' `server` and `shard` starters locate each one, then
 ask `NodeMesh.links(node)`): a node that gets nothing gets no router. Every router and proxy is registered
 in the run's ProcessSet, so it stops with the run, pass or fail; one that dies ends the run with exit 2
-naming its node (`Run._check_children`).
+naming its node (bench.run.observe.check_children).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Owns the orphan-free teardown: children are `wire.procs.ChildProcess` objects (o
 group each) registered here in start order; `stop_all()` stops them in reverse order. It runs
 from the runner's `finally`, from an atexit hook, and on SIGTERM/SIGHUP (turned into
 KeyboardInterrupt in the main thread so the same `finally` runs). Invariant: once `stop_all()`
-returns, no registered child or any member of its process group is alive.
+returns, no registered child or any member of its process group is alive. `is_local` says whether a child runs
+on this host (a cluster child may run on another).
 """
 
 from __future__ import annotations
@@ -129,3 +130,13 @@ def group_alive(pgid: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def is_local(child, for_cpu: bool = False) -> bool:
+    """Whether `child` runs on this host (its pid means something to this host's CPU sampler). `for_cpu` with
+    BENCH_TEST_CPU_REMOTE=1 (tests only): a cluster child is sampled through its actor even on this host."""
+    import socket
+
+    if for_cpu and hasattr(child, "node") and os.environ.get("BENCH_TEST_CPU_REMOTE") == "1":
+        return False
+    return not hasattr(child, "node") or child.node.get("hostname") == socket.gethostname()

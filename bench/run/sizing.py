@@ -384,7 +384,7 @@ def measured_by_kind(split: dict) -> dict:
     return {k: round(v, 3) for k, v in out.items()}
 
 
-# The report phase (bench.run.collect.Collecting.collect, bench.evidence.figures) holds every record of the run at once.
+# The report phase (bench.run.collect.collect, bench.evidence.figures) holds every record of the run at once.
 # Least squares over 109 run directories of 2026-11-26 on the 2-core VM, up to the 30-minute soak's 2.84 M tick rows
 # and 187 k requests (peak 1.82 GB): the runner's peak RSS grows 310 B a robot-tick (warm-up included) and 4.5 KB a
 # request (the edge's record, the server's audit row, their joins), on top of ~120-195 MB it holds already; the runs

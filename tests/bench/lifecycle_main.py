@@ -14,6 +14,8 @@ from pathlib import Path
 
 from bench.run.procset import install_signal_handlers
 from bench.run.runner import Run, SiteLink
+from bench.run.starters import STARTERS
+from bench.run.state import RunState
 from bench.scenario.schema import parse_scenario
 
 SCENARIO = """\
@@ -33,7 +35,7 @@ assertions:
 """
 
 
-def stall_shards(run: Run) -> None:
+def stall_shards(run: RunState) -> None:
     """A starved host: every shard gets no CPU for 80 ms of every 200 during the measured window."""
     import os
     import signal
@@ -41,9 +43,9 @@ def stall_shards(run: Run) -> None:
     import time
 
     def loop():
-        while run.state.t0_mono is None or time.monotonic() < run.state.t0_mono:
+        while run.t0_mono is None or time.monotonic() < run.t0_mono:
             time.sleep(0.05)
-        while time.monotonic() < run.state.end_mono - 0.3:
+        while time.monotonic() < run.end_mono - 0.3:
             pids = [c.pid for n, c in run.procs.children if n.startswith("shard:") and c.pid]
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
@@ -64,16 +66,12 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     install_signal_handlers()
     s = parse_scenario(textwrap.dedent(SCENARIO.format(duration=duration)))
-    Run.start_proxy = lambda self: setattr(self, "sites", {"lab": SiteLink("lab", "tcp/127.0.0.1:9")})
-    Run.start_servers = lambda self: None
+    STARTERS["proxy"] = lambda run: setattr(run, "sites", {"lab": SiteLink("lab", "tcp/127.0.0.1:9")})
+    STARTERS["server"] = lambda run: None
+    run = Run(s, run_dir, progress=False, engine_factory="tests.bench.fake_engine:make")
     if sys.argv[3:] == ["stall"]:
-        drive = Run.drive
-
-        def stalled_drive(self):
-            stall_shards(self)
-            drive(self)
-        Run.drive = stalled_drive
-    outcome = Run(s, run_dir, progress=False, engine_factory="tests.bench.fake_engine:make").execute()
+        stall_shards(run.state)  # it waits for t = 0, which the run's measured window sets
+    outcome = run.execute()
     print(f"verdict {outcome.verdict}", flush=True)
     return outcome.exit_code
 

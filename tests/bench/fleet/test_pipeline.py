@@ -12,6 +12,9 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from bench.run.runner import Run, SiteLink
+from bench.run.specs import shard_specs
+from bench.run.state import RunState
+from bench.run.verdict import judge
 from bench.scenario.schema import parse_scenario
 from bench.fleet.shard import Shard
 
@@ -41,11 +44,11 @@ SCENARIO = textwrap.dedent("""\
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     s = parse_scenario(SCENARIO)
-    run = Run(s, tmp_path_factory.mktemp("run"), progress=False)
+    run = Run(s, tmp_path_factory.mktemp("run"), progress=False).state
     for d in (run.logs, run.rec_dir):
         d.mkdir(parents=True, exist_ok=True)
     run.sites = {"lab": SiteLink("lab", "tcp/127.0.0.1:9")}
-    specs = run.shard_specs()
+    specs = shard_specs(run)
     spec = specs[0]
     spec["engine_factory"] = "tests.bench.fake_engine:make"
     for r in spec["robots"]:
@@ -61,8 +64,8 @@ def finished_run(tmp_path_factory):
     shard.run_loop()
     shard.stop_event.set()
     final = shard.teardown()
-    run.state.done[0] = {"final_states": final}
-    outcome = run.judge(None)
+    run.done[0] = {"final_states": final}
+    outcome = judge(run, None)
     return run, outcome
 
 
@@ -121,13 +124,13 @@ def test_report_is_self_contained(finished_run):
     assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
-def _fake_engine_shard_spec(s, tmp_path) -> tuple[Run, dict]:
+def _fake_engine_shard_spec(s, tmp_path) -> tuple[RunState, dict]:
     """A run of scenario `s` in `tmp_path` with no process started, and its first shard's spec on fake engines."""
-    run = Run(s, tmp_path, progress=False)
+    run = Run(s, tmp_path, progress=False).state
     for d in (run.logs, run.rec_dir):
         d.mkdir(parents=True, exist_ok=True)
     run.sites = {"lab": SiteLink("lab", "tcp/127.0.0.1:9")}
-    spec = run.shard_specs()[0]
+    spec = shard_specs(run)[0]
     spec["engine_factory"] = "tests.bench.fake_engine:make"
     return run, spec
 
@@ -207,9 +210,9 @@ def test_an_engine_that_raises_is_counted_held_and_fails_the_run_unasked(tmp_pat
     (slot,) = [r for r in shard.robots if r.rid == rid]
     assert slot.raises > 0 and "get_action() raised" in slot.first_raise and "ValueError" in slot.first_raise
     assert all(r.raises == 0 for r in shard.robots if r.rid != rid)
-    run.state.done[0] = {"final_states": final,
-                         "engine_raises": {str(rid): {"count": slot.raises, "first": slot.first_raise}}}
-    outcome = run.judge(None)
+    run.done[0] = {"final_states": final,
+                   "engine_raises": {str(rid): {"count": slot.raises, "first": slot.first_raise}}}
+    outcome = judge(run, None)
     summary = json.loads((run.run_dir / "summary.json").read_text())
     assert summary["verdict"] == "fail" and outcome.exit_code == 1
     results = {a["expression"]: a for a in summary["assertions"]}

@@ -7,8 +7,9 @@ import socket
 import textwrap
 
 import wire.procs as procs
-from bench.run import runner
+from bench.run import specs
 from bench.run.runner import Run
+from bench.run.starters import start_servers
 from bench.scenario.schema import parse_scenario
 
 
@@ -20,7 +21,7 @@ def test_a_replicas_health_port_taken_before_it_binds_is_picked_again(tmp_path, 
         sites: {lab: lan}
         servers: {replicas: [{id: r0, checkpoint: reacher}]}
     """))
-    run = Run(s, tmp_path, progress=False)
+    run = Run(s, tmp_path, progress=False).state
     for d in (run.logs, run.rec_dir, run.run_dir / "manifests"):
         d.mkdir(parents=True, exist_ok=True)
     router, run.router_endpoint = procs.start_router(None, tmp_path / "router.log")
@@ -31,9 +32,9 @@ def test_a_replicas_health_port_taken_before_it_binds_is_picked_again(tmp_path, 
         real_free_port = procs.free_port
         pick = lambda: next(picks, None) or real_free_port()  # noqa: E731
         monkeypatch.setattr(procs, "free_port", pick)
-        monkeypatch.setattr(runner, "free_port", pick)  # the manifest's port is picked there
+        monkeypatch.setattr(specs, "free_port", pick)  # the manifest's port is picked there
         try:
-            run.start_servers()
+            start_servers(run)
             info = run.servers["r0"]
             assert info["child"].alive() and info["health_port"] != taken.getsockname()[1]
             assert "address already in use" in (run.logs / "server-r0.log").read_text().lower()

@@ -265,11 +265,11 @@ def test_a_node_given_two_proxy_processes_deals_its_sites_over_them_and_a_site_c
 
 
 def test_each_node_is_sized_by_the_robots_of_the_shards_placed_on_it_and_what_ray_reserved_there():
-    """Run.node_proxy_processes: node A carries shards 0 and 1 (3,000 robots at 30 Hz over 3 sites) and has the
+    """node_proxy_processes: node A carries shards 0 and 1 (3,000 robots at 30 Hz over 3 sites) and has the
     CPUs; node B carries one small shard beside a replica on 2 CPUs; node C only a replica (no shards: no proxies)."""
     from types import SimpleNamespace as NS
 
-    from bench.run.runner import Run
+    from bench.run.specs import node_proxy_processes
 
     class Placed:
         def __init__(self, node_id):
@@ -288,14 +288,14 @@ def test_each_node_is_sized_by_the_robots_of_the_shards_placed_on_it_and_what_ra
                                        {"node_id": "C", "cpus": 8}]),
              robot_table=table, request_rates={"g": 1.5},  # 30 Hz robots asking every 20 ticks
              servers={"r0": {"child": Placed("B")}, "r1": {"child": Placed("C")}})
-    assert Run.node_proxy_processes(run, specs, placed) == {"A": 3, "B": 1}
+    assert node_proxy_processes(run, specs, placed) == {"A": 3, "B": 1}
     run.cluster = NS(nodes=lambda: [{"node_id": "A", "cpus": 4}, {"node_id": "B", "cpus": 2}])
-    assert Run.node_proxy_processes(run, specs, placed) == {"A": 1, "B": 1}  # A's CPUs: its 2 shards and router
+    assert node_proxy_processes(run, specs, placed) == {"A": 1, "B": 1}  # A's CPUs: its 2 shards and router
     run.servers["r2"] = {"child": Placed("A")}  # a replica beside them takes the one CPU left for a second loop
     run.cluster = NS(nodes=lambda: [{"node_id": "A", "cpus": 5}, {"node_id": "B", "cpus": 2}])
-    assert Run.node_proxy_processes(run, specs, placed) == {"A": 1, "B": 1}
+    assert node_proxy_processes(run, specs, placed) == {"A": 1, "B": 1}
     del run.servers["r2"]
-    assert Run.node_proxy_processes(run, specs, placed) == {"A": 2, "B": 1}
+    assert node_proxy_processes(run, specs, placed) == {"A": 2, "B": 1}
 
 
 @pytest.mark.integration

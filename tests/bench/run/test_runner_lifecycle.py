@@ -75,31 +75,33 @@ def test_a_starved_shard_turns_a_failed_assertion_inconclusive(tmp_path):
 def test_replicas_on_other_hosts_listen_for_scrapes_and_are_read_at_their_node(tmp_path):
     from types import SimpleNamespace
 
-    from bench.run.runner import Run
+    from bench.run.drive import health_url
+    from bench.run.state import RunState
 
-    runner = Run.__new__(Run)
+    runner = RunState()
     runner.host = "10.0.0.5"  # the driver's address on the cluster's network: nodes on other hosts
     info = {"child": SimpleNamespace(node={"ip": "10.0.0.7"}), "health_port": 9101}
-    assert runner._health_url(info) == "http://10.0.0.7:9101"
+    assert health_url(runner, info) == "http://10.0.0.7:9101"
     runner.host = "127.0.0.1"  # every process on this host
-    assert runner._health_url(info) == "http://127.0.0.1:9101"
+    assert health_url(runner, info) == "http://127.0.0.1:9101"
 
 
 def test_the_summary_names_how_every_chaos_proxy_was_scheduled_local_or_on_a_node(tmp_path):
     from types import SimpleNamespace
 
-    from bench.run.runner import Run
+    from bench.run.state import RunState
+    from bench.run.verdict import proxy_priorities
 
-    runner = Run.__new__(Run)
+    runner = RunState()
     runner.logs = tmp_path
     runner.proxy_servers = [SimpleNamespace(priority="SCHED_FIFO 5")]  # read from its process here
     (tmp_path / "chaos-proxy.log").write_text("INFO chaos.toxiproxy: event loop priority: normal (asked: fifo)\n")
-    assert runner.proxy_priorities() == ["SCHED_FIFO 5"]  # a local proxy: its process, not its log
+    assert proxy_priorities(runner) == ["SCHED_FIFO 5"]  # a local proxy: its process, not its log
     # per_node routers: a node's proxies are known by their logs (a host without CAP_SYS_NICE falls back)
     (tmp_path / "chaos-proxy-0a1b2c3d4e5f.log").write_text(
         "INFO chaos.toxiproxy: event loop priority: nice -10 (asked: fifo)\n")
     (tmp_path / "chaos-proxy-1-0a1b2c3d4e5f.log").write_text("toxiproxy-server-py ready: listening on x\n")
-    assert runner.proxy_priorities() == ["SCHED_FIFO 5", "nice -10", "unknown"]
+    assert proxy_priorities(runner) == ["SCHED_FIFO 5", "nice -10", "unknown"]
 
 
 def test_the_process_table_appears_whole(tmp_path, monkeypatch):
@@ -107,7 +109,7 @@ def test_the_process_table_appears_whole(tmp_path, monkeypatch):
     is written beside and renamed into place, never opened in place."""
     from types import SimpleNamespace
 
-    from bench.run.runner import Run
+    from bench.run.starters import write_process_table
 
     opened_in_place = []
     write_text = Path.write_text
@@ -121,7 +123,7 @@ def test_the_process_table_appears_whole(tmp_path, monkeypatch):
     child = SimpleNamespace(pid=4242, log_path=tmp_path / "router.log")
     run = SimpleNamespace(procs=SimpleNamespace(children=[("router", child)]), proxy_servers=[], run_dir=tmp_path,
                           logs=tmp_path)
-    Run.write_process_table(run)
+    write_process_table(run)
     assert opened_in_place == []
     assert json.loads((tmp_path / "processes.json").read_text()) == [{"name": "router", "pid": 4242,
                                                                       "log": str(tmp_path / "router.log")}]

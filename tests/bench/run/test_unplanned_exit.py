@@ -23,7 +23,8 @@ import pytest
 from bench.evidence import figures as figs
 from bench.evidence.figures import UNPLANNED_EXIT
 from bench.run.runner import exit_words, is_system_process
-from bench.run.verdict import ENGINE_RAISES_CHECK, UNPLANNED_EXITS_CHECK, Judging
+from bench.run.state import RunState
+from bench.run.verdict import ENGINE_RAISES_CHECK, UNPLANNED_EXITS_CHECK, implicit_checks
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -125,10 +126,9 @@ def test_a_replica_that_dies_unplanned_fails_the_run_and_the_run_goes_on(tmp_pat
 
 
 def _judging(assertions: list[str]):
-    j = Judging()
-    j.s = SimpleNamespace(assertions=[SimpleNamespace(expression=e) for e in assertions],
-                          groups=[SimpleNamespace(name="lab")])
-    return j
+    run = RunState(s=SimpleNamespace(assertions=[SimpleNamespace(expression=e) for e in assertions],
+                                     groups=[SimpleNamespace(name="lab")]))
+    return SimpleNamespace(implicit_checks=lambda top: implicit_checks(run, top))
 
 
 def _figures(fault_windows: list[dict], engine_raises: dict[int, int]):
