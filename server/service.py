@@ -218,7 +218,7 @@ class PolicyServer:
 
     def start(self) -> "PolicyServer":
         from server.mailbox import Mailbox
-        from server.scheduling import make_scheduler
+        from server.scheduling import DEFAULT_BATCH_WINDOW_MS, make_scheduler
 
         if not hasattr(self, "runtime"):
             self.load()
@@ -229,14 +229,15 @@ class PolicyServer:
         if scoring:
             opts["scoring"] = scoring
         name = _get(sched, "strategy", "round_robin")
-        if name == "batch_optimized":
-            opts["batch_window_ms"] = float(_get(sched, "batch_window_ms", 2.0))
+        window_ms = float(_get(sched, "batch_window_ms", DEFAULT_BATCH_WINDOW_MS))
+        if name == "batch_optimized":  # it holds partial batches itself: the window is its own
+            opts["batch_window_ms"] = window_ms
         self.max_batch = max(1, int(_get(sched, "max_batch", 1)))
-        self.batch_window_s = float(_get(sched, "batch_window_ms", 2.0)) / 1e3
         self.mailbox = Mailbox(
             make_scheduler(name, **opts), model=self.info.model_id, max_queue_size=int(_get(sched, "max_queue_size", 500)),
             overflow_policy=_get(sched, "overflow_policy", "drop_oldest"),
             request_ttl_ms=_get(sched, "request_ttl_ms", 5000.0), max_retries=int(_get(sched, "max_retries", 0)),
+            batch_window_ms=window_ms, senders=self.sessions.__len__,
         )
         if self._shared is None:
             self._z = open_manifest_session(m, stopped=self.stopped)
@@ -599,29 +600,7 @@ class PolicyServer:
             batch = self.mailbox.take(self.max_batch, 0.25)
             if batch.closed:
                 return
-            reqs = list(batch.requests)
-            if reqs and len(reqs) < self.max_batch and self.batch_window_s > 0 and batch.queue_depth == 0 \
-                    and len(self.sessions) > len(reqs):
-                # Micro-batching window: gather arrivals until the window closes or the batch is full (one
-                # forward pass of 16 costs about what 2 single passes cost, so waiting pays on a busy replica).
-                close_at = time.monotonic() + self.batch_window_s
-                expired, depth = list(batch.expired), batch.queue_depth
-                while len(reqs) < self.max_batch and len(self.sessions) > len(reqs):
-                    left = close_at - time.monotonic()
-                    if left <= 0:
-                        break
-                    more = self.mailbox.take(self.max_batch - len(reqs), left)
-                    if more.closed:
-                        break
-                    expired += more.expired
-                    depth = more.queue_depth
-                    reqs += [r for r in more.requests if r.batch_key == reqs[0].batch_key]
-                    foreign = [r for r in more.requests if r.batch_key != reqs[0].batch_key]
-                    for r in foreign:
-                        self.mailbox.requeue(r)
-                    if foreign:  # another batch key is waiting: serve this batch now, that one next
-                        break
-                batch = type(batch)(reqs, expired, depth, batch.taken_at)
+            reqs = list(batch.requests)  # the micro-batch window is the mailbox's (or the scheduler's)
             for req in batch.expired:
                 self.metrics.inc("requests_expired", model=self.info.model_id)
                 p: Pending = req.payload

@@ -27,6 +27,7 @@ from server.manifest.fields import (
     ListenEndpoints, ManifestError, Num, OutFile, Str, Strs, _f, _in, _raise, _scheduler_names, _scoring_names,
     _Section, _show, _upper,
 )
+from server.scheduling import DEFAULT_BATCH_WINDOW_MS
 from wire import configerrors as ce
 from wire.errors import WireError
 from wire.keys import sanitize
@@ -170,7 +171,8 @@ class SchedulingConfig(_Section):
                        "it with an error to the client")
     max_retries: Int = _f(0, "re-queue a failed forward pass up to N times", lo=0, hi=100)
     max_batch: Int = _f(1, "sessions per forward pass (1 = no micro-batching)", lo=1, hi=1024)
-    batch_window_ms: Num = _f(2.0, "how long a partial batch waits for more sessions", lo=0.0, hi=1000.0)
+    batch_window_ms: Num = _f(DEFAULT_BATCH_WINDOW_MS, "how long a partial batch waits for more sessions", lo=0.0,
+                              hi=1000.0)
     pipeline_dispatch: PipelineDispatch = _f(PipelineDispatch, "per-model dispatch loops")
 
     def _resolve(self, fail: Callable[[str, str], None]) -> "SchedulingConfig":

@@ -660,3 +660,23 @@ def test_a_states_shape_must_be_the_sessions_vector_or_a_batch_of_one():
     for shape in [(2, 2), (4, 1), (1, 1, 4), (5,), (), (0,)]:
         message = state_shape_error(shape, 4)
         assert message and f"shape {list(shape)}" in message and "shape [4]" in message, shape
+
+
+def test_batch_optimized_holds_a_partial_batch_for_one_window_not_two(ckpt, router, tmp_path):
+    """Under batch_optimized the scheduler holds a partial batch for batch_window_ms; the dispatch loop then
+    waited a second window of its own while another session was open (a lone request waited twice)."""
+    window_ms = 500.0
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, scheduling={
+        "strategy": "batch_optimized", "max_batch": 8, "batch_window_ms": window_ms})).start()
+    a, b = client(router, "robot-a"), client(router, "robot-b")
+    try:
+        a.open(rtc_enabled=False)
+        b.open(rtc_enabled=False)  # a second session: more could come, so a gather window would wait
+        got = a.chunk_for(a.send(np.ones(S)), timeout=10)
+        assert got is not None, "no chunk came back"
+        waited = got[1].queue_wait_ms
+        assert 0.9 * window_ms <= waited < 1.5 * window_ms, f"waited {waited:.0f} ms for a {window_ms:g} ms window"
+    finally:
+        a.close()
+        b.close()
+        srv.stop()
