@@ -119,21 +119,21 @@ class RayServeForward:
                 pass
 
 
-def make_forward(policy, get, model_id: str, replica_id: str):
+def make_forward(policy, m, model_id: str, replica_id: str):
     """The manifest's `dispatch` backend for this model's policy (loaded here for its config and processors);
-    `get(dotted_key, default)` reads the manifest."""
-    backend = get("dispatch.backend", "local") or "local"
-    if backend == "local":
+    `m` is the model's server.manifest.Manifest."""
+    d = m.dispatch
+    if d.backend == "local":
         from server.runtime import LocalForward
 
         return LocalForward(policy)
-    device = str(get("model.device", "cpu"))
-    gpus = float(get("dispatch.gpus_per_replica", 0.0) or 0.0)
+    device = m.model.device
+    gpus = d.gpus_per_replica
     if device.startswith("cuda") and gpus == 0:
         gpus = 1.0
     return RayServeForward.deploy(
-        model_id=model_id, replica_id=replica_id, repo_or_path=str(get("model.repo_or_path", None)),
-        device=device, dtype=str(get("model.dtype", "float32")), torch_threads=int(get("torch_threads", 1) or 1),
-        replicas=int(get("dispatch.replicas", 1)), cpus_per_replica=float(get("dispatch.cpus_per_replica", 1.0)),
-        gpus_per_replica=gpus, max_inflight=int(get("dispatch.max_inflight", 4)), address=get("dispatch.address", None),
-        hyper_params=dict(get("model.hyper_params", None) or {}))
+        model_id=model_id, replica_id=replica_id, repo_or_path=str(m.model.repo_or_path),
+        device=device, dtype=m.model.dtype, torch_threads=m.torch_threads,
+        replicas=d.replicas, cpus_per_replica=d.cpus_per_replica,
+        gpus_per_replica=gpus, max_inflight=d.max_inflight, address=d.address,
+        hyper_params=dict(m.model.hyper_params))

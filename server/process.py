@@ -19,17 +19,17 @@ import threading
 from server.audit import AuditLog
 from server.health import HealthServer
 from server.metrics import Metrics
-from server.service import (
-    READY_TEXT, PolicyServer, RouterLink, Shared, StartCancelled, _get, create_output, open_manifest_session,
-)
+from server.router import RouterLink, StartCancelled, open_manifest_session
+from server.service import READY_TEXT, PolicyServer, Shared, as_manifest, create_output
 
 log = logging.getLogger("policy_server")
 
 
 class ServerProcess:
     def __init__(self, manifest):
-        self.m = manifest
-        audit_path = _get(manifest, "audit_path", None)
+        """`manifest` is a server.manifest.Manifest (plain data is validated as one)."""
+        self.m = manifest = as_manifest(manifest)
+        audit_path = manifest.audit_path
         self.shared = Shared(None, Metrics(), create_output("audit_path", audit_path, lambda: AuditLog(audit_path)))
         self.metrics = self.shared.metrics
         self.models: dict[str, PolicyServer] = {
@@ -51,10 +51,10 @@ class ServerProcess:
         self.router = RouterLink(self.shared.z)
         for server in self.models.values():
             server.start()
-        port = _get(self.m, "health_port", None)
-        if port is not None and int(port) >= 0:
-            self.health = HealthServer(int(port), self.metrics, self._ready_reason, lambda: not self.stopped.is_set(),
-                                       host=_get(self.m, "health_host", "127.0.0.1"), sessions_fn=self.session_report).start()
+        port = self.m.health_port
+        if port is not None and port >= 0:
+            self.health = HealthServer(port, self.metrics, self._ready_reason, lambda: not self.stopped.is_set(),
+                                       host=self.m.health_host, sessions_fn=self.session_report).start()
         health = f" health http://127.0.0.1:{self.health.port}" if self.health else ""
         print(f"{READY_TEXT}: {'; '.join(s.describe() for s in self.models.values())}{health}", flush=True)
         return self

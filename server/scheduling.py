@@ -35,8 +35,12 @@ __all__ = [
     "register_scoring", "get_scoring", "scoring_names",
     "deadline", "deadline_key", "deadline_score",
     "RoundRobinScheduler", "DeadlineAwareScheduler", "ModelDeadlineScheduler",
-    "PriorityTieredScheduler", "BatchOptimizedScheduler", "check_scheduler",
+    "PriorityTieredScheduler", "BatchOptimizedScheduler", "check_scheduler", "DEFAULT_BATCH_WINDOW_MS",
 ]
+
+# How long a partial batch waits for more sessions: the manifest's `scheduling.batch_window_ms` default
+# (server/manifest/sections.py takes it from here), held by batch_optimized or gathered by the Mailbox.
+DEFAULT_BATCH_WINDOW_MS = 2.0
 
 
 @dataclass(eq=False)  # identity equality: payloads are arrays, and two requests are never "the same" by value
@@ -182,6 +186,9 @@ class Scheduler(ABC):
     """
 
     name: ClassVar[str] = ""
+    # True: `select` itself holds a partial batch for a window (`next_wakeup` says until when), so the
+    # Mailbox adds no gather window of its own (one window, not two).
+    holds_batches: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._slots: dict[str, Request] = {}
@@ -474,9 +481,12 @@ class BatchOptimizedScheduler(Scheduler):
     The window counts from when the session's slot began waiting, so replacements by newer requests
     cannot postpone a flush forever. Of several ready groups the one with the oldest waiter goes first;
     a flush takes the longest-waiting sessions of the group. Select is O(n) in pending requests.
+    This hold is the batch window: the Mailbox gathers no second one (`holds_batches`).
     """
 
-    def __init__(self, *, batch_window_ms: float = 10.0) -> None:
+    holds_batches: ClassVar[bool] = True
+
+    def __init__(self, *, batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS) -> None:
         super().__init__()
         if batch_window_ms < 0:
             raise ValueError(f"batch_window_ms must be >= 0, got {batch_window_ms}")

@@ -3,7 +3,7 @@ translation the server manifest and the scenario language share.
 
 Owns the wording of every schema error (type, range, choice, unknown key, missing key, null) and
 the walk from an error's location to the field that explains it. The models stay with their
-owners (server/manifest.py, bench/scenario/model.py); the line comes from `wire.yamlines`.
+owners (server/manifest/, bench/scenario/model.py); the line comes from `wire.yamlines`.
 Invariants: no pydantic import at module level (wire is the robot's light install: only the
 server and the twin, which have pydantic, call these functions); the first error reported is an
 unknown key if there is one (a typo usually explains the rest), else pydantic's first.

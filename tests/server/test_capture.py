@@ -120,7 +120,7 @@ def test_replay_of_a_directory_it_cannot_list_names_it_without_a_traceback(tmp_p
     ("cuda:1", 1, "--device 'cuda:1' but torch sees 1 CUDA device(s)"),
 ])
 def test_replay_refuses_a_device_this_host_has_not(ckpt, tmp_path, capsys, monkeypatch, device, cuda_devices, says):  # noqa: F811
-    monkeypatch.setattr("server.manifest._cuda_device_count", lambda: cuda_devices)
+    monkeypatch.setattr("server.manifest.checks._cuda_device_count", lambda: cuda_devices)
     cap = _capture(tmp_path, _record())
     assert cli_main(["replay", cap, "--checkpoint", str(ckpt), "--device", device]) == 2
     assert says in capsys.readouterr().err

@@ -64,7 +64,8 @@ def test_only_sampling_hyper_parameters_are_serving_ones():
 def test_the_server_loads_the_manifests_overrides_before_its_runtime(ckpt, tmp_path):
     manifest = {"model": {"repo_or_path": str(ckpt), "hyper_params": {"max_guidance_weight": 3.0}},
                 "model_id": "tiny", "replica_id": "r0", "warmup_inferences": 0, "health_port": 0,
-                "audit_path": str(tmp_path / "audit.jsonl")}
+                "audit_path": str(tmp_path / "audit.jsonl"),
+                "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:7447"]}}  # a manifest needs one; load() never connects
     srv = PolicyServer(manifest)
     srv.load()
     assert srv.loaded.policy.hp["max_guidance_weight"] == 3.0 and srv.runtime.rtc_mode == "guidance"
@@ -110,7 +111,8 @@ def test_a_server_told_to_compile_compiles_its_network_at_load_and_serves_the_sa
     ckpt = Path(__file__).resolve().parents[2] / "bench/checkpoints/reacher_transformer"
     manifest = {"model": {"repo_or_path": str(ckpt), "hyper_params": {"compile": True}}, "model_id": "rt",
                 "replica_id": "r0", "warmup_inferences": 1, "health_port": 0, "scheduling": {"max_batch": 2},
-                "audit_path": str(tmp_path / "audit.jsonl")}
+                "audit_path": str(tmp_path / "audit.jsonl"),
+                "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:7447"]}}  # a manifest needs one; load() never connects
     from torch._dynamo.utils import counters
 
     srv = PolicyServer(manifest)

@@ -471,3 +471,32 @@ def test_depositors_hammering_while_dispatchers_take_lose_nothing_and_never_dead
         for s in range(sessions_each):
             superseded_reported[f"d{d}s{s}"] += box.take_superseded(f"d{d}s{s}")
     assert sum(superseded_reported.values()) == tally["superseded"]
+
+
+def test_a_partial_batch_gathers_for_the_window_only_while_more_sessions_could_send():
+    """The micro-batch window is the mailbox's: a partial batch from an empty queue waits for more arrivals
+    while `senders()` says more sessions could send, and leaves once it holds them all."""
+    alone = Mailbox("round_robin", batch_window_ms=5000, senders=lambda: 1)
+    alone.deposit(req("a", arrived=time.monotonic()))
+    t0 = time.monotonic()
+    assert [r.session_id for r in alone.take(max_batch=8, timeout_s=1.0).requests] == ["a"]
+    assert time.monotonic() - t0 < 1.0, "one session open: nothing to wait for"
+
+    box = Mailbox("round_robin", batch_window_ms=5000, senders=lambda: 2)
+    box.deposit(req("a", arrived=time.monotonic()))
+    late = threading.Thread(target=box.deposit, args=(req("b", arrived=time.monotonic()),))
+    late.start()  # before or during the take: either way one batch of both, well inside the window
+    t0 = time.monotonic()
+    batch = box.take(max_batch=8, timeout_s=1.0)
+    late.join()
+    assert sorted(r.session_id for r in batch.requests) == ["a", "b"] and time.monotonic() - t0 < 4.0
+
+
+def test_a_scheduler_that_holds_batches_is_the_only_window():
+    """batch_optimized holds a partial batch for its window; the mailbox then gathers none of its own."""
+    box = Mailbox("batch_optimized", scheduler_options={"batch_window_ms": 300}, batch_window_ms=300,
+                  senders=lambda: 2)
+    box.deposit(req("a", arrived=time.monotonic()))
+    t0 = time.monotonic()
+    assert [r.session_id for r in box.take(max_batch=4, timeout_s=2.0).requests] == ["a"]
+    assert 0.25 <= time.monotonic() - t0 < 0.5, "held for one window, not two"

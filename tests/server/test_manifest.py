@@ -179,13 +179,13 @@ def test_missing_sections_and_empty_files_are_errors(tmp_path, ckpt):
 
 def test_cuda_device_is_checked_against_what_torch_sees(tmp_path, ckpt, monkeypatch):
     path = write(tmp_path, base(ckpt).replace("model:\n", "model:\n  device: cuda:1\n"))
-    monkeypatch.setattr(sm, "_cuda_device_count", lambda: 0)
+    monkeypatch.setattr(sm.checks, "_cuda_device_count", lambda: 0)
     with pytest.raises(ManifestError, match=r"m\.yaml:2: model\.device: 'cuda:1' but this torch has no CUDA"):
         load_manifest(path)
-    monkeypatch.setattr(sm, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(sm.checks, "_cuda_device_count", lambda: 1)
     with pytest.raises(ManifestError, match=r"torch sees 1 CUDA device\(s\); use cuda:0\.\.cuda:0"):
         load_manifest(path)
-    monkeypatch.setattr(sm, "_cuda_device_count", lambda: 2)
+    monkeypatch.setattr(sm.checks, "_cuda_device_count", lambda: 2)
     assert load_manifest(path).model.device == "cuda:1"
 
 

@@ -427,3 +427,11 @@ def test_batch_optimized_releases_exactly_full_or_overdue_groups(events, max_bat
 def test_batch_optimized_rejects_a_negative_window():
     with pytest.raises(ValueError):
         BatchOptimizedScheduler(batch_window_ms=-1)
+
+
+def test_batch_optimized_holds_for_the_manifests_default_window():
+    """One default for the batch window, the manifest's (scheduling.batch_window_ms): the strategy said 10 ms."""
+    from server.manifest import SchedulingConfig
+
+    default_ms = SchedulingConfig.__pydantic_fields__["batch_window_ms"].default
+    assert make_scheduler("batch_optimized").batch_window_s == pytest.approx(default_ms / 1e3)

@@ -239,7 +239,7 @@ def test_a_batch_sends_every_reply_before_any_of_their_bookkeeping(ckpt, router,
 
     srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=300,
                                 scheduling={"strategy": "round_robin", "max_batch": 8})).start()
-    events, answer, write, run_batch = [], srv._answer, srv.audit.write, srv._run_batch
+    events, answer, write, run_batch = [], srv.replies.answer, srv.audit.write, srv._run_batch
     booking = threading.Condition()
 
     def answered(*args, **kw):
@@ -260,7 +260,7 @@ def test_a_batch_sends_every_reply_before_any_of_their_bookkeeping(ckpt, router,
         events.append((threading.get_ident(), "batch"))
         return run_batch(*args, **kw)
 
-    srv._answer, srv.audit.write, srv._run_batch = answered, booked, batch
+    srv.replies.answer, srv.audit.write, srv._run_batch = answered, booked, batch
     clients = [client(router, f"robot-{k}") for k in range(4)]
     try:
         for c in clients:
@@ -660,3 +660,86 @@ def test_a_states_shape_must_be_the_sessions_vector_or_a_batch_of_one():
     for shape in [(2, 2), (4, 1), (1, 1, 4), (5,), (), (0,)]:
         message = state_shape_error(shape, 4)
         assert message and f"shape {list(shape)}" in message and "shape [4]" in message, shape
+
+
+# ---- the manifest's defaults are the server's (each of these failed while the server repeated its own) ----------
+
+def test_a_server_given_no_connect_timeout_retries_an_unreachable_router_as_the_manifest_says(ckpt, tmp_path):
+    """zenoh.connect_timeout_s defaults to 30 s in the manifest; the server read 0 (one attempt) from a manifest
+    given as data. It retries now, and stop() ends the retries at once (StartCancelled), as a SIGTERM does."""
+    import logging
+    import threading
+
+    from server.service import StartCancelled
+    from wire.procs import free_port
+
+    srv = PolicyServer(manifest(ckpt, f"tcp/127.0.0.1:{free_port()}", tmp_path))
+    srv.load()
+    retried, done, outcome = threading.Event(), threading.Event(), []
+
+    class Retries(logging.Handler):
+        def emit(self, record):
+            if "router not reachable yet (attempt 2)" in record.getMessage():
+                retried.set()
+
+    def start():
+        try:
+            srv.start()
+            outcome.append("started")
+        except BaseException as exc:  # noqa: BLE001 - the outcome is the assertion
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    handler = Retries()
+    logging.getLogger("policy_server").addHandler(handler)
+    t = threading.Thread(target=start, daemon=True)
+    try:
+        t.start()
+        assert retried.wait(10) and not done.is_set(), f"gave up at once: {outcome}"
+        srv.stop()
+        assert done.wait(5), "stop() did not end the retries"
+        assert isinstance(outcome[0], StartCancelled), outcome
+    finally:
+        logging.getLogger("policy_server").removeHandler(handler)
+        srv.stop()
+
+
+def test_a_session_silent_for_the_manifest_default_disconnect_timeout_s_is_closed(ckpt, router, tmp_path):
+    """response_tracking.disconnect_timeout_s defaults to 10 s in the manifest (docs/wire-protocol.md); the server
+    read 0 (never) from a manifest given as data. A session last heard of 11 s ago is closed; one of 5 s ago is not."""
+    srv = PolicyServer(manifest(ckpt, router, tmp_path)).start()
+    a, b = client(router, "robot-a"), client(router, "robot-b")
+    try:
+        assert isinstance(a.open(), SessionAck) and isinstance(b.open(), SessionAck)
+        srv.sessions.by_client("robot-a").last_seen_mono -= 11.0  # its last observation, 11 s ago
+        srv.sessions.by_client("robot-b").last_seen_mono -= 5.0
+        deadline = time.monotonic() + 5
+        while srv.sessions.by_client("robot-a") is not None and time.monotonic() < deadline:
+            time.sleep(0.05)  # housekeeping runs on its own 200 ms cadence; the registry is what we wait on
+        assert srv.sessions.by_client("robot-a") is None, "a session silent for 11 s outlived the 10 s default"
+        assert srv.sessions.by_client("robot-b") is not None, "a session silent for 5 s was closed"
+    finally:
+        a.close()
+        b.close()
+        srv.stop()
+
+
+def test_batch_optimized_holds_a_partial_batch_for_one_window_not_two(ckpt, router, tmp_path):
+    """Under batch_optimized the scheduler holds a partial batch for batch_window_ms; the dispatch loop then
+    waited a second window of its own while another session was open (a lone request waited twice)."""
+    window_ms = 500.0
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, scheduling={
+        "strategy": "batch_optimized", "max_batch": 8, "batch_window_ms": window_ms})).start()
+    a, b = client(router, "robot-a"), client(router, "robot-b")
+    try:
+        a.open(rtc_enabled=False)
+        b.open(rtc_enabled=False)  # a second session: more could come, so a gather window would wait
+        got = a.chunk_for(a.send(np.ones(S)), timeout=10)
+        assert got is not None, "no chunk came back"
+        waited = got[1].queue_wait_ms
+        assert 0.9 * window_ms <= waited < 1.5 * window_ms, f"waited {waited:.0f} ms for a {window_ms:g} ms window"
+    finally:
+        a.close()
+        b.close()
+        srv.stop()
