@@ -13,18 +13,24 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
+from server.served import Served
 from server.sessions import Session, SessionRegistry, make_ack, make_status, validate_open
 from wire import (
-    Error, ErrorCode, Header, MsgType, Reset, ResetAck, SessionOpen, WireError, decode_message, parse_client_key,
+    Error,
+    ErrorCode,
+    Header,
+    MsgType,
+    Reset,
+    ResetAck,
+    SessionOpen,
+    WireError,
+    decode_message,
+    parse_client_key,
     unpack_header,
 )
 from wire.auth import new_session_key
 from wire.qos import declare_publisher
-
-if TYPE_CHECKING:
-    from server.service import PolicyServer
 
 log = logging.getLogger("policy_server")
 
@@ -32,13 +38,13 @@ log = logging.getLogger("policy_server")
 class ControlPlane:
     """The status, session-open and reset queryables and the liveliness callback of one PolicyServer."""
 
-    def __init__(self, server: "PolicyServer"):
+    def __init__(self, server: Served):
         self.srv = server
 
     def on_status(self, query) -> None:
         srv = self.srv
         try:
-            st = make_status(srv.info, srv._active(), srv.ready, srv.warmed_up, srv.draining)
+            st = make_status(srv.info, srv.active_sessions(), srv.ready, srv.warmed_up, srv.draining)
             # On this replica's own key, never the query's: discovery asks `<model>/<rev>/*/status`, and
             # replies that all carry that one wildcard key are consolidated into ONE by the querier's get
             # (every robot of the headline saw a single replica and herded onto it).
@@ -70,7 +76,7 @@ class ControlPlane:
             srv.metrics.inc("sessions_rejected", model=srv.info.model_id, reason="malformed")
             return self._reply(query, Error(ErrorCode.MALFORMED, f"session open: {type(exc).__name__}: {exc}"))
         old = srv.sessions.by_client(req.client_uuid)
-        active = srv._active() - (1 if old is not None else 0)  # a re-handshake replaces its own session
+        active = srv.active_sessions() - (1 if old is not None else 0)  # a re-handshake replaces its own session
         d = validate_open(req, srv.info, active=active, ready=srv.ready, draining=srv.draining,
                           client_uuid_from_key=key_uuid)
         if not d.ok:
@@ -83,7 +89,7 @@ class ControlPlane:
         if refusal is not None:
             return self._reply(query, refusal)
         try:
-            publisher = declare_publisher(srv._z, keys.action, "action")
+            publisher = declare_publisher(srv.z, keys.action, "action")
         except Exception as exc:
             return self._reply(query, Error(ErrorCode.INTERNAL, f"cannot declare the action publisher: {exc}"))
         horizon = min(int(req.execution_horizon or srv.info.execution_horizon), srv.info.chunk_size)
@@ -98,11 +104,11 @@ class ControlPlane:
         s.priority = known.priority if known is not None else None
         replaced = srv.sessions.add(s)
         if replaced is not None:
-            srv._close_session(replaced, "replaced by a new handshake", count=False)
+            srv.close_session(replaced, "replaced by a new handshake", count=False)
         s.reset_pending = True  # exclusive mode: the policy is reset before this session's first forward pass
-        active = srv._active()
+        active = srv.active_sessions()
         srv.metrics.inc("sessions_opened", model=srv.info.model_id)
-        srv._set_load()
+        srv.set_load()
         self._reply(query, make_ack(srv.info, s, d, active, req.schema_version))
         log.info("session %s opened for %s (task %r, rtc %s)%s", s.session_id, s.client_uuid, s.task,
                  srv.runtime.rtc_mode if s.rtc_enabled else False,

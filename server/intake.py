@@ -19,35 +19,31 @@ the key of a client that holds a session (server.guard).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from server.guard import peek_identity
+from server.replies import Replies
 from server.scheduling import Request
+from server.served import Pending, Served
 from server.sessions import Session
-from wire import Error, ErrorCode, Header, MsgType, Observation, WireError, decode_message, parse_client_key, unpack_header
+from wire import (
+    Error,
+    ErrorCode,
+    Header,
+    MsgType,
+    Observation,
+    WireError,
+    decode_message,
+    parse_client_key,
+    unpack_header,
+)
 from wire.transport import arrival_stamps
-
-if TYPE_CHECKING:
-    from server.service import PolicyServer
 
 # how a refusal is answered
 ALWAYS, THROTTLED, AT_SESSION_RATE = "always", "throttled", "at_session_rate"
-
-
-@dataclass
-class Pending:
-    """What the dispatch thread needs of one accepted observation (the Request payload)."""
-
-    session: Session
-    header: Header
-    obs: Observation
-    payload_bytes: int
-    raw: bytes | None = None  # kept only when debug capture is on
-    received_ns: int = 0  # this server's monotonic clock when the observation reached it (audit: received_mono_ms)
-    routed_ns: int | None = None  # the same clock when the first router routed it (audit: routed_mono_ms), if stamped
 
 
 @dataclass
@@ -68,7 +64,7 @@ class Arrival:
     session: Session | None = None  # the session it belongs to (the registry's lookup)
 
     @classmethod
-    def of(cls, sample) -> "Arrival":
+    def of(cls, sample) -> Arrival:
         received_ns, routed_ns = arrival_stamps(sample)
         att = sample.attachment.to_bytes() if sample.attachment is not None else None
         return cls(str(sample.key_expr), sample.payload.to_bytes(), att, received_ns, routed_ns)
@@ -95,7 +91,7 @@ class Step:
     """One admission check: `check(server, arrival)` returns a Refusal or None (go on)."""
 
     name: str
-    check: Callable[["PolicyServer", Arrival], Refusal | None]
+    check: Callable[[Served, Arrival], Refusal | None]
 
 
 def _refused(a: Arrival, exc: WireError) -> Refusal:
@@ -105,7 +101,7 @@ def _refused(a: Arrival, exc: WireError) -> Refusal:
                    deny=reason if a.authed else None, detail=f"{len(a.raw)} bytes: {str(exc)[:200]}")
 
 
-def check_key(srv: "PolicyServer", a: Arrival) -> Refusal | None:
+def check_key(srv: Served, a: Arrival) -> Refusal | None:
     try:
         a.client = parse_client_key(a.key, srv.keys.root).client_uuid
     except WireError:
@@ -113,7 +109,7 @@ def check_key(srv: "PolicyServer", a: Arrival) -> Refusal | None:
     return None
 
 
-def check_identity(srv: "PolicyServer", a: Arrival) -> Refusal | None:
+def check_identity(srv: Served, a: Arrival) -> Refusal | None:
     """A client holding a session is heard only with that session's proof (server.guard)."""
     a.owner = srv.sessions.by_client(a.client)
     a.sid, tag = peek_identity(a.raw)
@@ -125,7 +121,7 @@ def check_identity(srv: "PolicyServer", a: Arrival) -> Refusal | None:
     return None
 
 
-def check_header(srv: "PolicyServer", a: Arrival) -> Refusal | None:
+def check_header(srv: Served, a: Arrival) -> Refusal | None:
     try:
         a.header = unpack_header(a.attachment)
     except WireError as exc:
@@ -136,7 +132,7 @@ def check_header(srv: "PolicyServer", a: Arrival) -> Refusal | None:
     return None
 
 
-def check_schema_version(srv: "PolicyServer", a: Arrival) -> Refusal | None:
+def check_schema_version(srv: Served, a: Arrival) -> Refusal | None:
     """Both sides speak the version the open agreed (wire-protocol 8); a chunk never echoes another."""
     if a.authed and a.header.schema_version != a.owner.schema_version:
         return _refused(a, WireError(ErrorCode.SCHEMA_VERSION, f"observation header says wire schema "
@@ -145,7 +141,7 @@ def check_schema_version(srv: "PolicyServer", a: Arrival) -> Refusal | None:
     return None
 
 
-def check_size(srv: "PolicyServer", a: Arrival) -> Refusal | None:
+def check_size(srv: Served, a: Arrival) -> Refusal | None:
     most = srv.guard.max_observation_bytes
     if a.authed and len(a.raw) > most:
         return _refused(a, WireError(ErrorCode.TOO_LARGE, f"observation is {len(a.raw)} bytes; this replica accepts "
@@ -153,7 +149,7 @@ def check_size(srv: "PolicyServer", a: Arrival) -> Refusal | None:
     return None
 
 
-def check_rate(srv: "PolicyServer", a: Arrival) -> Refusal | None:
+def check_rate(srv: Served, a: Arrival) -> Refusal | None:
     if a.authed and not a.owner.bucket.take():
         return Refusal(ErrorCode.RATE_LIMITED, Error(
             ErrorCode.RATE_LIMITED, f"over {srv.guard.max_request_rate_hz:g} observations/s "
@@ -162,7 +158,7 @@ def check_rate(srv: "PolicyServer", a: Arrival) -> Refusal | None:
     return None
 
 
-def check_decode(srv: "PolicyServer", a: Arrival) -> Refusal | None:
+def check_decode(srv: Served, a: Arrival) -> Refusal | None:
     try:
         a.obs = decode_message(a.raw, expect=Observation, limits=srv.limits)
     except WireError as exc:
@@ -170,14 +166,14 @@ def check_decode(srv: "PolicyServer", a: Arrival) -> Refusal | None:
     return None
 
 
-def check_draining(srv: "PolicyServer", a: Arrival) -> Refusal | None:
+def check_draining(srv: Served, a: Arrival) -> Refusal | None:
     if srv.draining:
         return Refusal(error=Error(ErrorCode.DRAINING, "replica is draining; open a session on another replica",
                                    seq_id=a.seq_id))
     return None
 
 
-def check_session(srv: "PolicyServer", a: Arrival) -> Refusal | None:
+def check_session(srv: Served, a: Arrival) -> Refusal | None:
     a.session, err = srv.sessions.lookup(a.obs.session_id, a.client)
     if err is not None:
         err.seq_id = a.seq_id
@@ -186,7 +182,7 @@ def check_session(srv: "PolicyServer", a: Arrival) -> Refusal | None:
     return None
 
 
-def check_state_shape(srv: "PolicyServer", a: Arrival) -> Refusal | None:
+def check_state_shape(srv: Served, a: Arrival) -> Refusal | None:
     """The open agreed the state's size: a state of another shape is refused as an open would be."""
     bad = state_shape_error(np.shape(a.obs.state), srv.info.state_dim)
     if bad:
@@ -195,7 +191,7 @@ def check_state_shape(srv: "PolicyServer", a: Arrival) -> Refusal | None:
     return None
 
 
-def check_sequence(srv: "PolicyServer", a: Arrival) -> Refusal | None:
+def check_sequence(srv: Served, a: Arrival) -> Refusal | None:
     """A duplicate or reordered observation: the newer one is already queued or answered."""
     if a.header.seq_id <= a.session.last_seq and not a.obs.episode_start:
         return Refusal("STALE_SEQ")
@@ -221,10 +217,12 @@ def state_shape_error(shape: tuple[int, ...], state_dim: int) -> str | None:
 
 
 class Intake:
-    """The observation subscriber of one PolicyServer: admission, then deposit (deposit only: no inference)."""
+    """The observation subscriber of one PolicyServer: admission, then deposit (deposit only: no inference);
+    refusals and what a deposit dropped are answered through `replies`."""
 
-    def __init__(self, server: "PolicyServer", steps: tuple[Step, ...] = ADMISSION):
+    def __init__(self, server: Served, replies: Replies, steps: tuple[Step, ...] = ADMISSION):
         self.srv = server
+        self.replies = replies
         self.steps = steps
 
     def on_obs(self, sample) -> None:
@@ -247,7 +245,7 @@ class Intake:
             return  # one answer per second and reason: a flood of bad input never becomes a flood of replies
         if r.answer == AT_SESSION_RATE and not (r.to.answer_bucket is None or r.to.answer_bucket.take()):
             return
-        srv.replies.event_error(a.key, a.header, r.error, session=r.to)
+        self.replies.event_error(a.key, a.header, r.error, session=r.to)
 
     def accept(self, a: Arrival) -> None:
         """Count it, queue it as its session's pending request, and answer what the deposit dropped."""
@@ -270,13 +268,13 @@ class Intake:
         if res.superseded is not None:
             srv.metrics.inc("superseded_requests", model=model)
         if res.reason == "closed":
-            return srv.replies.event_error(a.key, header, Error(ErrorCode.DRAINING, "replica is stopping; open a "
-                                                                "session on another replica", seq_id=header.seq_id))
+            return self.replies.event_error(a.key, header, Error(
+                ErrorCode.DRAINING, "replica is stopping; open a session on another replica", seq_id=header.seq_id))
         if res.dropped is not None:
             srv.metrics.inc("queue_full_drops", model=model)
             p: Pending = res.dropped.payload
             p.session.outcomes["dropped:queue_full"] += 1
-            srv.replies.audit(p.session, p.header, (now - res.dropped.arrived) * 1e3, 0.0, None, 0, "dropped:queue_full")
-            srv.replies.event_error(p.session.keys.action, p.header, Error(
+            self.replies.audit(p.session, p.header, (now - res.dropped.arrived) * 1e3, 0.0, None, 0, "dropped:queue_full")
+            self.replies.event_error(p.session.keys.action, p.header, Error(
                 ErrorCode.OVERLOADED, f"server queue full ({srv.mailbox.depth()} pending); request dropped by "
                 f"overflow policy {srv.mailbox.overflow_policy}", seq_id=p.header.seq_id), session=p.session)

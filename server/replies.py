@@ -15,11 +15,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from server.served import Pending, Served
 from wire import ActionChunk, Error, ErrorCode, Header, MsgType
 
 if TYPE_CHECKING:
-    from server.intake import Pending
-    from server.service import PolicyServer
     from server.sessions import Session
 
 
@@ -35,10 +34,10 @@ def _event_qos() -> dict:
 class Replies:
     """The reply side of one PolicyServer (its metrics, audit log, mailbox and Zenoh session)."""
 
-    def __init__(self, server: "PolicyServer"):
+    def __init__(self, server: Served):
         self.srv = server
 
-    def event_error(self, key: str, header: Header | None, err: Error, session: "Session | None" = None) -> None:
+    def event_error(self, key: str, header: Header | None, err: Error, session: Session | None = None) -> None:
         """An EVENT on the client's action key (derived from its obs key), echoing what we know of the header."""
         action_key = key[: -len("obs")] + "action" if key.endswith("/obs") else key
         h = Header(1, MsgType.EVENT, header.seq_id if header else 0, header.episode_id if header else 0,
@@ -47,7 +46,7 @@ class Replies:
             if session is not None and session.publisher is not None:
                 session.publisher.put(err.encode(), attachment=h.pack())
             else:
-                self.srv._z.put(action_key, err.encode(), attachment=h.pack(), **_event_qos())
+                self.srv.z.put(action_key, err.encode(), attachment=h.pack(), **_event_qos())
         except Exception:
             self.srv.metrics.inc("send_errors", model=self.srv.info.model_id)
 
@@ -91,7 +90,7 @@ class Replies:
             return
         chunk = ActionChunk(s.session_id, h.seq_id, h.client_mono_ns, res.chunk_model, res.chunk_robot,
                             queue_wait_ms=max(0.0, wait_ms), inference_ms=res.inference_ms, superseded_seqs=superseded,
-                            server_load=srv._active() / max(1, srv.info.effective_max_sessions),
+                            server_load=srv.active_sessions() / max(1, srv.info.effective_max_sessions),
                             rtc_applied=res.rtc_applied, inference_emulated=res.emulated_ms > 0)
         body = chunk.encode()
         header = Header(h.schema_version, MsgType.CHUNK, h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch)
@@ -132,7 +131,7 @@ class Replies:
                    picked_mono_ms=round(t_pick * 1e3, 3),
                    sent_mono_ms=round(sent_ns / 1e6, 3) if sent_ns else None)
 
-    def audit(self, s: "Session", h: Header, wait_ms, inference_ms, chunk_range, superseded, outcome, **extra) -> None:
+    def audit(self, s: Session, h: Header, wait_ms, inference_ms, chunk_range, superseded, outcome, **extra) -> None:
         info = self.srv.info
         self.srv.audit.write({"session_id": s.session_id, "client_uuid": s.client_uuid, "seq_id": h.seq_id,
                               "episode_id": h.episode_id, "client_mono_ns": h.client_mono_ns,

@@ -11,7 +11,8 @@
 Owns: `PolicyServer` (start-up order, threads, dispatch loop, housekeeping, drain). Its planes are cut
 along their pipelines: server/intake.py (the observation admission chain), server/control.py (status,
 session open, reset, liveliness), server/replies.py (chunks, error events, audit lines),
-server/router.py (the Zenoh session and its router). Settings are read from the typed manifest
+server/router.py (the Zenoh session and its router); the planes see it through server/served.py
+(`Served`), never this module. Settings are read from the typed manifest
 (server.manifest.Manifest), whose defaults are the only ones.
 
 Invariants:
@@ -40,12 +41,13 @@ from server.audit import AuditLog
 from server.control import ControlPlane, _control_header  # noqa: F401 - _control_header: its old import path
 from server.guard import Guard
 from server.health import HealthServer
-from server.intake import Intake, Pending, state_shape_error  # noqa: F401 - Pending, state_shape_error: re-exported
+from server.intake import Intake, state_shape_error  # noqa: F401 - state_shape_error: re-exported
 from server.manifest import Manifest
 from server.metrics import Metrics, WindowedSketch
 from server.replies import Replies
 from server.router import RouterLink, StartCancelled, open_manifest_session  # noqa: F401 - re-exported
 from server.runtime import EmulatedLatency, InferItem, ModelRuntime, set_torch_threads
+from server.served import Pending
 from server.sessions import ReplicaInfo, Session, SessionRegistry
 from wire import DrainNotice, Header, MsgType, ReplicaKeys
 from wire.procs import raise_priority
@@ -127,7 +129,7 @@ class PolicyServer:
         self.draining = False
         self.stopped = threading.Event()
         self.drain_requested = threading.Event()
-        self._z = None
+        self.z = None
         self._router_link: RouterLink | None = None  # alone only; inside a ServerProcess the process watches
         self._decl: list[Any] = []
         self._threads: list[threading.Thread] = []
@@ -140,7 +142,8 @@ class PolicyServer:
 
             self.capture = create_output("debug.capture_dir", m.debug.capture_dir, lambda: CaptureWriter(
                 m.debug.capture_dir, m.debug.capture_max, self))
-        self.intake, self.control, self.replies = Intake(self), ControlPlane(self), Replies(self)
+        self.replies = Replies(self)  # the planes see this server as a server.served.Served
+        self.intake, self.control = Intake(self, self.replies), ControlPlane(self)
         self._loaded = loaded
         self._dispatch_lock = threading.Lock()
         self._dispatch_started = False  # dispatch loops start with this model's first request (design 003)
@@ -197,7 +200,7 @@ class PolicyServer:
             sizes = self.runtime.unloaded_forward_ms(max_batch)
             log.info("unloaded forward ms by batch size: %s", json.dumps(sizes))
 
-    def start(self) -> "PolicyServer":
+    def start(self) -> PolicyServer:
         from server.mailbox import Mailbox
         from server.scheduling import make_scheduler
 
@@ -217,11 +220,11 @@ class PolicyServer:
             batch_window_ms=sched.batch_window_ms, senders=self.sessions.__len__,
         )
         if self._shared is None:
-            self._z = open_manifest_session(m, stopped=self.stopped)
-            self._router_link = RouterLink(self._z)
+            self.z = open_manifest_session(m, stopped=self.stopped)
+            self._router_link = RouterLink(self.z)
         else:
-            self._z = self._shared.z
-        k, z, control = self.keys, self._z, self.control
+            self.z = self._shared.z
+        k, z, control = self.keys, self.z, self.control
         self._decl.append(z.declare_queryable(k.status, control.on_status))
         self._decl.append(z.declare_queryable(k.session, control.on_session_open))
         self._decl.append(z.declare_queryable(k.all_client_session, control.on_session_open))  # per-client open key
@@ -237,7 +240,7 @@ class PolicyServer:
                                        ).start()
         self._token = z.liveliness().declare_token(k.alive)
         self.ready = True
-        self._set_load()
+        self.set_load()
         if self._shared is None:
             health = f" health http://127.0.0.1:{self.health.port}" if self.health else ""
             print(f"{READY_TEXT}: {self.describe()}{health}", flush=True)
@@ -279,10 +282,10 @@ class PolicyServer:
 
     # --- sessions ----------------------------------------------------------------------------------
 
-    def _active(self) -> int:
+    def active_sessions(self) -> int:
         return len(self.sessions)
 
-    def _close_session(self, s: Session, why: str, count: bool = True) -> None:
+    def close_session(self, s: Session, why: str, count: bool = True) -> None:
         self.sessions.remove(s.session_id)
         self.mailbox.remove_session(s.session_id)
         try:
@@ -291,7 +294,7 @@ class PolicyServer:
             pass
         if count:
             self.metrics.inc("client_disconnected", model=self.info.model_id)
-        self._set_load()
+        self.set_load()
         log.info("session %s of %s closed: %s", s.session_id, s.client_uuid, why)
 
     def session_report(self, client: str | None = None) -> dict:
@@ -303,15 +306,15 @@ class PolicyServer:
                  "requests": s.requests, "outcomes": dict(s.outcomes), "queue_wait_ms": s.queue_wait_ms.summary(),
                  "inference_ms": s.inference_ms.summary()}
                 for s in self.sessions.all() if client is None or s.client_uuid == client]
-        return {"replica_id": self.info.replica_id, "active_sessions": self._active(),
+        return {"replica_id": self.info.replica_id, "active_sessions": self.active_sessions(),
                 "max_sessions": self.info.effective_max_sessions,
                 "recent": {"window_s": self.recent_queue_wait_ms.window_s,
                            "queue_wait_ms": self.recent_queue_wait_ms.recent().summary(),
                            "inference_ms": self.recent_inference_ms.recent().summary()},
                 "sessions": sorted(rows, key=lambda r: r["client_uuid"])}
 
-    def _set_load(self) -> None:
-        active = self._active()
+    def set_load(self) -> None:
+        active = self.active_sessions()
         cap = self.info.effective_max_sessions
         model = self.info.model_id
         self.metrics.set("active_sessions", active, model=model)
@@ -340,7 +343,7 @@ class PolicyServer:
                 self._run_batch(reqs, batch.queue_depth)
             except Exception:
                 log.exception("dispatch failed for a batch of %d", len(reqs))
-                for req in reqs:
+                for _ in reqs:
                     self.metrics.inc("dispatch_errors", model=self.info.model_id, error="internal")
             finally:
                 with self._inflight_cv:
@@ -401,10 +404,10 @@ class PolicyServer:
                 if s.alive_lost_mono is not None and s.last_seen_mono > s.alive_lost_mono:
                     s.alive_lost_mono = None  # it kept speaking: the token drop was not the client leaving (spoofed)
                 elif s.alive_lost_mono is not None and now - s.alive_lost_mono >= grace:
-                    self._close_session(s, f"client liveliness lost for {grace:g} s")
+                    self.close_session(s, f"client liveliness lost for {grace:g} s")
                 elif idle > 0 and now - s.last_seen_mono > idle:
                     # a paused robot loses nothing: its next observation gets UNKNOWN_SESSION and it re-handshakes
-                    self._close_session(s, f"no observation for {idle:g} s (response_tracking.disconnect_timeout_s)")
+                    self.close_session(s, f"no observation for {idle:g} s (response_tracking.disconnect_timeout_s)")
             self.metrics.set("queue_depth", self.mailbox.depth(), model=self.info.model_id)
             self.recent_queue_wait_ms.tick()
             self.recent_inference_ms.tick()
@@ -458,9 +461,9 @@ class PolicyServer:
             return  # the process closes its Zenoh session and audit log
         if self._router_link is not None:
             self._router_link.close()
-        if self._z is not None:
+        if self.z is not None:
             try:
-                self._z.close()
+                self.z.close()
             except Exception:
                 pass
         if getattr(self, "health", None) is not None:
