@@ -41,12 +41,16 @@ Invariants: every block is per-sample (LayerNorm, attention within a sample), so
 padded or micro-batched call equals the same sample alone up to matmul rounding; with `noise_seed`
 set the output is a pure function of (observation, delay, prefix). A prefix of None gets the
 unguided velocity exactly (in training_time: commits no row).
+
+This module owns the policy (`FlowTransformerPolicy`: the network's wiring, its sampler, guidance and
+compile); its blocks are server.policies.transformer_blocks, its hyper_params and presets
+server.policies.flow_transformer_config, its compiled paths server.policies.flow_transformer_compile.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -58,13 +62,10 @@ from server.policies.base import (
     STATE_KEY,
     ChunkPolicy,
     PolicyConfig,
-    PolicyConfigError,
     image_key,
     register_policy,
 )
 from server.policies.flow_matching import (
-    DEFAULTS as FLOW_MATCHING_DEFAULTS,
-    PREFIX_SCHEDULES,
     check_rtc_hyper_params,
     check_rtc_mode,
     guidance_weight,
@@ -74,142 +75,21 @@ from server.policies.flow_matching import (
     rtc_flow_matching_loss,
     sample_committed,
 )
+from server.policies.flow_transformer_compile import CompiledPath, _pad_rows, check_cpu_compiler, graph_safe
+from server.policies.flow_transformer_config import (
+    AUTOCASTS,
+    COMPILE_BUCKETS,
+    DEFAULTS,
+    GUIDANCE_JACOBIANS,
+    IMAGE_ENCODERS,
+    PRESETS,
+    _check_hyper_params,
+    preset_hyper_params,
+)
 from server.policies.layers import mlp, time_embedding
+from server.policies.transformer_blocks import Block, ConvTokens, PatchTokens
 
 log = logging.getLogger(__name__)
-
-DEFAULTS: dict[str, Any] = {
-    "d_model": 64,
-    "num_heads": 4,
-    "num_layers": 2,  # action expert blocks (self + cross attention + MLP)
-    "obs_layers": 1,  # encoder blocks over the observation tokens
-    "mlp_ratio": 2,
-    "image_encoder": "conv",  # "conv": strided convs pooled to a grid; "vit": patches + positions
-    "image_grid": 2,  # conv: grid x grid tokens per camera
-    "patch_size": 16,  # vit: patch side in pixels (the image side must be a multiple)
-    "num_steps": 10,
-    "noise_seed": 0,  # None: fresh noise from torch's global RNG on every call
-    "max_guidance_weight": 10.0,
-    "guidance_jacobian": "network",  # or "identity" (LeRobot main's effective behaviour)
-    "prefix_schedule": "linear",  # LeRobot's ramp; "exp": the RTC paper's soft mask (eq. 5)
-    "autocast": "bf16",  # on CUDA only: "bf16" or "none"
-    "batch_buckets": [],  # e.g. [1, 8, 16, 32, 64]: pad a batch to the next size (compile; none: COMPILE_BUCKETS)
-    "compile": False,  # torch.compile the velocity network (CUDA: CUDA graphs; CPU: inductor's C++, needs g++)
-    # "guidance" | "training_time" and its training prefix bound, as flow_matching's (module docstring)
-    **{name: FLOW_MATCHING_DEFAULTS[name] for name in ("rtc_mode", "max_prefix_rows")},
-}
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # trains on the reacher demos on one CPU thread in minutes (bench/training/train.py)
-    "tiny": {"d_model": 64, "num_heads": 4, "num_layers": 2, "obs_layers": 1, "mlp_ratio": 2},
-    # a pi0-sized action expert (14 adaLN blocks of width 1024) over a ViT stem, for 2 x 224x224 cameras
-    "vla_300m": {"d_model": 1024, "num_heads": 16, "num_layers": 14, "obs_layers": 2, "mlp_ratio": 4,
-                 "image_encoder": "vit", "patch_size": 16, "batch_buckets": [1, 8, 16, 32, 64]},
-}
-# `compile` without `batch_buckets`: powers of two up to the largest batch P10's sweeps use (a larger batch compiles
-# its own size); set `batch_buckets` to pad less (an eager pass gains nothing from padding)
-COMPILE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-IMAGE_ENCODERS = ("conv", "vit")
-AUTOCASTS = ("bf16", "none")
-GUIDANCE_JACOBIANS = ("network", "identity")
-
-
-class Block(nn.Module):
-    """Pre-LN transformer block: self-attention, optional cross-attention to a memory, MLP.
-
-    An action block (`cross`) is conditioned by adaLN: each of its three norms is shifted and scaled
-    by a projection of (flow time + pooled observation) (zero-initialised: a plain block at first).
-    The velocity changes sharply with t, and a time feature added at the input alone fades. The
-    condition is (B, d), one per sample, or (B, T, d), one per token (training-time RTC's per-row time).
-
-    The attention is nn.MultiheadAttention's (its weights, so checkpoints load as before) written out with
-    scaled_dot_product_attention, so an action block takes its cross-attention keys and values already
-    projected (`memory_kv`): the memory is the same at every Euler step, its projection is done once per call.
-    """
-
-    def __init__(self, d: int, heads: int, mlp_ratio: int, cross: bool):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.cross = cross
-        if cross:
-            self.norm2 = nn.LayerNorm(d)
-            self.cross_attn = nn.MultiheadAttention(d, heads, batch_first=True)
-            self.modulation = nn.Linear(d, 6 * d)
-            nn.init.zeros_(self.modulation.weight)
-            nn.init.zeros_(self.modulation.bias)
-        self.norm3 = nn.LayerNorm(d)
-        self.mlp = mlp(d, d * mlp_ratio, d, num_layers=2)
-
-    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """The cross-attention's keys and values of `memory` (B, N, d), split into heads: 2 x (B, heads, N, d/heads),
-        each contiguous (not views of one projection: a CUDA graph copies an input into a buffer of its strides)."""
-        d = memory.shape[-1]
-        k, v = F.linear(memory, self.cross_attn.in_proj_weight[d:], self.cross_attn.in_proj_bias[d:]).chunk(2, dim=-1)
-        heads = self.cross_attn.num_heads
-        return _split_heads(k, heads).contiguous(), _split_heads(v, heads).contiguous()
-
-    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor] | None = None, time: Tensor | None = None) -> Tensor:
-        if not self.cross:
-            x = x + self._self_attention(self.norm1(x))
-            return x + self.mlp(self.norm3(x))
-        modulation = self.modulation(time)
-        if modulation.dim() == 2:  # one condition per sample: broadcast over its tokens
-            modulation = modulation[:, None, :]
-        shift1, scale1, shift2, scale2, shift3, scale3 = modulation.chunk(6, dim=-1)
-        x = x + self._self_attention(self.norm1(x) * (1 + scale1) + shift1)
-        x = x + self._cross_attention(self.norm2(x) * (1 + scale2) + shift2, *memory_kv)
-        return x + self.mlp(self.norm3(x) * (1 + scale3) + shift3)
-
-    def _self_attention(self, h: Tensor) -> Tensor:
-        attn = self.attn
-        q, k, v = (_split_heads(part, attn.num_heads)
-                   for part in F.linear(h, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1))
-        return attn.out_proj(_merge_heads(F.scaled_dot_product_attention(q, k, v)))
-
-    def _cross_attention(self, h: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        attn, d = self.cross_attn, h.shape[-1]
-        q = _split_heads(F.linear(h, attn.in_proj_weight[:d], attn.in_proj_bias[:d]), attn.num_heads)
-        return attn.out_proj(_merge_heads(F.scaled_dot_product_attention(q, k, v)))
-
-
-def _split_heads(x: Tensor, heads: int) -> Tensor:
-    """(B, L, d) -> (B, heads, L, d / heads)"""
-    return x.unflatten(-1, (heads, -1)).transpose(1, 2)
-
-
-def _merge_heads(x: Tensor) -> Tensor:
-    """(B, heads, L, d / heads) -> (B, L, d)"""
-    return x.transpose(1, 2).flatten(2)
-
-
-class ConvTokens(nn.Module):
-    """(B, 3, H, W) -> (B, grid^2, d): two strided convs, average-pooled to a grid."""
-
-    def __init__(self, d: int, grid: int):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Conv2d(3, 16, kernel_size=5, stride=2, padding=2), nn.SiLU(),
-            nn.Conv2d(16, 32, kernel_size=3, stride=2, padding=1), nn.SiLU(),
-            nn.AdaptiveAvgPool2d(grid),
-        )
-        self.proj = nn.Linear(32, d)
-
-    def forward(self, image: Tensor) -> Tensor:
-        return self.proj(self.net(image).flatten(2).transpose(1, 2))
-
-
-class PatchTokens(nn.Module):
-    """(B, 3, H, W) -> (B, (H/p)(W/p), d): ViT patch embedding plus learned positions."""
-
-    def __init__(self, d: int, patch: int, height: int, width: int):
-        super().__init__()
-        self.proj = nn.Conv2d(3, d, kernel_size=patch, stride=patch)
-        self.pos = nn.Parameter(torch.zeros(1, (height // patch) * (width // patch), d))
-        nn.init.normal_(self.pos, std=0.02)
-
-    def forward(self, image: Tensor) -> Tensor:
-        return self.proj(image).flatten(2).transpose(1, 2) + self.pos
 
 
 @register_policy("flow_transformer")
@@ -305,7 +185,7 @@ class FlowTransformerPolicy(ChunkPolicy):
         h = self.action_in(x_t) + self.action_pos + time_tokens
         cond = F.silu(time + pooled)
         for i, block in enumerate(self.blocks):
-            h = block(h, memory_kv[2 * i:2 * i + 2], cond)
+            h = block(h, memory_kv[2 * i : 2 * i + 2], cond)
         return self.action_out(self.out_norm(h)) + skip * x_t
 
     # -- serving -------------------------------------------------------------------------------
@@ -334,12 +214,17 @@ class FlowTransformerPolicy(ChunkPolicy):
             check_cpu_compiler()
         self._compiled = True  # tried once: a compile that cannot even be set up is not tried at every call
         try:
-            differentiable = CompiledPath(torch.compile(self.velocity, dynamic=False), self.velocity, "the network",
-                                          self.compile_fallbacks)
+            differentiable = CompiledPath(
+                torch.compile(self.velocity, dynamic=False), self.velocity, "the network", self.compile_fallbacks
+            )
             replayed = None
             if device.type == "cuda":
-                replayed = CompiledPath(torch.compile(self.velocity, mode="reduce-overhead", dynamic=False),
-                                        self.velocity, "the CUDA-graph network", self.compile_fallbacks)
+                replayed = CompiledPath(
+                    torch.compile(self.velocity, mode="reduce-overhead", dynamic=False),
+                    self.velocity,
+                    "the CUDA-graph network",
+                    self.compile_fallbacks,
+                )
         except Exception as exc:  # torch.compile itself refused (a platform or Python it does not support)
             CompiledPath.record(self.compile_fallbacks, "the network", exc)
             return
@@ -380,7 +265,9 @@ class FlowTransformerPolicy(ChunkPolicy):
         noise = initial_noise(size, (self.config.chunk_size, self.config.action_dim), self.hp["noise_seed"])
         return noise.to(device=self.param_device, dtype=self.param_dtype, non_blocking=True)
 
-    def _guidance_targets(self, delays: list[int], prefixes: list[Tensor | None], size: int) -> tuple[Tensor, Tensor] | None:
+    def _guidance_targets(
+        self, delays: list[int], prefixes: list[Tensor | None], size: int
+    ) -> tuple[Tensor, Tensor] | None:
         """(W (size, T, 1), padded prefix (size, T, A)): W from host ints, one copy; the prefix rows are
         copied where they already are (the runtime puts them on the device): no device-to-host read."""
         if all(p is None for p in prefixes):
@@ -393,7 +280,9 @@ class FlowTransformerPolicy(ChunkPolicy):
             if prefix is None:
                 continue  # W = 0 and target = 0: the correction is exactly zero
             rows = min(prefix.shape[0], total)
-            horizon = rows  # the guided horizon is the prefix given: the server cuts or pads it to its execution_horizon
+            horizon = (
+                rows  # the guided horizon is the prefix given: the server cuts or pads it to its execution_horizon
+            )
             weights[b] = prefix_weights(delay, horizon, total, self.hp["prefix_schedule"])
             target[b, :rows] = prefix[:rows].detach().to(**kw, non_blocking=True)
         return weights.unsqueeze(-1).to(**kw, non_blocking=True), target
@@ -415,8 +304,17 @@ class FlowTransformerPolicy(ChunkPolicy):
             x_t = x_t + dt * v_t
         return x_t
 
-    def _guided_velocity(self, velocity, x_t: Tensor, t: float, t_batch: Tensor, context: tuple[Tensor, ...], w: float,
-                         weights: Tensor, target: Tensor) -> Tensor:
+    def _guided_velocity(
+        self,
+        velocity,
+        x_t: Tensor,
+        t: float,
+        t_batch: Tensor,
+        context: tuple[Tensor, ...],
+        w: float,
+        weights: Tensor,
+        target: Tensor,
+    ) -> Tensor:
         if self.hp["guidance_jacobian"] == "identity":
             v_t = velocity(x_t, t_batch, context)
             return v_t - w * (target - (x_t - t * v_t)) * weights
@@ -431,8 +329,17 @@ class FlowTransformerPolicy(ChunkPolicy):
             path.fall_back(exc)
             return out
 
-    def _vjp_step(self, velocity, x_t: Tensor, t: float, t_batch: Tensor, context: tuple[Tensor, ...], w: float,
-                  weights: Tensor, target: Tensor) -> Tensor:
+    def _vjp_step(
+        self,
+        velocity,
+        x_t: Tensor,
+        t: float,
+        t_batch: Tensor,
+        context: tuple[Tensor, ...],
+        w: float,
+        weights: Tensor,
+        target: Tensor,
+    ) -> Tensor:
         with torch.enable_grad():
             x = x_t.detach().requires_grad_(True)
             v_t = velocity(x, t_batch, context)
@@ -467,12 +374,19 @@ class FlowTransformerPolicy(ChunkPolicy):
             inputs = {k: _pad_rows(v, padded) for k, v in self.model_inputs(batch).items()}
             if self.hp["rtc_mode"] == "training_time":  # pad rows commit nothing
                 pad = padded - size
-                committed = prefix_mask(delays + [0] * pad, prefixes + [None] * pad, self.config.chunk_size,
-                                        self.config.action_dim, device, self.param_dtype)
+                committed = prefix_mask(
+                    delays + [0] * pad,
+                    prefixes + [None] * pad,
+                    self.config.chunk_size,
+                    self.config.action_dim,
+                    device,
+                    self.param_dtype,
+                )
                 with self._autocast(device):
                     context = self.context(self.encode(inputs))
-                    x_t = sample_committed(self._velocity_fn, context, self._noise(padded), *committed,
-                                           int(self.hp["num_steps"]))
+                    x_t = sample_committed(
+                        self._velocity_fn, context, self._noise(padded), *committed, int(self.hp["num_steps"])
+                    )
                 return x_t[:size].float()
             guidance = self._guidance_targets(delays, prefixes, padded)
             with self._autocast(device):
@@ -480,124 +394,25 @@ class FlowTransformerPolicy(ChunkPolicy):
             return x_t[:size].float()
 
     def training_loss(
-        self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None,
+        self,
+        batch: dict[str, Tensor],
+        action_chunk: Tensor,
+        generator: torch.Generator | None = None,
         prefix_rows: Tensor | None = None,
     ) -> Tensor:
         """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1. With
         rtc_mode training_time the first `prefix_rows[b]` rows of sample b are clean conditioning (token flow
         time 0) and out of the loss; None draws them from U{0..max_prefix_rows}."""
-        return rtc_flow_matching_loss(self.velocity, self.context(self.encode(batch)), action_chunk, generator,
-                                      prefix_rows, self.prefix_conditioned, int(self.hp["max_prefix_rows"]),
-                                      "flow_transformer")
-
-
-def _pad_rows(tensor: Tensor, size: int) -> Tensor:
-    """`tensor` with rows appended (copies of row 0) up to `size`; pad rows are computed and dropped."""
-    missing = size - tensor.shape[0]
-    if missing <= 0:
-        return tensor
-    return torch.cat([tensor, tensor[:1].expand(missing, *tensor.shape[1:])], dim=0)
-
-
-def _check_hyper_params(config: PolicyConfig, hp: dict[str, Any]) -> None:
-    for name in ("d_model", "num_heads", "num_layers", "mlp_ratio", "num_steps", "image_grid", "patch_size"):
-        value = hp[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PolicyConfigError(f"flow_transformer {name}={value!r} must be a positive int")
-    if isinstance(hp["obs_layers"], bool) or not isinstance(hp["obs_layers"], int) or hp["obs_layers"] < 0:
-        raise PolicyConfigError(f"flow_transformer obs_layers={hp['obs_layers']!r} must be an int >= 0")
-    if hp["d_model"] % hp["num_heads"] or hp["d_model"] % 2:
-        raise PolicyConfigError(
-            f"flow_transformer d_model={hp['d_model']} must be even and a multiple of num_heads={hp['num_heads']}"
+        return rtc_flow_matching_loss(
+            self.velocity,
+            self.context(self.encode(batch)),
+            action_chunk,
+            generator,
+            prefix_rows,
+            self.prefix_conditioned,
+            int(self.hp["max_prefix_rows"]),
+            "flow_transformer",
         )
-    for name, allowed in (("image_encoder", IMAGE_ENCODERS), ("autocast", AUTOCASTS),
-                          ("guidance_jacobian", GUIDANCE_JACOBIANS), ("prefix_schedule", PREFIX_SCHEDULES)):
-        if hp[name] not in allowed:
-            raise PolicyConfigError(f"flow_transformer {name}={hp[name]!r}; use one of {allowed}")
-    if any(b < 1 for b in hp["batch_buckets"]):
-        raise PolicyConfigError(f"flow_transformer batch_buckets {hp['batch_buckets']} must be positive ints")
-    if hp["image_encoder"] == "vit":
-        patch = hp["patch_size"]
-        for name, (_, height, width) in config.image_features.items():
-            if height % patch or width % patch:
-                raise PolicyConfigError(
-                    f"flow_transformer vit: camera {name!r} is {height}x{width}, not a multiple of "
-                    f"patch_size={patch}; declare another image size or patch size"
-                )
-
-
-class CompiledPath:
-    """A compiled velocity network that falls back to the eager one: a call that fails compiled is run eager with
-    the same inputs; if that succeeds the compile was at fault, so this path runs eager from then on, logged once
-    with the reason (kept in `fallbacks`, the policy's `compile_fallbacks`); if eager fails too, the inputs were,
-    and its error is raised with the compiled path kept. (Not only Dynamo's own errors: a first-run Triton or
-    CUDA-graph error is the compile's too.)"""
-
-    def __init__(self, compiled: Callable[..., Tensor], eager: Callable[..., Tensor], what: str, fallbacks: list[str]):
-        self.compiled, self.eager, self.what, self.fallbacks = compiled, eager, what, fallbacks
-        self.failed = False
-
-    def __call__(self, *args: Tensor) -> Tensor:
-        if self.failed:
-            return self.eager(*args)
-        try:
-            return self.compiled(*args)
-        except Exception as exc:
-            out = self.eager(*args)
-            self.fall_back(exc)
-            return out
-
-    def fall_back(self, exc: BaseException) -> None:
-        """From now on eager: `exc` failed the compiled path where the eager network did not."""
-        if not self.failed:
-            self.failed = True
-            self.record(self.fallbacks, self.what, exc)
-
-    @staticmethod
-    def record(fallbacks: list[str], what: str, exc: BaseException) -> None:
-        reason = f"compiling {what} failed, it runs eager: {type(exc).__name__}: {str(exc)[:300]}"
-        fallbacks.append(reason)
-        log.warning("flow_transformer: %s", reason)
-
-
-def graph_safe(compiled: Callable[..., Tensor], eager: Callable[..., Tensor],
-               differentiable: Callable[..., Tensor] | None = None) -> Callable[..., Tensor]:
-    """The velocity network as the sampler may call it when `compiled` replays CUDA graphs (reduce-overhead): a
-    graph replays into the same output buffers, so a no-grad call marks a new step and takes a copy of its
-    output before the next replay overwrites it; the guided sampler's VJP (autograd on) would read a graph's
-    output after the next step's replay, so it runs `differentiable` (a compile without CUDA graphs), else
-    `eager`. (On the H200 with the VJP on the replayed graph, the guided pass failed: "accessing tensor output
-    of CUDAGraphs that has been overwritten by a subsequent run".)"""
-    grad_fn = differentiable or eager
-
-    def velocity(*args: Tensor) -> Tensor:
-        if torch.is_grad_enabled():
-            return grad_fn(*args)
-        torch.compiler.cudagraph_mark_step_begin()
-        return compiled(*args).clone()
-
-    return velocity
-
-
-def check_cpu_compiler() -> None:
-    """`compile` on a CPU: inductor writes C++ and builds it with the host's compiler ($CXX, else g++ on Linux);
-    without one the first call would fail deep inside torch. PolicyConfigError says what to do."""
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-
-        get_cpp_compiler()
-    except Exception as e:  # torch raises RuntimeError (none found) or an import error (a build without inductor)
-        raise PolicyConfigError(
-            f"flow_transformer compile on a CPU needs a C++ compiler for torch.compile's inductor ({e}); install g++ "
-            "(apt install g++) or set model.hyper_params.compile: false"
-        ) from None
-
-
-def preset_hyper_params(name: str, **overrides: Any) -> dict[str, Any]:
-    """A preset's hyper_params (with overrides): `PolicyConfig(type="flow_transformer", hyper_params=...)`."""
-    if name not in PRESETS:
-        raise PolicyConfigError(f"flow_transformer preset {name!r} unknown; presets: {sorted(PRESETS)}")
-    return {**PRESETS[name], **overrides}
 
 
 def count_parameters(config: PolicyConfig) -> int:
@@ -609,4 +424,20 @@ def count_parameters(config: PolicyConfig) -> int:
     return sum(p.numel() for p in policy.parameters())
 
 
-__all__ = ["FlowTransformerPolicy", "PRESETS", "preset_hyper_params", "count_parameters"]
+__all__ = [
+    "AUTOCASTS",
+    "COMPILE_BUCKETS",
+    "DEFAULTS",
+    "GUIDANCE_JACOBIANS",
+    "IMAGE_ENCODERS",
+    "PRESETS",
+    "Block",
+    "CompiledPath",
+    "ConvTokens",
+    "FlowTransformerPolicy",
+    "PatchTokens",
+    "check_cpu_compiler",
+    "count_parameters",
+    "graph_safe",
+    "preset_hyper_params",
+]

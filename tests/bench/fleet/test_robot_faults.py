@@ -39,7 +39,7 @@ def test_a_kill_sent_after_a_restart_is_applied_after_it(tmp_path):
     shard.on_message({"type": "robot_fault", "robots": [7], "action": "restart"})
     shard.on_message({"type": "robot_fault", "robots": [7], "action": "kill"})
     release.set()
-    shard._fault_queue.join()
+    shard.faults.queue.join()
     robot = shard.robots[0]
     assert old.stopped and len(made) == 1 and made[0].started
     assert robot.engine is made[0] and made[0].stopped  # the kill stopped the engine the restart made

@@ -1,0 +1,181 @@
+"""The control loop of a shard, on its loop thread: each slot when due, every robot's frames, observation and
+action, then the records of its ticks and one step of the slot's robots.
+
+Invariant: the loop thread does no I/O and no waiting other than for the next slot's due time (an engine
+that raises is counted here, its traceback sent by the status thread); every tick is recorded with its
+timing split (host delay vs engine time, see bench.fleet.ticks)."""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+import zlib
+
+import numpy as np
+
+from bench.fleet.robot import RobotSlot, engine_state_name
+from bench.fleet.ticks import HOST_LATE, LATE, TOO_LATE, classify_tick, slot_starved
+
+FLUSH_PERIOD_S = 2.0
+RAISED_SOURCE = "raised"  # a tick's source when the engine's notify_observation or get_action raised
+
+
+def run_loop(shard) -> None:
+    """Step every slot of the shard's robots when due, until the run's end or a stop."""
+    sched = shard.schedule
+    t0 = shard.t0
+    sched.t0 = shard.start_msg.get("start_mono", t0)
+    end = shard.start_msg.get("end_mono", math.inf)
+    next_flush = time.monotonic() + FLUSH_PERIOD_S
+    robots = shard.robots
+    ticks = shard.ticks
+    counts = shard.counts
+    mono = time.monotonic
+    while not shard.stop_event.is_set():
+        sid, due = sched.next_due()
+        now = mono()
+        if due >= end:
+            break
+        if due > now:
+            if shard.stop_event.wait(due - now):
+                break
+        t_wake = mono()
+        cpu0 = time.thread_time()
+        members = sched.members[sid]
+        period = sched.slots[sid][0]
+        batch = shard.batches[sid]
+        states = batch.states
+        n = len(members)
+        actions: list = [None] * n
+        got: list = [None] * n  # (action, t_begin, t_end, engine state) of each robot, in slot order
+        rel = due - t0
+        # The engines first, every robot of the slot, then the bench's bookkeeping: a robot's host_delay
+        # is then the engine calls of the robots before it in the slot, not their records too.
+        for j, r in enumerate(members):
+            rs = robots[r]
+            images = {name: cam.frame() for name, cam in rs.cameras} if rs.cameras else {}
+            tb = mono()
+            a, raised = None, False
+            if not rs.killed:
+                try:
+                    call = "notify_observation"
+                    rs.engine.notify_observation({"state": states[j], "images": images})
+                    call = "get_action"
+                    a = rs.engine.get_action()
+                except Exception:  # the engine's contract broken: recorded (engine_raises), the robot holds
+                    a, raised = None, True
+                    engine_raised(rs, call)
+            got[j] = (a, tb, mono(), engine_state_name(rs.engine) if not rs.killed else "DEAD", raised)
+        for j, r in enumerate(members):
+            rs = robots[r]
+            state = states[j]
+            a, tb, te, est, raised = got[j]
+            lateness = te - due
+            host_delay = tb - due
+            cls = classify_tick(lateness, host_delay, period)
+            if a is None:
+                ticks.append(
+                    robot=rs.rid,
+                    t=rel,
+                    lateness_ms=lateness * 1e3,
+                    host_delay_ms=host_delay * 1e3,
+                    engine_ms=(te - tb) * 1e3,
+                    tick_class=cls,
+                    state_digest=zlib.crc32(state.tobytes()),
+                    seq=-1,
+                    session_id="",
+                    episode_id=-1,
+                    chunk_index=-1,
+                    action_age_s=np.nan,
+                    source=RAISED_SOURCE if raised else "none",
+                    is_none=True,
+                    engine_state=est,
+                    robot_episode=rs.episode,
+                    action=None,
+                )
+            else:
+                values = np.asarray(a.values, dtype=np.float32)
+                actions[j] = values
+                ticks.append(
+                    robot=rs.rid,
+                    t=rel,
+                    lateness_ms=lateness * 1e3,
+                    host_delay_ms=host_delay * 1e3,
+                    engine_ms=(te - tb) * 1e3,
+                    tick_class=cls,
+                    state_digest=zlib.crc32(state.tobytes()),
+                    seq=int(a.seq_id if a.seq_id is not None else -1),
+                    session_id=str(a.session_id or ""),
+                    episode_id=int(a.episode_id if a.episode_id is not None else -1),
+                    chunk_index=int(a.chunk_index if a.chunk_index is not None else -1),
+                    action_age_s=float(a.age_s) if a.age_s is not None else np.nan,
+                    source=str(a.source),
+                    is_none=False,
+                    engine_state=est,
+                    robot_episode=rs.episode,
+                    action=values,
+                )
+            if rel >= 0:
+                counts["ticks"] += 1
+                counts["none_ticks"] += a is None
+                counts["late_ticks"] += cls == LATE or cls == TOO_LATE
+                counts["host_late_ticks"] += cls == HOST_LATE
+        batch.step(actions)
+        shard.loop_ticks += n  # warm-up included, as the loop's CPU time is (bench.fleet.threadcpu)
+        done = batch.done
+        if done.any():
+            end_episodes(shard, batch, members, np.nonzero(done)[0], rel)
+        t_done = mono()
+        wall = t_done - t_wake
+        cpu = time.thread_time() - cpu0
+        skipped = sched.advance(sid, t_done)
+        # the slot's budget is the time until the next slot fell due: past it, the loop is behind
+        _, next_due = sched.next_due()
+        budget = max(next_due - due, 0.0)
+        shard.loop_rec.append(
+            slot=sid,
+            t=rel,
+            robots=len(members),
+            wall_ms=wall * 1e3,
+            cpu_ms=cpu * 1e3,
+            budget_ms=budget * 1e3,
+            overrun=t_done > next_due or slot_starved(wall, cpu, period),
+            skipped_ticks=skipped,
+            shard=shard.index,
+        )
+        if skipped and rel >= 0:
+            counts["host_late_ticks"] += skipped * len(members)
+        if mono() >= next_flush:
+            shard.ticks.flush()
+            shard.loop_rec.flush()
+            shard.episodes.flush()
+            next_flush = mono() + FLUSH_PERIOD_S
+
+
+def end_episodes(shard, batch, members, idx, rel) -> None:
+    """Record the episodes that ended in a slot, reset their engines and their robots."""
+    _score, success = batch.episode_score()
+    for j in idx:
+        rs = shard.robots[members[j]]
+        shard.episodes.append(
+            robot=rs.rid,
+            t=rel,
+            robot_episode=rs.episode,
+            success=bool(success[j]),
+            length_s=float(batch.tick[j] / batch.fps),
+        )
+        rs.episode += 1
+        if not rs.killed:
+            try:
+                rs.engine.reset()
+            except Exception:
+                engine_raised(rs, "reset")
+    batch.reset(idx)
+
+
+def engine_raised(rs: RobotSlot, call: str) -> None:
+    """On the loop thread: count it; keep the first traceback for the status thread to send (no I/O here)."""
+    rs.raises += 1
+    if not rs.first_raise:
+        rs.first_raise = f"engine.{call}() raised: {traceback.format_exc(limit=8).strip()}"
