@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.evidence import svg
+from bench.evidence.exitcode import Exit
 from bench.scenario.assertions import AssertionResult
 from bench.scenario.catalog import FIGURES
 from bench.evidence.figures import RunData, state_intervals, _Scope
 
-EXIT_CODES = {"pass": 0, "fail": 1, "error": 2, "inconclusive": 3}
 
 # Design section 11 (Pi0-class reference), shown beside the measured budget.
 BUDGET_REFERENCE = {
@@ -79,7 +79,7 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
+        return Exit.of(self.verdict)
 
 
 def verdict_of(results: list[AssertionResult], error: str | None, fidelity: dict | None = None) -> str:
