@@ -15,7 +15,7 @@
     bench pki --dir DIR [--robot UUID ...] [--replica ID ...] [--router] [--acl FILE]
                                                            a test CA and certificates (docs/security.md)
 
-Owns argument parsing only (the exit codes are bench.evidence.exitcode.Exit); the work is in bench.scenario.schema, bench.run.runner, bench.training.train.
+Owns argument parsing only (the exit codes are bench.evidence.exitcode.Exit); the work is in bench.scenario.load, bench.run.runner, bench.training.train.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool =
     """Load a scenario, apply `--set key=value` overrides (dotted keys, YAML values) and check that its
     checkpoints are on disk: everything `bench run` needs before a process starts (validate calls this too)."""
     from bench.run.manifests import check_on_disk
-    from bench.scenario import schema as sc
+    from bench.scenario import load as sc
     s = sc.load_scenario(path)
     if not sets:
         if check_checkpoints:
@@ -89,7 +89,7 @@ def load_runnable(path: str, sets: list[str]):
 
 
 def cmd_validate(args) -> int:
-    from bench.scenario.schema import ScenarioError
+    from bench.scenario.load import ScenarioError
 
     rc = Exit.PASS
     for path in args.files:
@@ -120,7 +120,7 @@ def cmd_schema(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from bench.scenario.schema import SCENARIOS_DIR, list_scenarios
+    from bench.scenario.load import SCENARIOS_DIR, list_scenarios
 
     if args.dir and not Path(args.dir).is_dir():
         return _invalid(f"bench list: --dir {args.dir!r} "
@@ -149,7 +149,7 @@ def cmd_figures(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bench.scenario.schema import ScenarioError
+    from bench.scenario.load import ScenarioError
 
     try:
         s = load_runnable(args.file, args.set)
@@ -175,7 +175,7 @@ def cmd_run(args) -> int:
 def cmd_incident(args) -> int:
     from bench.evidence import incident
     from bench.run import runner
-    from bench.scenario.schema import ScenarioError, load_scenario
+    from bench.scenario.load import ScenarioError, load_scenario
 
     out = Path(args.out)
     try:
@@ -211,7 +211,7 @@ def cmd_incident(args) -> int:
 
 def cmd_sweep(args) -> int:
     """`bench sweep FILE --key K --values a,b,c [--capacity]`: the scenario's sweep section from the command line."""
-    from bench.scenario.schema import ScenarioError, build_scenario
+    from bench.scenario.load import ScenarioError, build_scenario
 
     if args.assert_ and not args.capacity:
         return _invalid("bench sweep: --assert needs --capacity: sweep assertions judge a capacity sweep's knee; "
@@ -248,7 +248,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_init_weights(args) -> int:
-    from bench.scenario.schema import checkpoint_dir
+    from bench.scenario.load import checkpoint_dir
     from server.policies.checkpoint import CheckpointError, init_weights
 
     try:

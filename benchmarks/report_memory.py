@@ -184,7 +184,7 @@ except ImportError:  # --baseline/--code: a checkout whose Run held its phases a
     collect, collect_audit, judge = Run.collect, Run.collect_audit, Run.judge
     fidelity_of, forward_series = Run.fidelity, Run._forward_series
     open_run = lambda s, d: Run(s, d, progress=False)
-from bench.scenario.schema import load_scenario
+from bench.scenario.load import load_scenario
 
 def rss_mb():
     return psutil.Process().memory_info().rss / 2**20

@@ -34,7 +34,6 @@ from bench.evidence.exitcode import Exit, worse
 from bench.evidence.figures import UNPLANNED_EXIT
 from bench.run.drive import drive, snapshot
 from bench.run.faults import exit_words, is_system_process  # noqa: F401  (imported from here)
-from bench.run.hostcpu import Leftovers
 from bench.run.manifests import plain
 from bench.run.preflight import EnvironmentInvalid, cuda_problems, preflight, reports_problems  # noqa: F401
 from bench.run.procset import install_signal_handlers
@@ -43,8 +42,9 @@ from bench.run.specs import rtc_budget_s as _rtc_budget_s  # noqa: F401  (import
 from bench.run.starters import start_processes
 from bench.run.state import RunState, SiteLink  # noqa: F401  (imported from here)
 from bench.run.stop import shutdown
+from bench.run.usage import Leftovers
 from bench.run.verdict import judge
-from bench.scenario.schema import Scenario, sweep_variants
+from bench.scenario.load import Scenario, sweep_variants
 
 
 def utc_stamp() -> str:
@@ -203,11 +203,11 @@ class Run:
             prog.stop()
             shutdown(run)
             run.leftover_report = run.leftovers.end()
-        from bench.run.hostcpu import speed_probe_ms
+        from bench.run.usage import speed_probe_ms
 
         run.speed_probe["after_ms"] = round(speed_probe_ms(), 1)
         during = run.cpu.probes(0.0, run.s.duration_s)
-        if during:  # every second of the run, in CPU time (bench.run.hostcpu.IN_RUN_PROBE_FRACTION)
+        if during:  # every second of the run, in CPU time (bench.run.usage.IN_RUN_PROBE_FRACTION)
             run.speed_probe["during"] = during
         outcome = judge(run, error)
         outcome.meta["interrupted"] = interrupted
@@ -224,7 +224,7 @@ def prepare(run: RunState) -> None:
 
     # the scenario as run: after --set overrides and the sweep value, as plain YAML
     (run.run_dir / "scenario.yaml").write_text(yaml.safe_dump(plain(run.s.raw), sort_keys=False))
-    from bench.run.hostcpu import speed_probe_ms
+    from bench.run.usage import speed_probe_ms
 
     run.speed_probe = {"before_ms": round(speed_probe_ms(), 1)}
     run.leftovers = Leftovers.begin()

@@ -1,6 +1,6 @@
 """The scenario file's shape as typed models: every key, its type, bounds, default and meaning.
 
-Owns what a scenario YAML may hold key by key (pydantic v2): `bench.scenario.schema` validates a
+Owns what a scenario YAML may hold key by key (pydantic v2): `bench.scenario.load` validates a
 file against `ScenarioFile`, then runs the checks that need several keys or other packages (sites
 referenced, models served, engines built, faults, assertions). The same models give the JSON
 Schema editors use (`bench schema scenario`, docs/schemas/scenario.schema.json) and the key tables

@@ -12,7 +12,7 @@ import pytest
 
 from bench import cli
 from bench.evidence.exitcode import Exit
-from bench.scenario.schema import SCENARIOS_DIR
+from bench.scenario.load import SCENARIOS_DIR
 
 SMOKE = SCENARIOS_DIR / "smoke.yaml"
 

@@ -9,7 +9,7 @@ import pytest
 from bench.evidence import capacity
 from bench.evidence.exitcode import Exit
 from bench.scenario import sweeps
-from bench.scenario.schema import ScenarioError, parse_scenario
+from bench.scenario.load import ScenarioError, parse_scenario
 
 
 def _row(value, verdict, thr=10.0, inf=20.0, net=1.0, rate=1.0):

@@ -15,7 +15,7 @@ from bench.run.runner import Run, SiteLink
 from bench.run.specs import shard_specs
 from bench.run.state import RunState
 from bench.run.verdict import judge
-from bench.scenario.schema import parse_scenario
+from bench.scenario.load import parse_scenario
 from bench.fleet.shard import Shard
 
 SCENARIO = textwrap.dedent("""\
