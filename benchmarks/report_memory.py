@@ -112,7 +112,7 @@ def write_run(directory: Path, requests: int) -> dict:
             "network_ms": np.full(requests, 30.0), "encode_ms": np.full(requests, 1.2),
             "send_lag_ms": np.full(requests, 0.3), "merge_lag_ms": np.full(requests, 0.2),
             "delay_steps": np.full(requests, 2), "execution_steps": np.full(requests, 15),
-            "steps_remaining": np.full(requests, 10), "superseded": np.zeros(requests),
+            "steps_remaining": np.full(requests, 10), "superseded_seqs": np.zeros(requests),
             "outcome": ["ok"] * requests, "sent_ns": sent_ns,
             "downlink_from_router_ms": np.full(requests, np.nan)}  # no router stamps: the split is not measured
     batch = records.to_record_batch("requests", cols, requests)

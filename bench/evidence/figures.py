@@ -291,9 +291,11 @@ scalar("goodput_requests")(lambda s: _goodput(s)[0])
 scalar("goodput_ratio")(lambda s: _ratio(*_goodput(s)))
 
 
+# The figure keeps its scenario-facing name `superseded` (assertions and sweeps say it); the count it sums is the
+# wire's `superseded_seqs`, which the edge counter and the requests column carry under that same name.
 @scalar("superseded")
 def _superseded(s: _Scope) -> int:
-    sup = s.col(s.requests, "superseded", np.int32)
+    sup = s.col(s.requests, "superseded_seqs", np.int32)
     outcome = s.col(s.requests, "outcome", object)
     return int(np.count_nonzero(outcome == "superseded")) + int(np.nansum(np.clip(sup, 0, None)))
 

@@ -24,7 +24,7 @@ def test_records_roundtrip_and_torn_tail(tmp_path):
     buf = w.buffer("requests", chunk_rows=4)
     for i in range(10):
         buf.append(robot=i, t=i * 0.1, seq=i, rtt_ms=10.0 + i, queue_wait_ms=1.0, inference_ms=5.0, network_ms=4.0,
-                   encode_ms=0.5, delay_steps=1, superseded=0, outcome="ok")
+                   encode_ms=0.5, delay_steps=1, superseded_seqs=0, outcome="ok")
     buf.flush()
     w.close()
     t = records.collect(tmp_path, "requests")
