@@ -333,6 +333,11 @@ def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, SiteSpec]) -> l
         policy = g.policy or g.robot
         engine = dict(g.engine)
         kind = engine.pop("kind", "remote")
+        chunking = engine.pop("chunking", None)
+        if chunking is not None:
+            if chunking not in sm.CHUNKINGS:  # the engine model says so first where edge is installed
+                raise w.fail((*path, "engine", "chunking"), f"{chunking!r} is not one of {', '.join(sm.CHUNKINGS)}")
+            engine = {**sm.CHUNKINGS[chunking], **engine}  # a field given beside the word wins (as `--set` does)
         if kind == "local" and g.shadow is not None:
             raise w.fail((*path, "shadow"), "a `kind: local` group has no remote engine to compare with; put the "
                                             "`shadow` on a remote group")
