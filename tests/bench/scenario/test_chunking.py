@@ -26,15 +26,19 @@ def engine_of(engine: str) -> dict:
     return parse_scenario(BASE.replace("ENGINE", engine), source="t.yaml").groups[0].engine
 
 
-@pytest.mark.parametrize("word, fields", [
-    ("sync", {"rtc_enabled": False, "buffer_time_s": sm.SYNC_BUFFER_TIME_S}),
-    ("append", {"rtc_enabled": False}),
-    ("rtc", {"rtc_enabled": True}),
-])
+@pytest.mark.parametrize(
+    "word, fields",
+    [
+        ("sync", {"rtc_enabled": False, "buffer_time_s": sm.SYNC_BUFFER_TIME_S}),
+        ("append", {"rtc_enabled": False}),
+        ("rtc", {"rtc_enabled": True}),
+    ],
+)
 def test_a_chunking_word_is_the_fields_it_names(word, fields):
     assert engine_of(f"{{chunking: {word}, trim: consumed}}") == {**fields, "trim": "consumed"}
-    assert engine_of(f"{{chunking: {word}}}") == engine_of("{" + ", ".join(f"{k}: {str(v).lower()}"
-                                                                          for k, v in fields.items()) + "}")
+    assert engine_of(f"{{chunking: {word}}}") == engine_of(
+        "{" + ", ".join(f"{k}: {str(v).lower()}" for k, v in fields.items()) + "}"
+    )
 
 
 def test_a_field_given_beside_the_word_wins_as_a_set_override_does():
