@@ -15,7 +15,7 @@
     bench pki --dir DIR [--robot UUID ...] [--replica ID ...] [--router] [--acl FILE]
                                                            a test CA and certificates (docs/security.md)
 
-Owns argument parsing and exit codes only; the work is in bench.scenario.schema, bench.run.runner, bench.training.train.
+Owns argument parsing only (the exit codes are bench.evidence.exitcode.Exit); the work is in bench.scenario.load, bench.run.runner, bench.training.train.
 """
 
 from __future__ import annotations
@@ -25,20 +25,14 @@ import re
 import sys
 from pathlib import Path
 
-EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INCONCLUSIVE = 0, 1, 2, 3
-RUN_EXIT_CODES = """exit codes:
-  0  pass: every assertion held (a run out of its fidelity tolerances says so as a warning)
-  1  fail: an assertion failed and the run's fidelity was within tolerance: the system failed it
-  2  the scenario or the environment is invalid, or the run itself errored (a process died, Ctrl-C)
-  3  inconclusive: an assertion failed while the bench host was out of its fidelity tolerances
-     (summary.json fidelity.reasons names the shard, network leg or replica); rerun on a quieter
-     or bigger host, or see `bench run --check FILE`"""
+from bench.evidence import exitcode
+from bench.evidence.exitcode import Exit
 
 
 def _invalid(message: str) -> int:
-    """A user-input error (a bad scenario, file or argument): the message on stderr, exit EXIT_INVALID."""
+    """A user-input error (a bad scenario, file or argument): the message on stderr, exit Exit.INVALID."""
     print(message, file=sys.stderr)
-    return EXIT_INVALID
+    return Exit.INVALID
 
 
 def _parse_value(text: str):
@@ -54,7 +48,7 @@ def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool =
     """Load a scenario, apply `--set key=value` overrides (dotted keys, YAML values) and check that its
     checkpoints are on disk: everything `bench run` needs before a process starts (validate calls this too)."""
     from bench.run.manifests import check_on_disk
-    from bench.scenario import schema as sc
+    from bench.scenario import load as sc
     s = sc.load_scenario(path)
     if not sets:
         if check_checkpoints:
@@ -95,15 +89,15 @@ def load_runnable(path: str, sets: list[str]):
 
 
 def cmd_validate(args) -> int:
-    from bench.scenario.schema import ScenarioError
+    from bench.scenario.load import ScenarioError
 
-    rc = EXIT_PASS
+    rc = Exit.PASS
     for path in args.files:
         try:
             s = load_with_overrides(path, args.set)
         except ScenarioError as exc:
             print(f"INVALID {exc}", file=sys.stderr)
-            rc = EXIT_INVALID
+            rc = Exit.INVALID
             continue
         groups = ", ".join(f"{g.name}={g.count}x{g.robot}@{g.fps:g}Hz/{g.site}" for g in s.groups)
         from bench.run.sizing import shard_count
@@ -122,11 +116,11 @@ def cmd_schema(args) -> int:
     from bench.scenario.model import json_schema
 
     print(json.dumps(json_schema(), indent=2))
-    return EXIT_PASS
+    return Exit.PASS
 
 
 def cmd_list(args) -> int:
-    from bench.scenario.schema import SCENARIOS_DIR, list_scenarios
+    from bench.scenario.load import SCENARIOS_DIR, list_scenarios
 
     if args.dir and not Path(args.dir).is_dir():
         return _invalid(f"bench list: --dir {args.dir!r} "
@@ -135,13 +129,13 @@ def cmd_list(args) -> int:
     items = list_scenarios(Path(args.dir) if args.dir else SCENARIOS_DIR)
     if not items:
         print(f"no scenarios in {args.dir or SCENARIOS_DIR}")
-        return EXIT_PASS
+        return Exit.PASS
     base = Path(args.dir) if args.dir else SCENARIOS_DIR
     names = [str(p.relative_to(base)) for p, _, _ in items]
     width = max(len(n) for n in names)
     for name, (_p, _name, desc) in zip(names, items):
         print(f"{name:<{width}}  {desc.splitlines()[0] if desc else ''}")
-    return EXIT_PASS
+    return Exit.PASS
 
 
 def cmd_figures(args) -> int:
@@ -151,18 +145,18 @@ def cmd_figures(args) -> int:
     for name, (kind, unit, doc) in FIGURES.items():
         print(f"{name:<24} {kind:<7} {unit:<6} {doc}")
     print(f"\nfunctions: {', '.join(sorted(FUNCTIONS))}\nstates: {', '.join(STATES)}")
-    return EXIT_PASS
+    return Exit.PASS
 
 
 def cmd_run(args) -> int:
-    from bench.scenario.schema import ScenarioError
+    from bench.scenario.load import ScenarioError
 
     try:
         s = load_runnable(args.file, args.set)
     except ScenarioError as exc:
         return _invalid(f"bench: invalid scenario: {exc}")
     if s is None:
-        return EXIT_INVALID
+        return Exit.INVALID
     if args.check:
         from bench.run.runner import reports_problems
         from bench.run.sizing import estimate, report_memory
@@ -173,7 +167,7 @@ def cmd_run(args) -> int:
         print("\n".join(est.lines()))
         memory = report_memory(s)
         print(memory.line(s) if memory.fits else f"preflight: {memory.line(s)}")
-        return EXIT_PASS
+        return Exit.PASS
     from bench.run import runner
     return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet, cluster=args.cluster)
 
@@ -181,7 +175,7 @@ def cmd_run(args) -> int:
 def cmd_incident(args) -> int:
     from bench.evidence import incident
     from bench.run import runner
-    from bench.scenario.schema import ScenarioError, load_scenario
+    from bench.scenario.load import ScenarioError, load_scenario
 
     out = Path(args.out)
     try:
@@ -196,7 +190,7 @@ def cmd_incident(args) -> int:
     for f in scenario["faults"]:
         print(f"  {f}", file=sys.stderr)
     if args.no_run:
-        return EXIT_PASS
+        return Exit.PASS
     try:
         s = load_scenario(out)
     except ScenarioError as exc:
@@ -204,20 +198,20 @@ def cmd_incident(args) -> int:
     stamp = runner.utc_stamp()
     rc = runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet, stamp=stamp)
     run_dir = Path(args.reports) / s.name / stamp
-    if rc == EXIT_INVALID or not (run_dir / "transitions.parquet").is_file():
-        return EXIT_INVALID
+    if rc == Exit.INVALID or not (run_dir / "transitions.parquet").is_file():
+        return Exit.INVALID
     score = incident.compare_stutter(window, incident.replay_log_of(run_dir), window.span[1] - window.span[0])
     ok = incident.reproduced(score)
     (run_dir / "incident.json").write_text(__import__("json").dumps({**score, "reproduced": ok}, indent=2))
     print(f"bench incident: stutter {'REPRODUCED' if ok else 'NOT reproduced'}: original {score['original_stutter_s']:.1f} s, "
           f"replay {score['replay_stutter_s']:.1f} s, recall {score['recall']:.2f}, precision {score['precision']:.2f} "
           f"-> {run_dir}/incident.json", file=sys.stderr)
-    return max(rc, EXIT_PASS if ok else EXIT_FAIL)
+    return max(rc, Exit.PASS if ok else Exit.FAIL)
 
 
 def cmd_sweep(args) -> int:
     """`bench sweep FILE --key K --values a,b,c [--capacity]`: the scenario's sweep section from the command line."""
-    from bench.scenario.schema import ScenarioError, build_scenario
+    from bench.scenario.load import ScenarioError, build_scenario
 
     if args.assert_ and not args.capacity:
         return _invalid("bench sweep: --assert needs --capacity: sweep assertions judge a capacity sweep's knee; "
@@ -229,7 +223,7 @@ def cmd_sweep(args) -> int:
     try:
         s = load_runnable(args.file, args.set)
         if s is None:
-            return EXIT_INVALID
+            return Exit.INVALID
         data = dict(s.raw)
         data["sweep"] = {"key": args.key, "values": [_parse_value(v) for v in texts],
                          "mode": "capacity" if args.capacity else "runs", "assertions": list(args.assert_ or [])}
@@ -250,11 +244,11 @@ def cmd_train(args) -> int:
     except train.TrainError as exc:
         return _invalid(f"bench train: {exc}")
     print(f"checkpoint written to {path}")
-    return EXIT_PASS
+    return Exit.PASS
 
 
 def cmd_init_weights(args) -> int:
-    from bench.scenario.schema import checkpoint_dir
+    from bench.scenario.load import checkpoint_dir
     from server.policies.checkpoint import CheckpointError, init_weights
 
     try:
@@ -264,7 +258,7 @@ def cmd_init_weights(args) -> int:
     except OSError as exc:  # the directory cannot be read or written
         return _invalid(f"bench init-weights: {exc.filename or args.checkpoint}: {exc.strerror or exc}")
     print(f"random weights (seed {args.seed}) written to {path}/model.safetensors")
-    return EXIT_PASS
+    return Exit.PASS
 
 
 def cmd_pki(args) -> int:
@@ -306,7 +300,7 @@ def cmd_pki(args) -> int:
         acl = router_access_control(fleet)
         Path(args.acl).write_text(json.dumps({"access_control": acl}, indent=1))
         print(f"router access rules for {len(args.robot)} robot(s) and {len(args.replica)} replica(s): {args.acl}")
-    return EXIT_PASS
+    return Exit.PASS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -314,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     run = sub.add_parser("run", help="run a scenario (exit 0 pass, 1 fail, 2 invalid or error, 3 inconclusive)",
-                         epilog=RUN_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         epilog=exitcode.HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("file")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario key, e.g. --set duration_s=10 --set fleet.groups.0.count=4")

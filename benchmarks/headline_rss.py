@@ -6,7 +6,7 @@ Runs `bench run scenarios/300_robots_wan.yaml` (router, chaos proxy, three repli
 runner) for a shortened window: 60 s measured after its 15 s warm-up, the partition at 20 s and the replica
 restart at 40 s (the scenario's own faults, moved into the window), assertions off (a shortened run judges
 nothing; its verdict is kept in the details). The twin samples each process tree's RSS every second
-(bench.run.hostcpu, cpu.parquet's `rss_mb:<process>` columns); the figure is the largest sum over one sample
+(bench.run.usage, cpu.parquet's `rss_mb:<process>` columns); the figure is the largest sum over one sample
 of all processes (target: 3 GiB), and each process's own peak. `--quick`: the same scenario with 2 robots
 per site for 5 s, no faults: it proves the pipeline runs, not the headline's size.
 RSS counts shared library pages in every process that maps them (torch in each replica and shard), so the sum is an upper

@@ -112,7 +112,7 @@ def write_run(directory: Path, requests: int) -> dict:
             "network_ms": np.full(requests, 30.0), "encode_ms": np.full(requests, 1.2),
             "send_lag_ms": np.full(requests, 0.3), "merge_lag_ms": np.full(requests, 0.2),
             "delay_steps": np.full(requests, 2), "execution_steps": np.full(requests, 15),
-            "steps_remaining": np.full(requests, 10), "superseded": np.zeros(requests),
+            "steps_remaining": np.full(requests, 10), "superseded_seqs": np.zeros(requests),
             "outcome": ["ok"] * requests, "sent_ns": sent_ns,
             "downlink_from_router_ms": np.full(requests, np.nan)}  # no router stamps: the split is not measured
     batch = records.to_record_batch("requests", cols, requests)
@@ -184,7 +184,7 @@ except ImportError:  # --baseline/--code: a checkout whose Run held its phases a
     collect, collect_audit, judge = Run.collect, Run.collect_audit, Run.judge
     fidelity_of, forward_series = Run.fidelity, Run._forward_series
     open_run = lambda s, d: Run(s, d, progress=False)
-from bench.scenario.schema import load_scenario
+from bench.scenario.load import load_scenario
 
 def rss_mb():
     return psutil.Process().memory_info().rss / 2**20

@@ -4,7 +4,7 @@ against the probe timed around it, and how the in-run probe (a tenth of the loop
     python -m benchmarks.speed_probe [--pairs 150]
 
 The cost model (bench.run.sizing) scales its per-unit costs by the in-run speed probe
-(bench.run.hostcpu.speed_probe_cpu_ms), and fidelity judges a drift against the probe's shift. Both
+(bench.run.usage.speed_probe_cpu_ms), and fidelity judges a drift against the probe's shift. Both
 assume that work like the bench's slows as the probe does. Each pair here times, in this thread's CPU
 time: the probe, 4 ticks of 50 reacher robots' physics (RobotBatch.step), a stretch of the records'
 Python (dicts, crc32, the latency tracker, JSON), the probe again. Over the pairs: the correlation of
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.robots import RobotBatch
-from bench.run.hostcpu import IN_RUN_PROBE_FRACTION, speed_probe_cpu_ms
+from bench.run.usage import IN_RUN_PROBE_FRACTION, speed_probe_cpu_ms
 from benchmarks.common import Result, cli, machine_facts, parse_with_out, run_main, write_report
 from edge.latency import LatencyTracker
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REQUEST_FIELDS = ("t", "seq", "rtt_ms", "queue_wait_ms", "inference_ms", "network_ms", "encode_ms", "send_lag_ms",
-                  "merge_lag_ms", "delay_steps", "execution_steps", "superseded", "outcome")
+                  "merge_lag_ms", "delay_steps", "execution_steps", "superseded_seqs", "outcome")
 
 
 def _finite(v):

@@ -39,7 +39,7 @@ def drain(shard) -> None:
                 delay_steps=int(rec.get("delay_steps") or 0),
                 execution_steps=int(rec.get("execution_steps") or 0),
                 steps_remaining=int(rec.get("steps_remaining") or 0),
-                superseded=min(int(rec.get("superseded", rec.get("superseded_seqs", 0)) or 0), INT32_MAX),
+                superseded_seqs=min(int(rec.get("superseded_seqs") or 0), INT32_MAX),
                 outcome=str(rec.get("outcome", "")),
                 sent_ns=int(rec.get("sent_ns") or 0),
                 downlink_from_router_ms=_f(rec.get("downlink_from_router_ms")),

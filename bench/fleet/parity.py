@@ -37,7 +37,7 @@ class ParityEngine:
         from edge.remote import RemoteEngine
         from edge.rtc import RTCEngine
 
-        from bench.scenario.schema import shadow_engine_config
+        from bench.scenario.load import shadow_engine_config
 
         cfg = RemoteEngineConfig.from_dict(dict(engine_cfg))
         self.cfg = cfg

@@ -37,7 +37,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "robot": "int32", "t": "float64", "seq": "int64", "rtt_ms": "float32", "queue_wait_ms": "float32",
         "inference_ms": "float32", "network_ms": "float32", "encode_ms": "float32", "send_lag_ms": "float32",
         "merge_lag_ms": "float32", "delay_steps": "int32",
-        "execution_steps": "int32", "steps_remaining": "int32", "superseded": "int32", "outcome": "str",
+        "execution_steps": "int32", "steps_remaining": "int32", "superseded_seqs": "int32", "outcome": "str",
         "sent_ns": "int64", "downlink_from_router_ms": "float32",
     },
     "transitions": {"robot": "int32", "t": "float64", "from_state": "str", "to_state": "str", "reason": "str"},

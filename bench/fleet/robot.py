@@ -18,7 +18,7 @@ def robot_spec(
 ) -> dict:
     """What a shard needs to build one robot and its engine (JSON-able; written by the runner).
     `seed_group_index`: seed the robot as robot `index` of that group (a `seeds_of` baseline)."""
-    from bench.scenario.schema import checkpoint_dir, engine_config
+    from bench.scenario.load import checkpoint_dir, engine_config
 
     engine = engine_config(group, endpoint)  # the config `bench validate` built and the engine accepted
     cams = None

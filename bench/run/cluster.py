@@ -15,7 +15,7 @@ starts the child with `wire.procs.ChildProcess` and applies process faults throu
 `chaos.faults.ManagedProcess` a local run uses, on the node where the child runs.
 
 The driver also times each node's clock through its actor (`mono`, bench.fleet.clock) and pulls each child's
-CPU, memory and its node's CPU (`usage`, bench.run.hostcpu.node_usage), since neither is visible from its host.
+CPU, memory and its node's CPU (`usage`, bench.run.usage.node_usage), since neither is visible from its host.
 
 Local processes stay the default; nothing here is imported without `--cluster`.
 Invariants: every child is stopped (and its actor killed) when the run ends, pass or fail; a child
@@ -116,8 +116,8 @@ class ChildActorImpl:
         return time.time()
 
     def usage(self) -> dict:
-        """This node's CPU and the child's process tree's, read here (bench.run.hostcpu.node_usage)."""
-        from bench.run.hostcpu import node_usage
+        """This node's CPU and the child's process tree's, read here (bench.run.usage.node_usage)."""
+        from bench.run.usage import node_usage
 
         return node_usage(self.child.pid if self.child.alive() else None)
 

@@ -58,7 +58,7 @@ def start_timeline(run: RunState):
         """A manifest for `restart_with: {checkpoint}`: the replica's own, with another model."""
         import yaml
 
-        from bench.scenario.schema import checkpoint_dir
+        from bench.scenario.load import checkpoint_dir
 
         rid = target.split(":", 1)[1]
         replica = next(r for r in run.s.replicas if r.id == rid)

@@ -5,7 +5,7 @@
                      └─► miss: a child python loads the checkpoint as policy-server does (device, dtype,
                          hyper_params, execution_horizon, torch_threads), times forward passes with RTC guidance
                          at batch 1 and at max_batch in CPU time beside the speed probe ──► ms at the reference
-                         probe (bench.run.hostcpu.COST_REFERENCE_PROBE_MS) ──► cache
+                         probe (bench.run.usage.COST_REFERENCE_PROBE_MS) ──► cache
 
 Owns `forward_cost` (bench.run.sizing prices a replica's forward passes with it) and the cache file
 ($XDG_CACHE_HOME or ~/.cache, fleet-inference/forward_ms.json). `code` is a sha256 over the source files of the
@@ -252,7 +252,7 @@ def _child(spec: dict) -> dict:
     at `max_batch`, scaled to the reference speed probe timed in the same process."""
     import numpy as np
 
-    from bench.run.hostcpu import COST_REFERENCE_PROBE_MS, speed_probe_cpu_ms
+    from bench.run.usage import COST_REFERENCE_PROBE_MS, speed_probe_cpu_ms
     from server.policies.checkpoint import load_checkpoint
     from server.runtime import InferItem, ModelRuntime, set_torch_threads
 

@@ -72,7 +72,7 @@ def replica_priority() -> str:
 def replica_manifest(scenario, replica, run_keys: dict | None = None) -> dict:
     """The manifest of `replica`: its checkpoint, `run_keys` (what only a run knows), its emulated latency, and
     the scenario's overrides over them."""
-    from bench.scenario.schema import checkpoint_dir
+    from bench.scenario.load import checkpoint_dir
 
     m: dict = {}
     if getattr(replica, "checkpoint", None):
@@ -94,7 +94,7 @@ REPLICA_COMPILE_START_S = 600.0
 def replica_start_s(manifest: dict) -> float:
     """How long a replica of `manifest` may take to say it is ready: longer where its model compiles (`compile`
     in the manifest's `model.hyper_params`, else in the checkpoint's config.json), on a CUDA device or a CPU."""
-    from bench.scenario.schema import checkpoint_config
+    from bench.scenario.load import checkpoint_config
 
     model = manifest.get("model") or {}
     compile_ = (model.get("hyper_params") or {}).get("compile")
@@ -108,7 +108,7 @@ def check_replica_manifests(scenario) -> None:
     checkpoint as a run merges them) the policy server would refuse: an unknown key, a bad value. Found now, not by a
     replica that exits before ready. Needs every checkpoint on disk (check_checkpoints_present first); the device is
     left to the run's CUDA check, the run's own keys (router, ports) are placeholders."""
-    from bench.scenario.schema import ScenarioError
+    from bench.scenario.load import ScenarioError
     from server.manifest import ManifestError, validate_manifest
     from wire.yamlines import line_at
 
@@ -144,10 +144,10 @@ def _override_key(d: Mapping | None, first: str) -> str | None:
 
 
 def check_on_disk(scenario) -> None:
-    """What a run needs on disk, before any process: every checkpoint (bench.scenario.schema.check_checkpoints_present)
+    """What a run needs on disk, before any process: every checkpoint (bench.scenario.load.check_checkpoints_present)
     and every replica manifest, for the scenario and for every run of its sweep (a sweep over a checkpoint or a
     manifest key), a run's problem blamed on its `sweep.values[i]`."""
-    from bench.scenario.schema import ScenarioError, check_checkpoints_present, sweep_variants
+    from bench.scenario.load import ScenarioError, check_checkpoints_present, sweep_variants
     from wire.yamlines import line_at
 
     check_checkpoints_present(scenario)

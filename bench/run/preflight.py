@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench.run.manifests import overrides as manifest_overrides
 from bench.run.manifests import replica_priority
-from bench.scenario.schema import Scenario, missing_checkpoints
+from bench.scenario.load import Scenario, missing_checkpoints
 
 
 class EnvironmentInvalid(RuntimeError):

@@ -30,10 +30,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.evidence import report
+from bench.evidence.exitcode import Exit, worse
 from bench.evidence.figures import UNPLANNED_EXIT
 from bench.run.drive import drive, snapshot
 from bench.run.faults import exit_words, is_system_process  # noqa: F401  (imported from here)
-from bench.run.hostcpu import Leftovers
 from bench.run.manifests import plain
 from bench.run.preflight import EnvironmentInvalid, cuda_problems, preflight, reports_problems  # noqa: F401
 from bench.run.procset import install_signal_handlers
@@ -42,16 +42,9 @@ from bench.run.specs import rtc_budget_s as _rtc_budget_s  # noqa: F401  (import
 from bench.run.starters import start_processes
 from bench.run.state import RunState, SiteLink  # noqa: F401  (imported from here)
 from bench.run.stop import shutdown
+from bench.run.usage import Leftovers
 from bench.run.verdict import judge
-from bench.scenario.schema import Scenario, sweep_variants
-
-EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_INCONCLUSIVE = 0, 1, 2, 3
-
-
-def worse(a: int, b: int) -> int:
-    """The worse of two exit codes: error (2) > fail (1) > inconclusive (3) > pass (0)."""
-    rank = {EXIT_PASS: 0, EXIT_INCONCLUSIVE: 1, EXIT_FAIL: 2, EXIT_INVALID: 3}
-    return a if rank.get(a, 3) >= rank.get(b, 3) else b
+from bench.scenario.load import Scenario, sweep_variants
 
 
 def utc_stamp() -> str:
@@ -82,7 +75,7 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
     if problems:
         for p in problems:
             print(f"bench: {p}", file=sys.stderr)
-        return EXIT_INVALID
+        return Exit.INVALID
     if cluster is None:  # the estimate is of this host; a cluster's nodes are another matter
         from bench.run.sizing import estimate
 
@@ -97,13 +90,13 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
             resolve_routers(scenario.cluster.get("routers"))
         except ValueError as exc:
             print(f"bench: {exc}", file=sys.stderr)
-            return EXIT_INVALID
+            return Exit.INVALID
 
         try:
             ray_cluster = connect(None if cluster == "ray" else cluster)
         except ClusterError as exc:
             print(f"bench: {exc}", file=sys.stderr)
-            return EXIT_INVALID
+            return Exit.INVALID
     try:
         return _run_variants(scenario, reports_dir, progress, stamp, ray_cluster)
     finally:
@@ -113,7 +106,7 @@ def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progre
 
 def _run_variants(scenario: Scenario, reports_dir: Path, progress: bool, stamp: str | None, ray_cluster) -> int:
     base = Path(reports_dir) / scenario.name / (stamp or utc_stamp())
-    worst = EXIT_PASS
+    worst = Exit.PASS
     variants = sweep_variants(scenario)
     sweep = scenario.sweep or {}
     labels, rows, group = [], [], None
@@ -148,9 +141,9 @@ def _run_variants(scenario: Scenario, reports_dir: Path, progress: bool, stamp: 
             labels.append(label)
             rows.append(capacity.step_row(value, json.loads((run_dir / "summary.json").read_text())))
             group = variant.groups[0]  # the load steps' engine settings feed the formula
-            if outcome.exit_code == EXIT_INVALID:
+            if outcome.exit_code == Exit.INVALID:
                 break  # an errored run ends the sweep: the knee is read only off completed runs
-            if outcome.exit_code != EXIT_PASS and sweep.get("stop_after_failure"):
+            if outcome.exit_code != Exit.PASS and sweep.get("stop_after_failure"):
                 break
     if sweep:
         worst = finish_sweep(scenario, base, labels, rows, group, worst)
@@ -176,9 +169,9 @@ def finish_sweep(scenario: Scenario, base: Path, labels: list[str], rows: list[d
                   f"{'; ' + r['error'] if r['error'] else ''})", file=sys.stderr)
         # load steps past the knee fail by design: the verdict is the sweep's own assertions
         if not rows or any(r["verdict"] == "error" for r in rows):
-            worst = EXIT_INVALID
+            worst = Exit.INVALID
         else:
-            worst = EXIT_FAIL if any(r["result"] != "pass" for r in results) else EXIT_PASS
+            worst = Exit.FAIL if any(r["result"] != "pass" for r in results) else Exit.PASS
     path = capacity.write_sweep(base, scenario, labels, rows, cap, results)
     print(f"bench: sweep -> {path}", file=sys.stderr)
     return worst
@@ -210,11 +203,11 @@ class Run:
             prog.stop()
             shutdown(run)
             run.leftover_report = run.leftovers.end()
-        from bench.run.hostcpu import speed_probe_ms
+        from bench.run.usage import speed_probe_ms
 
         run.speed_probe["after_ms"] = round(speed_probe_ms(), 1)
         during = run.cpu.probes(0.0, run.s.duration_s)
-        if during:  # every second of the run, in CPU time (bench.run.hostcpu.IN_RUN_PROBE_FRACTION)
+        if during:  # every second of the run, in CPU time (bench.run.usage.IN_RUN_PROBE_FRACTION)
             run.speed_probe["during"] = during
         outcome = judge(run, error)
         outcome.meta["interrupted"] = interrupted
@@ -231,7 +224,7 @@ def prepare(run: RunState) -> None:
 
     # the scenario as run: after --set overrides and the sweep value, as plain YAML
     (run.run_dir / "scenario.yaml").write_text(yaml.safe_dump(plain(run.s.raw), sort_keys=False))
-    from bench.run.hostcpu import speed_probe_ms
+    from bench.run.usage import speed_probe_ms
 
     run.speed_probe = {"before_ms": round(speed_probe_ms(), 1)}
     run.leftovers = Leftovers.begin()

@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from bench.run.hostcpu import COST_REFERENCE_PROBE_MS
 from bench.run.manifests import replica_manifest
+from bench.run.usage import COST_REFERENCE_PROBE_MS
 
 # CPU per unit of work at the reference speed probe (COST_REFERENCE_PROBE_MS), ms of one core:
 # - shards: a robot-tick's loop, engine calls and records (SHARD_TICK_MS), a request's encode, send, wait and merge
@@ -144,7 +144,7 @@ def _serving(scenario, group) -> list:
 
 
 def _chunk_size(replica) -> int | None:
-    from bench.scenario.schema import checkpoint_config
+    from bench.scenario.load import checkpoint_config
 
     try:
         return int(checkpoint_config(replica.checkpoint)["chunk_size"])
@@ -360,7 +360,7 @@ def estimate(scenario, cores: int | None = None, probe_ms: float | None = None, 
     if forward is None:
         forward = forward_costs(scenario)
     if probe_ms is None:
-        from bench.run.hostcpu import speed_probe_cpu_ms
+        from bench.run.usage import speed_probe_cpu_ms
 
         probe_ms = min(speed_probe_cpu_ms(0.5) for _ in range(3))
     scale = probe_ms / COST_REFERENCE_PROBE_MS
@@ -374,7 +374,7 @@ def estimate(scenario, cores: int | None = None, probe_ms: float | None = None, 
 
 
 def measured_by_kind(split: dict) -> dict:
-    """A run's measured CPU split (% of one core per process: hostcpu's names) as cores by the estimate's kinds."""
+    """A run's measured CPU split (% of one core per process: usage's names) as cores by the estimate's kinds."""
     out = {"shards": 0.0, "replicas": 0.0, "proxy": 0.0, "router": 0.0}
     for name, pct in split.items():
         kind = ("proxy" if name.startswith("chaos-proxy") else

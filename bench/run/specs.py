@@ -15,7 +15,7 @@ from pathlib import Path
 from bench.run.manifests import overrides as manifest_overrides
 from bench.run.manifests import replica_manifest, replica_priority
 from bench.run.state import RunState
-from bench.scenario.schema import REPO_ROOT
+from bench.scenario.load import REPO_ROOT
 from wire.procs import free_port
 
 OBSERVATION_RATE_FACTOR = 10  # a router's cap on a link's observations, times the fleet's fastest fps

@@ -116,7 +116,7 @@ def start_mesh(run: RunState) -> None:
         child.locate()  # where it runs decides how its CPU is read
         if is_local(child, for_cpu=True):  # this host's /proc; the lambda reads the pid once started
             run.cpu.track(name, lambda c=child: c.pid)
-        else:  # another host: through its actor, as a shard or replica there (bench.run.hostcpu)
+        else:  # another host: through its actor, as a shard or replica there (bench.run.usage)
             track_remote_cpu(run, name, child)
 
     toxics = {name: chaos_profiles.profile_toxics(site.profile, site.overrides) for name, site in run.s.sites.items()}
@@ -287,7 +287,7 @@ def start_attackers(run: RunState) -> None:
 
 
 def track_remote_cpu(run: RunState, name: str, child) -> None:
-    """A child on another host: the CPU sampler pulls its readings from its node (bench.run.hostcpu)."""
+    """A child on another host: the CPU sampler pulls its readings from its node (bench.run.usage)."""
     run.cpu.track_remote(name, child.where())
     run.cpu.remote_usage = lambda names: run.cluster.usage({n: run.procs.get(n) for n in names})
 

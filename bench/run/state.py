@@ -18,9 +18,9 @@ from typing import Any
 
 from bench.evidence import fidelity as fid
 from bench.fleet.clock import ClockOffset
-from bench.run.hostcpu import CpuSampler
 from bench.run.procset import ProcessSet
 from bench.run.samplelog import SampleLog
+from bench.run.usage import CpuSampler
 
 
 @dataclass
@@ -33,7 +33,7 @@ class SiteLink:
 @dataclass(slots=True)  # a field written that is not declared here is an error, not a new attribute
 class RunState:
     # --- what the run is: its scenario, where it writes, where its children run ---------------------------------
-    s: Any = None  # bench.scenario.schema.Scenario
+    s: Any = None  # bench.scenario.load.Scenario
     run_dir: Path = Path(".")
     logs: Path = Path("logs")
     rec_dir: Path = Path("records")
@@ -96,7 +96,7 @@ class RunState:
     timeline: Any = None  # chaos.timeline's runner, when the scenario has faults
     stop_scrape: threading.Event = field(default_factory=threading.Event)
     speed_probe: dict = field(default_factory=dict)
-    leftovers: Any = None  # bench.run.hostcpu.Leftovers
+    leftovers: Any = None  # bench.run.usage.Leftovers
     leg_start: dict | None = None  # each site proxy's counters at t = 0 (proxy_legs) ...
     leg_end: dict | None = None  # ... and at the end
     leg_asked: dict | None = None  # each site proxy's most asked by 100 ms (proxy_asked)

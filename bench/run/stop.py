@@ -89,7 +89,7 @@ def cost_model(run: RunState, split: dict) -> dict:
     from bench.run.sizing import estimate, forward_costs, measured_by_kind
 
     probes = run.cpu.probes(0.0, run.s.duration_s)
-    probe = probes.get("mean_ms") or probes.get("median_ms")  # the run's mean speed (hostcpu.CpuSampler.probes)
+    probe = probes.get("mean_ms") or probes.get("median_ms")  # the run's mean speed (usage.CpuSampler.probes)
     if not probe or not split.get("split"):
         return {}
     # the forward costs the preflight timed (cached): never timed now, beside a run still stopping
@@ -97,7 +97,7 @@ def cost_model(run: RunState, split: dict) -> dict:
     est = est.to_json()
     measured = measured_by_kind(split["split"])
     total = sum(measured.values())
-    from bench.run.hostcpu import COST_REFERENCE_PROBE_MS
+    from bench.run.usage import COST_REFERENCE_PROBE_MS
 
     at_reference = est["cores_needed"] * COST_REFERENCE_PROBE_MS / probe
     # the model unscaled beside it: on the 16-core machine the probe read SMT contention (a mean 1.5-1.9x the

@@ -40,7 +40,7 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "request_error_ratio": ("scalar", "", "request_errors / requests"),
     "goodput_requests": ("scalar", "", "answered requests whose rtt met the robot's latency budget: H*dt/2 (execution_horizon / fps / 2) with an RTC prefix (rtc_enabled, execution_horizon > 0), else buffer_time_s (the queue's playback left when it asked)"),
     "goodput_ratio": ("scalar", "", "goodput_requests / answered requests"),
-    "superseded": ("scalar", "", "requests superseded before they were served"),
+    "superseded": ("scalar", "", "requests superseded before they were served (the sum of the chunks' `superseded_seqs`)"),
     "reconnects": ("scalar", "", "engine transitions into RECONNECTING"),
     "dead_robots": ("scalar", "", "robots whose engine ended DEAD or failed"),
     "recovered_within_s": ("scalar", "s", "worst time from a fault window's end until every robot streams again"),

@@ -1,6 +1,6 @@
 """The scenario file's shape as typed models: every key, its type, bounds, default and meaning.
 
-Owns what a scenario YAML may hold key by key (pydantic v2): `bench.scenario.schema` validates a
+Owns what a scenario YAML may hold key by key (pydantic v2): `bench.scenario.load` validates a
 file against `ScenarioFile`, then runs the checks that need several keys or other packages (sites
 referenced, models served, engines built, faults, assertions). The same models give the JSON
 Schema editors use (`bench schema scenario`, docs/schemas/scenario.schema.json) and the key tables
@@ -31,10 +31,18 @@ CAMERA_KINDS = ("synthetic", "rendered")
 PROFILES_FALLBACK = ("lan", "wifi", "lte", "wan_50ms", "satellite", "congested")
 # engine fields the bench sets from the robot, its site and the group: a scenario may not
 ENGINE_OWNED = ("connect_endpoints", "action_names", "state_dim", "fps", "cameras", "model_id", "task")
-# `engine.kind`: which engine a group's robots run. `remote` (the system under test: network, router, server) or
-# `local` (the same checkpoint through the server's inference path inside the shard, no network: the in-run
-# baseline a remote group's task success is compared with, bench.fleet.local)
+# `engine.kind`: where a group's policy runs. `remote` (the system under test: network, router, server; edge's
+# `remote` engine) or `local` (the same checkpoint through the server's inference path inside the shard, no
+# network: edge's `rtc` engine, the in-run baseline a remote group's task success is compared with,
+# bench.fleet.local). Edge's factory words (`sync`, `rtc`, `remote`) name engine classes; `kind` picks one of two.
 ENGINE_KINDS = ("remote", "local")
+# `engine.chunking`: the chunking strategy by name, a preset of the engine fields it sets (the words of
+# bench.training.delay_eval's STRATEGIES). `sync` is blocking inference, as edge's `sync` engine does it locally:
+# ask only when the queue is empty (buffer_time_s: one millisecond of playback) and append what comes back.
+SYNC_BUFFER_TIME_S = 0.001
+CHUNKINGS = {"sync": {"rtc_enabled": False, "buffer_time_s": SYNC_BUFFER_TIME_S},
+             "append": {"rtc_enabled": False},
+             "rtc": {"rtc_enabled": True}}
 
 
 # --- names other packages own -----------------------------------------------------------------
@@ -180,7 +188,13 @@ def engine_model() -> type[BaseModel]:
                                                      "no network (edge.rtc.RTCEngine with the fields below that apply: "
                                                      "`buffer_time_s`, `rtc_enabled`, `execution_horizon`, `trim`, "
                                                      "`latency_mode`, `latency_window`): the in-run baseline of task "
-                                                     "success (docs/scenarios.md \"Local baseline\")"))}
+                                                     "success (docs/scenarios.md \"Local baseline\")")),
+        "chunking": (Literal[tuple(CHUNKINGS)] | None, _f(
+            None, "the chunking strategy by name, a preset of the fields it sets (a field given beside it wins, as "
+                  "`--set` does): `rtc` (`rtc_enabled: true`: each chunk guided by the executed prefix), `append` "
+                  "(`rtc_enabled: false`: appended unguided), `sync` (blocking: `rtc_enabled: false`, "
+                  f"`buffer_time_s: {SYNC_BUFFER_TIME_S:g}`, so it asks only when the queue is empty)",
+            default_doc="the fields as given"))}
     for f in dataclasses.fields(RemoteEngineConfig):
         if f.name in ENGINE_OWNED:
             continue

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.scenario.schema import CHECKPOINTS_DIR
+from bench.scenario.load import CHECKPOINTS_DIR
 
 EVALUATION_FILE = "evaluation.json"
 

@@ -26,7 +26,7 @@ from edge.remote.worker import Worker
 
 S = EngineState
 
-COUNTERS = ("requests", "chunks", "timeouts", "errors", "late_chunks", "superseded", "reconnects", "none_ticks",
+COUNTERS = ("requests", "chunks", "timeouts", "errors", "late_chunks", "superseded_seqs", "reconnects", "none_ticks",
             "fallback_ticks", "staleness_refusals", "discarded_chunks", "resets", "resets_acked", "replica_nudges",
             "plan_warnings", "bad_chunks")
 

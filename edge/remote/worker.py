@@ -79,7 +79,7 @@ def unanswered_record(seq, delay, encode_ms, send_lag_ms, outcome: str, executio
     return {"t": time.monotonic(), "seq": seq, "rtt_ms": NAN, "queue_wait_ms": NAN, "inference_ms": NAN,
             "network_ms": NAN, "encode_ms": encode_ms, "send_lag_ms": send_lag_ms, "merge_lag_ms": NAN,
             "delay_steps": delay, "execution_steps": execution_steps, "steps_remaining": steps_remaining,
-            "superseded": 0, "outcome": outcome}
+            "superseded_seqs": 0, "outcome": outcome}
 
 
 def merged_record(r, out: tuple, real_delay: int, merged_at: float, execution_steps: int,
@@ -95,7 +95,7 @@ def merged_record(r, out: tuple, real_delay: int, merged_at: float, execution_st
             # from the first router routing the chunk to its arrival here (its Zenoh timestamp)
             "downlink_from_router_ms": (r.t_recv * 1e9 - r.routed_ns) / 1e6 if r.routed_ns else math.nan,
             "execution_steps": execution_steps, "steps_remaining": steps_remaining,
-            "superseded": r.superseded_seqs, "outcome": "ok", "real_delay": real_delay, "sent_ns": r.sent_ns}
+            "superseded_seqs": r.superseded_seqs, "outcome": "ok", "real_delay": real_delay, "sent_ns": r.sent_ns}
 
 
 class Worker:
@@ -492,7 +492,7 @@ class Worker:
         self.last_ok = self.last_merged = time.monotonic()
         self.records.append(merged_record(r, out, real_delay, self.last_merged, self.execution_steps,
                                           self.steps_remaining))
-        self.counters["superseded"] += r.superseded_seqs
+        self.counters["superseded_seqs"] += r.superseded_seqs
         self.counters["chunks"] += 1  # after its record: a chunk counted is a chunk drain_records() can return
         self.link.fire("chunk_merged", "chunk merged")
         return "merged"

@@ -16,7 +16,7 @@ from bench.run.procset import install_signal_handlers
 from bench.run.runner import Run, SiteLink
 from bench.run.starters import STARTERS
 from bench.run.state import RunState
-from bench.scenario.schema import parse_scenario
+from bench.scenario.load import parse_scenario
 
 SCENARIO = """\
 name: lifecycle

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from bench import cli
-from bench.scenario.schema import SCENARIOS_DIR
+from bench.evidence.exitcode import Exit
+from bench.scenario.load import SCENARIOS_DIR
 
 SMOKE = SCENARIOS_DIR / "smoke.yaml"
 
@@ -29,7 +30,7 @@ def test_validate_names_a_file_that_is_not_utf8(tmp_path, capsys):
     path = tmp_path / "bin.yaml"
     path.write_bytes(b"\xff\xfe\xfa")
     rc, err = run_cli(capsys, "validate", str(path))
-    assert rc == cli.EXIT_INVALID
+    assert rc == Exit.INVALID
     assert err == f"INVALID {path}: not UTF-8 text (byte 0xff at offset 0); a scenario is a YAML file saved as UTF-8\n"
 
 
@@ -41,7 +42,7 @@ def test_list_shows_unreadable_files_as_invalid_rows_and_never_opens_a_fifo(tmp_
     (tmp_path / "dangling.yaml").symlink_to(tmp_path / "nowhere")
     rc = cli.main(["list", "--dir", str(tmp_path)])
     out = capsys.readouterr().out
-    assert rc == cli.EXIT_PASS
+    assert rc == Exit.PASS
     rows = {line.split()[0]: line for line in out.splitlines()}
     assert sorted(rows) == ["bin.yaml", "dangling.yaml", "dir.yaml", "fifo.yaml", "good.yaml"]
     assert "INVALID" not in rows["good.yaml"]
@@ -54,7 +55,7 @@ def test_list_shows_unreadable_files_as_invalid_rows_and_never_opens_a_fifo(tmp_
 def test_list_refuses_a_dir_that_is_not_a_directory(tmp_path, capsys, which):
     target = tmp_path / "nope" if which == "missing" else SMOKE
     rc, err = run_cli(capsys, "list", "--dir", str(target))
-    assert rc == cli.EXIT_INVALID
+    assert rc == Exit.INVALID
     assert err.startswith(f"bench list: --dir {str(target)!r} ")
     assert ("does not exist" if which == "missing" else "is not a directory") in err
 
@@ -98,7 +99,7 @@ def test_train_refuses_a_bad_argument_before_collecting_demos(tmp_path, capsys, 
     extra = [e.replace("{file}", str(a_file)) for e in extra]
     out = [] if "--out" in extra else ["--out", str(tmp_path / "ckpt")]
     rc, err = run_cli(capsys, "train", "--robot", "reacher", "--episodes", "1", "--steps", "1", *out, *extra)
-    assert rc == cli.EXIT_INVALID
+    assert rc == Exit.INVALID
     assert err.startswith("bench train: ") and err.count("\n") == 1, err
     assert words.replace("{file}", str(a_file)) in err, err
 
@@ -136,7 +137,7 @@ def test_init_weights_names_the_file_it_cannot_use(tmp_path, capsys, case):
     (tmp_path / "config.json").write_bytes(config if config is not None else json.dumps(CONFIG).encode())
     (tmp_path / "stats.json").write_bytes(stats if stats is not None else json.dumps(STATS).encode())
     rc, err = run_cli(capsys, "init-weights", str(tmp_path))
-    assert rc == cli.EXIT_INVALID
+    assert rc == Exit.INVALID
     assert err.startswith(f"bench init-weights: {tmp_path / at_fault}: ") and err.count("\n") == 1, err
     assert words in err, err
     assert not (tmp_path / "model.safetensors").exists()
@@ -146,7 +147,7 @@ def test_init_weights_still_writes_weights_for_good_files(tmp_path, capsys):
     pytest.importorskip("torch")
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     (tmp_path / "stats.json").write_text(json.dumps(STATS))
-    assert cli.main(["init-weights", str(tmp_path)]) == cli.EXIT_PASS
+    assert cli.main(["init-weights", str(tmp_path)]) == Exit.PASS
     assert (tmp_path / "model.safetensors").is_file()
 
 
@@ -158,14 +159,14 @@ def runs(monkeypatch) -> list:
     from bench.run import runner
 
     started = []
-    monkeypatch.setattr(runner, "run_scenario", lambda s, **kw: started.append(s) or cli.EXIT_PASS)
+    monkeypatch.setattr(runner, "run_scenario", lambda s, **kw: started.append(s) or Exit.PASS)
     return started
 
 
 def test_sweep_refuses_assert_without_capacity(tmp_path, capsys, runs):
     rc, err = run_cli(capsys, "sweep", str(SMOKE), "--key", "fleet.groups.0.count", "--values", "1,2",
                       "--assert", "knee >= 2", "--reports", str(tmp_path))
-    assert rc == cli.EXIT_INVALID and not runs
+    assert rc == Exit.INVALID and not runs
     assert err.startswith("bench sweep: --assert needs --capacity"), err
 
 
@@ -173,12 +174,12 @@ def test_sweep_refuses_assert_without_capacity(tmp_path, capsys, runs):
 def test_sweep_refuses_an_empty_value(tmp_path, capsys, runs, values):
     rc, err = run_cli(capsys, "sweep", str(SMOKE), "--key", "fleet.groups.0.count", "--values", values,
                       "--reports", str(tmp_path))
-    assert rc == cli.EXIT_INVALID and not runs
+    assert rc == Exit.INVALID and not runs
     assert err == f"bench sweep: --values {values!r}: a value may not be empty; give comma-separated values, " \
                   "e.g. --values 4,8,16\n"
 
 
 def test_sweep_takes_negative_values_after_values(tmp_path, capsys, runs):
     rc = cli.main(["sweep", str(SMOKE), "--key", "seed", "--values", "-1,0", "--reports", str(tmp_path)])
-    assert rc == cli.EXIT_PASS, capsys.readouterr().err
+    assert rc == Exit.PASS, capsys.readouterr().err
     assert [s.sweep["values"] for s in runs] == [[-1, 0]]

@@ -27,7 +27,7 @@ def test_every_profile_is_toxics_the_proxy_accepts(name):
 
 
 def test_scenario_profiles_are_all_defined():
-    from bench.scenario.schema import PROFILES_FALLBACK
+    from bench.scenario.load import PROFILES_FALLBACK
 
     assert set(PROFILES_FALLBACK) <= set(profiles.PROFILES)
 

@@ -140,7 +140,7 @@ def test_timeline_must_be_a_list():
 
 
 def test_shipped_scenarios_parse():
-    from bench.scenario.schema import SCENARIOS_DIR, load_scenario
+    from bench.scenario.load import SCENARIOS_DIR, load_scenario
 
     for path in sorted(SCENARIOS_DIR.glob("*.yaml")):
         parse_timeline(load_scenario(path).faults)

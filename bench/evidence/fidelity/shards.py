@@ -82,7 +82,7 @@ def other_load(cpu_samples, cores: int, duration_s: float) -> dict | None:
         "shift": _r((lst - f) / 100.0, 3),
     }
     if probe_first and probe_last:  # the VM's own speed (the in-run speed probe, CPU time: higher is slower)
-        # the mean, not the median: the VM flips between two speeds within seconds (bench.run.hostcpu), and a
+        # the mean, not the median: the VM flips between two speeds within seconds (bench.run.usage), and a
         # window's speed is its mix of them
         pf, pl = float(np.mean(probe_first)), float(np.mean(probe_last))
         out.update(probe_first_ms=_r(pf, 1), probe_last_ms=_r(pl, 1), probe_shift=_r(pl / pf - 1.0, 3))

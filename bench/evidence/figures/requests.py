@@ -41,7 +41,7 @@ scalar("goodput_ratio")(lambda s: _ratio(*_goodput(s)))
 
 @scalar("superseded")
 def _superseded(s: _Scope) -> int:
-    sup = s.col(s.requests, "superseded", np.int32)
+    sup = s.col(s.requests, "superseded_seqs", np.int32)
     outcome = s.col(s.requests, "outcome", object)
     return int(np.count_nonzero(outcome == "superseded")) + int(np.nansum(np.clip(sup, 0, None)))
 

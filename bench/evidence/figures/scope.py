@@ -46,7 +46,7 @@ class RunData:
     attacks: list[dict] = field(default_factory=list)  # bench.security.attacker outcome lines (runner-resolved)
     server_crashes: int = 0  # replicas found dead when the run stopped
     security_denials: list[dict] = field(default_factory=list)  # audit lines with outcome denied:<reason>
-    leftovers: dict = field(default_factory=dict)  # bench.run.hostcpu.Leftovers.end(): processes, /dev/shm, fds
+    leftovers: dict = field(default_factory=dict)  # bench.run.usage.Leftovers.end(): processes, /dev/shm, fds
 
 
 def table_to_numpy(table) -> dict[str, np.ndarray]:

@@ -35,14 +35,13 @@ from bench.evidence.report.fidelity import (
     _shard_fidelity_chart,
 )
 from bench.evidence.report.junit import write_junit
-from bench.evidence.report.outcome import EXIT_CODES, RunOutcome, verdict_of
+from bench.evidence.report.outcome import RunOutcome, verdict_of
 from bench.evidence.report.page import render_html
 from bench.scenario.assertions import AssertionResult
 
 __all__ = [
     "BUDGET_REFERENCE",
     "BUDGET_SERIES",
-    "EXIT_CODES",
     "AssertionResult",
     "RunOutcome",
     "_fidelity_section",

@@ -6,10 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.evidence.exitcode import Exit
 from bench.evidence.figures import RunData
 from bench.scenario.assertions import AssertionResult
-
-EXIT_CODES = {"pass": 0, "fail": 1, "error": 2, "inconclusive": 3}
 
 
 @dataclass
@@ -31,7 +30,7 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
+        return Exit.of(self.verdict)
 
 
 def verdict_of(results: list[AssertionResult], error: str | None, fidelity: dict | None = None) -> str:

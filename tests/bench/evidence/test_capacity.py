@@ -7,8 +7,9 @@ import math
 import pytest
 
 from bench.evidence import capacity
+from bench.evidence.exitcode import Exit
 from bench.scenario import sweeps
-from bench.scenario.schema import ScenarioError, parse_scenario
+from bench.scenario.load import ScenarioError, parse_scenario
 
 
 def _row(value, verdict, thr=10.0, inf=20.0, net=1.0, rate=1.0):
@@ -127,8 +128,8 @@ def test_bench_sweep_builds_the_sweep_section_and_rejects_a_bad_key(tmp_path, ca
     path.write_text(BASE)
     rc = cli.main(["sweep", str(path), "--key", "fleet.groups.fleet.cuont", "--values", "1,2", "--capacity",
                    "--reports", str(tmp_path)])
-    assert rc == cli.EXIT_INVALID
+    assert rc == Exit.INVALID
     assert "sweep.key" in capsys.readouterr().err
     rc = cli.main(["sweep", str(path), "--key", "fleet.groups.fleet.count", "--values", "1", "--assert", "knee >",
                    "--reports", str(tmp_path)])
-    assert rc == cli.EXIT_INVALID  # the sweep assertion is checked before anything runs
+    assert rc == Exit.INVALID  # the sweep assertion is checked before anything runs

@@ -73,7 +73,7 @@ def test_a_stutter_in_the_warm_up_is_not_scored():
 
 
 def test_the_written_scenario_is_valid_and_names_its_evidence(tmp_path):
-    from bench.scenario.schema import load_scenario
+    from bench.scenario.load import load_scenario
 
     src = tmp_path / "edge.jsonl"
     incident.write_edge_log(_log(), src)

@@ -15,7 +15,7 @@ from bench.run.runner import Run, SiteLink
 from bench.run.specs import shard_specs
 from bench.run.state import RunState
 from bench.run.verdict import judge
-from bench.scenario.schema import parse_scenario
+from bench.scenario.load import parse_scenario
 from bench.fleet.shard import Shard
 
 SCENARIO = textwrap.dedent("""\
@@ -248,8 +248,8 @@ def test_a_server_count_beyond_a_records_int32_is_held_at_its_maximum(tmp_path):
     shard = Shard(spec, None)
     shard.build()
     shard.t0 = time.monotonic()
-    shard.robots[0].engine._records.append({"seq": 1, "rtt_ms": 5.0, "superseded": 2**32 - 1, "outcome": "ok"})
+    shard.robots[0].engine._records.append({"seq": 1, "rtt_ms": 5.0, "superseded_seqs": 2**32 - 1, "outcome": "ok"})
     shard.drain()
     shard.teardown()
     table = collect(run.rec_dir, "requests")
-    assert table.column("superseded").to_pylist() == [INT32_MAX]
+    assert table.column("superseded_seqs").to_pylist() == [INT32_MAX]

@@ -135,7 +135,7 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert set(cpu["estimate"]["split"]) == set(cpu["by_kind"]) == {"shards", "replicas", "proxy", "router"}
     assert cpu["by_kind"]["shards"] > 0 and cpu["estimate"]["cores_needed"] > 0 and cpu["estimate_ratio"] > 0
     # and unscaled, at the reference probe: the two differ by the run's probe against the reference
-    from bench.run.hostcpu import COST_REFERENCE_PROBE_MS
+    from bench.run.usage import COST_REFERENCE_PROBE_MS
 
     probe = cpu["estimate"]["probe_ms"]
     assert cpu["estimate_ratio_at_reference"] == pytest.approx(cpu["estimate_ratio"] * probe / COST_REFERENCE_PROBE_MS,
@@ -156,7 +156,7 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     for name in ("ticks.parquet", "requests.parquet", "transitions.parquet", "logs/router.log", "logs/server-r0.log"):
         assert (run / name).is_file(), name
     from bench.run.sizing import router_max_sessions
-    from bench.scenario.schema import load_scenario
+    from bench.scenario.load import load_scenario
 
     sized = router_max_sessions(load_scenario(run / "scenario.yaml"))  # the router got the fleet's size
     # and a cap on each link's observations, 10x the fleet's 30 Hz (docs/security.md)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench.run.runner import cuda_problems
-from bench.scenario.schema import SCENARIOS_DIR, load_scenario
+from bench.scenario.load import SCENARIOS_DIR, load_scenario
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -10,7 +10,7 @@ import wire.procs as procs
 from bench.run import specs
 from bench.run.runner import Run
 from bench.run.starters import start_servers
-from bench.scenario.schema import parse_scenario
+from bench.scenario.load import parse_scenario
 
 
 def test_a_replicas_health_port_taken_before_it_binds_is_picked_again(tmp_path, monkeypatch):

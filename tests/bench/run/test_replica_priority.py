@@ -41,7 +41,7 @@ def test_the_manifest_takes_the_three_words_and_names_a_fourth(tmp_path):
 
 def test_a_bad_word_stops_the_run_before_any_process_starts(tmp_path, monkeypatch):
     from bench.run.runner import preflight
-    from bench.scenario.schema import load_scenario
+    from bench.scenario.load import load_scenario
 
     monkeypatch.setenv("BENCH_REPLICA_PRIORITY", "realtime")
     problems = preflight(load_scenario(Path(__file__).resolve().parents[3] / "scenarios" / "smoke.yaml"))

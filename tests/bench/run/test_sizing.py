@@ -99,7 +99,7 @@ def test_a_local_runs_proxies_spread_over_the_cores_its_other_processes_leave():
     rule (10 + 8 + 1 > 16), though the host was 44 % busy: its downlink ran up to 33 ms late at p99. Counted by
     their estimated work instead, three loops (one a site) fit; on the 2-core VM nothing changes."""
     from bench.run.sizing import proxy_processes
-    from bench.scenario.schema import load_scenario
+    from bench.scenario.load import load_scenario
 
     thousand = load_scenario("scenarios/1000_robots_wan.yaml")
     assert proxy_processes(thousand, cores=16) == 3
@@ -110,7 +110,7 @@ def test_a_local_runs_proxies_spread_over_the_cores_its_other_processes_leave():
 
 def test_the_proxy_count_can_be_forced_and_never_exceeds_the_sites(monkeypatch):
     from bench.run.sizing import PROXY_PROCESSES_ENV, proxy_processes
-    from bench.scenario.schema import load_scenario
+    from bench.scenario.load import load_scenario
 
     headline = load_scenario("scenarios/300_robots_wan.yaml")
     monkeypatch.setenv(PROXY_PROCESSES_ENV, "2")
@@ -294,7 +294,7 @@ def test_the_cache_key_is_the_servers_checkpoint_hash(tmp_path):
 
 @pytest.mark.integration
 def test_a_real_checkpoint_is_timed_once_in_a_child_then_read_back(tmp_path):
-    from bench.scenario.schema import checkpoint_dir
+    from bench.scenario.load import checkpoint_dir
 
     manifest = {"model": {"repo_or_path": str(checkpoint_dir("reacher"))}, "scheduling": {"max_batch": 4}}
     first = forward_cost(manifest, 4.8, cache=tmp_path / "forward_ms.json")
@@ -321,7 +321,7 @@ def test_a_child_that_prints_no_timing_gives_the_constant_and_why_never_an_excep
 @pytest.mark.integration
 def test_a_replica_without_batching_is_timed_at_batch_one_once(tmp_path):
     """max_batch 1 (most shipped scenarios): batch 1 is its max_batch, timed once, not twice with two readings."""
-    from bench.scenario.schema import checkpoint_dir
+    from bench.scenario.load import checkpoint_dir
 
     manifest = {"model": {"repo_or_path": str(checkpoint_dir("reacher"))}}
     cost = forward_cost(manifest, 4.8, cache=tmp_path / "forward_ms.json")
@@ -372,7 +372,7 @@ def test_a_run_whose_report_cannot_fit_is_refused_with_exit_2_before_any_process
     import sys
     from pathlib import Path
 
-    from bench.scenario.schema import SCENARIOS_DIR
+    from bench.scenario.load import SCENARIOS_DIR
 
     repo = Path(__file__).resolve().parents[3]
     # a week of the headline: ~2.8 TB of records at once, on any host this suite runs on
@@ -389,7 +389,7 @@ def test_the_router_holds_a_thousand_robots_with_room_for_their_reconnects():
     """On the 16-core H200 machine (2026-11-27) Zenoh's default of 1000 sessions refused 8 of 1,000 robots: the 8
     replicas had taken their places, and those robots died CONNECTING."""
     from bench.run.sizing import router_clients, router_max_sessions
-    from bench.scenario.schema import load_scenario
+    from bench.scenario.load import load_scenario
     from wire.transport import ROUTER_MAX_SESSIONS
 
     s = load_scenario("scenarios/1000_robots_wan.yaml")
@@ -403,7 +403,7 @@ def test_a_host_that_cannot_hold_the_fleets_sockets_is_refused_naming_the_limit(
     import resource
 
     from bench.run.sizing import open_files_needed, open_files_problem
-    from bench.scenario.schema import load_scenario
+    from bench.scenario.load import load_scenario
 
     s = load_scenario("scenarios/1000_robots_wan.yaml")
     monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 1024))

@@ -14,9 +14,9 @@ import pytest
 
 from bench.fleet import records
 from bench.fleet.control import ControlClient, ControlServer
-from bench.run.hostcpu import CpuSampler
 from bench.run.progress import format_status
 from bench.run.prom import parse_prometheus
+from bench.run.usage import CpuSampler
 
 
 def test_records_roundtrip_and_torn_tail(tmp_path):
@@ -24,7 +24,7 @@ def test_records_roundtrip_and_torn_tail(tmp_path):
     buf = w.buffer("requests", chunk_rows=4)
     for i in range(10):
         buf.append(robot=i, t=i * 0.1, seq=i, rtt_ms=10.0 + i, queue_wait_ms=1.0, inference_ms=5.0, network_ms=4.0,
-                   encode_ms=0.5, delay_steps=1, superseded=0, outcome="ok")
+                   encode_ms=0.5, delay_steps=1, superseded_seqs=0, outcome="ok")
     buf.flush()
     w.close()
     t = records.collect(tmp_path, "requests")
@@ -218,7 +218,7 @@ def test_cpu_table_keeps_every_process_ever_sampled():
 
 
 def test_the_in_run_speed_probe_compares_with_the_probe_and_is_summarised():
-    from bench.run.hostcpu import PROBE_ITERATIONS, _probe_loop, speed_probe_cpu_ms
+    from bench.run.usage import PROBE_ITERATIONS, _probe_loop, speed_probe_cpu_ms
 
     c0 = time.thread_time()  # the whole loop in CPU time too: a loaded host stretches wall time, not this
     _probe_loop(PROBE_ITERATIONS)
@@ -232,7 +232,7 @@ def test_the_in_run_speed_probe_compares_with_the_probe_and_is_summarised():
     assert len(s.samples) == 4 and len(probed) == 2  # the first call only sets the baseline
     summary = s.probes()
     assert summary["count"] == 2 and 0 < summary["min_ms"] <= summary["median_ms"] <= summary["max_ms"]
-    assert summary["min_ms"] <= summary["mean_ms"] <= summary["max_ms"]  # the window's speed (bench.run.hostcpu)
+    assert summary["min_ms"] <= summary["mean_ms"] <= summary["max_ms"]  # the window's speed (bench.run.usage)
     assert CpuSampler().probe_every == 1  # every sample probes by default: the VM's phases last seconds
     assert CpuSampler(probe_every=0).probes() == {}
 
@@ -409,7 +409,7 @@ def test_leftovers_name_a_live_child_and_a_new_shm_entry(tmp_path):
     import sys
     import uuid
 
-    from bench.run.hostcpu import SHM, Leftovers
+    from bench.run.usage import SHM, Leftovers
 
     before = Leftovers.begin()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -502,7 +502,7 @@ def test_a_process_read_through_its_node_matches_the_same_process_read_here():
     import subprocess
     import sys
 
-    from bench.run.hostcpu import node_usage
+    from bench.run.usage import node_usage
 
     spin = ("import sys, time\nsys.stdin.readline()\nend = time.thread_time() + 0.3\n"
             "while time.thread_time() < end: pass\nprint('spun', flush=True)\nsys.stdin.readline()")

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from bench.evidence.figures import baselines
-from bench.scenario.schema import ScenarioError, parse_scenario
+from bench.scenario.load import ScenarioError, parse_scenario
 
 TWO_GROUPS = """\
 name: t

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from bench.scenario.schema import ScenarioError, SCENARIOS_DIR, load_scenario, parse_scenario, sweep_variants
+from bench.scenario.load import ScenarioError, SCENARIOS_DIR, load_scenario, parse_scenario, sweep_variants
 
 BASE = """\
 name: t

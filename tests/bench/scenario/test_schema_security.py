@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.scenario.schema import ScenarioError, parse_scenario
+from bench.scenario.load import ScenarioError, parse_scenario
 
 BASE = """\
 name: s

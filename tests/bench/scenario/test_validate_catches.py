@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from bench.cli import main
-from bench.scenario.schema import SCENARIOS_DIR
+from bench.scenario.load import SCENARIOS_DIR
 
 ROOT = Path(__file__).resolve().parents[3]
 

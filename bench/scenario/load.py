@@ -48,10 +48,14 @@ class ScenarioError(ValueError):
 
 
 # --- typed result (what the runner consumes) ---------------------------------------------------
+# A `*Spec` is a section after the cross-checks, with its defaults resolved and its file line kept;
+# the same section as the file says it (pydantic) is bench.scenario.model's class without the suffix.
 
 
 @dataclass
-class Cameras:
+class CameraSpec:
+    """The cameras of a group's robots, checked (model.Cameras is the file's section)."""
+
     kind: str = "synthetic"
     names: list[str] = field(default_factory=lambda: ["front"])
     height: int = 64
@@ -59,13 +63,15 @@ class Cameras:
 
 
 @dataclass
-class Group:
+class GroupSpec:
+    """A group as the runner builds it: policy, model id and episode length resolved (model.Group is the file's)."""
+
     name: str
     robot: str
     count: int
     fps: float
     site: str
-    cameras: Cameras | None
+    cameras: CameraSpec | None
     policy: str
     model_id: str
     task: str
@@ -79,7 +85,9 @@ class Group:
 
 
 @dataclass
-class Site:
+class SiteSpec:
+    """A site: its profile and toxic overrides, checked against chaos.profiles (model.Site is the file's)."""
+
     name: str
     profile: str
     overrides: dict
@@ -87,7 +95,9 @@ class Site:
 
 
 @dataclass
-class Replica:
+class ReplicaSpec:
+    """One policy-server process to start: model id resolved from its checkpoint (model.Replica is the file's)."""
+
     id: str
     checkpoint: str
     model_id: str
@@ -111,9 +121,9 @@ class Scenario:
     warmup_s: float
     seed: int
     shards: int | str  # "auto": bench.run.sizing picks the count on the host that runs it
-    groups: list[Group]
-    sites: dict[str, Site]
-    replicas: list[Replica]
+    groups: list[GroupSpec]
+    sites: dict[str, SiteSpec]
+    replicas: list[ReplicaSpec]
     server_manifest: dict
     faults: list[dict]
     assertions: list[AssertionSpec]
@@ -129,7 +139,7 @@ class Scenario:
     def robots(self) -> int:
         return sum(g.count for g in self.groups)
 
-    def group(self, name: str) -> Group:
+    def group(self, name: str) -> GroupSpec:
         for g in self.groups:
             if g.name == name:
                 return g
@@ -162,7 +172,7 @@ def checkpoint_model_id(name_or_path: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(name_or_path).name).strip("-.") or "policy"
 
 
-def engine_config(group: Group, endpoint: str) -> dict:
+def engine_config(group: GroupSpec, endpoint: str) -> dict:
     """The RemoteEngineConfig fields a robot of `group` runs with (bench.fleet.shard builds its robots
     from this; the scenario check builds the same one, so both refuse the same values)."""
     from bench.robots.core import robot_type
@@ -262,9 +272,10 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
         raise ScenarioError(source, line or 0, configerrors.dotted(where), message) from None
     sites = _read_sites(w, m)
     groups = _read_groups(w, m, sites)
-    replicas = [Replica(id=r.id, checkpoint=r.checkpoint, model_id=r.model_id or checkpoint_model_id(r.checkpoint),
-                        max_sessions=r.max_sessions, emulated_latency=r.emulated_latency, manifest=dict(r.manifest),
-                        line=w.line("servers", "replicas", i)) for i, r in enumerate(m.servers.replicas)]
+    replicas = [ReplicaSpec(id=r.id, checkpoint=r.checkpoint, model_id=r.model_id or checkpoint_model_id(r.checkpoint),
+                            max_sessions=r.max_sessions, emulated_latency=r.emulated_latency,
+                            manifest=dict(r.manifest), line=w.line("servers", "replicas", i))
+                for i, r in enumerate(m.servers.replicas)]
     _check_unique(w, [r.id for r in replicas], ("servers", "replicas"), "id", "replica id")
     _check_served(w, groups, replicas)
     _check_rates(w, groups, replicas, dict(m.servers.manifest))
@@ -287,7 +298,7 @@ def _check_unique(w: _Where, names: list, path: tuple, key: str, what: str) -> N
             raise w.fail((*path, i, key), f"{what} {n!r} is used twice; {what}s must be unique")
 
 
-def _read_sites(w: _Where, m: sm.ScenarioFile) -> dict[str, Site]:
+def _read_sites(w: _Where, m: sm.ScenarioFile) -> dict[str, SiteSpec]:
     sites = {}
     for name, s in m.sites.items():
         for key, value in s.overrides.items():  # chaos.profiles builds the toxics the run's proxy gets
@@ -299,12 +310,12 @@ def _read_sites(w: _Where, m: sm.ScenarioFile) -> dict[str, Site]:
                 profile_toxics(s.profile, {key: value})
             except ValueError as exc:
                 raise w.fail(("sites", name, "overrides", key), str(exc)) from None
-        sites[name] = Site(name=name, profile=s.profile, overrides=dict(s.overrides), line=w.line("sites", name))
+        sites[name] = SiteSpec(name=name, profile=s.profile, overrides=dict(s.overrides), line=w.line("sites", name))
     return sites
 
 
-def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, Site]) -> list[Group]:
-    groups: list[Group] = []
+def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, SiteSpec]) -> list[GroupSpec]:
+    groups: list[GroupSpec] = []
     for i, g in enumerate(m.fleet.groups):
         path = ("fleet", "groups", i)
         if any(o.name == g.name for o in groups):
@@ -312,8 +323,8 @@ def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, Site]) -> list[
         if g.site not in sites:
             raise w.fail((*path, "site"), f"unknown site {g.site!r}{did_you_mean(g.site, sites)}; sites: {', '.join(sites)}")
         _check_engine_keys(w, path, g.engine)
-        cams = None if g.cameras is None else Cameras(kind=g.cameras.kind, names=list(g.cameras.names),
-                                                       height=g.cameras.height, width=g.cameras.width)
+        cams = None if g.cameras is None else CameraSpec(kind=g.cameras.kind, names=list(g.cameras.names),
+                                                          height=g.cameras.height, width=g.cameras.width)
         if cams is not None and cams.kind == "rendered":
             from bench.robots.models import GL_UNAVAILABLE
 
@@ -322,6 +333,11 @@ def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, Site]) -> list[
         policy = g.policy or g.robot
         engine = dict(g.engine)
         kind = engine.pop("kind", "remote")
+        chunking = engine.pop("chunking", None)
+        if chunking is not None:
+            if chunking not in sm.CHUNKINGS:  # the engine model says so first where edge is installed
+                raise w.fail((*path, "engine", "chunking"), f"{chunking!r} is not one of {', '.join(sm.CHUNKINGS)}")
+            engine = {**sm.CHUNKINGS[chunking], **engine}  # a field given beside the word wins (as `--set` does)
         if kind == "local" and g.shadow is not None:
             raise w.fail((*path, "shadow"), "a `kind: local` group has no remote engine to compare with; put the "
                                             "`shadow` on a remote group")
@@ -334,10 +350,11 @@ def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, Site]) -> list[
         if g.shadow is not None:
             shadow = {"engine": g.shadow.engine, "max_delay_steps": g.shadow.max_delay_steps,
                       "policy": g.shadow.policy or policy}
-        group = Group(name=g.name, robot=g.robot, count=g.count, fps=float(g.fps), site=g.site, cameras=cams,
-                      policy=policy, model_id=g.model_id or checkpoint_model_id(policy), task=g.task,
-                      episode_s=_episode_s(g.episode_s, g.robot), engine=engine, shadow=shadow,
-                      line=w.line(*path), stagger_episodes=g.stagger_episodes, engine_kind=kind, seeds_of=g.seeds_of)
+        group = GroupSpec(name=g.name, robot=g.robot, count=g.count, fps=float(g.fps), site=g.site, cameras=cams,
+                          policy=policy, model_id=g.model_id or checkpoint_model_id(policy), task=g.task,
+                          episode_s=_episode_s(g.episode_s, g.robot), engine=engine, shadow=shadow,
+                          line=w.line(*path), stagger_episodes=g.stagger_episodes, engine_kind=kind,
+                          seeds_of=g.seeds_of)
         _check_engine(w, path, group)
         if kind == "remote":
             _check_lease(w, path, group, sites[g.site])
@@ -348,7 +365,7 @@ def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, Site]) -> list[
 LEASE_ROUND_TRIPS = 1.5  # a lease must cover the round trip and the keep-alive period after it (lease / 4)
 
 
-def _check_lease(w: _Where, path: tuple, group: Group, site: Site) -> None:
+def _check_lease(w: _Where, path: tuple, group: GroupSpec, site: SiteSpec) -> None:
     """A robot's Zenoh lease against its site's worst round trip: the router starts the lease when it answers the
     session open, and hears the robot's first keep-alive a round trip plus a keep-alive period (lease / 4) later,
     so a lease under ~4/3 of the round trip closes every session as it opens (no robot ever gets one)."""
@@ -384,7 +401,7 @@ def _check_engine_keys(w: _Where, path: tuple, engine: dict) -> None:
         raise w.fail((*path, "engine", *where), message) from None
 
 
-def _check_engine(w: _Where, path: tuple, group: Group) -> None:
+def _check_engine(w: _Where, path: tuple, group: GroupSpec) -> None:
     """Build the engine configs the run would build: their constructors are the authority on values."""
     try:
         from edge.engine import ConfigError
@@ -416,7 +433,7 @@ def _config_words(exc: Exception) -> str:
     return re.sub(r"^\w+Config\.\w+: ", "", str(exc))
 
 
-def _engine_key_path(path: tuple, group: Group, exc: Exception, fallback: str = "engine") -> tuple:
+def _engine_key_path(path: tuple, group: GroupSpec, exc: Exception, fallback: str = "engine") -> tuple:
     m = re.match(r"^\w+Config\.(\w+):", str(exc))
     key = m.group(1) if m else None
     if key and key in group.engine:
@@ -435,7 +452,7 @@ def _episode_s(value, robot: str) -> float:
         return 10.0
 
 
-def _check_served(w: _Where, groups: list[Group], replicas: list[Replica]) -> None:
+def _check_served(w: _Where, groups: list[GroupSpec], replicas: list[ReplicaSpec]) -> None:
     served = {r.model_id for r in replicas}
     for i, g in enumerate(groups):
         if g.model_id in served or g.engine_kind == "local":  # a local group loads its policy in the shard
@@ -470,7 +487,7 @@ def _trained_fps(name_or_path: str) -> float | None:
         return None
 
 
-def _check_rates(w: _Where, groups: list[Group], replicas: list[Replica], server_manifest: dict) -> None:
+def _check_rates(w: _Where, groups: list[GroupSpec], replicas: list[ReplicaSpec], server_manifest: dict) -> None:
     """A group whose control rate differs from the trained fps of a replica serving its model: the server refuses
     its sessions (FPS_MISMATCH) unless that replica's manifest allows resampling. Said here, before a run whose
     robots would all stay unserved."""
@@ -499,7 +516,7 @@ def _checkpoint_present(name_or_path: str) -> bool:
     return (d / "config.json").is_file() and (d / "model.safetensors").is_file()
 
 
-def _missing_checkpoint_words(name_or_path: str, groups: list[Group]) -> str:
+def _missing_checkpoint_words(name_or_path: str, groups: list[GroupSpec]) -> str:
     d = checkpoint_dir(name_or_path)
     if (d / "config.json").is_file() and (d / "stats.json").is_file():  # shipped without weights (reacher_vla)
         return (f"checkpoint {name_or_path!r} ships without weights ({d} has config.json and stats.json only); "
@@ -535,7 +552,7 @@ def check_checkpoints_present(scenario: Scenario) -> None:
                                                     f"at {Path.cwd()}, where bench runs); give a policy-server manifest")
 
 
-def _read_attackers(w: _Where, m: sm.ScenarioFile, groups: list[Group]) -> list[dict]:
+def _read_attackers(w: _Where, m: sm.ScenarioFile, groups: list[GroupSpec]) -> list[dict]:
     out: list[dict] = []
     try:
         from bench.security.attacker import attacks_for
@@ -616,7 +633,7 @@ def _check_timeline_with_chaos(w: _Where, raw: list) -> None:
         raise ScenarioError(w.source, line, "faults", msg) from None
 
 
-def _read_assertions(w: _Where, m: sm.ScenarioFile, groups: list[Group], replicas: list[Replica]) -> list[AssertionSpec]:
+def _read_assertions(w: _Where, m: sm.ScenarioFile, groups: list[GroupSpec], replicas: list[ReplicaSpec]) -> list[AssertionSpec]:
     from bench.scenario import assertions as asserts
 
     out = []
