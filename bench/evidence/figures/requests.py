@@ -39,6 +39,8 @@ scalar("goodput_requests")(lambda s: _goodput(s)[0])
 scalar("goodput_ratio")(lambda s: _ratio(*_goodput(s)))
 
 
+# The figure keeps its scenario-facing name `superseded` (assertions and sweeps say it); the count it sums is the
+# wire's `superseded_seqs`, which the edge counter and the requests column carry under that same name.
 @scalar("superseded")
 def _superseded(s: _Scope) -> int:
     sup = s.col(s.requests, "superseded_seqs", np.int32)
