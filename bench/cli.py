@@ -49,6 +49,7 @@ def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool =
     checkpoints are on disk: everything `bench run` needs before a process starts (validate calls this too)."""
     from bench.run.manifests import check_on_disk
     from bench.scenario import load as sc
+
     s = sc.load_scenario(path)
     if not sets:
         if check_checkpoints:
@@ -103,10 +104,12 @@ def cmd_validate(args) -> int:
         from bench.run.sizing import shard_count
 
         shards = f"{shard_count(s)} shard(s) (auto)" if s.shards == "auto" else f"{s.shards} shard(s)"
-        print(f"ok {path}: {s.name}: {s.robots} robots in {shards} [{groups}]; sites "
-              f"{', '.join(f'{n}:{x.profile}' for n, x in s.sites.items())}; {len(s.replicas)} replica(s); "
-              f"{len(s.faults)} fault(s); {len(s.assertions)} assertion(s); {s.duration_s:g} s"
-              + (f"; sweep {s.sweep['key']} over {len(s.sweep['values'])} values" if s.sweep else ""))
+        print(
+            f"ok {path}: {s.name}: {s.robots} robots in {shards} [{groups}]; sites "
+            f"{', '.join(f'{n}:{x.profile}' for n, x in s.sites.items())}; {len(s.replicas)} replica(s); "
+            f"{len(s.faults)} fault(s); {len(s.assertions)} assertion(s); {s.duration_s:g} s"
+            + (f"; sweep {s.sweep['key']} over {len(s.sweep['values'])} values" if s.sweep else "")
+        )
     return rc
 
 
@@ -123,9 +126,11 @@ def cmd_list(args) -> int:
     from bench.scenario.load import SCENARIOS_DIR, list_scenarios
 
     if args.dir and not Path(args.dir).is_dir():
-        return _invalid(f"bench list: --dir {args.dir!r} "
-                        f"{'is not a directory' if Path(args.dir).exists() else 'does not exist'}; "
-                        "give the directory holding the scenario files")
+        return _invalid(
+            f"bench list: --dir {args.dir!r} "
+            f"{'is not a directory' if Path(args.dir).exists() else 'does not exist'}; "
+            "give the directory holding the scenario files"
+        )
     items = list_scenarios(Path(args.dir) if args.dir else SCENARIOS_DIR)
     if not items:
         print(f"no scenarios in {args.dir or SCENARIOS_DIR}")
@@ -169,6 +174,7 @@ def cmd_run(args) -> int:
         print(memory.line(s) if memory.fits else f"preflight: {memory.line(s)}")
         return Exit.PASS
     from bench.run import runner
+
     return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet, cluster=args.cluster)
 
 
@@ -179,14 +185,24 @@ def cmd_incident(args) -> int:
 
     out = Path(args.out)
     try:
-        scenario, window = incident.make_incident(args.edge, args.audit, args.t_from, args.t_to, out, name=args.name,
-                                                  robot=args.robot,
-                                                  export_dir=Path(args.export) if args.export else None,
-                                                  say=lambda line: print(f"bench incident: {line}", file=sys.stderr))
+        scenario, window = incident.make_incident(
+            args.edge,
+            args.audit,
+            args.t_from,
+            args.t_to,
+            out,
+            name=args.name,
+            robot=args.robot,
+            export_dir=Path(args.export) if args.export else None,
+            say=lambda line: print(f"bench incident: {line}", file=sys.stderr),
+        )
     except (OSError, ValueError, KeyError) as exc:
         return _invalid(f"bench incident: {exc}")
-    print(f"bench incident: wrote {out} ({len(scenario['faults'])} fault(s)) from {len(window.requests)} request(s) and "
-          f"{len(window.transitions)} transition(s) in the window", file=sys.stderr)
+    print(
+        f"bench incident: wrote {out} ({len(scenario['faults'])} fault(s)) from {len(window.requests)} request(s) and "
+        f"{len(window.transitions)} transition(s) in the window",
+        file=sys.stderr,
+    )
     for f in scenario["faults"]:
         print(f"  {f}", file=sys.stderr)
     if args.no_run:
@@ -203,9 +219,12 @@ def cmd_incident(args) -> int:
     score = incident.compare_stutter(window, incident.replay_log_of(run_dir), window.span[1] - window.span[0])
     ok = incident.reproduced(score)
     (run_dir / "incident.json").write_text(__import__("json").dumps({**score, "reproduced": ok}, indent=2))
-    print(f"bench incident: stutter {'REPRODUCED' if ok else 'NOT reproduced'}: original {score['original_stutter_s']:.1f} s, "
-          f"replay {score['replay_stutter_s']:.1f} s, recall {score['recall']:.2f}, precision {score['precision']:.2f} "
-          f"-> {run_dir}/incident.json", file=sys.stderr)
+    print(
+        f"bench incident: stutter {'REPRODUCED' if ok else 'NOT reproduced'}: original {score['original_stutter_s']:.1f} s, "
+        f"replay {score['replay_stutter_s']:.1f} s, recall {score['recall']:.2f}, precision {score['precision']:.2f} "
+        f"-> {run_dir}/incident.json",
+        file=sys.stderr,
+    )
     return max(rc, Exit.PASS if ok else Exit.FAIL)
 
 
@@ -214,33 +233,50 @@ def cmd_sweep(args) -> int:
     from bench.scenario.load import ScenarioError, build_scenario
 
     if args.assert_ and not args.capacity:
-        return _invalid("bench sweep: --assert needs --capacity: sweep assertions judge a capacity sweep's knee; "
-                        "add --capacity, or put each run's checks in the scenario's assertions")
+        return _invalid(
+            "bench sweep: --assert needs --capacity: sweep assertions judge a capacity sweep's knee; "
+            "add --capacity, or put each run's checks in the scenario's assertions"
+        )
     texts = args.values.split(",")
     if not all(t.strip() for t in texts):
-        return _invalid(f"bench sweep: --values {args.values!r}: a value may not be empty; give comma-separated "
-                        "values, e.g. --values 4,8,16")
+        return _invalid(
+            f"bench sweep: --values {args.values!r}: a value may not be empty; give comma-separated "
+            "values, e.g. --values 4,8,16"
+        )
     try:
         s = load_runnable(args.file, args.set)
         if s is None:
             return Exit.INVALID
         data = dict(s.raw)
-        data["sweep"] = {"key": args.key, "values": [_parse_value(v) for v in texts],
-                         "mode": "capacity" if args.capacity else "runs", "assertions": list(args.assert_ or [])}
+        data["sweep"] = {
+            "key": args.key,
+            "values": [_parse_value(v) for v in texts],
+            "mode": "capacity" if args.capacity else "runs",
+            "assertions": list(args.assert_ or []),
+        }
         s = build_scenario(data, f"{args.file} (bench sweep)")
     except ScenarioError as exc:
         return _invalid(f"bench: invalid scenario: {exc}")
     from bench.run import runner
+
     return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet)
 
 
 def cmd_train(args) -> int:
     from bench.training import train
+
     out = Path(args.out) if args.out else None
     try:
-        path = train.train_robot_policy(args.robot, out, seed=args.seed, policy_type=args.policy_type,
-                                        episodes=args.episodes, steps=args.steps, fps=args.fps,
-                                        rtc_mode=args.rtc_mode)
+        path = train.train_robot_policy(
+            args.robot,
+            out,
+            seed=args.seed,
+            policy_type=args.policy_type,
+            episodes=args.episodes,
+            steps=args.steps,
+            fps=args.fps,
+            rtc_mode=args.rtc_mode,
+        )
     except train.TrainError as exc:
         return _invalid(f"bench train: {exc}")
     print(f"checkpoint written to {path}")
@@ -277,9 +313,11 @@ def cmd_pki(args) -> int:
             fleet = FleetIdentities(tuple(args.robot), tuple(args.replica))
             acl_path = Path(args.acl)
             if acl_path.is_dir() or not acl_path.parent.is_dir():
-                return _invalid(f"bench pki: --acl {args.acl!r}: "
-                                f"{'is a directory' if acl_path.is_dir() else 'its directory does not exist'}; "
-                                "give a file in an existing directory")
+                return _invalid(
+                    f"bench pki: --acl {args.acl!r}: "
+                    f"{'is a directory' if acl_path.is_dir() else 'its directory does not exist'}; "
+                    "give a file in an existing directory"
+                )
     except (WireError, ValueError) as exc:
         return _invalid(f"bench pki: {str(exc).split('] ', 1)[-1]}")
     try:
@@ -307,40 +345,74 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bench", description="The digital twin: run robot fleets against real servers.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    run = sub.add_parser("run", help="run a scenario (exit 0 pass, 1 fail, 2 invalid or error, 3 inconclusive)",
-                         epilog=exitcode.HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = sub.add_parser(
+        "run",
+        help="run a scenario (exit 0 pass, 1 fail, 2 invalid or error, 3 inconclusive)",
+        epilog=exitcode.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("file")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a scenario key, e.g. --set duration_s=10 --set fleet.groups.0.count=4")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a scenario key, e.g. --set duration_s=10 --set fleet.groups.0.count=4",
+    )
     run.add_argument("--reports", default="reports", help="reports root (default ./reports)")
     run.add_argument("--quiet", action="store_true", help="no progress line")
-    run.add_argument("--cluster", default=None, metavar="ray|ray://HOST:PORT",
-                     help="place shards and replicas on a Ray cluster (`ray`: the address in RAY_ADDRESS); "
-                          "default: every process on this host (docs/cluster.md)")
-    run.add_argument("--check", action="store_true",
-                     help="print the preflight (shards, the host's speed, estimated cores, real time or not) and exit "
-                          "without running")
+    run.add_argument(
+        "--cluster",
+        default=None,
+        metavar="ray|ray://HOST:PORT",
+        help="place shards and replicas on a Ray cluster (`ray`: the address in RAY_ADDRESS); "
+        "default: every process on this host (docs/cluster.md)",
+    )
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="print the preflight (shards, the host's speed, estimated cores, real time or not) and exit "
+        "without running",
+    )
     run.set_defaults(func=cmd_run)
 
     sw = sub.add_parser("sweep", help="run a scenario once per value of one key (a load test with --capacity)")
     sw.add_argument("file")
     sw.add_argument("--key", required=True, help="dotted key, e.g. fleet.groups.0.count")
     sw.add_argument("--values", required=True, help="comma-separated YAML values, e.g. 4,8,16 (or -1,0)")
-    sw.add_argument("--capacity", action="store_true",
-                    help="load steps: stop at the first failing value, report the knee and the P10 formula")
-    sw.add_argument("--assert", dest="assert_", action="append", metavar="EXPR",
-                    help="a sweep assertion over knee, n_max, knee_ratio, ... (needs --capacity)")
+    sw.add_argument(
+        "--capacity",
+        action="store_true",
+        help="load steps: stop at the first failing value, report the knee and the P10 formula",
+    )
+    sw.add_argument(
+        "--assert",
+        dest="assert_",
+        action="append",
+        metavar="EXPR",
+        help="a sweep assertion over knee, n_max, knee_ratio, ... (needs --capacity)",
+    )
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     sw.add_argument("--reports", default="reports")
     sw.add_argument("--quiet", action="store_true")
     sw.set_defaults(func=cmd_sweep)
 
     inc = sub.add_parser("incident", help="write a scenario replaying one robot's incident from its logs, then run it")
-    inc.add_argument("--edge", required=True, help="edge-log JSONL of the robot, or a bench run directory (with --robot)")
+    inc.add_argument(
+        "--edge", required=True, help="edge-log JSONL of the robot, or a bench run directory (with --robot)"
+    )
     inc.add_argument("--robot", type=int, default=None, help="robot number in a bench run directory")
     inc.add_argument("--audit", action="append", default=[], help="server audit log (JSON lines); repeatable")
-    inc.add_argument("--from", dest="t_from", type=float, required=True, help="window start (edge-log seconds; clipped to the records)")
-    inc.add_argument("--to", dest="t_to", type=float, required=True, help="window end (edge-log seconds; clipped to the records)")
+    inc.add_argument(
+        "--from",
+        dest="t_from",
+        type=float,
+        required=True,
+        help="window start (edge-log seconds; clipped to the records)",
+    )
+    inc.add_argument(
+        "--to", dest="t_to", type=float, required=True, help="window end (edge-log seconds; clipped to the records)"
+    )
     inc.add_argument("--out", required=True, help="scenario file to write")
     inc.add_argument("--name", default=None, help="scenario name (default: the file's stem)")
     inc.add_argument("--export", default=None, help="also write the window's edge-log.jsonl and audit.jsonl here")
@@ -369,25 +441,39 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--robot", required=True, help="robot type (arm, reacher, base)")
     tr.add_argument("--out", default=None, help="output directory (default bench/checkpoints/<robot>)")
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--policy-type", default=None,
-                    help="flow_matching (supports RTC), flow_transformer (RTC; its own recipe) or mlp_chunk")
+    tr.add_argument(
+        "--policy-type",
+        default=None,
+        help="flow_matching (supports RTC), flow_transformer (RTC; its own recipe) or mlp_chunk",
+    )
     tr.add_argument("--fps", type=float, default=None, help="control rate of the demos = the checkpoint's trained fps")
     tr.add_argument("--episodes", type=int, default=None, help="expert demonstrations to collect")
     tr.add_argument("--steps", type=int, default=None, help="training steps")
-    tr.add_argument("--rtc-mode", default=None, choices=("guidance", "training_time"),
-                    help="training_time: train for training-time RTC (prefix-conditioned demos and policy; "
-                         "its own recipe per --policy-type: flow_matching, flow_transformer); default guidance "
-                         "(inference-time RTC)")
+    tr.add_argument(
+        "--rtc-mode",
+        default=None,
+        choices=("guidance", "training_time"),
+        help="training_time: train for training-time RTC (prefix-conditioned demos and policy; "
+        "its own recipe per --policy-type: flow_matching, flow_transformer); default guidance "
+        "(inference-time RTC)",
+    )
     tr.set_defaults(func=cmd_train)
 
-    iw = sub.add_parser("init-weights", help="seeded random weights for a checkpoint shipped as config.json + "
-                                             "stats.json only (bench/checkpoints/reacher_vla: timing, not skill)")
+    iw = sub.add_parser(
+        "init-weights",
+        help="seeded random weights for a checkpoint shipped as config.json + "
+        "stats.json only (bench/checkpoints/reacher_vla: timing, not skill)",
+    )
     iw.add_argument("checkpoint", help="checkpoint name under bench/checkpoints/ or a path")
     iw.add_argument("--seed", type=int, default=0)
     iw.set_defaults(func=cmd_init_weights)
 
     pk = sub.add_parser("pki", help="a test CA and certificates: robots (CN = client uuid), replicas, the router")
-    pk.add_argument("--dir", required=True, help="directory for ca.pem/ca.key and the leaves (created 0700 if missing; an existing CA in it is reused)")
+    pk.add_argument(
+        "--dir",
+        required=True,
+        help="directory for ca.pem/ca.key and the leaves (created 0700 if missing; an existing CA in it is reused)",
+    )
     pk.add_argument("--robot", action="append", default=[], metavar="UUID", help="a robot certificate (repeatable)")
     pk.add_argument("--replica", action="append", default=[], metavar="ID", help="a server replica certificate")
     pk.add_argument("--router", action="store_true", help="the router certificate (names localhost, 127.0.0.1)")
@@ -403,7 +489,7 @@ def _glue_negative_values(argv: list[str]) -> list[str]:
     out = list(argv)
     for i in range(len(out) - 1):
         if out[i] == "--values" and re.match(r"-[\d.]", out[i + 1]):
-            out[i:i + 2] = [f"--values={out[i + 1]}"]
+            out[i : i + 2] = [f"--values={out[i + 1]}"]
             break
     return out
 

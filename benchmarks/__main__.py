@@ -22,9 +22,25 @@ from pathlib import Path
 from benchmarks.common import load_average, report_dict, summary_table
 
 # cheap first: a broken benchmark shows in seconds
-NAMES = ("codec", "scheduling", "cameras", "robot_step", "robot_memory", "router_memory", "proxy", "engine",
-         "server", "server_memory", "peers", "headline_rss", "report_memory", "dispatch", "forward_cost", "gpu_forward",
-         "speed_probe")
+NAMES = (
+    "codec",
+    "scheduling",
+    "cameras",
+    "robot_step",
+    "robot_memory",
+    "router_memory",
+    "proxy",
+    "engine",
+    "server",
+    "server_memory",
+    "peers",
+    "headline_rss",
+    "report_memory",
+    "dispatch",
+    "forward_cost",
+    "gpu_forward",
+    "speed_probe",
+)
 
 
 def run_one(name: str, quick: bool, out_dir: Path) -> dict:
@@ -34,8 +50,12 @@ def run_one(name: str, quick: bool, out_dir: Path) -> dict:
         result = mod.run(quick)
     except Exception as exc:  # noqa: BLE001  one broken benchmark must not hide the others' figures
         traceback.print_exc()
-        rep = {"benchmark": name, "quick": quick, "error": f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300],
-               "figures": []}
+        rep = {
+            "benchmark": name,
+            "quick": quick,
+            "error": f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300],
+            "figures": [],
+        }
     else:
         rep = report_dict(name, result, quick, load0, time.monotonic() - t0)
         rep["failed_targets"] = [f.name for f in result.failures(quick)]
@@ -49,8 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run (default: all): {', '.join(NAMES)}")
     ap.add_argument("--quick", action="store_true", help="seconds each; figures only, timing targets not judged")
     ap.add_argument("--out-dir", type=Path, default=Path("reports/bench"))
-    ap.add_argument("--readme", nargs="?", const=Path("README.md"), type=Path, metavar="README",
-                    help="run nothing; rewrite the Performance table of README (default README.md) from --out-dir's reports")
+    ap.add_argument(
+        "--readme",
+        nargs="?",
+        const=Path("README.md"),
+        type=Path,
+        metavar="README",
+        help="run nothing; rewrite the Performance table of README (default README.md) from --out-dir's reports",
+    )
     args = ap.parse_args(argv)
     if args.readme is not None:
         from benchmarks.readme import ReadmeError, update_readme
@@ -64,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     unknown = [n for n in args.names if n not in NAMES]
     if unknown:
-        print(f"python -m benchmarks: unknown benchmark {', '.join(unknown)}; the benchmarks are: {', '.join(NAMES)}",
-              file=sys.stderr)
+        print(
+            f"python -m benchmarks: unknown benchmark {', '.join(unknown)}; the benchmarks are: {', '.join(NAMES)}",
+            file=sys.stderr,
+        )
         return 2
     names = list(dict.fromkeys(args.names)) or list(NAMES)
     reports: dict[str, dict] = {}
@@ -77,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     table = summary_table(reports)
     load = load_average()
     command = " ".join(["python -m benchmarks", *args.names, *(["--quick"] if args.quick else [])])
-    head = (f"# Benchmarks{' (quick)' if args.quick else ''}\n\n`{command}`; load average at the end {load} (the machine "
-            f"may be shared: compare ratios within one run).\n\n")
+    head = (
+        f"# Benchmarks{' (quick)' if args.quick else ''}\n\n`{command}`; load average at the end {load} (the machine "
+        f"may be shared: compare ratios within one run).\n\n"
+    )
     (args.out_dir / "summary.md").write_text(head + table)
     print(table)
     print(f"wrote {args.out_dir / 'summary.md'}")

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import simplejpeg
 
-from bench.robots.cameras import SENSOR_NOISE, make_camera
 from bench.robots import ROBOT_TYPES, make_robot
+from bench.robots.cameras import SENSOR_NOISE, make_camera
 from benchmarks.common import Result, cli, parse_with_out, run_main, write_report
 
 REPORT = Path("reports/bench/cameras.json")
@@ -59,8 +59,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_with_out(parser, argv, REPORT)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes]
 
-    report: dict = {"mujoco_gl": os.environ.get("MUJOCO_GL"), "sensor_noise": SENSOR_NOISE,
-                    "rendered": {}, "synthetic": {}}
+    report: dict = {
+        "mujoco_gl": os.environ.get("MUJOCO_GL"),
+        "sensor_noise": SENSOR_NOISE,
+        "rendered": {},
+        "synthetic": {},
+    }
     for name in args.types:
         env = make_robot(name, seed=0)
         env.reset()
@@ -74,15 +78,21 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"rendered  {name:8s} {h}x{w}: unavailable ({exc})")
                 continue
             enc_ms, kb = _jpeg(frames)
-            report["rendered"][f"{name}@{h}x{w}"] = {"ms_per_frame": round(ms, 2), "jpeg_q90_kb": round(kb, 1),
-                                                     "jpeg_encode_ms": round(enc_ms, 3)}
+            report["rendered"][f"{name}@{h}x{w}"] = {
+                "ms_per_frame": round(ms, 2),
+                "jpeg_q90_kb": round(kb, 1),
+                "jpeg_encode_ms": round(enc_ms, 3),
+            }
             print(f"rendered  {name:8s} {h}x{w}: {ms:6.2f} ms/frame, JPEG q90 {kb:5.1f} KB ({enc_ms:.2f} ms)")
     env = make_robot(args.types[0], seed=0)
     for h, w in sizes:
         ms, frames = _time_frames(make_camera("synthetic", env, h, w, seed=0), args.frames)
         enc_ms, kb = _jpeg(frames)
-        report["synthetic"][f"{h}x{w}"] = {"ms_per_frame": round(ms, 4), "jpeg_q90_kb": round(kb, 1),
-                                           "jpeg_encode_ms": round(enc_ms, 3)}
+        report["synthetic"][f"{h}x{w}"] = {
+            "ms_per_frame": round(ms, 4),
+            "jpeg_q90_kb": round(kb, 1),
+            "jpeg_encode_ms": round(enc_ms, 3),
+        }
         print(f"synthetic          {h}x{w}: {ms:6.4f} ms/frame, JPEG q90 {kb:5.1f} KB ({enc_ms:.2f} ms)")
     return write_report(args.out, report)
 

@@ -9,7 +9,6 @@ with raw frames, and with the same JPEG bytes. Medians of one run; writes report
 
 from __future__ import annotations
 
-import json
 import pickle
 import statistics
 import time
@@ -53,7 +52,9 @@ def measure(r: int) -> dict:
 
     def obs_encode_with_jpeg():
         imgs = {f"cam{i}": encode_image(f, "jpeg", 90) for i, f in enumerate(frames)}
-        return header.pack(), Observation("s", state, images=imgs, prefix_model=prefix, prefix_robot=prefix, inference_delay_steps=4).encode()
+        return header.pack(), Observation(
+            "s", state, images=imgs, prefix_model=prefix, prefix_robot=prefix, inference_delay_steps=4
+        ).encode()
 
     obs_msg = Observation("s", state, images=jpegs, prefix_model=prefix, prefix_robot=prefix, inference_delay_steps=4)
     obs_bytes = obs_msg.encode()
@@ -66,7 +67,12 @@ def measure(r: int) -> dict:
     chunk_msg = ActionChunk("s", 1, 5, chunk, chunk, queue_wait_ms=1.0, inference_ms=20.0)
     chunk_bytes = chunk_msg.encode()
     pk_raw = {"state": state, "images": dict(zip(jpegs, frames)), "prefix_model": prefix, "prefix_robot": prefix}
-    pk_jpeg = {"state": state, "images": {k: v.data for k, v in jpegs.items()}, "prefix_model": prefix, "prefix_robot": prefix}
+    pk_jpeg = {
+        "state": state,
+        "images": {k: v.data for k, v in jpegs.items()},
+        "prefix_model": prefix,
+        "prefix_robot": prefix,
+    }
     pk_chunk = {"chunk_model": chunk, "chunk_robot": chunk, "queue_wait_ms": 1.0, "inference_ms": 20.0}
     rows = {
         "observation_msgpack_jpeg": {
@@ -97,7 +103,9 @@ def measure(r: int) -> dict:
             "bytes": len(pickle.dumps(pk_chunk, 5)),
         },
     }
-    rows["observation_msgpack_jpeg"]["jpeg_kb_per_camera"] = round(np.mean([len(v.data) for v in jpegs.values()]) / 1000, 1)
+    rows["observation_msgpack_jpeg"]["jpeg_kb_per_camera"] = round(
+        np.mean([len(v.data) for v in jpegs.values()]) / 1000, 1
+    )
     return rows
 
 

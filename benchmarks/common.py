@@ -18,9 +18,9 @@ import datetime as _dt
 import json
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 
 @dataclass
@@ -49,8 +49,9 @@ class Result:
     details: dict = field(default_factory=dict)  # the benchmark's full figures (written to its JSON)
     skipped: str | None = None  # why the benchmark did not run here (no CUDA, a library missing)
 
-    def add(self, name: str, value, unit: str, target: float | None = None, better: str = "lower",
-            budget: bool = False) -> None:
+    def add(
+        self, name: str, value, unit: str, target: float | None = None, better: str = "lower", budget: bool = False
+    ) -> None:
         self.figures.append(Figure(name, None if value is None else float(value), unit, target, better, budget))
 
     def failures(self, quick: bool) -> list[Figure]:
@@ -79,8 +80,13 @@ def machine_facts() -> dict:
             versions[mod] = metadata.version(dist)
         except metadata.PackageNotFoundError:  # a missing library is a fact, not an error
             versions[mod] = None
-    return {"cores": os.cpu_count(), "cpu_model": cpu, "platform": platform.platform(), **versions,
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": cpu,
+        "platform": platform.platform(),
+        **versions,
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
 
 
 def _fmt(v: float | None) -> str:
@@ -109,9 +115,17 @@ def summary_table(results: dict[str, dict]) -> str:
 
 
 def report_dict(name: str, result: Result, quick: bool, load_start: list[float], seconds: float) -> dict:
-    return {"benchmark": name, "quick": quick, "seconds": round(seconds, 2), "machine": machine_facts(),
-            "load_average_start": load_start, "load_average_end": load_average(), "skipped": result.skipped,
-            "figures": [asdict(f) for f in result.figures], "details": result.details}
+    return {
+        "benchmark": name,
+        "quick": quick,
+        "seconds": round(seconds, 2),
+        "machine": machine_facts(),
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        "skipped": result.skipped,
+        "figures": [asdict(f) for f in result.figures],
+        "details": result.details,
+    }
 
 
 def cli(doc: str, prog: str | None = None) -> argparse.ArgumentParser:
@@ -125,8 +139,9 @@ def parse_with_out(parser: argparse.ArgumentParser, argv: list[str] | None, out:
     return parser.parse_args(argv)
 
 
-def write_report(out: str | Path, report: dict, *, indent: int = 2, end: str = "\n", default=None,
-                 say: str | None = "wrote") -> dict:
+def write_report(
+    out: str | Path, report: dict, *, indent: int = 2, end: str = "\n", default=None, say: str | None = "wrote"
+) -> dict:
     """`report` as JSON at `out` (its folder made), then `say out` printed unless `say` is None; returns `report`."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

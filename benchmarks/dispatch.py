@@ -34,8 +34,11 @@ def _batch(runtime, size: int, rng: np.random.Generator):
     for i in range(size):
         rtc = i % 2 == 0
         delays.append(2 if rtc else 0)
-        prefixes.append(torch.as_tensor(rng.normal(scale=0.1, size=(runtime.execution_horizon, cfg.action_dim))
-                                         .astype(np.float32)) if rtc else None)
+        prefixes.append(
+            torch.as_tensor(rng.normal(scale=0.1, size=(runtime.execution_horizon, cfg.action_dim)).astype(np.float32))
+            if rtc
+            else None
+        )
     return {"observation.state": state}, delays, prefixes
 
 
@@ -47,8 +50,12 @@ def _time(forward, args, calls: int) -> dict:
         t0 = time.perf_counter()
         forward(*args)
         times.append((time.perf_counter() - t0) * 1e3)
-    return {"p50_ms": round(float(np.percentile(times, 50)), 3), "p99_ms": round(float(np.percentile(times, 99)), 3),
-            "mean_ms": round(float(np.mean(times)), 3), "calls": calls}
+    return {
+        "p50_ms": round(float(np.percentile(times, 50)), 3),
+        "p99_ms": round(float(np.percentile(times, 99)), 3),
+        "mean_ms": round(float(np.mean(times)), 3),
+        "calls": calls,
+    }
 
 
 def measure(calls: int, batches: list[int]) -> dict:
@@ -67,19 +74,36 @@ def measure(calls: int, batches: list[int]) -> dict:
     runtime = ModelRuntime(load_checkpoint(str(CHECKPOINT)))
     local = LocalForward(runtime.policy)
     serve_forward = RayServeForward.deploy(
-        model_id="reacher", replica_id="bench", repo_or_path=str(CHECKPOINT), device="cpu", dtype="float32",
-        torch_threads=1, replicas=1, cpus_per_replica=1.0, gpus_per_replica=0.0, max_inflight=2, address=None)
+        model_id="reacher",
+        replica_id="bench",
+        repo_or_path=str(CHECKPOINT),
+        device="cpu",
+        dtype="float32",
+        torch_threads=1,
+        replicas=1,
+        cpus_per_replica=1.0,
+        gpus_per_replica=0.0,
+        max_inflight=2,
+        address=None,
+    )
     rows = {}
     try:
         for size in batches:
             batch = _batch(runtime, size, np.random.default_rng(size))
             same = local(*batch).numpy().tobytes() == serve_forward(*batch).numpy().tobytes()
             lo, se = _time(local, batch, calls), _time(serve_forward, batch, calls)
-            rows[str(size)] = {"local": lo, "ray_serve": se, "same_bytes": same,
-                               "serve_overhead_p50_ms": round(se["p50_ms"] - lo["p50_ms"], 3)}
-            print(f"batch {size:3d}: local p50 {lo['p50_ms']:7.3f} ms p99 {lo['p99_ms']:7.3f} | ray_serve p50 "
-                  f"{se['p50_ms']:7.3f} ms p99 {se['p99_ms']:7.3f} | Serve adds {rows[str(size)]['serve_overhead_p50_ms']:.3f}"
-                  f" ms per call | same bytes: {same}", flush=True)
+            rows[str(size)] = {
+                "local": lo,
+                "ray_serve": se,
+                "same_bytes": same,
+                "serve_overhead_p50_ms": round(se["p50_ms"] - lo["p50_ms"], 3),
+            }
+            print(
+                f"batch {size:3d}: local p50 {lo['p50_ms']:7.3f} ms p99 {lo['p99_ms']:7.3f} | ray_serve p50 "
+                f"{se['p50_ms']:7.3f} ms p99 {se['p99_ms']:7.3f} | Serve adds {rows[str(size)]['serve_overhead_p50_ms']:.3f}"
+                f" ms per call | same bytes: {same}",
+                flush=True,
+            )
     finally:
         serve_forward.close()
     return {"checkpoint": "reacher", "calls": calls, "batches": rows}
@@ -94,8 +118,14 @@ def run(quick: bool):
     res = Result(details=r)
     for size, row in r["batches"].items():
         res.add(f"Ray Serve adds per call p50, batch {size}", row["serve_overhead_p50_ms"], "ms")
-        res.add(f"Ray Serve chunks byte-identical to local, batch {size}", 1.0 if row["same_bytes"] else 0.0, "",
-                target=1.0, better="higher", budget=True)
+        res.add(
+            f"Ray Serve chunks byte-identical to local, batch {size}",
+            1.0 if row["same_bytes"] else 0.0,
+            "",
+            target=1.0,
+            better="higher",
+            budget=True,
+        )
     return res
 
 

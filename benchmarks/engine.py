@@ -14,7 +14,6 @@ Prints p50/p99 (microseconds) and the per-engine costs; writes reports/bench/edg
 
 from __future__ import annotations
 
-import json
 import resource
 import sys
 import tempfile
@@ -26,9 +25,7 @@ import numpy as np
 import yaml
 
 from benchmarks.common import Result, cli, parse_with_out, write_report
-
 from wire.procs import ChildProcess, start_router
-
 
 CONTROL_HZ = 100
 HOT_CALLS = 2000
@@ -66,10 +63,21 @@ def _checkpoint(tmp: Path) -> Path:
     torch.manual_seed(0)
     # trained at the control loop's rate (100 Hz): at any other rate the server refuses the session (FPS_MISMATCH)
     # and the worker idles, which is not the busy worker this benchmark is about
-    cfg = PolicyConfig(type="flow_matching", state_dim=6, action_dim=6, chunk_size=30, fps=CONTROL_HZ, execution_horizon=10,
-                       action_names=[f"j{i}" for i in range(6)], image_features={},
-                       hyper_params={"hidden_dim": 64, "obs_embed_dim": 32, "num_steps": 4})
-    stats = {"observation.state": {"mean": [0.0] * 6, "std": [1.0] * 6}, "action": {"mean": [0.0] * 6, "std": [1.0] * 6}}
+    cfg = PolicyConfig(
+        type="flow_matching",
+        state_dim=6,
+        action_dim=6,
+        chunk_size=30,
+        fps=CONTROL_HZ,
+        execution_horizon=10,
+        action_names=[f"j{i}" for i in range(6)],
+        image_features={},
+        hyper_params={"hidden_dim": 64, "obs_embed_dim": 32, "num_steps": 4},
+    )
+    stats = {
+        "observation.state": {"mean": [0.0] * 6, "std": [1.0] * 6},
+        "action": {"mean": [0.0] * 6, "std": [1.0] * 6},
+    }
     return save_checkpoint(make_policy(cfg), stats, tmp / "edge_bench")
 
 
@@ -84,20 +92,40 @@ def measure(seconds: float, idle_engines: int) -> dict:
         ckpt = _checkpoint(tmp)
         router, endpoint = start_router(None, tmp / "router.log")
         manifest = tmp / "m.yaml"
-        manifest.write_text(yaml.safe_dump({"model": {"repo_or_path": str(ckpt)}, "model_id": "arm", "max_sessions": 512,
-                                            "zenoh": {"connect_endpoints": [endpoint]}, "health_port": -1,
-                                            "scheduling": {"max_batch": 64},
-                                            "security": {"max_request_rate_hz": 0}}))  # always requesting
-        server = ChildProcess([sys.executable, "-m", "server.cli", "--manifest", str(manifest), "--log-level", "WARNING"],
-                              tmp / "server.log", ready_text="policy-server ready").start(timeout_s=120)
+        manifest.write_text(
+            yaml.safe_dump(
+                {
+                    "model": {"repo_or_path": str(ckpt)},
+                    "model_id": "arm",
+                    "max_sessions": 512,
+                    "zenoh": {"connect_endpoints": [endpoint]},
+                    "health_port": -1,
+                    "scheduling": {"max_batch": 64},
+                    "security": {"max_request_rate_hz": 0},
+                }
+            )
+        )  # always requesting
+        server = ChildProcess(
+            [sys.executable, "-m", "server.cli", "--manifest", str(manifest), "--log-level", "WARNING"],
+            tmp / "server.log",
+            ready_text="policy-server ready",
+        ).start(timeout_s=120)
         try:
             # 1. get_action under a busy worker
-            cfg = RemoteEngineConfig(connect_endpoints=[endpoint], model_id="arm", fps=float(CONTROL_HZ), action_names=names,
-                                     state_dim=6, cameras=["front", "wrist"], buffer_time_s=0.25)  # s <= H - d: a request nearly every tick
+            cfg = RemoteEngineConfig(
+                connect_endpoints=[endpoint],
+                model_id="arm",
+                fps=float(CONTROL_HZ),
+                action_names=names,
+                state_dim=6,
+                cameras=["front", "wrist"],
+                buffer_time_s=0.25,
+            )  # s <= H - d: a request nearly every tick
             eng = make_engine(cfg)
             eng.start()
-            frames = {n: np.random.default_rng(i).integers(0, 255, (240, 320, 3), np.uint8)
-                      for i, n in enumerate(cfg.cameras)}
+            frames = {
+                n: np.random.default_rng(i).integers(0, 255, (240, 320, 3), np.uint8) for i, n in enumerate(cfg.cameras)
+            }
             times, notify, floor, nones = [], [], [], 0
             t_end = time.monotonic() + seconds
             k = 0
@@ -125,8 +153,10 @@ def measure(seconds: float, idle_engines: int) -> dict:
             st = eng.stats
             eng.stop()
             if st["chunks"] == 0:  # an idle worker measures nothing this benchmark claims: say why instead
-                raise RuntimeError(f"the worker was never busy: {st['requests']} requests, no chunk back in {seconds:g} s "
-                                   f"(engine state {eng.state}; see the server log)")
+                raise RuntimeError(
+                    f"the worker was never busy: {st['requests']} requests, no chunk back in {seconds:g} s "
+                    f"(engine state {eng.state}; see the server log)"
+                )
             us = np.array(times[100:])
             result["get_action_us_p50"] = float(np.percentile(us, 50))
             result["get_action_us_p99"] = float(np.percentile(us, 99))
@@ -140,18 +170,28 @@ def measure(seconds: float, idle_engines: int) -> dict:
             result["busy_worker_requests"] = st["requests"]
             result["busy_worker_chunks"] = st["chunks"]
             result["ticks"] = len(times)
-            print(f"get_action() under a busy worker ({st['requests']} requests in {seconds:g} s, "
-                  f"2 JPEG cameras 320x240): p50 {result['get_action_us_p50']:.1f} us, p99 {result['get_action_us_p99']:.1f} us, "
-                  f"max {result['get_action_us_max']:.0f} us; notify_observation() p50 {result['notify_observation_us_p50']:.1f} us, "
-                  f"p99 {result['notify_observation_us_p99']:.1f} us; get_action() back to back p50 {result['hot_get_action_us_p50']:.1f} us, p99 "
-                  f"{result['hot_get_action_us_p99']:.1f} us; the noise floor (a fixed Python stretch timed in the loop) "
-                  f"p50 {result['noise_floor_us_p50']:.1f} us, p99 {result['noise_floor_us_p99']:.1f} us")
+            print(
+                f"get_action() under a busy worker ({st['requests']} requests in {seconds:g} s, "
+                f"2 JPEG cameras 320x240): p50 {result['get_action_us_p50']:.1f} us, p99 {result['get_action_us_p99']:.1f} us, "
+                f"max {result['get_action_us_max']:.0f} us; notify_observation() p50 {result['notify_observation_us_p50']:.1f} us, "
+                f"p99 {result['notify_observation_us_p99']:.1f} us; get_action() back to back p50 {result['hot_get_action_us_p50']:.1f} us, p99 "
+                f"{result['hot_get_action_us_p99']:.1f} us; the noise floor (a fixed Python stretch timed in the loop) "
+                f"p50 {result['noise_floor_us_p50']:.1f} us, p99 {result['noise_floor_us_p99']:.1f} us"
+            )
             # 2. idle engines
             rss0, threads0, native0 = _rss_mb(), threading.active_count(), _os_threads()
             engines = []
             for i in range(idle_engines):
-                e = make_engine(RemoteEngineConfig(connect_endpoints=[endpoint], model_id="arm", fps=float(CONTROL_HZ), action_names=names,
-                                                   state_dim=6, client_uuid=f"idle-{i}"))
+                e = make_engine(
+                    RemoteEngineConfig(
+                        connect_endpoints=[endpoint],
+                        model_id="arm",
+                        fps=float(CONTROL_HZ),
+                        action_names=names,
+                        state_dim=6,
+                        client_uuid=f"idle-{i}",
+                    )
+                )
                 e.start()
                 engines.append(e)
             deadline = time.monotonic() + 60
@@ -167,9 +207,11 @@ def measure(seconds: float, idle_engines: int) -> dict:
             result["os_threads_per_idle_engine"] = (native1 - native0) / n  # Python + Zenoh's native threads
             for e in engines:
                 e.stop()
-            print(f"{n} idle remote engines ({result['idle_engines_ready']} with an open session): "
-                  f"{result['rss_mb_per_idle_engine']:.2f} MiB and {result['python_threads_per_idle_engine']:.2f} Python "
-                  f"threads ({result['os_threads_per_idle_engine']:.2f} OS threads, Zenoh's included) per engine (each engine has its own Zenoh session; shared memory off)")
+            print(
+                f"{n} idle remote engines ({result['idle_engines_ready']} with an open session): "
+                f"{result['rss_mb_per_idle_engine']:.2f} MiB and {result['python_threads_per_idle_engine']:.2f} Python "
+                f"threads ({result['os_threads_per_idle_engine']:.2f} OS threads, Zenoh's included) per engine (each engine has its own Zenoh session; shared memory off)"
+            )
         finally:
             server.stop()
             router.stop()
@@ -182,8 +224,11 @@ def run(quick: bool) -> Result:
     res.add("get_action() p50, busy worker, 2 JPEG cameras, 100 Hz loop", r["get_action_us_p50"], "us")
     res.add("get_action() p99, busy worker, 2 JPEG cameras, 100 Hz loop", r["get_action_us_p99"], "us", target=20.0)
     res.add("get_action() back to back (warm caches) p99", r["hot_get_action_us_p99"], "us")
-    res.add("notify_observation() p50 (wakes the worker when it waits for this observation)",
-            r["notify_observation_us_p50"], "us")
+    res.add(
+        "notify_observation() p50 (wakes the worker when it waits for this observation)",
+        r["notify_observation_us_p50"],
+        "us",
+    )
     res.add("notify_observation() p99", r["notify_observation_us_p99"], "us")
     res.add("noise floor p99: a fixed ~1 us Python stretch timed in the same loop", r["noise_floor_us_p99"], "us")
     res.add("RSS per idle remote engine", r["rss_mb_per_idle_engine"], "MiB")

@@ -129,15 +129,26 @@ def main(argv=None) -> int:
         return 2
     params = sum(p.numel() for p in policy.parameters())
     cost = cost_figures(policy, args.batches)
-    report = {"preset": args.preset, "parameters": params, "cameras": args.cameras, "image_size": args.image_size,
-              "torch": torch.__version__, "cost": cost, "seconds": round(time.perf_counter() - started, 1)}
-    print(f"flow_transformer {args.preset} ({params / 1e6:.1f}M params), {args.cameras} x "
-          f"{args.image_size}x{args.image_size} cameras, torch {torch.__version__}: one call's work, counted")
+    report = {
+        "preset": args.preset,
+        "parameters": params,
+        "cameras": args.cameras,
+        "image_size": args.image_size,
+        "torch": torch.__version__,
+        "cost": cost,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    print(
+        f"flow_transformer {args.preset} ({params / 1e6:.1f}M params), {args.cameras} x "
+        f"{args.image_size}x{args.image_size} cameras, torch {torch.__version__}: one call's work, counted"
+    )
     print(f"{'batch':>6} " + " ".join(f"{p.replace('_', '-') + ' GFLOP':>20} {'ops (views)':>14}" for p in PASSES))
     for n in args.batches:
         row = cost[str(n)]
-        print(f"{n:>6} " + " ".join(f"{row[p]['gflop']:>20.1f} {row[p]['ops']:>7} ({row[p]['view_ops']:>5})"
-                                    for p in PASSES))
+        print(
+            f"{n:>6} "
+            + " ".join(f"{row[p]['gflop']:>20.1f} {row[p]['ops']:>7} ({row[p]['view_ops']:>5})" for p in PASSES)
+        )
     write_report(args.out, report, say="->")
     return 0
 

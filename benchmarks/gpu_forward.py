@@ -38,7 +38,6 @@ import torch
 
 from benchmarks.common import Result, cli, parse_with_out, write_report
 
-
 STAGES = ("forward", "micro_batching", "runtime")  # the default order: the issue's figures first
 PASSES = ("guided", "plain", "training_time")
 
@@ -51,9 +50,16 @@ def build(preset: str, cameras: int, image_size: int, device: str, compile_: boo
     hp = preset_hyper_params(preset, compile=compile_)
     if preset == "tiny":
         hp["batch_buckets"] = [1, 8, 16, 32, 64]  # exercise the padding path on a CPU too
-    config = PolicyConfig(type="flow_transformer", state_dim=10, action_dim=2, chunk_size=30, fps=15.0,
-                          execution_horizon=10, image_features={n: [3, image_size, image_size] for n in names},
-                          hyper_params=hp)
+    config = PolicyConfig(
+        type="flow_transformer",
+        state_dim=10,
+        action_dim=2,
+        chunk_size=30,
+        fps=15.0,
+        execution_horizon=10,
+        image_features={n: [3, image_size, image_size] for n in names},
+        hyper_params=hp,
+    )
     torch.manual_seed(0)
     # meta (benchmarks.forward_cost): built there, shapes only, no weights allocated
     with torch.device("meta") if device == "meta" else nullcontext():
@@ -119,8 +125,11 @@ def passes(prefix: list, which=PASSES) -> list[tuple[str, list, str]]:
     """(label, prefixes, rtc_mode) of the calls timed or counted, of the three (`which` of them): every sample with an
     RTC prefix (guided: the RTC-guided sampler with its VJP; training_time: the prefix as clean tokens) or none
     (plain)."""
-    every = [("guided", prefix, "guidance"), ("plain", [None] * len(prefix), "guidance"),
-             ("training_time", prefix, "training_time")]
+    every = [
+        ("guided", prefix, "guidance"),
+        ("plain", [None] * len(prefix), "guidance"),
+        ("training_time", prefix, "training_time"),
+    ]
     return [p for p in every if p[0] in which]
 
 
@@ -140,13 +149,19 @@ def forward_figures(policy, sizes: list[int], repeat: int, warmup: int, on_size=
             timed += [(label + "_eager", prefixes, mode) for label, prefixes, mode in passes(prefix, which)]
         for label, prefixes, mode in timed:
             try:
-                with rtc_mode(policy, mode), (eager(policy) if label.endswith("_eager") else nullcontext()):
-                    ms = time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup)
+                with rtc_mode(policy, mode), eager(policy) if label.endswith("_eager") else nullcontext():
+                    ms = time_calls(
+                        lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup
+                    )
             except Exception as exc:  # one failed pass (a compile on a device never tried) keeps the others' figures
                 row[label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
                 print(f"gpu_forward: the {label} pass at batch {n} failed: {row[label]['error']}", file=sys.stderr)
                 continue
-            row[label] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "per_sample_ms": statistics.median(ms) / n}
+            row[label] = {
+                "median_ms": statistics.median(ms),
+                "min_ms": min(ms),
+                "per_sample_ms": statistics.median(ms) / n,
+            }
         for label in which:
             if "median_ms" in row.get(label + "_eager", {}) and "median_ms" in row[label]:
                 row[label]["compile_gain"] = row[label + "_eager"]["median_ms"] / row[label]["median_ms"]
@@ -167,8 +182,10 @@ def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int, which=PA
     from wire.images import encode_image
 
     cfg = policy.config
-    stats = {"observation.state": {"mean": [0.0] * cfg.state_dim, "std": [1.0] * cfg.state_dim},
-             "action": {"mean": [0.0] * cfg.action_dim, "std": [1.0] * cfg.action_dim}}
+    stats = {
+        "observation.state": {"mean": [0.0] * cfg.state_dim, "std": [1.0] * cfg.state_dim},
+        "action": {"mean": [0.0] * cfg.action_dim, "std": [1.0] * cfg.action_dim},
+    }
     runtime = ModelRuntime(LoadedCheckpoint(policy, cfg, stats_to_tensors(stats), "bench", {}))
     # the passes on the thread that called the other stages: a replica calls a CUDA-graph policy from one device
     # thread (LocalForward), but this benchmark's other stages captured their graphs on the calling thread, and
@@ -176,14 +193,20 @@ def runtime_figures(policy, sizes: list[int], repeat: int, warmup: int, which=PA
     # back to eager ("AssertionError: ") and time eager passes as compiled ones
     runtime.forward = LocalForward(policy, one_thread=False)
     rng = np.random.default_rng(0)
-    jpegs = {name: encode_image(rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8), "jpeg", 90)
-             for name, s in cfg.image_features.items()}
+    jpegs = {
+        name: encode_image(rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8), "jpeg", 90)
+        for name, s in cfg.image_features.items()
+    }
     prefix = np.zeros((cfg.execution_horizon, cfg.action_dim), np.float32)
     device = policy.param_device
     out = {"gpu_jpeg_decode": runtime.jpeg_decoder is not None}
     for n in sizes:
-        items = [InferItem(runtime.new_pipeline(), np.zeros(cfg.state_dim, np.float32), dict(jpegs), 3, prefix, prefix,
-                           rtc=True) for _ in range(n)]
+        items = [
+            InferItem(
+                runtime.new_pipeline(), np.zeros(cfg.state_dim, np.float32), dict(jpegs), 3, prefix, prefix, rtc=True
+            )
+            for _ in range(n)
+        ]
         row = {}
         if "guided" in which:
             ms = time_calls(lambda: runtime.infer(items, emulate=False), device, repeat, warmup)
@@ -211,9 +234,10 @@ def gain_figures(policy, n: int, repeat: int, warmup: int, which=PASSES) -> dict
     {...}}`; a pass that fails names why in its row and the others keep their figures)."""
     device = policy.param_device
     batch, prefix = observations(policy, n, torch.Generator().manual_seed(2))
-    singles = [{k: v[i:i + 1] for k, v in batch.items()} for i in range(n)]
+    singles = [{k: v[i : i + 1] for k, v in batch.items()} for i in range(n)]
     out: dict = {"sessions": n}
     for label, prefixes, mode in passes(prefix, which):
+
         def one_at_a_time():
             for i in range(n):
                 policy.predict_action_chunk(singles[i], [3], [prefixes[i]])
@@ -224,15 +248,20 @@ def gain_figures(policy, n: int, repeat: int, warmup: int, which=PASSES) -> dict
                 # the 6 whole passes this took before cost 141 s of a 15-minute device lease)
                 policy.predict_action_chunk(singles[0], [3], [prefixes[0]])
                 serial = statistics.median(time_calls(one_at_a_time, device, 1, 0))
-                batched = statistics.median(time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes),
-                                                       device, repeat, warmup))
+                batched = statistics.median(
+                    time_calls(lambda: policy.predict_action_chunk(batch, [3] * n, prefixes), device, repeat, warmup)
+                )
         except Exception as exc:  # as forward_figures: one failed pass keeps the others' figures
             out[label] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             print(f"gpu_forward: micro-batching's {label} pass failed: {out[label]['error']}", file=sys.stderr)
             continue
-        out[label] = {"one_at_a_time_ms": serial, "micro_batched_ms": batched,
-                      "throughput_one_at_a_time_rps": n / serial * 1e3, "throughput_micro_batched_rps": n / batched * 1e3,
-                      "gain": serial / batched}
+        out[label] = {
+            "one_at_a_time_ms": serial,
+            "micro_batched_ms": batched,
+            "throughput_one_at_a_time_rps": n / serial * 1e3,
+            "throughput_micro_batched_rps": n / batched * 1e3,
+            "gain": serial / batched,
+        }
     return out
 
 
@@ -251,30 +280,53 @@ def run(quick: bool) -> Result:
         res.add(f"vla_300m guided forward, batch {n}", forward[str(n)]["guided"].get("median_ms"), "ms")
         res.add(f"vla_300m training-time forward, batch {n}", forward[str(n)]["training_time"].get("median_ms"), "ms")
     for label in ("guided", "training_time"):
-        res.add(f"micro-batching gain at {gain['sessions']} sessions, {label.replace('_', '-')} pass",
-                gain[label].get("gain"), "x")
+        res.add(
+            f"micro-batching gain at {gain['sessions']} sessions, {label.replace('_', '-')} pass",
+            gain[label].get("gain"),
+            "x",
+        )
     return res
 
 
 def main(argv=None) -> int:
     ap = cli(__doc__, prog="python -m benchmarks.gpu_forward")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--preset", default=None, help="flow_transformer preset (default: vla_300m on CUDA, tiny elsewhere)")
+    ap.add_argument(
+        "--preset", default=None, help="flow_transformer preset (default: vla_300m on CUDA, tiny elsewhere)"
+    )
     ap.add_argument("--cameras", type=int, default=2)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--compile", action="store_true", help="torch.compile the velocity network (CUDA: CUDA graphs; CPU: needs a C++ compiler)")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the velocity network (CUDA: CUDA graphs; CPU: needs a C++ compiler)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                    help="weights dtype, as the manifest's model.dtype (float32: on CUDA with bf16 autocast)")
-    ap.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES),
-                    help="what to time, in this order (default: all, forward first): a short lease times only what it "
-                         "lacks, e.g. --stages runtime")
-    ap.add_argument("--passes", nargs="+", choices=PASSES, default=list(PASSES),
-                    help="which passes every stage times (default: all three), e.g. --passes plain training_time "
-                         "(the guided VJP's compile is the slowest)")
+    ap.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="weights dtype, as the manifest's model.dtype (float32: on CUDA with bf16 autocast)",
+    )
+    ap.add_argument(
+        "--stages",
+        nargs="+",
+        choices=STAGES,
+        default=list(STAGES),
+        help="what to time, in this order (default: all, forward first): a short lease times only what it "
+        "lacks, e.g. --stages runtime",
+    )
+    ap.add_argument(
+        "--passes",
+        nargs="+",
+        choices=PASSES,
+        default=list(PASSES),
+        help="which passes every stage times (default: all three), e.g. --passes plain training_time "
+        "(the guided VJP's compile is the slowest)",
+    )
     args = parse_with_out(ap, argv, "reports/bench/gpu_forward.json")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -286,11 +338,19 @@ def main(argv=None) -> int:
     params = sum(p.numel() for p in policy.parameters())
     started = time.perf_counter()
     report = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores, "
-                                                                                  f"{args.threads} thread(s))",
-        "torch": torch.__version__, "preset": preset, "parameters": params, "cameras": args.cameras,
-        "image_size": args.image_size, "compile": args.compile, "dtype": args.dtype, "autocast": policy.hp["autocast"] if device.type == "cuda" else "none",
-        "load_avg_before": os.getloadavg(), "complete": False,
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({os.cpu_count()} cores, {args.threads} thread(s))",
+        "torch": torch.__version__,
+        "preset": preset,
+        "parameters": params,
+        "cameras": args.cameras,
+        "image_size": args.image_size,
+        "compile": args.compile,
+        "dtype": args.dtype,
+        "autocast": policy.hp["autocast"] if device.type == "cuda" else "none",
+        "load_avg_before": os.getloadavg(),
+        "complete": False,
     }
 
     def save(stage: str, value) -> None:
@@ -305,8 +365,14 @@ def main(argv=None) -> int:
     which = tuple(args.passes)
     for stage in dict.fromkeys(args.stages):  # in the order given: what a lease needs most, first
         if stage == "forward":
-            forward_figures(policy, args.batches, args.repeat, args.warmup, on_size=lambda out: save("forward", dict(out)),
-                            which=which)
+            forward_figures(
+                policy,
+                args.batches,
+                args.repeat,
+                args.warmup,
+                on_size=lambda out: save("forward", dict(out)),
+                which=which,
+            )
         elif stage == "micro_batching":
             save("micro_batching", gain_figures(policy, max(args.batches), args.repeat, args.warmup, which))
         else:
@@ -315,11 +381,15 @@ def main(argv=None) -> int:
     report["complete"] = True
     report["load_avg_after"] = os.getloadavg()
     report["seconds"] = round(time.perf_counter() - started, 1)
-    print(f"flow_transformer {preset} ({params / 1e6:.1f}M params) on {report['device']}, torch {torch.__version__}, "
-          f"{args.cameras} x {args.image_size}x{args.image_size} cameras, compile={args.compile}, weights {args.dtype}; "
-          f"load {report['load_avg_before'][0]:.2f} -> {report['load_avg_after'][0]:.2f}")
-    print(f"{'batch':>6} {'guided ms':>10} {'plain ms':>10} {'training-time ms':>17} {'guided ms/sample':>17} "
-          f"{'runtime ms (jpeg)':>18} {'runtime training-time':>22}")
+    print(
+        f"flow_transformer {preset} ({params / 1e6:.1f}M params) on {report['device']}, torch {torch.__version__}, "
+        f"{args.cameras} x {args.image_size}x{args.image_size} cameras, compile={args.compile}, weights {args.dtype}; "
+        f"load {report['load_avg_before'][0]:.2f} -> {report['load_avg_after'][0]:.2f}"
+    )
+    print(
+        f"{'batch':>6} {'guided ms':>10} {'plain ms':>10} {'training-time ms':>17} {'guided ms/sample':>17} "
+        f"{'runtime ms (jpeg)':>18} {'runtime training-time':>22}"
+    )
 
     def cell(row: dict, key: str, width: int, spec: str = ".2f") -> str:  # a failed pass: "failed"; not run: "-"
         return format(format(row[key], spec) if key in row else "failed" if row else "-", f">{width}")
@@ -327,13 +397,16 @@ def main(argv=None) -> int:
     for n in args.batches:  # a stage or pass not run: its cells read "-"
         f, r = report.get("forward", {}).get(str(n), {}), report.get("runtime", {}).get(str(n), {})
         g, p, t = f.get("guided", {}), f.get("plain", {}), f.get("training_time", {})
-        print(f"{n:>6} {cell(g, 'median_ms', 10)} {cell(p, 'median_ms', 10)} {cell(t, 'median_ms', 17)} "
-              f"{cell(g, 'per_sample_ms', 17, '.3f')} {cell(r, 'median_ms', 18)} {cell(r, 'training_time_ms', 22)}")
+        print(
+            f"{n:>6} {cell(g, 'median_ms', 10)} {cell(p, 'median_ms', 10)} {cell(t, 'median_ms', 17)} "
+            f"{cell(g, 'per_sample_ms', 17, '.3f')} {cell(r, 'median_ms', 18)} {cell(r, 'training_time_ms', 22)}"
+        )
     gains = []
     for n in args.batches if "forward" in report else ():
         row = report["forward"][str(n)]
-        parts = [f"{k.replace('_', '-')} {row[k]['compile_gain']:.2f}x" for k in PASSES
-                 if "compile_gain" in row.get(k, {})]
+        parts = [
+            f"{k.replace('_', '-')} {row[k]['compile_gain']:.2f}x" for k in PASSES if "compile_gain" in row.get(k, {})
+        ]
         if parts:
             gains.append(f"batch {n} " + ", ".join(parts))
         for label, timed in row.items():
@@ -344,17 +417,22 @@ def main(argv=None) -> int:
     for reason in report["compile_fallbacks"]:
         print(f"torch.compile: {reason}")
     runtime = report.get("runtime", {})
-    decode = [f"batch {n} {runtime[str(n)]['training_time_cpu_jpeg_ms']:.1f} -> "
-              f"{runtime[str(n)]['training_time_ms']:.1f} ms ({runtime[str(n)]['gpu_jpeg_gain']:.2f}x)"
-              for n in args.batches if "gpu_jpeg_gain" in runtime.get(str(n), {})]
+    decode = [
+        f"batch {n} {runtime[str(n)]['training_time_cpu_jpeg_ms']:.1f} -> "
+        f"{runtime[str(n)]['training_time_ms']:.1f} ms ({runtime[str(n)]['gpu_jpeg_gain']:.2f}x)"
+        for n in args.batches
+        if "gpu_jpeg_gain" in runtime.get(str(n), {})
+    ]
     if decode:
         print("JPEG decode on the GPU against the CPU decoder, the training-time path: " + "; ".join(decode))
     g = report.get("micro_batching") or {}
     for label in PASSES:
         if "gain" in g.get(label, {}):
-            print(f"micro-batching at {g['sessions']} sessions, the {label.replace('_', '-')} pass: "
-                  f"{g[label]['throughput_one_at_a_time_rps']:.1f} -> {g[label]['throughput_micro_batched_rps']:.1f} "
-                  f"requests/s (gain {g[label]['gain']:.2f}x)")
+            print(
+                f"micro-batching at {g['sessions']} sessions, the {label.replace('_', '-')} pass: "
+                f"{g[label]['throughput_one_at_a_time_rps']:.1f} -> {g[label]['throughput_micro_batched_rps']:.1f} "
+                f"requests/s (gain {g[label]['gain']:.2f}x)"
+            )
         elif "error" in g.get(label, {}):
             print(f"failed: micro-batching's {label} pass: {g[label]['error']}")
     if runtime:

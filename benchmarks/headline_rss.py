@@ -28,8 +28,13 @@ from benchmarks.common import Result
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "300_robots_wan.yaml"
 TARGET_GIB = 3.0
 FULL_SETS = ["duration_s=60", "faults.0.at=20", "faults.1.at=40", "assertions=[]"]
-QUICK_SETS = ["duration_s=5", "warmup_s=2", "faults=[]", "assertions=[]",
-              *(f"fleet.groups.{i}.count=2" for i in range(3))]
+QUICK_SETS = [
+    "duration_s=5",
+    "warmup_s=2",
+    "faults=[]",
+    "assertions=[]",
+    *(f"fleet.groups.{i}.count=2" for i in range(3)),
+]
 
 
 def peak_sum(columns: dict[str, list]) -> tuple[float, int]:
@@ -62,21 +67,31 @@ def measure(quick: bool) -> dict:
         columns = {k: table.column(k).to_pylist() for k in table.column_names if k.startswith("rss_mb:")}
     total_mb, at = peak_sum(columns)
     procs = summary["memory"]["processes"]
-    return {"scenario": SCENARIO.name, "sets": QUICK_SETS if quick else FULL_SETS, "robots": summary["robots"],
-            "replicas": sum(1 for n in procs if n.startswith("server:")),
-            "shards": sum(1 for n in procs if n.startswith("shard:")), "exit_code": proc.returncode,
-            "verdict": summary.get("verdict"), "samples": len(next(iter(columns.values()))),
-            "peak_total_rss_mb": round(total_mb, 1),
-            "peak_sample": {k.split(":", 1)[1]: columns[k][at] for k in columns},
-            "process_rss_mb_max": {n: m["rss_mb_max"] for n, m in procs.items()},
-            "report_phase": summary["memory"].get("report_phase")}
+    return {
+        "scenario": SCENARIO.name,
+        "sets": QUICK_SETS if quick else FULL_SETS,
+        "robots": summary["robots"],
+        "replicas": sum(1 for n in procs if n.startswith("server:")),
+        "shards": sum(1 for n in procs if n.startswith("shard:")),
+        "exit_code": proc.returncode,
+        "verdict": summary.get("verdict"),
+        "samples": len(next(iter(columns.values()))),
+        "peak_total_rss_mb": round(total_mb, 1),
+        "peak_sample": {k.split(":", 1)[1]: columns[k][at] for k in columns},
+        "process_rss_mb_max": {n: m["rss_mb_max"] for n, m in procs.items()},
+        "report_phase": summary["memory"].get("report_phase"),
+    }
 
 
 def run(quick: bool) -> Result:
     r = measure(quick)
     res = Result(details=r)
-    res.add(f"peak RSS of all processes, summed ({r['robots']} robots, {r['replicas']} replicas, {r['shards']} shards)",
-            r["peak_total_rss_mb"] / 1024, "GiB", target=None if quick else TARGET_GIB)
+    res.add(
+        f"peak RSS of all processes, summed ({r['robots']} robots, {r['replicas']} replicas, {r['shards']} shards)",
+        r["peak_total_rss_mb"] / 1024,
+        "GiB",
+        target=None if quick else TARGET_GIB,
+    )
     peaks = r["process_rss_mb_max"]
     for kind in ("server:", "shard:"):
         mine = [v for n, v in peaks.items() if n.startswith(kind)]

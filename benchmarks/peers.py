@@ -24,7 +24,6 @@ and ZeroMQ run again without the images: what each message costs whatever its si
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
 import statistics
 import sys
@@ -54,6 +53,7 @@ def missing_libraries() -> list[str]:
 
 # ---- the payload -------------------------------------------------------------------------------
 
+
 def payload(cameras: int = 3) -> dict:
     """The request and reply of every stack; `cameras=0`: the same without images (the fixed cost per message)."""
     from wire import encode_image
@@ -65,11 +65,16 @@ def payload(cameras: int = 3) -> dict:
         base = np.stack([(xx * (k + 1)) % 256, (yy * 2) % 256, ((xx + yy) // 3) % 256], -1).astype(np.int16)
         base += rng.normal(0, 6, base.shape).astype(np.int16)
         images[f"cam{k}"] = encode_image(np.clip(base, 0, 255).astype(np.uint8), "jpeg", 90)
-    return {"images": images, "state": rng.normal(size=14).astype(np.float32), "task": "pick up the red cube",
-            "chunk": rng.normal(size=(50, 7)).astype(np.float32)}
+    return {
+        "images": images,
+        "state": rng.normal(size=14).astype(np.float32),
+        "task": "pick up the red cube",
+        "chunk": rng.normal(size=(50, 7)).astype(np.float32),
+    }
 
 
 # ---- codecs: one class per stack, the same four calls ---------------------------------------------
+
 
 class OursCodec:
     def __init__(self, p: dict):
@@ -118,11 +123,29 @@ def proto_classes():
                 fd.type_name = type_name
 
     opt, rep = T.LABEL_OPTIONAL, T.LABEL_REPEATED
-    msg("Image", [("name", T.TYPE_STRING, opt, None), ("codec", T.TYPE_STRING, opt, None), ("data", T.TYPE_BYTES, opt, None)])
-    msg("Request", [("seq", T.TYPE_UINT64, opt, None), ("images", T.TYPE_MESSAGE, rep, ".benchpeers.Image"),
-                    ("state", T.TYPE_BYTES, opt, None), ("task", T.TYPE_STRING, opt, None)])
-    msg("Reply", [("seq", T.TYPE_UINT64, opt, None), ("rows", T.TYPE_UINT32, opt, None), ("cols", T.TYPE_UINT32, opt, None),
-                  ("chunk_model", T.TYPE_BYTES, opt, None), ("chunk_robot", T.TYPE_BYTES, opt, None)])
+    msg(
+        "Image",
+        [("name", T.TYPE_STRING, opt, None), ("codec", T.TYPE_STRING, opt, None), ("data", T.TYPE_BYTES, opt, None)],
+    )
+    msg(
+        "Request",
+        [
+            ("seq", T.TYPE_UINT64, opt, None),
+            ("images", T.TYPE_MESSAGE, rep, ".benchpeers.Image"),
+            ("state", T.TYPE_BYTES, opt, None),
+            ("task", T.TYPE_STRING, opt, None),
+        ],
+    )
+    msg(
+        "Reply",
+        [
+            ("seq", T.TYPE_UINT64, opt, None),
+            ("rows", T.TYPE_UINT32, opt, None),
+            ("cols", T.TYPE_UINT32, opt, None),
+            ("chunk_model", T.TYPE_BYTES, opt, None),
+            ("chunk_robot", T.TYPE_BYTES, opt, None),
+        ],
+    )
     msg("Blob", [("data", T.TYPE_BYTES, opt, None)])
     pool = descriptor_pool.DescriptorPool()
     fd = pool.Add(f)
@@ -148,13 +171,18 @@ class ProtobufCodec:
 
     def encode_reply(self, req) -> bytes:
         c = self.p["chunk"]
-        return self.Reply(seq=req[0], rows=c.shape[0], cols=c.shape[1], chunk_model=c.tobytes(),
-                          chunk_robot=c.tobytes()).SerializeToString()
+        return self.Reply(
+            seq=req[0], rows=c.shape[0], cols=c.shape[1], chunk_model=c.tobytes(), chunk_robot=c.tobytes()
+        ).SerializeToString()
 
     def decode_reply(self, body: bytes):
         r = self.Reply.FromString(body)
         shape = (r.rows, r.cols)
-        return r.seq, np.frombuffer(r.chunk_model, np.float32).reshape(shape), np.frombuffer(r.chunk_robot, np.float32).reshape(shape)
+        return (
+            r.seq,
+            np.frombuffer(r.chunk_model, np.float32).reshape(shape),
+            np.frombuffer(r.chunk_robot, np.float32).reshape(shape),
+        )
 
 
 class PickleCodec:
@@ -165,8 +193,12 @@ class PickleCodec:
 
     def encode_request(self) -> bytes:
         self.seq += 1
-        obs = {"seq": self.seq, "state": self.p["state"], "task": self.p["task"],
-               "images": {k: v.data for k, v in self.p["images"].items()}}
+        obs = {
+            "seq": self.seq,
+            "state": self.p["state"],
+            "task": self.p["task"],
+            "images": {k: v.data for k, v in self.p["images"].items()},
+        }
         return self.Blob(data=pickle.dumps(obs)).SerializeToString()
 
     def decode_request(self, body: bytes):
@@ -206,6 +238,7 @@ def codec_only(stack: str, p: dict, repeats: int) -> tuple[float, int]:
 
 # ---- servers (each its own process: `python -m benchmarks.peers --serve STACK --endpoint E`) -------------
 
+
 def serve(stack: str, endpoint: str, cameras: int = 3) -> None:
     p = payload(cameras)
     if stack in ("ours", "ours_no_router"):
@@ -215,8 +248,11 @@ def serve(stack: str, endpoint: str, cameras: int = 3) -> None:
         from wire.transport import make_config, open_session
 
         c = OursCodec(p)
-        z = (open_session(connect=[endpoint], what="peers server") if stack == "ours"
-             else zenoh.open(make_config("peer", listen=[endpoint])))
+        z = (
+            open_session(connect=[endpoint], what="peers server")
+            if stack == "ours"
+            else zenoh.open(make_config("peer", listen=[endpoint]))
+        )
         pub = declare_publisher(z, ACTION_KEY, "action")
 
         def on_obs(sample):
@@ -241,8 +277,10 @@ def serve(stack: str, endpoint: str, cameras: int = 3) -> None:
         import grpc
 
         c = PickleCodec(p)
-        handler = grpc.method_handlers_generic_handler("benchpeers.Policy", {
-            "Infer": grpc.unary_unary_rpc_method_handler(lambda body, _ctx: c.encode_reply(c.decode_request(body)))})
+        handler = grpc.method_handlers_generic_handler(
+            "benchpeers.Policy",
+            {"Infer": grpc.unary_unary_rpc_method_handler(lambda body, _ctx: c.encode_reply(c.decode_request(body)))},
+        )
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
         server.add_generic_rpc_handlers((handler,))
         server.add_insecure_port(endpoint)
@@ -252,6 +290,7 @@ def serve(stack: str, endpoint: str, cameras: int = 3) -> None:
 
 
 # ---- clients ------------------------------------------------------------------------------------
+
 
 def _client(stack: str, endpoint: str, p: dict):
     """A `request()` callable doing one full round trip (encode, send, wait, decode), and a closer."""
@@ -295,8 +334,9 @@ def _client(stack: str, endpoint: str, p: dict):
     import grpc
 
     c = PickleCodec(p)
-    channel = grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", 64 << 20),
-                                                       ("grpc.max_send_message_length", 64 << 20)])
+    channel = grpc.insecure_channel(
+        endpoint, options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    )
     call = channel.unary_unary("/benchpeers.Policy/Infer")
 
     def request():
@@ -305,8 +345,9 @@ def _client(stack: str, endpoint: str, p: dict):
     return request, channel.close
 
 
-def round_trips(stack: str, requests: int, warmup: int, tmp: Path, router_endpoint: str | None,
-                cameras: int = 3) -> np.ndarray:
+def round_trips(
+    stack: str, requests: int, warmup: int, tmp: Path, router_endpoint: str | None, cameras: int = 3
+) -> np.ndarray:
     """Milliseconds of `requests` sequential round trips after `warmup`, the server in its own process."""
     from wire.procs import ChildProcess, free_port
 
@@ -320,9 +361,22 @@ def round_trips(stack: str, requests: int, warmup: int, tmp: Path, router_endpoi
     else:
         port = free_port()
         server_ep = client_ep = f"127.0.0.1:{port}"
-    child = ChildProcess([sys.executable, "-m", "benchmarks.peers", "--serve", stack, "--endpoint", server_ep,
-                          "--cameras", str(cameras)], tmp / f"{stack}-{cameras}.log", ready_text=READY,
-                         name=f"peer-{stack}").start(timeout_s=60)
+    child = ChildProcess(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.peers",
+            "--serve",
+            stack,
+            "--endpoint",
+            server_ep,
+            "--cameras",
+            str(cameras),
+        ],
+        tmp / f"{stack}-{cameras}.log",
+        ready_text=READY,
+        name=f"peer-{stack}",
+    ).start(timeout_s=60)
     p = payload(cameras)
     try:
         request, close = _client(stack, client_ep, p)
@@ -355,31 +409,49 @@ def measure(requests: int, stacks: list[str], warmup: int = 50, no_images: tuple
     from wire.procs import start_router
 
     p = payload()
-    res = {"requests": requests, "warmup": warmup,
-           "jpeg_bytes_per_camera": [len(v.data) for v in p["images"].values()], "stacks": {},
-           "no_images": {}}
+    res = {
+        "requests": requests,
+        "warmup": warmup,
+        "jpeg_bytes_per_camera": [len(v.data) for v in p["images"].values()],
+        "stacks": {},
+        "no_images": {},
+    }
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
-        router, endpoint = (start_router(None, tmp / "router.log") if "ours" in (*stacks, *no_images)
-                            else (None, None))
+        router, endpoint = start_router(None, tmp / "router.log") if "ours" in (*stacks, *no_images) else (None, None)
         try:
             for stack in stacks:
                 ms = round_trips(stack, requests, warmup, tmp, endpoint)
                 codec_us, size = codec_only(stack, p, max(20, requests // 5))
-                res["stacks"][stack] = {"rtt_ms_p50": float(np.median(ms)), "rtt_ms_p99": float(np.percentile(ms, 99)),
-                                        "rtt_ms_mean": float(ms.mean()), "codec_us": codec_us, "bytes_per_request": size,
-                                        "transport_ms_p50": float(np.median(ms)) - codec_us / 1e3}
+                res["stacks"][stack] = {
+                    "rtt_ms_p50": float(np.median(ms)),
+                    "rtt_ms_p99": float(np.percentile(ms, 99)),
+                    "rtt_ms_mean": float(ms.mean()),
+                    "codec_us": codec_us,
+                    "bytes_per_request": size,
+                    "transport_ms_p50": float(np.median(ms)) - codec_us / 1e3,
+                }
                 s = res["stacks"][stack]
-                print(f"{stack:13s} p50 {s['rtt_ms_p50']:6.3f} ms  p99 {s['rtt_ms_p99']:6.3f} ms  mean {s['rtt_ms_mean']:6.3f} ms"
-                      f"  codec {codec_us:7.1f} us  {size:,} B/request", flush=True)
+                print(
+                    f"{stack:13s} p50 {s['rtt_ms_p50']:6.3f} ms  p99 {s['rtt_ms_p99']:6.3f} ms  mean {s['rtt_ms_mean']:6.3f} ms"
+                    f"  codec {codec_us:7.1f} us  {size:,} B/request",
+                    flush=True,
+                )
             small = payload(0)
             for stack in no_images:
                 ms = round_trips(stack, requests, warmup, tmp, endpoint, cameras=0)
                 codec_us, size = codec_only(stack, small, max(20, requests // 5))
-                res["no_images"][stack] = s = {"rtt_ms_p50": float(np.median(ms)), "rtt_ms_p99": float(np.percentile(ms, 99)),
-                                               "codec_us": codec_us, "bytes_per_request": size}
-                print(f"{stack:13s} without images: p50 {s['rtt_ms_p50']:6.3f} ms  p99 {s['rtt_ms_p99']:6.3f} ms  "
-                      f"codec {codec_us:6.1f} us  {size:,} B/request", flush=True)
+                res["no_images"][stack] = s = {
+                    "rtt_ms_p50": float(np.median(ms)),
+                    "rtt_ms_p99": float(np.percentile(ms, 99)),
+                    "codec_us": codec_us,
+                    "bytes_per_request": size,
+                }
+                print(
+                    f"{stack:13s} without images: p50 {s['rtt_ms_p50']:6.3f} ms  p99 {s['rtt_ms_p99']:6.3f} ms  "
+                    f"codec {codec_us:6.1f} us  {size:,} B/request",
+                    flush=True,
+                )
         finally:
             if router is not None:
                 router.stop()
@@ -395,8 +467,12 @@ def run(quick: bool) -> Result:
     missing = missing_libraries()
     if missing:
         return Result(skipped=f"missing {', '.join(missing)}: pip install -e '.[bench-peers]'")
-    r = measure(100 if quick else 1000, list(STACKS), warmup=10 if quick else 50,
-                no_images=("ours", "ours_no_router", "zmq_protobuf"))
+    r = measure(
+        100 if quick else 1000,
+        list(STACKS),
+        warmup=10 if quick else 50,
+        no_images=("ours", "ours_no_router", "zmq_protobuf"),
+    )
     res = Result(details=r)
     for stack, s in r["stacks"].items():
         res.add(f"{stack}: round trip p50", s["rtt_ms_p50"], "ms")
@@ -427,8 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     missing = missing_libraries()
     if missing:
-        print(f"benchmarks.peers: missing {', '.join(missing)}; install them with pip install -e '.[bench-peers]'",
-              file=sys.stderr)
+        print(
+            f"benchmarks.peers: missing {', '.join(missing)}; install them with pip install -e '.[bench-peers]'",
+            file=sys.stderr,
+        )
         return 2
     r = measure(args.requests, args.stacks, args.warmup)
     for key in ("ours_over_zmq_protobuf_p50", "ours_over_grpc_pickle_p50"):

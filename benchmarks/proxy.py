@@ -9,7 +9,6 @@ under 0.2 ms); writes reports/bench/chaos_overhead.json. Also times the proxy se
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
 import tempfile
@@ -85,10 +84,17 @@ def measure(round_trips: int, size: int) -> dict:
             proxy.stop()
     srv.close()
     d, p = np.array(d), np.array(p)
-    return {"round_trips": round_trips, "size_bytes": size, "startup_s": startup_s,
-            "direct_ms_p50": float(np.median(d)), "direct_ms_p99": float(np.percentile(d, 99)),
-            "proxied_ms_p50": float(np.median(p)), "proxied_ms_p99": float(np.percentile(p, 99)),
-            "added_ms_p50": float(np.median(p) - np.median(d)), "real_toxiproxy": proxy.real_toxiproxy}
+    return {
+        "round_trips": round_trips,
+        "size_bytes": size,
+        "startup_s": startup_s,
+        "direct_ms_p50": float(np.median(d)),
+        "direct_ms_p99": float(np.percentile(d, 99)),
+        "proxied_ms_p50": float(np.median(p)),
+        "proxied_ms_p99": float(np.percentile(p, 99)),
+        "added_ms_p50": float(np.median(p) - np.median(d)),
+        "real_toxiproxy": proxy.real_toxiproxy,
+    }
 
 
 def run(quick: bool) -> Result:
@@ -108,9 +114,11 @@ def main(argv=None) -> int:
     args = parse_with_out(ap, argv, "reports/bench/chaos_overhead.json")
     res = measure(args.round_trips, args.size)
     startup_s = res["startup_s"]
-    print(f"proxy start-up {startup_s * 1e3:.0f} ms; {args.size}-byte round trips: direct p50 {res['direct_ms_p50']:.3f} ms "
-          f"p99 {res['direct_ms_p99']:.3f} ms; through the proxy p50 {res['proxied_ms_p50']:.3f} ms p99 "
-          f"{res['proxied_ms_p99']:.3f} ms; added p50 {res['added_ms_p50']:.3f} ms (target < 0.2 ms)")
+    print(
+        f"proxy start-up {startup_s * 1e3:.0f} ms; {args.size}-byte round trips: direct p50 {res['direct_ms_p50']:.3f} ms "
+        f"p99 {res['direct_ms_p99']:.3f} ms; through the proxy p50 {res['proxied_ms_p50']:.3f} ms p99 "
+        f"{res['proxied_ms_p99']:.3f} ms; added p50 {res['added_ms_p50']:.3f} ms (target < 0.2 ms)"
+    )
     write_report(args.out, res, indent=1, end="", say=None)
     return 0 if res["added_ms_p50"] < 0.2 else 1
 

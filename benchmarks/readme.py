@@ -33,15 +33,18 @@ def load_reports(out_dir: Path, names: tuple[str, ...]) -> dict[str, dict]:
         raise ReadmeError(f"no benchmark report in {out_dir}: run `python -m benchmarks` first")
     quick = sorted(n for n, r in reports.items() if r.get("quick"))
     if quick:
-        raise ReadmeError(f"{', '.join(quick)} in {out_dir} come from a --quick run (sized to seconds, targets not "
-                          f"judged): run `python -m benchmarks {' '.join(quick)}` without --quick first")
+        raise ReadmeError(
+            f"{', '.join(quick)} in {out_dir} come from a --quick run (sized to seconds, targets not "
+            f"judged): run `python -m benchmarks {' '.join(quick)}` without --quick first"
+        )
     return reports
 
 
 def _shown(name: str, fig: Figure) -> bool:
     """Every figure with a target, and each peer stack's round trip at the full payload."""
-    return fig.target is not None or (name == "peers" and fig.name.endswith(": round trip p50")
-                                      and "without images" not in fig.name)
+    return fig.target is not None or (
+        name == "peers" and fig.name.endswith(": round trip p50") and "without images" not in fig.name
+    )
 
 
 def render_block(reports: dict[str, dict]) -> str:
@@ -49,8 +52,10 @@ def render_block(reports: dict[str, dict]) -> str:
     rows = ["| benchmark | figure | value | target | met? |", "|---|---|---|---|---|"]
     for name, rep in reports.items():
         if rep.get("skipped") or rep.get("error"):
-            rows.append(f"| {name} | {'skipped' if rep.get('skipped') else 'FAILED'}: "
-                        f"{rep.get('skipped') or rep.get('error')} | | | |")
+            rows.append(
+                f"| {name} | {'skipped' if rep.get('skipped') else 'FAILED'}: "
+                f"{rep.get('skipped') or rep.get('error')} | | | |"
+            )
             continue
         for f in rep["figures"]:
             fig = Figure(**f)
@@ -65,18 +70,22 @@ def render_block(reports: dict[str, dict]) -> str:
     m = ran[0]["machine"]
     dates = sorted(r["machine"]["date"] for r in ran)
     loads = [v for r in ran for v in (r["load_average_start"][0], r["load_average_end"][0])]
-    prov = (f"Measured {dates[0]} to {dates[-1]} on {m['cores']} cores ({m['cpu_model']}), Python {m['python']}, "
-            f"torch {m['torch']}, zenoh {m['zenoh']}; 1-minute load average {min(loads):g}-{max(loads):g} during the run "
-            f"(the machine is shared: compare ratios within one run). Reproduce: `{COMMAND}` "
-            f"(every figure, with the rest of the suite, in reports/bench/summary.md).")
+    prov = (
+        f"Measured {dates[0]} to {dates[-1]} on {m['cores']} cores ({m['cpu_model']}), Python {m['python']}, "
+        f"torch {m['torch']}, zenoh {m['zenoh']}; 1-minute load average {min(loads):g}-{max(loads):g} during the run "
+        f"(the machine is shared: compare ratios within one run). Reproduce: `{COMMAND}` "
+        f"(every figure, with the rest of the suite, in reports/bench/summary.md)."
+    )
     return "\n".join(rows) + "\n\n" + prov + "\n"
 
 
 def rewrite(readme: str, block: str) -> str:
     """`readme` with the text between BEGIN and END replaced by `block`; everything else byte for byte."""
     if readme.count(BEGIN) != 1 or readme.count(END) != 1:
-        raise ReadmeError(f"README must hold exactly one {BEGIN!r} and one {END!r} line "
-                          f"(found {readme.count(BEGIN)} and {readme.count(END)})")
+        raise ReadmeError(
+            f"README must hold exactly one {BEGIN!r} and one {END!r} line "
+            f"(found {readme.count(BEGIN)} and {readme.count(END)})"
+        )
     if readme.index(END) < readme.index(BEGIN):
         raise ReadmeError(f"{END!r} comes before {BEGIN!r} in the README")
     head, rest = readme.split(BEGIN, 1)

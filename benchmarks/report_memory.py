@@ -89,32 +89,68 @@ def write_run(directory: Path, requests: int) -> dict:
             received = sent_ns[i] / 1e6 + 12.0 + (SKEW_S * 1e3 if rid == SKEWED else 0.0)
             sent = received + 20.0 + (i % 7)
             if i % 1000 == 999:  # server/guard.py's denial line
-                rec = {"session_id": None, "client_uuid": uuid[r], "seq_id": None, "outcome": "denied:reset_unknown",
-                       "denied_count": 1 + i % 3, "detail": "reset for a session this server does not hold",
-                       "replica_id": rid}
+                rec = {
+                    "session_id": None,
+                    "client_uuid": uuid[r],
+                    "seq_id": None,
+                    "outcome": "denied:reset_unknown",
+                    "denied_count": 1 + i % 3,
+                    "detail": "reset for a session this server does not hold",
+                    "replica_id": rid,
+                }
             else:  # server/service.py's answered request
-                rec = {"session_id": session[r], "client_uuid": uuid[r], "seq_id": int(seq[r]), "episode_id": r % 5,
-                       "client_mono_ns": int(sent_ns[i]), "queue_wait_ms": round(20.0 + i % 11 * 0.37, 3),
-                       "inference_ms": 4.493, "chunk_range": [0, 30], "superseded_seqs": 0, "outcome": "ok",
-                       "model_id": "reacher", "replica_id": rid, "checkpoint_hash": ckpt, "emulated_ms": 0.0,
-                       "rtc_applied": False, "forward_ms": round(4.0 + i % 13 * 0.11, 3), "batch": 1 + i % 32,
-                       "received_mono_ms": round(received, 3), "sent_mono_ms": round(sent, 3)}
-            line = {"ts": f"2026-11-26T11:25:{40 + t[i] / 1e3:09.6f}+00:00", "mono_ms": round(sent + 0.4, 3),
-                    **{k: rec.get(k) for k in FIELDS}, **{k: v for k, v in rec.items() if k not in FIELDS}}
+                rec = {
+                    "session_id": session[r],
+                    "client_uuid": uuid[r],
+                    "seq_id": int(seq[r]),
+                    "episode_id": r % 5,
+                    "client_mono_ns": int(sent_ns[i]),
+                    "queue_wait_ms": round(20.0 + i % 11 * 0.37, 3),
+                    "inference_ms": 4.493,
+                    "chunk_range": [0, 30],
+                    "superseded_seqs": 0,
+                    "outcome": "ok",
+                    "model_id": "reacher",
+                    "replica_id": rid,
+                    "checkpoint_hash": ckpt,
+                    "emulated_ms": 0.0,
+                    "rtc_applied": False,
+                    "forward_ms": round(4.0 + i % 13 * 0.11, 3),
+                    "batch": 1 + i % 32,
+                    "received_mono_ms": round(received, 3),
+                    "sent_mono_ms": round(sent, 3),
+                }
+            line = {
+                "ts": f"2026-11-26T11:25:{40 + t[i] / 1e3:09.6f}+00:00",
+                "mono_ms": round(sent + 0.4, 3),
+                **{k: rec.get(k) for k in FIELDS},
+                **{k: v for k, v in rec.items() if k not in FIELDS},
+            }
             files[rid].write(_dumps(line) + "\n")
     finally:
         for f in files.values():
             f.close()
     for rid in REPLICAS:
         (logs / f"server-{rid}.log").write_text(f"INFO unloaded forward ms by batch size: {json.dumps(UNLOADED)}\n")
-    cols = {"robot": robot, "t": t + 0.05, "seq": np.arange(requests), "rtt_ms": np.full(requests, 60.0),
-            "queue_wait_ms": np.full(requests, 21.0), "inference_ms": np.full(requests, 4.5),
-            "network_ms": np.full(requests, 30.0), "encode_ms": np.full(requests, 1.2),
-            "send_lag_ms": np.full(requests, 0.3), "merge_lag_ms": np.full(requests, 0.2),
-            "delay_steps": np.full(requests, 2), "execution_steps": np.full(requests, 15),
-            "steps_remaining": np.full(requests, 10), "superseded_seqs": np.zeros(requests),
-            "outcome": ["ok"] * requests, "sent_ns": sent_ns,
-            "downlink_from_router_ms": np.full(requests, np.nan)}  # no router stamps: the split is not measured
+    cols = {
+        "robot": robot,
+        "t": t + 0.05,
+        "seq": np.arange(requests),
+        "rtt_ms": np.full(requests, 60.0),
+        "queue_wait_ms": np.full(requests, 21.0),
+        "inference_ms": np.full(requests, 4.5),
+        "network_ms": np.full(requests, 30.0),
+        "encode_ms": np.full(requests, 1.2),
+        "send_lag_ms": np.full(requests, 0.3),
+        "merge_lag_ms": np.full(requests, 0.2),
+        "delay_steps": np.full(requests, 2),
+        "execution_steps": np.full(requests, 15),
+        "steps_remaining": np.full(requests, 10),
+        "superseded_seqs": np.zeros(requests),
+        "outcome": ["ok"] * requests,
+        "sent_ns": sent_ns,
+        "downlink_from_router_ms": np.full(requests, np.nan),
+    }  # no router stamps: the split is not measured
     batch = records.to_record_batch("requests", cols, requests)
     with pa.OSFile(str(recs / "requests.0.arrow"), "wb") as f, pa.ipc.new_stream(f, batch.schema) as w:
         w.write_batch(batch)
@@ -141,18 +177,30 @@ def write_ticks(directory: Path, ticks: int) -> None:
     none = (k % 600 < 30) | stall
     cls = np.where(rng.random(ticks) < 0.05, 3, 0).astype(np.int8)
     seq = np.where(none, -1, k // 15).astype(np.int64)
-    names = np.array([""] + [f"{(i * 2654435761 + 97) % 2**64:016x}" for i in range(ROBOTS * (per_robot // 4000 + 1))],
-                     dtype=object)
+    names = np.array(
+        [""] + [f"{(i * 2654435761 + 97) % 2**64:016x}" for i in range(ROBOTS * (per_robot // 4000 + 1))], dtype=object
+    )
     session = names[np.where(k < 30, 0, 1 + robot.astype(np.int64) * (per_robot // 4000 + 1) + k // 4000)]
     state = np.array(["STREAMING", "STALLED", "CONNECTING"], dtype=object)[np.where(stall, 1, np.where(k < 30, 2, 0))]
     source = np.array(["chunk", "none"], dtype=object)[none.astype(np.int8)]
-    cols = {"robot": robot, "t": t, "lateness_ms": rng.gamma(2.0, 0.4, ticks).astype(np.float32),
-            "host_delay_ms": rng.gamma(2.0, 0.3, ticks).astype(np.float32),
-            "engine_ms": rng.gamma(2.0, 0.05, ticks).astype(np.float32), "tick_class": cls,
-            "state_digest": rng.integers(0, 2**32, ticks, dtype=np.uint32), "seq": seq, "session_id": session,
-            "episode_id": np.where(none, -1, episode), "chunk_index": np.where(none, -1, k % 15).astype(np.int32),
-            "action_age_s": np.where(none, np.nan, (k % 15) / FPS).astype(np.float32), "source": source,
-            "is_none": none, "engine_state": state, "robot_episode": episode}
+    cols = {
+        "robot": robot,
+        "t": t,
+        "lateness_ms": rng.gamma(2.0, 0.4, ticks).astype(np.float32),
+        "host_delay_ms": rng.gamma(2.0, 0.3, ticks).astype(np.float32),
+        "engine_ms": rng.gamma(2.0, 0.05, ticks).astype(np.float32),
+        "tick_class": cls,
+        "state_digest": rng.integers(0, 2**32, ticks, dtype=np.uint32),
+        "seq": seq,
+        "session_id": session,
+        "episode_id": np.where(none, -1, episode),
+        "chunk_index": np.where(none, -1, k % 15).astype(np.int32),
+        "action_age_s": np.where(none, np.nan, (k % 15) / FPS).astype(np.float32),
+        "source": source,
+        "is_none": none,
+        "engine_state": state,
+        "robot_episode": episode,
+    }
     values = rng.uniform(-1.0, 1.0, 2 * ticks).astype(np.float32)
     schema = records.arrow_schema("ticks")
     (directory / "records").mkdir(parents=True, exist_ok=True)
@@ -161,8 +209,9 @@ def write_ticks(directory: Path, ticks: int) -> None:
             b = min(a + 16384, ticks)
             n = np.count_nonzero(~none[a:b])
             offsets = np.concatenate([[0], np.cumsum(np.where(none[a:b], 0, 2))]).astype(np.int32)
-            action = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values[2 * a:2 * a + 2 * n]),
-                                              mask=pa.array(none[a:b]))
+            action = pa.ListArray.from_arrays(
+                pa.array(offsets), pa.array(values[2 * a : 2 * a + 2 * n]), mask=pa.array(none[a:b])
+            )
             arrays = [pa.array(cols[name][a:b], type=schema.field(name).type) for name in schema.names[:-1]]
             w.write_batch(pa.RecordBatch.from_arrays([*arrays, action], schema=schema))
 
@@ -194,7 +243,9 @@ def hwm_mb():
 """
 
 
-CHILD = CHILD_PRELUDE + r"""
+CHILD = (
+    CHILD_PRELUDE
+    + r"""
 
 run_dir = Path(args["run_dir"])
 shutil.copytree(args["records"], run_dir / "records")
@@ -231,9 +282,12 @@ peak, after = hwm_mb(), rss_mb()
 print(json.dumps({"rss_before_mb": round(before, 2), "peak_mb": round(peak - before, 2),
                   "held_mb": round(after - before, 2), "seconds": round(seconds, 3)}))
 """
+)
 
 
-REPLAY_CHILD = CHILD_PRELUDE + r"""
+REPLAY_CHILD = (
+    CHILD_PRELUDE
+    + r"""
 
 src, run_dir = Path(args["source"]), Path(args["run_dir"])
 shutil.copytree(args["records"], run_dir / "records")
@@ -257,6 +311,7 @@ peak = hwm_mb()
 print(json.dumps({"rss_before_mb": round(before, 1), "peak_mb": round(peak - before, 1), "seconds": round(seconds, 1),
                   "error": outcome.error, "verdict": outcome.verdict}))
 """
+)
 
 
 def prepare_replay(source: Path, directory: Path) -> dict:
@@ -281,9 +336,17 @@ def prepare_replay(source: Path, directory: Path) -> dict:
         with pa.OSFile(str(recs / f"{kind}.0.arrow"), "wb") as f, pa.ipc.new_stream(f, schema) as w:
             for batch in pf.iter_batches(batch_size=65536, columns=have):
                 # a column the run's bench did not record yet (an older run): NaN, as a float column reads unknown
-                w.write_batch(pa.RecordBatch.from_arrays(
-                    [batch.column(n) if n in have else pa.array(np.full(batch.num_rows, np.nan), schema.field(n).type)
-                     for n in schema.names], schema=schema))
+                w.write_batch(
+                    pa.RecordBatch.from_arrays(
+                        [
+                            batch.column(n)
+                            if n in have
+                            else pa.array(np.full(batch.num_rows, np.nan), schema.field(n).type)
+                            for n in schema.names
+                        ],
+                        schema=schema,
+                    )
+                )
     audit = sum(1 for p in (source / "logs").glob("audit-*.jsonl") for _ in open(p, "rb"))
     return {"records": str(recs), "rows": counts, "audit_lines": audit}
 
@@ -294,43 +357,75 @@ def replay(sources: list[Path], trees: dict[str, Path], reps: int, tmp: Path) ->
     for source in sources:
         prep = prepare_replay(source, tmp / f"replay-{len(out)}")
         recorded = json.loads((source / "summary.json").read_text())["memory"].get("report_phase") or {}
-        row = {"rows": prep["rows"], "audit_lines": prep["audit_lines"], "recorded_report_phase": recorded,
-               "recorded_growth_mb": round(recorded["peak_rss_mb"] - recorded["rss_before_mb"], 1) if recorded else None}
+        row = {
+            "rows": prep["rows"],
+            "audit_lines": prep["audit_lines"],
+            "recorded_report_phase": recorded,
+            "recorded_growth_mb": round(recorded["peak_rss_mb"] - recorded["rss_before_mb"], 1) if recorded else None,
+        }
         for rep in range(reps):
             for name, code in trees.items():
                 k += 1
-                args = {"source": str(source.resolve()), "records": prep["records"], "run_dir": str(tmp / f"replay-run-{k}")}
+                args = {
+                    "source": str(source.resolve()),
+                    "records": prep["records"],
+                    "run_dir": str(tmp / f"replay-run-{k}"),
+                }
                 env = {**os.environ, "PYTHONPATH": str(code), "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-                proc = subprocess.run([sys.executable, "-c", REPLAY_CHILD, json.dumps(args)], capture_output=True,
-                                      text=True, env=env, cwd=str(code), timeout=1800)
+                proc = subprocess.run(
+                    [sys.executable, "-c", REPLAY_CHILD, json.dumps(args)],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    cwd=str(code),
+                    timeout=1800,
+                )
                 if proc.returncode != 0:
                     raise RuntimeError(f"{code} replay of {source}: exit {proc.returncode}: {proc.stderr[-1500:]}")
                 got = json.loads(proc.stdout.strip().splitlines()[-1])
                 if got["error"]:
                     raise RuntimeError(f"{code} replay of {source}: the report failed: {got['error'][:1500]}")
                 row.setdefault(name, []).append(got)
-                print(f"replay {source.name} rep {rep + 1} {name:8}: peak +{got['peak_mb']:.1f} MB over "
-                      f"{got['rss_before_mb']:.0f} MB, {got['seconds']:.1f} s (the run recorded +{row['recorded_growth_mb']} MB)",
-                      flush=True)
+                print(
+                    f"replay {source.name} rep {rep + 1} {name:8}: peak +{got['peak_mb']:.1f} MB over "
+                    f"{got['rss_before_mb']:.0f} MB, {got['seconds']:.1f} s (the run recorded +{row['recorded_growth_mb']} MB)",
+                    flush=True,
+                )
         for name in trees:
             row[f"{name}_peak_mb"] = statistics.median(x["peak_mb"] for x in row[name])
         if "baseline" in trees:
             saved = (row["baseline_peak_mb"] - row["code_peak_mb"]) * 2**20
             row["saved_bytes_per_request"] = round(saved / max(prep["rows"].get("requests", 0), 1), 1)
             row["saved_bytes_per_tick"] = round(saved / max(prep["rows"].get("ticks", 0), 1), 1)
-            print(f"replay {source.name}: peak {row['baseline_peak_mb']:.0f} -> {row['code_peak_mb']:.0f} MB "
-                  f"({row['saved_bytes_per_tick']:.0f} B a robot-tick saved over {prep['rows'].get('ticks', 0)} ticks)",
-                  flush=True)
+            print(
+                f"replay {source.name}: peak {row['baseline_peak_mb']:.0f} -> {row['code_peak_mb']:.0f} MB "
+                f"({row['saved_bytes_per_tick']:.0f} B a robot-tick saved over {prep['rows'].get('ticks', 0)} ticks)",
+                flush=True,
+            )
         out[str(source)] = row
     return out
 
 
 def measure_one(code: Path, files: dict, mode: str, tmp: Path, tag: str) -> dict:
-    args = {**files, "mode": mode, "run_dir": str(tmp / tag), "scenario": str(SCENARIO), "replicas": list(REPLICAS),
-            "skewed": SKEWED, "skew_s": SKEW_S, "t0_ms": T0_MS}
+    args = {
+        **files,
+        "mode": mode,
+        "run_dir": str(tmp / tag),
+        "scenario": str(SCENARIO),
+        "replicas": list(REPLICAS),
+        "skewed": SKEWED,
+        "skew_s": SKEW_S,
+        "t0_ms": T0_MS,
+    }
     env = {**os.environ, "PYTHONPATH": str(code), "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, env=env,
-                          cwd=str(code), timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(code),
+        timeout=900,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{code} {mode}: exit {proc.returncode}: {proc.stderr[-1500:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -354,22 +449,42 @@ def measure_ticks(sizes: tuple[int, int], trees: dict[str, Path], reps: int) -> 
                     k += 1
                     got = measure_one(code, runs[n], "judge", tmp, f"run-{k}")
                     raw[name][n].append(got)
-                    print(f"rep {rep + 1} {name:8} judge {n:8d} ticks: peak +{got['peak_mb']:7.1f} MB, "
-                          f"held +{got['held_mb']:7.1f} MB, {got['seconds']:.2f} s", flush=True)
+                    print(
+                        f"rep {rep + 1} {name:8} judge {n:8d} ticks: peak +{got['peak_mb']:7.1f} MB, "
+                        f"held +{got['held_mb']:7.1f} MB, {got['seconds']:.2f} s",
+                        flush=True,
+                    )
     figures: dict = {}
     for name in trees:
-        med = {n: {key: statistics.median(x[key] for x in raw[name][n]) for key in ("peak_mb", "held_mb", "seconds")}
-               for n in sizes}
-        figures[name] = {"tree": str(trees[name]), "commit": _git(trees[name]), "median": {str(n): med[n] for n in sizes},
-                         "peak_bytes_per_tick": round((med[large]["peak_mb"] - med[small]["peak_mb"]) * 2**20
-                                                      / (large - small), 1)}
-        print(f"{name} ({figures[name]['commit']}): the whole report phase peaks "
-              f"{figures[name]['peak_bytes_per_tick']:.0f} B a robot-tick")
-    report = {"ticks": list(sizes), "requests": TICK_RUN_REQUESTS, "reps": reps, "robots": ROBOTS,
-              "load_average": [round(x, 2) for x in os.getloadavg()], "tick_figures": figures, "raw": raw}
+        med = {
+            n: {key: statistics.median(x[key] for x in raw[name][n]) for key in ("peak_mb", "held_mb", "seconds")}
+            for n in sizes
+        }
+        figures[name] = {
+            "tree": str(trees[name]),
+            "commit": _git(trees[name]),
+            "median": {str(n): med[n] for n in sizes},
+            "peak_bytes_per_tick": round((med[large]["peak_mb"] - med[small]["peak_mb"]) * 2**20 / (large - small), 1),
+        }
+        print(
+            f"{name} ({figures[name]['commit']}): the whole report phase peaks "
+            f"{figures[name]['peak_bytes_per_tick']:.0f} B a robot-tick"
+        )
+    report = {
+        "ticks": list(sizes),
+        "requests": TICK_RUN_REQUESTS,
+        "reps": reps,
+        "robots": ROBOTS,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "tick_figures": figures,
+        "raw": raw,
+    }
     if "baseline" in trees and figures["baseline"]["peak_bytes_per_tick"]:
-        report["ratio_code_to_baseline"] = {"peak_bytes_per_tick": round(
-            figures["code"]["peak_bytes_per_tick"] / figures["baseline"]["peak_bytes_per_tick"], 3)}
+        report["ratio_code_to_baseline"] = {
+            "peak_bytes_per_tick": round(
+                figures["code"]["peak_bytes_per_tick"] / figures["baseline"]["peak_bytes_per_tick"], 3
+            )
+        }
         print("code / baseline:", report["ratio_code_to_baseline"])
     return report
 
@@ -381,16 +496,34 @@ def _git(code: Path) -> str | None:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = cli(__doc__)
-    parser.add_argument("--requests", type=int, nargs=2, default=[50_000, 200_000], metavar=("SMALL", "LARGE"),
-                        help="the two request counts whose difference gives the per-request slope")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        nargs=2,
+        default=[50_000, 200_000],
+        metavar=("SMALL", "LARGE"),
+        help="the two request counts whose difference gives the per-request slope",
+    )
     parser.add_argument("--reps", type=int, default=3, help="fresh processes per figure (the median is reported)")
     parser.add_argument("--code", type=Path, default=ROOT, help="the checkout measured (default: this one)")
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout measured in the same run")
-    parser.add_argument("--replay", type=Path, action="append", default=[], metavar="RUN_DIR",
-                        help="replay this real run's whole report phase instead (repeatable)")
-    parser.add_argument("--ticks", type=int, nargs=2, default=None, metavar=("SMALL", "LARGE"),
-                        help="instead, the whole report phase per robot-tick: these two tick counts, "
-                             f"{TICK_RUN_REQUESTS} requests each")
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="RUN_DIR",
+        help="replay this real run's whole report phase instead (repeatable)",
+    )
+    parser.add_argument(
+        "--ticks",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("SMALL", "LARGE"),
+        help="instead, the whole report phase per robot-tick: these two tick counts, "
+        f"{TICK_RUN_REQUESTS} requests each",
+    )
     args = parse_with_out(parser, argv, REPORT)
     small, large = args.requests
     if not 0 < small < large or args.reps < 1:
@@ -401,14 +534,19 @@ def main(argv: list[str] | None = None) -> dict:
     if args.baseline is not None:
         trees["baseline"] = args.baseline.resolve()
     for source in args.replay:
-        missing = [f for f in ("summary.json", "clock.json", "scenario.yaml", "robots.parquet") if not (source / f).is_file()]
+        missing = [
+            f for f in ("summary.json", "clock.json", "scenario.yaml", "robots.parquet") if not (source / f).is_file()
+        ]
         if missing:
             parser.error(f"--replay {source}: not a run directory with its files ({', '.join(missing)} missing)")
     if args.replay:
         with tempfile.TemporaryDirectory(prefix="report-memory-") as tmp:
-            report = {"replay": replay(args.replay, trees, args.reps, Path(tmp)), "reps": args.reps,
-                      "trees": {n: {"tree": str(c), "commit": _git(c)} for n, c in trees.items()},
-                      "load_average": [round(x, 2) for x in os.getloadavg()]}
+            report = {
+                "replay": replay(args.replay, trees, args.reps, Path(tmp)),
+                "reps": args.reps,
+                "trees": {n: {"tree": str(c), "commit": _git(c)} for n, c in trees.items()},
+                "load_average": [round(x, 2) for x in os.getloadavg()],
+            }
         return write_report(args.out, report)
     if args.ticks is not None:
         return write_report(args.out, measure_ticks(tuple(args.ticks), trees, args.reps))
@@ -424,30 +562,54 @@ def main(argv: list[str] | None = None) -> dict:
                         k += 1
                         got = measure_one(code, runs[n], mode, tmp, f"run-{k}")
                         raw[name][mode][n].append(got)
-                        print(f"rep {rep + 1} {name:8} {mode:7} {n:7d} requests: peak +{got['peak_mb']:7.1f} MB, "
-                              f"held +{got['held_mb']:7.1f} MB, {got['seconds']:.2f} s", flush=True)
+                        print(
+                            f"rep {rep + 1} {name:8} {mode:7} {n:7d} requests: peak +{got['peak_mb']:7.1f} MB, "
+                            f"held +{got['held_mb']:7.1f} MB, {got['seconds']:.2f} s",
+                            flush=True,
+                        )
     figures: dict = {}
     for name in trees:
         figures[name] = {"tree": str(trees[name]), "commit": _git(trees[name])}
         for mode in ("audit", "collect"):
-            med = {n: {key: statistics.median(x[key] for x in raw[name][mode][n]) for key in ("peak_mb", "held_mb", "seconds")}
-                   for n in (small, large)}
-            slope = {key: round((med[large][key] - med[small][key]) * 2**20 / (large - small), 1)
-                     for key in ("peak_mb", "held_mb")}
-            figures[name][mode] = {"median": {str(n): med[n] for n in med}, "peak_bytes_per_request": slope["peak_mb"],
-                                   "held_bytes_per_request": slope["held_mb"]}
-    report = {"requests": [small, large], "reps": args.reps, "robots": ROBOTS, "replicas": list(REPLICAS),
-              "load_average": [round(x, 2) for x in os.getloadavg()], "figures": figures, "raw": raw}
+            med = {
+                n: {
+                    key: statistics.median(x[key] for x in raw[name][mode][n])
+                    for key in ("peak_mb", "held_mb", "seconds")
+                }
+                for n in (small, large)
+            }
+            slope = {
+                key: round((med[large][key] - med[small][key]) * 2**20 / (large - small), 1)
+                for key in ("peak_mb", "held_mb")
+            }
+            figures[name][mode] = {
+                "median": {str(n): med[n] for n in med},
+                "peak_bytes_per_request": slope["peak_mb"],
+                "held_bytes_per_request": slope["held_mb"],
+            }
+    report = {
+        "requests": [small, large],
+        "reps": args.reps,
+        "robots": ROBOTS,
+        "replicas": list(REPLICAS),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "figures": figures,
+        "raw": raw,
+    }
     if "baseline" in trees:
         report["ratio_code_to_baseline"] = {
             f"{mode}_{key}": round(figures["code"][mode][key] / figures["baseline"][mode][key], 3)
-            for mode in ("audit", "collect") for key in ("peak_bytes_per_request", "held_bytes_per_request")
-            if figures["baseline"][mode][key]}
+            for mode in ("audit", "collect")
+            for key in ("peak_bytes_per_request", "held_bytes_per_request")
+            if figures["baseline"][mode][key]
+        }
     for name in trees:
         f = figures[name]
-        print(f"{name} ({f['commit']}): audit lines peak {f['audit']['peak_bytes_per_request']:.0f} B/request, held "
-              f"{f['audit']['held_bytes_per_request']:.0f}; whole collect peak {f['collect']['peak_bytes_per_request']:.0f}"
-              f" B/request, held {f['collect']['held_bytes_per_request']:.0f}")
+        print(
+            f"{name} ({f['commit']}): audit lines peak {f['audit']['peak_bytes_per_request']:.0f} B/request, held "
+            f"{f['audit']['held_bytes_per_request']:.0f}; whole collect peak {f['collect']['peak_bytes_per_request']:.0f}"
+            f" B/request, held {f['collect']['held_bytes_per_request']:.0f}"
+        )
     if "ratio_code_to_baseline" in report:
         print("code / baseline:", report["ratio_code_to_baseline"])
     return write_report(args.out, report)

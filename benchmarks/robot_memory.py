@@ -26,9 +26,9 @@ def _rss_bytes() -> int:
 
 
 def _measure(robot_type: str, robots: int) -> dict:
-    from bench.robots import make_robot  # first: it chooses MuJoCo's GL backend before mujoco is imported
-
     import mujoco  # noqa: I001
+
+    from bench.robots import make_robot  # first: it chooses MuJoCo's GL backend before mujoco is imported
 
     gc.collect()
     before_model = _rss_bytes()

@@ -70,14 +70,19 @@ def main(argv: list[str] | None = None) -> dict:
     half = len(samples) // 2
     first, mid, last = samples[0][1], samples[half][1], samples[-1][1]
     report = {
-        "cycles": args.cycles, "sessions_per_cycle": args.sessions, "sessions_total": args.cycles * args.sessions,
+        "cycles": args.cycles,
+        "sessions_per_cycle": args.sessions,
+        "sessions_total": args.cycles * args.sessions,
         "rss_mb": [{"cycle": c, "rss_mb": v} for c, v in samples],
-        "growth_first_half_mb": round(mid - first, 2), "growth_second_half_mb": round(last - mid, 2),
+        "growth_first_half_mb": round(mid - first, 2),
+        "growth_second_half_mb": round(last - mid, 2),
         "growth_second_half_ratio": round((last - mid) / mid, 4) if mid else None,
     }
-    print(f"router memory: {first:.1f} MB -> {mid:.1f} MB at cycle {samples[half][0]} -> {last:.1f} MB at cycle "
-          f"{samples[-1][0]} ({args.cycles * args.sessions} sessions); second half grew "
-          f"{report['growth_second_half_mb']:+.2f} MB ({100 * (report['growth_second_half_ratio'] or 0):+.1f} %)")
+    print(
+        f"router memory: {first:.1f} MB -> {mid:.1f} MB at cycle {samples[half][0]} -> {last:.1f} MB at cycle "
+        f"{samples[-1][0]} ({args.cycles * args.sessions} sessions); second half grew "
+        f"{report['growth_second_half_mb']:+.2f} MB ({100 * (report['growth_second_half_ratio'] or 0):+.1f} %)"
+    )
     return write_report(args.out, report)
 
 

@@ -19,10 +19,28 @@ from server.scheduling import Request, scheduler_names
 
 def measure(strategy: str, sessions: int, deposits: int, max_batch: int) -> dict[str, float]:
     clock = [0.0]
-    box = Mailbox(strategy, max_queue_size=sessions, request_ttl_ms=None, clock=lambda: clock[0],
-                  scheduler_options={"batch_window_ms": 1.0} if strategy == "batch_optimized" else None)
-    reqs = [Request(f"s{i % sessions}", f"c{i % sessions}", "m", seq_id=i, arrived=i * 1e-5, urgency=(i % 7) / 6,
-                    priority=i % 3, steps_remaining=i % 20, cadence_s=0.1, batch_key=i % 2) for i in range(deposits)]
+    box = Mailbox(
+        strategy,
+        max_queue_size=sessions,
+        request_ttl_ms=None,
+        clock=lambda: clock[0],
+        scheduler_options={"batch_window_ms": 1.0} if strategy == "batch_optimized" else None,
+    )
+    reqs = [
+        Request(
+            f"s{i % sessions}",
+            f"c{i % sessions}",
+            "m",
+            seq_id=i,
+            arrived=i * 1e-5,
+            urgency=(i % 7) / 6,
+            priority=i % 3,
+            steps_remaining=i % 20,
+            cadence_s=0.1,
+            batch_key=i % 2,
+        )
+        for i in range(deposits)
+    ]
     t0 = time.perf_counter()
     for r in reqs:
         box.deposit(r)
@@ -40,8 +58,19 @@ def measure(strategy: str, sessions: int, deposits: int, max_batch: int) -> dict
         for r in batch.requests:  # overload: the served session asks again at once
             served[r.session_id] += 1
             seq += 1
-            box.deposit(Request(r.session_id, r.client, "m", seq_id=seq, arrived=clock[0], priority=r.priority,
-                                steps_remaining=r.steps_remaining, cadence_s=0.1, batch_key=r.batch_key))
+            box.deposit(
+                Request(
+                    r.session_id,
+                    r.client,
+                    "m",
+                    seq_id=seq,
+                    arrived=clock[0],
+                    priority=r.priority,
+                    steps_remaining=r.steps_remaining,
+                    cadence_s=0.1,
+                    batch_key=r.batch_key,
+                )
+            )
     counts = [served.get(f"s{i}", 0) for i in range(sessions)]
     return {"deposit_us": deposit_us, "take_us": t_take / takes * 1e6, "spread": max(counts) - min(counts)}
 

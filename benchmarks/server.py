@@ -16,7 +16,6 @@ All figures of one run come from one machine state; compare ratios, not absolute
 
 from __future__ import annotations
 
-import json
 import tempfile
 import threading
 import time
@@ -36,26 +35,47 @@ def _checkpoint(tmp: Path) -> Path:
     from server.policies import PolicyConfig, make_policy, save_checkpoint
 
     torch.manual_seed(0)
-    cfg = PolicyConfig(type="flow_matching", state_dim=4, action_dim=3, chunk_size=30, fps=30, execution_horizon=10,
-                       action_names=["x", "y", "grip"], hyper_params={"hidden_dim": 128, "obs_embed_dim": 64, "num_steps": 5})
-    stats = {"observation.state": {"mean": [0.0] * 4, "std": [1.0] * 4}, "action": {"mean": [0.0] * 3, "std": [1.0] * 3}}
+    cfg = PolicyConfig(
+        type="flow_matching",
+        state_dim=4,
+        action_dim=3,
+        chunk_size=30,
+        fps=30,
+        execution_horizon=10,
+        action_names=["x", "y", "grip"],
+        hyper_params={"hidden_dim": 128, "obs_embed_dim": 64, "num_steps": 5},
+    )
+    stats = {
+        "observation.state": {"mean": [0.0] * 4, "std": [1.0] * 4},
+        "action": {"mean": [0.0] * 3, "std": [1.0] * 3},
+    }
     return save_checkpoint(make_policy(cfg), stats, tmp / "bench_ckpt")
 
 
 def _start_server(tmp: Path, ckpt: Path, endpoint: str, max_batch: int, emulated, tag: str) -> ChildProcess:
     import sys
 
-    m = {"model": {"repo_or_path": str(ckpt)}, "model_id": "bench", "replica_id": tag, "max_sessions": 128,
-         "warmup_inferences": 2, "zenoh": {"connect_endpoints": [endpoint]},
-         "scheduling": {"strategy": "round_robin", "max_batch": max_batch, "batch_window_ms": 1.0},
-         # closed-loop clients send far above a robot's rate: the per-session limit would cap the measurement
-         "security": {"max_request_rate_hz": 0}}
+    m = {
+        "model": {"repo_or_path": str(ckpt)},
+        "model_id": "bench",
+        "replica_id": tag,
+        "max_sessions": 128,
+        "warmup_inferences": 2,
+        "zenoh": {"connect_endpoints": [endpoint]},
+        "scheduling": {"strategy": "round_robin", "max_batch": max_batch, "batch_window_ms": 1.0},
+        # closed-loop clients send far above a robot's rate: the per-session limit would cap the measurement
+        "security": {"max_request_rate_hz": 0},
+    }
     if emulated:
         m["emulated_latency"] = emulated
     path = tmp / f"{tag}.yaml"
     path.write_text(yaml.safe_dump(m))
-    child = ChildProcess([sys.executable, "-m", "server.cli", "--manifest", str(path), "--log-level", "WARNING"],
-                         tmp / f"{tag}.log", ready_text="policy-server ready", name=f"server-{tag}")
+    child = ChildProcess(
+        [sys.executable, "-m", "server.cli", "--manifest", str(path), "--log-level", "WARNING"],
+        tmp / f"{tag}.log",
+        ready_text="policy-server ready",
+        name=f"server-{tag}",
+    )
     return child.start(timeout_s=120)
 
 
@@ -68,8 +88,15 @@ def _run_load(endpoint: str, tag: str, n: int, seconds: float) -> dict:
         # a client uuid per step: the previous step's sessions stay live for the server (guard.session_live) until
         # their token loss is confirmed, and an open of a live session's uuid without its proof is SESSION_LIVE
         c = Connection([endpoint], f"bench-{tag}-n{n}-{i}")
-        m = c.model("bench", action_names=["x", "y", "grip"], state_dim=4, fps=30.0, rtc_enabled=True,
-                    execution_horizon=10, replica_order=[rk.replica_id])
+        m = c.model(
+            "bench",
+            action_names=["x", "y", "grip"],
+            state_dim=4,
+            fps=30.0,
+            rtc_enabled=True,
+            execution_horizon=10,
+            replica_order=[rk.replica_id],
+        )
         conns.append(c)
         models.append(m)
     rtts, inference, queue_wait, done = [], [], [], [0] * n
@@ -87,6 +114,7 @@ def _run_load(endpoint: str, tag: str, n: int, seconds: float) -> dict:
             rtts.append(r.rtt_s * 1e3)
             inference.append(r.inference_ms)
             queue_wait.append(r.queue_wait_ms)
+
     threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
@@ -102,12 +130,16 @@ def _run_load(endpoint: str, tag: str, n: int, seconds: float) -> dict:
     for c in conns:
         c.close()
     rt, inf, qw = np.array(rtts[-5000:]), np.array(inference[-5000:]), np.array(queue_wait[-5000:])
-    return {"sessions": n, "requests_per_s": total / elapsed, "rtt_ms_p50": float(np.median(rt)) if rt.size else None,
-            "rtt_ms_p99": float(np.percentile(rt, 99)) if rt.size else None,
-            "inference_ms_p50": float(np.median(inf)) if inf.size else None,
-            "overhead_ms_p50": float(np.median(rt - inf)) if rt.size else None,
-            "overhead_ms_p99": float(np.percentile(rt - inf, 99)) if rt.size else None,
-            "queue_wait_ms_p50": float(np.median(qw)) if qw.size else None}
+    return {
+        "sessions": n,
+        "requests_per_s": total / elapsed,
+        "rtt_ms_p50": float(np.median(rt)) if rt.size else None,
+        "rtt_ms_p99": float(np.percentile(rt, 99)) if rt.size else None,
+        "inference_ms_p50": float(np.median(inf)) if inf.size else None,
+        "overhead_ms_p50": float(np.median(rt - inf)) if rt.size else None,
+        "overhead_ms_p99": float(np.percentile(rt - inf, 99)) if rt.size else None,
+        "queue_wait_ms_p50": float(np.median(qw)) if qw.size else None,
+    }
 
 
 def measure(seconds: float, sessions: list[int], emulated_ms: float, per_item_ms: float) -> dict:
@@ -118,8 +150,10 @@ def measure(seconds: float, sessions: list[int], emulated_ms: float, per_item_ms
         ckpt = _checkpoint(tmp)
         router, endpoint = start_router(None, tmp / "router.log")
         try:
-            for forward, emulated in (("cpu", None),
-                                      ("emulated", {"mean_ms": emulated_ms, "per_batch_item_ms": per_item_ms})):
+            for forward, emulated in (
+                ("cpu", None),
+                ("emulated", {"mean_ms": emulated_ms, "per_batch_item_ms": per_item_ms}),
+            ):
                 for max_batch in (1, 64):
                     tag = f"{forward}-b{max_batch}"
                     server = _start_server(tmp, ckpt, endpoint, max_batch, emulated, tag)
@@ -128,10 +162,13 @@ def measure(seconds: float, sessions: list[int], emulated_ms: float, per_item_ms
                             r = _run_load(endpoint, tag, n, seconds)
                             r.update(forward=forward, max_batch=max_batch, emulated=emulated)
                             results["points"].append(r)
-                            print(f"{forward:9s} max_batch={max_batch:<3d} sessions={n:<3d} {r['requests_per_s']:8.1f} req/s  "
-                                  f"rtt p50 {r['rtt_ms_p50'] or float('nan'):6.2f} ms  inference p50 "
-                                  f"{r['inference_ms_p50'] or float('nan'):6.2f} ms  overhead p50 "
-                                  f"{r['overhead_ms_p50'] or float('nan'):5.2f} ms", flush=True)
+                            print(
+                                f"{forward:9s} max_batch={max_batch:<3d} sessions={n:<3d} {r['requests_per_s']:8.1f} req/s  "
+                                f"rtt p50 {r['rtt_ms_p50'] or float('nan'):6.2f} ms  inference p50 "
+                                f"{r['inference_ms_p50'] or float('nan'):6.2f} ms  overhead p50 "
+                                f"{r['overhead_ms_p50'] or float('nan'):5.2f} ms",
+                                flush=True,
+                            )
                     finally:
                         server.stop()
             # the floor under the overhead: the same client -> router -> process -> router -> client hops, an echo
@@ -147,11 +184,17 @@ def measure(seconds: float, sessions: list[int], emulated_ms: float, per_item_ms
         results["overhead_ms_p50"] = one[0]["overhead_ms_p50"]
         results["overhead_ms_p99"] = one[0]["overhead_ms_p99"]
         results["queue_wait_ms_p50"] = one[0]["queue_wait_ms_p50"]
-        print(f"server overhead per request (round trip minus forward pass, 1 session): p50 {one[0]['overhead_ms_p50']:.2f} ms, "
-              f"p99 {one[0]['overhead_ms_p99']:.2f} ms")
+        print(
+            f"server overhead per request (round trip minus forward pass, 1 session): p50 {one[0]['overhead_ms_p50']:.2f} ms, "
+            f"p99 {one[0]['overhead_ms_p99']:.2f} ms"
+        )
     for forward in ("cpu", "emulated"):
         for n in sessions:
-            pts = {p["max_batch"]: p["requests_per_s"] for p in results["points"] if p["forward"] == forward and p["sessions"] == n}
+            pts = {
+                p["max_batch"]: p["requests_per_s"]
+                for p in results["points"]
+                if p["forward"] == forward and p["sessions"] == n
+            }
             if 1 in pts and 64 in pts and pts[1]:
                 results["speedup"][f"{forward}@{n}"] = pts[64] / pts[1]
                 print(f"{forward:9s} sessions={n:<3d} micro-batching speed-up x{pts[64] / pts[1]:.2f}")
@@ -169,8 +212,13 @@ def run(quick: bool) -> Result:
     n = sessions[-1]
     for forward in ("emulated", "cpu"):
         target = 5.0 if forward == "emulated" and n == 64 else None
-        res.add(f"micro-batched / one-at-a-time throughput, {n} sessions, {forward} forward",
-                r["speedup"].get(f"{forward}@{n}"), "x", target=target, better="higher")
+        res.add(
+            f"micro-batched / one-at-a-time throughput, {n} sessions, {forward} forward",
+            r["speedup"].get(f"{forward}@{n}"),
+            "x",
+            target=target,
+            better="higher",
+        )
     return res
 
 

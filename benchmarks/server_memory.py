@@ -22,7 +22,6 @@ read growth over tens of thousands of requests, not a few.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -37,7 +36,7 @@ import numpy as np
 import yaml
 
 from benchmarks.common import Result, cli, parse_with_out, write_report
-from wire import Header, MsgType, Observation, ReplicaKeys, SCHEMA_VERSION, SessionOpen, decode_message, unpack_header
+from wire import SCHEMA_VERSION, Header, MsgType, Observation, ReplicaKeys, SessionOpen, decode_message, unpack_header
 from wire import auth as wauth
 from wire.procs import ChildProcess, start_router
 from wire.qos import declare_publisher
@@ -58,29 +57,63 @@ def _checkpoint(tmp: Path) -> Path:
     from server.policies import PolicyConfig, make_policy, save_checkpoint
 
     torch.manual_seed(0)
-    cfg = PolicyConfig(type="mlp_chunk", state_dim=STATE_DIM, action_dim=3, chunk_size=8, fps=30, execution_horizon=4,
-                       action_names=["x", "y", "grip"], hyper_params={"hidden_dim": 32})
-    stats = {"observation.state": {"mean": [0.0] * STATE_DIM, "std": [1.0] * STATE_DIM},
-             "action": {"mean": [0.0] * 3, "std": [1.0] * 3}}
+    cfg = PolicyConfig(
+        type="mlp_chunk",
+        state_dim=STATE_DIM,
+        action_dim=3,
+        chunk_size=8,
+        fps=30,
+        execution_horizon=4,
+        action_names=["x", "y", "grip"],
+        hyper_params={"hidden_dim": 32},
+    )
+    stats = {
+        "observation.state": {"mean": [0.0] * STATE_DIM, "std": [1.0] * STATE_DIM},
+        "action": {"mean": [0.0] * 3, "std": [1.0] * 3},
+    }
     return save_checkpoint(make_policy(cfg), stats, tmp / "mem_ckpt")
 
 
-def start_server(tmp: Path, ckpt: Path, endpoint: str, sessions: int, server_path: str | None = None) -> tuple[ChildProcess, int]:
+def start_server(
+    tmp: Path, ckpt: Path, endpoint: str, sessions: int, server_path: str | None = None
+) -> tuple[ChildProcess, int]:
     """One replica sized for `sessions`; returns (child, health port)."""
-    m = {"model": {"repo_or_path": str(ckpt)}, "model_id": MODEL.model_id, "replica_id": MODEL.replica_id,
-         "max_sessions": sessions + 8, "warmup_inferences": 2, "zenoh": {"connect_endpoints": [endpoint]},
-         "health_port": 0, "audit_path": str(tmp / "audit.jsonl"),
-         "scheduling": {"strategy": "round_robin", "max_batch": 64, "batch_window_ms": 1.0, "max_queue_size": sessions + 8},
-         "security": {"max_request_rate_hz": 0},  # the drive sends far above a robot's rate on purpose
-         "response_tracking": {"disconnect_timeout_s": 0}}  # a session waits its turn for seconds: never idle-closed
+    m = {
+        "model": {"repo_or_path": str(ckpt)},
+        "model_id": MODEL.model_id,
+        "replica_id": MODEL.replica_id,
+        "max_sessions": sessions + 8,
+        "warmup_inferences": 2,
+        "zenoh": {"connect_endpoints": [endpoint]},
+        "health_port": 0,
+        "audit_path": str(tmp / "audit.jsonl"),
+        "scheduling": {
+            "strategy": "round_robin",
+            "max_batch": 64,
+            "batch_window_ms": 1.0,
+            "max_queue_size": sessions + 8,
+        },
+        "security": {"max_request_rate_hz": 0},  # the drive sends far above a robot's rate on purpose
+        "response_tracking": {"disconnect_timeout_s": 0},
+    }  # a session waits its turn for seconds: never idle-closed
     path = tmp / "server.yaml"
     path.write_text(yaml.safe_dump(m))
     # `-m` would put the working directory first on sys.path: another checkout goes before it explicitly
-    boot = ["-m", "server.cli"] if not server_path else [
-        "-c", f"import runpy, sys; sys.path.insert(0, {server_path!r}); runpy.run_module('server.cli', run_name='__main__')"]
+    boot = (
+        ["-m", "server.cli"]
+        if not server_path
+        else [
+            "-c",
+            f"import runpy, sys; sys.path.insert(0, {server_path!r}); runpy.run_module('server.cli', run_name='__main__')",
+        ]
+    )
     log = tmp / "server.log"
-    child = ChildProcess([sys.executable, *boot, "--manifest", str(path), "--log-level", "WARNING"],
-                         log, ready_text="policy-server ready", name="server-mem").start(timeout_s=120)
+    child = ChildProcess(
+        [sys.executable, *boot, "--manifest", str(path), "--log-level", "WARNING"],
+        log,
+        ready_text="policy-server ready",
+        name="server-mem",
+    ).start(timeout_s=120)
     port = int(re.search(r"health http://127\.0\.0\.1:(\d+)", log.read_text()).group(1))
     return child, port
 
@@ -111,11 +144,21 @@ class Drive:
         for i in range(self.n):
             uuid = f"{self.prefix}-{i:05d}"
             keys = self.replica.client("default", uuid)
-            body = SessionOpen(client_uuid=uuid, schema_version=SCHEMA_VERSION, fps=30.0, action_names=["x", "y", "grip"],
-                               state_dim=STATE_DIM, rtc_enabled=False)
+            body = SessionOpen(
+                client_uuid=uuid,
+                schema_version=SCHEMA_VERSION,
+                fps=30.0,
+                action_names=["x", "y", "grip"],
+                state_dim=STATE_DIM,
+                rtc_enabled=False,
+            )
             ack = None
-            for reply in self.z.get(keys.session, payload=body.encode(),
-                                    attachment=Header(SCHEMA_VERSION, MsgType.CONTROL).pack(), timeout=10.0):
+            for reply in self.z.get(
+                keys.session,
+                payload=body.encode(),
+                attachment=Header(SCHEMA_VERSION, MsgType.CONTROL).pack(),
+                timeout=10.0,
+            ):
                 if reply.ok is not None:
                     ack = decode_message(reply.ok.payload.to_bytes())
             if getattr(ack, "session_id", None) is None:
@@ -202,16 +245,28 @@ def measure(sessions: int, seconds: float, rate: float, server_path: str | None 
     y = np.array([r for _, r in half], float)
     slope_mb = float(np.polyfit(x, y, 1)[0]) if len(half) >= 3 and np.ptp(x) > 0 else float("nan")
     answered = samples[-1][0]
-    return {"sessions": sessions, "seconds": seconds, "rate_per_s": rate, "server_path": server_path or "this checkout",
-            "open_s": round(open_s, 2), "answered": answered, "answered_per_s": round(answered / seconds, 1),
-            "answered_per_session": round(answered / sessions, 1), "event_replies": drive.errors,
-            "rss_idle_mb": round(idle, 2), "rss_open_mb": round(opened, 2), "rss_end_mb": round(end, 2),
-            "per_session_kb": round((opened - idle) * 1024 / sessions, 2),
-            "per_session_kb_after_drive": round((end - idle) * 1024 / sessions, 2),
-            "growth_kb_per_10k_requests": round(slope_mb * 1024 * 10_000, 2),
-            "metrics_bytes": len(metrics.encode()), "metrics_per_robot_lines": len(per_robot_labels(metrics, "robot")),
-            "sessions_bytes": len(status), "rss_series": [[a, round(r, 2)] for a, r in samples],
-            "load_average": os.getloadavg()}
+    return {
+        "sessions": sessions,
+        "seconds": seconds,
+        "rate_per_s": rate,
+        "server_path": server_path or "this checkout",
+        "open_s": round(open_s, 2),
+        "answered": answered,
+        "answered_per_s": round(answered / seconds, 1),
+        "answered_per_session": round(answered / sessions, 1),
+        "event_replies": drive.errors,
+        "rss_idle_mb": round(idle, 2),
+        "rss_open_mb": round(opened, 2),
+        "rss_end_mb": round(end, 2),
+        "per_session_kb": round((opened - idle) * 1024 / sessions, 2),
+        "per_session_kb_after_drive": round((end - idle) * 1024 / sessions, 2),
+        "growth_kb_per_10k_requests": round(slope_mb * 1024 * 10_000, 2),
+        "metrics_bytes": len(metrics.encode()),
+        "metrics_per_robot_lines": len(per_robot_labels(metrics, "robot")),
+        "sessions_bytes": len(status),
+        "rss_series": [[a, round(r, 2)] for a, r in samples],
+        "load_average": os.getloadavg(),
+    }
 
 
 def over_budget(r: dict) -> list[str]:
@@ -220,7 +275,9 @@ def over_budget(r: dict) -> list[str]:
         bad.append(f"per_session_kb_after_drive {r['per_session_kb_after_drive']} > {BUDGET_PER_SESSION_KB}")
     # below ~40k requests the allocator's warm-up steps dominate the slope: reported, not judged
     if r["answered"] >= MIN_REQUESTS_FOR_GROWTH and r["growth_kb_per_10k_requests"] > BUDGET_GROWTH_KB_PER_10K_REQUESTS:
-        bad.append(f"growth_kb_per_10k_requests {r['growth_kb_per_10k_requests']} > {BUDGET_GROWTH_KB_PER_10K_REQUESTS}")
+        bad.append(
+            f"growth_kb_per_10k_requests {r['growth_kb_per_10k_requests']} > {BUDGET_GROWTH_KB_PER_10K_REQUESTS}"
+        )
     if r["metrics_bytes"] > BUDGET_METRICS_BYTES:
         bad.append(f"metrics_bytes {r['metrics_bytes']} > {BUDGET_METRICS_BYTES}")
     if r["metrics_per_robot_lines"]:
@@ -233,13 +290,25 @@ def run(quick: bool) -> Result:
     r = measure(*((200, 8.0, 1000.0) if quick else (1000, 60.0, 1500.0)), None)
     res = Result(details=r)
     res.add("RSS per session, sessions open", r["per_session_kb"], "KiB")
-    res.add("RSS per session after the drive", r["per_session_kb_after_drive"], "KiB", target=BUDGET_PER_SESSION_KB,
-            budget=True)
+    res.add(
+        "RSS per session after the drive",
+        r["per_session_kb_after_drive"],
+        "KiB",
+        target=BUDGET_PER_SESSION_KB,
+        budget=True,
+    )
     growth = r["growth_kb_per_10k_requests"]
     judged = r["answered"] >= MIN_REQUESTS_FOR_GROWTH
-    res.add(f"RSS growth per 10k requests ({r['answered']} answered)", growth, "KiB",
-            target=BUDGET_GROWTH_KB_PER_10K_REQUESTS if judged else None, budget=True)
-    res.add("/metrics scrape with every session open", r["metrics_bytes"], "B", target=BUDGET_METRICS_BYTES, budget=True)
+    res.add(
+        f"RSS growth per 10k requests ({r['answered']} answered)",
+        growth,
+        "KiB",
+        target=BUDGET_GROWTH_KB_PER_10K_REQUESTS if judged else None,
+        budget=True,
+    )
+    res.add(
+        "/metrics scrape with every session open", r["metrics_bytes"], "B", target=BUDGET_METRICS_BYTES, budget=True
+    )
     res.add("/metrics samples carrying a robot's name", r["metrics_per_robot_lines"], "lines", target=0, budget=True)
     return res
 
@@ -256,13 +325,19 @@ def main(argv=None) -> int:
     if args.ci:
         args.sessions, args.seconds, args.rate = 200, 8.0, 1000.0
     r = measure(args.sessions, args.seconds, args.rate, args.server_path)
-    print(f"{r['sessions']} sessions, {r['answered']} requests answered in {r['seconds']:g} s "
-          f"({r['answered_per_s']}/s, {r['answered_per_session']} per session); load {r['load_average'][0]:.2f}")
+    print(
+        f"{r['sessions']} sessions, {r['answered']} requests answered in {r['seconds']:g} s "
+        f"({r['answered_per_s']}/s, {r['answered_per_session']} per session); load {r['load_average'][0]:.2f}"
+    )
     print(f"RSS idle {r['rss_idle_mb']} MB, sessions open {r['rss_open_mb']} MB, after the drive {r['rss_end_mb']} MB")
-    print(f"per session {r['per_session_kb']} KB open, {r['per_session_kb_after_drive']} KB after the drive; "
-          f"growth {r['growth_kb_per_10k_requests']} KB per 10k requests (second half)")
-    print(f"/metrics {r['metrics_bytes']} bytes ({r['metrics_per_robot_lines']} per-robot samples), "
-          f"/sessions {r['sessions_bytes']} bytes")
+    print(
+        f"per session {r['per_session_kb']} KB open, {r['per_session_kb_after_drive']} KB after the drive; "
+        f"growth {r['growth_kb_per_10k_requests']} KB per 10k requests (second half)"
+    )
+    print(
+        f"/metrics {r['metrics_bytes']} bytes ({r['metrics_per_robot_lines']} per-robot samples), "
+        f"/sessions {r['sessions_bytes']} bytes"
+    )
     write_report(args.out, r, indent=1, end="", say=None)
     bad = over_budget(r)
     for b in bad:

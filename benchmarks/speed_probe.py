@@ -50,8 +50,11 @@ def _records_python(tracker: LatencyTracker) -> float:
 
 def _fit(probe: np.ndarray, work: np.ndarray) -> dict:
     lp, lw = np.log(probe), np.log(work)
-    return {"median_ms": round(float(np.median(work)), 3), "correlation": round(float(np.corrcoef(lp, lw)[0, 1]), 3),
-            "elasticity": round(float(np.polyfit(lp, lw, 1)[0]), 3)}
+    return {
+        "median_ms": round(float(np.median(work)), 3),
+        "correlation": round(float(np.corrcoef(lp, lw)[0, 1]), 3),
+        "elasticity": round(float(np.polyfit(lp, lw, 1)[0]), 3),
+    }
 
 
 def measure(pairs: int) -> dict:
@@ -82,7 +85,11 @@ def run(quick: bool) -> Result:
         res.add(f"{kind}: correlation with the probe", rep[kind]["correlation"], "")
         res.add(f"{kind}: elasticity to the probe (1 = slows as the probe does)", rep[kind]["elasticity"], "")
     res.add("probe spread p95 / p5", rep["probe_ms_p5_p50_p95"][2] / rep["probe_ms_p5_p50_p95"][0], "x")
-    res.add(f"in-run probe ({IN_RUN_PROBE_FRACTION:g} of the loop) / a quarter, median", rep["in_run_over_quarter_median"], "x")
+    res.add(
+        f"in-run probe ({IN_RUN_PROBE_FRACTION:g} of the loop) / a quarter, median",
+        rep["in_run_over_quarter_median"],
+        "x",
+    )
     return res
 
 
@@ -93,10 +100,14 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"machine": machine_facts(), **measure(args.pairs)}
     for kind in ("physics", "records_python"):
         f = report[kind]
-        print(f"{kind:15s} median {f['median_ms']:.2f} ms  correlation {f['correlation']:.2f}  "
-              f"elasticity {f['elasticity']:.2f}")
-    print(f"probe p5/p50/p95 {report['probe_ms_p5_p50_p95']} ms over {args.pairs} pairs; in-run probe / a quarter "
-          f"{report['in_run_over_quarter_median']:.3f}")
+        print(
+            f"{kind:15s} median {f['median_ms']:.2f} ms  correlation {f['correlation']:.2f}  "
+            f"elasticity {f['elasticity']:.2f}"
+        )
+    print(
+        f"probe p5/p50/p95 {report['probe_ms_p5_p50_p95']} ms over {args.pairs} pairs; in-run probe / a quarter "
+        f"{report['in_run_over_quarter_median']:.3f}"
+    )
     return write_report(args.out, report)
 
 

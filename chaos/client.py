@@ -81,12 +81,20 @@ class ChaosClient:
             p = self._proxy(name)
             p.enable() if enabled else p.disable()
 
-    def add_toxic(self, proxy: str, type: str, attributes: dict | None = None, name: str | None = None,
-                  stream: str = "downstream", toxicity: float = 1.0) -> dict:
+    def add_toxic(
+        self,
+        proxy: str,
+        type: str,
+        attributes: dict | None = None,
+        name: str | None = None,
+        stream: str = "downstream",
+        toxicity: float = 1.0,
+    ) -> dict:
         name = name or f"{type}_{stream}"
         with _API_LOCK:
-            self._proxy(proxy).add_toxic(type=type, attributes=dict(attributes or {}), name=name, stream=stream,
-                                         toxicity=toxicity)
+            self._proxy(proxy).add_toxic(
+                type=type, attributes=dict(attributes or {}), name=name, stream=stream, toxicity=toxicity
+            )
         return self._get(f"/proxies/{proxy}/toxics/{name}")
 
     def remove_toxic(self, proxy: str, name: str) -> None:
@@ -102,7 +110,9 @@ class ChaosClient:
 
     # --- what toxiproxy-python cannot do --------------------------------------------------------------------
 
-    def update_toxic(self, proxy: str, name: str, attributes: dict | None = None, toxicity: float | None = None) -> dict:
+    def update_toxic(
+        self, proxy: str, name: str, attributes: dict | None = None, toxicity: float | None = None
+    ) -> dict:
         body: dict = {"attributes": dict(attributes or {})}
         if toxicity is not None:
             body["toxicity"] = toxicity
@@ -140,8 +150,17 @@ class ProxyPool:
     (dealt round-robin), and every call naming a proxy goes there. What spreads a run's sites over more
     than one proxy process (one event loop each) while its faults and figures stay written per site."""
 
-    ROUTED = ("delete_proxy", "get_proxy", "set_enabled", "add_toxic", "remove_toxic", "toxics", "update_toxic",
-              "fidelity", "fidelity_asked")
+    ROUTED = (
+        "delete_proxy",
+        "get_proxy",
+        "set_enabled",
+        "add_toxic",
+        "remove_toxic",
+        "toxics",
+        "update_toxic",
+        "fidelity",
+        "fidelity_asked",
+    )
 
     def __init__(self, clients: list[ChaosClient]):
         if not clients:
@@ -166,7 +185,9 @@ class ProxyPool:
             try:
                 client = self.home[proxy]
             except KeyError:
-                raise KeyError(f"no proxy {proxy!r} in this pool; proxies: {', '.join(self.home) or '(none)'}") from None
+                raise KeyError(
+                    f"no proxy {proxy!r} in this pool; proxies: {', '.join(self.home) or '(none)'}"
+                ) from None
             return getattr(client, attr)(proxy, *args, **kwargs)
 
         return routed

@@ -24,9 +24,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 from wire.procs import ChildProcess, start_router
 from wire.suggest import did_you_mean
@@ -52,7 +52,7 @@ class ProcessGone(ProcessFaultError):
 class FaultHandle:
     """What a fault did, and how to take it back (`undo()` is idempotent)."""
 
-    process: "ManagedProcess"
+    process: ManagedProcess
     action: str
     _undo: Callable[[], object] | None = field(default=None, repr=False)
     undone: bool = False
@@ -73,8 +73,9 @@ class FaultHandle:
 class ManagedProcess:
     """A child process that faults can kill, stop, pause and bring back."""
 
-    def __init__(self, child: ChildProcess, name: str | None = None, ready_timeout_s: float = 30.0,
-                 stop_grace_s: float = 5.0):
+    def __init__(
+        self, child: ChildProcess, name: str | None = None, ready_timeout_s: float = 30.0, stop_grace_s: float = 5.0
+    ):
         self.child = child
         self.name = name or child.name
         self.ready_timeout_s = ready_timeout_s
@@ -82,17 +83,30 @@ class ManagedProcess:
         self._lock = threading.RLock()  # one fault at a time per process
 
     @classmethod
-    def launch(cls, argv: list[str], log_path: str | Path, ready_text: str | None = None, env: dict | None = None,
-               name: str = "", ready_timeout_s: float = 30.0, stop_grace_s: float = 5.0) -> "ManagedProcess":
+    def launch(
+        cls,
+        argv: list[str],
+        log_path: str | Path,
+        ready_text: str | None = None,
+        env: dict | None = None,
+        name: str = "",
+        ready_timeout_s: float = 30.0,
+        stop_grace_s: float = 5.0,
+    ) -> ManagedProcess:
         """Start `argv` now and wait for `ready_text` in its log."""
-        proc = cls(ChildProcess(argv, log_path, ready_text=ready_text, env=env, name=name), name=name or None,
-                   ready_timeout_s=ready_timeout_s, stop_grace_s=stop_grace_s)
+        proc = cls(
+            ChildProcess(argv, log_path, ready_text=ready_text, env=env, name=name),
+            name=name or None,
+            ready_timeout_s=ready_timeout_s,
+            stop_grace_s=stop_grace_s,
+        )
         proc.start()
         return proc
 
     @classmethod
-    def router(cls, log_path: str | Path, port: int | None = None, extra_args: list[str] | None = None,
-               name: str = "router") -> tuple["ManagedProcess", str]:
+    def router(
+        cls, log_path: str | Path, port: int | None = None, extra_args: list[str] | None = None, name: str = "router"
+    ) -> tuple[ManagedProcess, str]:
         """A Zenoh router (wire.procs.start_router) as a ManagedProcess, and its endpoint."""
         child, endpoint = start_router(port, log_path, extra_args)
         return cls(child, name=name, ready_timeout_s=15.0), endpoint
@@ -125,8 +139,10 @@ class ManagedProcess:
         if proc is None:
             raise ProcessGone(f"{self.name}: cannot {action}: it was never started")
         if proc.poll() is not None:
-            raise ProcessGone(f"{self.name}: cannot {action}: pid {proc.pid} is not running "
-                              f"(exited with {proc.returncode}); restart it first")
+            raise ProcessGone(
+                f"{self.name}: cannot {action}: pid {proc.pid} is not running "
+                f"(exited with {proc.returncode}); restart it first"
+            )
 
     def _signal_group(self, sig: int, action: str) -> None:
         self._require_running(action)
@@ -177,12 +193,16 @@ class ManagedProcess:
                 if needle in f.read():
                     return
             if self.child.proc.poll() is not None:
-                raise ProcessFaultError(f"{self.name} exited with {self.child.proc.returncode} before ready; "
-                                        f"log {self.child.log_path}:\n{self.child.tail()}")
+                raise ProcessFaultError(
+                    f"{self.name} exited with {self.child.proc.returncode} before ready; "
+                    f"log {self.child.log_path}:\n{self.child.tail()}"
+                )
             if time.monotonic() >= deadline:
                 self.child.stop(self.stop_grace_s)
-                raise ProcessFaultError(f"{self.name} not ready within {self.ready_timeout_s}s; "
-                                        f"log {self.child.log_path}:\n{self.child.tail()}")
+                raise ProcessFaultError(
+                    f"{self.name} not ready within {self.ready_timeout_s}s; "
+                    f"log {self.child.log_path}:\n{self.child.tail()}"
+                )
             time.sleep(0.02)  # polling a log file: no event exists for "text appeared in a file"
 
     def stop(self) -> int | None:
@@ -260,8 +280,11 @@ FAULTS: dict[str, Callable[..., FaultHandle]] = {
 def apply_fault(processes: Mapping[str, ManagedProcess], target: str, action: str, **params) -> FaultHandle:
     """Apply fault `action` to `processes[target]` (e.g. "server:r1", "router")."""
     if target not in processes:
-        raise UnknownProcess(f"no process {target!r}" + did_you_mean(target, processes)
-                             + f"; known: {', '.join(sorted(processes)) or '(none)'}")
+        raise UnknownProcess(
+            f"no process {target!r}"
+            + did_you_mean(target, processes)
+            + f"; known: {', '.join(sorted(processes)) or '(none)'}"
+        )
     fn = FAULTS.get(action)
     if fn is None:
         raise UnknownFault(f"unknown process fault {action!r}; faults: {', '.join(FAULTS)}")
@@ -270,8 +293,9 @@ def apply_fault(processes: Mapping[str, ManagedProcess], target: str, action: st
         inspect.signature(fn).bind(proc, **params)
     except TypeError:
         wanted = [p for p in inspect.signature(fn).parameters if p != "self"]
-        raise ProcessFaultError(f"{target}: {action} takes {', '.join(wanted) or 'no parameters'}, "
-                                f"got {', '.join(params) or 'none'}") from None
+        raise ProcessFaultError(
+            f"{target}: {action} takes {', '.join(wanted) or 'no parameters'}, got {', '.join(params) or 'none'}"
+        ) from None
     return getattr(proc, fn.__name__)(**params)  # by name: a process on another host has the same face
 
 

@@ -36,22 +36,31 @@ class ProxyServer:
         self.child.stop()
 
 
-def start_proxy_server(log_path: str | Path, host: str = "127.0.0.1", port: int | None = None,
-                       timeout_s: float = 15.0, priority: str = "normal") -> ProxyServer:
+def start_proxy_server(
+    log_path: str | Path,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    timeout_s: float = 15.0,
+    priority: str = "normal",
+) -> ProxyServer:
     """`priority`: ours' `--priority` (normal, nice, fifo; the Go binary has no such flag and runs as started).
     Without `port`, the API's port is picked and picked again if another process bound it first."""
     choice = os.environ.get("CHAOS_PROXY", "auto")
     binary = shutil.which("toxiproxy-server")
     if choice == "toxiproxy" and not binary:
-        raise FileNotFoundError("CHAOS_PROXY=toxiproxy but no toxiproxy-server on PATH; unset it to use chaos.toxiproxy")
+        raise FileNotFoundError(
+            "CHAOS_PROXY=toxiproxy but no toxiproxy-server on PATH; unset it to use chaos.toxiproxy"
+        )
     real = bool(binary) and choice != "python"
 
     def make(p: int) -> ChildProcess:
         if real:
             argv, ready = [binary, "-host", host, "-port", str(p)], "Starting Toxiproxy HTTP server"
         else:
-            argv, ready = [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(p),
-                           "--priority", priority], "toxiproxy-server-py ready"
+            argv, ready = (
+                [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(p), "--priority", priority],
+                "toxiproxy-server-py ready",
+            )
         return ChildProcess(argv, log_path, ready_text=ready, name="chaos-proxy")
 
     child, port = start_on_picked_port(make, port, timeout_s)
@@ -70,7 +79,7 @@ def priority_in_log(path: str | Path, text: str = PRIORITY_LOG_TEXT) -> str | No
             for line in lines:
                 at = line.find(text)
                 if at >= 0:
-                    return line[at + len(text):].split(" (asked", 1)[0].strip()
+                    return line[at + len(text) :].split(" (asked", 1)[0].strip()
     except OSError:
         return None
     return None

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from chaos.toxiproxy.toxics import REGISTRY
 from wire.suggest import did_you_mean
@@ -28,9 +29,7 @@ BASE_RTT_MS = 0.2
 def _attribute_table() -> dict[str, dict[str, Any]]:
     """type word -> {attribute: default}, read off the toxic dataclasses (one source of truth)."""
     return {
-        name: {f.name: f.default for f in dataclasses.fields(cls)}
-        for name, cls in REGISTRY.items()
-        if name != "noop"
+        name: {f.name: f.default for f in dataclasses.fields(cls)} for name, cls in REGISTRY.items() if name != "noop"
     }
 
 
@@ -42,10 +41,17 @@ def toxic(type: str, stream: str, toxicity: float = 1.0, name: str | None = None
     attrs = dict(TOXIC_ATTRIBUTES[type])
     unknown = set(attributes) - set(attrs)
     if unknown:
-        raise ValueError(f"toxic {type!r} has no attribute {', '.join(sorted(unknown))}; attributes: {', '.join(attrs)}")
+        raise ValueError(
+            f"toxic {type!r} has no attribute {', '.join(sorted(unknown))}; attributes: {', '.join(attrs)}"
+        )
     attrs.update(attributes)
-    return {"type": type, "name": name or f"{type}_{stream}", "stream": stream, "toxicity": toxicity,
-            "attributes": attrs}
+    return {
+        "type": type,
+        "name": name or f"{type}_{stream}",
+        "stream": stream,
+        "toxicity": toxicity,
+        "attributes": attrs,
+    }
 
 
 def both_streams(type: str, **attributes) -> list[dict]:
@@ -87,8 +93,7 @@ PROFILES: dict[str, list[dict]] = {
 
 def _unknown(what: str, value: str, known) -> ValueError:
     known = sorted(known)
-    return ValueError(f"unknown {what} {value!r}" + did_you_mean(value, known)
-                      + f"; known: {', '.join(known)}")
+    return ValueError(f"unknown {what} {value!r}" + did_you_mean(value, known) + f"; known: {', '.join(known)}")
 
 
 def _flatten_overrides(overrides: Mapping) -> dict[tuple[str, str], Any]:
@@ -101,8 +106,9 @@ def _flatten_overrides(overrides: Mapping) -> dict[tuple[str, str], Any]:
             continue
         type_word, dot, attr = str(key).partition(".")
         if not dot or not attr:
-            raise ValueError(f"override key {key!r} is not TYPE.ATTRIBUTE (e.g. 'latency.jitter') "
-                             f"nor TYPE: {{ATTRIBUTE: VALUE}}")
+            raise ValueError(
+                f"override key {key!r} is not TYPE.ATTRIBUTE (e.g. 'latency.jitter') nor TYPE: {{ATTRIBUTE: VALUE}}"
+            )
         flat[(type_word, attr)] = value
     return flat
 
@@ -113,8 +119,10 @@ def check_attribute(type_word: str, attr: str, value) -> int | float:
         raise _unknown("toxic type", type_word, TOXIC_ATTRIBUTES)
     attrs = TOXIC_ATTRIBUTES[type_word]
     if attr not in attrs:
-        raise ValueError(f"unknown attribute {type_word}.{attr}{did_you_mean(attr, attrs)}; {type_word} attributes: "
-                         f"{', '.join(attrs)}")
+        raise ValueError(
+            f"unknown attribute {type_word}.{attr}{did_you_mean(attr, attrs)}; {type_word} attributes: "
+            f"{', '.join(attrs)}"
+        )
     default = attrs[attr]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"{type_word}.{attr} must be a number >= 0, got {value!r}")
@@ -130,8 +138,13 @@ def check_attribute(type_word: str, attr: str, value) -> int | float:
 def worst_round_trip_ms(toxics: list[dict]) -> float:
     """The longest round trip (ms) `toxics` apply to a small message: each direction's latency toxics at their
     latency + jitter, summed over both directions (bandwidth and loss not counted)."""
-    return float(sum(t["attributes"].get("latency", 0) + t["attributes"].get("jitter", 0)
-                     for t in toxics if t["type"] == "latency"))
+    return float(
+        sum(
+            t["attributes"].get("latency", 0) + t["attributes"].get("jitter", 0)
+            for t in toxics
+            if t["type"] == "latency"
+        )
+    )
 
 
 def profile_toxics(name: str, overrides: Mapping | None = None) -> list[dict]:

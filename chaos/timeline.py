@@ -25,9 +25,10 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 from chaos import profiles
 from wire.suggest import did_you_mean
@@ -35,7 +36,9 @@ from wire.suggest import did_you_mean
 # --- the events --------------------------------------------------------------------------------
 
 FAMILY_OF_KIND = {"site": "site", "server": "process", "router": "process", "robot": "robot"}
-_TARGET_RE = re.compile(r"^(?:(?P<kind>site|server|robot|group):(?P<name>[^\s/:]+)(?:/(?P<index>\S+))?|(?P<router>router)(?P<hub>:hub)?)$")
+_TARGET_RE = re.compile(
+    r"^(?:(?P<kind>site|server|robot|group):(?P<name>[^\s/:]+)(?:/(?P<index>\S+))?|(?P<router>router)(?P<hub>:hub)?)$"
+)
 TARGET_FORMS = "site:NAME, server:REPLICA_ID, router, router:hub, robot:GROUP, robot:GROUP/INDEX, group:NAME"
 
 
@@ -123,6 +126,7 @@ def _number(minimum: float, *, above: bool = False, what: str = "") -> Callable[
         if not ok or v < minimum or (above and v == minimum):
             raise ValueError(f"must be a number {'>' if above else '>='} {minimum:g}{what}, got {v!r}")
         return float(v)
+
     return check
 
 
@@ -150,6 +154,7 @@ def _attribute(type_word: str, attr: str) -> Callable[[Any], Any]:
             return profiles.check_attribute(type_word, attr, v)
         except ValueError as exc:
             raise ValueError(str(exc).replace(f"{type_word}.{attr} ", "")) from None
+
     return check
 
 
@@ -180,9 +185,12 @@ def _toxicity(v) -> float:
 
 def _toxic_params(action: str) -> dict[str, Param]:
     type_word, required, example = TOXIC_ACTIONS[action]
-    params = {attr: Param(_attribute(type_word, attr), attr == required, 
-                          example if attr == required else f"{attr}: {default}")
-              for attr, default in profiles.TOXIC_ATTRIBUTES[type_word].items()}
+    params = {
+        attr: Param(
+            _attribute(type_word, attr), attr == required, example if attr == required else f"{attr}: {default}"
+        )
+        for attr, default in profiles.TOXIC_ATTRIBUTES[type_word].items()
+    }
     params["stream"] = Param(_stream, example="stream: both")
     params["toxicity"] = Param(_toxicity, example="toxicity: 0.5")
     return params
@@ -208,6 +216,7 @@ def _apply_toxic(act: Actuators, ev: FaultEvent) -> Undo:
     def undo():
         for h in reversed(handles):
             act.remove_toxic(ev.name, h)
+
     return undo
 
 
@@ -248,8 +257,10 @@ class ActionSpec:
 
 _PROFILE = {"profile": Param(_profile_name, True, "profile: satellite")}
 _TERM = {"grace_s": Param(_number(0, above=True), example="grace_s: 5")}
-_RESTART_WITH = {"manifest": Param(_text, example="manifest: path/to/other.yaml"),
-                 "checkpoint": Param(_text, example="checkpoint: other_model")}
+_RESTART_WITH = {
+    "manifest": Param(_text, example="manifest: path/to/other.yaml"),
+    "checkpoint": Param(_text, example="checkpoint: other_model"),
+}
 
 # (target family, action word) -> what it takes and does. Adding an action = one line here.
 # The effect of each is tabled in docs/chaos-faults.md.
@@ -292,34 +303,53 @@ def _parse_target(i: int, raw) -> tuple[str, str, int | None]:
     if index is not None and kind != "robot":
         raise TimelineError(i, "target", f"target {raw!r}: only robot targets take /INDEX; forms: {TARGET_FORMS}")
     if index is not None and not index.isdigit():
-        raise TimelineError(i, "target", f"target {raw!r}: the robot index must be a whole number >= 0, e.g. robot:{name}/0")
+        raise TimelineError(
+            i, "target", f"target {raw!r}: the robot index must be a whole number >= 0, e.g. robot:{name}/0"
+        )
     return ("robot" if kind == "group" else kind), name, (int(index) if index is not None else None)
 
 
 def parse_entry(i: int, entry) -> FaultEvent:
     """One timeline entry as a FaultEvent, or TimelineError naming the key and the fix."""
     if not isinstance(entry, Mapping):
-        raise TimelineError(i, None, f"expected a mapping like {{at: 10, target: site:eu, action: partition, duration: 5}}, "
-                                     f"got {type(entry).__name__} {entry!r}")
+        raise TimelineError(
+            i,
+            None,
+            f"expected a mapping like {{at: 10, target: site:eu, action: partition, duration: 5}}, "
+            f"got {type(entry).__name__} {entry!r}",
+        )
     kind, name, robot_index = _parse_target(i, entry.get("target"))
     family = FAMILY_OF_KIND[kind]
     action = entry.get("action")
     family_actions = [a for f, a in ACTIONS if f == family]
     if action is None:
-        raise TimelineError(i, "action", f"`action` is missing: add one of {', '.join(family_actions)} "
-                                         f"(for {FAMILY_WORDS[family]})")
+        raise TimelineError(
+            i, "action", f"`action` is missing: add one of {', '.join(family_actions)} (for {FAMILY_WORDS[family]})"
+        )
     spec = ACTIONS.get((family, action))
     if spec is None:
         if any(a == action for _f, a in ACTIONS):
-            raise TimelineError(i, "action", f"action {action!r} does not apply to target {entry['target']!r}; "
-                                             f"actions for {FAMILY_WORDS[family]}: {', '.join(family_actions)}")
-        raise TimelineError(i, "action", f"unknown action {action!r}{_closest(action, family_actions)}; "
-                                         f"actions for {FAMILY_WORDS[family]}: {', '.join(family_actions)}")
+            raise TimelineError(
+                i,
+                "action",
+                f"action {action!r} does not apply to target {entry['target']!r}; "
+                f"actions for {FAMILY_WORDS[family]}: {', '.join(family_actions)}",
+            )
+        raise TimelineError(
+            i,
+            "action",
+            f"unknown action {action!r}{_closest(action, family_actions)}; "
+            f"actions for {FAMILY_WORDS[family]}: {', '.join(family_actions)}",
+        )
     allowed = [*BASE_KEYS, *spec.params]
     for key in entry:
         if key not in allowed:
-            raise TimelineError(i, str(key), f"unknown key {key!r}{_closest(key, allowed)} for {action} on "
-                                             f"{FAMILY_WORDS[family]}; keys: {', '.join(allowed)}")
+            raise TimelineError(
+                i,
+                str(key),
+                f"unknown key {key!r}{_closest(key, allowed)} for {action} on "
+                f"{FAMILY_WORDS[family]}; keys: {', '.join(allowed)}",
+            )
     if entry.get("at") is None:
         raise TimelineError(i, "at", "`at` is missing: add `at: SECONDS` (time after t=0, >= 0)")
     try:
@@ -328,11 +358,14 @@ def parse_entry(i: int, entry) -> FaultEvent:
         raise TimelineError(i, "at", f"at: {exc}") from None
     duration = entry.get("duration")
     if duration is None and spec.window == "required":
-        raise TimelineError(i, "duration", f"`duration` is missing: {action} is undone after it; "
-                                           "add e.g. `duration: 5` (seconds)")
+        raise TimelineError(
+            i, "duration", f"`duration` is missing: {action} is undone after it; add e.g. `duration: 5` (seconds)"
+        )
     if duration is not None:
         if spec.window == "never":
-            raise TimelineError(i, "duration", f"`duration` does not apply to {action} (it has nothing to undo): remove it")
+            raise TimelineError(
+                i, "duration", f"`duration` does not apply to {action} (it has nothing to undo): remove it"
+            )
         try:
             duration = _number(0, above=True, what=" (seconds)")(duration)
         except ValueError as exc:
@@ -349,8 +382,17 @@ def parse_entry(i: int, entry) -> FaultEvent:
             raise TimelineError(i, key, f"{key}: {exc}") from None
     if action == "restart_with" and len(params) != 1:
         raise TimelineError(i, "manifest", "restart_with needs exactly one of `manifest: PATH` or `checkpoint: NAME`")
-    return FaultEvent(index=i, at=at, target=entry["target"], action=action, duration=duration, params=params,
-                      kind=kind, name=name, robot_index=robot_index)
+    return FaultEvent(
+        index=i,
+        at=at,
+        target=entry["target"],
+        action=action,
+        duration=duration,
+        params=params,
+        kind=kind,
+        name=name,
+        robot_index=robot_index,
+    )
 
 
 def parse_timeline(entries) -> list[FaultEvent]:
@@ -380,8 +422,13 @@ class TimelineRunner:
     still run. `clock` stamps t0 and the log and must tick in real seconds (waits are real time).
     """
 
-    def __init__(self, events: list[FaultEvent], actuators: Actuators, clock: Callable[[], float] = time.monotonic,
-                 log: list | None = None):
+    def __init__(
+        self,
+        events: list[FaultEvent],
+        actuators: Actuators,
+        clock: Callable[[], float] = time.monotonic,
+        log: list | None = None,
+    ):
         self.events = sorted(events, key=lambda e: e.at)
         self.actuators = actuators
         self.clock = clock
@@ -392,7 +439,7 @@ class TimelineRunner:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
-    def start(self, t0: float | None = None) -> "TimelineRunner":
+    def start(self, t0: float | None = None) -> TimelineRunner:
         if self.t0 is not None:
             raise RuntimeError("this timeline runner was already started")
         self.t0 = self.clock() if t0 is None else t0
@@ -455,8 +502,17 @@ class TimelineRunner:
                 return True
 
     def _apply(self, ev: FaultEvent) -> tuple[dict, Undo | None]:
-        entry = {"index": ev.index, "target": ev.target, "action": ev.action, "params": dict(ev.params),
-                 "at": ev.at, "duration": ev.duration, "t_start": self.now(), "t_end": None, "error": None}
+        entry = {
+            "index": ev.index,
+            "target": ev.target,
+            "action": ev.action,
+            "params": dict(ev.params),
+            "at": ev.at,
+            "duration": ev.duration,
+            "t_start": self.now(),
+            "t_end": None,
+            "error": None,
+        }
         with self._lock:
             self.log.append(entry)
         undo = None
@@ -486,8 +542,13 @@ class TimelineRunner:
                 self.error = err
 
 
-def run_timeline(entries, actuators: Actuators, t0: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 log: list | None = None) -> TimelineRunner:
+def run_timeline(
+    entries,
+    actuators: Actuators,
+    t0: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    log: list | None = None,
+) -> TimelineRunner:
     """Parse `entries` and start a runner on them: what the bench calls at t=0."""
     return TimelineRunner(parse_timeline(entries), actuators, clock=clock, log=log).start(t0)
 
@@ -508,11 +569,16 @@ class LiveActuators:
     `real_toxiproxy=True` toxics the real binary lacks (`loss`) are sent as their stand-ins.
     """
 
-    def __init__(self, client, processes: Mapping[str, Any] | None = None,
-                 site_toxics: Mapping[str, list[dict]] | None = None,
-                 robot_fault: Callable[[str, int | None, str], None] | None = None,
-                 manifest_for_checkpoint: Callable[[str, str], str] | None = None,
-                 proxy_name: Callable[[str], str] = lambda site: f"site-{site}", real_toxiproxy: bool = False):
+    def __init__(
+        self,
+        client,
+        processes: Mapping[str, Any] | None = None,
+        site_toxics: Mapping[str, list[dict]] | None = None,
+        robot_fault: Callable[[str, int | None, str], None] | None = None,
+        manifest_for_checkpoint: Callable[[str, str], str] | None = None,
+        proxy_name: Callable[[str], str] = lambda site: f"site-{site}",
+        real_toxiproxy: bool = False,
+    ):
         self.client = client
         self.processes = dict(processes or {})
         self.site_toxics = {k: list(v) for k, v in (site_toxics or {}).items()}
@@ -580,13 +646,17 @@ class LiveActuators:
             manifest = params.get("manifest")
             if manifest is None:
                 if self.manifest_for_checkpoint is None:
-                    raise faults.ProcessFaultError(f"{target}: restart_with checkpoint needs a manifest_for_checkpoint "
-                                                   "callback; give `manifest:` instead")
+                    raise faults.ProcessFaultError(
+                        f"{target}: restart_with checkpoint needs a manifest_for_checkpoint "
+                        "callback; give `manifest:` instead"
+                    )
                 manifest = self.manifest_for_checkpoint(target, params["checkpoint"])
             params = {"argv": faults.replace_arg(proc.argv, "--manifest", str(manifest))}
         return faults.apply_fault(self.processes, target, action, **params)
 
     def robot_fault(self, group: str, index: int | None, action: str) -> None:
         if self._robot_fault is None:
-            raise RuntimeError(f"robot faults are not wired: {action} robot:{group}{'' if index is None else f'/{index}'}")
+            raise RuntimeError(
+                f"robot faults are not wired: {action} robot:{group}{'' if index is None else f'/{index}'}"
+            )
         self._robot_fault(group, index, action)

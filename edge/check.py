@@ -28,8 +28,8 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -39,12 +39,34 @@ __all__ = ["ProbePolicy", "check_engine"]
 
 _SOURCES = {"chunk"} | {f.value for f in FallbackBehavior if f != FallbackBehavior.HOLD}  # hold gives None
 # what a control thread must never call inside notify_observation / get_action (module, name; "" = any name)
-_BLOCKING_PY = {("threading", "wait"), ("threading", "wait_for"), ("threading", "join"), ("logging", "_log"),
-                ("socket", ""), ("ssl", ""), ("selectors", ""), ("subprocess", ""), ("http.client", ""),
-                ("urllib.request", "")}
-_BLOCKING_C = {("time", "sleep"), ("builtins", "open"), ("io", "open"), ("_io", "open"), ("builtins", "print"),
-               ("builtins", "input"), ("posix", "read"), ("posix", "write"), ("posix", "open"), ("posix", "fsync"),
-               ("select", ""), ("_socket", ""), ("socket", ""), ("_ssl", "")}
+_BLOCKING_PY = {
+    ("threading", "wait"),
+    ("threading", "wait_for"),
+    ("threading", "join"),
+    ("logging", "_log"),
+    ("socket", ""),
+    ("ssl", ""),
+    ("selectors", ""),
+    ("subprocess", ""),
+    ("http.client", ""),
+    ("urllib.request", ""),
+}
+_BLOCKING_C = {
+    ("time", "sleep"),
+    ("builtins", "open"),
+    ("io", "open"),
+    ("_io", "open"),
+    ("builtins", "print"),
+    ("builtins", "input"),
+    ("posix", "read"),
+    ("posix", "write"),
+    ("posix", "open"),
+    ("posix", "fsync"),
+    ("select", ""),
+    ("_socket", ""),
+    ("socket", ""),
+    ("_ssl", ""),
+}
 
 _FILE_TYPES = {"TextIOWrapper", "BufferedWriter", "BufferedReader", "BufferedRandom", "FileIO"}
 
@@ -122,8 +144,9 @@ class _Watch:
                 what = f"{mod}.{name}"
             elif owner is not None and type(owner) in self.zenoh_types:
                 what = f"zenoh {type(owner).__name__}.{name}"
-            elif owner is not None and (type(owner).__module__ in ("_socket", "socket", "_ssl")
-                                        or type(owner).__name__ in _FILE_TYPES):
+            elif owner is not None and (
+                type(owner).__module__ in ("_socket", "socket", "_ssl") or type(owner).__name__ in _FILE_TYPES
+            ):
                 what = f"{type(owner).__name__}.{name}"
         if what:
             self.found = f"{what} (called from {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name})"
@@ -135,8 +158,11 @@ def _factory(engine_or_factory: Engine | Callable[..., Engine]) -> tuple[Callabl
     if not callable(engine_or_factory):
         raise TypeError(f"check_engine: pass an Engine or a factory returning one, got {engine_or_factory!r}")
     try:
-        params = [p for p in inspect.signature(engine_or_factory).parameters.values()
-                  if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [
+            p
+            for p in inspect.signature(engine_or_factory).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         params = []
     if len(params) == 1:
@@ -145,10 +171,20 @@ def _factory(engine_or_factory: Engine | Callable[..., Engine]) -> tuple[Callabl
     return engine_or_factory, None
 
 
-def check_engine(engine_or_factory: Engine | Callable[..., Engine], *, observation: Mapping[str, Any] | None = None,
-                 action_dim: int | None = None, inline_inference: bool = False, expect_chunks: bool | None = None,
-                 fps: float = 30.0, run_s: float = 1.0, stall_s: float = 0.5, max_call_s: float = 0.1,
-                 first_chunk_timeout_s: float = 10.0, stop_timeout_s: float = 15.0) -> None:
+def check_engine(
+    engine_or_factory: Engine | Callable[..., Engine],
+    *,
+    observation: Mapping[str, Any] | None = None,
+    action_dim: int | None = None,
+    inline_inference: bool = False,
+    expect_chunks: bool | None = None,
+    fps: float = 30.0,
+    run_s: float = 1.0,
+    stall_s: float = 0.5,
+    max_call_s: float = 0.1,
+    first_chunk_timeout_s: float = 10.0,
+    stop_timeout_s: float = 15.0,
+) -> None:
     """Assert the engine contract (module docstring) on an engine through its whole life (it is stopped after).
 
     engine_or_factory: an Engine not yet started, a factory `() -> Engine`, or `(policy) -> Engine` that gets the
@@ -165,7 +201,9 @@ def check_engine(engine_or_factory: Engine | Callable[..., Engine], *, observati
         expect_chunks = probe is not None
     obs = dict(observation) if observation is not None else {"state": np.zeros(4, np.float32)}
     eng = make()
-    assert isinstance(eng, Engine), f"check_engine: the factory returned {type(eng).__name__}, not an edge.engine.Engine"
+    assert isinstance(eng, Engine), (
+        f"check_engine: the factory returned {type(eng).__name__}, not an edge.engine.Engine"
+    )
     run = _Run(eng, probe, obs, action_dim, inline_inference, fps, max_call_s)
     try:
         run.check()
@@ -191,8 +229,16 @@ def check_engine(engine_or_factory: Engine | Callable[..., Engine], *, observati
 class _Run:
     """One engine driven through its life by check_engine; every tick and status read is checked."""
 
-    def __init__(self, eng: Engine, probe: ProbePolicy | None, obs: dict, action_dim: int | None, inline: bool,
-                 fps: float, max_call_s: float):
+    def __init__(
+        self,
+        eng: Engine,
+        probe: ProbePolicy | None,
+        obs: dict,
+        action_dim: int | None,
+        inline: bool,
+        fps: float,
+        max_call_s: float,
+    ):
         self.eng, self.probe, self.obs, self.action_dim, self.inline = eng, probe, obs, action_dim, inline
         self.name = type(eng).__name__
         self.period, self.max_call_s = 1.0 / fps, max_call_s
@@ -211,12 +257,16 @@ class _Run:
         try:
             out = fn()
         except Exception as exc:
-            self.fail(f"{what} raised {type(exc).__name__}: {exc}{during}; it must never raise for a network, "
-                      f"server or policy fault (return None or the fallback, and say it in state and stats)")
+            self.fail(
+                f"{what} raised {type(exc).__name__}: {exc}{during}; it must never raise for a network, "
+                f"server or policy fault (return None or the fallback, and say it in state and stats)"
+            )
         took = time.perf_counter() - t0
         if bound is not None and took > bound:
-            self.fail(f"{what} took {took:.3f} s{during} (bound {bound:g} s); the control thread never waits for "
-                      f"inference or the network: return what the queue holds, the fallback, or None")
+            self.fail(
+                f"{what} took {took:.3f} s{during} (bound {bound:g} s); the control thread never waits for "
+                f"inference or the network: return what the queue holds, the fallback, or None"
+            )
         return out
 
     def tick(self, during: str = "", chunk_ok: bool = True) -> Action | None:
@@ -226,8 +276,9 @@ class _Run:
         self.check(during)
         return a
 
-    def loop(self, seconds: float, until: Callable[[], bool] | None = None, during: str = "",
-             chunk_ok: bool = True) -> None:
+    def loop(
+        self, seconds: float, until: Callable[[], bool] | None = None, during: str = "", chunk_ok: bool = True
+    ) -> None:
         t0 = time.monotonic()
         k = 0
         while time.monotonic() - t0 < seconds and not (until is not None and until()):
@@ -246,7 +297,9 @@ class _Run:
         if not np.isfinite(v).all():
             self.fail(f"get_action() returned non-finite values {v}{during}; no NaN or inf ever reaches a robot")
         if self.action_dim is not None and v.shape != (self.action_dim,):
-            self.fail(f"get_action() returned {v.shape[0]} values{during}; the declared action_dim is {self.action_dim}")
+            self.fail(
+                f"get_action() returned {v.shape[0]} values{during}; the declared action_dim is {self.action_dim}"
+            )
         if a.source not in _SOURCES:
             words = sorted(_SOURCES - {"chunk"})
             self.fail(f"Action.source {a.source!r}{during} is neither 'chunk' nor a fallback word {words}")
@@ -261,8 +314,11 @@ class _Run:
                 self.fail(f"get_action() returned an action of episode {a.episode_id} after reset() ended it")
             self.last_chunk = a
             self.chunks += 1
-        elif a.source == FallbackBehavior.REPEAT_LAST.value and self.last_chunk is not None \
-                and not np.array_equal(v, self.last_chunk.values):
+        elif (
+            a.source == FallbackBehavior.REPEAT_LAST.value
+            and self.last_chunk is not None
+            and not np.array_equal(v, self.last_chunk.values)
+        ):
             self.fail(f"a repeat_last fallback returned {v}{during}, not the last action {self.last_chunk.values}")
 
     def check(self, during: str = "") -> EngineState:
@@ -291,7 +347,9 @@ class _Run:
     def before_start(self) -> None:
         eng, during = self.eng, " before start()"
         if self.check(during) != EngineState.STOPPED or eng.ready:
-            self.fail(f"a new engine is {eng.state.value} (ready {eng.ready}); it is STOPPED and not ready until start()")
+            self.fail(
+                f"a new engine is {eng.state.value} (ready {eng.ready}); it is STOPPED and not ready until start()"
+            )
         calls = self.probe.calls if self.probe is not None else 0
         self.tick(during)
         for what in ("pause", "resume", "reset"):
@@ -313,17 +371,21 @@ class _Run:
         if first_chunk_timeout_s > 0:
             self.loop(first_chunk_timeout_s, until=lambda: self.chunks > 0, during=" while streaming")
             if not self.chunks:
-                self.fail(f"no chunk action within {first_chunk_timeout_s:g} s of start() (state "
-                          f"{self.eng.state.value}, stats {dict(self.eng.stats)})")
+                self.fail(
+                    f"no chunk action within {first_chunk_timeout_s:g} s of start() (state "
+                    f"{self.eng.state.value}, stats {dict(self.eng.stats)})"
+                )
         self.loop(run_s, during=" while streaming")
         self.inline_check()
 
     def inline_check(self) -> None:
         p = self.probe
         if p is not None and not self.inline and p.calls_on_control_thread:
-            self.fail(f"the policy ran on the caller's thread {p.calls_on_control_thread} times; an engine with a "
-                      f"worker never infers in notify_observation or get_action (a synchronous engine by design, "
-                      f"like sync, passes inline_inference=True)")
+            self.fail(
+                f"the policy ran on the caller's thread {p.calls_on_control_thread} times; an engine with a "
+                f"worker never infers in notify_observation or get_action (a synchronous engine by design, "
+                f"like sync, passes inline_inference=True)"
+            )
 
     def stalled(self, stall_s: float, recover_s: float) -> None:
         p = self.probe
@@ -346,8 +408,10 @@ class _Run:
     def watched(self, ticks: int = 8) -> None:
         watch = _Watch(self.probe)
         for _ in range(ticks):
-            for what, fn in (("notify_observation", lambda: self.eng.notify_observation(self.obs)),
-                             ("get_action()", self.eng.get_action)):
+            for what, fn in (
+                ("notify_observation", lambda: self.eng.notify_observation(self.obs)),
+                ("get_action()", self.eng.get_action),
+            ):
                 sys.setprofile(watch)
                 try:
                     out = fn()
@@ -356,8 +420,10 @@ class _Run:
                 finally:
                     sys.setprofile(None)
                 if watch.found:
-                    self.fail(f"{what} called {watch.found} on the caller's thread; the control thread never "
-                              f"waits, sleeps, logs or does I/O: hand that to the engine's worker")
+                    self.fail(
+                        f"{what} called {watch.found} on the caller's thread; the control thread never "
+                        f"waits, sleeps, logs or does I/O: hand that to the engine's worker"
+                    )
                 if what == "get_action()":
                     self.action(out, " (watched)", True)
             time.sleep(self.period)  # the control loop's own clock
@@ -386,15 +452,19 @@ class _Run:
         during = " after stop()"
         s = self.check(during)
         if s not in (EngineState.STOPPED, EngineState.DEAD) or eng.ready:
-            self.fail(f"after stop() the engine is {s.value} (ready {eng.ready}); it is STOPPED (or DEAD) and not ready")
+            self.fail(
+                f"after stop() the engine is {s.value} (ready {eng.ready}); it is STOPPED (or DEAD) and not ready"
+            )
         calls = p.calls if p is not None else 0
         for _ in range(3):
             self.tick(during, chunk_ok=False)
         for what in ("pause", "resume", "reset", "pause", "resume"):
             self.call(f"{what}()", getattr(eng, what), self.max_call_s, during)
             if self.check(during) != s or eng.ready:
-                self.fail(f"{what}(){during} made the engine {eng.state.value} (ready {eng.ready}); a stopped engine "
-                          f"stays {s.value}")
+                self.fail(
+                    f"{what}(){during} made the engine {eng.state.value} (ready {eng.ready}); a stopped engine "
+                    f"stays {s.value}"
+                )
         self.tick(during, chunk_ok=False)
         if p is not None and p.calls != calls:
             self.fail(f"the policy ran {p.calls - calls} times after stop(); a stopped engine infers nothing")

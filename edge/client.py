@@ -26,27 +26,61 @@ import itertools
 import random
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from edge.discovery import discover, spread_key, watch_replicas
 from edge.handshake import (
-    RETRY_ELSEWHERE, BrokenReplica, ControlTimeouts, NoReplica, SessionRefused, accept, camera_shapes, control_query,
-    declare, open_body, open_ladder, reset_body,
+    RETRY_ELSEWHERE,
+    BrokenReplica,
+    ControlTimeouts,
+    NoReplica,
+    SessionRefused,
+    accept,
+    camera_shapes,
+    control_query,
+    declare,
+    open_body,
+    open_ladder,
+    reset_body,
 )
 from edge.inbox import INBOX_MAX, INBOX_MAX_BYTES, Event, Inbox, Result, decode
 from wire import (
-    DEFAULT_ROOT, Error, ErrorCode, Header, MsgType, Observation, ReplicaKeys, ResetAck, SCHEMA_VERSION, SessionAck,
-    Status, WireError, decode_message, encode_image,
+    DEFAULT_ROOT,
+    SCHEMA_VERSION,
+    Error,
+    ErrorCode,
+    Header,
+    MsgType,
+    Observation,
+    ReplicaKeys,
+    ResetAck,
+    SessionAck,
+    Status,
+    WireError,
+    decode_message,
+    encode_image,
 )
 from wire import auth as wauth
 from wire.qos import CONTROL_TIMEOUTS_S
 from wire.transport import arrival_stamps
 
 __all__ = [  # the names other modules import from here (edge.remote, tests, benchmarks)
-    "BrokenReplica", "Connection", "ControlTimeouts", "Event", "INBOX_MAX", "INBOX_MAX_BYTES", "Model", "NoReplica",
-    "RETRY_ELSEWHERE", "Result", "SessionRefused", "camera_shapes", "spread_key",
+    "BrokenReplica",
+    "Connection",
+    "ControlTimeouts",
+    "Event",
+    "INBOX_MAX",
+    "INBOX_MAX_BYTES",
+    "Model",
+    "NoReplica",
+    "RETRY_ELSEWHERE",
+    "Result",
+    "SessionRefused",
+    "camera_shapes",
+    "spread_key",
 ]
 
 
@@ -54,8 +88,16 @@ class Connection:
     """One Zenoh session to the router(s) for one client id; `model()` opens sessions on it.
     `session`: share an already open Zenoh session (it is then not closed here)."""
 
-    def __init__(self, server: str | list[str], client_id: str, client_type: str = "", root: str = DEFAULT_ROOT,
-                 lease_ms: int = 1000, tls=None, session=None):
+    def __init__(
+        self,
+        server: str | list[str],
+        client_id: str,
+        client_type: str = "",
+        root: str = DEFAULT_ROOT,
+        lease_ms: int = 1000,
+        tls=None,
+        session=None,
+    ):
         from wire.keys import sanitize
         from wire.transport import open_session
 
@@ -67,17 +109,44 @@ class Connection:
         self.z = session or open_session(connect=self.endpoints, lease_ms=lease_ms, tls=tls, what=f"client {client_id}")
         self._models: list[Model] = []
 
-    def model(self, model_id: str, revision: str = "main", *, latency_budget_ms: float | None = None, priority: int = 0,
-              task: str = "", fps: float = 30.0, action_names: list[str] | None = None, state_dim: int = 0,
-              cameras: dict[str, list[int]] | list[str] | None = None, rtc_enabled: bool = False,
-              execution_horizon: int = 0, expected_checkpoint_hash: str = "", replica_order: list[str] | None = None,
-              open: bool = True, **extra) -> "Model":
+    def model(
+        self,
+        model_id: str,
+        revision: str = "main",
+        *,
+        latency_budget_ms: float | None = None,
+        priority: int = 0,
+        task: str = "",
+        fps: float = 30.0,
+        action_names: list[str] | None = None,
+        state_dim: int = 0,
+        cameras: dict[str, list[int]] | list[str] | None = None,
+        rtc_enabled: bool = False,
+        execution_horizon: int = 0,
+        expected_checkpoint_hash: str = "",
+        replica_order: list[str] | None = None,
+        open: bool = True,
+        **extra,
+    ) -> Model:
         """A handle on `model_id`; with `open` (default) discovery and the session handshake run now.
         `extra`: policy_type, tags, jpeg_quality (see `Model`)."""
-        m = Model(self, model_id, revision, latency_budget_ms=latency_budget_ms, priority=priority, task=task, fps=fps,
-                  action_names=action_names, state_dim=state_dim, cameras=cameras, rtc_enabled=rtc_enabled,
-                  execution_horizon=execution_horizon, expected_checkpoint_hash=expected_checkpoint_hash,
-                  replica_order=replica_order, **extra)
+        m = Model(
+            self,
+            model_id,
+            revision,
+            latency_budget_ms=latency_budget_ms,
+            priority=priority,
+            task=task,
+            fps=fps,
+            action_names=action_names,
+            state_dim=state_dim,
+            cameras=cameras,
+            rtc_enabled=rtc_enabled,
+            execution_horizon=execution_horizon,
+            expected_checkpoint_hash=expected_checkpoint_hash,
+            replica_order=replica_order,
+            **extra,
+        )
         self._models.append(m)
         if open:
             try:
@@ -98,7 +167,7 @@ class Connection:
             except Exception:
                 pass
 
-    def __enter__(self) -> "Connection":
+    def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -113,19 +182,43 @@ class Model:
     `needs_handshake` (UNKNOWN_SESSION: the server forgot this session; call `open()` again).
     """
 
-    def __init__(self, conn: Connection, model_id: str, revision: str = "main", *, latency_budget_ms: float | None = None,
-                 priority: int = 0, task: str = "", fps: float = 30.0, action_names: list[str] | None = None,
-                 state_dim: int = 0, cameras: dict[str, list[int]] | list[str] | None = None, rtc_enabled: bool = False,
-                 execution_horizon: int = 0, expected_checkpoint_hash: str = "", policy_type: str = "",
-                 replica_order: list[str] | None = None, tags: dict[str, str] | None = None, jpeg_quality: int = 90):
+    def __init__(
+        self,
+        conn: Connection,
+        model_id: str,
+        revision: str = "main",
+        *,
+        latency_budget_ms: float | None = None,
+        priority: int = 0,
+        task: str = "",
+        fps: float = 30.0,
+        action_names: list[str] | None = None,
+        state_dim: int = 0,
+        cameras: dict[str, list[int]] | list[str] | None = None,
+        rtc_enabled: bool = False,
+        execution_horizon: int = 0,
+        expected_checkpoint_hash: str = "",
+        policy_type: str = "",
+        replica_order: list[str] | None = None,
+        tags: dict[str, str] | None = None,
+        jpeg_quality: int = 90,
+    ):
         self.conn = conn
         self.model_id, self.revision = model_id, revision
         self.latency_budget_ms, self.priority = latency_budget_ms, priority
-        self.open_args = dict(task=task, fps=float(fps), action_names=list(action_names or []), state_dim=int(state_dim),
-                              cameras=camera_shapes(cameras), rtc_enabled=bool(rtc_enabled),
-                              execution_horizon=int(execution_horizon), expected_checkpoint_hash=expected_checkpoint_hash,
-                              policy_type=policy_type, tags=dict(tags or {}),
-                              latency_budget_ms=float(latency_budget_ms or 0.0))
+        self.open_args = dict(
+            task=task,
+            fps=float(fps),
+            action_names=list(action_names or []),
+            state_dim=int(state_dim),
+            cameras=camera_shapes(cameras),
+            rtc_enabled=bool(rtc_enabled),
+            execution_horizon=int(execution_horizon),
+            expected_checkpoint_hash=expected_checkpoint_hash,
+            policy_type=policy_type,
+            tags=dict(tags or {}),
+            latency_budget_ms=float(latency_budget_ms or 0.0),
+        )
         self.replica_order = list(replica_order or [])
         self._rng = random.Random()  # discovery's weighted draw (spread_key); seeded from the OS per robot
         self.jpeg_quality = int(jpeg_quality)
@@ -156,24 +249,40 @@ class Model:
 
     def discover(self, timeout_s: float = CONTROL_TIMEOUTS_S["status"]) -> list[Status]:
         """Every replica's Status, best first (edge.discovery.discover)."""
-        return discover(self.conn.z, self.model_id, self.revision, self.conn.root, timeout_s, self.replica_order,
-                        self._rng)
+        return discover(
+            self.conn.z, self.model_id, self.revision, self.conn.root, timeout_s, self.replica_order, self._rng
+        )
 
-    def open(self, exclude: set[str] | frozenset = frozenset(), task: str | None = None, *,
-             status_timeout_s: float = CONTROL_TIMEOUTS_S["status"],
-             session_timeout_s: float = CONTROL_TIMEOUTS_S["session"], deadline: float | None = None) -> SessionAck:
+    def open(
+        self,
+        exclude: set[str] | frozenset = frozenset(),
+        task: str | None = None,
+        *,
+        status_timeout_s: float = CONTROL_TIMEOUTS_S["status"],
+        session_timeout_s: float = CONTROL_TIMEOUTS_S["session"],
+        deadline: float | None = None,
+    ) -> SessionAck:
         """Discover and open a session on the best replica not in `exclude` (edge.handshake.open_ladder).
 
         CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY and a replica that does not answer move on to the
         next replica; any other refusal raises `SessionRefused`; nothing left raises `NoReplica`.
         `deadline` (monotonic s): no query waits past it (the caller's offline budget)."""
         if self._watch is None:  # declared once, kept across sessions
-            self._watch = watch_replicas(self.conn.z, self.model_id, self.revision, self.conn.root,
-                                         self._on_replica_token)
+            self._watch = watch_replicas(
+                self.conn.z, self.model_id, self.revision, self.conn.root, self._on_replica_token
+            )
         return open_ladder(
-            self.discover, lambda st, waited: self._open_on(st, task, waited), model_id=self.model_id,
-            revision=self.revision, root=self.conn.root, exclude=exclude, replica_order=self.replica_order,
-            status_timeout_s=status_timeout_s, session_timeout_s=session_timeout_s, deadline=deadline)
+            self.discover,
+            lambda st, waited: self._open_on(st, task, waited),
+            model_id=self.model_id,
+            revision=self.revision,
+            root=self.conn.root,
+            exclude=exclude,
+            replica_order=self.replica_order,
+            status_timeout_s=status_timeout_s,
+            session_timeout_s=session_timeout_s,
+            deadline=deadline,
+        )
 
     def _on_replica_token(self) -> None:  # deposit only, on Zenoh's thread
         if self.nudge is not None:
@@ -195,8 +304,14 @@ class Model:
         self._seq = itertools.count(1)  # seq_id restarts at 1 in every session
         self.last_seq = 0
         self._inbox.clear()
-        self._pub = declare(self.conn.z, keys, rk, lambda s: self._on_action(s, gen),
-                            lambda s: self._on_server_alive(s, gen), self._decl)
+        self._pub = declare(
+            self.conn.z,
+            keys,
+            rk,
+            lambda s: self._on_action(s, gen),
+            lambda s: self._on_server_alive(s, gen),
+            self._decl,
+        )
         body = open_body(self.conn.client_id, self.conn.client_type, self.open_args, eff_task, st.replica_id, prev)
         try:
             reply = control_query(self.conn.z, keys.session, body, timeout_s)
@@ -210,8 +325,16 @@ class Model:
 
     # --- data plane ----------------------------------------------------------------------------------
 
-    def observe(self, urgency: float = 0.5, priority: int | None = None, *, state, images: dict | None = None,
-                episode_id: int | None = None, **fields) -> int:
+    def observe(
+        self,
+        urgency: float = 0.5,
+        priority: int | None = None,
+        *,
+        state,
+        images: dict | None = None,
+        episode_id: int | None = None,
+        **fields,
+    ) -> int:
         """Publish one observation (non-blocking); returns its seq_id.
 
         images: name -> uint8 HxWx3 RGB (JPEG-encoded here at `jpeg_quality`; 0 = raw) or an EncodedImage.
@@ -225,14 +348,26 @@ class Model:
         metadata = {k: v for k, v in fields.items() if k not in known and isinstance(v, str)}
         enc = {}
         for name, frame in (images or {}).items():
-            enc[name] = frame if hasattr(frame, "to_wire") else encode_image(
-                np.asarray(frame), "jpeg" if self.jpeg_quality > 0 else "raw", self.jpeg_quality or 90)
+            enc[name] = (
+                frame
+                if hasattr(frame, "to_wire")
+                else encode_image(
+                    np.asarray(frame), "jpeg" if self.jpeg_quality > 0 else "raw", self.jpeg_quality or 90
+                )
+            )
         if episode_id is not None:
             self.episode_id = int(episode_id)
         seq = next(self._seq)
-        obs = Observation(self.ack.session_id, np.asarray(state, np.float32), images=enc, tensors=tensors,
-                          metadata=metadata, urgency=float(urgency),
-                          priority=int(self.priority if priority is None else priority), **kw)
+        obs = Observation(
+            self.ack.session_id,
+            np.asarray(state, np.float32),
+            images=enc,
+            tensors=tensors,
+            metadata=metadata,
+            urgency=float(urgency),
+            priority=int(self.priority if priority is None else priority),
+            **kw,
+        )
         sent_ns = time.monotonic_ns()
         header = Header(SCHEMA_VERSION, MsgType.OBS, seq, self.episode_id, sent_ns, self.epoch).pack()
         if self.ack.session_key:
@@ -304,16 +439,21 @@ class Model:
         if self.ack is None:
             return False
         try:
-            reply = control_query(self.conn.z, self.keys.reset, reset_body(self.ack, episode_id), timeout_s,
-                                  int(episode_id))
+            reply = control_query(
+                self.conn.z, self.keys.reset, reset_body(self.ack, episode_id), timeout_s, int(episode_id)
+            )
         except TimeoutError:
             return False
         if isinstance(reply, Error) and reply.code == ErrorCode.UNKNOWN_SESSION:
             self.needs_handshake = True
         return isinstance(reply, ResetAck) and reply.episode_id == episode_id
 
-    def reset_nowait(self, episode_id: int, on_reply: Callable[[bool], None] | None = None,
-                     timeout_s: float = CONTROL_TIMEOUTS_S["reset"]) -> bool:
+    def reset_nowait(
+        self,
+        episode_id: int,
+        on_reply: Callable[[bool], None] | None = None,
+        timeout_s: float = CONTROL_TIMEOUTS_S["reset"],
+    ) -> bool:
         """`reset` without waiting: the query goes out now and `on_reply(acked)` runs on Zenoh's thread when
         the answer (or the timeout) arrives. Later observations carry `episode_id` and the next one flags
         `episode_start`, which the server acts on by itself, so nothing needs to wait for the ack.
@@ -342,8 +482,13 @@ class Model:
         import zenoh
 
         header = Header(SCHEMA_VERSION, MsgType.CONTROL, 0, int(episode_id)).pack()
-        self.conn.z.get(self.keys.reset, zenoh.handlers.Callback(on_answer, indirect=False), payload=reset_body(self.ack, episode_id).encode(),
-                        attachment=header, timeout=timeout_s)
+        self.conn.z.get(
+            self.keys.reset,
+            zenoh.handlers.Callback(on_answer, indirect=False),
+            payload=reset_body(self.ack, episode_id).encode(),
+            attachment=header,
+            timeout=timeout_s,
+        )
         return True
 
     # --- teardown ------------------------------------------------------------------------------------

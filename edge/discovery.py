@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from wire import ReplicaKeys, Status, WireError, decode_message, discovery_key, replicas_alive_key
 
@@ -33,8 +33,9 @@ def spread_key(load: float, rng: random.Random) -> float:
     return rng.random() ** (1.0 / weight)
 
 
-def discover(z, model_id: str, revision: str, root: str, timeout_s: float, replica_order: list[str],
-             rng: random.Random) -> list[Status]:
+def discover(
+    z, model_id: str, revision: str, root: str, timeout_s: float, replica_order: list[str], rng: random.Random
+) -> list[Status]:
     """Every replica's Status on Zenoh session `z`, best first: ready and not draining, then `replica_order`,
     then a draw weighted by free capacity (`spread_key`). A Status that does not decode, names no key chunk
     as its replica id, or names another model or revision is left out."""
@@ -54,8 +55,15 @@ def discover(z, model_id: str, revision: str, root: str, timeout_s: float, repli
             continue  # it says it serves another model: not one to open this model's session on
         found[st.replica_id] = st
     order = {r: i for i, r in enumerate(replica_order)}
-    return sorted(found.values(), key=lambda s: (not s.ready or s.draining, order.get(s.replica_id, len(order)),
-                                                 -spread_key(s.load, rng), s.replica_id))
+    return sorted(
+        found.values(),
+        key=lambda s: (
+            not s.ready or s.draining,
+            order.get(s.replica_id, len(order)),
+            -spread_key(s.load, rng),
+            s.replica_id,
+        ),
+    )
 
 
 def watch_replicas(z, model_id: str, revision: str, root: str, on_appear: Callable[[], None]):

@@ -19,8 +19,21 @@ import threading
 from pathlib import Path
 from typing import Any
 
-REQUEST_FIELDS = ("t", "seq", "rtt_ms", "queue_wait_ms", "inference_ms", "network_ms", "encode_ms", "send_lag_ms",
-                  "merge_lag_ms", "delay_steps", "execution_steps", "superseded_seqs", "outcome")
+REQUEST_FIELDS = (
+    "t",
+    "seq",
+    "rtt_ms",
+    "queue_wait_ms",
+    "inference_ms",
+    "network_ms",
+    "encode_ms",
+    "send_lag_ms",
+    "merge_lag_ms",
+    "delay_steps",
+    "execution_steps",
+    "superseded_seqs",
+    "outcome",
+)
 
 
 def _finite(v):
@@ -33,9 +46,12 @@ class EdgeLogWriter:
         header = dict(robot or {})
         cfg = getattr(engine, "cfg", None)
         if dataclasses.is_dataclass(cfg) and "engine" not in header:
-            header["engine"] = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-                                if f.name not in ("tls_key", "tls_cert", "tls_ca", "connect_endpoints")
-                                and isinstance(getattr(cfg, f.name), (int, float, str, bool))}
+            header["engine"] = {
+                f.name: getattr(cfg, f.name)
+                for f in dataclasses.fields(cfg)
+                if f.name not in ("tls_key", "tls_cert", "tls_ca", "connect_endpoints")
+                and isinstance(getattr(cfg, f.name), (int, float, str, bool))
+            }
             header.setdefault("fps", getattr(cfg, "fps", None))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a")
@@ -55,13 +71,14 @@ class EdgeLogWriter:
                 self._write({"kind": "request", **{k: r.get(k) for k in REQUEST_FIELDS if k in r}})
                 n += 1
             for t, frm, to, reason in self.engine.drain_transitions():
-                self._write({"kind": "transition", "t": t, "from": str(frm).upper(), "to": str(to).upper(),
-                             "reason": reason})
+                self._write(
+                    {"kind": "transition", "t": t, "from": str(frm).upper(), "to": str(to).upper(), "reason": reason}
+                )
                 n += 1
             self._file.flush()
             return n
 
-    def start(self) -> "EdgeLogWriter":
+    def start(self) -> EdgeLogWriter:
         self._thread = threading.Thread(target=self._run, name="edge-log", daemon=True)
         self._thread.start()
         return self

@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -136,8 +137,10 @@ class EngineStopped(RuntimeError):
 
     def __init__(self, type_name: str, state: EngineState, why: str = ""):
         was = "was stopped" if state == EngineState.STOPPED else f"is {state.value}" + (f" ({why})" if why else "")
-        super().__init__(f"start(): this {type_name} engine {was}, and an engine runs once; build a new one with "
-                         f"make_engine(config) and start that")
+        super().__init__(
+            f"start(): this {type_name} engine {was}, and an engine runs once; build a new one with "
+            f"make_engine(config) and start that"
+        )
 
 
 def config_from_dict(cls: type, d: dict):
@@ -145,8 +148,10 @@ def config_from_dict(cls: type, d: dict):
     field for, is a ConfigError (the latter lists the known ones)."""
     known = {f.name for f in dataclasses.fields(cls)}
     if not isinstance(d, Mapping):
-        raise ConfigError(f"{cls.__name__}: the config must be a mapping of field names to values, e.g. "
-                          f"{{fps: 30}}, got {show(d)}; fields: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"{cls.__name__}: the config must be a mapping of field names to values, e.g. "
+            f"{{fps: 30}}, got {show(d)}; fields: {', '.join(sorted(known))}"
+        )
     unknown = sorted(set(d) - known, key=str)
     if unknown:
         raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; known: {', '.join(sorted(known))}")
@@ -182,7 +187,7 @@ def config_class(type_name: str) -> type:
 def make_engine(config: Any, **kwargs) -> Engine:
     """Build the engine registered for `config`'s class (kwargs go to its constructor, e.g. policy)."""
     _load_builtin()
-    for type_name, (cfg_cls, engine_cls) in _REGISTRY.items():
+    for cfg_cls, engine_cls in _REGISTRY.values():
         if type(config) is cfg_cls:
             return engine_cls(config, **kwargs)
     raise ConfigError(f"no engine registered for {type(config).__name__}; known types: {sorted(_REGISTRY)}")

@@ -18,17 +18,31 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from wire import (
-    Error, ErrorCode, Header, MsgType, Reset, SCHEMA_VERSION, SessionAck, SessionOpen, Status, WireError,
+    SCHEMA_VERSION,
+    Error,
+    ErrorCode,
+    Header,
+    MsgType,
+    Reset,
+    SessionAck,
+    SessionOpen,
+    Status,
+    WireError,
     decode_message,
 )
 from wire import auth as wauth
 from wire.qos import CONTROL_TIMEOUTS_S, declare_publisher
 
-RETRY_ELSEWHERE = {ErrorCode.CAPACITY, ErrorCode.EXCLUSIVE_BUSY, ErrorCode.DRAINING, ErrorCode.NOT_READY,
-                   ErrorCode.SESSION_LIVE}  # SESSION_LIVE: our previous process's session is not gone yet
+RETRY_ELSEWHERE = {
+    ErrorCode.CAPACITY,
+    ErrorCode.EXCLUSIVE_BUSY,
+    ErrorCode.DRAINING,
+    ErrorCode.NOT_READY,
+    ErrorCode.SESSION_LIVE,
+}  # SESSION_LIVE: our previous process's session is not gone yet
 
 
 class SessionRefused(Exception):
@@ -106,9 +120,19 @@ def camera_shapes(cameras: dict[str, list[int]] | list[str] | tuple | None) -> d
     return {str(name): [1, 1, 3] for name in cameras}
 
 
-def open_ladder(discover: Callable[[float], list[Status]], open_on: Callable[[Status, float], SessionAck], *,
-                model_id: str, revision: str, root: str, exclude: set[str] | frozenset, replica_order: list[str],
-                status_timeout_s: float, session_timeout_s: float, deadline: float | None) -> SessionAck:
+def open_ladder(
+    discover: Callable[[float], list[Status]],
+    open_on: Callable[[Status, float], SessionAck],
+    *,
+    model_id: str,
+    revision: str,
+    root: str,
+    exclude: set[str] | frozenset,
+    replica_order: list[str],
+    status_timeout_s: float,
+    session_timeout_s: float,
+    deadline: float | None,
+) -> SessionAck:
     """Discover (`discover(timeout_s)`) and open a session (`open_on(status, timeout_s)`) on the best replica
     not in `exclude`; see the module docstring for which outcomes move on. `deadline` (monotonic s): no query
     waits past it (the caller's offline budget)."""
@@ -128,19 +152,26 @@ def open_ladder(discover: Callable[[float], list[Status]], open_on: Callable[[St
         timed_out = not found and elapsed >= 0.9 * waited
         wait = f"waited {elapsed:.1f} s, timeout {waited:.1f} s; excluded: {sorted(exclude) or 'none'}"
         if found:  # they answered, and each is excluded (drained, or tried this round)
-            raise NoReplica(f"no replica of {model_id}@{revision} under {root} is left to "
-                            f"try: {sorted(s.replica_id for s in found)} answered and all are excluded ({wait})")
+            raise NoReplica(
+                f"no replica of {model_id}@{revision} under {root} is left to "
+                f"try: {sorted(s.replica_id for s in found)} answered and all are excluded ({wait})"
+            )
         if timed_out:
-            raise NoReplica(f"no replica of {model_id}@{revision} answered under {root} "
-                            f"({wait}); is the server running and connected to the router, and is the round "
-                            f"trip of the link under the timeout?", unanswered=True)
+            raise NoReplica(
+                f"no replica of {model_id}@{revision} answered under {root} "
+                f"({wait}); is the server running and connected to the router, and is the round "
+                f"trip of the link under the timeout?",
+                unanswered=True,
+            )
         # empty before the timeout: the router knows no server of this model id and revision (a typo in
         # either, or the server is not running or not on this router)
-        raise NoReplica(f"no server serves model_id {model_id!r} revision {revision!r} under "
-                        f"{root} on this router ({wait}: the router answered, and knows no replica "
-                        f"of it); check model_id and revision against the server's manifest "
-                        f"(model_id, model.revision, root) and that the server is running and connected to the "
-                        f"same router")
+        raise NoReplica(
+            f"no server serves model_id {model_id!r} revision {revision!r} under "
+            f"{root} on this router ({wait}: the router answered, and knows no replica "
+            f"of it); check model_id and revision against the server's manifest "
+            f"(model_id, model.revision, root) and that the server is running and connected to the "
+            f"same router"
+        )
     refusals, timeouts = [], 0
     for st in replicas:
         if not st.ready or st.draining:
@@ -158,12 +189,16 @@ def open_ladder(discover: Callable[[float], list[Status]], open_on: Callable[[St
         except TimeoutError:
             elapsed = time.monotonic() - t0
             timeouts += elapsed >= 0.9 * waited  # at once: the replica's queryable is gone (it died), not slow
-            refusals.append(f"{st.replica_id}: no answer to the session query (waited {elapsed:.1f} s, timeout "
-                            f"{waited:.1f} s: a dead or hung replica, or a link slower than the timeout)")
+            refusals.append(
+                f"{st.replica_id}: no answer to the session query (waited {elapsed:.1f} s, timeout "
+                f"{waited:.1f} s: a dead or hung replica, or a link slower than the timeout)"
+            )
     unanswered = timeouts == len(refusals)
-    raise NoReplica(f"{'no replica' if unanswered else 'every replica'} of {model_id} "
-                    f"{'answered its session query' if unanswered else 'refused'}: {'; '.join(refusals)}",
-                    unanswered=unanswered)
+    raise NoReplica(
+        f"{'no replica' if unanswered else 'every replica'} of {model_id} "
+        f"{'answered its session query' if unanswered else 'refused'}: {'; '.join(refusals)}",
+        unanswered=unanswered,
+    )
 
 
 def declare(z, keys, rk, on_action: Callable, on_server_alive: Callable, into: list):
@@ -175,16 +210,21 @@ def declare(z, keys, rk, on_action: Callable, on_server_alive: Callable, into: l
 
     into.append(z.liveliness().declare_token(keys.alive))
     into.append(z.declare_subscriber(keys.action, zenoh.handlers.Callback(on_action, indirect=False)))
-    into.append(z.liveliness().declare_subscriber(
-        rk.alive, zenoh.handlers.Callback(on_server_alive, indirect=False), history=True))
+    into.append(
+        z.liveliness().declare_subscriber(
+            rk.alive, zenoh.handlers.Callback(on_server_alive, indirect=False), history=True
+        )
+    )
     return declare_publisher(z, keys.obs, "obs")
 
 
-def open_body(client_id: str, client_type: str, open_args: dict, task: str, replica_id: str,
-              prev: SessionAck | None) -> SessionOpen:
+def open_body(
+    client_id: str, client_type: str, open_args: dict, task: str, replica_id: str, prev: SessionAck | None
+) -> SessionOpen:
     """The SessionOpen for `replica_id`; with the previous session's proof when `prev` was on the same replica."""
-    body = SessionOpen(client_uuid=client_id, schema_version=SCHEMA_VERSION, client_type=client_type,
-                       **{**open_args, "task": task})
+    body = SessionOpen(
+        client_uuid=client_id, schema_version=SCHEMA_VERSION, client_type=client_type, **{**open_args, "task": task}
+    )
     if prev is not None and prev.replica_id == replica_id and prev.session_key:
         # a re-handshake proves it owns the session it replaces (server.guard: a live session is never hijacked)
         body.previous_session_id = prev.session_id
@@ -207,8 +247,9 @@ def accept(reply, replica_id: str, model_id: str, revision: str, open_args: dict
     return reply
 
 
-def ack_disagreement(ack: SessionAck, replica_id: str, model_id: str, revision: str,
-                     open_args: dict) -> tuple[str, str] | None:
+def ack_disagreement(
+    ack: SessionAck, replica_id: str, model_id: str, revision: str, open_args: dict
+) -> tuple[str, str] | None:
     """(code, message) when the ack promises another model than the one asked for, else None.
 
     A replica acknowledges only what it serves (it refuses any mismatch in words), so an ack that disagrees
@@ -216,20 +257,29 @@ def ack_disagreement(ack: SessionAck, replica_id: str, model_id: str, revision: 
     chunks of its width (a 5-column chunk on a 3-action robot)."""
     a = open_args
     if ack.model_id != model_id or ack.revision != revision:
-        return ErrorCode.WRONG_MODEL, (f"replica {replica_id} acknowledged {ack.model_id}@{ack.revision}; this "
-                                       f"client asked for {model_id}@{revision}")
+        return ErrorCode.WRONG_MODEL, (
+            f"replica {replica_id} acknowledged {ack.model_id}@{ack.revision}; this "
+            f"client asked for {model_id}@{revision}"
+        )
     if a["action_names"] and list(ack.action_names) != a["action_names"]:
-        return ErrorCode.ACTION_MISMATCH, (f"replica {replica_id} acknowledged action_names "
-                                           f"{list(ack.action_names)}; this client drives {a['action_names']}")
+        return ErrorCode.ACTION_MISMATCH, (
+            f"replica {replica_id} acknowledged action_names "
+            f"{list(ack.action_names)}; this client drives {a['action_names']}"
+        )
     if a["state_dim"] and ack.state_dim != a["state_dim"]:
-        return ErrorCode.STATE_DIM_MISMATCH, (f"replica {replica_id} acknowledged state_dim {ack.state_dim}; this "
-                                              f"client sends {a['state_dim']}")
+        return ErrorCode.STATE_DIM_MISMATCH, (
+            f"replica {replica_id} acknowledged state_dim {ack.state_dim}; this client sends {a['state_dim']}"
+        )
     if a["expected_checkpoint_hash"] and ack.checkpoint_hash != a["expected_checkpoint_hash"]:
-        return ErrorCode.WRONG_MODEL, (f"replica {replica_id} acknowledged checkpoint {ack.checkpoint_hash!r}; "
-                                       f"this client pinned {a['expected_checkpoint_hash']!r}")
+        return ErrorCode.WRONG_MODEL, (
+            f"replica {replica_id} acknowledged checkpoint {ack.checkpoint_hash!r}; "
+            f"this client pinned {a['expected_checkpoint_hash']!r}"
+        )
     if a["policy_type"] and ack.policy_type != a["policy_type"]:
-        return ErrorCode.WRONG_MODEL, (f"replica {replica_id} acknowledged policy_type {ack.policy_type!r}; this "
-                                       f"client asked for {a['policy_type']!r}")
+        return ErrorCode.WRONG_MODEL, (
+            f"replica {replica_id} acknowledged policy_type {ack.policy_type!r}; this "
+            f"client asked for {a['policy_type']!r}"
+        )
     if ack.chunk_size < 1:
         return ErrorCode.MALFORMED, f"replica {replica_id} acknowledged chunk_size {ack.chunk_size}; it must be >= 1"
     return None

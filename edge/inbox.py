@@ -51,7 +51,9 @@ class Result:
 class Event:
     """An EVENT from the server: an Error for a request (or the session) or a DrainNotice."""
 
-    kind: str  # "error" | "drain" | "bad_chunk" (a reply that does not decode, or a chunk whose header and body disagree)
+    kind: (
+        str  # "error" | "drain" | "bad_chunk" (a reply that does not decode, or a chunk whose header and body disagree)
+    )
     code: str
     message: str
     seq_id: int | None
@@ -138,16 +140,50 @@ def decode(t_ns: int, payload: bytes, att: bytes, routed_ns: int | None = None) 
         return Event("bad_chunk", exc.code, f"undecodable message from the server: {exc}", None, 0, 0)
     if isinstance(msg, ActionChunk):
         if h.msg_type != MsgType.CHUNK or msg.seq_id_echo != h.seq_id:
-            return Event("bad_chunk", ErrorCode.MALFORMED, "chunk header and body disagree", h.seq_id,
-                         h.episode_id, h.session_epoch)
-        return Result(h.seq_id, h.episode_id, h.session_epoch, msg.chunk_model, msg.chunk_robot,
-                      (t_ns - msg.client_mono_ns_echo) / 1e9, msg.queue_wait_ms, msg.inference_ms,
-                      msg.superseded_seqs, msg.server_load, msg.rtc_applied, msg.inference_emulated, t_ns / 1e9,
-                      msg.session_id, sent_ns=msg.client_mono_ns_echo, routed_ns=routed_ns)
+            return Event(
+                "bad_chunk",
+                ErrorCode.MALFORMED,
+                "chunk header and body disagree",
+                h.seq_id,
+                h.episode_id,
+                h.session_epoch,
+            )
+        return Result(
+            h.seq_id,
+            h.episode_id,
+            h.session_epoch,
+            msg.chunk_model,
+            msg.chunk_robot,
+            (t_ns - msg.client_mono_ns_echo) / 1e9,
+            msg.queue_wait_ms,
+            msg.inference_ms,
+            msg.superseded_seqs,
+            msg.server_load,
+            msg.rtc_applied,
+            msg.inference_emulated,
+            t_ns / 1e9,
+            msg.session_id,
+            sent_ns=msg.client_mono_ns_echo,
+            routed_ns=routed_ns,
+        )
     if isinstance(msg, DrainNotice):
-        return Event("drain", ErrorCode.DRAINING, msg.reason or "replica draining", None, h.episode_id,
-                     h.session_epoch, {"replica_id": msg.replica_id, "deadline_ms": msg.deadline_ms})
+        return Event(
+            "drain",
+            ErrorCode.DRAINING,
+            msg.reason or "replica draining",
+            None,
+            h.episode_id,
+            h.session_epoch,
+            {"replica_id": msg.replica_id, "deadline_ms": msg.deadline_ms},
+        )
     if isinstance(msg, Error):
-        return Event("error", msg.code, msg.message, msg.seq_id if msg.seq_id is not None else h.seq_id,
-                     h.episode_id, h.session_epoch, msg.details)
+        return Event(
+            "error",
+            msg.code,
+            msg.message,
+            msg.seq_id if msg.seq_id is not None else h.seq_id,
+            h.episode_id,
+            h.session_epoch,
+            msg.details,
+        )
     return None

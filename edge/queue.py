@@ -151,11 +151,11 @@ class ActionQueue:
     def get_left_over(self) -> np.ndarray | None:
         """Model-space actions from the cursor; None only before the first merge."""
         with self._lock:
-            return None if self._original is None else self._original[self._cursor:].copy()
+            return None if self._original is None else self._original[self._cursor :].copy()
 
     def get_processed_left_over(self) -> np.ndarray | None:
         with self._lock:
-            return None if self._processed is None else self._processed[self._cursor:].copy()
+            return None if self._processed is None else self._processed[self._cursor :].copy()
 
     def clear(self) -> None:
         with self._lock:
@@ -167,14 +167,22 @@ class ActionQueue:
 
     # --- merge (worker thread) ---------------------------------------------------------------------
 
-    def merge(self, original: np.ndarray, processed: np.ndarray, real_delay: int,
-              action_index_before_inference: int | None = None, meta: Any = None) -> int:
+    def merge(
+        self,
+        original: np.ndarray,
+        processed: np.ndarray,
+        real_delay: int,
+        action_index_before_inference: int | None = None,
+        meta: Any = None,
+    ) -> int:
         """Merge a new chunk; returns how many of its rows were trimmed. A chunk that breaks the queue's
         invariant (module docstring) raises ValueError and leaves the queue as it was."""
         original, processed = check_chunk(original, processed, self.action_dim)  # outside the lock get() takes
         with self._lock:
             if self._processed is not None and self._processed.shape[1:] != processed.shape[1:]:
-                raise ValueError(f"chunk has {processed.shape[1]} action dims; the queue holds {self._processed.shape[1]}")
+                raise ValueError(
+                    f"chunk has {processed.shape[1]} action dims; the queue holds {self._processed.shape[1]}"
+                )
             self._generation += 1
             delay = int(real_delay)
             if action_index_before_inference is not None:
@@ -211,8 +219,10 @@ def check_chunk(original, processed, action_dim: int | None = None) -> tuple[np.
     original = _as_chunk(original, "original")
     processed = _as_chunk(processed, "processed")
     if original.shape != processed.shape:
-        raise ValueError(f"original has shape {original.shape} but processed has {processed.shape}; "
-                         "both are the same chunk in two spaces (rows, action dims)")
+        raise ValueError(
+            f"original has shape {original.shape} but processed has {processed.shape}; "
+            "both are the same chunk in two spaces (rows, action dims)"
+        )
     if action_dim is not None and processed.shape[1] != action_dim:
         raise ValueError(f"chunk has {processed.shape[1]} action dims; the queue holds {action_dim}")
     return original, processed
@@ -230,8 +240,10 @@ def _as_chunk(x, name: str) -> np.ndarray:
         a = raw.astype(np.float32, copy=False)
     if not np.isfinite(a).all():
         bad = np.argwhere(~np.isfinite(a))[0]
-        raise ValueError(f"{name} chunk holds a non-finite value ({a[tuple(bad)]} at row {bad[0]}, column {bad[1]}; "
-                         f"{int((~np.isfinite(a)).sum())} in all): a NaN or inf action never reaches the robot")
+        raise ValueError(
+            f"{name} chunk holds a non-finite value ({a[tuple(bad)]} at row {bad[0]}, column {bad[1]}; "
+            f"{int((~np.isfinite(a)).sum())} in all): a NaN or inf action never reaches the robot"
+        )
     return a
 
 

@@ -20,8 +20,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,9 @@ class RTCEngineConfig:
         if self.trim not in TRIM_MODES:
             raise ConfigError(f"{type(self).__name__}.trim: {self.trim!r} is not one of {TRIM_MODES}")
         if self.latency_mode not in LATENCY_MODES:
-            raise ConfigError(f"{type(self).__name__}.latency_mode: {self.latency_mode!r} is not one of {LATENCY_MODES}")
+            raise ConfigError(
+                f"{type(self).__name__}.latency_mode: {self.latency_mode!r} is not one of {LATENCY_MODES}"
+            )
         for name in ("execution_horizon", "max_consecutive_errors", "latency_window"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -81,7 +84,9 @@ class LocalEngine(Engine):
 
     def __init__(self, type_name: str, policy) -> None:
         if policy is None or not hasattr(policy, "predict_action_chunk"):
-            raise ConfigError(f"the {type_name} engine needs a policy with predict_action_chunk(obs, inference_delay, prefix)")
+            raise ConfigError(
+                f"the {type_name} engine needs a policy with predict_action_chunk(obs, inference_delay, prefix)"
+            )
         self.type_name = type_name
         self.policy = policy
         self._paused = False
@@ -119,8 +124,14 @@ class LocalEngine(Engine):
 
 @register_engine("rtc", RTCEngineConfig)
 class RTCEngine(LocalEngine):
-    def __init__(self, config: RTCEngineConfig, policy=None, shutdown_event: threading.Event | None = None,
-                 clock: Callable[[], float] = time.monotonic, latency_override: Callable[[int], float] | None = None):
+    def __init__(
+        self,
+        config: RTCEngineConfig,
+        policy=None,
+        shutdown_event: threading.Event | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        latency_override: Callable[[int], float] | None = None,
+    ):
         super().__init__("rtc", policy)
         self.cfg = config
         self.clock = clock
@@ -192,8 +203,12 @@ class RTCEngine(LocalEngine):
 
     @property
     def stats(self) -> dict[str, Any]:
-        return {**self.counters, "qsize": self.queue.qsize(), "latency_max_s": self.tracker.max(),
-                "state": self._state.value}
+        return {
+            **self.counters,
+            "qsize": self.queue.qsize(),
+            "latency_max_s": self.tracker.max(),
+            "state": self._state.value,
+        }
 
     # --- inference ---------------------------------------------------------------------------------
 

@@ -26,7 +26,9 @@ class SyncEngineConfig:
         if isinstance(self.fps, bool) or not isinstance(self.fps, (int, float)) or not 0 < self.fps < math.inf:
             raise ConfigError(f"SyncEngineConfig.fps: must be a finite number > 0, got {self.fps!r}")
         if self.n_action_steps is not None and (not isinstance(self.n_action_steps, int) or self.n_action_steps < 1):
-            raise ConfigError(f"SyncEngineConfig.n_action_steps: must be a positive integer or null, got {self.n_action_steps!r}")
+            raise ConfigError(
+                f"SyncEngineConfig.n_action_steps: must be a positive integer or null, got {self.n_action_steps!r}"
+            )
 
     from_dict = classmethod(config_from_dict)
 
@@ -90,5 +92,9 @@ class SyncEngine(LocalEngine):
 
     @property
     def stats(self) -> dict[str, Any]:
-        return {"inferences": self._inferences, "bad_chunks": self._bad_chunks, "qsize": self.queue.qsize(),
-                "last_error": self.last_error}
+        return {
+            "inferences": self._inferences,
+            "bad_chunks": self._bad_chunks,
+            "qsize": self.queue.qsize(),
+            "last_error": self.last_error,
+        }

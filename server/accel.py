@@ -50,8 +50,11 @@ class GpuJpegDecoder:
             return None
         decode = _torchvision_decode_jpeg()
         if decode is None:
-            log.info("torchvision is not installed: JPEG frames are decoded on the CPU (pip install torchvision "
-                     "for nvjpeg decode on %s)", device)
+            log.info(
+                "torchvision is not installed: JPEG frames are decoded on the CPU (pip install torchvision "
+                "for nvjpeg decode on %s)",
+                device,
+            )
             return None
         return cls(device, decode)
 

@@ -28,14 +28,23 @@ import math
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 log = logging.getLogger(__name__)
 
-FIELDS = ("session_id", "client_uuid", "seq_id", "episode_id", "queue_wait_ms", "inference_ms",
-          "chunk_range", "superseded_seqs", "outcome")
+FIELDS = (
+    "session_id",
+    "client_uuid",
+    "seq_id",
+    "episode_id",
+    "queue_wait_ms",
+    "inference_ms",
+    "chunk_range",
+    "superseded_seqs",
+    "outcome",
+)
 STAMPED = ("ts", "mono_ms")  # written by AuditLog only
 
 
@@ -103,13 +112,17 @@ class AuditLog:
         a full disk must not take down inference, but the failure is logged."""
         for key in STAMPED:
             if key in record:
-                raise ValueError(f"audit record may not carry {key!r}: the audit log stamps it with the server's own clock")
+                raise ValueError(
+                    f"audit record may not carry {key!r}: the audit log stamps it with the server's own clock"
+                )
         with self._lock:
             if self._closed:
                 raise ValueError("AuditLog is closed")
             # Stamped under the lock so lines appear in file order of mono_ms.
-            line: dict[str, Any] = {"ts": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
-                                    "mono_ms": round(time.monotonic() * 1000.0, 3)}
+            line: dict[str, Any] = {
+                "ts": datetime.now(UTC).isoformat(timespec="microseconds"),
+                "mono_ms": round(time.monotonic() * 1000.0, 3),
+            }
             for key in FIELDS:
                 line[key] = record.get(key)
             for key, value in record.items():
@@ -120,7 +133,7 @@ class AuditLog:
                 if self._fd is not None:
                     data = text.encode("utf-8")
                     while data:  # os.write may be partial only on signals or odd filesystems
-                        data = data[os.write(self._fd, data):]
+                        data = data[os.write(self._fd, data) :]
                 if self.stream is not None:
                     self.stream.write(text)
                     self.stream.flush()
@@ -139,7 +152,7 @@ class AuditLog:
         if fd is not None:
             os.close(fd)
 
-    def __enter__(self) -> "AuditLog":
+    def __enter__(self) -> AuditLog:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -149,14 +162,18 @@ class AuditLog:
 def _as_utc(when: datetime | str | float) -> datetime:
     """A bound for read_audit: datetime (naive = UTC, as the log is), ISO string, or epoch seconds."""
     if isinstance(when, (int, float)):
-        return datetime.fromtimestamp(when, timezone.utc)
+        return datetime.fromtimestamp(when, UTC)
     if isinstance(when, str):
         when = datetime.fromisoformat(when)
-    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when
 
 
-def read_audit(path: str | Path, start: datetime | str | float | None = None, end: datetime | str | float | None = None,
-               client_uuid: str | None = None) -> list[dict]:
+def read_audit(
+    path: str | Path,
+    start: datetime | str | float | None = None,
+    end: datetime | str | float | None = None,
+    client_uuid: str | None = None,
+) -> list[dict]:
     """Audit records of `path` with `start <= ts < end` and the given `client_uuid`, in file order.
 
     Lines that are not complete JSON objects (a crash mid-write) are skipped with a warning.

@@ -50,11 +50,16 @@ def check_policy(path: str | os.PathLike, device: str = "cpu", seed: int = 0) ->
     try:
         loaded = load_checkpoint(path, device=device)
     except CheckpointError as exc:
-        if directory.is_dir() and {p.name for p in directory.iterdir()} >= {CONFIG_FILE, STATS_FILE} \
-                and not (directory / WEIGHTS_FILE).exists():
-            raise CheckpointError(f"{exc}. A checkpoint shipped as config and stats only gets seeded random weights "
-                                  f"from `bench init-weights {directory.resolve()}` "
-                                  f"(server.policies.checkpoint.init_weights)") from None
+        if (
+            directory.is_dir()
+            and {p.name for p in directory.iterdir()} >= {CONFIG_FILE, STATS_FILE}
+            and not (directory / WEIGHTS_FILE).exists()
+        ):
+            raise CheckpointError(
+                f"{exc}. A checkpoint shipped as config and stats only gets seeded random weights "
+                f"from `bench init-weights {directory.resolve()}` "
+                f"(server.policies.checkpoint.init_weights)"
+            ) from None
         raise
     cfg = loaded.config
     runtime = ModelRuntime(loaded)
@@ -64,12 +69,14 @@ def check_policy(path: str | os.PathLike, device: str = "cpu", seed: int = 0) ->
     except PolicyError:
         raise
     except Exception as exc:
-        raise PolicyCheckError(f"{where}: {exc}; the server runs this warm-up before it serves, so no replica of this "
-                               f"checkpoint would start (check the policy type's predict_action_chunk)") from None
+        raise PolicyCheckError(
+            f"{where}: {exc}; the server runs this warm-up before it serves, so no replica of this "
+            f"checkpoint would start (check the policy type's predict_action_chunk)"
+        ) from None
     stats = json.loads((directory / STATS_FILE).read_text())
     rng = np.random.default_rng(seed)
     state_stats = stats["observation.state"]
-    state = (np.asarray(state_stats["mean"]) + np.asarray(state_stats["std"]) * rng.standard_normal(cfg.state_dim))
+    state = np.asarray(state_stats["mean"]) + np.asarray(state_stats["std"]) * rng.standard_normal(cfg.state_dim)
     images = {name: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8) for name, s in cfg.image_features.items()}
     obs = {"state": state.astype(np.float32), "images": images}
     predictor = LocalPredictor(runtime, rtc=True, torch_threads=torch.get_num_threads())
@@ -81,33 +88,48 @@ def check_policy(path: str | os.PathLike, device: str = "cpu", seed: int = 0) ->
         try:
             model, robot = predictor.predict_action_chunk({**obs, "prefix_robot": prefix_robot}, delay, prefix)
         except Exception as exc:
-            raise PolicyCheckError(f"{where}: a forward pass on a synthetic observation of the declared shapes ({what}: "
-                                   f"state ({cfg.state_dim},), cameras {shapes}) failed: {exc}") from None
+            raise PolicyCheckError(
+                f"{where}: a forward pass on a synthetic observation of the declared shapes ({what}: "
+                f"state ({cfg.state_dim},), cameras {shapes}) failed: {exc}"
+            ) from None
         ms = (time.perf_counter() - t0) * 1e3
         for space, chunk in (("model", model), ("robot", robot)):
             if tuple(np.shape(chunk)) != want:
                 raise PolicyCheckError(
                     f"{where}: the {cfg.type} policy returned a {space}-space chunk of shape {tuple(np.shape(chunk))} "
                     f"({what}); config.json declares chunk_size {cfg.chunk_size} and action_dim {cfg.action_dim}, so "
-                    f"every chunk is {want}: fix predict_action_chunk or the config")
+                    f"every chunk is {want}: fix predict_action_chunk or the config"
+                )
         return model, robot, ms
 
     model, robot, forward_ms = forward("no prefix", 0, None)
     if runtime.supports_rtc:  # the next request of a session: the leftover of this chunk as the prefix
         horizon = runtime.execution_horizon
-        forward(f"an RTC prefix of {horizon} rows, delay 2", 2, model[2:2 + horizon], robot[2:2 + horizon])
+        forward(f"an RTC prefix of {horizon} rows, delay 2", 2, model[2 : 2 + horizon], robot[2 : 2 + horizon])
     runtime.reset_policy()
-    return {"path": str(loaded.revision_info.get("path", where)), "type": cfg.type,
-            "checkpoint_hash": loaded.checkpoint_hash, "policy_class": classify(loaded.policy),
-            "supports_rtc": runtime.supports_rtc, "state_dim": cfg.state_dim, "action_names": list(cfg.action_names),
-            "chunk_size": cfg.chunk_size, "fps": cfg.fps, "cameras": runtime.cameras,
-            "warmup_ms": round(warmup_ms, 3), "forward_ms": round(forward_ms, 3)}
+    return {
+        "path": str(loaded.revision_info.get("path", where)),
+        "type": cfg.type,
+        "checkpoint_hash": loaded.checkpoint_hash,
+        "policy_class": classify(loaded.policy),
+        "supports_rtc": runtime.supports_rtc,
+        "state_dim": cfg.state_dim,
+        "action_names": list(cfg.action_names),
+        "chunk_size": cfg.chunk_size,
+        "fps": cfg.fps,
+        "cameras": runtime.cameras,
+        "warmup_ms": round(warmup_ms, 3),
+        "forward_ms": round(forward_ms, 3),
+    }
 
 
 def main(argv: list[str] | None = None, prog: str = "policy-server check") -> int:
     """CLI: 0 when the checkpoint would be served, 2 (one line on stderr, no traceback) when it would not."""
-    ap = argparse.ArgumentParser(prog=prog, description="Check a checkpoint directory by the policy server's own "
-                                 "rules: load, warm up, and one forward pass on a synthetic observation.")
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description="Check a checkpoint directory by the policy server's own "
+        "rules: load, warm up, and one forward pass on a synthetic observation.",
+    )
     ap.add_argument("checkpoint", help="local checkpoint directory (config.json, model.safetensors, stats.json)")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -127,10 +149,12 @@ def main(argv: list[str] | None = None, prog: str = "policy-server check") -> in
         print(json.dumps(report, indent=1))
     else:
         cams = ", ".join(f"{n} {s[0]}x{s[1]}" for n, s in report["cameras"].items()) or "none"
-        print(f"{prog}: OK {report['path']}: {report['type']} ({report['policy_class']}, rtc "
-              f"{'yes' if report['supports_rtc'] else 'no'}), state {report['state_dim']}, actions "
-              f"{len(report['action_names'])} x {report['chunk_size']} rows, cameras {cams}, hash "
-              f"{report['checkpoint_hash'][:16]}, forward {report['forward_ms']:.1f} ms")
+        print(
+            f"{prog}: OK {report['path']}: {report['type']} ({report['policy_class']}, rtc "
+            f"{'yes' if report['supports_rtc'] else 'no'}), state {report['state_dim']}, actions "
+            f"{len(report['action_names'])} x {report['chunk_size']} rows, cameras {cams}, hash "
+            f"{report['checkpoint_hash'][:16]}, forward {report['forward_ms']:.1f} ms"
+        )
     return 0
 
 

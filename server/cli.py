@@ -38,8 +38,10 @@ def _serve_parser() -> argparse.ArgumentParser:
 
 
 def _replay_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="policy-server replay",
-                                 description="Replay a debug capture through the same pipeline and compare outputs byte for byte.")
+    ap = argparse.ArgumentParser(
+        prog="policy-server replay",
+        description="Replay a debug capture through the same pipeline and compare outputs byte for byte.",
+    )
     ap.add_argument("capture_dir")
     ap.add_argument("--checkpoint", required=True, help="local checkpoint directory the capture was served from")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
@@ -56,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return check_main(argv[1:])
     if argv and argv[0] == "schema":
-        ap = argparse.ArgumentParser(prog="policy-server schema",
-                                     description="Print a JSON Schema for editors (docs/manifest.md, Editor support).")
+        ap = argparse.ArgumentParser(
+            prog="policy-server schema",
+            description="Print a JSON Schema for editors (docs/manifest.md, Editor support).",
+        )
         ap.add_argument("what", choices=["manifest"])
         ap.parse_args(argv[1:])
         from server.manifest import json_schema
@@ -65,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(json_schema(), indent=2))
         return 0
     args = _serve_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level or "INFO").upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level or "INFO").upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     return _serve(args)
 
 
@@ -104,8 +111,10 @@ def _serve(args) -> int:
             return 2
     if args.check:
         for served in server.models.values():
-            print(f"policy-server: manifest and checkpoint OK ({served.info.model_id}, {served.info.policy_type}, "
-                  f"hash {served.info.checkpoint_hash[:16]})")
+            print(
+                f"policy-server: manifest and checkpoint OK ({served.info.model_id}, {served.info.policy_type}, "
+                f"hash {served.info.checkpoint_hash[:16]})"
+            )
         return 0
     done = threading.Event()
 
@@ -158,9 +167,11 @@ def _replay(args) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        print(f"replayed {report['requests']} requests: {report['matched']} byte-identical, {report['mismatched']} "
-              f"differ (max |diff| {report['max_abs_diff']:.3g}), {report['errors']} errors; "
-              f"same checkpoint: {report['same_checkpoint']}")
+        print(
+            f"replayed {report['requests']} requests: {report['matched']} byte-identical, {report['mismatched']} "
+            f"differ (max |diff| {report['max_abs_diff']:.3g}), {report['errors']} errors; "
+            f"same checkpoint: {report['same_checkpoint']}"
+        )
         if report["first_mismatch"]:
             print(f"first mismatch: {report['first_mismatch']}")
     return 0 if report["mismatched"] == 0 and report["errors"] == 0 else 1

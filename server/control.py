@@ -68,7 +68,9 @@ class ControlPlane:
             qkey = str(query.key_expr)
             # on the per-client key the uuid in the key is the identity (router access rules bind it to the
             # robot's certificate); the replica-level key takes the body's word for it
-            key_uuid = parse_client_key(qkey, srv.keys.root).client_uuid if qkey != srv.keys.session else req.client_uuid
+            key_uuid = (
+                parse_client_key(qkey, srv.keys.root).client_uuid if qkey != srv.keys.session else req.client_uuid
+            )
         except WireError as exc:
             srv.metrics.inc("sessions_rejected", model=srv.info.model_id, reason="malformed")
             return self._reply(query, Error(exc.code, f"session open: {exc}"))
@@ -77,12 +79,15 @@ class ControlPlane:
             return self._reply(query, Error(ErrorCode.MALFORMED, f"session open: {type(exc).__name__}: {exc}"))
         old = srv.sessions.by_client(req.client_uuid)
         active = srv.active_sessions() - (1 if old is not None else 0)  # a re-handshake replaces its own session
-        d = validate_open(req, srv.info, active=active, ready=srv.ready, draining=srv.draining,
-                          client_uuid_from_key=key_uuid)
+        d = validate_open(
+            req, srv.info, active=active, ready=srv.ready, draining=srv.draining, client_uuid_from_key=key_uuid
+        )
         if not d.ok:
             srv.metrics.inc("sessions_rejected", model=srv.info.model_id, reason=d.reason)
             if d.reason == "identity":
-                srv.guard.deny("identity", key_uuid, detail=f"session open for {req.client_uuid!r} on the key of {key_uuid!r}")
+                srv.guard.deny(
+                    "identity", key_uuid, detail=f"session open for {req.client_uuid!r} on the key of {key_uuid!r}"
+                )
             log.info("session open refused for %s: %s", req.client_uuid, d.error.message)
             return self._reply(query, d.error)
         refusal = self._guard_open(req, old)
@@ -93,14 +98,29 @@ class ControlPlane:
         except Exception as exc:
             return self._reply(query, Error(ErrorCode.INTERNAL, f"cannot declare the action publisher: {exc}"))
         horizon = min(int(req.execution_horizon or srv.info.execution_horizon), srv.info.chunk_size)
-        s = Session(SessionRegistry.new_id(), req.client_uuid, keys, d.task, d.rtc_enabled, horizon, req.fps,
-                    schema_version=req.schema_version,
-                    client_type=req.client_type, tags=dict(req.tags), pipeline=srv.runtime.new_pipeline(),
-                    publisher=publisher, session_key=new_session_key(), bucket=srv.guard.new_bucket(),
-                    answer_bucket=srv.guard.new_bucket())
+        s = Session(
+            SessionRegistry.new_id(),
+            req.client_uuid,
+            keys,
+            d.task,
+            d.rtc_enabled,
+            horizon,
+            req.fps,
+            schema_version=req.schema_version,
+            client_type=req.client_type,
+            tags=dict(req.tags),
+            pipeline=srv.runtime.new_pipeline(),
+            publisher=publisher,
+            session_key=new_session_key(),
+            bucket=srv.guard.new_bucket(),
+            answer_bucket=srv.guard.new_bucket(),
+        )
         known = srv.info.known_clients.get(req.client_uuid)
-        s.latency_budget_ms = (req.latency_budget_ms or (known.latency_budget_ms if known is not None else None)
-                               or srv.default_latency_budget_ms)
+        s.latency_budget_ms = (
+            req.latency_budget_ms
+            or (known.latency_budget_ms if known is not None else None)
+            or srv.default_latency_budget_ms
+        )
         s.priority = known.priority if known is not None else None
         replaced = srv.sessions.add(s)
         if replaced is not None:
@@ -110,9 +130,14 @@ class ControlPlane:
         srv.metrics.inc("sessions_opened", model=srv.info.model_id)
         srv.set_load()
         self._reply(query, make_ack(srv.info, s, d, active, req.schema_version))
-        log.info("session %s opened for %s (task %r, rtc %s)%s", s.session_id, s.client_uuid, s.task,
-                 srv.runtime.rtc_mode if s.rtc_enabled else False,
-                 "; warnings: " + "; ".join(d.warnings) if d.warnings else "")
+        log.info(
+            "session %s opened for %s (task %r, rtc %s)%s",
+            s.session_id,
+            s.client_uuid,
+            s.task,
+            srv.runtime.rtc_mode if s.rtc_enabled else False,
+            "; warnings: " + "; ".join(d.warnings) if d.warnings else "",
+        )
 
     def _guard_open(self, req: SessionOpen, old: Session | None) -> Error | None:
         """A live session is replaced only by its owner (previous_auth); identities hold a bounded number."""
@@ -120,18 +145,28 @@ class ControlPlane:
         g = srv.guard
         if old is not None and g.session_live(old) and not g.reopen_ok(old, req):
             srv.metrics.inc("sessions_rejected", model=srv.info.model_id, reason="session_live")
-            g.deny("session_live", req.client_uuid, session_id=old.session_id,
-                   detail="open without the previous session's proof while it is live")
-            return Error(ErrorCode.SESSION_LIVE, f"client {req.client_uuid!r} has a live session on replica "
-                         f"{srv.info.replica_id}; a re-handshake must carry previous_session_id and previous_auth, "
-                         f"or wait {g.reopen_idle_s:g} s after the old session went quiet", details={
-                             "retry_after_s": g.reopen_idle_s})
+            g.deny(
+                "session_live",
+                req.client_uuid,
+                session_id=old.session_id,
+                detail="open without the previous session's proof while it is live",
+            )
+            return Error(
+                ErrorCode.SESSION_LIVE,
+                f"client {req.client_uuid!r} has a live session on replica "
+                f"{srv.info.replica_id}; a re-handshake must carry previous_session_id and previous_auth, "
+                f"or wait {g.reopen_idle_s:g} s after the old session went quiet",
+                details={"retry_after_s": g.reopen_idle_s},
+            )
         held = srv.sessions.count_client(req.client_uuid) - (1 if old is not None else 0)
         if held >= g.max_sessions_per_client:
             srv.metrics.inc("sessions_rejected", model=srv.info.model_id, reason="sessions_per_client")
             g.deny("sessions_per_client", req.client_uuid, detail=f"holds {held}")
-            return Error(ErrorCode.TOO_MANY_SESSIONS, f"client {req.client_uuid!r} already holds {held} sessions on "
-                         f"this replica (security.max_sessions_per_client = {g.max_sessions_per_client}); close one")
+            return Error(
+                ErrorCode.TOO_MANY_SESSIONS,
+                f"client {req.client_uuid!r} already holds {held} sessions on "
+                f"this replica (security.max_sessions_per_client = {g.max_sessions_per_client}); close one",
+            )
         return None
 
     def on_reset(self, query) -> None:
@@ -149,8 +184,14 @@ class ControlPlane:
             return self._reply(query, err)  # a control reply reaches the querier only: safe to answer
         if not srv.guard.reset_ok(s, req):
             srv.guard.deny("bad_auth", parsed.client_uuid, session_id=s.session_id, detail="reset")
-            return self._reply(query, Error(ErrorCode.IDENTITY_MISMATCH, "reset refused: its auth tag does not prove "
-                                            "the session (wire.auth.reset_tag with the SessionAck's session_key)"))
+            return self._reply(
+                query,
+                Error(
+                    ErrorCode.IDENTITY_MISMATCH,
+                    "reset refused: its auth tag does not prove "
+                    "the session (wire.auth.reset_tag with the SessionAck's session_key)",
+                ),
+            )
         # The control plane never waits for a forward pass: the dispatch thread applies the reset under the
         # session's lock before this session's next preprocess (never between a preprocess and its postprocess).
         s.episode_id = req.episode_id

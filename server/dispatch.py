@@ -30,8 +30,9 @@ FORWARD_TIMEOUT_S = 120.0  # a Serve replica that takes longer is treated as fai
 class PolicyDeployment:
     """The body of the Serve deployment: loads the checkpoint once per replica and runs the forward pass."""
 
-    def __init__(self, repo_or_path: str, device: str, dtype: str, torch_threads: int,
-                 hyper_params: dict | None = None):
+    def __init__(
+        self, repo_or_path: str, device: str, dtype: str, torch_threads: int, hyper_params: dict | None = None
+    ):
         from server.policies.checkpoint import load_checkpoint
         from server.runtime import set_torch_threads
 
@@ -71,20 +72,38 @@ class RayServeForward:
         self.app_name, self.handle, self._ray, self._started_ray = app_name, handle, ray_module, started_ray
 
     @classmethod
-    def deploy(cls, *, model_id: str, replica_id: str, repo_or_path: str, device: str, dtype: str, torch_threads: int,
-               replicas: int, cpus_per_replica: float, gpus_per_replica: float, max_inflight: int,
-               address: str | None, hyper_params: dict | None = None) -> "RayServeForward":
+    def deploy(
+        cls,
+        *,
+        model_id: str,
+        replica_id: str,
+        repo_or_path: str,
+        device: str,
+        dtype: str,
+        torch_threads: int,
+        replicas: int,
+        cpus_per_replica: float,
+        gpus_per_replica: float,
+        max_inflight: int,
+        address: str | None,
+        hyper_params: dict | None = None,
+    ) -> RayServeForward:
         try:
             import ray
             from ray import serve
         except ImportError:
-            raise RuntimeError("dispatch.backend ray_serve needs Ray Serve: pip install 'fleet-inference[cluster]'") from None
+            raise RuntimeError(
+                "dispatch.backend ray_serve needs Ray Serve: pip install 'fleet-inference[cluster]'"
+            ) from None
         repo = str(Path(__file__).resolve().parents[1])
         started = False
         if not ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS") or None
-            kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": False,
-                                      "runtime_env": {"env_vars": {"PYTHONPATH": repo}}}
+            kwargs: dict[str, Any] = {
+                "logging_level": "WARNING",
+                "log_to_driver": False,
+                "runtime_env": {"env_vars": {"PYTHONPATH": repo}},
+            }
             if address is None:  # no cluster given: a private Ray on this host, for this process
                 kwargs.update(include_dashboard=False)
             ray.init(address=address, **kwargs)
@@ -92,12 +111,26 @@ class RayServeForward:
         serve.start(proxy_location="Disabled")  # no HTTP: the policy-server calls the handle
         app_name = f"fleet-{model_id}-{replica_id}-{os.getpid()}"
         deployment = serve.deployment(
-            PolicyDeployment, name=f"policy-{model_id}", num_replicas=replicas, max_ongoing_requests=max_inflight,
-            ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica})
-        handle = serve.run(deployment.bind(repo_or_path, device, dtype, torch_threads, dict(hyper_params or {})),
-                           name=app_name, route_prefix=None)
-        log.info("forward passes of %s on Ray Serve app %s (%d replica(s), %.1f CPU %.1f GPU each, %d in flight)",
-                 model_id, app_name, replicas, cpus_per_replica, gpus_per_replica, max_inflight)
+            PolicyDeployment,
+            name=f"policy-{model_id}",
+            num_replicas=replicas,
+            max_ongoing_requests=max_inflight,
+            ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
+        )
+        handle = serve.run(
+            deployment.bind(repo_or_path, device, dtype, torch_threads, dict(hyper_params or {})),
+            name=app_name,
+            route_prefix=None,
+        )
+        log.info(
+            "forward passes of %s on Ray Serve app %s (%d replica(s), %.1f CPU %.1f GPU each, %d in flight)",
+            model_id,
+            app_name,
+            replicas,
+            cpus_per_replica,
+            gpus_per_replica,
+            max_inflight,
+        )
         return cls(app_name, handle, ray, started)
 
     def __call__(self, batch, delays, prefixes):
@@ -132,8 +165,16 @@ def make_forward(policy, m, model_id: str, replica_id: str):
     if device.startswith("cuda") and gpus == 0:
         gpus = 1.0
     return RayServeForward.deploy(
-        model_id=model_id, replica_id=replica_id, repo_or_path=str(m.model.repo_or_path),
-        device=device, dtype=m.model.dtype, torch_threads=m.torch_threads,
-        replicas=d.replicas, cpus_per_replica=d.cpus_per_replica,
-        gpus_per_replica=gpus, max_inflight=d.max_inflight, address=d.address,
-        hyper_params=dict(m.model.hyper_params))
+        model_id=model_id,
+        replica_id=replica_id,
+        repo_or_path=str(m.model.repo_or_path),
+        device=device,
+        dtype=m.model.dtype,
+        torch_threads=m.torch_threads,
+        replicas=d.replicas,
+        cpus_per_replica=d.cpus_per_replica,
+        gpus_per_replica=gpus,
+        max_inflight=d.max_inflight,
+        address=d.address,
+        hyper_params=dict(m.model.hyper_params),
+    )

@@ -141,8 +141,9 @@ class Guard:
             self._last_answer[(client, reason)] = now
             return True
 
-    def deny(self, reason: str, client: str, *, session_id: str | None = None, seq_id: int | None = None,
-             detail: str = "") -> None:
+    def deny(
+        self, reason: str, client: str, *, session_id: str | None = None, seq_id: int | None = None, detail: str = ""
+    ) -> None:
         """Count one denial; write an audit line naming the client identity (throttled per client+reason)."""
         self.metrics.inc("security_denials", reason=reason)
         now = time.monotonic()
@@ -155,6 +156,14 @@ class Guard:
                 self._last_audit[(client, reason)] = (last, pending)
                 return
             self._last_audit[(client, reason)] = (now, 0)
-        self.audit.write({"session_id": session_id, "client_uuid": client, "seq_id": seq_id,
-                          "outcome": f"denied:{reason}", "denied_count": pending, "detail": detail,
-                          "replica_id": self.replica_id})
+        self.audit.write(
+            {
+                "session_id": session_id,
+                "client_uuid": client,
+                "seq_id": seq_id,
+                "outcome": f"denied:{reason}",
+                "denied_count": pending,
+                "detail": detail,
+                "replica_id": self.replica_id,
+            }
+        )

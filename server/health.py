@@ -26,8 +26,8 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 from urllib.parse import parse_qs
 
 from server.metrics import Metrics
@@ -126,10 +126,18 @@ class _HeadReader(io.RawIOBase):
 class HealthServer:
     """Serves /healthz, /readyz, /metrics and /sessions on `host:port` (port 0 picks a free one; read `.port`)."""
 
-    def __init__(self, port: int, metrics: Metrics | None, ready_fn: ReadyFn, live_fn: Callable[[], bool] = lambda: True,
-                 host: str = "127.0.0.1", sessions_fn: Callable[[str | None], dict] | None = None,
-                 timeout_s: float = TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
-                 head_deadline_s: float = HEAD_DEADLINE_S):
+    def __init__(
+        self,
+        port: int,
+        metrics: Metrics | None,
+        ready_fn: ReadyFn,
+        live_fn: Callable[[], bool] = lambda: True,
+        host: str = "127.0.0.1",
+        sessions_fn: Callable[[str | None], dict] | None = None,
+        timeout_s: float = TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+        head_deadline_s: float = HEAD_DEADLINE_S,
+    ):
         self.host = host
         self.timeout_s = timeout_s
         self.head_deadline_s = head_deadline_s
@@ -142,7 +150,7 @@ class HealthServer:
         self._httpd: _QuietServer | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "HealthServer":
+    def start(self) -> HealthServer:
         """Bind (raising HealthBindError if the port is taken) and serve on a daemon thread; returns self."""
         if self._httpd is not None:
             raise RuntimeError("HealthServer already started")
@@ -151,8 +159,12 @@ class HealthServer:
         except OSError as exc:
             raise HealthBindError(f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
         self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name=f"health-http:{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name=f"health-http:{self.port}",
+            daemon=True,
+        )
         self._thread.start()
         return self
 
@@ -167,7 +179,7 @@ class HealthServer:
             self._thread.join(timeout=5.0)
             self._thread = None
 
-    def __enter__(self) -> "HealthServer":
+    def __enter__(self) -> HealthServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -181,7 +193,9 @@ class HealthServer:
         except Exception as e:
             log.warning("live_fn raised; answering /healthz 503", exc_info=True)
             return 503, "text/plain; charset=utf-8", f"not live: live_fn raised {type(e).__name__}: {e}\n".encode()
-        return (200, "text/plain; charset=utf-8", b"ok\n") if live else (503, "text/plain; charset=utf-8", b"not live\n")
+        return (
+            (200, "text/plain; charset=utf-8", b"ok\n") if live else (503, "text/plain; charset=utf-8", b"not live\n")
+        )
 
     def _readyz(self) -> tuple[int, str, bytes]:
         try:

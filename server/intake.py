@@ -97,8 +97,14 @@ class Step:
 def _refused(a: Arrival, exc: WireError) -> Refusal:
     """A wire-level refusal: counted, a denial when the body proved its session, answered throttled."""
     reason = {ErrorCode.TOO_LARGE: "too_large", ErrorCode.SCHEMA_VERSION: "schema_version"}.get(exc.code, "malformed")
-    return Refusal(exc.code, Error(exc.code, f"observation refused: {exc}", seq_id=a.seq_id), THROTTLED, to=a.owner,
-                   deny=reason if a.authed else None, detail=f"{len(a.raw)} bytes: {str(exc)[:200]}")
+    return Refusal(
+        exc.code,
+        Error(exc.code, f"observation refused: {exc}", seq_id=a.seq_id),
+        THROTTLED,
+        to=a.owner,
+        deny=reason if a.authed else None,
+        detail=f"{len(a.raw)} bytes: {str(exc)[:200]}",
+    )
 
 
 def check_key(srv: Served, a: Arrival) -> Refusal | None:
@@ -114,8 +120,12 @@ def check_identity(srv: Served, a: Arrival) -> Refusal | None:
     a.owner = srv.sessions.by_client(a.client)
     a.sid, tag = peek_identity(a.raw)
     owner = a.owner
-    a.authed = (owner is not None and a.sid == owner.session_id and a.attachment is not None
-                and srv.guard.obs_ok(owner, a.sid, tag, a.attachment))
+    a.authed = (
+        owner is not None
+        and a.sid == owner.session_id
+        and a.attachment is not None
+        and srv.guard.obs_ok(owner, a.sid, tag, a.attachment)
+    )
     if owner is not None and not a.authed:
         return Refusal(deny="foreign_session" if a.sid != owner.session_id else "bad_auth")
     return None
@@ -127,34 +137,55 @@ def check_header(srv: Served, a: Arrival) -> Refusal | None:
     except WireError as exc:
         return _refused(a, exc)
     if a.header.msg_type != MsgType.OBS:
-        return _refused(a, WireError(ErrorCode.MALFORMED, f"msg_type {a.header.msg_type.name} on an obs key; "
-                                                          "expected OBS"))
+        return _refused(
+            a, WireError(ErrorCode.MALFORMED, f"msg_type {a.header.msg_type.name} on an obs key; expected OBS")
+        )
     return None
 
 
 def check_schema_version(srv: Served, a: Arrival) -> Refusal | None:
     """Both sides speak the version the open agreed (wire-protocol 8); a chunk never echoes another."""
     if a.authed and a.header.schema_version != a.owner.schema_version:
-        return _refused(a, WireError(ErrorCode.SCHEMA_VERSION, f"observation header says wire schema "
-                                     f"{a.header.schema_version}; this session speaks {a.owner.schema_version} "
-                                     "(agreed at the session open)"))
+        return _refused(
+            a,
+            WireError(
+                ErrorCode.SCHEMA_VERSION,
+                f"observation header says wire schema "
+                f"{a.header.schema_version}; this session speaks {a.owner.schema_version} "
+                "(agreed at the session open)",
+            ),
+        )
     return None
 
 
 def check_size(srv: Served, a: Arrival) -> Refusal | None:
     most = srv.guard.max_observation_bytes
     if a.authed and len(a.raw) > most:
-        return _refused(a, WireError(ErrorCode.TOO_LARGE, f"observation is {len(a.raw)} bytes; this replica accepts "
-                                     f"at most {most} (security.max_observation_bytes)"))
+        return _refused(
+            a,
+            WireError(
+                ErrorCode.TOO_LARGE,
+                f"observation is {len(a.raw)} bytes; this replica accepts "
+                f"at most {most} (security.max_observation_bytes)",
+            ),
+        )
     return None
 
 
 def check_rate(srv: Served, a: Arrival) -> Refusal | None:
     if a.authed and not a.owner.bucket.take():
-        return Refusal(ErrorCode.RATE_LIMITED, Error(
-            ErrorCode.RATE_LIMITED, f"over {srv.guard.max_request_rate_hz:g} observations/s "
-            "(security.max_request_rate_hz); requests are being dropped", seq_id=a.seq_id),
-            AT_SESSION_RATE, to=a.owner, deny="rate_limited")
+        return Refusal(
+            ErrorCode.RATE_LIMITED,
+            Error(
+                ErrorCode.RATE_LIMITED,
+                f"over {srv.guard.max_request_rate_hz:g} observations/s "
+                "(security.max_request_rate_hz); requests are being dropped",
+                seq_id=a.seq_id,
+            ),
+            AT_SESSION_RATE,
+            to=a.owner,
+            deny="rate_limited",
+        )
     return None
 
 
@@ -168,8 +199,9 @@ def check_decode(srv: Served, a: Arrival) -> Refusal | None:
 
 def check_draining(srv: Served, a: Arrival) -> Refusal | None:
     if srv.draining:
-        return Refusal(error=Error(ErrorCode.DRAINING, "replica is draining; open a session on another replica",
-                                   seq_id=a.seq_id))
+        return Refusal(
+            error=Error(ErrorCode.DRAINING, "replica is draining; open a session on another replica", seq_id=a.seq_id)
+        )
     return None
 
 
@@ -186,8 +218,12 @@ def check_state_shape(srv: Served, a: Arrival) -> Refusal | None:
     """The open agreed the state's size: a state of another shape is refused as an open would be."""
     bad = state_shape_error(np.shape(a.obs.state), srv.info.state_dim)
     if bad:
-        return Refusal(ErrorCode.STATE_DIM_MISMATCH, Error(ErrorCode.STATE_DIM_MISMATCH, bad, seq_id=a.seq_id),
-                       THROTTLED, to=a.session)
+        return Refusal(
+            ErrorCode.STATE_DIM_MISMATCH,
+            Error(ErrorCode.STATE_DIM_MISMATCH, bad, seq_id=a.seq_id),
+            THROTTLED,
+            to=a.session,
+        )
     return None
 
 
@@ -199,10 +235,17 @@ def check_sequence(srv: Served, a: Arrival) -> Refusal | None:
 
 
 ADMISSION: tuple[Step, ...] = (
-    Step("key", check_key), Step("identity", check_identity), Step("header", check_header),
-    Step("schema_version", check_schema_version), Step("size", check_size), Step("rate", check_rate),
-    Step("decode", check_decode), Step("draining", check_draining), Step("session", check_session),
-    Step("state_shape", check_state_shape), Step("sequence", check_sequence),
+    Step("key", check_key),
+    Step("identity", check_identity),
+    Step("header", check_header),
+    Step("schema_version", check_schema_version),
+    Step("size", check_size),
+    Step("rate", check_rate),
+    Step("decode", check_decode),
+    Step("draining", check_draining),
+    Step("session", check_session),
+    Step("state_shape", check_state_shape),
+    Step("sequence", check_sequence),
 )
 
 
@@ -212,8 +255,10 @@ def state_shape_error(shape: tuple[int, ...], state_dim: int) -> str | None:
     if tuple(shape) in ((state_dim,), (1, state_dim)):
         return None
     size = int(np.prod(shape)) if len(shape) else 1
-    return (f"state has shape {list(shape)} ({size} values); this policy takes a state of shape [{state_dim}] "
-            f"(or [1, {state_dim}]; the session_ack's state_dim)")
+    return (
+        f"state has shape {list(shape)} ({size} values); this policy takes a state of shape [{state_dim}] "
+        f"(or [1, {state_dim}]; the session_ack's state_dim)"
+    )
 
 
 class Intake:
@@ -257,24 +302,49 @@ class Intake:
         s.requests += 1
         srv.metrics.observe("payload_size_bytes", len(a.raw), model=model)
         srv.metrics.inc("requests", model=model)
-        req = Request(session_id=s.session_id, client=s.client_uuid, model=model, seq_id=header.seq_id,
-                      arrived=now, urgency=obs.urgency, priority=obs.priority if s.priority is None else s.priority,
-                      steps_remaining=obs.steps_remaining, cadence_s=1.0 / s.fps if s.fps > 0 else s.cadence_s,
-                      latency_budget_ms=s.latency_budget_ms, batch_key=model,
-                      payload=Pending(s, header, obs, len(a.raw), a.raw if srv.capture is not None else None,
-                                      a.received_ns, a.routed_ns))
+        req = Request(
+            session_id=s.session_id,
+            client=s.client_uuid,
+            model=model,
+            seq_id=header.seq_id,
+            arrived=now,
+            urgency=obs.urgency,
+            priority=obs.priority if s.priority is None else s.priority,
+            steps_remaining=obs.steps_remaining,
+            cadence_s=1.0 / s.fps if s.fps > 0 else s.cadence_s,
+            latency_budget_ms=s.latency_budget_ms,
+            batch_key=model,
+            payload=Pending(
+                s, header, obs, len(a.raw), a.raw if srv.capture is not None else None, a.received_ns, a.routed_ns
+            ),
+        )
         srv.start_dispatch()  # every loop running before the first request can be answered
         res = srv.mailbox.deposit(req)
         if res.superseded is not None:
             srv.metrics.inc("superseded_requests", model=model)
         if res.reason == "closed":
-            return self.replies.event_error(a.key, header, Error(
-                ErrorCode.DRAINING, "replica is stopping; open a session on another replica", seq_id=header.seq_id))
+            return self.replies.event_error(
+                a.key,
+                header,
+                Error(
+                    ErrorCode.DRAINING, "replica is stopping; open a session on another replica", seq_id=header.seq_id
+                ),
+            )
         if res.dropped is not None:
             srv.metrics.inc("queue_full_drops", model=model)
             p: Pending = res.dropped.payload
             p.session.outcomes["dropped:queue_full"] += 1
-            self.replies.audit(p.session, p.header, (now - res.dropped.arrived) * 1e3, 0.0, None, 0, "dropped:queue_full")
-            self.replies.event_error(p.session.keys.action, p.header, Error(
-                ErrorCode.OVERLOADED, f"server queue full ({srv.mailbox.depth()} pending); request dropped by "
-                f"overflow policy {srv.mailbox.overflow_policy}", seq_id=p.header.seq_id), session=p.session)
+            self.replies.audit(
+                p.session, p.header, (now - res.dropped.arrived) * 1e3, 0.0, None, 0, "dropped:queue_full"
+            )
+            self.replies.event_error(
+                p.session.keys.action,
+                p.header,
+                Error(
+                    ErrorCode.OVERLOADED,
+                    f"server queue full ({srv.mailbox.depth()} pending); request dropped by "
+                    f"overflow policy {srv.mailbox.overflow_policy}",
+                    seq_id=p.header.seq_id,
+                ),
+                session=p.session,
+            )

@@ -33,8 +33,9 @@ import heapq
 import itertools
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from server.scheduling import DEFAULT_BATCH_WINDOW_MS, Request, Scheduler, make_scheduler
 
@@ -82,7 +83,7 @@ class SchedulingConfig:
     max_retries: int = 0
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "SchedulingConfig":
+    def from_dict(cls, d: Mapping[str, Any] | None) -> SchedulingConfig:
         d = dict(d or {})
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(d) - known)
@@ -93,15 +94,16 @@ class SchedulingConfig:
 
 # ---- overflow policies: which request leaves when a new session finds the queue full ------------------------
 
-def _drop_oldest(box: "Mailbox", incoming: Request) -> Request:
+
+def _drop_oldest(box: Mailbox, incoming: Request) -> Request:
     return box._evict_oldest()
 
 
-def _refuse(box: "Mailbox", incoming: Request) -> Request:
+def _refuse(box: Mailbox, incoming: Request) -> Request:
     return incoming
 
 
-OVERFLOW_POLICIES: dict[str, Callable[["Mailbox", Request], Request]] = {
+OVERFLOW_POLICIES: dict[str, Callable[[Mailbox, Request], Request]] = {
     "drop_oldest": _drop_oldest,  # evict the longest-waiting request of another session
     "drop_newest": _refuse,  # refuse the incoming request quietly
     "reject": _refuse,  # refuse it and let the client know (DepositResult.error)
@@ -111,10 +113,20 @@ OVERFLOW_POLICIES: dict[str, Callable[["Mailbox", Request], Request]] = {
 class Mailbox:
     """Pending requests of one model, shared by depositing threads and its dispatch thread(s)."""
 
-    def __init__(self, scheduler: Scheduler | str = "round_robin", *, model: str = "", max_queue_size: int = 500,
-                 overflow_policy: str = "drop_oldest", request_ttl_ms: float | None = 5000.0, max_retries: int = 0,
-                 scheduler_options: Mapping[str, Any] | None = None, clock: Callable[[], float] = time.monotonic,
-                 batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS, senders: Callable[[], int] | None = None):
+    def __init__(
+        self,
+        scheduler: Scheduler | str = "round_robin",
+        *,
+        model: str = "",
+        max_queue_size: int = 500,
+        overflow_policy: str = "drop_oldest",
+        request_ttl_ms: float | None = 5000.0,
+        max_retries: int = 0,
+        scheduler_options: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
+        senders: Callable[[], int] | None = None,
+    ):
         """`batch_window_ms` is the gather window of a partial batch, used only with `senders` (how many sessions
         could send now: the gather stops once the batch holds that many); without it a partial batch leaves at once."""
         if overflow_policy not in OVERFLOW_POLICIES:
@@ -152,11 +164,24 @@ class Mailbox:
         self._closed = False
 
     @classmethod
-    def from_config(cls, config: SchedulingConfig | Mapping[str, Any] | None, *, model: str = "",
-                    clock: Callable[[], float] = time.monotonic) -> "Mailbox":
+    def from_config(
+        cls,
+        config: SchedulingConfig | Mapping[str, Any] | None,
+        *,
+        model: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Mailbox:
         c = config if isinstance(config, SchedulingConfig) else SchedulingConfig.from_dict(config)
-        return cls(c.strategy, model=model, max_queue_size=c.max_queue_size, overflow_policy=c.overflow_policy,
-                   request_ttl_ms=c.request_ttl_ms, max_retries=c.max_retries, scheduler_options=c.options, clock=clock)
+        return cls(
+            c.strategy,
+            model=model,
+            max_queue_size=c.max_queue_size,
+            overflow_policy=c.overflow_policy,
+            request_ttl_ms=c.request_ttl_ms,
+            max_retries=c.max_retries,
+            scheduler_options=c.options,
+            clock=clock,
+        )
 
     # ---- depositing side (Zenoh callbacks) ----
 
@@ -177,16 +202,21 @@ class Mailbox:
                 if len(self._pending) >= self.max_queue_size:
                     dropped = self._overflow(self, req)
                     if dropped is req:
-                        return DepositResult(False, dropped=req, reason=self.overflow_policy,
-                                             queue_depth=len(self._pending))
+                        return DepositResult(
+                            False, dropped=req, reason=self.overflow_policy, queue_depth=len(self._pending)
+                        )
             replaced = self._enqueue_locked(req)
             self._latest_seq[sid] = req.seq_id
             if replaced is not None:
                 self._superseded[sid] = self._superseded.get(sid, 0) + 1
             self._ready.notify()
-            return DepositResult(True, superseded=replaced, dropped=dropped,
-                                 reason=self.overflow_policy if dropped is not None else None,
-                                 queue_depth=len(self._pending))
+            return DepositResult(
+                True,
+                superseded=replaced,
+                dropped=dropped,
+                reason=self.overflow_policy if dropped is not None else None,
+                queue_depth=len(self._pending),
+            )
 
     def take_superseded(self, session_id: str) -> int:
         """Requests of this session replaced unanswered since the last call: the next chunk's `superseded_seqs`."""
@@ -213,9 +243,15 @@ class Mailbox:
     def _gathers(self, batch: Batch, max_batch: int) -> bool:
         """Whether a micro-batch window pays: one forward pass of 16 costs about what 2 single passes cost, so a
         partial batch waits for more while more sessions could send."""
-        return (bool(batch.requests) and len(batch.requests) < max_batch and self.batch_window_s > 0
-                and batch.queue_depth == 0 and not self.scheduler.holds_batches and self._senders is not None
-                and self._senders() > len(batch.requests))
+        return (
+            bool(batch.requests)
+            and len(batch.requests) < max_batch
+            and self.batch_window_s > 0
+            and batch.queue_depth == 0
+            and not self.scheduler.holds_batches
+            and self._senders is not None
+            and self._senders() > len(batch.requests)
+        )
 
     def _gather_locked(self, batch: Batch, max_batch: int) -> Batch:
         """Arrivals of the batch's batch_key until the window closes or the batch is full; another batch_key's

@@ -25,8 +25,15 @@ import time
 from array import array
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.exposition import choose_encoder
 
 NAMESPACE = "policy_server"
@@ -35,7 +42,24 @@ COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 METHOD_FOR_KIND = {COUNTER: "inc", GAUGE: "set", HISTOGRAM: "observe"}
 
 # Design 11: inference 15-150 ms, end-to-end up to ~250 ms; queue waits reach seconds under overload.
-LATENCY_MS_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 75.0, 100.0, 150.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
+LATENCY_MS_BUCKETS = (
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    25.0,
+    50.0,
+    75.0,
+    100.0,
+    150.0,
+    250.0,
+    500.0,
+    1000.0,
+    2500.0,
+    5000.0,
+    10000.0,
+)
 # Three JPEG cameras plus state land at tens to hundreds of KiB per observation.
 PAYLOAD_BYTES_BUCKETS = tuple(float(1024 * 4**k) for k in range(9))  # 1 KiB .. 64 MiB
 BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -70,13 +94,15 @@ KNOWN_METRICS: dict[str, MetricSpec] = {
     "active_sessions": MetricSpec(GAUGE, "Sessions currently open on this replica."),
     "load": MetricSpec(GAUGE, "active_sessions / max_sessions of this replica."),
     "queue_full_drops": MetricSpec(COUNTER, "Requests dropped because the queue was full."),
-    "dispatch_errors": MetricSpec(COUNTER, "Failed dispatches after retries were exhausted (label error).",
-                                  ("model", "error")),
+    "dispatch_errors": MetricSpec(
+        COUNTER, "Failed dispatches after retries were exhausted (label error).", ("model", "error")
+    ),
     "dispatch_retries": MetricSpec(COUNTER, "Dispatch retry attempts."),
     "send_errors": MetricSpec(COUNTER, "Action chunks or events that could not be published."),
     "requests_expired": MetricSpec(COUNTER, "Requests dropped because they outlived their deadline."),
-    "non_finite_actions": MetricSpec(COUNTER, "Action chunks withheld because the policy produced NaN or inf (answered "
-                                              "NON_FINITE_ACTION)."),
+    "non_finite_actions": MetricSpec(
+        COUNTER, "Action chunks withheld because the policy produced NaN or inf (answered NON_FINITE_ACTION)."
+    ),
     "observation_errors": MetricSpec(COUNTER, "Malformed or refused observations (label code).", ("model", "code")),
     "client_disconnected": MetricSpec(COUNTER, "Client disconnect events (liveliness lost or session closed)."),
     "superseded_requests": MetricSpec(COUNTER, "Observations replaced unanswered by a newer one of the same session."),
@@ -84,8 +110,12 @@ KNOWN_METRICS: dict[str, MetricSpec] = {
     "sessions_opened": MetricSpec(COUNTER, "Session opens accepted."),
     "sessions_rejected": MetricSpec(COUNTER, "Session opens rejected (label reason).", ("model", "reason")),
     "chunks_sent": MetricSpec(COUNTER, "Action chunks published."),
-    "security_denials": MetricSpec(COUNTER, "Requests refused or dropped by the session guard (label reason: bad_auth, "
-                                            "foreign_session, session_live, too_large, rate_limited, ...).", ("reason",)),
+    "security_denials": MetricSpec(
+        COUNTER,
+        "Requests refused or dropped by the session guard (label reason: bad_auth, "
+        "foreign_session, session_live, too_large, rate_limited, ...).",
+        ("reason",),
+    ),
 }
 
 
@@ -154,15 +184,25 @@ class Metrics:
     def _child(self, name: str, kind: str, labels: dict):
         spec = KNOWN_METRICS.get(name)
         if spec is None:
-            raise ValueError(f"metric {name!r} is not in server.metrics.KNOWN_METRICS; add it there with its type, "
-                             "help and label names")
+            raise ValueError(
+                f"metric {name!r} is not in server.metrics.KNOWN_METRICS; add it there with its type, "
+                "help and label names"
+            )
         if spec.kind != kind:
-            raise TypeError(f"metric {name!r} is a {spec.kind}: use Metrics.{METHOD_FOR_KIND[spec.kind]}(), "
-                            f"not {METHOD_FOR_KIND[kind]}()")
+            raise TypeError(
+                f"metric {name!r} is a {spec.kind}: use Metrics.{METHOD_FOR_KIND[spec.kind]}(), "
+                f"not {METHOD_FOR_KIND[kind]}()"
+            )
         if set(labels) != set(spec.labels):
             unbounded = sorted(set(labels) - BOUNDED_LABELS)
-            why = (f"; {', '.join(unbounded)} would make a series per value (per-robot detail belongs in the audit "
-                   "log and the /sessions status)") if unbounded else ""
+            why = (
+                (
+                    f"; {', '.join(unbounded)} would make a series per value (per-robot detail belongs in the audit "
+                    "log and the /sessions status)"
+                )
+                if unbounded
+                else ""
+            )
             raise ValueError(f"metric {name!r} takes labels {list(spec.labels)}, got {sorted(labels)}{why}")
         family = self._families[name]
         child = family.labels(**labels) if spec.labels else family
@@ -182,7 +222,7 @@ class Metrics:
         if names:
             samples: set[str] = set()
             for n in names:
-                short = n[len(PREFIX):] if n.startswith(PREFIX) else n
+                short = n[len(PREFIX) :] if n.startswith(PREFIX) else n
                 for suffix in ("_total", "_bucket", "_sum", "_count"):
                     if short.endswith(suffix) and short[: -len(suffix)] in KNOWN_METRICS:
                         short = short[: -len(suffix)]
@@ -228,7 +268,7 @@ class Sketch:
         if v > self.max:
             self.max = v
 
-    def merge(self, other: "Sketch") -> None:
+    def merge(self, other: Sketch) -> None:
         for i, n in enumerate(other.bins):
             if n:
                 self.bins[i] += n
@@ -257,8 +297,14 @@ class Sketch:
         if not self.count:
             return {"count": 0, "mean": None, "p50": None, "p95": None, "p99": None, "max": None}
         r = lambda v: round(v, digits)  # noqa: E731
-        return {"count": self.count, "mean": r(self.total / self.count), "p50": r(self.quantile(0.5)),
-                "p95": r(self.quantile(0.95)), "p99": r(self.quantile(0.99)), "max": r(self.max)}
+        return {
+            "count": self.count,
+            "mean": r(self.total / self.count),
+            "p50": r(self.quantile(0.5)),
+            "p95": r(self.quantile(0.95)),
+            "p99": r(self.quantile(0.99)),
+            "max": r(self.max),
+        }
 
 
 # module constants: the hot path reads them without an attribute lookup

@@ -33,7 +33,8 @@ class ServerProcess:
         self.shared = Shared(None, Metrics(), create_output("audit_path", audit_path, lambda: AuditLog(audit_path)))
         self.metrics = self.shared.metrics
         self.models: dict[str, PolicyServer] = {
-            mid: PolicyServer(manifest.for_model(mid), shared=self.shared) for mid in manifest.model_ids}
+            mid: PolicyServer(manifest.for_model(mid), shared=self.shared) for mid in manifest.model_ids
+        }
         self.health = None
         self.router: RouterLink | None = None
         self.stopped = threading.Event()
@@ -42,7 +43,7 @@ class ServerProcess:
         for server in self.models.values():
             server.load()
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         """Raises StartCancelled when stop() comes while it still waits for a router."""
         self.shared.z = open_manifest_session(self.m, stopped=self.stopped)
         if self.stopped.is_set():  # stop() ran while the session opened, before it could see it
@@ -53,8 +54,14 @@ class ServerProcess:
             server.start()
         port = self.m.health_port
         if port is not None and port >= 0:
-            self.health = HealthServer(port, self.metrics, self._ready_reason, lambda: not self.stopped.is_set(),
-                                       host=self.m.health_host, sessions_fn=self.session_report).start()
+            self.health = HealthServer(
+                port,
+                self.metrics,
+                self._ready_reason,
+                lambda: not self.stopped.is_set(),
+                host=self.m.health_host,
+                sessions_fn=self.session_report,
+            ).start()
         health = f" health http://127.0.0.1:{self.health.port}" if self.health else ""
         print(f"{READY_TEXT}: {'; '.join(s.describe() for s in self.models.values())}{health}", flush=True)
         return self
@@ -74,8 +81,10 @@ class ServerProcess:
 
     def drain(self, reason: str = "SIGTERM") -> None:
         """Every model drains at once (each tells its clients and finishes its batch in flight), then stop."""
-        threads = [threading.Thread(target=s.drain, args=(reason,), name=f"drain-{mid}", daemon=True)
-                   for mid, s in self.models.items()]
+        threads = [
+            threading.Thread(target=s.drain, args=(reason,), name=f"drain-{mid}", daemon=True)
+            for mid, s in self.models.items()
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -57,7 +57,8 @@ def images_to_model(frames: np.ndarray | Tensor, shape: Sequence[int]) -> Tensor
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise ProcessorError(
             f"image has shape {frames.shape[1:] if frames.ndim == 4 else frames.shape} dtype {frames.dtype}; "
-            f"expected (H, W, 3) uint8 RGB", "BAD_IMAGE"
+            f"expected (H, W, 3) uint8 RGB",
+            "BAD_IMAGE",
         )
     # astype copies: decoded wire frames are read-only views, which torch.from_numpy warns about
     images = torch.from_numpy(frames.astype(np.float32)).permute(0, 3, 1, 2).div_(255.0).contiguous()
@@ -72,8 +73,9 @@ def _tensor_images_to_model(frames: Tensor, shape: Sequence[int]) -> Tensor:
     if frames.ndim == 3:
         frames = frames[None]
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != torch.uint8:
-        raise ProcessorError(f"image has shape {tuple(frames.shape)} dtype {frames.dtype}; expected (H, W, 3) uint8 RGB",
-                             "BAD_IMAGE")
+        raise ProcessorError(
+            f"image has shape {tuple(frames.shape)} dtype {frames.dtype}; expected (H, W, 3) uint8 RGB", "BAD_IMAGE"
+        )
     images = frames.to(torch.float32).permute(0, 3, 1, 2).div_(255.0).contiguous()
     height, width = int(shape[1]), int(shape[2])
     if images.shape[-2:] != (height, width):
@@ -112,8 +114,9 @@ class ToTensorStep(ProcessorStep):
                 f"({', '.join(self.config.state_names)})"
             )
         if not np.isfinite(state).all():
-            raise ProcessorError(f"{STATE_KEY} has non-finite values (or values beyond float32's range): "
-                                 f"{state.tolist()}")
+            raise ProcessorError(
+                f"{STATE_KEY} has non-finite values (or values beyond float32's range): {state.tolist()}"
+            )
         return {**batch, STATE_KEY: torch.from_numpy(state.copy())[None]}
 
     def chunk_to_cpu(self, chunk: Tensor) -> Tensor:
@@ -138,8 +141,9 @@ class ImageStep(ProcessorStep):
         for name, shape in self.features.items():
             frame = batch.get(image_key(name))
             if frame is None:
-                raise ProcessorError(f"observation has no {image_key(name)!r}; the policy declares camera {name!r}",
-                                     "CAMERA_MISMATCH")
+                raise ProcessorError(
+                    f"observation has no {image_key(name)!r}; the policy declares camera {name!r}", "CAMERA_MISMATCH"
+                )
             if hasattr(frame, "decode") and not isinstance(frame, np.ndarray):
                 frame = frame.decode(at_least=(int(shape[1]), int(shape[2])))  # wire.images.EncodedImage
             out[image_key(name)] = images_to_model(frame, shape)

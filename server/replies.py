@@ -40,8 +40,14 @@ class Replies:
     def event_error(self, key: str, header: Header | None, err: Error, session: Session | None = None) -> None:
         """An EVENT on the client's action key (derived from its obs key), echoing what we know of the header."""
         action_key = key[: -len("obs")] + "action" if key.endswith("/obs") else key
-        h = Header(1, MsgType.EVENT, header.seq_id if header else 0, header.episode_id if header else 0,
-                   header.client_mono_ns if header else 0, header.session_epoch if header else 0)
+        h = Header(
+            1,
+            MsgType.EVENT,
+            header.seq_id if header else 0,
+            header.episode_id if header else 0,
+            header.client_mono_ns if header else 0,
+            header.session_epoch if header else 0,
+        )
         try:
             if session is not None and session.publisher is not None:
                 session.publisher.put(err.encode(), attachment=h.pack())
@@ -58,9 +64,16 @@ class Replies:
             p: Pending = req.payload
             p.session.outcomes["expired"] += 1
             self.audit(p.session, p.header, (time.monotonic() - req.arrived) * 1e3, 0.0, None, 0, "expired")
-            self.event_error(p.session.keys.action, p.header, Error(
-                ErrorCode.EXPIRED, f"request waited over {srv.m.scheduling.request_ttl_ms} ms in the queue",
-                seq_id=p.header.seq_id), session=p.session)
+            self.event_error(
+                p.session.keys.action,
+                p.header,
+                Error(
+                    ErrorCode.EXPIRED,
+                    f"request waited over {srv.m.scheduling.request_ttl_ms} ms in the queue",
+                    seq_id=p.header.seq_id,
+                ),
+                session=p.session,
+            )
 
     def answer(self, req, res, t_pick: float, sent: list) -> bytes | None:
         """Publish the chunk (or the error event); returns the chunk body sent, if any. A chunk's metrics and audit
@@ -74,7 +87,11 @@ class Replies:
         superseded = srv.mailbox.take_superseded(s.session_id)
         model = srv.info.model_id
         if res.error:
-            if res.error_code == "INTERNAL" and req.retries < srv.mailbox.max_retries and srv.mailbox.requeue(req).requeued:
+            if (
+                res.error_code == "INTERNAL"
+                and req.retries < srv.mailbox.max_retries
+                and srv.mailbox.requeue(req).requeued
+            ):
                 srv.metrics.inc("dispatch_retries", model=model)
                 return
             code = res.error_code or ErrorCode.INTERNAL
@@ -85,13 +102,24 @@ class Replies:
             else:
                 srv.metrics.inc("observation_errors", model=model, code=code)
             s.outcomes[f"error:{code}"] += 1
-            self.event_error(s.keys.action, h, Error(code, f"inference failed: {res.error}", seq_id=h.seq_id), session=s)
+            self.event_error(
+                s.keys.action, h, Error(code, f"inference failed: {res.error}", seq_id=h.seq_id), session=s
+            )
             self.audit(s, h, wait_ms, res.inference_ms, None, superseded, f"error:{code}")
             return
-        chunk = ActionChunk(s.session_id, h.seq_id, h.client_mono_ns, res.chunk_model, res.chunk_robot,
-                            queue_wait_ms=max(0.0, wait_ms), inference_ms=res.inference_ms, superseded_seqs=superseded,
-                            server_load=srv.active_sessions() / max(1, srv.info.effective_max_sessions),
-                            rtc_applied=res.rtc_applied, inference_emulated=res.emulated_ms > 0)
+        chunk = ActionChunk(
+            s.session_id,
+            h.seq_id,
+            h.client_mono_ns,
+            res.chunk_model,
+            res.chunk_robot,
+            queue_wait_ms=max(0.0, wait_ms),
+            inference_ms=res.inference_ms,
+            superseded_seqs=superseded,
+            server_load=srv.active_sessions() / max(1, srv.info.effective_max_sessions),
+            rtc_applied=res.rtc_applied,
+            inference_emulated=res.emulated_ms > 0,
+        )
         body = chunk.encode()
         header = Header(h.schema_version, MsgType.CHUNK, h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch)
         handed_ns = time.monotonic_ns()  # the chunk is handed to Zenoh: the put may deliver it before it returns
@@ -107,8 +135,9 @@ class Replies:
         sent.append((req, res, wait_ms, superseded, outcome, t_pick, handed_ns, sent_ns))
         return body
 
-    def book(self, req, res, wait_ms: float, superseded, outcome: str, t_pick: float, handed_ns: int,
-             sent_ns: int | None) -> None:
+    def book(
+        self, req, res, wait_ms: float, superseded, outcome: str, t_pick: float, handed_ns: int, sent_ns: int | None
+    ) -> None:
         """A sent chunk's metrics, per-session percentiles and audit line (`answer` left them for after the
         batch's replies)."""
         srv = self.srv
@@ -123,19 +152,41 @@ class Replies:
         s.inference_ms.add(res.inference_ms)
         srv.recent_queue_wait_ms.add(wait_ms)
         srv.recent_inference_ms.add(res.inference_ms)
-        self.audit(s, h, wait_ms, res.inference_ms, [0, int(res.chunk_robot.shape[0])], superseded, outcome,
-                   emulated_ms=res.emulated_ms, rtc_applied=res.rtc_applied, forward_ms=round(res.forward_ms, 3),
-                   batch=res.batch,
-                   received_mono_ms=round(p.received_ns / 1e6, 3) if p.received_ns else None,
-                   routed_mono_ms=round(p.routed_ns / 1e6, 3) if p.routed_ns else None,
-                   picked_mono_ms=round(t_pick * 1e3, 3),
-                   sent_mono_ms=round(sent_ns / 1e6, 3) if sent_ns else None)
+        self.audit(
+            s,
+            h,
+            wait_ms,
+            res.inference_ms,
+            [0, int(res.chunk_robot.shape[0])],
+            superseded,
+            outcome,
+            emulated_ms=res.emulated_ms,
+            rtc_applied=res.rtc_applied,
+            forward_ms=round(res.forward_ms, 3),
+            batch=res.batch,
+            received_mono_ms=round(p.received_ns / 1e6, 3) if p.received_ns else None,
+            routed_mono_ms=round(p.routed_ns / 1e6, 3) if p.routed_ns else None,
+            picked_mono_ms=round(t_pick * 1e3, 3),
+            sent_mono_ms=round(sent_ns / 1e6, 3) if sent_ns else None,
+        )
 
     def audit(self, s: Session, h: Header, wait_ms, inference_ms, chunk_range, superseded, outcome, **extra) -> None:
         info = self.srv.info
-        self.srv.audit.write({"session_id": s.session_id, "client_uuid": s.client_uuid, "seq_id": h.seq_id,
-                              "episode_id": h.episode_id, "client_mono_ns": h.client_mono_ns,
-                              "queue_wait_ms": round(wait_ms, 3), "inference_ms": round(inference_ms, 3),
-                              "chunk_range": chunk_range, "superseded_seqs": superseded, "outcome": outcome,
-                              "model_id": info.model_id, "replica_id": info.replica_id,
-                              "checkpoint_hash": info.checkpoint_hash, **extra})
+        self.srv.audit.write(
+            {
+                "session_id": s.session_id,
+                "client_uuid": s.client_uuid,
+                "seq_id": h.seq_id,
+                "episode_id": h.episode_id,
+                "client_mono_ns": h.client_mono_ns,
+                "queue_wait_ms": round(wait_ms, 3),
+                "inference_ms": round(inference_ms, 3),
+                "chunk_range": chunk_range,
+                "superseded_seqs": superseded,
+                "outcome": outcome,
+                "model_id": info.model_id,
+                "replica_id": info.replica_id,
+                "checkpoint_hash": info.checkpoint_hash,
+                **extra,
+            }
+        )

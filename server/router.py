@@ -84,8 +84,11 @@ def open_manifest_session(m, *, sleep=time.sleep, clock=time.monotonic, stopped:
 
     z = m.zenoh
     tls = z.tls
-    tls_files = TlsFiles(tls.root_ca_certificate, tls.connect_certificate, tls.connect_private_key) \
-        if tls.root_ca_certificate else None
+    tls_files = (
+        TlsFiles(tls.root_ca_certificate, tls.connect_certificate, tls.connect_private_key)
+        if tls.root_ca_certificate
+        else None
+    )
     connect = list(z.connect_endpoints)
     deadline = clock() + z.connect_timeout_s
     delay, attempts = 0.1, 0
@@ -97,10 +100,13 @@ def open_manifest_session(m, *, sleep=time.sleep, clock=time.monotonic, stopped:
             left = deadline - clock()
             if left <= 0:
                 if attempts > 1:
-                    raise ConnectionError(f"{exc} (gave up after {attempts} attempts; zenoh.connect_timeout_s "
-                                          f"{z.connect_timeout_s})") from None
+                    raise ConnectionError(
+                        f"{exc} (gave up after {attempts} attempts; zenoh.connect_timeout_s {z.connect_timeout_s})"
+                    ) from None
                 raise
-            log.warning("router not reachable yet (attempt %d), retrying in %.1f s: %s", attempts, min(delay, left), exc)
+            log.warning(
+                "router not reachable yet (attempt %d), retrying in %.1f s: %s", attempts, min(delay, left), exc
+            )
             sleep(min(delay, left))
             if stopped is not None and stopped.is_set():
                 raise StartCancelled(f"stopped while waiting for a Zenoh router (attempt {attempts})") from None

@@ -68,15 +68,20 @@ class EmulatedLatency:
         self._rng = random.Random(self.seed)
 
     @classmethod
-    def from_manifest(cls, value: Any) -> "EmulatedLatency | None":
+    def from_manifest(cls, value: Any) -> EmulatedLatency | None:
         if value is None:
             return None
         if isinstance(value, (int, float)):
             return cls(mean_ms=float(value))
         if isinstance(value, dict):
             return cls(**value)
-        return cls(**{k: getattr(value, k) for k in ("distribution", "mean_ms", "std_ms", "min_ms", "max_ms",
-                                                      "per_batch_item_ms") if hasattr(value, k)})
+        return cls(
+            **{
+                k: getattr(value, k)
+                for k in ("distribution", "mean_ms", "std_ms", "min_ms", "max_ms", "per_batch_item_ms")
+                if hasattr(value, k)
+            }
+        )
 
     def sample_ms(self, batch_size: int) -> float:
         d = self.distribution
@@ -160,8 +165,11 @@ class LocalForward:
         with cls._device_threads_lock:
             if device not in cls._device_threads:
                 cls._device_threads[device] = ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix=f"forward-{device}", initializer=set_torch_threads,
-                    initargs=(torch.get_num_threads(),))
+                    max_workers=1,
+                    thread_name_prefix=f"forward-{device}",
+                    initializer=set_torch_threads,
+                    initargs=(torch.get_num_threads(),),
+                )
             return cls._device_threads[device]
 
     def __call__(self, batch, delays, prefixes):
@@ -177,7 +185,9 @@ class LocalForward:
 class ModelRuntime:
     """A loaded checkpoint plus the batched forward path. One per model in the process."""
 
-    def __init__(self, loaded: LoadedCheckpoint, emulated: EmulatedLatency | None = None, execution_horizon: int | None = None):
+    def __init__(
+        self, loaded: LoadedCheckpoint, emulated: EmulatedLatency | None = None, execution_horizon: int | None = None
+    ):
         self.loaded = loaded
         self.policy = loaded.policy
         self.config = loaded.config
@@ -185,7 +195,9 @@ class ModelRuntime:
         self.execution_horizon = int(execution_horizon or self.config.execution_horizon)
         self.supports_rtc = bool(getattr(type(self.policy), "supports_rtc", False))
         # which RTC an rtc_enabled session gets: the checkpoint's (hyper_params.rtc_mode: flow_matching, flow_transformer)
-        self.rtc_mode = (getattr(self.policy, "hp", {}) or {}).get("rtc_mode", "guidance") if self.supports_rtc else None
+        self.rtc_mode = (
+            (getattr(self.policy, "hp", {}) or {}).get("rtc_mode", "guidance") if self.supports_rtc else None
+        )
         self.forward_lock = threading.Lock()
         self.forward_count = 0
         # where the batched forward pass runs: this process (default) or Ray Serve (server.dispatch)
@@ -223,15 +235,18 @@ class ModelRuntime:
         """`size` zero observations of new sessions, each with a zero RTC prefix (`prefixed`) or none."""
         state = np.zeros(self.config.state_dim, np.float32)
         prefix = np.zeros((self.execution_horizon, self.config.action_dim), np.float32) if prefixed else None
-        return [InferItem(self.new_pipeline(), state, images, 1, prefix, prefix, rtc=self.supports_rtc)
-                for _ in range(size)]
+        return [
+            InferItem(self.new_pipeline(), state, images, 1, prefix, prefix, rtc=self.supports_rtc) for _ in range(size)
+        ]
 
     def _warmup_pass(self, size: int, images: dict[str, Any], prefixed: bool) -> None:
         """One dummy pass of `size` samples, with an RTC prefix (`prefixed`) or without; raises on its error."""
         res = self.infer(self._dummy_items(size, images, prefixed), emulate=False)[0]
         if res.error_code == NON_FINITE_ACTION:  # a zero observation overflowing: the checkpoint itself is broken
-            raise PolicyLoadError(f"warm-up forward pass on a zero observation: {res.error}; fix or re-export the "
-                                  "checkpoint (a replica that started would refuse every request)")
+            raise PolicyLoadError(
+                f"warm-up forward pass on a zero observation: {res.error}; fix or re-export the "
+                "checkpoint (a replica that started would refuse every request)"
+            )
         if res.error:
             raise RuntimeError(f"warm-up forward pass failed: {res.error}")
 
@@ -327,7 +342,9 @@ class ModelRuntime:
                 batch = item.pipeline.preprocess(obs)
                 prefix = None
                 if item.rtc and self.supports_rtc:
-                    prefix = prepare_prefix(item.pipeline, item.prefix_model, item.prefix_robot, None, self.execution_horizon)
+                    prefix = prepare_prefix(
+                        item.pipeline, item.prefix_model, item.prefix_robot, None, self.execution_horizon
+                    )
             except (ProcessorError, ValueError) as exc:  # a WireError keeps its own code (a corrupt JPEG: BAD_IMAGE)
                 results[i].error, results[i].error_code = str(exc), getattr(exc, "code", "BAD_TENSOR")
                 continue
@@ -371,7 +388,7 @@ class ModelRuntime:
         for row, i in enumerate(live):
             t1 = time.perf_counter()
             try:
-                robot = items[i].pipeline.postprocess(chunks[row:row + 1])
+                robot = items[i].pipeline.postprocess(chunks[row : row + 1])
             except Exception as exc:
                 results[i].error, results[i].error_code = f"postprocess failed: {exc}", "INTERNAL"
                 continue
@@ -391,16 +408,21 @@ class ModelRuntime:
 
 def _non_finite(chunk_model: np.ndarray, chunk_robot: np.ndarray) -> str:
     """'' when both chunks are finite; else what is not, for the NON_FINITE_ACTION message."""
-    bad = [(name, chunk) for name, chunk in (("model-space", chunk_model), ("robot-space", chunk_robot))
-           if not np.isfinite(chunk).all()]
+    bad = [
+        (name, chunk)
+        for name, chunk in (("model-space", chunk_model), ("robot-space", chunk_robot))
+        if not np.isfinite(chunk).all()
+    ]
     if not bad:
         return ""
     name, chunk = bad[0]
     rows = np.flatnonzero(~np.isfinite(chunk).reshape(chunk.shape[0], -1).all(axis=1))
-    return (f"the policy produced non-finite actions ({name} chunk rows {rows[:8].tolist()}"
-            f"{' ...' if rows.size > 8 else ''} of {chunk.shape[0]}); the chunk was withheld. An observation far "
-            f"outside the training range can overflow the model; if every observation gets this, the checkpoint's "
-            f"weights or stats hold NaN or inf")
+    return (
+        f"the policy produced non-finite actions ({name} chunk rows {rows[:8].tolist()}"
+        f"{' ...' if rows.size > 8 else ''} of {chunk.shape[0]}); the chunk was withheld. An observation far "
+        f"outside the training range can overflow the model; if every observation gets this, the checkpoint's "
+        f"weights or stats hold NaN or inf"
+    )
 
 
 def _stack(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -431,7 +453,9 @@ class LocalPredictor:
         self._threads_set = threading.local()
 
     @classmethod
-    def from_checkpoint(cls, path: str, rtc: bool = True, device: str = "cpu", torch_threads: int = 1) -> "LocalPredictor":
+    def from_checkpoint(
+        cls, path: str, rtc: bool = True, device: str = "cpu", torch_threads: int = 1
+    ) -> LocalPredictor:
         from server.policies.checkpoint import load_checkpoint
 
         return cls(ModelRuntime(load_checkpoint(path, device=device)), rtc=rtc, torch_threads=torch_threads)
@@ -440,8 +464,15 @@ class LocalPredictor:
         if not getattr(self._threads_set, "done", False):
             set_torch_threads(self.torch_threads)
             self._threads_set.done = True
-        item = InferItem(self.pipeline, np.asarray(obs["state"], np.float32), dict(obs.get("images") or {}),
-                         int(inference_delay), prefix, obs.get("prefix_robot"), rtc=self.rtc)
+        item = InferItem(
+            self.pipeline,
+            np.asarray(obs["state"], np.float32),
+            dict(obs.get("images") or {}),
+            int(inference_delay),
+            prefix,
+            obs.get("prefix_robot"),
+            rtc=self.rtc,
+        )
         res = self.runtime.infer([item], emulate=False)[0]
         if res.error:
             raise RuntimeError(res.error)

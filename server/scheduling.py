@@ -26,16 +26,30 @@ import inspect
 import itertools
 from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Hashable, Iterable
+from typing import Any, ClassVar
 
 __all__ = [
-    "Request", "Scheduler", "ScoringFn",
-    "register_scheduler", "make_scheduler", "scheduler_names",
-    "register_scoring", "get_scoring", "scoring_names",
-    "deadline", "deadline_key", "deadline_score",
-    "RoundRobinScheduler", "DeadlineAwareScheduler", "ModelDeadlineScheduler",
-    "PriorityTieredScheduler", "BatchOptimizedScheduler", "check_scheduler", "DEFAULT_BATCH_WINDOW_MS",
+    "Request",
+    "Scheduler",
+    "ScoringFn",
+    "register_scheduler",
+    "make_scheduler",
+    "scheduler_names",
+    "register_scoring",
+    "get_scoring",
+    "scoring_names",
+    "deadline",
+    "deadline_key",
+    "deadline_score",
+    "RoundRobinScheduler",
+    "DeadlineAwareScheduler",
+    "ModelDeadlineScheduler",
+    "PriorityTieredScheduler",
+    "BatchOptimizedScheduler",
+    "check_scheduler",
+    "DEFAULT_BATCH_WINDOW_MS",
 ]
 
 # How long a partial batch waits for more sessions: the manifest's `scheduling.batch_window_ms` default
@@ -90,8 +104,12 @@ def deadline(req: Request, default_horizon_s: float = DEFAULT_HORIZON_S) -> floa
     return req.arrived + horizon
 
 
-def deadline_key(req: Request, urgency_weight_s: float = URGENCY_WEIGHT_S, priority_weight_s: float = PRIORITY_WEIGHT_S,
-                 default_horizon_s: float = DEFAULT_HORIZON_S) -> float:
+def deadline_key(
+    req: Request,
+    urgency_weight_s: float = URGENCY_WEIGHT_S,
+    priority_weight_s: float = PRIORITY_WEIGHT_S,
+    default_horizon_s: float = DEFAULT_HORIZON_S,
+) -> float:
     """Smaller runs sooner: `deadline - urgency_weight_s * urgency + priority_weight_s * priority` (seconds).
 
     Urgency 1 is worth `urgency_weight_s` of extra slack, each priority level costs `priority_weight_s`.
@@ -109,7 +127,7 @@ def deadline_score(req: Request, now: float) -> float:
 
 ScoringFn = Callable[[Request, float], float]  # (request, now) -> score; higher is dispatched sooner
 
-_SCHEDULERS: dict[str, Callable[..., "Scheduler"]] = {}
+_SCHEDULERS: dict[str, Callable[..., Scheduler]] = {}
 _SCORINGS: dict[str, ScoringFn] = {}
 
 
@@ -119,6 +137,7 @@ def _known(kind: str, name: str, names: Iterable[str]) -> ValueError:
 
 def register_scheduler(name: str) -> Callable:
     """Class (or factory) decorator: `scheduling.strategy: <name>` builds it with `scheduling.options`."""
+
     def deco(factory):
         if _SCHEDULERS.get(name, factory) is not factory:
             raise ValueError(f"scheduler {name!r} is already registered")
@@ -126,10 +145,11 @@ def register_scheduler(name: str) -> Callable:
         if isinstance(factory, type):
             factory.name = name
         return factory
+
     return deco
 
 
-def make_scheduler(name: str, **options: Any) -> "Scheduler":
+def make_scheduler(name: str, **options: Any) -> Scheduler:
     """A fresh scheduler by its config word; unknown names and options raise ValueError naming the known ones."""
     try:
         factory = _SCHEDULERS[name]
@@ -153,11 +173,13 @@ def register_scoring(name: str) -> Callable[[ScoringFn], ScoringFn]:
     Used as `make_scheduler("deadline_aware", scoring=name)`. A custom scoring is evaluated for every
     pending request at each `select` (O(n)); only the built-in `deadline` rides a heap.
     """
+
     def deco(fn: ScoringFn) -> ScoringFn:
         if _SCORINGS.get(name, fn) is not fn:
             raise ValueError(f"scoring {name!r} is already registered")
         _SCORINGS[name] = fn
         return fn
+
     return deco
 
 
@@ -176,6 +198,7 @@ register_scoring("deadline")(deadline_score)
 
 
 # ---- the contract --------------------------------------------------------------------------------------------
+
 
 class Scheduler(ABC):
     """Pending requests of one mailbox, at most one per session, and the rule that picks the next batch.
@@ -266,6 +289,7 @@ class Scheduler(ABC):
 
 # ---- round_robin ---------------------------------------------------------------------------------------------
 
+
 @register_scheduler("round_robin")
 class RoundRobinScheduler(Scheduler):
     """Strict rotation over sessions with a pending request (design 004 8.2): starvation is impossible.
@@ -312,6 +336,7 @@ class RoundRobinScheduler(Scheduler):
 
 # ---- deadline_aware and model_deadline --------------------------------------------------------------------------
 
+
 class _ScoredScheduler(Scheduler):
     """Highest score first; the batch is the best request plus the best others of its group.
 
@@ -320,11 +345,18 @@ class _ScoredScheduler(Scheduler):
     requests at each select (O(n)). Ties go to the earlier push.
     """
 
-    def __init__(self, *, scoring: str | ScoringFn = "deadline", urgency_weight_s: float = URGENCY_WEIGHT_S,
-                 priority_weight_s: float = PRIORITY_WEIGHT_S, default_horizon_s: float = DEFAULT_HORIZON_S) -> None:
+    def __init__(
+        self,
+        *,
+        scoring: str | ScoringFn = "deadline",
+        urgency_weight_s: float = URGENCY_WEIGHT_S,
+        priority_weight_s: float = PRIORITY_WEIGHT_S,
+        default_horizon_s: float = DEFAULT_HORIZON_S,
+    ) -> None:
         super().__init__()
-        self._scoring: ScoringFn | None = None if scoring == "deadline" else (
-            scoring if callable(scoring) else get_scoring(scoring))
+        self._scoring: ScoringFn | None = (
+            None if scoring == "deadline" else (scoring if callable(scoring) else get_scoring(scoring))
+        )
         self._weights = (urgency_weight_s, priority_weight_s, default_horizon_s)
         self._ticket = itertools.count()
         self._ticket_of: dict[str, int] = {}
@@ -356,7 +388,8 @@ class _ScoredScheduler(Scheduler):
         self._heaps = {}
         for req in self._slots.values():
             self._heaps.setdefault(self._group(req), []).append(
-                (deadline_key(req, *self._weights), self._ticket_of[req.session_id], req))
+                (deadline_key(req, *self._weights), self._ticket_of[req.session_id], req)
+            )
         for heap in self._heaps.values():
             heapq.heapify(heap)
         self._entries = len(self._slots)
@@ -390,8 +423,11 @@ class _ScoredScheduler(Scheduler):
         return batch
 
     def _select_scored(self, now: float, max_batch: int, groups: Callable[[Hashable], bool] | None) -> list[Request]:
-        scored = [(self._scoring(r, now), -self._ticket_of[sid], r) for sid, r in self._slots.items()
-                  if groups is None or groups(self._group(r))]
+        scored = [
+            (self._scoring(r, now), -self._ticket_of[sid], r)
+            for sid, r in self._slots.items()
+            if groups is None or groups(self._group(r))
+        ]
         if not scored:
             return []
         top = max(scored, key=lambda e: e[:2])
@@ -437,6 +473,7 @@ class ModelDeadlineScheduler(_ScoredScheduler):
 
 # ---- priority_tiered ------------------------------------------------------------------------------------------
 
+
 @register_scheduler("priority_tiered")
 class PriorityTieredScheduler(Scheduler):
     """Strict tiers: priority p is served only while every tier < p is empty (0 = highest).
@@ -473,6 +510,7 @@ class PriorityTieredScheduler(Scheduler):
 
 
 # ---- batch_optimized --------------------------------------------------------------------------------------------
+
 
 @register_scheduler("batch_optimized")
 class BatchOptimizedScheduler(Scheduler):
@@ -519,7 +557,9 @@ class BatchOptimizedScheduler(Scheduler):
         ready = None
         for key, group in self._groups.items():
             oldest = self._oldest(group)
-            if (len(group) >= max_batch or now >= oldest + self.batch_window_s) and (ready is None or oldest < ready[0]):
+            if (len(group) >= max_batch or now >= oldest + self.batch_window_s) and (
+                ready is None or oldest < ready[0]
+            ):
                 ready = (oldest, key)
         if ready is None:
             return []
@@ -539,12 +579,24 @@ class BatchOptimizedScheduler(Scheduler):
 
 # ---- the contract as a test -------------------------------------------------------------------------------------
 
+
 def check_scheduler(make: Callable[[], Scheduler], max_batch: int = 3) -> None:
     """Assert the Scheduler contract on a fresh instance from `make` (raises AssertionError)."""
     s = make()
     assert len(s) == 0 and s.select(0.0, max_batch) == [] and s.depth() == 0
-    reqs = [Request(f"s{i}", f"c{i}", "m" if i % 3 else "n", seq_id=1, arrived=i * 0.001, urgency=(i % 5) / 4,
-                    priority=i % 2, batch_key=i % 2) for i in range(12)]
+    reqs = [
+        Request(
+            f"s{i}",
+            f"c{i}",
+            "m" if i % 3 else "n",
+            seq_id=1,
+            arrived=i * 0.001,
+            urgency=(i % 5) / 4,
+            priority=i % 2,
+            batch_key=i % 2,
+        )
+        for i in range(12)
+    ]
     for r in reqs:
         assert s.push(r) is None
     assert len(s) == 12 and s.depth("n") == 4 and s.depth("m") == 8

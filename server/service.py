@@ -74,8 +74,10 @@ def create_output(key: str, path, make):
     except OSError as exc:
         above = next((p for p in Path(path).parents if p.exists()), None)
         why = f"{str(above)!r} is a file" if above is not None and not above.is_dir() else exc.strerror or exc
-        raise OutputPathError(f"{key}: cannot create {str(path)!r}: {why}; give a path in a directory this process "
-                              f"can write, or leave {key} unset") from None
+        raise OutputPathError(
+            f"{key}: cannot create {str(path)!r}: {why}; give a path in a directory this process "
+            f"can write, or leave {key} unset"
+        ) from None
 
 
 @dataclass
@@ -97,15 +99,27 @@ def replica_info(m: Manifest, keys: ReplicaKeys, loaded, runtime: ModelRuntime, 
     """What the session open and the status say of this replica: the manifest's settings over the checkpoint's."""
     c = m.clients
     return ReplicaInfo(
-        replica_id=keys.replica_id, model_id=keys.model_id, revision=keys.revision,
-        checkpoint_hash=loaded.checkpoint_hash, policy_type=loaded.config.type,
-        action_names=list(loaded.config.action_names), state_dim=loaded.config.state_dim,
-        cameras=runtime.cameras, chunk_size=loaded.config.chunk_size,
-        trained_fps=float(m.trained_fps or loaded.config.fps), supports_rtc=runtime.supports_rtc,
-        serving_mode=mode, max_sessions=m.max_sessions, execution_horizon=int(horizon),
-        default_task=m.default_task, pin_task=m.pin_task, allow_resampling=m.allow_resampling,
-        inference_emulated=runtime.emulated is not None, allowlist=tuple(c.allowlist),
-        known_clients={k.id: k for k in c.known}, accept_unknown=c.accept_unknown,
+        replica_id=keys.replica_id,
+        model_id=keys.model_id,
+        revision=keys.revision,
+        checkpoint_hash=loaded.checkpoint_hash,
+        policy_type=loaded.config.type,
+        action_names=list(loaded.config.action_names),
+        state_dim=loaded.config.state_dim,
+        cameras=runtime.cameras,
+        chunk_size=loaded.config.chunk_size,
+        trained_fps=float(m.trained_fps or loaded.config.fps),
+        supports_rtc=runtime.supports_rtc,
+        serving_mode=mode,
+        max_sessions=m.max_sessions,
+        execution_horizon=int(horizon),
+        default_task=m.default_task,
+        pin_task=m.pin_task,
+        allow_resampling=m.allow_resampling,
+        inference_emulated=runtime.emulated is not None,
+        allowlist=tuple(c.allowlist),
+        known_clients={k.id: k for k in c.known},
+        accept_unknown=c.accept_unknown,
     )
 
 
@@ -119,8 +133,9 @@ class PolicyServer:
         self.m = m = as_manifest(manifest)
         self._shared = shared
         self.metrics = shared.metrics if shared else Metrics()
-        self.audit = shared.audit if shared else create_output("audit_path", m.audit_path,
-                                                               lambda: AuditLog(m.audit_path))
+        self.audit = (
+            shared.audit if shared else create_output("audit_path", m.audit_path, lambda: AuditLog(m.audit_path))
+        )
         self.sessions = SessionRegistry()
         self.recent_queue_wait_ms = WindowedSketch()  # the replica's last 1-2 minutes, for the status
         self.recent_inference_ms = WindowedSketch()
@@ -140,8 +155,11 @@ class PolicyServer:
         if m.debug.capture_dir:  # created here, before the model loads, so a path that cannot be is refused at once
             from server.capture import CaptureWriter
 
-            self.capture = create_output("debug.capture_dir", m.debug.capture_dir, lambda: CaptureWriter(
-                m.debug.capture_dir, m.debug.capture_max, self))
+            self.capture = create_output(
+                "debug.capture_dir",
+                m.debug.capture_dir,
+                lambda: CaptureWriter(m.debug.capture_dir, m.debug.capture_max, self),
+            )
         self.replies = Replies(self)  # the planes see this server as a server.served.Served
         self.intake, self.control = Intake(self, self.replies), ControlPlane(self)
         self._loaded = loaded
@@ -176,7 +194,9 @@ class PolicyServer:
             loaded.policy.prepare_serving()
         mode = m.serving_mode
         if classify(loaded.policy) == "stateful" and mode != "exclusive":
-            log.warning("policy type %r is chunk-stateful: serving_mode forced to exclusive (one session)", loaded.config.type)
+            log.warning(
+                "policy type %r is chunk-stateful: serving_mode forced to exclusive (one session)", loaded.config.type
+            )
             mode = "exclusive"
         revision = m.model.revision or loaded.revision_info.get("revision") or "main"
         self.keys = ReplicaKeys(model_id, revision, m.replica_id, m.root)
@@ -186,16 +206,25 @@ class PolicyServer:
         n = m.warmup_inferences
         ms = self.runtime.warmup(n)
         self.warmed_up = True
-        log.info("loaded %s (%s, rtc_mode %s, hash %s...%s), %d warm-up passes, %.1f ms each", model_id,
-                 loaded.config.type, self.runtime.rtc_mode, loaded.checkpoint_hash[:12],
-                 f", hyper_params {json.dumps(overrides, sort_keys=True)}" if overrides else "", n, ms)
+        log.info(
+            "loaded %s (%s, rtc_mode %s, hash %s...%s), %d warm-up passes, %.1f ms each",
+            model_id,
+            loaded.config.type,
+            self.runtime.rtc_mode,
+            loaded.checkpoint_hash[:12],
+            f", hyper_params {json.dumps(overrides, sort_keys=True)}" if overrides else "",
+            n,
+            ms,
+        )
         if n > 0:
             max_batch = m.scheduling.max_batch
             # a compiling policy's every bucket and signature, built before the replica says it is ready
             t0 = time.perf_counter()
             warmed = self.runtime.warm_buckets(max_batch)
             if warmed:
-                log.info("compiled buckets %s with and without an RTC prefix in %.1f s", warmed, time.perf_counter() - t0)
+                log.info(
+                    "compiled buckets %s with and without an RTC prefix in %.1f s", warmed, time.perf_counter() - t0
+                )
             # the replica's own unloaded forward time: the bench reads starvation against it
             sizes = self.runtime.unloaded_forward_ms(max_batch)
             log.info("unloaded forward ms by batch size: %s", json.dumps(sizes))
@@ -215,9 +244,14 @@ class PolicyServer:
             opts["batch_window_ms"] = sched.batch_window_ms
         self.max_batch = sched.max_batch
         self.mailbox = Mailbox(
-            make_scheduler(sched.strategy, **opts), model=self.info.model_id, max_queue_size=sched.max_queue_size,
-            overflow_policy=sched.overflow_policy, request_ttl_ms=sched.request_ttl_ms, max_retries=sched.max_retries,
-            batch_window_ms=sched.batch_window_ms, senders=self.sessions.__len__,
+            make_scheduler(sched.strategy, **opts),
+            model=self.info.model_id,
+            max_queue_size=sched.max_queue_size,
+            overflow_policy=sched.overflow_policy,
+            request_ttl_ms=sched.request_ttl_ms,
+            max_retries=sched.max_retries,
+            batch_window_ms=sched.batch_window_ms,
+            senders=self.sessions.__len__,
         )
         if self._shared is None:
             self.z = open_manifest_session(m, stopped=self.stopped)
@@ -234,10 +268,14 @@ class PolicyServer:
         self._spawn(self._housekeeping, f"housekeeping-{self.info.model_id}")
         port = m.health_port
         if self._shared is None and port is not None and port >= 0:
-            self.health = HealthServer(port, self.metrics, self._ready_reason, lambda: not self.stopped.is_set(),
-                                       host=m.health_host,
-                                       sessions_fn=lambda c: {"models": {self.info.model_id: self.session_report(c)}}
-                                       ).start()
+            self.health = HealthServer(
+                port,
+                self.metrics,
+                self._ready_reason,
+                lambda: not self.stopped.is_set(),
+                host=m.health_host,
+                sessions_fn=lambda c: {"models": {self.info.model_id: self.session_report(c)}},
+            ).start()
         self._token = z.liveliness().declare_token(k.alive)
         self.ready = True
         self.set_load()
@@ -247,8 +285,10 @@ class PolicyServer:
         return self
 
     def describe(self) -> str:
-        return (f"{self.info.model_id}@{self.info.revision} replica {self.keys.replica_id} ({self.info.policy_type}, "
-                f"{self.info.serving_mode}, max_sessions {self.info.effective_max_sessions})")
+        return (
+            f"{self.info.model_id}@{self.info.revision} replica {self.keys.replica_id} ({self.info.policy_type}, "
+            f"{self.info.serving_mode}, max_sessions {self.info.effective_max_sessions})"
+        )
 
     def start_dispatch(self) -> None:
         """This model's dispatch loops, `max_inflight` of them (models.known.<id> or models.default_max_inflight),
@@ -301,17 +341,33 @@ class PolicyServer:
         """The per-robot detail that metrics never label: each session's counters and latency percentiles
         (fixed-size sketches), plus the replica's recent percentiles. `client` keeps that robot's only."""
         now = time.monotonic()
-        rows = [{"session_id": s.session_id, "client_uuid": s.client_uuid, "task": s.task, "client_type": s.client_type,
-                 "open_s": round(now - s.opened_mono, 3), "idle_s": round(now - s.last_seen_mono, 3),
-                 "requests": s.requests, "outcomes": dict(s.outcomes), "queue_wait_ms": s.queue_wait_ms.summary(),
-                 "inference_ms": s.inference_ms.summary()}
-                for s in self.sessions.all() if client is None or s.client_uuid == client]
-        return {"replica_id": self.info.replica_id, "active_sessions": self.active_sessions(),
-                "max_sessions": self.info.effective_max_sessions,
-                "recent": {"window_s": self.recent_queue_wait_ms.window_s,
-                           "queue_wait_ms": self.recent_queue_wait_ms.recent().summary(),
-                           "inference_ms": self.recent_inference_ms.recent().summary()},
-                "sessions": sorted(rows, key=lambda r: r["client_uuid"])}
+        rows = [
+            {
+                "session_id": s.session_id,
+                "client_uuid": s.client_uuid,
+                "task": s.task,
+                "client_type": s.client_type,
+                "open_s": round(now - s.opened_mono, 3),
+                "idle_s": round(now - s.last_seen_mono, 3),
+                "requests": s.requests,
+                "outcomes": dict(s.outcomes),
+                "queue_wait_ms": s.queue_wait_ms.summary(),
+                "inference_ms": s.inference_ms.summary(),
+            }
+            for s in self.sessions.all()
+            if client is None or s.client_uuid == client
+        ]
+        return {
+            "replica_id": self.info.replica_id,
+            "active_sessions": self.active_sessions(),
+            "max_sessions": self.info.effective_max_sessions,
+            "recent": {
+                "window_s": self.recent_queue_wait_ms.window_s,
+                "queue_wait_ms": self.recent_queue_wait_ms.recent().summary(),
+                "inference_ms": self.recent_inference_ms.recent().summary(),
+            },
+            "sessions": sorted(rows, key=lambda r: r["client_uuid"]),
+        }
 
     def set_load(self) -> None:
         active = self.active_sessions()
@@ -326,8 +382,12 @@ class PolicyServer:
     def _dispatch_loop(self) -> None:
         set_torch_threads(self.m.torch_threads)  # per thread: see server.runtime.set_torch_threads
         want = self.m.dispatch_priority
-        log.info("%s%s (asked: %s)", DISPATCH_PRIORITY_LOG_TEXT,
-                 raise_priority(want, DISPATCH_FIFO_PRIORITY, threading.get_native_id()), want)
+        log.info(
+            "%s%s (asked: %s)",
+            DISPATCH_PRIORITY_LOG_TEXT,
+            raise_priority(want, DISPATCH_FIFO_PRIORITY, threading.get_native_id()),
+            want,
+        )
         while not self.stopped.is_set():
             batch = self.mailbox.take(self.max_batch, 0.25)  # the micro-batch window is the mailbox's
             if batch.closed:
@@ -373,8 +433,17 @@ class PolicyServer:
                     with self.runtime.forward_lock:
                         self.runtime.reset_policy()
             images = {name: obs.images[name] for name in self.info.cameras if name in obs.images}
-            items.append(InferItem(s.pipeline, obs.state, images, obs.inference_delay_steps, obs.prefix_model,
-                                   obs.prefix_robot, rtc=s.rtc_enabled))
+            items.append(
+                InferItem(
+                    s.pipeline,
+                    obs.state,
+                    images,
+                    obs.inference_delay_steps,
+                    obs.prefix_model,
+                    obs.prefix_robot,
+                    rtc=s.rtc_enabled,
+                )
+            )
         try:
             if not items:
                 return

@@ -23,10 +23,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from wire import MAX_SUPPORTED as SCHEMA_MAX, MIN_SUPPORTED as SCHEMA_MIN, ErrorCode
+from server.metrics import Sketch
+from wire import MAX_SUPPORTED as SCHEMA_MAX
+from wire import MIN_SUPPORTED as SCHEMA_MIN
+from wire import ErrorCode
 from wire.keys import ClientKeys
 from wire.messages import Error, SessionAck, SessionOpen, Status
-from server.metrics import Sketch
 
 
 @dataclass
@@ -58,12 +60,23 @@ class ReplicaInfo:
     def model_fields(self, active: int, warmed_up: bool) -> dict[str, Any]:
         cap = self.effective_max_sessions
         return dict(
-            replica_id=self.replica_id, model_id=self.model_id, revision=self.revision,
-            checkpoint_hash=self.checkpoint_hash, policy_type=self.policy_type,
-            action_names=list(self.action_names), state_dim=self.state_dim, cameras=dict(self.cameras),
-            chunk_size=self.chunk_size, trained_fps=self.trained_fps, supports_rtc=self.supports_rtc,
-            serving_mode=self.serving_mode, warmed_up=warmed_up, active_sessions=active, max_sessions=cap,
-            load=active / cap if cap else 1.0, inference_emulated=self.inference_emulated,
+            replica_id=self.replica_id,
+            model_id=self.model_id,
+            revision=self.revision,
+            checkpoint_hash=self.checkpoint_hash,
+            policy_type=self.policy_type,
+            action_names=list(self.action_names),
+            state_dim=self.state_dim,
+            cameras=dict(self.cameras),
+            chunk_size=self.chunk_size,
+            trained_fps=self.trained_fps,
+            supports_rtc=self.supports_rtc,
+            serving_mode=self.serving_mode,
+            warmed_up=warmed_up,
+            active_sessions=active,
+            max_sessions=cap,
+            load=active / cap if cap else 1.0,
+            inference_emulated=self.inference_emulated,
         )
 
     @property
@@ -125,93 +138,156 @@ def _reject(code: str, message: str, reason: str, **details) -> Decision:
     return Decision(False, Error(code, message, details=details), reason=reason)
 
 
-def validate_open(req: SessionOpen, info: ReplicaInfo, *, active: int, ready: bool, draining: bool,
-                  client_uuid_from_key: str) -> Decision:
+def validate_open(
+    req: SessionOpen, info: ReplicaInfo, *, active: int, ready: bool, draining: bool, client_uuid_from_key: str
+) -> Decision:
     """The validation matrix of design 8.4, in the order a user wants to hear about problems."""
     if draining:
-        return _reject(ErrorCode.DRAINING, f"replica {info.replica_id} is draining; open a session on another replica",
-                       "draining")
+        return _reject(
+            ErrorCode.DRAINING, f"replica {info.replica_id} is draining; open a session on another replica", "draining"
+        )
     if not ready:
-        return _reject(ErrorCode.NOT_READY, f"replica {info.replica_id} is still warming up; retry in a moment",
-                       "not_ready")
+        return _reject(
+            ErrorCode.NOT_READY, f"replica {info.replica_id} is still warming up; retry in a moment", "not_ready"
+        )
     if req.client_uuid != client_uuid_from_key:
-        return _reject(ErrorCode.IDENTITY_MISMATCH,
-                       f"client_uuid {req.client_uuid!r} differs from the uuid in the key ({client_uuid_from_key!r}); "
-                       "open the session on your own keys", "identity")
+        return _reject(
+            ErrorCode.IDENTITY_MISMATCH,
+            f"client_uuid {req.client_uuid!r} differs from the uuid in the key ({client_uuid_from_key!r}); "
+            "open the session on your own keys",
+            "identity",
+        )
     if not SCHEMA_MIN <= req.schema_version <= SCHEMA_MAX:
-        return _reject(ErrorCode.SCHEMA_VERSION,
-                       f"client speaks wire schema {req.schema_version}; this server supports {SCHEMA_MIN}..{SCHEMA_MAX}. "
-                       "Upgrade the older side", "schema", schema_min=SCHEMA_MIN, schema_max=SCHEMA_MAX)
+        return _reject(
+            ErrorCode.SCHEMA_VERSION,
+            f"client speaks wire schema {req.schema_version}; this server supports {SCHEMA_MIN}..{SCHEMA_MAX}. "
+            "Upgrade the older side",
+            "schema",
+            schema_min=SCHEMA_MIN,
+            schema_max=SCHEMA_MAX,
+        )
     if not info.accept_unknown and req.client_uuid not in info.known_clients:
-        return _reject(ErrorCode.IDENTITY_MISMATCH, f"client {req.client_uuid!r} is not in this replica's clients.known "
-                       "and clients.accept_unknown is false; add it to the manifest", "unknown_client")
+        return _reject(
+            ErrorCode.IDENTITY_MISMATCH,
+            f"client {req.client_uuid!r} is not in this replica's clients.known "
+            "and clients.accept_unknown is false; add it to the manifest",
+            "unknown_client",
+        )
     known = info.known_clients.get(req.client_uuid)
     if known is not None and getattr(known, "model", None) not in (None, info.model_id):
-        return _reject(ErrorCode.IDENTITY_MISMATCH, f"client {req.client_uuid!r} is configured for model "
-                       f"{known.model!r}; this replica serves {info.model_id!r}", "known_client_model")
-    if info.allowlist and req.client_uuid not in info.allowlist and not any(
-            f"{k}={v}" in info.allowlist for k, v in req.tags.items()):
-        return _reject(ErrorCode.IDENTITY_MISMATCH, f"client {req.client_uuid!r} is not on this replica's allowlist",
-                       "allowlist")
+        return _reject(
+            ErrorCode.IDENTITY_MISMATCH,
+            f"client {req.client_uuid!r} is configured for model "
+            f"{known.model!r}; this replica serves {info.model_id!r}",
+            "known_client_model",
+        )
+    if (
+        info.allowlist
+        and req.client_uuid not in info.allowlist
+        and not any(f"{k}={v}" in info.allowlist for k, v in req.tags.items())
+    ):
+        return _reject(
+            ErrorCode.IDENTITY_MISMATCH, f"client {req.client_uuid!r} is not on this replica's allowlist", "allowlist"
+        )
     if req.expected_checkpoint_hash and req.expected_checkpoint_hash != info.checkpoint_hash:
-        return _reject(ErrorCode.WRONG_MODEL,
-                       f"client pinned checkpoint {req.expected_checkpoint_hash[:16]}... but this replica serves "
-                       f"{info.checkpoint_hash[:16]}... ({info.model_id}@{info.revision}); never run another model's chunks",
-                       "wrong_model", checkpoint_hash=info.checkpoint_hash)
+        return _reject(
+            ErrorCode.WRONG_MODEL,
+            f"client pinned checkpoint {req.expected_checkpoint_hash[:16]}... but this replica serves "
+            f"{info.checkpoint_hash[:16]}... ({info.model_id}@{info.revision}); never run another model's chunks",
+            "wrong_model",
+            checkpoint_hash=info.checkpoint_hash,
+        )
     if req.policy_type and req.policy_type != info.policy_type:
-        return _reject(ErrorCode.WRONG_MODEL, f"client expects policy type {req.policy_type!r}; this replica serves "
-                       f"{info.policy_type!r}", "policy_type", policy_type=info.policy_type)
+        return _reject(
+            ErrorCode.WRONG_MODEL,
+            f"client expects policy type {req.policy_type!r}; this replica serves {info.policy_type!r}",
+            "policy_type",
+            policy_type=info.policy_type,
+        )
     if list(req.action_names) != list(info.action_names):
         same_set = sorted(req.action_names) == sorted(info.action_names)
         how = "the same names in another order" if same_set else "different names"
-        return _reject(ErrorCode.ACTION_MISMATCH,
-                       f"action names must match the policy's exactly, in order (chunk column i drives action i); "
-                       f"client sent {how}: client {list(req.action_names)} vs policy {list(info.action_names)}. "
-                       "Fix the robot's action feature order or its rename map", "action_names",
-                       action_names=list(info.action_names))
+        return _reject(
+            ErrorCode.ACTION_MISMATCH,
+            f"action names must match the policy's exactly, in order (chunk column i drives action i); "
+            f"client sent {how}: client {list(req.action_names)} vs policy {list(info.action_names)}. "
+            "Fix the robot's action feature order or its rename map",
+            "action_names",
+            action_names=list(info.action_names),
+        )
     missing = sorted(set(info.cameras) - set(req.cameras))
     if missing:
-        return _reject(ErrorCode.CAMERA_MISMATCH,
-                       f"the policy needs cameras {sorted(info.cameras)}; the client does not send {missing}. "
-                       "Add them or rename the robot's cameras to the policy's names", "cameras",
-                       cameras=dict(info.cameras))
+        return _reject(
+            ErrorCode.CAMERA_MISMATCH,
+            f"the policy needs cameras {sorted(info.cameras)}; the client does not send {missing}. "
+            "Add them or rename the robot's cameras to the policy's names",
+            "cameras",
+            cameras=dict(info.cameras),
+        )
     if req.state_dim != info.state_dim:
-        return _reject(ErrorCode.STATE_DIM_MISMATCH,
-                       f"state has {req.state_dim} values on the client but the policy expects {info.state_dim}",
-                       "state_dim", state_dim=info.state_dim)
+        return _reject(
+            ErrorCode.STATE_DIM_MISMATCH,
+            f"state has {req.state_dim} values on the client but the policy expects {info.state_dim}",
+            "state_dim",
+            state_dim=info.state_dim,
+        )
     warnings: list[str] = []
     for name, shape in info.cameras.items():
         h, w = req.cameras[name][0], req.cameras[name][1]
         if h * shape[1] != w * shape[0]:
-            warnings.append(f"camera {name!r}: client {h}x{w} has another aspect ratio than training "
-                            f"{shape[0]}x{shape[1]}; frames are resized to the training size")
+            warnings.append(
+                f"camera {name!r}: client {h}x{w} has another aspect ratio than training "
+                f"{shape[0]}x{shape[1]}; frames are resized to the training size"
+            )
     if abs(req.fps - info.trained_fps) > 1e-6:
         # a chunk is a plan in time steps of the trained rate: played at another rate it is another motion
         msg = f"client runs at {req.fps:g} fps but the policy was trained at {info.trained_fps:g} fps"
         if not info.allow_resampling:
-            return _reject(ErrorCode.FPS_MISMATCH, msg + ". Run the robot at the trained rate, or set allow_resampling: "
-                           "true in the server's manifest to accept it", "fps", trained_fps=info.trained_fps,
-                           client_fps=req.fps)
+            return _reject(
+                ErrorCode.FPS_MISMATCH,
+                msg + ". Run the robot at the trained rate, or set allow_resampling: "
+                "true in the server's manifest to accept it",
+                "fps",
+                trained_fps=info.trained_fps,
+                client_fps=req.fps,
+            )
         warnings.append(msg + " (allow_resampling is on: each chunk plays at the client's rate, stretched in time)")
     task = req.task or info.default_task
     if info.pin_task and req.task and req.task != info.default_task:
-        return _reject(ErrorCode.TASK_PINNED, f"this replica is pinned to task {info.default_task!r}; the client asked "
-                       f"for {req.task!r}. Send the pinned task or an empty task", "task_pinned",
-                       default_task=info.default_task)
+        return _reject(
+            ErrorCode.TASK_PINNED,
+            f"this replica is pinned to task {info.default_task!r}; the client asked "
+            f"for {req.task!r}. Send the pinned task or an empty task",
+            "task_pinned",
+            default_task=info.default_task,
+        )
     rtc = bool(req.rtc_enabled)
     if rtc and not info.supports_rtc:
         rtc = False
-        warnings.append(f"policy type {info.policy_type!r} does not support RTC guidance; this session runs in "
-                        "append mode (rtc_enabled=false in the ack)")
+        warnings.append(
+            f"policy type {info.policy_type!r} does not support RTC guidance; this session runs in "
+            "append mode (rtc_enabled=false in the ack)"
+        )
     cap = info.effective_max_sessions
     if active >= cap:
         if info.serving_mode == "exclusive":
-            return _reject(ErrorCode.EXCLUSIVE_BUSY,
-                           f"policy type {info.policy_type!r} keeps per-episode state (chunk-stateful), so this replica "
-                           "serves exactly one session and it is taken. Use another replica", "exclusive_busy",
-                           active_sessions=active, max_sessions=cap, load=1.0)
-        return _reject(ErrorCode.CAPACITY, f"replica {info.replica_id} is full ({active}/{cap} sessions); try another "
-                       "replica", "capacity", active_sessions=active, max_sessions=cap, load=active / cap if cap else 1.0)
+            return _reject(
+                ErrorCode.EXCLUSIVE_BUSY,
+                f"policy type {info.policy_type!r} keeps per-episode state (chunk-stateful), so this replica "
+                "serves exactly one session and it is taken. Use another replica",
+                "exclusive_busy",
+                active_sessions=active,
+                max_sessions=cap,
+                load=1.0,
+            )
+        return _reject(
+            ErrorCode.CAPACITY,
+            f"replica {info.replica_id} is full ({active}/{cap} sessions); try another replica",
+            "capacity",
+            active_sessions=active,
+            max_sessions=cap,
+            load=active / cap if cap else 1.0,
+        )
     return Decision(True, rtc_enabled=rtc, task=task, warnings=warnings)
 
 
@@ -249,8 +325,10 @@ class SessionRegistry:
     def lookup(self, session_id: str, client_uuid: str) -> tuple[Session | None, Error | None]:
         s = self._by_id.get(session_id)
         if s is None:
-            return None, Error(ErrorCode.UNKNOWN_SESSION, f"session {session_id!r} is not open on this replica (it may "
-                               "have restarted); open a new session")
+            return None, Error(
+                ErrorCode.UNKNOWN_SESSION,
+                f"session {session_id!r} is not open on this replica (it may have restarted); open a new session",
+            )
         if s.client_uuid != client_uuid:
             return None, Error(ErrorCode.IDENTITY_MISMATCH, f"session {session_id!r} belongs to another client")
         return s, None
@@ -272,12 +350,26 @@ class SessionRegistry:
 
 
 def make_status(info: ReplicaInfo, active: int, ready: bool, warmed_up: bool, draining: bool) -> Status:
-    return Status(**info.model_fields(active, warmed_up), ready=ready and not draining, draining=draining,
-                  schema_min=SCHEMA_MIN, schema_max=SCHEMA_MAX, default_task=info.default_task, pin_task=info.pin_task,
-                  execution_horizon=info.execution_horizon)
+    return Status(
+        **info.model_fields(active, warmed_up),
+        ready=ready and not draining,
+        draining=draining,
+        schema_min=SCHEMA_MIN,
+        schema_max=SCHEMA_MAX,
+        default_task=info.default_task,
+        pin_task=info.pin_task,
+        execution_horizon=info.execution_horizon,
+    )
 
 
 def make_ack(info: ReplicaInfo, session: Session, decision: Decision, active: int, schema_version: int) -> SessionAck:
-    return SessionAck(**info.model_fields(active, True), session_id=session.session_id, schema_version=schema_version,
-                      rtc_enabled=decision.rtc_enabled, execution_horizon=session.execution_horizon,
-                      task=decision.task, warnings=list(decision.warnings), session_key=session.session_key or None)
+    return SessionAck(
+        **info.model_fields(active, True),
+        session_id=session.session_id,
+        schema_version=schema_version,
+        rtc_enabled=decision.rtc_enabled,
+        execution_horizon=session.execution_horizon,
+        task=decision.task,
+        warnings=list(decision.warnings),
+        session_key=session.session_key or None,
+    )

@@ -12,8 +12,16 @@ that the server manifest, the scenario language and the chaos timeline share; pr
 from wire.errors import WireError
 from wire.header import HEADER_SIZE, Header, MsgType, pack_header, unpack_header
 from wire.images import EncodedImage, decode_image, encode_image
-from wire.keys import (DEFAULT_ROOT, ClientKeys, ReplicaKeys, discovery_key, parse_client_key, replicas_alive_key, sanitize,
-                       task_slug)
+from wire.keys import (
+    DEFAULT_ROOT,
+    ClientKeys,
+    ReplicaKeys,
+    discovery_key,
+    parse_client_key,
+    replicas_alive_key,
+    sanitize,
+    task_slug,
+)
 from wire.messages import (
     ActionChunk,
     DrainNotice,

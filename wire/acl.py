@@ -41,8 +41,13 @@ from dataclasses import dataclass
 
 from wire.keys import DEFAULT_ROOT, sanitize, sanitize_root
 
-ROBOT_INGRESS_TOPICS = {"obs": ("put",), "action": ("declare_subscriber",), "alive": ("liveliness_token",),
-                        "session": ("query",), "reset": ("query",)}
+ROBOT_INGRESS_TOPICS = {
+    "obs": ("put",),
+    "action": ("declare_subscriber",),
+    "alive": ("liveliness_token",),
+    "session": ("query",),
+    "reset": ("query",),
+}
 
 
 @dataclass(frozen=True)
@@ -66,8 +71,10 @@ class FleetIdentities:
         others = {*self.robots, *(server_cn(r) for r in self.replicas), *self.monitors}
         clash = sorted(others & set(self.routers))
         if clash:  # a robot whose certificate names a router would get a router's rights
-            raise ValueError(f"identity {clash[0]!r} is both a router and a robot, replica or monitor; "
-                             "every certificate common name must name one identity")
+            raise ValueError(
+                f"identity {clash[0]!r} is both a router and a robot, replica or monitor; "
+                "every certificate common name must name one identity"
+            )
 
 
 def server_cn(replica_id: str) -> str:
@@ -90,13 +97,23 @@ def robot_rules(root: str, uuid: str) -> list[dict]:
         _rule(f"{uuid}-action-in", ["put"], ["egress"], own("action")),
         _rule(f"{uuid}-alive", ["liveliness_token"], ["ingress"], own("alive")),
         _rule(f"{uuid}-control", ["query"], ["ingress"], own("session") + own("reset") + [f"{root}/*/*/*/status"]),
-        _rule(f"{uuid}-control-replies", ["reply"], ["egress"], own("session") + own("reset") + [f"{root}/*/*/*/status"]),
+        _rule(
+            f"{uuid}-control-replies", ["reply"], ["egress"], own("session") + own("reset") + [f"{root}/*/*/*/status"]
+        ),
         # the servers' declarations must reach the robot, or its publisher sees no subscriber and sends nothing
         _rule(f"{uuid}-server-decls", ["declare_subscriber"], ["egress"], [f"{root}/*/*/*/*/*/obs"]),
-        _rule(f"{uuid}-server-queryables", ["declare_queryable"], ["egress"],
-              [f"{root}/*/*/*/*/*/session", f"{root}/*/*/*/*/*/reset", f"{root}/*/*/*/status"]),
-        _rule(f"{uuid}-replicas", ["declare_liveliness_subscriber", "liveliness_query"], ["ingress"],
-              [f"{root}/*/*/*/alive"]),
+        _rule(
+            f"{uuid}-server-queryables",
+            ["declare_queryable"],
+            ["egress"],
+            [f"{root}/*/*/*/*/*/session", f"{root}/*/*/*/*/*/reset", f"{root}/*/*/*/status"],
+        ),
+        _rule(
+            f"{uuid}-replicas",
+            ["declare_liveliness_subscriber", "liveliness_query"],
+            ["ingress"],
+            [f"{root}/*/*/*/alive"],
+        ),
         _rule(f"{uuid}-replica-tokens", ["liveliness_token"], ["egress"], [f"{root}/*/*/*/alive"]),
     ]
 
@@ -116,8 +133,12 @@ def server_rules(root: str, replica_id: str) -> list[dict]:
         _rule(f"{rid}-action", ["put"], ["ingress"], [f"{p}/*/*/action"]),
         _rule(f"{rid}-action-subs", ["declare_subscriber"], ["egress"], [f"{p}/*/*/action"]),
         _rule(f"{rid}-alive", ["liveliness_token"], ["ingress"], [f"{p}/alive"]),
-        _rule(f"{rid}-clients-alive", ["declare_liveliness_subscriber", "liveliness_query"], ["ingress"],
-              [f"{p}/*/*/alive"]),
+        _rule(
+            f"{rid}-clients-alive",
+            ["declare_liveliness_subscriber", "liveliness_query"],
+            ["ingress"],
+            [f"{p}/*/*/alive"],
+        ),
         _rule(f"{rid}-clients-alive-in", ["liveliness_token"], ["egress"], [f"{p}/*/*/alive"]),
     ]
 
@@ -129,8 +150,17 @@ def monitor_rules(root: str, name: str) -> list[dict]:
     ]
 
 
-ROUTER_MESSAGES = ["put", "delete", "declare_subscriber", "query", "reply", "declare_queryable", "liveliness_token",
-                   "declare_liveliness_subscriber", "liveliness_query"]
+ROUTER_MESSAGES = [
+    "put",
+    "delete",
+    "declare_subscriber",
+    "query",
+    "reply",
+    "declare_queryable",
+    "liveliness_token",
+    "declare_liveliness_subscriber",
+    "liveliness_query",
+]
 
 
 def peer_router_rules(root: str, cn: str) -> list[dict]:
@@ -162,14 +192,19 @@ def router_access_control(fleet: FleetIdentities) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m wire.acl",
-                                 description="Print the router access_control block for a fleet (JSON).")
+    ap = argparse.ArgumentParser(
+        prog="python -m wire.acl", description="Print the router access_control block for a fleet (JSON)."
+    )
     ap.add_argument("--robot", action="append", default=[], help="client uuid = certificate CN (repeatable)")
     ap.add_argument("--robots-file", help="file with one client uuid per line")
     ap.add_argument("--replica", action="append", default=[], help="replica id (its certificate CN is server-<id>)")
-    ap.add_argument("--peer-router", action="append", default=[],
-                    help="certificate CN of another router of the same network (a hub or a node router, repeatable): "
-                         "allowed every message under the root, both ways")
+    ap.add_argument(
+        "--peer-router",
+        action="append",
+        default=[],
+        help="certificate CN of another router of the same network (a hub or a node router, repeatable): "
+        "allowed every message under the root, both ways",
+    )
     ap.add_argument("--root", default=DEFAULT_ROOT)
     args = ap.parse_args(argv)
     robots = list(args.robot)
@@ -177,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.robots_file) as f:
             robots += [line.strip() for line in f if line.strip() and not line.startswith("#")]
     try:
-        acl = router_access_control(FleetIdentities(tuple(robots), tuple(args.replica), args.root,
-                                                    routers=tuple(args.peer_router)))
+        acl = router_access_control(
+            FleetIdentities(tuple(robots), tuple(args.replica), args.root, routers=tuple(args.peer_router))
+        )
     except Exception as exc:
         print(f"wire.acl: {exc}", file=sys.stderr)
         return 2

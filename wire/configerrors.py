@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import types
 import typing
-from typing import Annotated, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any
 
 from wire import yamlines
 from wire.suggest import did_you_mean
@@ -63,7 +64,7 @@ def unwrap(tp: Any) -> tuple[Any, bool]:
             rest = [a for a in args if a is not type(None)]
             nullable = nullable or len(rest) < len(args)
             if len(rest) != 1:
-                return typing.Union[tuple(rest)], nullable
+                return typing.Union[tuple(rest)], nullable  # noqa: UP007 (a Union built at run time)
             tp = rest[0]
         else:
             return tp, nullable
@@ -166,10 +167,17 @@ def _first_required(cls: type, loc: tuple) -> tuple:
 
 
 _TYPE_WORDS = {
-    "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be an integer",
-    "float_type": "must be a number", "float_parsing": "must be a number", "bool_type": "must be true or false",
-    "bool_parsing": "must be true or false", "string_type": "must be a string", "tuple_type": "must be a list",
-    "list_type": "must be a list", "dict_type": "must be a mapping",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "tuple_type": "must be a list",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping",
 }
 UNKNOWN = ("unexpected_keyword_argument", "extra_forbidden")
 MISSING = ("missing", "missing_keyword_argument")
@@ -199,8 +207,10 @@ def explain(cls: type, err: Mapping, unknown_hint: Callable[[type, str, str], st
         bound = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")
         size = len(value) if hasattr(value, "__len__") else ctx.get("actual_length")
         need = f"at least {bound}" if kind == "too_short" else f"at most {bound}"
-        return loc, (f"needs {need} item{'s' if bound != 1 else ''}, got {size}"
-                     + (f"; {info.description}" if info is not None and info.description else ""))
+        return loc, (
+            f"needs {need} item{'s' if bound != 1 else ''}, got {size}"
+            + (f"; {info.description}" if info is not None and info.description else "")
+        )
     if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
         lo, hi, gt = bounds(info, tp)
         opening = f"({num(gt)}" if gt is not None else f"[{num(lo) if lo is not None else '-inf'}"
@@ -209,8 +219,10 @@ def explain(cls: type, err: Mapping, unknown_hint: Callable[[type, str, str], st
     if kind in ("literal_error", "enum"):
         choices = [str(c) for c in typing.get_args(unwrap(tp)[0])] if tp is not None else []
         noun = doc_meta(info).get("noun")
-        return loc, (f"{noun + ' ' if noun else ''}{value!r} is not one of {', '.join(choices)}; pick one of them"
-                     f"{did_you_mean(value, choices)}")
+        return loc, (
+            f"{noun + ' ' if noun else ''}{value!r} is not one of {', '.join(choices)}; pick one of them"
+            f"{did_you_mean(value, choices)}"
+        )
     if kind in ("dataclass_type", "dataclass_exact_type", "dataclass_args_type", "model_type", "model_attributes_type"):
         names = list(model_fields(unwrap(tp)[0])) if tp is not None else []
         return loc, f"must be a mapping of {', '.join(names)}, got {show(value)}"
@@ -227,8 +239,10 @@ def explain(cls: type, err: Mapping, unknown_hint: Callable[[type, str, str], st
         if words in ("must be an integer", "must be a number") and isinstance(value, str) and _yaml_1_1_number(value):
             # YAML 1.1 (PyYAML) reads an exponent without a dot or a sign as a string: 1e9, 2E3
             hint += f"; YAML reads {value} as text: " + (
-                f"write it out ({int(float(value))})" if words == "must be an integer" and float(value).is_integer()
-                else f"write it with a dot and a signed exponent ({_yaml_number(value)})")
+                f"write it out ({int(float(value))})"
+                if words == "must be an integer" and float(value).is_integer()
+                else f"write it with a dot and a signed exponent ({_yaml_number(value)})"
+            )
         return loc, f"{words}, got {show(value)}{hint}"
     return loc, err["msg"]
 
@@ -254,8 +268,9 @@ def first_error(errors: list[Mapping]) -> Mapping:
     return next((e for e in errors if e["type"] in UNKNOWN), errors[0])
 
 
-def locate(cls: type, exc: Any, raw: Any, unknown_hint: Callable[[type, str, str], str],
-           default_line: int | str | None = None) -> tuple[tuple, int | str | None, str]:
+def locate(
+    cls: type, exc: Any, raw: Any, unknown_hint: Callable[[type, str, str], str], default_line: int | str | None = None
+) -> tuple[tuple, int | str | None, str]:
     """(key path, line, message) of the error to report from a pydantic ValidationError `exc`."""
     err = first_error(exc.errors(include_url=False))
     where, message = explain(cls, err, unknown_hint)
@@ -269,12 +284,30 @@ def locate(cls: type, exc: Any, raw: Any, unknown_hint: Callable[[type, str, str
 def finite(node: Any) -> Any:
     """JSON has no Infinity: a default of inf (no bound) is left out of a JSON Schema."""
     if isinstance(node, dict):
-        return {k: finite(v) for k, v in node.items()
-                if not (k == "default" and isinstance(v, float) and math.isinf(v))}
+        return {
+            k: finite(v) for k, v in node.items() if not (k == "default" and isinstance(v, float) and math.isinf(v))
+        }
     if isinstance(node, list):
         return [finite(v) for v in node]
     return node
 
 
-__all__ = ["Doc", "problem", "show", "unwrap", "markers", "field_at", "bounds", "dotted", "num", "range_text",
-           "explain", "first_error", "locate", "finite", "model_fields", "doc_meta", "is_model"]
+__all__ = [
+    "Doc",
+    "problem",
+    "show",
+    "unwrap",
+    "markers",
+    "field_at",
+    "bounds",
+    "dotted",
+    "num",
+    "range_text",
+    "explain",
+    "first_error",
+    "locate",
+    "finite",
+    "model_fields",
+    "doc_meta",
+    "is_model",
+]

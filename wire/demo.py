@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import threading
 import time
@@ -22,7 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from wire import (
-    ActionChunk, Header, MsgType, Observation, ReplicaKeys, SCHEMA_VERSION, decode_message, encode_image, unpack_header,
+    SCHEMA_VERSION,
+    ActionChunk,
+    Header,
+    MsgType,
+    Observation,
+    ReplicaKeys,
+    decode_message,
+    encode_image,
+    unpack_header,
 )
 from wire.procs import start_router
 from wire.qos import declare_publisher, wait_matched
@@ -56,8 +63,15 @@ def _run(args, endpoint: str) -> int:
         h = unpack_header(bytes(sample.attachment.to_bytes()))
         obs = decode_message(sample.payload.to_bytes(), expect=Observation)
         chunk = np.tile(obs.state[:7], (50, 1)).astype(np.float32)
-        reply = ActionChunk(obs.session_id, h.seq_id, h.client_mono_ns, chunk, chunk, queue_wait_ms=0.0, inference_ms=0.0)
-        action_pub.put(reply.encode(), attachment=Header(SCHEMA_VERSION, MsgType.CHUNK, h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch).pack())
+        reply = ActionChunk(
+            obs.session_id, h.seq_id, h.client_mono_ns, chunk, chunk, queue_wait_ms=0.0, inference_ms=0.0
+        )
+        action_pub.put(
+            reply.encode(),
+            attachment=Header(
+                SCHEMA_VERSION, MsgType.CHUNK, h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch
+            ).pack(),
+        )
 
     box: list = []
     got = threading.Event()
@@ -74,16 +88,24 @@ def _run(args, endpoint: str) -> int:
     rtts, obs_bytes, chunk_bytes, lost = [], 0, 0, 0
     for pub, what in ((obs_pub, "observation"), (action_pub, "action")):
         if not wait_matched(pub, 10.0):
-            print(f"wire demo: the {what} publisher saw no subscriber through the router at {endpoint} in 10 s; "
-                  "is something blocking 127.0.0.1?")
+            print(
+                f"wire demo: the {what} publisher saw no subscriber through the router at {endpoint} in 10 s; "
+                "is something blocking 127.0.0.1?"
+            )
             client.close()
             server.close()
             return 1
     for seq in range(1, args.requests + 1):
         state = rng.normal(size=7).astype(np.float32)
         images = {f"cam{i}": encode_image(f, "jpeg", 90) for i, f in enumerate(frames)}
-        body = Observation("demo-session", state, images=images, prefix_model=np.zeros((10, 7), np.float32),
-                           prefix_robot=np.zeros((10, 7), np.float32), inference_delay_steps=3).encode()
+        body = Observation(
+            "demo-session",
+            state,
+            images=images,
+            prefix_model=np.zeros((10, 7), np.float32),
+            prefix_robot=np.zeros((10, 7), np.float32),
+            inference_delay_steps=3,
+        ).encode()
         got.clear()
         header = Header(SCHEMA_VERSION, MsgType.OBS, seq, 0, time.monotonic_ns(), 0).pack()
         obs_pub.put(body, attachment=header)
@@ -102,11 +124,22 @@ def _run(args, endpoint: str) -> int:
         print("wire demo: no chunk came back; is something blocking 127.0.0.1?")
         return 1
     q = np.percentile(rtts, [50, 90, 99])
-    result = {"requests": args.requests, "answered": len(rtts), "lost": lost, "rtt_ms_p50": q[0], "rtt_ms_p90": q[1],
-              "rtt_ms_p99": q[2], "observation_bytes": obs_bytes, "chunk_bytes": chunk_bytes, "cameras": args.cameras,
-              "camera_size": [args.height, args.width]}
-    print(f"wire demo over a real Zenoh router: {len(rtts)}/{args.requests} answered, rtt p50 {q[0]:.2f} ms, "
-          f"p90 {q[1]:.2f} ms, p99 {q[2]:.2f} ms; observation {obs_bytes} B ({args.cameras} JPEG cameras), chunk {chunk_bytes} B")
+    result = {
+        "requests": args.requests,
+        "answered": len(rtts),
+        "lost": lost,
+        "rtt_ms_p50": q[0],
+        "rtt_ms_p90": q[1],
+        "rtt_ms_p99": q[2],
+        "observation_bytes": obs_bytes,
+        "chunk_bytes": chunk_bytes,
+        "cameras": args.cameras,
+        "camera_size": [args.height, args.width],
+    }
+    print(
+        f"wire demo over a real Zenoh router: {len(rtts)}/{args.requests} answered, rtt p50 {q[0]:.2f} ms, "
+        f"p90 {q[1]:.2f} ms, p99 {q[2]:.2f} ms; observation {obs_bytes} B ({args.cameras} JPEG cameras), chunk {chunk_bytes} B"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -9,10 +9,21 @@ from __future__ import annotations
 from wire.messages import REGISTRY
 
 _MSGPACK = {
-    "str": "str", "uint": "int (>= 0)", "uint?": "int (>= 0) or nil", "int": "int (i64)", "float": "float (f64)",
-    "float?": "float or nil", "bool": "bool", "tensor": "tensor map", "tensor?": "tensor map or nil",
-    "images": "map str -> image map", "tensors": "map str -> tensor map", "str_list": "array of str",
-    "str_map": "map str -> str", "cams": "map str -> [h, w, c]", "any_map": "map str -> any",
+    "str": "str",
+    "uint": "int (>= 0)",
+    "uint?": "int (>= 0) or nil",
+    "int": "int (i64)",
+    "float": "float (f64)",
+    "float?": "float or nil",
+    "bool": "bool",
+    "tensor": "tensor map",
+    "tensor?": "tensor map or nil",
+    "images": "map str -> image map",
+    "tensors": "map str -> tensor map",
+    "str_list": "array of str",
+    "str_map": "map str -> str",
+    "cams": "map str -> [h, w, c]",
+    "any_map": "map str -> any",
 }
 
 
@@ -24,7 +35,9 @@ def table(kind: str) -> str:
         if f.lo is not None or f.hi is not None:
             rng = (rng + " " if rng else "") + f"[{'' if f.lo is None else f.lo}, {'' if f.hi is None else f.hi}]"
         default = "" if f.required else repr(f.default) if f.default is not None else "nil"
-        rows.append(f"| `{f.name}` | {_MSGPACK[f.kind]} | {'yes' if f.required else 'no'} | {default} | {rng} | {f.doc} |")
+        rows.append(
+            f"| `{f.name}` | {_MSGPACK[f.kind]} | {'yes' if f.required else 'no'} | {default} | {rng} | {f.doc} |"
+        )
     return "\n".join(rows)
 
 

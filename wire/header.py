@@ -61,9 +61,7 @@ def pack_header(h: Header) -> bytes:
     for name, value, lo, hi in checks:
         if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
             raise WireError("MALFORMED", f"header field {name}={value!r} is outside [{lo}, {hi}]", name)
-    return _STRUCT.pack(
-        h.schema_version, int(h.msg_type), h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch
-    )
+    return _STRUCT.pack(h.schema_version, int(h.msg_type), h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch)
 
 
 def unpack_header(data: bytes | bytearray | memoryview | None) -> Header:
@@ -74,12 +72,12 @@ def unpack_header(data: bytes | bytearray | memoryview | None) -> Header:
     except (TypeError, ValueError) as exc:
         raise WireError("MALFORMED", f"attachment is not bytes: {exc}") from None
     if len(raw) != HEADER_SIZE:
-        raise WireError(
-            "MALFORMED", f"attachment header is {len(raw)} bytes, expected exactly {HEADER_SIZE}"
-        )
+        raise WireError("MALFORMED", f"attachment header is {len(raw)} bytes, expected exactly {HEADER_SIZE}")
     version, mtype, seq, episode, mono, epoch = _STRUCT.unpack(raw)
     try:
         msg_type = MsgType(mtype)
     except ValueError:
-        raise WireError("MALFORMED", f"unknown msg_type {mtype}; known: {[int(m) for m in MsgType]}", "msg_type") from None
+        raise WireError(
+            "MALFORMED", f"unknown msg_type {mtype}; known: {[int(m) for m in MsgType]}", "msg_type"
+        ) from None
     return Header(version, msg_type, seq, episode, mono, epoch)

@@ -50,12 +50,16 @@ def encode_image(frame: np.ndarray, codec: str = "jpeg", quality: int = 90) -> E
         if not 1 <= quality <= 100:
             raise WireError("BAD_IMAGE", f"JPEG quality {quality} must be in 1..100")
         cs = "RGB" if shape[2] == 3 else "GRAY"
-        return EncodedImage("jpeg", simplejpeg.encode_jpeg(np.ascontiguousarray(a), quality=quality, colorspace=cs), shape)
+        return EncodedImage(
+            "jpeg", simplejpeg.encode_jpeg(np.ascontiguousarray(a), quality=quality, colorspace=cs), shape
+        )
     if codec == "png":
         from PIL import Image
 
         buf = io.BytesIO()
-        Image.fromarray(a[:, :, 0] if shape[2] == 1 else a, "L" if shape[2] == 1 else "RGB").save(buf, "PNG", compress_level=1)
+        Image.fromarray(a[:, :, 0] if shape[2] == 1 else a, "L" if shape[2] == 1 else "RGB").save(
+            buf, "PNG", compress_level=1
+        )
         return EncodedImage("png", buf.getvalue(), shape)
     raise WireError("BAD_IMAGE", f"codec {codec!r} unknown; use one of {CODECS}", "codec")
 
@@ -77,17 +81,25 @@ def image_from_wire(obj: object, field: str, limits: Limits = DEFAULT_LIMITS) ->
         ):
             raise WireError("BAD_IMAGE", f"{field}.shape must be [h, w, 1|3], got {shape!r}", field)
         if shape[0] * shape[1] > limits.max_image_pixels:
-            raise WireError("TOO_LARGE", f"{field} is {shape[0]}x{shape[1]}; limit {limits.max_image_pixels} pixels", field)
+            raise WireError(
+                "TOO_LARGE", f"{field} is {shape[0]}x{shape[1]}; limit {limits.max_image_pixels} pixels", field
+            )
         shape = (shape[0], shape[1], shape[2])
     if codec == "raw":
         if shape is None:
             raise WireError("BAD_IMAGE", f"{field}: raw frames need shape [h, w, c]", field)
         if shape[0] * shape[1] * shape[2] != len(data):
-            raise WireError("BAD_IMAGE", f"{field}: raw shape {list(shape)} needs {shape[0]*shape[1]*shape[2]} bytes, got {len(data)}", field)
+            raise WireError(
+                "BAD_IMAGE",
+                f"{field}: raw shape {list(shape)} needs {shape[0] * shape[1] * shape[2]} bytes, got {len(data)}",
+                field,
+            )
     return EncodedImage(codec, bytes(data), shape)
 
 
-def decode_image(img: EncodedImage, limits: Limits = DEFAULT_LIMITS, at_least: tuple[int, int] | None = None) -> np.ndarray:
+def decode_image(
+    img: EncodedImage, limits: Limits = DEFAULT_LIMITS, at_least: tuple[int, int] | None = None
+) -> np.ndarray:
     """Decode to HxWxC uint8 RGB. Corrupt data raises WireError(BAD_IMAGE).
 
     `at_least` (h, w): the size the caller will resize to. A frame at least twice that size each way comes back
@@ -114,7 +126,9 @@ def decode_image(img: EncodedImage, limits: Limits = DEFAULT_LIMITS, at_least: t
 
             with Image.open(io.BytesIO(img.data)) as im:
                 if im.width * im.height > limits.max_image_pixels:
-                    raise WireError("TOO_LARGE", f"PNG is {im.height}x{im.width}; limit {limits.max_image_pixels} pixels")
+                    raise WireError(
+                        "TOO_LARGE", f"PNG is {im.height}x{im.width}; limit {limits.max_image_pixels} pixels"
+                    )
                 if img.shape is not None and (im.height, im.width) != img.shape[:2]:  # before the decode, as a JPEG
                     raise WireError("BAD_IMAGE", f"PNG is {im.height}x{im.width} but declares {list(img.shape)}")
                 want_grey = img.shape is not None and img.shape[2] == 1

@@ -50,9 +50,7 @@ def sanitize(segment: object, what: str = "segment", *, slugify: bool = False) -
         slug = _SLUG_RE.sub("-", segment.strip().lower()).strip("-.")
         slug = re.sub(r"-{2,}", "-", slug)[:_MAX_SEGMENT].strip("-.")
         if not slug:
-            raise WireError(
-                "BAD_KEY", f"{what} {segment!r} has no letters or digits to build a key from", what
-            )
+            raise WireError("BAD_KEY", f"{what} {segment!r} has no letters or digits to build a key from", what)
         return slug
     if not segment:
         raise WireError("BAD_KEY", f"{what} is empty; give a non-empty name", what)
@@ -134,7 +132,7 @@ class ReplicaKeys:
     def all_client_alive(self) -> str:
         return f"{self.prefix}/*/*/alive"
 
-    def client(self, task: str, client_uuid: str) -> "ClientKeys":
+    def client(self, task: str, client_uuid: str) -> ClientKeys:
         return ClientKeys(self, task_slug(task), sanitize(client_uuid, "client_uuid"))
 
 

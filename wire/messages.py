@@ -145,7 +145,9 @@ def _decode_field(msg: str, f: F, v: Any, limits: Limits) -> Any:
         out = {}
         for name, shp in v.items():
             if not _check_str(name, limits) or not (
-                isinstance(shp, list) and len(shp) == 3 and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shp)
+                isinstance(shp, list)
+                and len(shp) == 3
+                and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shp)
             ):
                 raise _fail(msg, f, f"camera {name!r} needs a shape [h, w, c] of positive ints")
             out[name] = list(shp)
@@ -202,7 +204,9 @@ class Message:
             v = obj.get(f.name, _ABSENT)
             if v is _ABSENT or (v is None and f.kind not in ("tensor?", "uint?", "float?")):
                 if f.required:
-                    raise WireError(ErrorCode.MALFORMED, f"{cls.__name__}: required field {f.name!r} is missing", f.name)
+                    raise WireError(
+                        ErrorCode.MALFORMED, f"{cls.__name__}: required field {f.name!r} is missing", f.name
+                    )
                 continue  # dataclass default applies
             kwargs[f.name] = _decode_field(cls.__name__, f, v, limits)
         return cls(**kwargs)
@@ -240,7 +244,9 @@ def _register(cls):
     return cls
 
 
-def decode_message(raw: bytes, expect: type[Message] | tuple[type[Message], ...] | None = None, limits: Limits = DEFAULT_LIMITS) -> Message:
+def decode_message(
+    raw: bytes, expect: type[Message] | tuple[type[Message], ...] | None = None, limits: Limits = DEFAULT_LIMITS
+) -> Message:
     """Decode any body by its `kind`; with `expect`, anything else is a WireError."""
     obj = _unpack(raw, limits)
     kind = obj.get("kind")
@@ -265,8 +271,22 @@ class Observation(Message):
         F("state", "tensor", True, doc="robot state vector, float32 (S,) or (1, S)"),
         F("images", "images", False, {}, doc="camera name -> frame"),
         F("tensors", "tensors", False, {}, doc="extra named tensors (SDK use)"),
-        F("task", "str", False, "", doc="ignored by policy-server: the session's task (session_open, in the key) holds"),
-        F("inference_delay_steps", "uint", False, 0, hi=10_000, unit="control steps", doc="estimated delay d the policy must assume (RTC)"),
+        F(
+            "task",
+            "str",
+            False,
+            "",
+            doc="ignored by policy-server: the session's task (session_open, in the key) holds",
+        ),
+        F(
+            "inference_delay_steps",
+            "uint",
+            False,
+            0,
+            hi=10_000,
+            unit="control steps",
+            doc="estimated delay d the policy must assume (RTC)",
+        ),
         F("prefix_model", "tensor?", False, doc="model-space leftover (H, A) or absent"),
         F("prefix_robot", "tensor?", False, doc="robot-space leftover (H, A) or absent"),
         F("episode_start", "bool", False, False, doc="first observation of an episode"),
@@ -274,8 +294,14 @@ class Observation(Message):
         F("priority", "uint", False, 0, hi=255, doc="0 = highest"),
         F("steps_remaining", "uint?", False, unit="control steps", doc="actions left in the client queue"),
         F("metadata", "str_map", False, {}, doc="free-form labels"),
-        F("auth", "str", False, None, doc="session proof: wire.auth.obs_tag(session_key, session_id, attachment header); "
-                                          "policy-server drops an observation without a valid one, unanswered (5.5)"),
+        F(
+            "auth",
+            "str",
+            False,
+            None,
+            doc="session proof: wire.auth.obs_tag(session_key, session_id, attachment header); "
+            "policy-server drops an observation without a valid one, unanswered (5.5)",
+        ),
     )
     session_id: str
     state: np.ndarray
@@ -304,8 +330,22 @@ class ActionChunk(Message):
         F("chunk_model", "tensor", True, doc="model-space chunk (T, A) float32"),
         F("chunk_robot", "tensor", True, doc="robot-space chunk (T, A) float32"),
         F("queue_wait_ms", "float", True, 0.0, 0.0, unit="ms", doc="server-side wait before inference"),
-        F("inference_ms", "float", True, 0.0, 0.0, unit="ms", doc="server-side pre+forward+post time (forward: until the chunks are on the host, so a GPU's whole pass)"),
-        F("superseded_seqs", "uint", False, 0, doc="observations of this session replaced unanswered since the last chunk"),
+        F(
+            "inference_ms",
+            "float",
+            True,
+            0.0,
+            0.0,
+            unit="ms",
+            doc="server-side pre+forward+post time (forward: until the chunks are on the host, so a GPU's whole pass)",
+        ),
+        F(
+            "superseded_seqs",
+            "uint",
+            False,
+            0,
+            doc="observations of this session replaced unanswered since the last chunk",
+        ),
         F("server_load", "float", False, 0.0, 0.0, doc="active_sessions / max_sessions"),
         F("rtc_applied", "bool", False, False, doc="chunk was generated with prefix guidance"),
         F("inference_emulated", "bool", False, False, doc="inference_ms includes emulated accelerator latency"),
@@ -446,11 +486,23 @@ class SessionOpen(Message):
         F("expected_checkpoint_hash", "str", False, "", doc="non-empty = refuse any other checkpoint"),
         F("client_type", "str", False, ""),
         F("tags", "str_map", False, {}),
-        F("latency_budget_ms", "float", False, 0.0, 0.0, unit="ms",
-          doc="the client's latency budget for deadline scheduling; 0 = the server's setting"),
+        F(
+            "latency_budget_ms",
+            "float",
+            False,
+            0.0,
+            0.0,
+            unit="ms",
+            doc="the client's latency budget for deadline scheduling; 0 = the server's setting",
+        ),
         F("previous_session_id", "str", False, None, doc="re-handshake: the session this one replaces"),
-        F("previous_auth", "str", False, None,
-          doc="re-handshake proof: wire.auth.reopen_tag(previous session_key, previous_session_id, client_uuid)"),
+        F(
+            "previous_auth",
+            "str",
+            False,
+            None,
+            doc="re-handshake proof: wire.auth.reopen_tag(previous session_key, previous_session_id, client_uuid)",
+        ),
     )
     client_uuid: str
     schema_version: int
@@ -481,9 +533,14 @@ class SessionAck(_ModelMessage):
         F("execution_horizon", "uint", False, 0),
         F("task", "str", False, "", doc="effective task"),
         F("warnings", "str_list", False, []),
-        F("session_key", "str", False, None,
-          doc="per-session secret (hex) for the auth tags of observations and resets; never logged, never re-sent; "
-              "policy-server always sends one"),
+        F(
+            "session_key",
+            "str",
+            False,
+            None,
+            doc="per-session secret (hex) for the auth tags of observations and resets; never logged, never re-sent; "
+            "policy-server always sends one",
+        ),
     )
     session_id: str
     schema_version: int

@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-
 LISTEN_PORT_FLOOR = 20000  # below: registered services' ports (Ray's 6379 and 10001, ...)
 LINUX_EPHEMERAL = (32768, 60999)  # the kernel's default ip_local_port_range
 
@@ -96,7 +95,14 @@ def raise_priority(want: str, fifo_priority: int, tid: int = 0) -> str:
 class ChildProcess:
     """A child started from `argv`, its stdout+stderr in `log_path`, ready when `ready_text` appears."""
 
-    def __init__(self, argv: list[str], log_path: str | Path, ready_text: str | None = None, env: dict | None = None, name: str = ""):
+    def __init__(
+        self,
+        argv: list[str],
+        log_path: str | Path,
+        ready_text: str | None = None,
+        env: dict | None = None,
+        name: str = "",
+    ):
         self.argv = list(argv)
         self.log_path = Path(log_path)
         self.ready_text = ready_text
@@ -105,7 +111,7 @@ class ChildProcess:
         self.proc: subprocess.Popen | None = None
         self.exited_mono: float | None = None  # time.monotonic() when the process exited (set by a watcher thread)
 
-    def start(self, timeout_s: float = 30.0) -> "ChildProcess":
+    def start(self, timeout_s: float = 30.0) -> ChildProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self._log_offset = log.tell()  # a ready line of an earlier run in the same log does not count
@@ -113,8 +119,9 @@ class ChildProcess:
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
         self.exited_mono = None
-        self._exit_watch = threading.Thread(target=self._watch_exit, args=(self.proc,), name=f"exit-{self.name}",
-                                            daemon=True)
+        self._exit_watch = threading.Thread(
+            target=self._watch_exit, args=(self.proc,), name=f"exit-{self.name}", daemon=True
+        )
         self._exit_watch.start()
         if self.ready_text:
             self.wait_ready(timeout_s)
@@ -135,7 +142,9 @@ class ChildProcess:
                 if self.ready_text in f.read().decode(errors="replace"):
                     return
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before ready; log {self.log_path}:\n{self.tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode} before ready; log {self.log_path}:\n{self.tail()}"
+                )
             time.sleep(0.02)  # polling a log file: no event exists for "text appeared in a file"
         self.stop()
         raise TimeoutError(f"{self.name} not ready within {timeout_s}s; log {self.log_path}:\n{self.tail()}")
@@ -183,10 +192,19 @@ class ChildProcess:
         self.stop()
 
 
-def router_argv(endpoint: str, connect: list[str] | tuple[str, ...] = (), extra_args: list[str] | None = None) -> list[str]:
+def router_argv(
+    endpoint: str, connect: list[str] | tuple[str, ...] = (), extra_args: list[str] | None = None
+) -> list[str]:
     """A Zenoh router process (wire.transport) listening on `endpoint` and joining the routers at `connect`."""
-    return [sys.executable, "-m", "wire.transport", "--listen", endpoint,
-            *[a for e in connect for a in ("--connect", e)], *(extra_args or [])]
+    return [
+        sys.executable,
+        "-m",
+        "wire.transport",
+        "--listen",
+        endpoint,
+        *[a for e in connect for a in ("--connect", e)],
+        *(extra_args or []),
+    ]
 
 
 PICKED_PORT_TRIES = 3  # start_router, start_on_picked_port: a child started again after its picked port was taken
@@ -210,14 +228,27 @@ def start_on_picked_port(make, port: int | None, timeout_s: float = 15.0, first:
     raise AssertionError("unreachable")
 
 
-def start_router(port: int | None, log_path: str | Path, extra_args: list[str] | None = None,
-                 host: str = "127.0.0.1", connect: list[str] | tuple[str, ...] = (), scheme: str = "tcp",
-                 env: dict | None = None) -> tuple[ChildProcess, str]:
+def start_router(
+    port: int | None,
+    log_path: str | Path,
+    extra_args: list[str] | None = None,
+    host: str = "127.0.0.1",
+    connect: list[str] | tuple[str, ...] = (),
+    scheme: str = "tcp",
+    env: dict | None = None,
+) -> tuple[ChildProcess, str]:
     """Start a Zenoh router in its own process; return it and its endpoint (`scheme`/`host`:port; `host`: loopback
     unless processes on other hosts must reach it). `connect`: routers it joins (they route between them).
     `extra_args`: more of wire.transport's flags (TLS files, access rules, --max-sessions). Without `port`, one is
     picked, and taken again if another process got it first (start_on_picked_port)."""
     child, picked = start_on_picked_port(
-        lambda p: ChildProcess(router_argv(f"{scheme}/{host}:{p}", connect, extra_args), log_path,
-                               ready_text="router ready", name="zenoh-router", env=env), port)
+        lambda p: ChildProcess(
+            router_argv(f"{scheme}/{host}:{p}", connect, extra_args),
+            log_path,
+            ready_text="router ready",
+            name="zenoh-router",
+            env=env,
+        ),
+        port,
+    )
     return child, f"{scheme}/{host}:{picked}"

@@ -36,7 +36,9 @@ def publisher_kwargs(q: Qos) -> dict:
     import zenoh
 
     kwargs = {
-        "congestion_control": zenoh.CongestionControl.DROP if q.congestion_control == "drop" else zenoh.CongestionControl.BLOCK,
+        "congestion_control": zenoh.CongestionControl.DROP
+        if q.congestion_control == "drop"
+        else zenoh.CongestionControl.BLOCK,
         "priority": getattr(zenoh.Priority, q.priority),
         "express": q.express,
     }

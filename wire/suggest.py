@@ -1,10 +1,10 @@
-""""Did you mean ...?": the one close-match rule every config error in the tree uses (manifest,
+""" "Did you mean ...?": the one close-match rule every config error in the tree uses (manifest,
 scenario, engine fields, fault timeline, profiles, assertions), so suggestions read alike."""
 
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def closest(word: object, options: Iterable[object], cutoff: float = 0.6) -> str | None:

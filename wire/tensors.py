@@ -79,7 +79,9 @@ def encode_tensor(array: np.ndarray, dtype: str | None = None) -> dict:
     return {"dtype": word, "shape": list(a.shape), "data": data}
 
 
-def decode_tensor(obj: object, field: str = "tensor", limits: Limits = DEFAULT_LIMITS, bf16: str = "float32") -> np.ndarray:
+def decode_tensor(
+    obj: object, field: str = "tensor", limits: Limits = DEFAULT_LIMITS, bf16: str = "float32"
+) -> np.ndarray:
     if not isinstance(obj, dict):
         raise WireError("MALFORMED", f"{field} must be a map with dtype, shape, data", field)
     word, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("data")

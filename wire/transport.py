@@ -56,17 +56,22 @@ class TlsFiles:
             if path is None:
                 continue
             if not os.path.isfile(path):
-                raise TlsError(f"TLS {name} file {path!r} does not exist; check the path or regenerate the PKI "
-                               "(bench pki --help)")
+                raise TlsError(
+                    f"TLS {name} file {path!r} does not exist; check the path or regenerate the PKI (bench pki --help)"
+                )
             try:
                 with open(path, "rb") as f:
                     head = f.read(1 << 20)
             except OSError as exc:
-                raise TlsError(f"TLS {name} file {path!r} cannot be read ({exc.strerror}); fix its permissions") from None
+                raise TlsError(
+                    f"TLS {name} file {path!r} cannot be read ({exc.strerror}); fix its permissions"
+                ) from None
             marker = b"PRIVATE KEY-----" if name == "private_key" else b"-----BEGIN CERTIFICATE-----"
             if marker not in head:
-                raise TlsError(f"TLS {name} file {path!r} is not a PEM {'private key' if name == 'private_key' else 'certificate'}"
-                               "; give the PEM file")
+                raise TlsError(
+                    f"TLS {name} file {path!r} is not a PEM {'private key' if name == 'private_key' else 'certificate'}"
+                    "; give the PEM file"
+                )
         if bool(self.certificate) != bool(self.private_key):
             raise TlsError("mTLS needs both a certificate and its private key; give the other one")
         try:
@@ -76,7 +81,7 @@ class TlsFiles:
         _deep_check(self)
 
 
-def _deep_check(t: "TlsFiles") -> None:
+def _deep_check(t: TlsFiles) -> None:
     import datetime as dt
 
     from cryptography import x509
@@ -89,18 +94,21 @@ def _deep_check(t: "TlsFiles") -> None:
         except ValueError as exc:
             raise TlsError(f"TLS {what} file {path!r} is not a valid certificate ({exc}); regenerate it") from None
 
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     ca = load_cert(t.root_ca_certificate, "root_ca_certificate")
     certs = [("root_ca_certificate", t.root_ca_certificate, ca)]
     if t.certificate:
         certs.append(("certificate", t.certificate, load_cert(t.certificate, "certificate")))
     for what, path, cert in certs:
         if cert.not_valid_after_utc < now:
-            raise TlsError(f"TLS {what} {path!r} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; "
-                           "issue a new certificate")
+            raise TlsError(
+                f"TLS {what} {path!r} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; issue a new certificate"
+            )
         if cert.not_valid_before_utc > now:
-            raise TlsError(f"TLS {what} {path!r} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC; "
-                           "check this machine's clock or the certificate")
+            raise TlsError(
+                f"TLS {what} {path!r} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC; "
+                "check this machine's clock or the certificate"
+            )
     if not t.certificate:
         return
     cert = certs[1][2]
@@ -108,17 +116,24 @@ def _deep_check(t: "TlsFiles") -> None:
         with open(t.private_key, "rb") as f:
             key = serialization.load_pem_private_key(f.read(), password=None)
     except (ValueError, TypeError) as exc:
-        raise TlsError(f"TLS private_key {t.private_key!r} cannot be loaded ({exc}); give an unencrypted PEM key") from None
+        raise TlsError(
+            f"TLS private_key {t.private_key!r} cannot be loaded ({exc}); give an unencrypted PEM key"
+        ) from None
     pub = serialization.PublicFormat.SubjectPublicKeyInfo
     if key.public_key().public_bytes(serialization.Encoding.DER, pub) != cert.public_key().public_bytes(
-            serialization.Encoding.DER, pub):
-        raise TlsError(f"TLS private_key {t.private_key!r} does not belong to certificate {t.certificate!r}; "
-                       "give the key it was issued for")
+        serialization.Encoding.DER, pub
+    ):
+        raise TlsError(
+            f"TLS private_key {t.private_key!r} does not belong to certificate {t.certificate!r}; "
+            "give the key it was issued for"
+        )
     try:
         cert.verify_directly_issued_by(ca)
     except Exception:
-        raise TlsError(f"TLS certificate {t.certificate!r} (CN {common_name(cert)!r}) is not signed by the CA "
-                       f"{t.root_ca_certificate!r}; the router will refuse it. Use a certificate of this fleet's CA") from None
+        raise TlsError(
+            f"TLS certificate {t.certificate!r} (CN {common_name(cert)!r}) is not signed by the CA "
+            f"{t.root_ca_certificate!r}; the router will refuse it. Use a certificate of this fleet's CA"
+        ) from None
 
 
 def common_name(cert) -> str:
@@ -135,8 +150,13 @@ def common_name(cert) -> str:
 # shape are checked here.
 HOST_PORT_PROTOCOLS = ("tcp", "udp", "tls", "quic", "ws")  # address: host:port, an IPv6 host in brackets
 # the protocols Zenoh's links speak, with an address of each (past ws: a path, pipe name, device, vsock address)
-ADDRESS_EXAMPLES = {**{p: "127.0.0.1:7447" for p in HOST_PORT_PROTOCOLS}, "unixsock-stream": "/tmp/zenoh.sock",
-                    "unixpipe": "zenoh-pipe", "serial": "/dev/ttyUSB0", "vsock": "VMADDR_CID_ANY:7447"}
+ADDRESS_EXAMPLES = {
+    **{p: "127.0.0.1:7447" for p in HOST_PORT_PROTOCOLS},
+    "unixsock-stream": "/tmp/zenoh.sock",
+    "unixpipe": "zenoh-pipe",
+    "serial": "/dev/ttyUSB0",
+    "vsock": "VMADDR_CID_ANY:7447",
+}
 ENDPOINT_PROTOCOLS = tuple(ADDRESS_EXAMPLES)
 _HOST_PORT_RE = re.compile(r"(\[[0-9A-Fa-f:.]+(%[\w.-]+)?\]|[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?):(\d{1,5})")
 
@@ -158,14 +178,22 @@ def endpoint_problem(endpoint: object, listen: bool = False) -> str:
         why = f"; {protocol!r} is not one of {known}{did_you_mean(protocol, ENDPOINT_PROTOCOLS)}" if slash else ""
         return f"{endpoint!r} is not a Zenoh endpoint{why}; write it as protocol/address, e.g. {example}"
     if protocol not in HOST_PORT_PROTOCOLS:
-        return "" if address else (f"{endpoint!r} is not a Zenoh endpoint: no address after {protocol}/; "
-                                   f"e.g. {protocol}/{ADDRESS_EXAMPLES[protocol]}")
+        return (
+            ""
+            if address
+            else (
+                f"{endpoint!r} is not a Zenoh endpoint: no address after {protocol}/; "
+                f"e.g. {protocol}/{ADDRESS_EXAMPLES[protocol]}"
+            )
+        )
     m = _HOST_PORT_RE.fullmatch(address)
     lowest = 0 if listen else 1
     if m is None or not lowest <= int(m.group(4)) <= 65535:
-        return (f"{endpoint!r} is not a Zenoh endpoint: {protocol} needs host:port (a port from {lowest} to 65535"
-                f"{', 0: any free port' if listen else ''}, an IPv6 host in brackets), e.g. "
-                f"{protocol}/{ADDRESS_EXAMPLES[protocol]} or {protocol}/[::1]:7447")
+        return (
+            f"{endpoint!r} is not a Zenoh endpoint: {protocol} needs host:port (a port from {lowest} to 65535"
+            f"{', 0: any free port' if listen else ''}, an IPv6 host in brackets), e.g. "
+            f"{protocol}/{ADDRESS_EXAMPLES[protocol]} or {protocol}/[::1]:7447"
+        )
     return ""
 
 
@@ -176,8 +204,16 @@ MIN_LEASE_MS, MAX_LEASE_MS = 100, 600_000
 
 TX_WAIT_BEFORE_DROP_US = 20_000
 # Batches per priority queue (Zenoh's default is 2 each): room for a micro-batch's burst of express chunks.
-TX_QUEUE_SIZE = {"control": 2, "real_time": 2, "interactive_high": 16, "interactive_low": 4, "data_high": 4, "data": 8,
-                 "data_low": 2, "background": 2}
+TX_QUEUE_SIZE = {
+    "control": 2,
+    "real_time": 2,
+    "interactive_high": 16,
+    "interactive_low": 4,
+    "data_high": 4,
+    "data": 8,
+    "data_low": 2,
+    "background": 2,
+}
 
 
 # The router's own lease. A side sends a keep-alive every (its own lease) / 4 on each idle link, and the
@@ -244,7 +280,7 @@ def make_config(
         if tls.certificate:
             # a router presents its certificate to its clients (listen) and, joining another router, to that
             # router (connect: the hub's access rules key on the node router's common name)
-            for key in (("listen", "connect") if mode == "router" else ("connect",)):
+            for key in ("listen", "connect") if mode == "router" else ("connect",):
                 t[f"{key}_certificate"] = tls.certificate
                 t[f"{key}_private_key"] = tls.private_key
         c.insert_json5("transport/link/tls", json.dumps(t))
@@ -271,7 +307,8 @@ def open_session(*, connect: list[str], lease_ms: int = 1000, tls: TlsFiles | No
             raise ConnectionError(
                 f"{what}: no TLS session with a router at {', '.join(connect)} ({_short(exc)}); either the router is down, "
                 "or it refused the handshake: the certificate must be signed by the router's CA, unexpired, and "
-                "the router's certificate must name this endpoint's host") from None
+                "the router's certificate must name this endpoint's host"
+            ) from None
         raise ConnectionError(
             f"{what}: cannot reach a Zenoh router at {', '.join(connect)} ({_short(exc)}); "
             "start the router or fix the endpoint (a running router refuses sessions beyond its --max-sessions "
@@ -301,8 +338,14 @@ def observation_rate_cap(hz: float, roots: list[str] | tuple[str, ...] = (DEFAUL
     `<root>/.../<client>/obs`) at most `hz` a second. A root is a verbatim chunk (`@fleet`), which `**` never
     matches, so each is named. Zenoh keeps one budget per link and rule, not per key: a robot's link puts on one
     observation key, so it is that robot's."""
-    return [{"id": "observations", "flows": ["ingress"], "messages": ["put"],
-             "rules": [{"key_expr": f"{r}/**/obs", "freq": float(hz)} for r in roots]}]
+    return [
+        {
+            "id": "observations",
+            "flows": ["ingress"],
+            "messages": ["put"],
+            "rules": [{"key_expr": f"{r}/**/obs", "freq": float(hz)} for r in roots],
+        }
+    ]
 
 
 def _short(exc: Exception) -> str:
@@ -313,25 +356,51 @@ def _short(exc: Exception) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m wire.transport", description="Run a Zenoh router in this process.")
     ap.add_argument("--listen", action="append", required=True, help="endpoint, e.g. tcp/127.0.0.1:7447 (repeatable)")
-    ap.add_argument("--connect", action="append", default=[],
-                    help="another router to join, e.g. tcp/HEAD:7447 (repeatable): routers connected to each other "
-                         "form one Zenoh network and route between them (a node router of `bench run --cluster ray`)")
-    ap.add_argument("--config-json", default=None, help="extra config as a JSON object of key -> value (e.g. access_control)")
-    ap.add_argument("--access-control", metavar="FILE",
-                    help="router access rules: a JSON file {access_control: ...} from `python -m wire.acl` or `bench pki --acl`")
+    ap.add_argument(
+        "--connect",
+        action="append",
+        default=[],
+        help="another router to join, e.g. tcp/HEAD:7447 (repeatable): routers connected to each other "
+        "form one Zenoh network and route between them (a node router of `bench run --cluster ray`)",
+    )
+    ap.add_argument(
+        "--config-json", default=None, help="extra config as a JSON object of key -> value (e.g. access_control)"
+    )
+    ap.add_argument(
+        "--access-control",
+        metavar="FILE",
+        help="router access rules: a JSON file {access_control: ...} from `python -m wire.acl` or `bench pki --acl`",
+    )
     ap.add_argument("--tls-ca"), ap.add_argument("--tls-cert"), ap.add_argument("--tls-key")
-    ap.add_argument("--lease-ms", type=int, default=ROUTER_LEASE_MS,
-                    help=f"the router's lease: clients see a frozen router after it (default {ROUTER_LEASE_MS})")
-    ap.add_argument("--max-observation-rate-hz", type=float, default=ROUTER_MAX_OBSERVATION_RATE_HZ,
-                    help="observations a link may put per second; sooner ones are dropped at the router (default "
-                         "%(default)s = no cap; set several times the fastest robot's control rate; keep 0 on a "
-                         "router that other routers connect to: the budget is per link)")
-    ap.add_argument("--observation-root", action="append", default=None, metavar="ROOT",
-                    help=f"key root whose observations the cap counts (repeatable; default {DEFAULT_ROOT}, the "
-                         "manifests' `zenoh.root`)")
-    ap.add_argument("--max-sessions", type=int, default=ROUTER_MAX_SESSIONS,
-                    help="client sessions (robots, replicas, other routers) the router accepts; the one beyond is "
-                         "refused as if no router listened (default %(default)s; Zenoh's own is 1000)")
+    ap.add_argument(
+        "--lease-ms",
+        type=int,
+        default=ROUTER_LEASE_MS,
+        help=f"the router's lease: clients see a frozen router after it (default {ROUTER_LEASE_MS})",
+    )
+    ap.add_argument(
+        "--max-observation-rate-hz",
+        type=float,
+        default=ROUTER_MAX_OBSERVATION_RATE_HZ,
+        help="observations a link may put per second; sooner ones are dropped at the router (default "
+        "%(default)s = no cap; set several times the fastest robot's control rate; keep 0 on a "
+        "router that other routers connect to: the budget is per link)",
+    )
+    ap.add_argument(
+        "--observation-root",
+        action="append",
+        default=None,
+        metavar="ROOT",
+        help=f"key root whose observations the cap counts (repeatable; default {DEFAULT_ROOT}, the "
+        "manifests' `zenoh.root`)",
+    )
+    ap.add_argument(
+        "--max-sessions",
+        type=int,
+        default=ROUTER_MAX_SESSIONS,
+        help="client sessions (robots, replicas, other routers) the router accepts; the one beyond is "
+        "refused as if no router listened (default %(default)s; Zenoh's own is 1000)",
+    )
     args = ap.parse_args(argv)
     if args.lease_ms < MIN_LEASE_MS:
         print(f"router: --lease-ms {args.lease_ms} is too short (at least {MIN_LEASE_MS} ms)", file=sys.stderr)
@@ -363,19 +432,30 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         extra = {**(extra or {}), "access_control": rules.get("access_control", rules)}
         if extra["access_control"].get("enabled") and not tls:
-            print("router: access rules key on certificate common names: give --tls-ca/--tls-cert/--tls-key "
-                  "(mTLS) too", file=sys.stderr)
+            print(
+                "router: access rules key on certificate common names: give --tls-ca/--tls-cert/--tls-key (mTLS) too",
+                file=sys.stderr,
+            )
             return 2
-    extra = {"transport/unicast/max_sessions": args.max_sessions,
-             "transport/unicast/accept_pending": max(100, min(args.max_sessions, ROUTER_ACCEPT_PENDING)),
-             **({"downsampling": observation_rate_cap(rate, roots)} if rate else {}), **(extra or {})}
+    extra = {
+        "transport/unicast/max_sessions": args.max_sessions,
+        "transport/unicast/accept_pending": max(100, min(args.max_sessions, ROUTER_ACCEPT_PENDING)),
+        **({"downsampling": observation_rate_cap(rate, roots)} if rate else {}),
+        **(extra or {}),
+    }
     fds = raise_fd_limit()
     if fds < args.max_sessions + 64:  # one socket a session, and the router's own
-        print(f"router: warning: {fds} open files allowed (ulimit -n) for up to {args.max_sessions} sessions: "
-              f"sessions beyond about {max(0, fds - 64)} fail; raise the hard limit (ulimit -Hn)", file=sys.stderr)
+        print(
+            f"router: warning: {fds} open files allowed (ulimit -n) for up to {args.max_sessions} sessions: "
+            f"sessions beyond about {max(0, fds - 64)} fail; raise the hard limit (ulimit -Hn)",
+            file=sys.stderr,
+        )
     try:
-        session = zenoh.open(make_config("router", listen=args.listen, connect=args.connect, lease_ms=args.lease_ms,
-                                         tls=tls, extra=extra))
+        session = zenoh.open(
+            make_config(
+                "router", listen=args.listen, connect=args.connect, lease_ms=args.lease_ms, tls=tls, extra=extra
+            )
+        )
     except zenoh.ZError as exc:
         print(f"router: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 2

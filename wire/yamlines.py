@@ -10,7 +10,8 @@ line `OVERRIDE`; keys are scalars and never repeat (a duplicate is a YAML error 
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 
@@ -65,7 +66,8 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
             raise yaml.constructor.ConstructorError(None, None, "keys must be plain words", key_node.start_mark)
         if key in out:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first at line {out.key_lines[key]})", key_node.start_mark)
+                None, None, f"duplicate key {key!r} (first at line {out.key_lines[key]})", key_node.start_mark
+            )
         out[key] = loader.construct_object(value_node, deep=True)
         out.key_lines[key] = key_node.start_mark.line + 1
     return out

@@ -23,14 +23,20 @@ replaced gave, it still gives:
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 BATCH_ROWS = 8192  # lines held as Python objects at once
-SHIFTED = ("mono_ms", "received_mono_ms", "routed_mono_ms", "picked_mono_ms", "sent_mono_ms")  # a replica's monotonic stamps (server/audit.py)
+SHIFTED = (
+    "mono_ms",
+    "received_mono_ms",
+    "routed_mono_ms",
+    "picked_mono_ms",
+    "sent_mono_ms",
+)  # a replica's monotonic stamps (server/audit.py)
 
 
 class AuditTable:
@@ -55,8 +61,11 @@ class AuditTable:
             if not isinstance(rec, dict):
                 continue
             if self.first_keys is None:
-                self.first_keys = [*rec, *(k for k in ("replica",) if k not in rec),
-                                   *(k for k in ("clock_uncertainty_ms",) if shift and k not in rec)]
+                self.first_keys = [
+                    *rec,
+                    *(k for k in ("replica",) if k not in rec),
+                    *(k for k in ("clock_uncertainty_ms",) if shift and k not in rec),
+                ]
             for k, v in rec.items():
                 col = cols.get(k)
                 if col is None:
@@ -82,7 +91,9 @@ class AuditTable:
             for k in SHIFTED:
                 a = arrays.get(k)
                 if a is not None and _numeric(a.type):
-                    arrays[k] = pc.subtract(a.cast(pa.float64(), safe=False), pa.scalar(clock.offset_s * 1e3, pa.float64()))
+                    arrays[k] = pc.subtract(
+                        a.cast(pa.float64(), safe=False), pa.scalar(clock.offset_s * 1e3, pa.float64())
+                    )
             arrays["clock_uncertainty_ms"] = pa.array(np.full(n, clock.uncertainty_s * 1e3))
         arrays["replica"] = pa.array([replica], pa.string()).take(pa.array(np.zeros(n, np.int32)))
         self.parts.append((n, arrays))
@@ -100,8 +111,10 @@ class AuditTable:
             if typ is None:  # no one type: every value as its JSON text
                 chunks = [None if c is None else _text(c) for c in chunks]
                 typ = pa.string()
-            columns[k] = pa.chunked_array([pa.nulls(n, typ) if c is None else c.cast(typ, safe=False)
-                                           for (n, _), c in zip(self.parts, chunks)], typ)
+            columns[k] = pa.chunked_array(
+                [pa.nulls(n, typ) if c is None else c.cast(typ, safe=False) for (n, _), c in zip(self.parts, chunks)],
+                typ,
+            )
         return pa.table(columns)
 
 

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -57,8 +57,10 @@ def check_window(t0: float, t1: float) -> None:
     if not (math.isfinite(t0) and math.isfinite(t1)):
         raise IncidentError(f"--from {t0:g} --to {t1:g}: give finite seconds on the edge log's clock")
     if t1 - t0 < BIN_S:
-        raise IncidentError(f"--from {t0:g} --to {t1:g}: --to must be at least {BIN_S:g} s after --from "
-                            f"(stutter is compared in {BIN_S:g} s bins)")
+        raise IncidentError(
+            f"--from {t0:g} --to {t1:g}: --to must be at least {BIN_S:g} s after --from "
+            f"(stutter is compared in {BIN_S:g} s bins)"
+        )
 
 
 def _seconds(v) -> bool:
@@ -72,14 +74,15 @@ class EdgeLog:
     transitions: list[dict] = field(default_factory=list)
     span: tuple[float, float] | None = None  # a window's [t0, t1) on the original log's clock
 
-    def window(self, t0: float, t1: float) -> "EdgeLog":
+    def window(self, t0: float, t1: float) -> EdgeLog:
         """Records in [t0, t1), re-timed to start at 0; the state at t0 is kept as a first transition."""
         before = [tr for tr in self.transitions if tr["t"] < t0]
         trans = [dict(tr, t=tr["t"] - t0) for tr in self.transitions if t0 <= tr["t"] < t1]
         if before:
             trans.insert(0, {"t": 0.0, "from": before[-1]["to"], "to": before[-1]["to"], "reason": "window start"})
-        return EdgeLog(dict(self.robot), [dict(r, t=r["t"] - t0) for r in self.requests if t0 <= r["t"] < t1], trans,
-                       (t0, t1))
+        return EdgeLog(
+            dict(self.robot), [dict(r, t=r["t"] - t0) for r in self.requests if t0 <= r["t"] < t1], trans, (t0, t1)
+        )
 
 
 def clip_window(log: EdgeLog, t0: float, t1: float) -> tuple[float, float]:
@@ -137,27 +140,53 @@ def _from_run_dir(run: Path, robot: int | None) -> EdgeLog:
         raise IncidentError("a bench run directory holds many robots: pass --robot N")
     missing = [f for f in ("requests.parquet", "transitions.parquet") if not (run / f).is_file()]
     if missing:
-        raise IncidentError(f"{run} is a directory without {' or '.join(missing)}; --edge takes a bench run "
-                            "directory (reports/<scenario>/<stamp>) or an edge-log file")
+        raise IncidentError(
+            f"{run} is a directory without {' or '.join(missing)}; --edge takes a bench run "
+            "directory (reports/<scenario>/<stamp>) or an edge-log file"
+        )
     log = EdgeLog()
     req = pq.read_table(run / "requests.parquet").to_pylist()
-    log.requests = [{k: r[k] for k in ("t", "seq", "rtt_ms", "queue_wait_ms", "inference_ms", "network_ms", "outcome")}
-                    for r in req if r["robot"] == robot]
+    log.requests = [
+        {k: r[k] for k in ("t", "seq", "rtt_ms", "queue_wait_ms", "inference_ms", "network_ms", "outcome")}
+        for r in req
+        if r["robot"] == robot
+    ]
     tr = pq.read_table(run / "transitions.parquet").to_pylist()
-    log.transitions = [{"t": r["t"], "from": r["from_state"], "to": r["to_state"], "reason": r["reason"]}
-                       for r in tr if r["robot"] == robot]
+    log.transitions = [
+        {"t": r["t"], "from": r["from_state"], "to": r["to_state"], "reason": r["reason"]}
+        for r in tr
+        if r["robot"] == robot
+    ]
     if not log.requests and not log.transitions:
         robots = sorted({r["robot"] for r in req} | {r["robot"] for r in tr})
-        raise IncidentError(f"{run} has no records of robot {robot}; its robots: "
-                            f"{', '.join(map(str, robots)) or 'none'}")
+        raise IncidentError(
+            f"{run} has no records of robot {robot}; its robots: {', '.join(map(str, robots)) or 'none'}"
+        )
     for spec_path in sorted((run / "manifests").glob("shard-*.json")):
         for spec in json.loads(spec_path.read_text())["robots"]:
             if spec["robot"] == robot:
-                engine = {k: v for k, v in spec["engine"].items()
-                          if k not in ("connect_endpoints", "action_names", "state_dim", "fps", "cameras", "model_id",
-                                       "task", "client_uuid")}
-                log.robot = {"robot_type": spec["robot_type"], "fps": spec["fps"], "episode_s": spec["episode_s"],
-                             "engine": engine, "cameras": spec.get("cameras")}
+                engine = {
+                    k: v
+                    for k, v in spec["engine"].items()
+                    if k
+                    not in (
+                        "connect_endpoints",
+                        "action_names",
+                        "state_dim",
+                        "fps",
+                        "cameras",
+                        "model_id",
+                        "task",
+                        "client_uuid",
+                    )
+                }
+                log.robot = {
+                    "robot_type": spec["robot_type"],
+                    "fps": spec["fps"],
+                    "episode_s": spec["episode_s"],
+                    "engine": engine,
+                    "cameras": spec.get("cameras"),
+                }
     scen = run / "scenario.yaml"
     if scen.is_file() and log.robot:
         import yaml
@@ -171,8 +200,11 @@ def _from_run_dir(run: Path, robot: int | None) -> EdgeLog:
         facts = json.loads(clock.read_text())
         log.robot["t0_mono_ms"] = facts["t0_mono_ms"]
         # t = 0 on the clock of each replica that ran on another one (bench.fleet.clock: runner + its offset)
-        other = {n.split(":", 1)[1]: facts["t0_mono_ms"] + o["offset_ms"] for n, o in (facts.get("offsets") or {}).items()
-                 if n.startswith("server:") and not o.get("same_clock", True)}
+        other = {
+            n.split(":", 1)[1]: facts["t0_mono_ms"] + o["offset_ms"]
+            for n, o in (facts.get("offsets") or {}).items()
+            if n.startswith("server:") and not o.get("same_clock", True)
+        }
         if other:
             log.robot["replica_t0_mono_ms"] = other
     log.requests.sort(key=lambda r: r["t"])
@@ -211,8 +243,8 @@ def audit_origin(log: EdgeLog, audit_path: str | Path) -> float | None:
     told apart from such a replica's."""
     other = log.robot.get("replica_t0_mono_ms") or {}
     stem = Path(audit_path).stem
-    if stem.startswith("audit-") and stem[len("audit-"):] in other:
-        return other[stem[len("audit-"):]]
+    if stem.startswith("audit-") and stem[len("audit-") :] in other:
+        return other[stem[len("audit-") :]]
     return log.robot.get("t0_mono_ms") if stem.startswith("audit-") or not other else None
 
 
@@ -255,8 +287,13 @@ def stretches(log: EdgeLog, end: float) -> list[tuple[float, float, list[str]]]:
 
 def reconstruct(log: EdgeLog, duration: float, audit: list[dict]) -> dict:
     """The faults, base latency and server time that reproduce `log` (already windowed to 0..duration)."""
-    ok = [r for r in log.requests if r.get("outcome") == "ok" and math.isfinite(_num(r.get("network_ms")))
-          and math.isfinite(_num(r.get("rtt_ms")))]
+    ok = [
+        r
+        for r in log.requests
+        if r.get("outcome") == "ok"
+        and math.isfinite(_num(r.get("network_ms")))
+        and math.isfinite(_num(r.get("rtt_ms")))
+    ]
     base = min((_num(r["network_ms"]) for r in ok), default=0.0)
     secs = int(math.ceil(duration))
     # what a request saw beyond the base network, spread over the time it was in flight
@@ -282,8 +319,12 @@ def reconstruct(log: EdgeLog, duration: float, audit: list[dict]) -> dict:
             continue  # answers kept coming, only late: the latency windows below explain it
         if end - start < 0.2:
             continue
-        fault = {"at": round(max(start, 0.0), 2), "target": "site:incident", "action": action,
-                 "duration": round(end - max(start, 0.0), 2)}
+        fault = {
+            "at": round(max(start, 0.0), 2),
+            "target": "site:incident",
+            "action": action,
+            "duration": round(end - max(start, 0.0), 2),
+        }
         if action == "timeout":
             fault["timeout"] = 0
         faults.append(fault)
@@ -295,24 +336,42 @@ def reconstruct(log: EdgeLog, duration: float, audit: list[dict]) -> dict:
             sec += 1
             continue
         e = sec + 1
-        while e < secs and excess[e] > threshold and abs(excess[e] - excess[sec]) <= 0.3 * excess[sec] + 10 \
-                and not any(a - 0.5 <= e <= b for a, b in out_windows):
+        while (
+            e < secs
+            and excess[e] > threshold
+            and abs(excess[e] - excess[sec]) <= 0.3 * excess[sec] + 10
+            and not any(a - 0.5 <= e <= b for a, b in out_windows)
+        ):
             e += 1
         level = float(np.median(excess[sec:e]))
-        faults.append({"at": float(sec), "target": "site:incident", "action": "latency",
-                       "latency": int(round(level / 2)), "duration": float(e - sec)})
+        faults.append(
+            {
+                "at": float(sec),
+                "target": "site:incident",
+                "action": "latency",
+                "latency": int(round(level / 2)),
+                "duration": float(e - sec),
+            }
+        )
         sec = e
     inf = [_num(r.get("inference_ms")) for r in audit if r.get("outcome", "ok") == "ok"]
     inf = [x for x in inf if math.isfinite(x)]
     if not inf:
         inf = [_num(r.get("inference_ms")) for r in ok if math.isfinite(_num(r.get("inference_ms")))]
-    server = {"inference_ms_p50": float(np.median(inf)) if inf else 0.0,
-              "inference_ms_std": float(np.std(inf)) if inf else 0.0,
-              "audit_lines": len(audit), "sessions": len({r.get("session_id") for r in audit}),
-              "requests_per_s": len(audit) / duration if duration else 0.0}
+    server = {
+        "inference_ms_p50": float(np.median(inf)) if inf else 0.0,
+        "inference_ms_std": float(np.std(inf)) if inf else 0.0,
+        "audit_lines": len(audit),
+        "sessions": len({r.get("session_id") for r in audit}),
+        "requests_per_s": len(audit) / duration if duration else 0.0,
+    }
     faults.sort(key=lambda f: f["at"])
-    return {"base_network_ms": base, "faults": faults, "server": server,
-            "stutter_s": sum(b - a for a, b, _ in stretches(log, duration))}
+    return {
+        "base_network_ms": base,
+        "faults": faults,
+        "server": server,
+        "stutter_s": sum(b - a for a, b, _ in stretches(log, duration)),
+    }
 
 
 def incident_scenario(name: str, log: EdgeLog, duration: float, audit: list[dict], source: str) -> dict:
@@ -321,25 +380,57 @@ def incident_scenario(name: str, log: EdgeLog, duration: float, audit: list[dict
     srv = rec["server"]
     # the replica's own forward pass still runs; emulate only the part above it (the reacher's is a few ms)
     emulated = max(0.0, srv["inference_ms_p50"] - 3.0)
-    group = {"name": "robot", "robot": robot.get("robot_type", "reacher"), "count": 1,
-             "fps": robot.get("fps", 30), "site": "incident", "engine": dict(robot.get("engine") or {})}
+    group = {
+        "name": "robot",
+        "robot": robot.get("robot_type", "reacher"),
+        "count": 1,
+        "fps": robot.get("fps", 30),
+        "site": "incident",
+        "engine": dict(robot.get("engine") or {}),
+    }
     if robot.get("episode_s"):
         group["episode_s"] = robot["episode_s"]
     scenario = {
         "name": name,
-        "description": (f"Replay of an incident ({source}): {len(rec['faults'])} network fault(s) over "
-                        f"{duration:g} s, base network {rec['base_network_ms']:.0f} ms, server "
-                        f"{srv['inference_ms_p50']:.0f} ms per request; the robot stuttered {rec['stutter_s']:.1f} s."),
-        "duration_s": round(duration, 2), "warmup_s": 5, "seed": 0,
+        "description": (
+            f"Replay of an incident ({source}): {len(rec['faults'])} network fault(s) over "
+            f"{duration:g} s, base network {rec['base_network_ms']:.0f} ms, server "
+            f"{srv['inference_ms_p50']:.0f} ms per request; the robot stuttered {rec['stutter_s']:.1f} s."
+        ),
+        "duration_s": round(duration, 2),
+        "warmup_s": 5,
+        "seed": 0,
         "fleet": {"shards": 1, "groups": [group]},
-        "sites": {"incident": {"profile": "lan", "overrides": {"latency": {"latency": int(round(rec["base_network_ms"] / 2))}}}},
-        "servers": {"replicas": [{"id": "r0", "checkpoint": robot.get("policy") or group["robot"], "max_sessions": 8,
-                                  **({"emulated_latency": {"distribution": "normal", "mean_ms": round(emulated, 1),
-                                                           "std_ms": round(srv["inference_ms_std"], 1), "min_ms": 0.0}}
-                                     if emulated > 1.0 else {})}]},
+        "sites": {
+            "incident": {
+                "profile": "lan",
+                "overrides": {"latency": {"latency": int(round(rec["base_network_ms"] / 2))}},
+            }
+        },
+        "servers": {
+            "replicas": [
+                {
+                    "id": "r0",
+                    "checkpoint": robot.get("policy") or group["robot"],
+                    "max_sessions": 8,
+                    **(
+                        {
+                            "emulated_latency": {
+                                "distribution": "normal",
+                                "mean_ms": round(emulated, 1),
+                                "std_ms": round(srv["inference_ms_std"], 1),
+                                "min_ms": 0.0,
+                            }
+                        }
+                        if emulated > 1.0
+                        else {}
+                    ),
+                }
+            ]
+        },
         "faults": rec["faults"],
         "assertions": ["dead_robots == 0", "staleness_violations == 0"]
-                      + (["group[robot].fallback_ticks > 0"] if rec["stutter_s"] > 0.5 else []),
+        + (["group[robot].fallback_ticks > 0"] if rec["stutter_s"] > 0.5 else []),
     }
     return scenario
 
@@ -352,7 +443,7 @@ def stutter_bins(log: EdgeLog, duration: float) -> np.ndarray:
     for a, b, _ in stretches(log, duration):
         a, b = max(a, 0.0), min(b, duration)  # a stretch in the warm-up (t < 0) or past the end is not scored
         if b > a:
-            bins[int(a // BIN_S): int(math.ceil(b / BIN_S))] = True
+            bins[int(a // BIN_S) : int(math.ceil(b / BIN_S))] = True
     return bins
 
 
@@ -364,9 +455,14 @@ def compare_stutter(original: EdgeLog, replay: EdgeLog, duration: float, toleran
         idx = np.nonzero(x)[0]
         if not idx.size:
             return 1.0
-        return float(np.mean([y[max(0, i - k): i + k + 1].any() for i in idx]))
-    return {"original_stutter_s": float(a.sum() * BIN_S), "replay_stutter_s": float(b.sum() * BIN_S),
-            "recall": near(a, b), "precision": near(b, a)}
+        return float(np.mean([y[max(0, i - k) : i + k + 1].any() for i in idx]))
+
+    return {
+        "original_stutter_s": float(a.sum() * BIN_S),
+        "replay_stutter_s": float(b.sum() * BIN_S),
+        "recall": near(a, b),
+        "precision": near(b, a),
+    }
 
 
 def reproduced(score: dict, min_recall: float = 0.7, min_precision: float = 0.5, max_factor: float = 2.0) -> bool:
@@ -380,9 +476,17 @@ def replay_log_of(run_dir: Path) -> EdgeLog:
     return _from_run_dir(Path(run_dir), 0)
 
 
-def make_incident(edge: str, audit: list[str], t0: float, t1: float, out: Path, name: str | None = None,
-                  robot: int | None = None, export_dir: Path | None = None,
-                  say: Callable[[str], None] | None = None) -> tuple[dict, EdgeLog]:
+def make_incident(
+    edge: str,
+    audit: list[str],
+    t0: float,
+    t1: float,
+    out: Path,
+    name: str | None = None,
+    robot: int | None = None,
+    export_dir: Path | None = None,
+    say: Callable[[str], None] | None = None,
+) -> tuple[dict, EdgeLog]:
     """Write the replay scenario to `out`; with `export_dir`, also the window's logs (edge-log.jsonl,
     audit.jsonl: the incident's evidence, re-runnable without the original run). The window is clipped to the
     records (`clip_window`; `say` is told so in a line); the returned window's `span` is the one used."""
@@ -392,36 +496,53 @@ def make_incident(edge: str, audit: list[str], t0: float, t1: float, out: Path, 
     log = read_edge_log(edge, robot)
     ts = [r["t"] for r in log.requests + log.transitions]
     if not any(t0 <= t < t1 for t in ts):
-        raise IncidentError(f"--from {t0:g} --to {t1:g}: none of the {len(ts)} records of {edge} falls in the window "
-                            f"(their t runs {min(ts):g}..{max(ts):g} s); pick a window inside it" if ts else
-                            f"{edge} holds no request or transition records; {EDGE_LOG_HELP}")
+        raise IncidentError(
+            f"--from {t0:g} --to {t1:g}: none of the {len(ts)} records of {edge} falls in the window "
+            f"(their t runs {min(ts):g}..{max(ts):g} s); pick a window inside it"
+            if ts
+            else f"{edge} holds no request or transition records; {EDGE_LOG_HELP}"
+        )
     asked, clipped = f"--from {t0:g} --to {t1:g}", clip_window(log, t0, t1)
     clipped_from = "" if clipped == (t0, t1) else f" ({asked} clipped to the records)"
     t0, t1 = clipped
     if clipped_from and say is not None:
-        say(f"{asked} runs past the records of {edge} (their t runs {min(ts):g}..{max(ts):g} s): window clipped to "
-            f"{t0:g}..{t1:g} s")
+        say(
+            f"{asked} runs past the records of {edge} (their t runs {min(ts):g}..{max(ts):g} s): window clipped to "
+            f"{t0:g}..{t1:g} s"
+        )
     window = log.window(t0, t1)
     lines = []
     for path in audit:  # each replica's audit log on its own clock: audit-<replica>.jsonl, as a run writes them
         rows = read_audit_lines([path])
         if not rows:
-            raise IncidentError(f"--audit {path} holds no audit line (a JSON object a line, server/audit.py); give "
-                                "the replica's audit log, or leave --audit out to take server time from the edge log")
+            raise IncidentError(
+                f"--audit {path} holds no audit line (a JSON object a line, server/audit.py); give "
+                "the replica's audit log, or leave --audit out to take server time from the edge log"
+            )
         lines += audit_window(rows, audit_origin(log, path), t0, t1)
     name = name or out.stem
-    scenario = incident_scenario(name, window, t1 - t0, lines, f"{Path(edge).name}, robot {robot if robot is not None else ''}, "
-                                 f"t {t0:g}..{t1:g} s".replace("robot , ", ""))
+    scenario = incident_scenario(
+        name,
+        window,
+        t1 - t0,
+        lines,
+        f"{Path(edge).name}, robot {robot if robot is not None else ''}, t {t0:g}..{t1:g} s".replace("robot , ", ""),
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# Written by `bench incident` from {edge} ({len(window.requests)} request(s), {len(window.transitions)} "
-              f"transition(s) in the window) and {len(audit)} audit log(s) ({len(lines)} line(s) in the window), "
-              f"window {t0:g}..{t1:g} s{clipped_from}.\n"
-              "# Faults reproduce what the robot saw (docs/scenarios.md, Incident replay); edit freely.\n")
+    header = (
+        f"# Written by `bench incident` from {edge} ({len(window.requests)} request(s), {len(window.transitions)} "
+        f"transition(s) in the window) and {len(audit)} audit log(s) ({len(lines)} line(s) in the window), "
+        f"window {t0:g}..{t1:g} s{clipped_from}.\n"
+        "# Faults reproduce what the robot saw (docs/scenarios.md, Incident replay); edit freely.\n"
+    )
     out.write_text(header + yaml.safe_dump(scenario, sort_keys=False))
     if export_dir is not None:
         export_dir.mkdir(parents=True, exist_ok=True)
-        kept = EdgeLog(dict(log.robot), [r for r in log.requests if t0 <= r["t"] < t1],
-                       [tr for tr in log.transitions if tr["t"] < t1])
+        kept = EdgeLog(
+            dict(log.robot),
+            [r for r in log.requests if t0 <= r["t"] < t1],
+            [tr for tr in log.transitions if tr["t"] < t1],
+        )
         write_edge_log(kept, export_dir / "edge-log.jsonl")
         (export_dir / "audit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return scenario, window

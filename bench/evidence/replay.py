@@ -54,7 +54,7 @@ class Scheduling:
     strategy: str = "round_robin"
 
     @classmethod
-    def of_manifest(cls, manifest: dict | None, model_id: str | None = None) -> "Scheduling":
+    def of_manifest(cls, manifest: dict | None, model_id: str | None = None) -> Scheduling:
         """server.manifest's defaults where the manifest is silent (scheduling.max_batch 1, batch_window_ms 2,
         models.default_max_inflight 1, models.known.<id>.max_inflight)."""
         m = manifest or {}
@@ -64,9 +64,12 @@ class Scheduling:
         known = models.get("known") or {}
         if isinstance(known, dict) and model_id in known:
             loops = (known[model_id] or {}).get("max_inflight", loops)
-        return cls(max_batch=max(1, int(sched.get("max_batch", 1) or 1)),
-                   batch_window_ms=float(sched.get("batch_window_ms", 2.0) or 0.0),
-                   loops=max(1, int(loops or 1)), strategy=str(sched.get("strategy", "round_robin")))
+        return cls(
+            max_batch=max(1, int(sched.get("max_batch", 1) or 1)),
+            batch_window_ms=float(sched.get("batch_window_ms", 2.0) or 0.0),
+            loops=max(1, int(loops or 1)),
+            strategy=str(sched.get("strategy", "round_robin")),
+        )
 
 
 def live_sessions(arrival_ms: np.ndarray, session: np.ndarray, linger_ms: float = SESSION_LINGER_MS):
@@ -81,6 +84,7 @@ def live_sessions(arrival_ms: np.ndarray, session: np.ndarray, linger_ms: float 
 
     def count(t: float) -> int:
         return int(np.searchsorted(starts, t, "right") - np.searchsorted(ends, t, "left"))
+
     return count
 
 
@@ -128,8 +132,9 @@ def forward_excess(forward_ms: np.ndarray, batch: np.ndarray, unloaded: dict) ->
     return forward_ms - _at_batch(unloaded, batch)
 
 
-def replica_share(rows: dict[str, np.ndarray], unloaded: dict[int, float],
-                  sched: Scheduling) -> tuple[np.ndarray, np.ndarray, dict]:
+def replica_share(
+    rows: dict[str, np.ndarray], unloaded: dict[int, float], sched: Scheduling
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """One replica's answered requests (`rows`: arrays `picked_mono_ms`, `queue_wait_ms`, `forward_ms`, `batch`,
     `sent_mono_ms`, `session`): per request (queue_wait_bench_ms, inference_bench_ms) and the replica's figures."""
     n = rows["picked_mono_ms"].size
@@ -170,6 +175,7 @@ def replica_share(rows: dict[str, np.ndarray], unloaded: dict[int, float],
                 return unloaded_at(b) + per_request * b
             k = max(int(np.searchsorted(b_pick, t, "right")) - 1, 0)  # the observed batch in progress at t
             return max(unloaded_at(b) + b_excess[k], 0.0) + per_request * b + b_stall[k]
+
         return fn
 
     live = live_sessions(arrival, rows["session"])
@@ -178,11 +184,15 @@ def replica_share(rows: dict[str, np.ndarray], unloaded: dict[int, float],
     qw_bench = wait - (bare - arrival)  # so a request's wait less its part is its wait in the unloaded replay
     replayed = observed - arrival
     fig.update(
-        queue_wait_ms_p50=_r(np.percentile(wait, 50)), queue_wait_ms_p99=_r(np.percentile(wait, 99)),
-        replayed_ms_p50=_r(np.percentile(replayed, 50)), replayed_ms_p99=_r(np.percentile(replayed, 99)),
+        queue_wait_ms_p50=_r(np.percentile(wait, 50)),
+        queue_wait_ms_p99=_r(np.percentile(wait, 99)),
+        replayed_ms_p50=_r(np.percentile(replayed, 50)),
+        replayed_ms_p99=_r(np.percentile(replayed, 99)),
         replay_error_ms_p50=_r(np.percentile(replayed, 50) - np.percentile(wait, 50)),
         replay_error_ms_p99=_r(np.percentile(replayed, 99) - np.percentile(wait, 99)),
-        unloaded_ms_p50=_r(np.percentile(bare - arrival, 50)), unloaded_ms_p99=_r(np.percentile(bare - arrival, 99)))
+        unloaded_ms_p50=_r(np.percentile(bare - arrival, 50)),
+        unloaded_ms_p99=_r(np.percentile(bare - arrival, 99)),
+    )
     return qw_bench, inf_bench, fig
 
 
@@ -190,8 +200,9 @@ def _r(x, nd=3):
     return None if x is None or not np.isfinite(x) else round(float(x), nd)
 
 
-def server_share(audit, unloaded: dict[str, dict | None],
-                 scheduling: dict[str, Scheduling]) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+def server_share(
+    audit, unloaded: dict[str, dict | None], scheduling: dict[str, Scheduling]
+) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """Every audit row's (queue_wait_bench_ms, inference_bench_ms), NaN where not measured or not an answered
     request, and one figure dict per replica of `unloaded` (`scheduling`: each one's dispatch rule; a replica
     missing there is not replayed) ({replica, requests, batches, queue_wait_ms_p50/p99,

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable
 
 TEST_SKEW_ENV = "BENCH_TEST_MONO_SKEW_S"
 # tests only, `bench run --cluster ray`: each replica (and its ChildActor's `mono()`) reads its clock this far off
@@ -53,8 +53,12 @@ class ClockOffset:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        return {"offset_ms": round(d.pop("offset_s") * 1e3, 3), "uncertainty_ms": round(d.pop("uncertainty_s") * 1e3, 3),
-                "rtt_ms": round(d.pop("rtt_s") * 1e3, 3), **d}
+        return {
+            "offset_ms": round(d.pop("offset_s") * 1e3, 3),
+            "uncertainty_ms": round(d.pop("uncertainty_s") * 1e3, 3),
+            "rtt_ms": round(d.pop("rtt_s") * 1e3, 3),
+            **d,
+        }
 
 
 SAME_CLOCK = ClockOffset(0.0, 0.0, 0.0, 0, same_clock=True)

@@ -24,7 +24,7 @@ import socket
 import tempfile
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from bench.fleet import clock as clocks
 
@@ -67,7 +67,7 @@ class _End:
 class ShardLink(_End):
     """The runner's view of one connected shard."""
 
-    def __init__(self, sock: socket.socket, on_message: Callable[["ShardLink", dict], None]):
+    def __init__(self, sock: socket.socket, on_message: Callable[[ShardLink, dict], None]):
         self.sock = sock
         self.lock = threading.Lock()
         self.shard: int | None = None
@@ -147,7 +147,7 @@ class ControlServer:
         while not self._stop.is_set():
             try:
                 conn, _ = self.sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -159,7 +159,7 @@ class ControlServer:
             link.send(msg)
 
     def link(self, shard: int) -> ShardLink | None:
-        return next((l for l in self.links if l.shard == shard), None)
+        return next((link for link in self.links if link.shard == shard), None)
 
     def close(self) -> None:
         self._stop.set()

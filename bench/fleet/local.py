@@ -19,10 +19,9 @@ from __future__ import annotations
 def make_local_engine(engine_cfg: dict, checkpoint: str):
     """The `rtc` engine a local group's robot runs: `engine_cfg` is the RemoteEngineConfig dict the remote
     twin would run (bench.scenario.load.engine_config); its queue, gating, guidance and trim carry over."""
+    from bench.scenario.load import local_engine_config
     from edge import RemoteEngineConfig
     from edge.rtc import RTCEngine
-
-    from bench.scenario.load import local_engine_config
     from server.runtime import LocalPredictor
 
     remote = RemoteEngineConfig.from_dict(dict(engine_cfg))

@@ -33,11 +33,10 @@ class ParityEngine:
     """The engine interface over a lockstepped (remote, local rtc) pair; executes the remote's actions."""
 
     def __init__(self, engine_cfg: dict, shadow: dict, seed: int = 0, remote_factory=None, policy=None):
+        from bench.scenario.load import shadow_engine_config
         from edge import RemoteEngineConfig
         from edge.remote import RemoteEngine
         from edge.rtc import RTCEngine
-
-        from bench.scenario.load import shadow_engine_config
 
         cfg = RemoteEngineConfig.from_dict(dict(engine_cfg))
         self.cfg = cfg
@@ -54,8 +53,14 @@ class ParityEngine:
         self.local = RTCEngine(shadow_engine_config(cfg), policy=policy, latency_override=override)
         self._obs: dict | None = None
         self._fresh = False
-        self.parity: dict[str, Any] = {"queue_checks": 0, "queue_mismatches": 0, "action_checks": 0,
-                                       "action_mismatches": 0, "request_failures": 0, "first_mismatch": ""}
+        self.parity: dict[str, Any] = {
+            "queue_checks": 0,
+            "queue_mismatches": 0,
+            "action_checks": 0,
+            "action_mismatches": 0,
+            "request_failures": 0,
+            "first_mismatch": "",
+        }
 
     # --- the engine interface ----------------------------------------------------------------------
 
@@ -112,8 +117,11 @@ class ParityEngine:
             a, b = getattr(self.remote.queue, name)(), getattr(self.local.queue, name)()
             if a.shape != b.shape or a.tobytes() != b.tobytes():
                 diff = np.abs(a - b).max() if a.shape == b.shape and a.size else math.nan
-                self._mismatch("queue_mismatches", f"request {self.parity['queue_checks']}: {name} differs "
-                                                   f"(shapes {a.shape} vs {b.shape}, max diff {diff:.3g})")
+                self._mismatch(
+                    "queue_mismatches",
+                    f"request {self.parity['queue_checks']}: {name} differs "
+                    f"(shapes {a.shape} vs {b.shape}, max diff {diff:.3g})",
+                )
                 break
 
     def _mismatch(self, key: str, what: str) -> None:

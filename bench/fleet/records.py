@@ -27,30 +27,63 @@ import numpy as np
 # kind -> column -> numpy dtype ("str" columns are Python objects, "f32list" are float32 vectors)
 SCHEMAS: dict[str, dict[str, str]] = {
     "ticks": {
-        "robot": "int32", "t": "float64", "lateness_ms": "float32", "host_delay_ms": "float32",
-        "engine_ms": "float32", "tick_class": "int8", "state_digest": "uint32", "seq": "int64",
-        "session_id": "str", "episode_id": "int32", "chunk_index": "int32", "action_age_s": "float32",
-        "source": "str", "is_none": "bool", "engine_state": "str", "robot_episode": "int32",
+        "robot": "int32",
+        "t": "float64",
+        "lateness_ms": "float32",
+        "host_delay_ms": "float32",
+        "engine_ms": "float32",
+        "tick_class": "int8",
+        "state_digest": "uint32",
+        "seq": "int64",
+        "session_id": "str",
+        "episode_id": "int32",
+        "chunk_index": "int32",
+        "action_age_s": "float32",
+        "source": "str",
+        "is_none": "bool",
+        "engine_state": "str",
+        "robot_episode": "int32",
         "action": "f32list",
     },
     "requests": {
-        "robot": "int32", "t": "float64", "seq": "int64", "rtt_ms": "float32", "queue_wait_ms": "float32",
-        "inference_ms": "float32", "network_ms": "float32", "encode_ms": "float32", "send_lag_ms": "float32",
-        "merge_lag_ms": "float32", "delay_steps": "int32",
-        "execution_steps": "int32", "steps_remaining": "int32", "superseded_seqs": "int32", "outcome": "str",
-        "sent_ns": "int64", "downlink_from_router_ms": "float32",
+        "robot": "int32",
+        "t": "float64",
+        "seq": "int64",
+        "rtt_ms": "float32",
+        "queue_wait_ms": "float32",
+        "inference_ms": "float32",
+        "network_ms": "float32",
+        "encode_ms": "float32",
+        "send_lag_ms": "float32",
+        "merge_lag_ms": "float32",
+        "delay_steps": "int32",
+        "execution_steps": "int32",
+        "steps_remaining": "int32",
+        "superseded_seqs": "int32",
+        "outcome": "str",
+        "sent_ns": "int64",
+        "downlink_from_router_ms": "float32",
     },
     "transitions": {"robot": "int32", "t": "float64", "from_state": "str", "to_state": "str", "reason": "str"},
     "episodes": {"robot": "int32", "t": "float64", "robot_episode": "int32", "success": "bool", "length_s": "float32"},
-    "loop": {"slot": "int32", "t": "float64", "robots": "int32", "wall_ms": "float32", "cpu_ms": "float32",
-             "budget_ms": "float32", "overrun": "bool", "skipped_ticks": "int32", "shard": "int32"},
+    "loop": {
+        "slot": "int32",
+        "t": "float64",
+        "robots": "int32",
+        "wall_ms": "float32",
+        "cpu_ms": "float32",
+        "budget_ms": "float32",
+        "overrun": "bool",
+        "skipped_ticks": "int32",
+        "shard": "int32",
+    },
 }
 
 
 class ColumnBuffer:
     """Rows of one record kind, appended by one thread, persisted by a `RecordWriter`."""
 
-    def __init__(self, kind: str, writer: "RecordWriter", chunk_rows: int = 16384):
+    def __init__(self, kind: str, writer: RecordWriter, chunk_rows: int = 16384):
         self.kind = kind
         self.schema = SCHEMAS[kind]
         self.writer = writer
@@ -59,8 +92,10 @@ class ColumnBuffer:
         self.total = 0
 
     def _new_chunk(self) -> None:
-        self.cols = {name: ([None] * self.chunk_rows if dt in ("str", "f32list") else np.zeros(self.chunk_rows, dtype=dt))
-                     for name, dt in self.schema.items()}
+        self.cols = {
+            name: ([None] * self.chunk_rows if dt in ("str", "f32list") else np.zeros(self.chunk_rows, dtype=dt))
+            for name, dt in self.schema.items()
+        }
         self.n = 0
 
     def append(self, **row) -> None:
@@ -154,8 +189,11 @@ def to_record_batch(kind: str, cols: dict, n: int):
         if dt == "str":
             arrays.append(pa.array(col[:n], type=pa.string()))
         elif dt == "f32list":
-            arrays.append(pa.array([None if v is None else np.asarray(v, np.float32) for v in col[:n]],
-                                   type=pa.list_(pa.float32())))
+            arrays.append(
+                pa.array(
+                    [None if v is None else np.asarray(v, np.float32) for v in col[:n]], type=pa.list_(pa.float32())
+                )
+            )
         else:
             arrays.append(pa.array(col[:n], type=f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -235,8 +273,9 @@ def collect_sorted(directory: str | Path, kind: str, parts: int = 16):
         return census.schema.empty_table()
     robot, rows = census.robots()
     part_of = (np.cumsum(rows) - rows) * parts // census.rows  # where a robot's first row falls in the sorted table
-    columns = [_SortedColumn(field, census.rows, census.nulls[field.name], census.items[field.name])
-               for field in census.schema]
+    columns = [
+        _SortedColumn(field, census.rows, census.nulls[field.name], census.items[field.name]) for field in census.schema
+    ]
     pool = pa.default_memory_pool()
     for part in np.unique(part_of):
         lo, hi = robot[part_of == part][[0, -1]]
@@ -287,8 +326,9 @@ class _Census:
                 self.nulls = dict.fromkeys(schema.names, False)
                 self.items = dict.fromkeys(schema.names, 0)
             elif not schema.equals(self.schema):
-                raise ValueError(f"{path}: its {kind} columns differ from the other stream files' "
-                                 f"({schema} vs {self.schema})")
+                raise ValueError(
+                    f"{path}: its {kind} columns differ from the other stream files' ({schema} vs {self.schema})"
+                )
             for batch in batches:
                 self.add(batch)
 
@@ -326,7 +366,7 @@ def _offsets(arr):
 
     if len(arr) == 0:
         return np.zeros(1, np.int32)
-    return _view(arr.buffers()[1], np.int32)[arr.offset:arr.offset + len(arr) + 1]
+    return _view(arr.buffers()[1], np.int32)[arr.offset : arr.offset + len(arr) + 1]
 
 
 def _layout(type_) -> str | None:
@@ -384,23 +424,23 @@ class _SortedColumn:
         if n == 0:
             return
         if self.valid is not None and chunk.null_count:
-            self.valid[a:a + n] = chunk.is_valid().to_numpy(zero_copy_only=False)
+            self.valid[a : a + n] = chunk.is_valid().to_numpy(zero_copy_only=False)
         if self.layout == "bool":
-            self.data[a:a + n] = chunk.fill_null(False).to_numpy(zero_copy_only=False)
+            self.data[a : a + n] = chunk.fill_null(False).to_numpy(zero_copy_only=False)
         elif self.layout == "number":
-            self.data[a:a + n] = _view(chunk.buffers()[1], self.data.dtype)[chunk.offset:chunk.offset + n]
+            self.data[a : a + n] = _view(chunk.buffers()[1], self.data.dtype)[chunk.offset : chunk.offset + n]
         else:
             offsets = _offsets(chunk)
             start = self.offsets[a]
-            self.offsets[a + 1:a + n + 1] = offsets[1:] - offsets[0] + start
+            self.offsets[a + 1 : a + n + 1] = offsets[1:] - offsets[0] + start
             if self.layout == "string":
                 values = _view(chunk.buffers()[2], np.uint8)
             else:
                 child = chunk.values
                 if child.null_count:
                     raise ValueError(f"collect_sorted: column {self.field.name!r} has null list items")
-                values = _view(child.buffers()[1], self.data.dtype)[child.offset:]
-            self.data[start:start + offsets[-1] - offsets[0]] = values[offsets[0]:offsets[-1]]
+                values = _view(child.buffers()[1], self.data.dtype)[child.offset :]
+            self.data[start : start + offsets[-1] - offsets[0]] = values[offsets[0] : offsets[-1]]
         self.at = a + n
 
     def array(self):
@@ -417,8 +457,10 @@ class _SortedColumn:
         if self.layout == "number":
             return pa.Array.from_buffers(type_, self.rows, [validity, self.buffer], null_count=nulls)
         if self.layout == "string":
-            return pa.Array.from_buffers(type_, self.rows, [validity, self.offsets_buffer, self.buffer],
-                                         null_count=nulls)
+            return pa.Array.from_buffers(
+                type_, self.rows, [validity, self.offsets_buffer, self.buffer], null_count=nulls
+            )
         items = pa.Array.from_buffers(type_.value_type, len(self.data), [None, self.buffer])
-        return pa.Array.from_buffers(type_, self.rows, [validity, self.offsets_buffer], null_count=nulls,
-                                     children=[items])
+        return pa.Array.from_buffers(
+            type_, self.rows, [validity, self.offsets_buffer], null_count=nulls, children=[items]
+        )

@@ -123,8 +123,9 @@ class Ledger:
     """Every thread's CPU since the ledger was made, kept after the thread ends (see the module's note).
     `sample` may be called from any thread."""
 
-    def __init__(self, read: Callable[[], Threads] | None = None,
-                 read_process: Callable[[], float] = process_cpu_s) -> None:
+    def __init__(
+        self, read: Callable[[], Threads] | None = None, read_process: Callable[[], float] = process_cpu_s
+    ) -> None:
         self._comms: dict[ThreadKey, str] = {}
         self._read = read or (lambda: threads(self._comms))
         self._read_process = read_process

@@ -10,6 +10,8 @@ Each robot type's MjModel is compiled once per process (models.py); robots own o
 # First: the GL backend is chosen before anything here imports mujoco (MuJoCo reads MUJOCO_GL once, at import).
 from bench.robots import models  # noqa: I001  isort: skip
 
+# Importing a robot type's module registers it (after core: each module imports register_robot).
+from bench.robots import arm, base, reacher  # noqa: E402,F401
 from bench.robots.core import (
     DEFAULT_FPS,
     ROBOT_TYPES,
@@ -22,9 +24,6 @@ from bench.robots.core import (
     robot_type,
 )
 from bench.robots.models import shared_model
-
-# Importing a robot type's module registers it (after core: each module imports register_robot).
-from bench.robots import arm, base, reacher  # noqa: E402,F401
 
 __all__ = [
     "DEFAULT_FPS",

@@ -269,8 +269,9 @@ class RobotBatch:
             if len(actions) != self.n:
                 raise ValueError(f"expected {self.n} actions, got {len(actions)}")
             missing = np.array([a is None for a in actions])
-            command = np.array([hold[i] if a is None else np.asarray(a, dtype=np.float64).reshape(-1)
-                                for i, a in enumerate(actions)])
+            command = np.array(
+                [hold[i] if a is None else np.asarray(a, dtype=np.float64).reshape(-1) for i, a in enumerate(actions)]
+            )
         # A NaN reaching MuJoCo would poison the robot's state for the rest of the episode; treat it
         # as "no command" and count it so the caller can see its policy misbehaved.
         bad = ~np.isfinite(command).all(axis=1) & ~missing

@@ -8,8 +8,8 @@ real arm and would make a 300-robot fleet impossible on one machine.
 
 from __future__ import annotations
 
-import os
 import math
+import os
 import threading
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -34,8 +34,10 @@ def _choose_gl_backend() -> str | None:
     if imported is not None:  # too late to choose: say what MuJoCo chose, if it cannot render here
         chosen = getattr(getattr(imported, "GLContext", None), "__module__", "")
         if chosen == "mujoco.glfw" and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-            return ("mujoco was imported before bench.robots and chose GLFW, which needs a display: import "
-                    "bench.robots before mujoco, or set MUJOCO_GL=egl (with libEGL) before anything imports mujoco")
+            return (
+                "mujoco was imported before bench.robots and chose GLFW, which needs a display: import "
+                "bench.robots before mujoco, or set MUJOCO_GL=egl (with libEGL) before anything imports mujoco"
+            )
         return None
     asked = os.environ.get("MUJOCO_GL", "").strip().lower()
     if asked not in ("", "egl"):
@@ -44,9 +46,11 @@ def _choose_gl_backend() -> str | None:
         os.environ["MUJOCO_GL"] = "egl"
         return None
     os.environ["MUJOCO_GL"] = "disable"
-    return ("rendered cameras need libEGL (libEGL.so.1), which this host lacks: install it (Debian: "
-            "apt-get install libegl1) or set MUJOCO_GL=osmesa with libOSMesa installed; synthetic cameras "
-            "need no GL")
+    return (
+        "rendered cameras need libEGL (libEGL.so.1), which this host lacks: install it (Debian: "
+        "apt-get install libegl1) or set MUJOCO_GL=osmesa with libOSMesa installed; synthetic cameras "
+        "need no GL"
+    )
 
 
 GL_UNAVAILABLE = _choose_gl_backend()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -50,18 +49,24 @@ def _ray():
     return ray
 
 
-def connect(address: str | None) -> "Cluster":
+def connect(address: str | None) -> Cluster:
     """Join the cluster at `address` (ray://host:port, host:port, or None = RAY_ADDRESS)."""
     ray = _ray()
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
-        raise ClusterError("--cluster ray needs a cluster address: set RAY_ADDRESS or pass --cluster ray://HOST:PORT "
-                           "(start one with `ray start --head`; docs/cluster.md)")
+        raise ClusterError(
+            "--cluster ray needs a cluster address: set RAY_ADDRESS or pass --cluster ray://HOST:PORT "
+            "(start one with `ray start --head`; docs/cluster.md)"
+        )
     repo = str(Path(__file__).resolve().parents[2])
     try:
         if not ray.is_initialized():
-            ray.init(address=address, logging_level="WARNING", log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": repo}})
+            ray.init(
+                address=address,
+                logging_level="WARNING",
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": repo}},
+            )
     except Exception as exc:  # ConnectionError, ValueError, RuntimeError from ray.init
         raise ClusterError(f"cannot join the Ray cluster at {address}: {exc}") from None
     return Cluster(ray, address)
@@ -77,11 +82,11 @@ def _node_facts() -> dict:
 class ChildActorImpl:
     """Owns one child process on the node Ray placed it on (decorated as a Ray actor in `Cluster`)."""
 
-    def __init__(self, name: str, argv: list[str], log_path: str, ready_text: str | None, env: dict,
-                 ready_timeout_s: float):
-        from chaos.faults import ManagedProcess
-
+    def __init__(
+        self, name: str, argv: list[str], log_path: str, ready_text: str | None, env: dict, ready_timeout_s: float
+    ):
         from bench.fleet.clock import TEST_SKEW_ENV
+        from chaos.faults import ManagedProcess
 
         self.child = ChildProcess(argv, log_path, ready_text=ready_text, env=env, name=name)
         self.managed = ManagedProcess(self.child, name=name, ready_timeout_s=ready_timeout_s)
@@ -139,8 +144,7 @@ class ChildActorImpl:
 
     def status(self) -> dict:
         proc = self.child.proc
-        return {"pid": self.child.pid, "alive": self.child.alive(),
-                "returncode": None if proc is None else proc.poll()}
+        return {"pid": self.child.pid, "alive": self.child.alive(), "returncode": None if proc is None else proc.poll()}
 
     def fault(self, method: str, *args):
         """A chaos.faults.ManagedProcess method by name (kill, term, restart, restart_with, pause, resume, stop)."""
@@ -165,7 +169,7 @@ class ChildActorImpl:
 class _RemoteProc:
     """Enough of subprocess.Popen for the runner and ProcessSet: returncode, poll(), wait()."""
 
-    def __init__(self, child: "RemoteChild"):
+    def __init__(self, child: RemoteChild):
         self._child = child
         self.pid = child._pid
 
@@ -186,7 +190,7 @@ class _RemoteProc:
 class RemoteChild(ChildProcess):
     """A ChildProcess whose process runs on a cluster node, driven through its ChildActor."""
 
-    def __init__(self, cluster: "Cluster", actor, argv, log_path, ready_text, name, files: dict[str, bytes]):
+    def __init__(self, cluster: Cluster, actor, argv, log_path, ready_text, name, files: dict[str, bytes]):
         super().__init__(argv, log_path, ready_text=ready_text, name=name)
         self.cluster, self.actor, self.files = cluster, actor, files
         self._pid: int | None = None
@@ -201,8 +205,10 @@ class RemoteChild(ChildProcess):
             return ray.get(getattr(self.actor, method).remote(*args), timeout=timeout)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             where = self.node.get("hostname") or "?"
-            self.lost = (f"{self.name}'s node {self.node.get('node_id', '?')[:12]} ({where}, {self.node.get('ip', '?')}) "
-                         f"is gone or not answering: {type(exc).__name__}")
+            self.lost = (
+                f"{self.name}'s node {self.node.get('node_id', '?')[:12]} ({where}, {self.node.get('ip', '?')}) "
+                f"is gone or not answering: {type(exc).__name__}"
+            )
             raise ProcessLookupError(self.lost) from None
 
     def _status(self) -> dict:
@@ -226,7 +232,9 @@ class RemoteChild(ChildProcess):
 
     def where(self) -> str:
         """`node 5d2dca76ab12 (host, ip)`: the node this child runs on, for error messages."""
-        return f"node {self.node.get('node_id', '?')[:12]} ({self.node.get('hostname', '?')}, {self.node.get('ip', '?')})"
+        return (
+            f"node {self.node.get('node_id', '?')[:12]} ({self.node.get('hostname', '?')}, {self.node.get('ip', '?')})"
+        )
 
     def measure_clock(self):
         """This child's node's clock offset from the driver's: exchanges timed around the actor's `mono()`."""
@@ -241,7 +249,7 @@ class RemoteChild(ChildProcess):
 
         return clocks.measure(lambda: self._call("wall", timeout=10.0), clock=time.time)
 
-    def start(self, timeout_s: float = 30.0) -> "RemoteChild":
+    def start(self, timeout_s: float = 30.0) -> RemoteChild:
         self.locate()
         if self.files:
             self._call("put_files", self.files)
@@ -361,9 +369,16 @@ class Cluster:
         self._actor_cls = ray.remote(max_restarts=0, max_concurrency=4)(ChildActorImpl)
 
     def nodes(self) -> list[dict]:
-        return [{"node_id": n["NodeID"], "ip": n["NodeManagerAddress"], "alive": bool(n["Alive"]),
-                 "cpus": n.get("Resources", {}).get("CPU", 0), "gpus": n.get("Resources", {}).get("GPU", 0)}
-                for n in self.ray.nodes()]
+        return [
+            {
+                "node_id": n["NodeID"],
+                "ip": n["NodeManagerAddress"],
+                "alive": bool(n["Alive"]),
+                "cpus": n.get("Resources", {}).get("CPU", 0),
+                "gpus": n.get("Resources", {}).get("GPU", 0),
+            }
+            for n in self.ray.nodes()
+        ]
 
     def cpus(self) -> int:
         """CPUs of the cluster's live nodes: what `fleet.shards: auto` sizes against instead of this host's cores."""
@@ -376,21 +391,45 @@ class Cluster:
         ips = {n["ip"] for n in self.nodes() if n["alive"]}
         return "127.0.0.1" if ips <= {me} else me
 
-    def place(self, name: str, argv: list[str], log_path: Path, *, ready_text: str | None = None,
-              env: dict | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0, placement: str = "spread",
-              files: dict[str, bytes] | None = None, ready_timeout_s: float = 120.0) -> RemoteChild:
-        opts = {"num_cpus": num_cpus, "num_gpus": num_gpus, "name": None,
-                "scheduling_strategy": "SPREAD" if placement == "spread" else "DEFAULT"}
+    def place(
+        self,
+        name: str,
+        argv: list[str],
+        log_path: Path,
+        *,
+        ready_text: str | None = None,
+        env: dict | None = None,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        placement: str = "spread",
+        files: dict[str, bytes] | None = None,
+        ready_timeout_s: float = 120.0,
+    ) -> RemoteChild:
+        opts = {
+            "num_cpus": num_cpus,
+            "num_gpus": num_gpus,
+            "name": None,
+            "scheduling_strategy": "SPREAD" if placement == "spread" else "DEFAULT",
+        }
         env = dict(env or {})
         env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
-        actor = self._actor_cls.options(**opts).remote(name, list(argv), str(log_path), ready_text, env,
-                                                       ready_timeout_s)
+        actor = self._actor_cls.options(**opts).remote(
+            name, list(argv), str(log_path), ready_text, env, ready_timeout_s
+        )
         child = RemoteChild(self, actor, argv, log_path, ready_text, name, files or {})
         self.children.append(child)
         return child
 
-    def place_on(self, node_id: str, name: str, log_path: Path, *, ready_text: str | None = None,
-                 env: dict | None = None, ready_timeout_s: float = 60.0) -> RemoteChild:
+    def place_on(
+        self,
+        node_id: str,
+        name: str,
+        log_path: Path,
+        *,
+        ready_text: str | None = None,
+        env: dict | None = None,
+        ready_timeout_s: float = 60.0,
+    ) -> RemoteChild:
         """A child on exactly node `node_id` (Ray's NodeAffinity, not soft) that reserves no resources: a node's
         router or chaos proxy, beside the shards and replicas Ray placed there. Its argv is set once its node
         has named free ports (`free_ports`, then `set_argv`), before `start`."""
@@ -398,8 +437,12 @@ class Cluster:
 
         env = dict(env or {})
         env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
-        opts = {"num_cpus": 0, "num_gpus": 0, "name": None,
-                "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}
+        opts = {
+            "num_cpus": 0,
+            "num_gpus": 0,
+            "name": None,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+        }
         actor = self._actor_cls.options(**opts).remote(name, [], str(log_path), ready_text, env, ready_timeout_s)
         child = RemoteChild(self, actor, [], log_path, ready_text, name, {})
         self.children.append(child)
@@ -426,12 +469,15 @@ class Cluster:
         nodes = self.nodes()
         for n in nodes:
             n["children"] = sorted(by_node.get(n["node_id"], []))
-        return {"kind": "ray", "address": self.address, "placement": placement,
-                "nodes": nodes, "node_count": sum(1 for n in nodes if n["alive"])}
+        return {
+            "kind": "ray",
+            "address": self.address,
+            "placement": placement,
+            "nodes": nodes,
+            "node_count": sum(1 for n in nodes if n["alive"]),
+        }
 
     def close(self) -> None:
         for c in self.children:
             c.kill_actor()
         self.children.clear()
-
-

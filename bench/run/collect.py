@@ -24,6 +24,7 @@ from bench.run.legs import window_legs
 from bench.run.samplelog import SampleLog
 from bench.run.state import RunState
 
+
 def cpu_table(samples: SampleLog):
     """The CPU samples as columns `t`, `host_percent`, `speed_probe_ms` (null but every 10th) and
     `cpu:<process>` (% of a core) for every process ever sampled: one not yet started or already gone is
@@ -34,8 +35,14 @@ def cpu_table(samples: SampleLog):
     for key, typ in (("rss_mb", pa.float64()), ("fds", pa.int64())):  # memory and descriptors, when sampled
         for k in samples.keys(key):
             cols[f"{key}:{k}"] = pa.array(samples.column(key, k), typ)
-    return pa.table({"t": samples.column("t"), "host_percent": samples.column("host_percent"),
-                     "speed_probe_ms": pa.array(samples.column("speed_probe_ms"), pa.float64()), **cols})
+    return pa.table(
+        {
+            "t": samples.column("t"),
+            "host_percent": samples.column("host_percent"),
+            "speed_probe_ms": pa.array(samples.column("speed_probe_ms"), pa.float64()),
+            **cols,
+        }
+    )
 
 
 HOP_SPLIT_MAX_CLOCK_ERROR = 0.25  # of a pair's median one-way hop: a split whose clocks are less sure is dropped
@@ -58,8 +65,13 @@ def audit_lines(sent_ns: np.ndarray, audit) -> dict[str, np.ndarray]:
     _, replica_code = np.unique(replica_all, return_inverse=True)
     order = np.lexsort((replica_code, error_all[known], sent_all[known], received_all[known], key[known]))
     keys, rows = key[known][order], np.nonzero(known)[0][order]
-    fields = {"received_mono_ms": received_all, "sent_mono_ms": sent_all, "clock_uncertainty_ms": error_all,
-              "queue_wait_ms": floats(audit, "queue_wait_ms"), "inference_ms": floats(audit, "inference_ms")}
+    fields = {
+        "received_mono_ms": received_all,
+        "sent_mono_ms": sent_all,
+        "clock_uncertainty_ms": error_all,
+        "queue_wait_ms": floats(audit, "queue_wait_ms"),
+        "inference_ms": floats(audit, "inference_ms"),
+    }
     sent_ns = np.asarray(sent_ns, dtype=np.int64)
     out = {name: np.full(len(sent_ns), np.nan) for name in fields}
     out["replica"] = np.full(len(sent_ns), "", dtype=replica_all.dtype if len(replica_all) else str)
@@ -82,14 +94,20 @@ def server_overhead(lines: dict[str, np.ndarray]) -> np.ndarray:
     assembly, the replies' encode and send, one after another). Both stamps are on one replica's clock: no offset,
     no clock error, so it is kept where hop_split drops a pair. NaN where no line matches. `network_ms` (rtt -
     queue wait - inference) = uplink_ms + downlink_ms + server_overhead_ms."""
-    return (lines["sent_mono_ms"] - lines["received_mono_ms"] - lines["queue_wait_ms"]
-            - lines["inference_ms"]).astype(np.float32)
+    return (lines["sent_mono_ms"] - lines["received_mono_ms"] - lines["queue_wait_ms"] - lines["inference_ms"]).astype(
+        np.float32
+    )
 
 
-def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, audit,
-              robot_offset_ms: np.ndarray | None = None, robot_uncertainty_ms: np.ndarray | None = None,
-              robot_shard: np.ndarray | None = None,
-              lines: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+def hop_split(
+    sent_ns: np.ndarray,
+    t_recv_s: np.ndarray,
+    audit,
+    robot_offset_ms: np.ndarray | None = None,
+    robot_uncertainty_ms: np.ndarray | None = None,
+    robot_shard: np.ndarray | None = None,
+    lines: dict[str, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """Each answered request's uplink and downlink, ms: `uplink_ms` from the robot stamping it (`sent_ns`, its
     header's client_mono_ns) to the server receiving it (audit `received_mono_ms`), `downlink_ms` from the server
     handing the chunk to Zenoh (audit `sent_mono_ms`) to the robot receiving it (`t_recv_s`, monotonic seconds).
@@ -126,8 +144,15 @@ def hop_split(sent_ns: np.ndarray, t_recv_s: np.ndarray, audit,
         hop = float(np.median((u[rows] + d[rows]) / 2.0))
         if err > 0 and not err <= HOP_SPLIT_MAX_CLOCK_ERROR * hop:
             keep &= ~rows
-            dropped.append({"shard": shard, "replica": replica, "requests": int(rows.sum()),
-                            "clock_error_ms": round(err, 3), "hop_ms_p50": round(hop, 3)})
+            dropped.append(
+                {
+                    "shard": shard,
+                    "replica": replica,
+                    "requests": int(rows.sum()),
+                    "clock_error_ms": round(err, 3),
+                    "hop_ms_p50": round(hop, 3),
+                }
+            )
     up[keep] = u[keep]
     down[keep] = d[keep]
     return up, down, dropped
@@ -159,39 +184,60 @@ def collect(run: RunState) -> figs.RunData:
             t_recv = t.column("t").to_numpy() + float(run.t0_mono or 0.0)
             offset_ms, error_ms, shard = robot_clocks(run, t.column("robot").to_numpy())
             lines = audit_lines(t.column("sent_ns").to_numpy(), audit)
-            up, down, run.hop_split_dropped = hop_split(t.column("sent_ns").to_numpy(), t_recv, audit,
-                                                        offset_ms, error_ms, shard, lines)
-            t = t.append_column("uplink_ms", pa.array(up)).append_column("downlink_ms", pa.array(down)) \
+            up, down, run.hop_split_dropped = hop_split(
+                t.column("sent_ns").to_numpy(), t_recv, audit, offset_ms, error_ms, shard, lines
+            )
+            t = (
+                t.append_column("uplink_ms", pa.array(up))
+                .append_column("downlink_ms", pa.array(down))
                 .append_column("server_overhead_ms", pa.array(server_overhead(lines)))
+            )
             sent_ms = t.column("sent_ns").to_numpy() / 1e6  # the robots' stamps, on the runner's clock
             if offset_ms is not None:
                 sent_ms = sent_ms - np.asarray(offset_ms, dtype=float)
-            split = router_split(run, audit, t.column("sent_ns").to_numpy(), sent_ms, up, down,
-                                      t.column("downlink_from_router_ms").to_numpy(), t.column("robot").to_numpy())
+            split = router_split(
+                run,
+                audit,
+                t.column("sent_ns").to_numpy(),
+                sent_ms,
+                up,
+                down,
+                t.column("downlink_from_router_ms").to_numpy(),
+                t.column("robot").to_numpy(),
+            )
             for name, values in split.items():
                 if name in t.column_names:
                     t = t.set_column(t.column_names.index(name), name, pa.array(values))
                 else:
                     t = t.append_column(name, pa.array(values))
             qw_bench, inf_bench = server_bench_share(run, audit, t.column("sent_ns").to_numpy())
-            t = t.append_column("queue_wait_bench_ms", pa.array(qw_bench)) \
-                .append_column("inference_bench_ms", pa.array(inf_bench))
+            t = t.append_column("queue_wait_bench_ms", pa.array(qw_bench)).append_column(
+                "inference_bench_ms", pa.array(inf_bench)
+            )
             try:  # a figure of the evidence: the run's records must be written whatever it meets
-                hops = {**hop_bench_share(run, audit, t.column("sent_ns").to_numpy(), split),
-                        **robot_hop_bench_share(run, t.column("robot").to_numpy(), split, sent_ms, t_recv)}
+                hops = {
+                    **hop_bench_share(run, audit, t.column("sent_ns").to_numpy(), split),
+                    **robot_hop_bench_share(run, t.column("robot").to_numpy(), split, sent_ms, t_recv),
+                }
             except Exception as exc:
                 print(f"bench: the hops' bench share could not be split: {exc!r}", file=sys.stderr)
-                hops = {h[:-3] + "_bench_ms": np.full(t.num_rows, np.nan, np.float32)
-                        for h in fid.SERVER_HOPS + tuple(h for h, _ in fid.ROBOT_HOPS)}
+                hops = {
+                    h[:-3] + "_bench_ms": np.full(t.num_rows, np.nan, np.float32)
+                    for h in fid.SERVER_HOPS + tuple(h for h, _ in fid.ROBOT_HOPS)
+                }
             for name, values in hops.items():
                 t = t.append_column(name, pa.array(values))
             encode_bench, run.encode_floors = fid.encode_excess(
-                t.column("encode_ms").to_numpy(), per_robot(run, t.column("robot").to_numpy(), "group", ""))
+                t.column("encode_ms").to_numpy(), per_robot(run, t.column("robot").to_numpy(), "group", "")
+            )
             t = t.append_column("encode_bench_ms", pa.array(encode_bench))
         pq.write_table(t, run.run_dir / f"{kind}.parquet")
         tables[kind] = t
-    robots_tab = pa.Table.from_pylist(run.robot_table, schema=None) \
-        if run.robot_table else pa.table({"robot": pa.array([], pa.int32())})
+    robots_tab = (
+        pa.Table.from_pylist(run.robot_table, schema=None)
+        if run.robot_table
+        else pa.table({"robot": pa.array([], pa.int32())})
+    )
     pq.write_table(robots_tab, run.run_dir / "robots.parquet")
     if audit.num_rows:
         pq.write_table(audit, run.run_dir / "server_requests.parquet")
@@ -216,16 +262,24 @@ def collect(run: RunState) -> figs.RunData:
             parity[int(r)] = counts
     data = figs.RunData(
         robots={k: np.asarray(v) for k, v in figs.table_to_numpy(robots_tab).items()},
-        ticks=ticks, requests=figs.table_to_numpy(tables["requests"]),
-        transitions=figs.table_to_numpy(tables["transitions"]), episodes=figs.table_to_numpy(tables["episodes"]),
-        loop=figs.table_to_numpy(tables["loop"]), duration_s=run.s.duration_s,
+        ticks=ticks,
+        requests=figs.table_to_numpy(tables["requests"]),
+        transitions=figs.table_to_numpy(tables["transitions"]),
+        episodes=figs.table_to_numpy(tables["episodes"]),
+        loop=figs.table_to_numpy(tables["loop"]),
+        duration_s=run.s.duration_s,
         fault_windows=[w for w in run.fault_log if w.get("t_start") is not None],
-        server_samples=run.server_samples, cpu_samples=run.cpu.samples, final_states=final_states, parity=parity,
+        server_samples=run.server_samples,
+        cpu_samples=run.cpu.samples,
+        final_states=final_states,
+        parity=parity,
         engine_raises=raises,
         session_checkpoints=checkpoints_by_session(audit),
-        attacks=collect_attacks(run, audit), server_crashes=run.server_crashes,
+        attacks=collect_attacks(run, audit),
+        server_crashes=run.server_crashes,
         leftovers=run.leftover_report,
-        security_denials=rows_with_prefix(audit, "outcome", "denied:"))
+        security_denials=rows_with_prefix(audit, "outcome", "denied:"),
+    )
     if data.attacks:
         (run.run_dir / "attacks.json").write_text(json.dumps(data.attacks, indent=1))
     if tables["ticks"].num_rows:
@@ -245,8 +299,11 @@ def collect_audit(run: RunState):
     """Every replica's audit log as one table (bench.evidence.audit), each on this runner's clock."""
     from bench.evidence import audit
 
-    return audit.read((rid, info["audit"], run.clocks.get(f"server:{rid}", clocks.SAME_CLOCK))
-                      for rid, info in run.servers.items() if info.get("audit") and Path(info["audit"]).is_file())
+    return audit.read(
+        (rid, info["audit"], run.clocks.get(f"server:{rid}", clocks.SAME_CLOCK))
+        for rid, info in run.servers.items()
+        if info.get("audit") and Path(info["audit"]).is_file()
+    )
 
 
 def collect_attacks(run: RunState, audit) -> list[dict]:
@@ -260,15 +317,27 @@ def collect_attacks(run: RunState, audit) -> list[dict]:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     for r in rows:
         if r.get("judge") == "audit_forged":
-            served = int(np.count_nonzero(equals(audit, "client_uuid", r["victim"]) & equals(audit, "outcome", "ok")
-                                          & at_least(audit, "seq_id", r["seq_base"])))
+            served = int(
+                np.count_nonzero(
+                    equals(audit, "client_uuid", r["victim"])
+                    & equals(audit, "outcome", "ok")
+                    & at_least(audit, "seq_id", r["seq_base"])
+                )
+            )
             r["outcome"] = "breached" if served else "denied"
             r["evidence"] += f"; the server served {served} of them (audit)"
     started = {a["name"] for a in run.s.attackers}
     finished = {r["attacker"] for r in rows}
     for name in sorted(started - finished):  # an attacker that died or never ran must not read as "all denied"
-        rows.append({"attacker": name, "attack": "*", "attempts": 0, "outcome": "error",
-                     "evidence": f"attacker {name} wrote no results; see logs/attacker-{name}.log"})
+        rows.append(
+            {
+                "attacker": name,
+                "attack": "*",
+                "attempts": 0,
+                "outcome": "error",
+                "evidence": f"attacker {name} wrote no results; see logs/attacker-{name}.log",
+            }
+        )
     return rows
 
 
@@ -279,8 +348,16 @@ def unloaded_forward(run: RunState) -> dict[str, dict | None]:
     return run.unloaded
 
 
-def router_split(run: RunState, audit, sent_ns: np.ndarray, sent_ms: np.ndarray, up: np.ndarray, down: np.ndarray,
-                 down_from_router: np.ndarray, robots: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def router_split(
+    run: RunState,
+    audit,
+    sent_ns: np.ndarray,
+    sent_ms: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    down_from_router: np.ndarray,
+    robots: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """Each request's uplink and downlink split at the first router routing it, by that router's timestamp (a
     Zenoh router stamps what it routes, by default): `uplink_to_router_ms` from the robot's stamp (`sent_ms`, on
     the runner's clock; `sent_ns` the raw stamp, the join key) to the router (the robot's send, the site's proxy,
@@ -306,13 +383,17 @@ def router_split(run: RunState, audit, sent_ns: np.ndarray, sent_ms: np.ndarray,
         routed[~keep], down_from[~keep] = np.nan, np.nan
     up_to = routed - sent_ms
     up_to[np.isnan(np.asarray(up, dtype=float))] = np.nan  # a pair hop_split left out: its clocks too unsure
-    return {"uplink_to_router_ms": up_to.astype(np.float32), "uplink_from_router_ms": (up - up_to).astype(np.float32),
-            "downlink_to_router_ms": (down - down_from).astype(np.float32),
-            "downlink_from_router_ms": down_from.astype(np.float32)}
+    return {
+        "uplink_to_router_ms": up_to.astype(np.float32),
+        "uplink_from_router_ms": (up - up_to).astype(np.float32),
+        "downlink_to_router_ms": (down - down_from).astype(np.float32),
+        "downlink_from_router_ms": down_from.astype(np.float32),
+    }
 
 
-def cluster_stamp_error(run: RunState, audit, sent_ns: np.ndarray, robots: np.ndarray | None, up: np.ndarray,
-                        down: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def cluster_stamp_error(
+    run: RunState, audit, sent_ns: np.ndarray, robots: np.ndarray | None, up: np.ndarray, down: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per request of a cluster run, ms: how far its observation's router stamp, read on its replica's node, is
     off (the stamping router's node's wall clock minus the replica's node's: `routed_mono_ms` is that much
     late), and its chunk's, read on its robot's node (the stamping node's minus the robot's:
@@ -352,12 +433,22 @@ def cluster_stamp_error(run: RunState, audit, sent_ns: np.ndarray, robots: np.nd
         up_stamp, down_stamp = (robot_wall, replica_wall) if run.routers == "per_node" else (hub, hub)
         (ue, uu), (de, du) = apart(up_stamp, replica_wall), apart(down_stamp, robot_wall)
         up_err[rows], down_err[rows] = ue, de
-        hop = float(np.nanmedian((np.asarray(up, float)[rows] + np.asarray(down, float)[rows]) / 2.0)) \
-            if np.isfinite(np.asarray(up, float)[rows]).any() else float("nan")
+        hop = (
+            float(np.nanmedian((np.asarray(up, float)[rows] + np.asarray(down, float)[rows]) / 2.0))
+            if np.isfinite(np.asarray(up, float)[rows]).any()
+            else float("nan")
+        )
         err = max(uu, du)
         if err > 0 and not err <= HOP_SPLIT_MAX_CLOCK_ERROR * hop:
-            run.router_split_dropped.append({"shard": k, "replica": rid, "requests": int(rows.sum()),
-                                             "clock_error_ms": round(err, 3), "hop_ms_p50": round(hop, 3)})
+            run.router_split_dropped.append(
+                {
+                    "shard": k,
+                    "replica": rid,
+                    "requests": int(rows.sum()),
+                    "clock_error_ms": round(err, 3),
+                    "hop_ms_p50": round(hop, 3),
+                }
+            )
             continue
         keep |= rows
         run.router_split_error_ms = max(run.router_split_error_ms, err)
@@ -382,8 +473,9 @@ def hop_bench_share(run: RunState, audit, sent_ns: np.ndarray, split: dict[str, 
     return out
 
 
-def robot_hop_bench_share(run: RunState, robots: np.ndarray, split: dict[str, np.ndarray], sent_ms: np.ndarray,
-                          t_recv: np.ndarray) -> dict[str, np.ndarray]:
+def robot_hop_bench_share(
+    run: RunState, robots: np.ndarray, split: dict[str, np.ndarray], sent_ms: np.ndarray, t_recv: np.ndarray
+) -> dict[str, np.ndarray]:
     """Per request (`robots`: its robot; `sent_ms`, `t_recv`: its send, ms, and its answer's arrival, s, on the
     runner's monotonic clock), each hop between the robot and the router (fid.ROBOT_HOPS, from `split`) beyond what its
     site's proxy asked around its time (fid.robot_hop_excess), as `<hop>_bench_ms`; what was used, by hop and
@@ -396,17 +488,19 @@ def robot_hop_bench_share(run: RunState, robots: np.ndarray, split: dict[str, np
     recv_ms = np.asarray(t_recv, dtype=float) * 1e3
     shift = np.zeros(len(site))  # the runner's clock to the proxy's
     node_start, node_end = run.node_leg_start or {}, run.node_leg_end
-    node_legs = {n: window_legs(run, node_start.get(n) or {}, end) for n, end in node_end.items()} \
-        if node_end else None
+    node_legs = {n: window_legs(run, node_start.get(n) or {}, end) for n, end in node_end.items()} if node_end else None
     if node_legs is not None:  # cluster, per_node routers: each robot's hops through its node's copy of its site
         site, legs, asked, shift = by_site_and_node(run, robots, site, node_legs)
-    windows = {"uplink_to_router_ms": (sent_ms + shift, sent_ms + split["uplink_to_router_ms"] + shift),
-               "downlink_from_router_ms": (recv_ms - split["downlink_from_router_ms"] + shift, recv_ms + shift)}
+    windows = {
+        "uplink_to_router_ms": (sent_ms + shift, sent_ms + split["uplink_to_router_ms"] + shift),
+        "downlink_from_router_ms": (recv_ms - split["downlink_from_router_ms"] + shift, recv_ms + shift),
+    }
     out, run.robot_hops = {}, {}
     for name, direction in fid.ROBOT_HOPS:
         by_s = {site: (legs_asked or {}).get(direction) for site, legs_asked in asked.items()}
         out[name[:-3] + "_bench_ms"], run.robot_hops[name] = fid.robot_hop_excess(
-            split[name], site, legs, direction, by_s, windows[name])
+            split[name], site, legs, direction, by_s, windows[name]
+        )
     return out
 
 
@@ -461,8 +555,7 @@ def robot_clocks(run: RunState, robots: np.ndarray) -> tuple[np.ndarray | None, 
     """Per record row: its robot's shard's clock offset and uncertainty, ms (None, None: all on this clock), and
     the shard."""
     shard = per_robot(run, robots, "shard", -1).astype(np.int64)
-    by_shard = {k: run.clocks.get(f"shard:{k}", clocks.SAME_CLOCK)
-                for k in {r["shard"] for r in run.robot_table}}
+    by_shard = {k: run.clocks.get(f"shard:{k}", clocks.SAME_CLOCK) for k in {r["shard"] for r in run.robot_table}}
     if all(o.same_clock for o in by_shard.values()):
         return None, None, shard
     offsets = np.array([by_shard[k].offset_s * 1e3 if k in by_shard else np.nan for k in shard])
@@ -474,12 +567,18 @@ def clock_facts(run: RunState) -> dict:
     """summary.json's `clock`: each child's offset and whether the uplink/downlink split could be trusted."""
     pairs = run.hop_split_dropped or []
     dropped = sum(p["requests"] for p in pairs)
-    split = {"valid": not pairs, "requests_dropped": dropped, "dropped_pairs": pairs,
-             "max_clock_error_of_hop": HOP_SPLIT_MAX_CLOCK_ERROR}
+    split = {
+        "valid": not pairs,
+        "requests_dropped": dropped,
+        "dropped_pairs": pairs,
+        "max_clock_error_of_hop": HOP_SPLIT_MAX_CLOCK_ERROR,
+    }
     if pairs:
-        split["note"] = (f"{dropped} answered requests have no uplink_ms/downlink_ms: " + "; ".join(
+        split["note"] = f"{dropped} answered requests have no uplink_ms/downlink_ms: " + "; ".join(
             f"shard {p['shard']} -> {p['replica']}: clocks unsure by {p['clock_error_ms']:.2f} ms, over "
-            f"{HOP_SPLIT_MAX_CLOCK_ERROR:.0%} of the {p['hop_ms_p50']:.2f} ms one-way hop" for p in pairs))
+            f"{HOP_SPLIT_MAX_CLOCK_ERROR:.0%} of the {p['hop_ms_p50']:.2f} ms one-way hop"
+            for p in pairs
+        )
     facts = {"children": {n: o.to_json() for n, o in sorted(run.clocks.items())}, "hop_split": split}
     if run.cluster is not None:  # the router stamps' split across the nodes' wall clocks (cluster_stamp_error)
         facts["node_walls"] = {n: o.to_json() for n, o in sorted(run.node_walls.items())}
@@ -492,13 +591,19 @@ def router_split_facts(run: RunState) -> dict:
     router across its nodes' wall clocks, the largest clock error of those split, and the pairs left unsplit."""
     pairs = run.router_split_dropped or []
     dropped = sum(p["requests"] for p in pairs)
-    out = {"valid": not pairs, "requests_dropped": dropped, "dropped_pairs": pairs,
-           "clock_error_ms": round(float(run.router_split_error_ms), 3),
-           "max_clock_error_of_hop": HOP_SPLIT_MAX_CLOCK_ERROR}
+    out = {
+        "valid": not pairs,
+        "requests_dropped": dropped,
+        "dropped_pairs": pairs,
+        "clock_error_ms": round(float(run.router_split_error_ms), 3),
+        "max_clock_error_of_hop": HOP_SPLIT_MAX_CLOCK_ERROR,
+    }
     if pairs:
         out["note"] = f"{dropped} answered requests have no hops split at the router: " + "; ".join(
             f"shard {p['shard']} -> {p['replica']}: the nodes' wall clocks unsure by {p['clock_error_ms']:.2f} ms, "
-            f"over {HOP_SPLIT_MAX_CLOCK_ERROR:.0%} of the {p['hop_ms_p50']:.2f} ms one-way hop" for p in pairs)
+            f"over {HOP_SPLIT_MAX_CLOCK_ERROR:.0%} of the {p['hop_ms_p50']:.2f} ms one-way hop"
+            for p in pairs
+        )
     return out
 
 
@@ -516,4 +621,4 @@ class ListRows:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.values[self.offsets[i]:self.offsets[i + 1]]
+        return self.values[self.offsets[i] : self.offsets[i + 1]]

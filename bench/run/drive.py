@@ -32,9 +32,15 @@ def drive(run: RunState) -> None:
     run.cpu.t0 = run.t0_mono
     for link in list(run.control.links):  # the barrier, t = 0 and the end, each on the shard's own clock
         offset = run.clocks.get(f"shard:{link.shard}", clocks.SAME_CLOCK)
-        link.send({"type": "start", "start_mono": offset.to_child(start_at),
-                   "t0_mono": offset.to_child(run.t0_mono), "end_mono": offset.to_child(run.end_mono),
-                   "clock_offset_s": offset.offset_s})
+        link.send(
+            {
+                "type": "start",
+                "start_mono": offset.to_child(start_at),
+                "t0_mono": offset.to_child(run.t0_mono),
+                "end_mono": offset.to_child(run.end_mono),
+                "clock_offset_s": offset.offset_s,
+            }
+        )
     if run.s.attackers:
         STARTERS["attacker"](run)
     run.phase = "warmup"
@@ -46,8 +52,9 @@ def drive(run: RunState) -> None:
             break
         if now >= run.end_mono - CLOCK_RECHECK_BEFORE_END_S and run.clocks_near_end is None:
             # while every shard still answers; a child on this runner's clock cannot drift from it
-            run.clocks_near_end = measure_clocks(run, strict=False, only={n for n, o in run.clocks.items()
-                                                                          if not o.same_clock})
+            run.clocks_near_end = measure_clocks(
+                run, strict=False, only={n for n, o in run.clocks.items() if not o.same_clock}
+            )
             if run.cluster is not None:
                 run.node_walls_near_end = measure_node_walls(run)
         if not timeline_started and now >= run.t0_mono:
@@ -94,8 +101,12 @@ def scrape_servers(run: RunState) -> None:
 
     from bench.run.prom import parse_prometheus
 
-    wanted = {"policy_server_queue_depth": "queue_depth", "policy_server_load": "load",
-              "policy_server_active_sessions": "active_sessions", "policy_server_active_clients": "active_clients"}
+    wanted = {
+        "policy_server_queue_depth": "queue_depth",
+        "policy_server_load": "load",
+        "policy_server_active_sessions": "active_sessions",
+        "policy_server_active_clients": "active_clients",
+    }
     query = "&".join(f"name[]={n}" for n in wanted)  # only these families: a full scrape costs the server
     while not run.stop_scrape.wait(1.0):
         t = time.monotonic() - (run.t0_mono or time.monotonic())

@@ -38,10 +38,13 @@ def start_timeline(run: RunState):
 
             processes[f"server:{rid}"] = RemoteManaged(info["child"], f"server:{rid}")
         else:
-            processes[f"server:{rid}"] = ManagedProcess(info["child"], name=f"server:{rid}", ready_timeout_s=info["start_s"])
+            processes[f"server:{rid}"] = ManagedProcess(
+                info["child"], name=f"server:{rid}", ready_timeout_s=info["start_s"]
+            )
     if run.router_child is not None:
-        hub = processes["router:hub"] = processes["router"] = ManagedProcess(run.router_child, name="router",
-                                                                             ready_timeout_s=15.0)
+        hub = processes["router:hub"] = processes["router"] = ManagedProcess(
+            run.router_child, name="router", ready_timeout_s=15.0
+        )
         if run.mesh is not None and run.mesh.nodes:  # per-node routers: `router` is all of them
             from bench.run.cluster import RemoteManaged
             from bench.run.mesh import AllRouters
@@ -50,8 +53,7 @@ def start_timeline(run: RunState):
     site_toxics = {name: profiles.profile_toxics(site.profile, site.overrides) for name, site in run.s.sites.items()}
 
     def robot_fault(group: str, index: int | None, action: str) -> None:
-        robots = [r["robot"] for r in run.robot_table
-                  if r["group"] == group and (index is None or r["index"] == index)]
+        robots = [r["robot"] for r in run.robot_table if r["group"] == group and (index is None or r["index"] == index)]
         run.control.broadcast({"type": "robot_fault", "robots": robots, "action": action})
 
     def manifest_for_checkpoint(target: str, checkpoint: str) -> str:
@@ -70,8 +72,14 @@ def start_timeline(run: RunState):
         path.write_text(yaml.safe_dump(manifest, sort_keys=False))
         return str(path)
 
-    actuators = LiveActuators(run.chaos, processes, site_toxics, robot_fault, manifest_for_checkpoint,
-                              real_toxiproxy=bool(getattr(run.proxy_server, "real_toxiproxy", False)))
+    actuators = LiveActuators(
+        run.chaos,
+        processes,
+        site_toxics,
+        robot_fault,
+        manifest_for_checkpoint,
+        real_toxiproxy=bool(getattr(run.proxy_server, "real_toxiproxy", False)),
+    )
     return run_timeline([dict(x) for x in run.s.faults], actuators, t0=run.t0_mono, log=run.fault_log)
 
 
@@ -116,6 +124,7 @@ def after_unplanned_exit(run: RunState) -> bool:
         if target == "router":
             return any(n.startswith("router") for n in down)
         return (target if target != "router:hub" else "router") in down
+
     return bool(failed) and all(lost(str(w.get("target"))) for w in failed)
 
 
@@ -126,9 +135,21 @@ def unplanned_exit(run: RunState, name: str, child, how: str) -> None:
     t = round((exited or time.monotonic()) - (run.t0_mono or time.monotonic()), 3)
     log = Path(child.log_path)
     log = log.relative_to(run.run_dir) if log.is_relative_to(run.run_dir) else log
-    run.fault_log.append({"index": None, "target": name, "action": UNPLANNED_EXIT, "params": {}, "at": t,
-                          "duration": None, "t_start": t, "t_end": None, "error": None,
-                          "detail": f"{how}; log {log}", "log_tail": child.tail(15)})
+    run.fault_log.append(
+        {
+            "index": None,
+            "target": name,
+            "action": UNPLANNED_EXIT,
+            "params": {},
+            "at": t,
+            "duration": None,
+            "t_start": t,
+            "t_end": None,
+            "error": None,
+            "detail": f"{how}; log {log}",
+            "log_tail": child.tail(15),
+        }
+    )
 
 
 def open_exits(run: RunState) -> dict[str, dict]:

@@ -152,8 +152,14 @@ def code_fingerprint(root: Path | None = None) -> str:
 def _host() -> str:
     model = ""
     try:
-        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                      if ln.startswith("model name")), "")
+        model = next(
+            (
+                ln.split(":", 1)[1].strip()
+                for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")
+            ),
+            "",
+        )
     except OSError:
         pass
     try:
@@ -177,12 +183,25 @@ def forward_cost(manifest: dict, fallback_ms: float, measure: bool = True, cache
         return constant(fallback_ms, f"{device} device: its forward passes are not this host's CPU work")
     if not (path / "model.safetensors").is_file():
         return constant(fallback_ms, f"{path.name or path}: no weights to time")
-    spec = {"path": str(path), "dtype": str(model.get("dtype", "float32")),
-            "hyper_params": dict(model.get("hyper_params") or {}), "execution_horizon": manifest.get("execution_horizon"),
-            "torch_threads": int(manifest.get("torch_threads", 1) or 1), "max_batch": min(max_batch, MAX_TIMED_BATCH)}
+    spec = {
+        "path": str(path),
+        "dtype": str(model.get("dtype", "float32")),
+        "hyper_params": dict(model.get("hyper_params") or {}),
+        "execution_horizon": manifest.get("execution_horizon"),
+        "torch_threads": int(manifest.get("torch_threads", 1) or 1),
+        "max_batch": min(max_batch, MAX_TIMED_BATCH),
+    }
     try:
-        key = json.dumps({**{k: v for k, v in spec.items() if k != "path"}, "checkpoint": checkpoint_hash(path),
-                          "code": code_fingerprint(), "host": _host(), "timing": TIMING}, sort_keys=True)
+        key = json.dumps(
+            {
+                **{k: v for k, v in spec.items() if k != "path"},
+                "checkpoint": checkpoint_hash(path),
+                "code": code_fingerprint(),
+                "host": _host(),
+                "timing": TIMING,
+            },
+            sort_keys=True,
+        )
     except OSError as exc:
         return constant(fallback_ms, f"{path.name}: {exc}")
     cache = cache or cache_path()
@@ -231,8 +250,15 @@ def _measure_in_child(spec: dict) -> dict:
     code = "import json, sys; from bench.run.forwardcost import _child; print(json.dumps(_child(json.load(sys.stdin))))"
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["torch_threads"]), "MKL_NUM_THREADS": str(spec["torch_threads"])}
     try:
-        p = subprocess.run([sys.executable, "-c", code], input=json.dumps(spec), capture_output=True, text=True,
-                           timeout=CHILD_TIMEOUT_S, env=env, cwd=str(Path(__file__).resolve().parents[2]))
+        p = subprocess.run(
+            [sys.executable, "-c", code],
+            input=json.dumps(spec),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+            env=env,
+            cwd=str(Path(__file__).resolve().parents[2]),
+        )
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"timing its forward passes took over {CHILD_TIMEOUT_S:g} s") from None
     if p.returncode != 0:
@@ -268,8 +294,10 @@ def _child(spec: dict) -> dict:
     prefix = np.zeros((runtime.execution_horizon, cfg.action_dim), np.float32) if runtime.supports_rtc else None
 
     def cpu_ms(n: int) -> float:
-        items = [InferItem(runtime.new_pipeline(), state, images, 1, prefix, prefix, rtc=runtime.supports_rtc)
-                 for _ in range(n)]
+        items = [
+            InferItem(runtime.new_pipeline(), state, images, 1, prefix, prefix, rtc=runtime.supports_rtc)
+            for _ in range(n)
+        ]
         times: list[float] = []
         spent = 0.0
         while len(times) < 3 or (spent < CPU_PER_BATCH_S and len(times) < 25):
@@ -292,5 +320,10 @@ def _child(spec: dict) -> dict:
         scale = COST_REFERENCE_PROBE_MS / ((before + speed_probe_cpu_ms(0.25)) / 2)
         rounds.append((at_1 * scale, at_max * scale, COST_REFERENCE_PROBE_MS / scale))
     at_1, at_max, probe = (sorted(r[i] for r in rounds)[ROUNDS // 2] for i in range(3))
-    return {"at_1": round(at_1, 3), "at_max": round(at_max, 3), "max_batch": spec["max_batch"],
-            "probe_ms": round(probe, 2), "type": cfg.type}
+    return {
+        "at_1": round(at_1, 3),
+        "at_max": round(at_max, 3),
+        "max_batch": spec["max_batch"],
+        "probe_ms": round(probe, 2),
+        "type": cfg.type,
+    }

@@ -31,8 +31,11 @@ def proxy_asked(run: RunState) -> dict | None:
     cross the driver's proxies); None where the proxies cannot say, and with per_node routers
     (node_proxy_asked)."""
     chaos = run.chaos
-    if run.mesh is not None or not hasattr(chaos, "fidelity_asked") \
-            or getattr(run.proxy_server, "real_toxiproxy", False):
+    if (
+        run.mesh is not None
+        or not hasattr(chaos, "fidelity_asked")
+        or getattr(run.proxy_server, "real_toxiproxy", False)
+    ):
         return None
     try:
         return {name: chaos.fidelity_asked(f"site-{name}") for name in run.sites}
@@ -67,8 +70,11 @@ def node_proxy_asked(run: RunState) -> dict:
     for node_id in {n for clients in by_site.values() for n in clients}:
         router = run.mesh.router_of(node_id)
         try:
-            asked = {site: clients[node_id].fidelity_asked(f"site-{site}") for site, clients in by_site.items()
-                     if node_id in clients}
+            asked = {
+                site: clients[node_id].fidelity_asked(f"site-{site}")
+                for site, clients in by_site.items()
+                if node_id in clients
+            }
             offset = clocks.settle(router.measure_clock(), is_local(router))
         except Exception:  # an old proxy, a node gone
             continue
@@ -86,6 +92,10 @@ def window_legs(run: RunState, start: dict | None = None, end: dict | None = Non
         start, end = run.leg_start, run.leg_end
     if not end:
         return None
-    return {site: {"edges_ms": snap.get("edges_ms"),
-                   **{d: subtract(snap[d], ((start or {}).get(site) or {}).get(d)) for d in ("upstream", "downstream")}}
-            for site, snap in end.items()}
+    return {
+        site: {
+            "edges_ms": snap.get("edges_ms"),
+            **{d: subtract(snap[d], ((start or {}).get(site) or {}).get(d)) for d in ("upstream", "downstream")},
+        }
+        for site, snap in end.items()
+    }

@@ -13,7 +13,7 @@ Invariant: the runner and bench.run.sizing see the same model, scheduling and ru
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 
 def plain(v):
@@ -49,8 +49,10 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 def overrides(scenario, replica) -> dict:
     """The scenario's `servers.manifest` with the replica's own `manifest` over it."""
-    return deep_merge(undot(plain(dict(getattr(scenario, "server_manifest", None) or {}))),
-                      undot(plain(dict(getattr(replica, "manifest", None) or {}))))
+    return deep_merge(
+        undot(plain(dict(getattr(scenario, "server_manifest", None) or {}))),
+        undot(plain(dict(getattr(replica, "manifest", None) or {}))),
+    )
 
 
 REPLICA_PRIORITY_ENV = "BENCH_REPLICA_PRIORITY"
@@ -116,8 +118,12 @@ def check_replica_manifests(scenario) -> None:
         return line_at(scenario.raw, path, 0) or 0
 
     for j, r in enumerate(scenario.replicas):
-        run_keys = {"model_id": r.model_id, "replica_id": r.id, "max_sessions": r.max_sessions,
-                    "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:7447"]}}
+        run_keys = {
+            "model_id": r.model_id,
+            "replica_id": r.id,
+            "max_sessions": r.max_sessions,
+            "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:7447"]},
+        }
         manifest = replica_manifest(scenario, r, run_keys)
         if str((manifest.get("model") or {}).get("device", "cpu")).startswith("cuda"):
             manifest["model"]["device"] = "cpu"  # whether this host has CUDA is the run's check (cuda_problems)
@@ -133,9 +139,12 @@ def check_replica_manifests(scenario) -> None:
                 where, scope = ("servers", "manifest", shared), "servers.manifest"
             else:  # a key the bench writes (its checkpoint's, the run's)
                 where, scope = ("servers", "replicas", j), "the manifest the bench writes for it"
-            raise ScenarioError(scenario.source, line(*where) or line(*where[:-1]) or line("servers"),
-                                f"servers.replicas[{r.id}]",
-                                f"{scope}: {exc.key + ': ' if exc.key else ''}{exc.message}") from None
+            raise ScenarioError(
+                scenario.source,
+                line(*where) or line(*where[:-1]) or line("servers"),
+                f"servers.replicas[{r.id}]",
+                f"{scope}: {exc.key + ': ' if exc.key else ''}{exc.message}",
+            ) from None
 
 
 def _override_key(d: Mapping | None, first: str) -> str | None:
@@ -161,6 +170,9 @@ def check_on_disk(scenario) -> None:
             check_replica_manifests(variant)
         except ScenarioError as exc:
             value = scenario.sweep["values"][i]
-            raise ScenarioError(scenario.source, line_at(scenario.raw, ("sweep", "values", i), 0) or 0,
-                                f"sweep.values[{i}]",
-                                f"with {key} = {value!r}: {exc.path + ': ' if exc.path else ''}{exc.message}") from None
+            raise ScenarioError(
+                scenario.source,
+                line_at(scenario.raw, ("sweep", "values", i), 0) or 0,
+                f"sweep.values[{i}]",
+                f"with {key} = {value!r}: {exc.path + ': ' if exc.path else ''}{exc.message}",
+            ) from None

@@ -44,9 +44,9 @@ naming its node (bench.run.observe.check_children).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from wire.procs import router_argv
 
@@ -71,8 +71,15 @@ def node_host(run_host: str, node: dict) -> str:
     return "127.0.0.1" if run_host == "127.0.0.1" else node["ip"]
 
 
-def node_router_argv(host: str, port: int, hub_endpoint: str, tls=None, rules: str | None = None,
-                     peers: list[str] | tuple[str, ...] = (), extra_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+def node_router_argv(
+    host: str,
+    port: int,
+    hub_endpoint: str,
+    tls=None,
+    rules: str | None = None,
+    peers: list[str] | tuple[str, ...] = (),
+    extra_args: list[str] | tuple[str, ...] = (),
+) -> list[str]:
     """A node's Zenoh router: listening on `host:port` (its node's address), joined to the driver's router and to
     `peers`, the endpoints of the node routers started before it (the mesh: they never connect back, so each
     pair has one link). With `tls` (a bench.security.pki.Issued) and `rules` (the access rules file) it listens
@@ -85,11 +92,15 @@ def node_router_argv(host: str, port: int, hub_endpoint: str, tls=None, rules: s
             raise ValueError(f"a plain node router joins plain routers, not {wrong[0]!r}")
         return router_argv(f"tcp/{host}:{port}", [hub_endpoint, *peers], list(extra_args))
     if wrong or not rules:
-        raise ValueError(f"a node router with TLS joins TLS routers under access rules, not "
-                         f"{(wrong or [hub_endpoint])[0]!r} with rules {rules!r}")
-    return router_argv(f"tls/{host}:{port}", [hub_endpoint, *peers],
-                       ["--tls-ca", tls.ca, "--tls-cert", tls.cert, "--tls-key", tls.key, "--access-control", rules,
-                        *extra_args])
+        raise ValueError(
+            f"a node router with TLS joins TLS routers under access rules, not "
+            f"{(wrong or [hub_endpoint])[0]!r} with rules {rules!r}"
+        )
+    return router_argv(
+        f"tls/{host}:{port}",
+        [hub_endpoint, *peers],
+        ["--tls-ca", tls.ca, "--tls-cert", tls.cert, "--tls-key", tls.key, "--access-control", rules, *extra_args],
+    )
 
 
 @dataclass(frozen=True)
@@ -125,8 +136,17 @@ def proxy_argv(host: str, port: int) -> list[str]:
     """A node's chaos proxy server (chaos.toxiproxy: ours, which reports fidelity), its API on `host:port`."""
     import sys
 
-    return [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(port), "--priority",
-            proxy_priority()]
+    return [
+        sys.executable,
+        "-m",
+        "chaos.toxiproxy",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--priority",
+        proxy_priority(),
+    ]
 
 
 def short(node_id: str) -> str:
@@ -169,25 +189,37 @@ class NodeLinks:
         if self.certificate:
             out["router"]["certificate"] = self.certificate
         if self.proxies:
-            out["chaos_proxy"] = {"processes": len(self.proxies),
-                                  "servers": [{"name": c.name, "api": u} for c, u in zip(self.proxies, self.api_urls)],
-                                  "site_process": {site: self.pool.server_of(f"site-{site}") for site in self.sites},
-                                  "sites": dict(self.sites)}
+            out["chaos_proxy"] = {
+                "processes": len(self.proxies),
+                "servers": [{"name": c.name, "api": u} for c, u in zip(self.proxies, self.api_urls)],
+                "site_process": {site: self.pool.server_of(f"site-{site}") for site in self.sites},
+                "sites": dict(self.sites),
+            }
         return out
 
 
 class NodeMesh:
     """The run's node routers and proxies, started on a node the first time a child lands there."""
 
-    def __init__(self, cluster, hub_endpoint: str, host: str, logs: Path,
-                 site_toxics: Callable[[], dict[str, list[dict]]], register: Callable[[str, object], None],
-                 security: MeshSecurity | None = None, router_args: list[str] | tuple[str, ...] = ()):
+    def __init__(
+        self,
+        cluster,
+        hub_endpoint: str,
+        host: str,
+        logs: Path,
+        site_toxics: Callable[[], dict[str, list[dict]]],
+        register: Callable[[str, object], None],
+        security: MeshSecurity | None = None,
+        router_args: list[str] | tuple[str, ...] = (),
+    ):
         self.cluster, self.hub_endpoint, self.host, self.logs = cluster, hub_endpoint, host, Path(logs)
         self.router_args = tuple(router_args)  # wire.transport flags of every node router (the run's --max-sessions)
         self.security = security  # mTLS and access rules on every node router (security: mtls)
         if hub_endpoint.startswith("tls/") != (security is not None):  # never a plain node router beside a TLS hub
-            raise ValueError(f"node routers joining the hub {hub_endpoint} need "
-                             f"{'MeshSecurity (certificates and access rules)' if security is None else 'a tls/ hub'}")
+            raise ValueError(
+                f"node routers joining the hub {hub_endpoint} need "
+                f"{'MeshSecurity (certificates and access rules)' if security is None else 'a tls/ hub'}"
+            )
         self.site_toxics = site_toxics  # site -> the toxics its proxies carry (the driver's copy's, converted)
         self.register = register  # into the run's ProcessSet (and CPU sampler), the moment a child exists
         self.nodes: dict[str, NodeLinks] = {}
@@ -227,8 +259,14 @@ class NodeMesh:
         argv = node_router_argv(host, port, self.hub_endpoint, tls, rules, peers, self.router_args)
         child.set_argv(argv)
         child.start(timeout_s=30)
-        return NodeLinks(node, child, argv[argv.index("--listen") + 1], access_rules=rules or "", peers=peers,
-                         certificate=tls.cert if tls is not None else "")
+        return NodeLinks(
+            node,
+            child,
+            argv[argv.index("--listen") + 1],
+            access_rules=rules or "",
+            peers=peers,
+            certificate=tls.cert if tls is not None else "",
+        )
 
     def _start_proxies(self, links: NodeLinks, processes: int) -> None:
         from chaos.client import ChaosClient, ProxyPool
@@ -268,7 +306,9 @@ class NodeMesh:
 
     def clients_by_node(self, proxy: str) -> dict[str, object]:
         """`clients`, by node id."""
-        return {node_id: c for node_id, c in ((n, links.client_of(proxy)) for n, links in self._links()) if c is not None}
+        return {
+            node_id: c for node_id, c in ((n, links.client_of(proxy)) for n, links in self._links()) if c is not None
+        }
 
     def router_of(self, node_id: str):
         """The node's router (its RemoteChild: its actor reads the node's clocks), None if the node has none."""
@@ -344,8 +384,9 @@ class AllRouters:
     def restart_with(self, argv: list[str]):
         from chaos.faults import ProcessFaultError
 
-        raise ProcessFaultError(f"{self.name}: restart_with is for a server; a router takes kill, term, restart, "
-                                "pause and resume")
+        raise ProcessFaultError(
+            f"{self.name}: restart_with is for a server; a router takes kill, term, restart, pause and resume"
+        )
 
     def pause(self):
         return self._each("pause")

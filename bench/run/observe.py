@@ -60,9 +60,14 @@ def check_children(run: RunState) -> None:
             continue
         if is_system_process(name) and held_down(run, name):
             continue
-        if name.startswith("shard:") and child.proc.returncode == 0 and (
+        if (
+            name.startswith("shard:")
+            and child.proc.returncode == 0
+            and (
                 name.split(":", 1)[1] in {str(k) for k in run.done}
-                or time.monotonic() >= (run.end_mono or math.inf) - 1.0):
+                or time.monotonic() >= (run.end_mono or math.inf) - 1.0
+            )
+        ):
             continue  # finished: its loop ends at its last slot due before the end, maybe before we look
         if is_system_process(name) and name in open_exits(run):
             continue  # recorded once per exit
@@ -123,7 +128,17 @@ def measure_node_walls(run: RunState) -> dict[str, clocks.ClockOffset]:
 def write_clock_file(run: RunState) -> None:
     """clock.json: t = 0 on this runner's monotonic clock (records say t, servers' audit lines mono_ms: this
     joins them, bench incident) and every child's clock offset from it (bench.fleet.clock)."""
-    (run.run_dir / "clock.json").write_text(json.dumps(
-        {"t0_mono_ms": run.t0_mono * 1e3, "offsets": {n: o.to_json() for n, o in sorted(run.clocks.items())},
-         **({"node_walls": {n: o.to_json() for n, o in sorted(run.node_walls.items())}} if run.node_walls else {})},
-        indent=1))
+    (run.run_dir / "clock.json").write_text(
+        json.dumps(
+            {
+                "t0_mono_ms": run.t0_mono * 1e3,
+                "offsets": {n: o.to_json() for n, o in sorted(run.clocks.items())},
+                **(
+                    {"node_walls": {n: o.to_json() for n, o in sorted(run.node_walls.items())}}
+                    if run.node_walls
+                    else {}
+                ),
+            },
+            indent=1,
+        )
+    )

@@ -33,8 +33,10 @@ def cuda_problems(scenario: Scenario) -> list[str]:
         why = f"torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is false)"
     except ImportError:
         why = "torch is not installed"
-    return [f"scenario {scenario.name!r} needs a CUDA GPU: replicas {', '.join(wants)} serve on CUDA, but on this "
-            f"host {why}. It measures real GPU inference, which a CPU cannot stand in for: run it on a GPU host"]
+    return [
+        f"scenario {scenario.name!r} needs a CUDA GPU: replicas {', '.join(wants)} serve on CUDA, but on this "
+        f"host {why}. It measures real GPU inference, which a CPU cannot stand in for: run it on a GPU host"
+    ]
 
 
 def reports_problems(reports_dir: Path) -> list[str]:
@@ -62,8 +64,13 @@ def preflight(scenario: Scenario) -> list[str]:
     if cuda:  # nothing else matters on a host that cannot run the scenario at all
         return cuda
     out = list(missing_checkpoints(scenario))
-    for mod, why in (("zenoh", "eclipse-zenoh"), ("edge", "the edge engine (edge/)"), ("server", "the policy server"),
-                     ("chaos", "the chaos proxy (chaos/)"), ("pyarrow", "pyarrow (pip install -e .[sim])")):
+    for mod, why in (
+        ("zenoh", "eclipse-zenoh"),
+        ("edge", "the edge engine (edge/)"),
+        ("server", "the policy server"),
+        ("chaos", "the chaos proxy (chaos/)"),
+        ("pyarrow", "pyarrow (pip install -e .[sim])"),
+    ):
         try:
             __import__(mod)
         except Exception as exc:

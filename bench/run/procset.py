@@ -15,11 +15,11 @@ import os
 import signal
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from wire.procs import ChildProcess
 
-_LIVE: list["ProcessSet"] = []
+_LIVE: list[ProcessSet] = []
 _HOOKED = False
 
 

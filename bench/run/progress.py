@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def format_status(elapsed_s: float, total_s: float, phase: str, status: dict, cpu: dict | None) -> str:
@@ -28,10 +28,13 @@ def _status_text(status: dict, cpu: dict | None) -> str:
     host = status.get("host_late_ticks", 0)
     rtt = status.get("rtt_ms_p50")
     rtt99 = status.get("rtt_ms_p99")
-    parts = [st or "no robots yet",
-             f"ticks {ticks}", f"none {100 * none / ticks:.1f}%" if ticks else "none -",
-             f"late {100 * late / ticks:.2f}% host-late {100 * host / ticks:.2f}%" if ticks else "",
-             f"rtt p50 {rtt:.0f} p99 {rtt99:.0f} ms" if rtt is not None and rtt99 is not None else "rtt -"]
+    parts = [
+        st or "no robots yet",
+        f"ticks {ticks}",
+        f"none {100 * none / ticks:.1f}%" if ticks else "none -",
+        f"late {100 * late / ticks:.2f}% host-late {100 * host / ticks:.2f}%" if ticks else "",
+        f"rtt p50 {rtt:.0f} p99 {rtt99:.0f} ms" if rtt is not None and rtt99 is not None else "rtt -",
+    ]
     if cpu:
         parts.append(f"cpu {cpu.get('host_percent', 0):.0f}%")
     if status.get("unplanned_exits"):  # a replica or router died with no fault on it: the run fails (bench.run.verdict)
@@ -63,18 +66,22 @@ class Progress:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
 
-    def start(self) -> "Progress":
+    def start(self) -> Progress:
         if self.enabled:
             if self.console is not None:
-                from rich.progress import BarColumn, Progress as Bars, TextColumn
+                from rich.progress import BarColumn, TextColumn
+                from rich.progress import Progress as Bars
                 from rich.table import Column
 
                 fixed = dict(no_wrap=True, overflow="ignore")  # the phase and its time never squeeze
-                self._bars = Bars(TextColumn("{task.description:>6}", table_column=Column(min_width=6, **fixed)),
-                                  BarColumn(bar_width=16, table_column=Column(**fixed)),
-                                  TextColumn("{task.completed:6.1f}/{task.total:g}s", table_column=Column(min_width=11, **fixed)),
-                                  TextColumn("{task.fields[status]}", table_column=Column(ratio=1, overflow="fold")),
-                                  console=self.console, auto_refresh=False)
+                self._bars = Bars(
+                    TextColumn("{task.description:>6}", table_column=Column(min_width=6, **fixed)),
+                    BarColumn(bar_width=16, table_column=Column(**fixed)),
+                    TextColumn("{task.completed:6.1f}/{task.total:g}s", table_column=Column(min_width=11, **fixed)),
+                    TextColumn("{task.fields[status]}", table_column=Column(ratio=1, overflow="fold")),
+                    console=self.console,
+                    auto_refresh=False,
+                )
                 self._bars.start()
             self._thread.start()
         return self
@@ -101,8 +108,9 @@ class Progress:
                 t = self._bars.tasks[task]
                 self._bars.update(task, completed=t.total)
             self._tasks[phase] = self._bars.add_task(phase, total=max(float(total_s), 1e-9), status="")
-        self._bars.update(self._tasks[phase], completed=min(float(elapsed_s), float(total_s)),
-                          status=_status_text(status, cpu))
+        self._bars.update(
+            self._tasks[phase], completed=min(float(elapsed_s), float(total_s)), status=_status_text(status, cpu)
+        )
         self._bars.refresh()
 
     def stop(self) -> None:
@@ -124,8 +132,10 @@ def print_verdict(title: str, results: list, error: str | None = None, stream=No
         print(title, file=stream)
         for r in results:
             mark = "PASS" if r.passed else ("ERROR" if r.error else "FAIL")
-            print(f"  {mark:5} {r.expression}  (value: {r.value!r}{'; ' + r.error if r.error else ''}{_bare(r)})",
-                  file=stream)
+            print(
+                f"  {mark:5} {r.expression}  (value: {r.value!r}{'; ' + r.error if r.error else ''}{_bare(r)})",
+                file=stream,
+            )
         if error:
             print("  ERROR " + "\n        ".join(error_lines(error)), file=stream)
         return
@@ -137,8 +147,11 @@ def print_verdict(title: str, results: list, error: str | None = None, stream=No
         table.add_column(name, overflow="fold")
     for r in results:
         mark, style = ("PASS", "green") if r.passed else (("ERROR", "yellow") if r.error else ("FAIL", "bold red"))
-        table.add_row(Text(mark, style=style), Text(r.expression),
-                      Text(repr(r.value) + (f"; {r.error}" if r.error else "") + _bare(r)))
+        table.add_row(
+            Text(mark, style=style),
+            Text(r.expression),
+            Text(repr(r.value) + (f"; {r.error}" if r.error else "") + _bare(r)),
+        )
     console.print(table)
     if error:
         console.print(Text("ERROR " + "\n      ".join(error_lines(error)), style="yellow"))

@@ -25,5 +25,9 @@ def parse_prometheus(text: str) -> list[tuple[str, dict, float]]:
 
 
 def _samples(text: str) -> list[tuple[str, dict, float]]:
-    return [(s.name, dict(s.labels), float(s.value)) for family in text_string_to_metric_families(text)
-            for s in family.samples if not math.isnan(s.value)]
+    return [
+        (s.name, dict(s.labels), float(s.value))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not math.isnan(s.value)
+    ]

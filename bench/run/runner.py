@@ -26,7 +26,7 @@ import functools
 import json
 import sys
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.evidence import report
@@ -48,11 +48,16 @@ from bench.scenario.load import Scenario, sweep_variants
 
 
 def utc_stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-def run_scenario(scenario: Scenario, reports_dir: Path = Path("reports"), progress: bool = True,
-                 stamp: str | None = None, cluster: str | None = None) -> int:
+def run_scenario(
+    scenario: Scenario,
+    reports_dir: Path = Path("reports"),
+    progress: bool = True,
+    stamp: str | None = None,
+    cluster: str | None = None,
+) -> int:
     """Run the scenario (every sweep variant); print where the reports are; return the exit code.
 
     `cluster`: None runs every process here (the default, nothing to install); "ray" or "ray://HOST:PORT"
@@ -117,18 +122,28 @@ def _run_variants(scenario: Scenario, reports_dir: Path, progress: bool, stamp: 
 
             forward_costs(variant)
         outcome = Run(variant, run_dir, progress=progress, cluster=ray_cluster).execute()
-        print_verdict(f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
-                      f"-> {outcome.run_dir}/summary.json", outcome.assertions, outcome.error)
+        print_verdict(
+            f"bench: {variant.name}{(' [' + label + ']') if label else ''}: {outcome.verdict.upper()} "
+            f"-> {outcome.run_dir}/summary.json",
+            outcome.assertions,
+            outcome.error,
+        )
         for w in [f for f in outcome.meta.get("faults") or [] if f.get("action") == UNPLANNED_EXIT][:5]:
             print(f"  EXIT  {w['target']} at t {w['t_start']:g} s with no fault on it: {w['detail']}", file=sys.stderr)
         for r in (outcome.meta.get("engine_raises") or [])[:3]:
             first = r["first"].splitlines()
-            print(f"  RAISE robot {r['robot']}: {r['count']} engine calls raised; the first: {first[0] if first else ''} "
-                  f"{first[-1] if len(first) > 1 else ''}", file=sys.stderr)
+            print(
+                f"  RAISE robot {r['robot']}: {r['count']} engine calls raised; the first: {first[0] if first else ''} "
+                f"{first[-1] if len(first) > 1 else ''}",
+                file=sys.stderr,
+            )
         dead = [c for c in outcome.meta.get("state_changes") or [] if c["to"] == "DEAD"]
         for c in dead[:3]:  # why robots died, before the host's fidelity: the first thing to read of a collapse
-            print(f"  DEAD  {c['robots']} robots {c['from']} -> DEAD at t {c['t_first']:g}..{c['t_last']:g} s: "
-                  f"{c['example']}", file=sys.stderr)
+            print(
+                f"  DEAD  {c['robots']} robots {c['from']} -> DEAD at t {c['t_first']:g}..{c['t_last']:g} s: "
+                f"{c['example']}",
+                file=sys.stderr,
+            )
         if outcome.meta.get("fidelity"):
             from bench.evidence.fidelity import table_lines
 
@@ -138,6 +153,7 @@ def _run_variants(scenario: Scenario, reports_dir: Path, progress: bool, stamp: 
             break
         if label:
             from bench.evidence import capacity
+
             labels.append(label)
             rows.append(capacity.step_row(value, json.loads((run_dir / "summary.json").read_text())))
             group = variant.groups[0]  # the load steps' engine settings feed the formula
@@ -156,8 +172,10 @@ def finish_sweep(scenario: Scenario, base: Path, labels: list[str], rows: list[d
     from bench.scenario.sweeps import evaluate_sweep_assertions
 
     sweep = scenario.sweep
-    print(f"bench: sweep {sweep['key']}:\n" + capacity.format_table(rows) + "\n" + capacity.format_group_table(rows),
-          file=sys.stderr)
+    print(
+        f"bench: sweep {sweep['key']}:\n" + capacity.format_table(rows) + "\n" + capacity.format_group_table(rows),
+        file=sys.stderr,
+    )
     cap, results = None, []
     if sweep.get("mode") == "capacity" and group is not None:
         horizon = int(group.engine.get("execution_horizon", 10))
@@ -165,8 +183,11 @@ def finish_sweep(scenario: Scenario, base: Path, labels: list[str], rows: list[d
         print(capacity.format_capacity(cap), file=sys.stderr)
         results = evaluate_sweep_assertions(sweep.get("assertions") or [], cap["figures"])
         for r in results:
-            print(f"  {r['result'].upper():5} {r['expression']}  (value: {r['value']!r}"
-                  f"{'; ' + r['error'] if r['error'] else ''})", file=sys.stderr)
+            print(
+                f"  {r['result'].upper():5} {r['expression']}  (value: {r['value']!r}"
+                f"{'; ' + r['error'] if r['error'] else ''})",
+                file=sys.stderr,
+            )
         # load steps past the knee fail by design: the verdict is the sweep's own assertions
         if not rows or any(r["verdict"] == "error" for r in rows):
             worst = Exit.INVALID
@@ -180,8 +201,9 @@ def finish_sweep(scenario: Scenario, base: Path, labels: list[str], rows: list[d
 class Run:
     """One scenario's run (one sweep variant): its phases in order over its declared state (`state`)."""
 
-    def __init__(self, scenario: Scenario, run_dir: Path, progress: bool = True, engine_factory: str | None = None,
-                 cluster=None):
+    def __init__(
+        self, scenario: Scenario, run_dir: Path, progress: bool = True, engine_factory: str | None = None, cluster=None
+    ):
         self.state = RunState.of(scenario, run_dir, progress, engine_factory, cluster)
 
     def execute(self) -> report.RunOutcome:

@@ -92,9 +92,15 @@ def group_request_rates(scenario) -> list[float]:
         manifest = replica_manifest(scenario, served[0]) if served else {}
         window = float((manifest.get("scheduling") or {}).get("batch_window_ms", SERVER_BATCH_WINDOW_MS))
         emulated = _emulated_ms(manifest.get("emulated_latency"))
-        rates.append(requests_per_robot_s(g.fps, getattr(g, "episode_s", None) or math.inf,
-                                          _chunk_size(served[0]) if served else None, getattr(g, "engine", {}) or {},
-                                          (network_ms + window + emulated) / 1e3))
+        rates.append(
+            requests_per_robot_s(
+                g.fps,
+                getattr(g, "episode_s", None) or math.inf,
+                _chunk_size(served[0]) if served else None,
+                getattr(g, "engine", {}) or {},
+                (network_ms + window + emulated) / 1e3,
+            )
+        )
     return rates
 
 
@@ -116,8 +122,7 @@ def requests_per_robot_s(fps: float, episode_s: float, chunk_size: int | None, e
 
     from edge.remote import RemoteEngineConfig, plan_execution
 
-    cfg = {f.name: f.default for f in dataclasses.fields(RemoteEngineConfig)
-           if f.default is not dataclasses.MISSING}
+    cfg = {f.name: f.default for f in dataclasses.fields(RemoteEngineConfig) if f.default is not dataclasses.MISSING}
     cfg.update(engine)
     dt = 1.0 / fps
     big_h = max(1, int(chunk_size or round(fps)))
@@ -178,8 +183,10 @@ def physics_ms_per_tick(robot: str, fps: float) -> float:
 def shard_ms_per_s(group, requests_per_robot: float) -> float:
     """CPU (ms a second, reference speed) a group costs the shards: its ticks, requests and physics."""
     ticks = group.count * group.fps
-    return (ticks * (SHARD_TICK_MS + physics_ms_per_tick(group.robot, group.fps))
-            + group.count * requests_per_robot * SHARD_REQUEST_MS)
+    return (
+        ticks * (SHARD_TICK_MS + physics_ms_per_tick(group.robot, group.fps))
+        + group.count * requests_per_robot * SHARD_REQUEST_MS
+    )
 
 
 def shards_ms_per_s(scenario) -> float:
@@ -225,8 +232,10 @@ def forced_proxy_processes() -> int | None:
     if not forced:
         return None
     if not forced.isdigit():
-        raise ValueError(f"{PROXY_PROCESSES_ENV}={forced!r}: expected a whole number of chaos proxy processes "
-                         "(unset it for the bench's own sizing)")
+        raise ValueError(
+            f"{PROXY_PROCESSES_ENV}={forced!r}: expected a whole number of chaos proxy processes "
+            "(unset it for the bench's own sizing)"
+        )
     return int(forced)
 
 
@@ -241,8 +250,11 @@ def proxy_processes(scenario, cores: int | None = None) -> int:
         return max(1, min(len(scenario.sites), forced))
     cores = cores or os.cpu_count() or 1
     requests = requests_per_s(scenario)
-    others_ms = (shards_ms_per_s(scenario) + replica_ms_per_s(scenario, forward_costs(scenario, measure=False))
-                 + requests * COST_PER_REQUEST_MS["router"])
+    others_ms = (
+        shards_ms_per_s(scenario)
+        + replica_ms_per_s(scenario, forward_costs(scenario, measure=False))
+        + requests * COST_PER_REQUEST_MS["router"]
+    )
     spare = cores - 1 - PROXY_SPARE_MARGIN * others_ms / 1e3
     return proxy_processes_for(requests, len(scenario.sites), spare)
 
@@ -330,28 +342,46 @@ class Estimate:
 
     def lines(self) -> list[str]:
         split = ", ".join(f"{k} {v:.2f}" for k, v in self.split.items())
-        verdict = ("fits in real time here" if self.real_time else
-                   f"will NOT run in real time here: needs ~{math.ceil(self.cores_needed / REAL_TIME_SHARE)} cores "
-                   f"(at this host's speed), has {self.cores}; expect host-late ticks and an inconclusive verdict")
-        lines = [f"preflight: {self.shards} shard(s); speed probe {self.probe_ms:.1f} ms (reference "
-                 f"{COST_REFERENCE_PROBE_MS} ms); {self.requests_per_s:.0f} requests/s; estimated CPU "
-                 f"{self.cores_needed:.2f} of {self.cores} cores ({split}): {verdict}"]
+        verdict = (
+            "fits in real time here"
+            if self.real_time
+            else f"will NOT run in real time here: needs ~{math.ceil(self.cores_needed / REAL_TIME_SHARE)} cores "
+            f"(at this host's speed), has {self.cores}; expect host-late ticks and an inconclusive verdict"
+        )
+        lines = [
+            f"preflight: {self.shards} shard(s); speed probe {self.probe_ms:.1f} ms (reference "
+            f"{COST_REFERENCE_PROBE_MS} ms); {self.requests_per_s:.0f} requests/s; estimated CPU "
+            f"{self.cores_needed:.2f} of {self.cores} cores ({split}): {verdict}"
+        ]
         if self.forward:
-            lines.append("preflight: a forward pass, ms of CPU at the reference probe: " + "; ".join(
-                f"{rid} {c.at_1:.2f} at batch 1, {c.at_max:.2f} at {c.max_batch} ({c.source})"
-                if c.max_batch > 1 else f"{rid} {c.at_1:.2f} ({c.source})" for rid, c in self.forward.items()))
+            lines.append(
+                "preflight: a forward pass, ms of CPU at the reference probe: "
+                + "; ".join(
+                    f"{rid} {c.at_1:.2f} at batch 1, {c.at_max:.2f} at {c.max_batch} ({c.source})"
+                    if c.max_batch > 1
+                    else f"{rid} {c.at_1:.2f} ({c.source})"
+                    for rid, c in self.forward.items()
+                )
+            )
         return lines
 
     def to_json(self) -> dict:
         """What summary.json keeps beside the measured split (cores of this host, by process kind)."""
-        return {"cores_needed": round(self.cores_needed, 3), "probe_ms": round(self.probe_ms, 1),
-                "split": {k: round(v, 3) for k, v in self.split.items()},
-                "requests_per_s": round(self.requests_per_s, 1),
-                "forward_cpu_ms": {rid: {"at_1": c.at_1, "at_max": c.at_max, "max_batch": c.max_batch, "source": c.source}
-                               for rid, c in self.forward.items()}}
+        return {
+            "cores_needed": round(self.cores_needed, 3),
+            "probe_ms": round(self.probe_ms, 1),
+            "split": {k: round(v, 3) for k, v in self.split.items()},
+            "requests_per_s": round(self.requests_per_s, 1),
+            "forward_cpu_ms": {
+                rid: {"at_1": c.at_1, "at_max": c.at_max, "max_batch": c.max_batch, "source": c.source}
+                for rid, c in self.forward.items()
+            },
+        }
 
 
-def estimate(scenario, cores: int | None = None, probe_ms: float | None = None, forward: dict | None = None) -> Estimate:
+def estimate(
+    scenario, cores: int | None = None, probe_ms: float | None = None, forward: dict | None = None
+) -> Estimate:
     """Cores the scenario needs on this host: the fleet's ticks, requests and physics and the replicas' forward
     passes times their measured costs, scaled by a speed probe timed in CPU time (a busy host reads as busy,
     not as slow). `forward`: replica id -> ForwardCost, else `forward_costs` (cached per checkpoint and host;
@@ -365,20 +395,27 @@ def estimate(scenario, cores: int | None = None, probe_ms: float | None = None, 
         probe_ms = min(speed_probe_cpu_ms(0.5) for _ in range(3))
     scale = probe_ms / COST_REFERENCE_PROBE_MS
     requests = requests_per_s(scenario)
-    split = {"shards": shards_ms_per_s(scenario), "replicas": replica_ms_per_s(scenario, forward),
-             **{k: requests * ms for k, ms in COST_PER_REQUEST_MS.items()}}
+    split = {
+        "shards": shards_ms_per_s(scenario),
+        "replicas": replica_ms_per_s(scenario, forward),
+        **{k: requests * ms for k, ms in COST_PER_REQUEST_MS.items()},
+    }
     split = {k: v / 1e3 * scale for k, v in split.items()}
     need = sum(split.values())
-    return Estimate(shard_count(scenario, cores), cores, probe_ms, need, need <= REAL_TIME_SHARE * cores, split,
-                    requests, forward)
+    return Estimate(
+        shard_count(scenario, cores), cores, probe_ms, need, need <= REAL_TIME_SHARE * cores, split, requests, forward
+    )
 
 
 def measured_by_kind(split: dict) -> dict:
     """A run's measured CPU split (% of one core per process: usage's names) as cores by the estimate's kinds."""
     out = {"shards": 0.0, "replicas": 0.0, "proxy": 0.0, "router": 0.0}
     for name, pct in split.items():
-        kind = ("proxy" if name.startswith("chaos-proxy") else
-                {"shard": "shards", "server": "replicas", "router": "router"}.get(name.split(":", 1)[0]))
+        kind = (
+            "proxy"
+            if name.startswith("chaos-proxy")
+            else {"shard": "shards", "server": "replicas", "router": "router"}.get(name.split(":", 1)[0])
+        )
         if kind:
             out[kind] += pct / 100.0
     return {k: round(v, 3) for k, v in out.items()}
@@ -431,19 +468,23 @@ class ReportMemory:
         per_s = max(self.needed_mb - REPORT_BASE_MB, 1.0) / max(scenario.duration_s + scenario.warmup_s, 1e-9)
         # named rounded down, so the duration named fits
         longest = max((REPORT_MEMORY_SHARE * self.available_mb - REPORT_BASE_MB) / per_s - scenario.warmup_s, 0.0)
-        return (f"the report of this run would hold ~{self.needed_mb / 1024:.1f} GB at once (every robot-tick and "
-                f"request of the run: {REPORT_BYTES_PER_TICK} B a robot-tick, {REPORT_BYTES_PER_REQUEST / 1000:g} KB a "
-                f"request), and this host has {self.available_mb / 1024:.1f} GB available: it would be killed or swap "
-                f"after the run. Shorten duration_s to {math.floor(longest)} s or less, run fewer robots, or run on a host "
-                f"with more memory")
+        return (
+            f"the report of this run would hold ~{self.needed_mb / 1024:.1f} GB at once (every robot-tick and "
+            f"request of the run: {REPORT_BYTES_PER_TICK} B a robot-tick, {REPORT_BYTES_PER_REQUEST / 1000:g} KB a "
+            f"request), and this host has {self.available_mb / 1024:.1f} GB available: it would be killed or swap "
+            f"after the run. Shorten duration_s to {math.floor(longest)} s or less, run fewer robots, or run on a host "
+            f"with more memory"
+        )
 
 
 def report_memory(scenario, available_mb: float | None = None) -> ReportMemory:
     """What the run's report phase will hold at once, against the memory available now (before any process)."""
     seconds = scenario.duration_s + scenario.warmup_s
     ticks = sum(g.count * g.fps for g in scenario.groups) * seconds
-    need = REPORT_BASE_MB + (ticks * REPORT_BYTES_PER_TICK + requests_per_s(scenario) * seconds
-                             * REPORT_BYTES_PER_REQUEST) / 2**20
+    need = (
+        REPORT_BASE_MB
+        + (ticks * REPORT_BYTES_PER_TICK + requests_per_s(scenario) * seconds * REPORT_BYTES_PER_REQUEST) / 2**20
+    )
     if available_mb is None:
         try:
             import psutil
@@ -458,7 +499,9 @@ def router_clients(scenario) -> int:
     """Zenoh sessions a run's router must hold at once: every robot and attacker, every replica, and a margin for
     the bench's own (its monitor, a cluster's node routers and actors)."""
     robots = sum(int(g.count) for g in getattr(scenario, "groups", None) or [])
-    return robots + len(getattr(scenario, "attackers", None) or []) + len(getattr(scenario, "replicas", None) or []) + 16
+    return (
+        robots + len(getattr(scenario, "attackers", None) or []) + len(getattr(scenario, "replicas", None) or []) + 16
+    )
 
 
 def router_max_sessions(scenario) -> int:
@@ -486,7 +529,9 @@ def open_files_problem(scenario) -> str | None:
     need = open_files_needed(scenario)
     if hard == resource.RLIM_INFINITY or hard >= need:
         return None
-    return (f"host: scenario '{scenario.name}' needs about {need} open files in its chaos proxy ({router_clients(scenario)} "
-            f"Zenoh clients, two sockets each), but this host allows {hard} (ulimit -Hn): raise the hard limit "
-            f"(e.g. `ulimit -Hn {need}` as root, or nofile in /etc/security/limits.conf), or spread the fleet over "
-            f"hosts with --cluster ray")
+    return (
+        f"host: scenario '{scenario.name}' needs about {need} open files in its chaos proxy ({router_clients(scenario)} "
+        f"Zenoh clients, two sockets each), but this host allows {hard} (ulimit -Hn): raise the hard limit "
+        f"(e.g. `ulimit -Hn {need}` as root, or nofile in /etc/security/limits.conf), or spread the fleet over "
+        f"hosts with --cluster ray"
+    )

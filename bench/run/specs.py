@@ -40,8 +40,11 @@ def manifest_for(run: RunState, replica) -> dict:
         run_keys["health_host"] = "0.0.0.0"
     if run.s.security == "mtls":
         f = run.pki.server(replica.id)
-        run_keys["zenoh"]["tls"] = {"root_ca_certificate": f.ca, "connect_certificate": f.cert,
-                                    "connect_private_key": f.key}
+        run_keys["zenoh"]["tls"] = {
+            "root_ca_certificate": f.ca,
+            "connect_certificate": f.cert,
+            "connect_private_key": f.key,
+        }
     return replica_manifest(run.s, replica, run_keys)
 
 
@@ -91,15 +94,29 @@ def attacker_spec(run: RunState, a: dict, start_unix: float) -> dict:
     lim = manifest.get("limits", {}) or {}
     from wire.keys import task_slug
 
-    spec = {"name": a["name"], "credentials": a["credentials"], "attacks": a["attacks"], "start_unix": start_unix,
-            "uuid": a["name"], "victim_uuid": run.identities[(gname, int(idx))]["client_uuid"],
-            "victim_task": task_slug(g.task), "model_id": g.model_id, "replica_id": replica.id,
-            "fps": g.fps, "action_names": list(cls.action_names), "state_dim": len(cls.state_names),
-            "cameras": list(g.cameras.names) if g.cameras else [], "cam_h": g.cameras.height if g.cameras else 0,
-            "cam_w": g.cameras.width if g.cameras else 0, "flood_hz": a["flood_hz"], "flood_s": a["flood_s"],
-            "rate_limit_hz": sec.get("max_request_rate_hz", 100.0), "rate_burst": sec.get("request_burst"),
-            "max_observation_bytes": sec.get("max_observation_bytes") or lim.get("max_message_bytes"),
-            "endpoint": run.sites[g.site].endpoint}
+    spec = {
+        "name": a["name"],
+        "credentials": a["credentials"],
+        "attacks": a["attacks"],
+        "start_unix": start_unix,
+        "uuid": a["name"],
+        "victim_uuid": run.identities[(gname, int(idx))]["client_uuid"],
+        "victim_task": task_slug(g.task),
+        "model_id": g.model_id,
+        "replica_id": replica.id,
+        "fps": g.fps,
+        "action_names": list(cls.action_names),
+        "state_dim": len(cls.state_names),
+        "cameras": list(g.cameras.names) if g.cameras else [],
+        "cam_h": g.cameras.height if g.cameras else 0,
+        "cam_w": g.cameras.width if g.cameras else 0,
+        "flood_hz": a["flood_hz"],
+        "flood_s": a["flood_s"],
+        "rate_limit_hz": sec.get("max_request_rate_hz", 100.0),
+        "rate_burst": sec.get("request_burst"),
+        "max_observation_bytes": sec.get("max_observation_bytes") or lim.get("max_message_bytes"),
+        "endpoint": run.sites[g.site].endpoint,
+    }
     if spec["rate_burst"] is None:
         spec["rate_burst"] = spec["rate_limit_hz"]
     if run.s.security == "mtls":
@@ -127,23 +144,47 @@ def shard_specs(run: RunState) -> list[dict]:
     run.n_shards = shard_count(run.s, run.cluster.cpus() if run.cluster is not None else None)
     # requests a second one robot of each group sends (a cluster node's proxies are sized by its robots')
     run.request_rates = dict(zip((g.name for g in run.s.groups), group_request_rates(run.s)))
-    specs = [{"shard": k, "robots": [], "records_dir": str(run.rec_dir), "seed": run.s.seed,
-              "engine_factory": run.engine_factory} for k in range(run.n_shards)]
+    specs = [
+        {
+            "shard": k,
+            "robots": [],
+            "records_dir": str(run.rec_dir),
+            "seed": run.s.seed,
+            "engine_factory": run.engine_factory,
+        }
+        for k in range(run.n_shards)
+    ]
     rid = 0
     run.robot_table = []
     group_index = {g.name: gi for gi, g in enumerate(run.s.groups)}
     for gi, g in enumerate(run.s.groups):
         for i in range(g.count):
             shard = rid % run.n_shards
-            spec = robot_spec(rid, gi, i, g, run.s.seed, run.sites[g.site].endpoint,
-                              seed_group_index=group_index.get(g.seeds_of) if g.seeds_of else None)
+            spec = robot_spec(
+                rid,
+                gi,
+                i,
+                g,
+                run.s.seed,
+                run.sites[g.site].endpoint,
+                seed_group_index=group_index.get(g.seeds_of) if g.seeds_of else None,
+            )
             spec["engine"].update(run.identities.get((g.name, i), {}))
             specs[shard]["robots"].append(spec)
-            run.robot_table.append({"robot": rid, "group": g.name, "engine": g.engine_kind, "index": i,
-                                    "site": g.site, "shard": shard,
-                                    "robot_type": g.robot, "fps": g.fps,
-                                    "max_action_age_s": spec["engine"].get("max_action_age_s", math.inf),
-                                    "deadline_s": rtc_budget_s(spec["engine"], g.fps)})
+            run.robot_table.append(
+                {
+                    "robot": rid,
+                    "group": g.name,
+                    "engine": g.engine_kind,
+                    "index": i,
+                    "site": g.site,
+                    "shard": shard,
+                    "robot_type": g.robot,
+                    "fps": g.fps,
+                    "max_action_age_s": spec["engine"].get("max_action_age_s", math.inf),
+                    "deadline_s": rtc_budget_s(spec["engine"], g.fps),
+                }
+            )
             rid += 1
     return specs
 
@@ -168,17 +209,23 @@ def node_proxy_processes(run: RunState, specs: list[dict], placed: dict) -> dict
         node = info["child"].locate()["node_id"]  # placed and located before the shards (start_servers)
         if node in requests:
             reserved[node] += c.get("replica_cpus", 1.0)
-    return {node: node_proxy_processes(n, len(run.s.sites), cpus.get(node, 1), reserved[node])
-            for node, n in requests.items()}
-
+    return {
+        node: node_proxy_processes(n, len(run.s.sites), cpus.get(node, 1), reserved[node])
+        for node, n in requests.items()
+    }
 
 
 def server_argv(manifest: Path, test_skew: bool = False) -> list[str]:
     """policy-server through this interpreter (no reliance on PATH). `test_skew` (tests only): its monotonic clock
     shifted by BENCH_TEST_MONO_SKEW_S before the server's modules load (bench.fleet.clock.apply_test_skew)."""
     skew = "from bench.fleet.clock import apply_test_skew; apply_test_skew(); " if test_skew else ""
-    return [sys.executable, "-c", f"import sys; {skew}from server.cli import main; sys.exit(main())", "--manifest",
-            str(manifest)]
+    return [
+        sys.executable,
+        "-c",
+        f"import sys; {skew}from server.cli import main; sys.exit(main())",
+        "--manifest",
+        str(manifest),
+    ]
 
 
 def rtc_budget_s(engine: dict, fps: float) -> float:

@@ -15,8 +15,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bench.fleet import clock as clocks
 from bench.fleet.control import ControlServer
@@ -25,8 +25,17 @@ from bench.run.manifests import replica_start_s
 from bench.run.mesh import proxy_name
 from bench.run.observe import measure_clocks, measure_node_walls, next_message
 from bench.run.procset import is_local
-from bench.run.specs import (assign_identities, attacker_spec, child_files, manifest_for, node_proxy_processes,
-                             pythonpath, router_args, server_argv, shard_specs)
+from bench.run.specs import (
+    assign_identities,
+    attacker_spec,
+    child_files,
+    manifest_for,
+    node_proxy_processes,
+    pythonpath,
+    router_args,
+    server_argv,
+    shard_specs,
+)
 from bench.run.state import RunState, SiteLink
 from wire.procs import ChildProcess, start_on_picked_port, start_router
 
@@ -48,8 +57,9 @@ def start_hub_router(run: RunState) -> None:
     if run.s.security == "mtls":
         router, run.router_endpoint = start_secure_router(run)
     else:
-        router, run.router_endpoint = start_router(None, run.logs / "router.log", host=run.host,
-                                                   extra_args=router_args(run))
+        router, run.router_endpoint = start_router(
+            None, run.logs / "router.log", host=run.host, extra_args=router_args(run)
+        )
     run.router_child = run.procs.add("router", router)
     run.cpu.track("router", lambda: router.pid)  # a router restart (fault) changes the pid
 
@@ -68,18 +78,16 @@ def write_process_table(run: RunState) -> None:
 
 
 def start_proxy(run: RunState) -> None:
+    from bench.run.mesh import proxy_priority
+    from bench.run.sizing import proxy_processes
     from chaos import client as chaos_client
     from chaos import launch as chaos_launch
     from chaos import profiles as chaos_profiles
 
-    from bench.run.mesh import proxy_priority
-    from bench.run.sizing import proxy_processes
-
     # one event loop per proxy process: sites are dealt over as many as the load and the host call for
     run.proxy_servers = []
     for i in range(proxy_processes(run.s)):
-        server = chaos_launch.start_proxy_server(log_path=run.logs / f"{proxy_name(i)}.log",
-                                                 priority=proxy_priority())
+        server = chaos_launch.start_proxy_server(log_path=run.logs / f"{proxy_name(i)}.log", priority=proxy_priority())
         run.procs.on_stop(proxy_name(i), server.stop)
         run.cpu.track(proxy_name(i), getattr(server, "pid", None))
         run.proxy_servers.append(server)
@@ -107,9 +115,8 @@ def start_mesh(run: RunState) -> None:
     replicas find their nodes."""
     if run.routers != "per_node":
         return
-    from chaos import profiles as chaos_profiles
-
     from bench.run.mesh import NodeMesh, SiteFanout
+    from chaos import profiles as chaos_profiles
 
     def register(name: str, child) -> None:
         run.procs.add(name, child)
@@ -125,8 +132,9 @@ def start_mesh(run: RunState) -> None:
         from bench.run.mesh import MeshSecurity
 
         security = MeshSecurity(run.pki, run.router_rules)
-    run.mesh = NodeMesh(run.cluster, run.router_endpoint, run.host, run.logs, lambda: toxics, register,
-                        security, router_args(run))
+    run.mesh = NodeMesh(
+        run.cluster, run.router_endpoint, run.host, run.logs, lambda: toxics, register, security, router_args(run)
+    )
     run.chaos = SiteFanout(run.chaos, run.mesh)
 
 
@@ -140,15 +148,31 @@ def start_secure_router(run: RunState) -> tuple[ChildProcess, str]:
         from bench.run.mesh import peer_router_cns
 
         peers = peer_router_cns()
-    acl = router_access_control(FleetIdentities(tuple(robots), tuple(r.id for r in run.s.replicas),
-                                                monitors=("bench-monitor",), routers=peers))
+    acl = router_access_control(
+        FleetIdentities(tuple(robots), tuple(r.id for r in run.s.replicas), monitors=("bench-monitor",), routers=peers)
+    )
     rules = run.router_rules = run.run_dir / "router-access-control.json"
     rules.write_text(json.dumps({"access_control": acl}, indent=1))
     # on the run's host address: a cluster's node routers and replicas reach it there (loopback without one)
     r = run.pki.router(hosts=(run.host,))
-    return start_router(None, run.logs / "router.log", host=run.host, scheme="tls", env={"PYTHONPATH": pythonpath()},
-                        extra_args=["--tls-ca", r.ca, "--tls-cert", r.cert, "--tls-key", r.key,
-                                    "--access-control", str(rules), *router_args(run)])
+    return start_router(
+        None,
+        run.logs / "router.log",
+        host=run.host,
+        scheme="tls",
+        env={"PYTHONPATH": pythonpath()},
+        extra_args=[
+            "--tls-ca",
+            r.ca,
+            "--tls-cert",
+            r.cert,
+            "--tls-key",
+            r.key,
+            "--access-control",
+            str(rules),
+            *router_args(run),
+        ],
+    )
 
 
 def start_servers(run: RunState) -> None:
@@ -162,12 +186,16 @@ def start_servers(run: RunState) -> None:
             cuda = str(model.get("device", "cpu")).startswith("cuda")
             c = run.s.cluster
             skew = os.environ.get(clocks.REPLICA_TEST_SKEW_ENV)  # tests only: the replica's node on another clock
-            child = run.cluster.place(f"server:{replica.id}", server_argv(path, test_skew=bool(skew)),
-                                      run.logs / f"server-{replica.id}.log",
-                                      env={clocks.TEST_SKEW_ENV: skew} if skew else None,
-                                      ready_text=SERVER_READY_TEXT, num_cpus=c.get("replica_cpus", 1.0),
-                                      num_gpus=c.get("replica_gpus", 1.0) if cuda else 0.0,
-                                      placement=c.get("placement", "spread"))
+            child = run.cluster.place(
+                f"server:{replica.id}",
+                server_argv(path, test_skew=bool(skew)),
+                run.logs / f"server-{replica.id}.log",
+                env={clocks.TEST_SKEW_ENV: skew} if skew else None,
+                ready_text=SERVER_READY_TEXT,
+                num_cpus=c.get("replica_cpus", 1.0),
+                num_gpus=c.get("replica_gpus", 1.0) if cuda else 0.0,
+                placement=c.get("placement", "spread"),
+            )
             if run.mesh is not None:  # its node's router, started there if the node has none yet
                 run.replica_router[replica.id] = run.mesh.links(child.locate(), proxies=0).router_endpoint
         manifest = manifest_for(run, replica)
@@ -176,12 +204,20 @@ def start_servers(run: RunState) -> None:
             tls = (manifest["zenoh"].get("tls") or {}).values() if run.s.security == "mtls" else ()
             child.files = child_files([str(path), *tls])  # its certificate too, where the node has no shared disk
         else:
-            child = ChildProcess(server_argv(path), run.logs / f"server-{replica.id}.log",
-                                 ready_text=SERVER_READY_TEXT, name=f"server-{replica.id}")
+            child = ChildProcess(
+                server_argv(path),
+                run.logs / f"server-{replica.id}.log",
+                ready_text=SERVER_READY_TEXT,
+                name=f"server-{replica.id}",
+            )
         run.procs.add(f"server:{replica.id}", child)
-        run.servers[replica.id] = {"child": child, "manifest": path, "health_port": manifest["health_port"],
-                                   "audit": Path(manifest.get("audit_path", "")),
-                                   "start_s": replica_start_s(manifest)}  # its start and a restart's
+        run.servers[replica.id] = {
+            "child": child,
+            "manifest": path,
+            "health_port": manifest["health_port"],
+            "audit": Path(manifest.get("audit_path", "")),
+            "start_s": replica_start_s(manifest),
+        }  # its start and a restart's
 
         def start(c=child, rid=replica.id, path=path, manifest=manifest):
             try:
@@ -191,6 +227,7 @@ def start_servers(run: RunState) -> None:
                     c.start(timeout_s=run.servers[rid]["start_s"])
             except Exception as exc:
                 errors.append(str(exc))
+
         t = threading.Thread(target=start, daemon=True)
         t.start()
         threads.append(t)
@@ -225,8 +262,10 @@ def start_shards(run: RunState) -> None:
     run.procs.on_stop("control", run.control.close)
     specs = shard_specs(run)
     paths = {spec["shard"]: run.run_dir / "manifests" / f"shard-{spec['shard']}.json" for spec in specs}
-    argvs = {k: [sys.executable, "-m", "bench.fleet.shard", "--spec", str(path), "--control", run.control.path]
-             for k, path in paths.items()}
+    argvs = {
+        k: [sys.executable, "-m", "bench.fleet.shard", "--spec", str(path), "--control", run.control.path]
+        for k, path in paths.items()
+    }
     placed: dict[int, object] = {}
     if run.cluster is not None:  # every shard placed first: a node's proxies are sized by all its shards' robots
         c = run.s.cluster
@@ -234,9 +273,14 @@ def start_shards(run: RunState) -> None:
         if os.environ.get(clocks.TEST_SKEW_ENV):  # tests only: a node's child does not inherit this env
             env[clocks.TEST_SKEW_ENV] = os.environ[clocks.TEST_SKEW_ENV]
         for k, argv in argvs.items():
-            placed[k] = run.cluster.place(f"shard:{k}", argv, run.logs / f"shard-{k}.log",
-                                          env=env, num_cpus=c.get("shard_cpus", 1.0),
-                                          placement=c.get("placement", "spread"))
+            placed[k] = run.cluster.place(
+                f"shard:{k}",
+                argv,
+                run.logs / f"shard-{k}.log",
+                env=env,
+                num_cpus=c.get("shard_cpus", 1.0),
+                placement=c.get("placement", "spread"),
+            )
         node_proxies = node_proxy_processes(run, specs, placed) if run.mesh is not None else {}
     for spec in specs:
         k = spec["shard"]
@@ -249,8 +293,9 @@ def start_shards(run: RunState) -> None:
                 for robot in spec["robots"]:
                     robot["engine"]["connect_endpoints"] = [sites[run.robot_table[robot["robot"]]["site"]]]
             path.write_text(json.dumps(spec, indent=1))
-            tls = [r["engine"][k] for r in spec["robots"] for k in ("tls_ca", "tls_cert", "tls_key")
-                   if r["engine"].get(k)]
+            tls = [
+                r["engine"][k] for r in spec["robots"] for k in ("tls_ca", "tls_cert", "tls_key") if r["engine"].get(k)
+            ]
             child.files = child_files([str(path), *tls])  # its robots' certificates too
         else:
             path.write_text(json.dumps(spec, indent=1))
@@ -278,9 +323,12 @@ def start_attackers(run: RunState) -> None:
         start_unix = time.time() + (run.t0_mono + float(a["at"]) - time.monotonic())
         path = run.run_dir / "manifests" / f"attacker-{a['name']}.json"
         path.write_text(json.dumps(attacker_spec(run, a, start_unix), indent=1))
-        child = ChildProcess([sys.executable, "-m", "bench.security.attacker", "--spec", str(path), "--out",
-                              str(run.attack_log)], run.logs / f"attacker-{a['name']}.log",
-                             name=f"attacker-{a['name']}", env={"PYTHONPATH": pythonpath()})
+        child = ChildProcess(
+            [sys.executable, "-m", "bench.security.attacker", "--spec", str(path), "--out", str(run.attack_log)],
+            run.logs / f"attacker-{a['name']}.log",
+            name=f"attacker-{a['name']}",
+            env={"PYTHONPATH": pythonpath()},
+        )
         run.procs.add(f"attacker:{a['name']}", child)
         child.start()
         run.cpu.track(f"attacker:{a['name']}", child.pid)  # on this host the attackers share the CPU: show it

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,9 @@ class RunState:
     encode_floors: dict | None = None
 
     @classmethod
-    def of(cls, scenario, run_dir: Path, progress: bool = True, engine_factory: str | None = None,
-           cluster=None) -> RunState:
+    def of(
+        cls, scenario, run_dir: Path, progress: bool = True, engine_factory: str | None = None, cluster=None
+    ) -> RunState:
         """A run's state before anything started: its directories named, its routers resolved (with --cluster)."""
         run_dir = Path(run_dir).resolve() if cluster is not None else Path(run_dir)
         routers = None
@@ -134,7 +135,16 @@ class RunState:
             from bench.run.mesh import resolve_routers
 
             routers = resolve_routers(scenario.cluster.get("routers"))
-        return cls(s=scenario, run_dir=run_dir, logs=run_dir / "logs", rec_dir=run_dir / "records",
-                   engine_factory=engine_factory, progress_enabled=progress, cluster=cluster,
-                   host=cluster.host_for_endpoints() if cluster is not None else "127.0.0.1", routers=routers,
-                   started_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"), wall0=time.monotonic())
+        return cls(
+            s=scenario,
+            run_dir=run_dir,
+            logs=run_dir / "logs",
+            rec_dir=run_dir / "records",
+            engine_factory=engine_factory,
+            progress_enabled=progress,
+            cluster=cluster,
+            host=cluster.host_for_endpoints() if cluster is not None else "127.0.0.1",
+            routers=routers,
+            started_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+            wall0=time.monotonic(),
+        )

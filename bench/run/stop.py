@@ -32,8 +32,9 @@ def shutdown(run: RunState) -> None:
     end, walls_end = run.clocks_near_end, run.node_walls_near_end
     if end or walls_end:  # the clocks drift over a run: the start's and the end's measurements, combined
         run.clocks = {n: clocks.combine(o, end[n]) if n in (end or {}) else o for n, o in run.clocks.items()}
-        run.node_walls = {n: clocks.combine(o, walls_end[n]) if n in (walls_end or {}) else o
-                          for n, o in run.node_walls.items()}
+        run.node_walls = {
+            n: clocks.combine(o, walls_end[n]) if n in (walls_end or {}) else o for n, o in run.node_walls.items()
+        }
         write_clock_file(run)
     try:
         if run.timeline is not None:
@@ -57,8 +58,11 @@ def shutdown(run: RunState) -> None:
     deadline = time.monotonic() + 20.0  # an attacker still running at the end gets a moment to write
     while any(c.alive() for n, c in run.procs.children if n.startswith("attacker:")) and time.monotonic() < deadline:
         time.sleep(0.2)
-    run.server_crashes = sum(1 for n, c in run.procs.children if n.startswith("server:")
-                             and isinstance(c, ChildProcess) and c.proc is not None and not c.alive())
+    run.server_crashes = sum(
+        1
+        for n, c in run.procs.children
+        if n.startswith("server:") and isinstance(c, ChildProcess) and c.proc is not None and not c.alive()
+    )
     run.stop_scrape.set()
     run.cpu_split = run.cpu.split(0.0, run.s.duration_s)
     shard_threads = threadcpu.combine([d.get("thread_cpu") for d in run.done.values()])
@@ -102,6 +106,9 @@ def cost_model(run: RunState, split: dict) -> dict:
     at_reference = est["cores_needed"] * COST_REFERENCE_PROBE_MS / probe
     # the model unscaled beside it: on the 16-core machine the probe read SMT contention (a mean 1.5-1.9x the
     # reference while the work itself took 1.0-1.16x its reference cost), so the scaled ratio read 0.62-0.66
-    return {"estimate": est, "by_kind": measured,
-            "estimate_ratio": round(total / est["cores_needed"], 2) if est["cores_needed"] else None,
-            "estimate_ratio_at_reference": round(total / at_reference, 2) if at_reference else None}
+    return {
+        "estimate": est,
+        "by_kind": measured,
+        "estimate_ratio": round(total / est["cores_needed"], 2) if est["cores_needed"] else None,
+        "estimate_ratio_at_reference": round(total / at_reference, 2) if at_reference else None,
+    }

@@ -20,9 +20,9 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -158,7 +158,7 @@ class CpuSampler:
             rss[name], fds[name], pids[name] = round(u["rss_mb"], 2), u["fds"], u["pid"]
         return nodes
 
-    def start(self) -> "CpuSampler":
+    def start(self) -> CpuSampler:
         self._thread.start()
         return self
 
@@ -214,8 +214,14 @@ class CpuSampler:
             rss.update(remote[1])
             fds.update(remote[2])
             pids.update(remote[3])
-            out = {"t": now - self.t0, "host_percent": host_pct, "processes": procs, "rss_mb": rss, "fds": fds,
-                   "pids": pids}
+            out = {
+                "t": now - self.t0,
+                "host_percent": host_pct,
+                "processes": procs,
+                "rss_mb": rss,
+                "fds": fds,
+                "pids": pids,
+            }
             if nodes:
                 out["nodes"] = nodes
             if self.probe_every and len(self.samples) % self.probe_every == 0:
@@ -232,8 +238,13 @@ class CpuSampler:
         v = sorted(s["speed_probe_ms"] for s in self.samples if "speed_probe_ms" in s and t_from <= s["t"] <= t_to)
         if not v:
             return {}
-        return {"min_ms": round(v[0], 1), "median_ms": round(v[len(v) // 2], 1), "mean_ms": round(sum(v) / len(v), 1),
-                "max_ms": round(v[-1], 1), "count": len(v)}
+        return {
+            "min_ms": round(v[0], 1),
+            "median_ms": round(v[len(v) // 2], 1),
+            "mean_ms": round(sum(v) / len(v), 1),
+            "max_ms": round(v[-1], 1),
+            "count": len(v),
+        }
 
     def latest(self) -> dict | None:
         return self.samples[-1] if self.samples else None
@@ -250,16 +261,23 @@ class CpuSampler:
             return {"host_percent": None, "split": {}}
         names = sorted({n for s in win for n in s["processes"]})
         split = {n: sum(s["processes"].get(n, 0.0) for s in win) / len(win) for n in names}
-        out = {"host_percent": sum(s["host_percent"] for s in win) / len(win), "split": split,
-               "cores": self.cores, "samples": len(win)}
+        out = {
+            "host_percent": sum(s["host_percent"] for s in win) / len(win),
+            "split": split,
+            "cores": self.cores,
+            "samples": len(win),
+        }
         if self.remote:  # where the remote processes ran, and each of those nodes' own CPU
             out["node_of"] = dict(sorted(self.remote.items()))
             out["nodes"] = {}
             for node in sorted(set(self.remote.values())):
                 vals = [s["nodes"][node] for s in win if node in (s.get("nodes") or {})]
-                out["nodes"][node] = {"host_percent": sum(vals) / len(vals) if vals else None,
-                                      "cores": self._node_cores.get(node), "samples": len(vals),
-                                      "processes": sorted(n for n, v in self.remote.items() if v == node)}
+                out["nodes"][node] = {
+                    "host_percent": sum(vals) / len(vals) if vals else None,
+                    "cores": self._node_cores.get(node),
+                    "samples": len(vals),
+                    "processes": sorted(n for n, v in self.remote.items() if v == node),
+                }
         return out
 
     def memory(self, t_from: float, t_to: float) -> dict:
@@ -277,9 +295,15 @@ class CpuSampler:
             restarts = len({pids[i] for i in win}) - 1
             pts = [i for i in win if pids[i] == last_pid]
             rs = [rss[i] for i in pts]
-            out[n] = {"rss_mb_start": rs[0], "rss_mb_end": rs[-1], "rss_mb_max": max(rs),
-                      "rss_growth_ratio": rss_growth_ratio(rs), "fds_start": fds[pts[0]], "fds_end": fds[pts[-1]],
-                      "restarts": restarts}
+            out[n] = {
+                "rss_mb_start": rs[0],
+                "rss_mb_end": rs[-1],
+                "rss_mb_max": max(rs),
+                "rss_growth_ratio": rss_growth_ratio(rs),
+                "fds_start": fds[pts[0]],
+                "fds_end": fds[pts[-1]],
+                "restarts": restarts,
+            }
         return out
 
 
@@ -291,7 +315,7 @@ class Leftovers:
     fds_before: int = 0
 
     @classmethod
-    def begin(cls) -> "Leftovers":
+    def begin(cls) -> Leftovers:
         return cls(_shm_entries(), psutil.Process().num_fds())
 
     def end(self) -> dict:
@@ -301,9 +325,14 @@ class Leftovers:
         except psutil.Error:
             kids = []
         shm = sorted(_shm_entries() - self.shm_before)
-        return {"leftover_processes": len(kids), "leftover_process_names": sorted({_name(p) for p in kids}),
-                "leftover_shm": len(shm), "leftover_shm_entries": shm[:20],
-                "runner_fds_start": self.fds_before, "runner_fds_end": me.num_fds()}
+        return {
+            "leftover_processes": len(kids),
+            "leftover_process_names": sorted({_name(p) for p in kids}),
+            "leftover_shm": len(shm),
+            "leftover_shm_entries": shm[:20],
+            "runner_fds_start": self.fds_before,
+            "runner_fds_end": me.num_fds(),
+        }
 
 
 def _shm_entries() -> set[str]:

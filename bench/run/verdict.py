@@ -62,8 +62,12 @@ def judge(run: RunState, error: str | None) -> report.RunOutcome:
     except Exception as exc:
         error = (error + "\n" if error else "") + f"aggregation failed: {exc!r}\n{traceback.format_exc()}"
     if error is not None and not results:
-        results = [report.AssertionResult(a.expression, False, None, error="not evaluated: the run did not complete",
-                                          line=a.line) for a in run.s.assertions]
+        results = [
+            report.AssertionResult(
+                a.expression, False, None, error="not evaluated: the run did not complete", line=a.line
+            )
+            for a in run.s.assertions
+        ]
     fidelity = fidelity_of(run, data)
     if data is not None and error is None:
         without_bench(run, data, top, results, fidelity)
@@ -72,12 +76,14 @@ def judge(run: RunState, error: str | None) -> report.RunOutcome:
         verdict = "fail"  # a dead replica or a raising engine is the system failing, however slow the host was
     # what collecting the records and computing figures held: the runner's peak, read before the report is
     # written (ru_maxrss is the peak of the runner's life; the run itself holds little, so it is this phase's)
-    report_phase = {"rss_before_mb": rss_before_report, "rss_after_figures_mb": psutil_rss_mb(),
-                    "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    report_phase = {
+        "rss_before_mb": rss_before_report,
+        "rss_after_figures_mb": psutil_rss_mb(),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
     meta = {
         "cpu": run.cpu_split,
-        "memory": {"processes": run.memory, **run.leftover_report,
-                   "report_phase": report_phase},
+        "memory": {"processes": run.memory, **run.leftover_report, "report_phase": report_phase},
         "cores": os.cpu_count(),
         "camera_kind": sorted({g.cameras.kind for g in run.s.groups if g.cameras}) or None,
         "inference_emulated": any(r.emulated_latency is not None for r in run.s.replicas),
@@ -87,19 +93,28 @@ def judge(run: RunState, error: str | None) -> report.RunOutcome:
         "loop_priority": sorted({str(d.get("loop_priority", "normal")) for d in run.done.values()}),
         "replica_priority": replica_priorities(run),
         "speed_probe_ms": run.speed_probe,
-        "security": {"mode": run.s.security, "attacks": [
-            {k: a.get(k) for k in ("attacker", "attack", "attempts", "outcome", "evidence")}
-            for a in (getattr(data, "attacks", None) or [])]} if (run.s.security != "tcp" or run.s.attackers) else {},
+        "security": {
+            "mode": run.s.security,
+            "attacks": [
+                {k: a.get(k) for k in ("attacker", "attack", "attempts", "outcome", "evidence")}
+                for a in (getattr(data, "attacks", None) or [])
+            ],
+        }
+        if (run.s.security != "tcp" or run.s.attackers)
+        else {},
         # shadow groups: per robot, the comparison counts and the first mismatch, in words
         "parity": {str(r): c for r, c in sorted((data.parity if data is not None else {}).items())},
         "cluster": run.cluster_facts or {"kind": "local", "nodes": 1},
         "clock": clock_facts(run),
-        "chaos_proxy": {"processes": len(run.proxy_servers),
-                        "site_process": {n: run.chaos.server_of(f"site-{n}") for n in run.sites}
-                        if hasattr(run.chaos, "server_of") else {},
-                        "real_toxiproxy": bool(getattr(run.proxy_server, "real_toxiproxy", False)),
-                        "priority": proxy_priorities(run),
-                        "stand_ins": run.network_stand_ins},
+        "chaos_proxy": {
+            "processes": len(run.proxy_servers),
+            "site_process": {n: run.chaos.server_of(f"site-{n}") for n in run.sites}
+            if hasattr(run.chaos, "server_of")
+            else {},
+            "real_toxiproxy": bool(getattr(run.proxy_server, "real_toxiproxy", False)),
+            "priority": proxy_priorities(run),
+            "stand_ins": run.network_stand_ins,
+        },
         "fidelity": fidelity,
         "leg_series": run.leg_series.to_json(),
         "forward_series": forward_series(run),
@@ -112,10 +127,21 @@ def judge(run: RunState, error: str | None) -> report.RunOutcome:
     if meta["camera_kind"] and len(meta["camera_kind"]) == 1:
         meta["camera_kind"] = meta["camera_kind"][0]
     outcome = report.RunOutcome(
-        scenario_name=run.s.name, description=run.s.description, run_dir=run.run_dir, verdict=verdict,
-        started_utc=run.started_utc, wall_s=time.monotonic() - run.wall0, duration_s=run.s.duration_s,
-        robots=run.s.robots, assertions=results, figures=figures_json, group_figures=group_json, data=data,
-        meta=meta, error=error)
+        scenario_name=run.s.name,
+        description=run.s.description,
+        run_dir=run.run_dir,
+        verdict=verdict,
+        started_utc=run.started_utc,
+        wall_s=time.monotonic() - run.wall0,
+        duration_s=run.s.duration_s,
+        robots=run.s.robots,
+        assertions=results,
+        figures=figures_json,
+        group_figures=group_json,
+        data=data,
+        meta=meta,
+        error=error,
+    )
     report.write_all(outcome)
     return outcome
 
@@ -175,15 +201,32 @@ def fidelity_of(run: RunState, data) -> dict:
     t0 = (run.t0_mono or 0.0) * 1e3
     try:
         drift = any("_drift" in a.expression for a in run.s.assertions)
-        return fid.compute(data, run.s.duration_s, tol, legs, audit_table(run), unloaded,
-                           (t0, t0 + run.s.duration_s * 1e3), note, cores=run.cpu.cores, judge_drift=drift,
-                           queue_replay=run.server_replay,
-                           hop_floors=run.hop_floors,
-                           robot_hops=run.robot_hops,
-                           encode_floors=run.encode_floors)
+        return fid.compute(
+            data,
+            run.s.duration_s,
+            tol,
+            legs,
+            audit_table(run),
+            unloaded,
+            (t0, t0 + run.s.duration_s * 1e3),
+            note,
+            cores=run.cpu.cores,
+            judge_drift=drift,
+            queue_replay=run.server_replay,
+            hop_floors=run.hop_floors,
+            robot_hops=run.robot_hops,
+            encode_floors=run.encode_floors,
+        )
     except Exception as exc:  # the verdict must still be written; say what could not be measured
-        return {"valid": True, "reasons": [], "tolerances": tol, "legs": [], "shards": [], "replicas": [],
-                "note": f"fidelity could not be computed: {exc!r}"}
+        return {
+            "valid": True,
+            "reasons": [],
+            "tolerances": tol,
+            "legs": [],
+            "shards": [],
+            "replicas": [],
+            "note": f"fidelity could not be computed: {exc!r}",
+        }
 
 
 def forward_series(run: RunState) -> dict:

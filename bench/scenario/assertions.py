@@ -16,8 +16,9 @@ from __future__ import annotations
 import ast
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class Figures:
 
     scalars: dict[str, float] = field(default_factory=dict)
     series: dict[str, np.ndarray] = field(default_factory=dict)
-    groups: dict[str, "Figures"] = field(default_factory=dict)
+    groups: dict[str, Figures] = field(default_factory=dict)
     states: dict[str, list[list[str]]] = field(default_factory=dict)  # group -> sequences; "*" = all
 
 
@@ -68,8 +69,13 @@ class AssertionResult:
     without_bench: dict | None = None
 
     def to_json(self) -> dict:
-        out = {"expression": self.expression, "result": "pass" if self.passed else ("error" if self.error else "fail"),
-               "value": _jsonable(self.value), "error": self.error, "line": self.line}
+        out = {
+            "expression": self.expression,
+            "result": "pass" if self.passed else ("error" if self.error else "fail"),
+            "value": _jsonable(self.value),
+            "error": self.error,
+            "line": self.line,
+        }
         if self.without_bench is not None:
             out["without_bench"] = {k: _jsonable(v) for k, v in self.without_bench.items()}
         return out
@@ -94,6 +100,7 @@ def function(name: str):
     def deco(fn):
         FUNCTIONS[name] = fn
         return fn
+
     return deco
 
 
@@ -109,6 +116,7 @@ def _percentile(q: float):
     def fn(ctx, series):
         v = _series_arg(f"p{int(q)}", series)
         return float(np.percentile(v, q)) if v.size else math.nan
+
     return fn
 
 
@@ -155,7 +163,9 @@ def _ratio(ctx, a, b):
 def _states(ctx, group=None):
     key = "*" if group is None else group
     if key != "*" and key not in ctx.figures.groups and key not in ctx.figures.states:
-        raise AssertionSyntaxError(f"unknown group {key!r} in states(); groups: {', '.join(ctx.group_names) or '(none)'}")
+        raise AssertionSyntaxError(
+            f"unknown group {key!r} in states(); groups: {', '.join(ctx.group_names) or '(none)'}"
+        )
     return StateSequences(key, ctx.figures.states.get(key, []))
 
 
@@ -180,11 +190,17 @@ def is_subsequence(expected: list[str], seq: list[str]) -> bool:
 # --- the evaluator -----------------------------------------------------------------------------
 
 _COMPARE = {
-    ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
-    ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b,
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
 }
-_ALLOWED = "figure names, numbers, + - * /, < <= > >= == !=, and/or/not, contains, group[NAME].figure, figure[PROCESS], and the functions " \
+_ALLOWED = (
+    "figure names, numbers, + - * /, < <= > >= == !=, and/or/not, contains, group[NAME].figure, figure[PROCESS], and the functions "
     + ", ".join(sorted(set(FUNCTIONS) | {"p50", "p90", "p95", "p99"}))
+)
 
 
 class _Evaluator:
@@ -202,12 +218,13 @@ class _Evaluator:
     def figure(self, name: str, scope: Figures) -> Any:
         if name not in FIGURES:
             hint = _closest(name, list(FIGURES))
-            raise AssertionSyntaxError(
-                f"unknown figure {name!r}{hint}; known figures: {', '.join(FIGURES)}")
+            raise AssertionSyntaxError(f"unknown figure {name!r}{hint}; known figures: {', '.join(FIGURES)}")
         kind = FIGURES[name][0]
         if kind.startswith("process_"):
-            raise AssertionSyntaxError(f"{name} is one value per process: name the process, e.g. {name}[server:r0] "
-                                       f"or {name}[router]; processes here: {', '.join(self.processes()) or '(none)'}")
+            raise AssertionSyntaxError(
+                f"{name} is one value per process: name the process, e.g. {name}[server:r0] "
+                f"or {name}[router]; processes here: {', '.join(self.processes()) or '(none)'}"
+            )
         if kind == "series":
             return Series(name, scope.series.get(name, np.empty(0)))
         return scope.scalars.get(name, math.nan)
@@ -247,8 +264,11 @@ class _Evaluator:
             return self.figure(node.id, scope)
         if isinstance(node, ast.Call):
             return self._call(node)
-        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
-                and FIGURES.get(node.value.id, ("",))[0].startswith("process_"):
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Name)
+            and FIGURES.get(node.value.id, ("",))[0].startswith("process_")
+        ):
             return self.process_figure(node.value.id, self._process_word(node.slice))
         if isinstance(node, ast.Subscript):
             if not (isinstance(node.value, ast.Name) and node.value.id == "group"):
@@ -264,7 +284,9 @@ class _Evaluator:
         raise AssertionSyntaxError(f"{type(node).__name__} is not allowed in an assertion; allowed: {_ALLOWED}")
 
     def processes(self) -> list[str]:
-        return sorted({k[k.index("[") + 1:-1] for k in (*self.figures.scalars, *self.figures.series) if k.endswith("]")})
+        return sorted(
+            {k[k.index("[") + 1 : -1] for k in (*self.figures.scalars, *self.figures.series) if k.endswith("]")}
+        )
 
     def process_figure(self, name: str, process: str) -> Any:
         if self.replicas is not None:
@@ -272,22 +294,36 @@ class _Evaluator:
         key = f"{name}[{process}]"
         if FIGURES[name][0] == "process_series":
             if key not in self.figures.series and self.processes() and process not in self.processes():
-                raise AssertionSyntaxError(f"no process {process!r} in this run; processes: {', '.join(self.processes())}")
+                raise AssertionSyntaxError(
+                    f"no process {process!r} in this run; processes: {', '.join(self.processes())}"
+                )
             return Series(key, self.figures.series.get(key, np.empty(0)))
         return self.figures.scalars.get(key, math.nan)
 
     def _check_process(self, process: str) -> None:
         """Before the run: a process of the forms a run has (docs/scenarios.md), a replica by its id."""
         kind, _, name = process.partition(":")
-        if kind == "server" and name in self.replicas or kind == "shard" and name.isdigit() \
-                or process in ("router", "chaos-proxy", "runner") or re.fullmatch(r"chaos-proxy-\d+", process) \
-                or kind in ("router", "chaos-proxy") and name:  # a node's router or proxy (--cluster ray)
+        if (
+            kind == "server"
+            and name in self.replicas
+            or kind == "shard"
+            and name.isdigit()
+            or process in ("router", "chaos-proxy", "runner")
+            or re.fullmatch(r"chaos-proxy-\d+", process)
+            or kind in ("router", "chaos-proxy")
+            and name
+        ):  # a node's router or proxy (--cluster ray)
             return
-        hint = f"; replicas: {', '.join(self.replicas)}" if kind == "server" else \
-            did_you_mean(process, ["router", "chaos-proxy", "runner", *(f"server:{r}" for r in self.replicas)])
-        raise AssertionSyntaxError(f"no process {process!r} in a run of this scenario{hint}; processes: router, "
-                                   f"chaos-proxy, runner, server:<replica>, shard:<k> (and router:<node>, "
-                                   f"chaos-proxy:<node> with --cluster ray)")
+        hint = (
+            f"; replicas: {', '.join(self.replicas)}"
+            if kind == "server"
+            else did_you_mean(process, ["router", "chaos-proxy", "runner", *(f"server:{r}" for r in self.replicas)])
+        )
+        raise AssertionSyntaxError(
+            f"no process {process!r} in a run of this scenario{hint}; processes: router, "
+            f"chaos-proxy, runner, server:<replica>, shard:<k> (and router:<node>, "
+            f"chaos-proxy:<node> with --cluster ray)"
+        )
 
     def _process_word(self, node: ast.AST) -> str:
         """`server:r0` parses as a slice, `shard:0` too, `router` as a name, `chaos-proxy` as a subtraction (or
@@ -321,8 +357,9 @@ class _Evaluator:
         name = node.func.id
         fn = FUNCTIONS.get(name)
         if fn is None:
-            raise AssertionSyntaxError(f"unknown function {name!r}{_closest(name, list(FUNCTIONS))}; "
-                                       f"functions: {', '.join(sorted(FUNCTIONS))}")
+            raise AssertionSyntaxError(
+                f"unknown function {name!r}{_closest(name, list(FUNCTIONS))}; functions: {', '.join(sorted(FUNCTIONS))}"
+            )
         if name in ("states", "group"):  # their arguments are group names, not figures
             args = [self._word(a, "group name") for a in node.args]
             kwargs = {}
@@ -353,7 +390,9 @@ class _Evaluator:
         for op, right_node in zip(node.ops, node.comparators):
             fn = _COMPARE.get(type(op))
             if fn is None:
-                raise AssertionSyntaxError(f"comparison {type(op).__name__} is not allowed; use < <= > >= == != or contains")
+                raise AssertionSyntaxError(
+                    f"comparison {type(op).__name__} is not allowed; use < <= > >= == != or contains"
+                )
             right = _scalar_or_fail(self.eval(right_node), right_node)
             if isinstance(left, float) and math.isnan(left) or isinstance(right, float) and math.isnan(right):
                 ok = False  # no data never passes
@@ -385,13 +424,18 @@ def _divide(a: float, b: float) -> float:
 
 
 _ARITHMETIC: dict[type, Callable[[float, float], float]] = {
-    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b, ast.Div: _divide,
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: _divide,
 }
 
 
 def _scalar_or_fail(v, node):
     if isinstance(v, Series):
-        raise AssertionSyntaxError(f"{v.name!r} is a series; compare p50/p95/p99/max/min/mean/count of it, e.g. p99({v.name})")
+        raise AssertionSyntaxError(
+            f"{v.name!r} is a series; compare p50/p95/p99/max/min/mean/count of it, e.g. p99({v.name})"
+        )
     if isinstance(v, (Figures, StateSequences)):
         raise AssertionSyntaxError("compare a figure, e.g. group[NAME].fallback_ticks, or use `contains` with states()")
     if isinstance(v, bool):
@@ -406,7 +450,9 @@ def _closest(word: str, options: list[str]) -> str:
 
 
 # a number with a unit glued on (`5ms`, `2 s`, `50 %`): only looked for once the expression fails to parse
-_UNIT_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*(ms|us|µs|s|min|%|hz|Hz|kHz|B|kB|KB|MB|GB|bps|kbps|Mbps|Mbit|mbit)(?!\w)")
+_UNIT_RE = re.compile(
+    r"(?<![\w.])(\d+(?:\.\d+)?)\s*(ms|us|µs|s|min|%|hz|Hz|kHz|B|kB|KB|MB|GB|bps|kbps|Mbps|Mbit|mbit)(?!\w)"
+)
 
 
 def parse(expression: str) -> ast.Expression:
@@ -424,7 +470,8 @@ def parse(expression: str) -> ast.Expression:
         if unit:
             raise AssertionSyntaxError(
                 f"units are not written: write {unit.group(1)} instead of {unit.group(0).strip()}; each figure has "
-                f"one fixed unit, in its name (rtt_ms, duration_s) and in `bench figures`") from None
+                f"one fixed unit, in its name (rtt_ms, duration_s) and in `bench figures`"
+            ) from None
         raise AssertionSyntaxError(f"not an expression: {exc.msg} at column {exc.offset}") from None
 
 

@@ -33,8 +33,13 @@ def _type_text(info: Any) -> str:
         parts = []
         for a in typing.get_args(tp):
             a = ce.unwrap(a)[0]
-            parts.append(" \\| ".join(f"`{x}`" for x in typing.get_args(a)) if typing.get_origin(a) is Literal
-                         else "list of strings" if typing.get_origin(a) is list else str(a))
+            parts.append(
+                " \\| ".join(f"`{x}`" for x in typing.get_args(a))
+                if typing.get_origin(a) is Literal
+                else "list of strings"
+                if typing.get_origin(a) is list
+                else str(a)
+            )
         return " or ".join(parts)
     if origin is list:
         inner = ce.unwrap(typing.get_args(tp)[0])[0]
@@ -99,7 +104,9 @@ def render(text: str) -> str:
     def one(m: re.Match) -> str:
         name = m.group("name")
         if name not in generated:
-            raise KeyError(f"docs/scenarios.md marks a table {name!r} the schema does not have ({', '.join(generated)})")
+            raise KeyError(
+                f"docs/scenarios.md marks a table {name!r} the schema does not have ({', '.join(generated)})"
+            )
         return f"{m.group(1)}{generated[name]}\n{m.group(4)}"
 
     return _BLOCK.sub(one, text)

@@ -26,8 +26,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from bench.scenario import model as sm
-from bench.scenario.model import CAMERA_KINDS, PROFILES_FALLBACK, ROBOT_TYPES_FALLBACK  # noqa: F401 - re-exported
-from bench.scenario.model import camera_kinds, profile_names, robot_types  # noqa: F401 - re-exported
+from bench.scenario.model import (  # noqa: F401 - re-exported  # noqa: F401 - re-exported
+    CAMERA_KINDS,
+    PROFILES_FALLBACK,
+    ROBOT_TYPES_FALLBACK,
+    camera_kinds,
+    profile_names,
+    robot_types,
+)
 from wire import configerrors, yamlines
 from wire.suggest import did_you_mean
 
@@ -146,8 +152,6 @@ class Scenario:
         raise KeyError(name)
 
 
-
-
 def engine_field_names() -> set[str] | None:
     """Fields of edge.RemoteEngineConfig, or None when the edge package is not importable."""
     try:
@@ -180,8 +184,14 @@ def engine_config(group: GroupSpec, endpoint: str) -> dict:
     cls = robot_type(group.robot)
     engine = dict(group.engine)
     engine.setdefault("fallback", cls.safe_fallback)  # what keeps this robot type safe when stalled
-    engine.update(connect_endpoints=[endpoint], model_id=group.model_id, fps=group.fps,
-                  action_names=list(cls.action_names), state_dim=len(cls.state_names), task=group.task)
+    engine.update(
+        connect_endpoints=[endpoint],
+        model_id=group.model_id,
+        fps=group.fps,
+        action_names=list(cls.action_names),
+        state_dim=len(cls.state_names),
+        task=group.task,
+    )
     if group.cameras is not None:
         engine["cameras"] = list(group.cameras.names)
     return engine
@@ -191,9 +201,14 @@ def shadow_engine_config(remote_cfg):
     """The local RTC engine's config beside a remote engine's (bench.fleet.parity runs it)."""
     from edge.rtc import RTCEngineConfig
 
-    return RTCEngineConfig(fps=remote_cfg.fps, execution_horizon=remote_cfg.execution_horizon,
-                           rtc_enabled=remote_cfg.rtc_enabled, trim=remote_cfg.trim,
-                           latency_mode=remote_cfg.latency_mode, latency_window=remote_cfg.latency_window)
+    return RTCEngineConfig(
+        fps=remote_cfg.fps,
+        execution_horizon=remote_cfg.execution_horizon,
+        rtc_enabled=remote_cfg.rtc_enabled,
+        trim=remote_cfg.trim,
+        latency_mode=remote_cfg.latency_mode,
+        latency_window=remote_cfg.latency_window,
+    )
 
 
 def local_engine_config(remote_cfg):
@@ -201,10 +216,15 @@ def local_engine_config(remote_cfg):
     guidance and trim, so the two groups differ by the network and the server process only."""
     from edge.rtc import RTCEngineConfig
 
-    return RTCEngineConfig(fps=remote_cfg.fps, execution_horizon=remote_cfg.execution_horizon,
-                           rtc_enabled=remote_cfg.rtc_enabled, trim=remote_cfg.trim,
-                           buffer_time_s=remote_cfg.buffer_time_s, latency_mode=remote_cfg.latency_mode,
-                           latency_window=remote_cfg.latency_window)
+    return RTCEngineConfig(
+        fps=remote_cfg.fps,
+        execution_horizon=remote_cfg.execution_horizon,
+        rtc_enabled=remote_cfg.rtc_enabled,
+        trim=remote_cfg.trim,
+        buffer_time_s=remote_cfg.buffer_time_s,
+        latency_mode=remote_cfg.latency_mode,
+        latency_window=remote_cfg.latency_window,
+    )
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -217,8 +237,13 @@ def load_scenario(path: str | Path, *, check_checkpoints: bool = False) -> Scena
     except OSError as exc:
         raise ScenarioError(str(path), 0, "", f"cannot read the file: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise ScenarioError(str(path), 0, "", f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
-                                              f"{exc.start}); a scenario is a YAML file saved as UTF-8") from None
+        raise ScenarioError(
+            str(path),
+            0,
+            "",
+            f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}); a scenario is a YAML file saved as UTF-8",
+        ) from None
     return parse_scenario(text, source=str(path), check_checkpoints=check_checkpoints)
 
 
@@ -228,7 +253,9 @@ def parse_scenario(text: str, source: str = "<string>", *, check_checkpoints: bo
     except yamlines.YamlError as exc:
         raise ScenarioError(source, exc.line, "", f"not valid YAML: {exc.problem}") from None
     if data is None:
-        raise ScenarioError(source, 1, "", "the file is empty; a scenario needs name, duration_s, fleet, sites, servers")
+        raise ScenarioError(
+            source, 1, "", "the file is empty; a scenario needs name, duration_s, fleet, sites, servers"
+        )
     scenario = build_scenario(data, source)
     if check_checkpoints:
         check_checkpoints_present(scenario)
@@ -263,8 +290,12 @@ def _unknown_engine_key(model, key: str, path: str) -> str:
 def build_scenario(data: Any, source: str = "<string>") -> Scenario:
     w = _Where(source, data)
     if not isinstance(data, dict):
-        raise ScenarioError(source, getattr(data, "line", 0) or 1, "(top level)",
-                            f"expected a mapping of keys, got {'a list' if isinstance(data, list) else repr(data)}")
+        raise ScenarioError(
+            source,
+            getattr(data, "line", 0) or 1,
+            "(top level)",
+            f"expected a mapping of keys, got {'a list' if isinstance(data, list) else repr(data)}",
+        )
     try:
         m = sm.ScenarioFile.model_validate(data)
     except ValidationError as exc:
@@ -272,10 +303,18 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
         raise ScenarioError(source, line or 0, configerrors.dotted(where), message) from None
     sites = _read_sites(w, m)
     groups = _read_groups(w, m, sites)
-    replicas = [ReplicaSpec(id=r.id, checkpoint=r.checkpoint, model_id=r.model_id or checkpoint_model_id(r.checkpoint),
-                            max_sessions=r.max_sessions, emulated_latency=r.emulated_latency,
-                            manifest=dict(r.manifest), line=w.line("servers", "replicas", i))
-                for i, r in enumerate(m.servers.replicas)]
+    replicas = [
+        ReplicaSpec(
+            id=r.id,
+            checkpoint=r.checkpoint,
+            model_id=r.model_id or checkpoint_model_id(r.checkpoint),
+            max_sessions=r.max_sessions,
+            emulated_latency=r.emulated_latency,
+            manifest=dict(r.manifest),
+            line=w.line("servers", "replicas", i),
+        )
+        for i, r in enumerate(m.servers.replicas)
+    ]
     _check_unique(w, [r.id for r in replicas], ("servers", "replicas"), "id", "replica id")
     _check_served(w, groups, replicas)
     _check_rates(w, groups, replicas, dict(m.servers.manifest))
@@ -284,10 +323,24 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
     sweep = _read_sweep(w, m, data)
     attackers = _read_attackers(w, m, groups)
     return Scenario(
-        name=m.name, description=m.description.strip(), duration_s=float(m.duration_s), warmup_s=float(m.warmup_s),
-        seed=m.seed, shards=m.fleet.shards, groups=groups, sites=sites, replicas=replicas,
-        server_manifest=dict(m.servers.manifest), faults=faults, assertions=assertions, sweep=sweep, source=source,
-        raw=data, security=m.security, attackers=attackers, fidelity=m.fidelity.model_dump(),
+        name=m.name,
+        description=m.description.strip(),
+        duration_s=float(m.duration_s),
+        warmup_s=float(m.warmup_s),
+        seed=m.seed,
+        shards=m.fleet.shards,
+        groups=groups,
+        sites=sites,
+        replicas=replicas,
+        server_manifest=dict(m.servers.manifest),
+        faults=faults,
+        assertions=assertions,
+        sweep=sweep,
+        source=source,
+        raw=data,
+        security=m.security,
+        attackers=attackers,
+        fidelity=m.fidelity.model_dump(),
         cluster=m.cluster.model_dump(),
     )
 
@@ -321,10 +374,17 @@ def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, SiteSpec]) -> l
         if any(o.name == g.name for o in groups):
             raise w.fail((*path, "name"), f"group name {g.name!r} is used twice; group names must be unique")
         if g.site not in sites:
-            raise w.fail((*path, "site"), f"unknown site {g.site!r}{did_you_mean(g.site, sites)}; sites: {', '.join(sites)}")
+            raise w.fail(
+                (*path, "site"), f"unknown site {g.site!r}{did_you_mean(g.site, sites)}; sites: {', '.join(sites)}"
+            )
         _check_engine_keys(w, path, g.engine)
-        cams = None if g.cameras is None else CameraSpec(kind=g.cameras.kind, names=list(g.cameras.names),
-                                                          height=g.cameras.height, width=g.cameras.width)
+        cams = (
+            None
+            if g.cameras is None
+            else CameraSpec(
+                kind=g.cameras.kind, names=list(g.cameras.names), height=g.cameras.height, width=g.cameras.width
+            )
+        )
         if cams is not None and cams.kind == "rendered":
             from bench.robots.models import GL_UNAVAILABLE
 
@@ -339,22 +399,43 @@ def _read_groups(w: _Where, m: sm.ScenarioFile, sites: dict[str, SiteSpec]) -> l
                 raise w.fail((*path, "engine", "chunking"), f"{chunking!r} is not one of {', '.join(sm.CHUNKINGS)}")
             engine = {**sm.CHUNKINGS[chunking], **engine}  # a field given beside the word wins (as `--set` does)
         if kind == "local" and g.shadow is not None:
-            raise w.fail((*path, "shadow"), "a `kind: local` group has no remote engine to compare with; put the "
-                                            "`shadow` on a remote group")
+            raise w.fail(
+                (*path, "shadow"),
+                "a `kind: local` group has no remote engine to compare with; put the `shadow` on a remote group",
+            )
         if g.seeds_of is not None:
             if g.seeds_of == g.name or not any(o.name == g.seeds_of for o in m.fleet.groups):
                 others = [o.name for o in m.fleet.groups if o.name != g.name]
-                raise w.fail((*path, "seeds_of"), f"seeds_of {g.seeds_of!r} names no other group"
-                                                  f"{did_you_mean(g.seeds_of, others)}; groups: {', '.join(others)}")
+                raise w.fail(
+                    (*path, "seeds_of"),
+                    f"seeds_of {g.seeds_of!r} names no other group"
+                    f"{did_you_mean(g.seeds_of, others)}; groups: {', '.join(others)}",
+                )
         shadow = None
         if g.shadow is not None:
-            shadow = {"engine": g.shadow.engine, "max_delay_steps": g.shadow.max_delay_steps,
-                      "policy": g.shadow.policy or policy}
-        group = GroupSpec(name=g.name, robot=g.robot, count=g.count, fps=float(g.fps), site=g.site, cameras=cams,
-                          policy=policy, model_id=g.model_id or checkpoint_model_id(policy), task=g.task,
-                          episode_s=_episode_s(g.episode_s, g.robot), engine=engine, shadow=shadow,
-                          line=w.line(*path), stagger_episodes=g.stagger_episodes, engine_kind=kind,
-                          seeds_of=g.seeds_of)
+            shadow = {
+                "engine": g.shadow.engine,
+                "max_delay_steps": g.shadow.max_delay_steps,
+                "policy": g.shadow.policy or policy,
+            }
+        group = GroupSpec(
+            name=g.name,
+            robot=g.robot,
+            count=g.count,
+            fps=float(g.fps),
+            site=g.site,
+            cameras=cams,
+            policy=policy,
+            model_id=g.model_id or checkpoint_model_id(policy),
+            task=g.task,
+            episode_s=_episode_s(g.episode_s, g.robot),
+            engine=engine,
+            shadow=shadow,
+            line=w.line(*path),
+            stagger_episodes=g.stagger_episodes,
+            engine_kind=kind,
+            seeds_of=g.seeds_of,
+        )
         _check_engine(w, path, group)
         if kind == "remote":
             _check_lease(w, path, group, sites[g.site])
@@ -378,11 +459,13 @@ def _check_lease(w: _Where, path: tuple, group: GroupSpec, site: SiteSpec) -> No
     lease = int(group.engine.get("lease_ms", RemoteEngineConfig.lease_ms))
     if lease < LEASE_ROUND_TRIPS * rtt:
         key = "lease_ms" if "lease_ms" in group.engine else None
-        raise w.fail((*path, "engine", *((key,) if key else ())),
-                     f"lease_ms {lease}{'' if key else ' (the default)'} is under {LEASE_ROUND_TRIPS:g} x the worst round "
-                     f"trip of site {site.name!r} ({site.profile}: {rtt:g} ms): the router would close each robot's "
-                     f"Zenoh session before its first keep-alive arrives; set engine.lease_ms >= "
-                     f"{math.ceil(LEASE_ROUND_TRIPS * rtt)}")
+        raise w.fail(
+            (*path, "engine", *((key,) if key else ())),
+            f"lease_ms {lease}{'' if key else ' (the default)'} is under {LEASE_ROUND_TRIPS:g} x the worst round "
+            f"trip of site {site.name!r} ({site.profile}: {rtt:g} ms): the router would close each robot's "
+            f"Zenoh session before its first keep-alive arrives; set engine.lease_ms >= "
+            f"{math.ceil(LEASE_ROUND_TRIPS * rtt)}",
+        )
 
 
 def _check_engine_keys(w: _Where, path: tuple, engine: dict) -> None:
@@ -418,15 +501,18 @@ def _check_engine(w: _Where, path: tuple, group: GroupSpec) -> None:
         try:
             local_engine_config(remote)
         except (ConfigError, TypeError, ValueError) as exc:
-            raise w.fail(_engine_key_path(path, group, exc), f"the local engine refuses it: {_config_words(exc)}") \
-                from None
+            raise w.fail(
+                _engine_key_path(path, group, exc), f"the local engine refuses it: {_config_words(exc)}"
+            ) from None
     if group.shadow:
         try:
             shadow_engine_config(remote)
         except (ConfigError, TypeError, ValueError) as exc:
-            raise w.fail(_engine_key_path(path, group, exc, fallback="shadow"),
-                         f"the shadow engine ({group.shadow['engine']}, local) refuses it: {_config_words(exc)}; "
-                         "the remote engine alone accepts it, so drop `shadow` or change the value") from None
+            raise w.fail(
+                _engine_key_path(path, group, exc, fallback="shadow"),
+                f"the shadow engine ({group.shadow['engine']}, local) refuses it: {_config_words(exc)}; "
+                "the remote engine alone accepts it, so drop `shadow` or change the value",
+            ) from None
 
 
 def _config_words(exc: Exception) -> str:
@@ -462,10 +548,12 @@ def _check_served(w: _Where, groups: list[GroupSpec], replicas: list[ReplicaSpec
             j, r = missing[0]
             raise w.fail(("servers", "replicas", j, "checkpoint"), _missing_checkpoint_words(r.checkpoint, groups))
         key = "model_id" if w.line("fleet", "groups", i, "model_id") else "policy" if g.policy != g.robot else "robot"
-        raise w.fail(("fleet", "groups", i, key),
-                     f"no server replica serves model {g.model_id!r}{did_you_mean(g.model_id, served)}; served: "
-                     f"{', '.join(sorted(served))}; give the group a model_id a replica serves, or add a replica",
-                     shown=f"fleet.groups[{g.name}].{key}")
+        raise w.fail(
+            ("fleet", "groups", i, key),
+            f"no server replica serves model {g.model_id!r}{did_you_mean(g.model_id, served)}; served: "
+            f"{', '.join(sorted(served))}; give the group a model_id a replica serves, or add a replica",
+            shown=f"fleet.groups[{g.name}].{key}",
+        )
 
 
 def checkpoint_config(name_or_path: str) -> dict:
@@ -503,12 +591,14 @@ def _check_rates(w: _Where, groups: list[GroupSpec], replicas: list[ReplicaSpec]
             allowed = r.manifest.get("allow_resampling", server_manifest.get("allow_resampling", False))
             if trained is None or abs(trained - g.fps) < 1e-6 or allowed is True:
                 continue
-            raise w.fail(("fleet", "groups", i, "fps"),
-                         f"group {g.name!r} runs at {g.fps:g} Hz but replica {r.id!r} serves {r.checkpoint!r}, trained "
-                         f"at {trained:g} Hz: its sessions would be refused (FPS_MISMATCH). Run the group at "
-                         f"{trained:g} Hz, serve a checkpoint trained at {g.fps:g} Hz, or set "
-                         f"servers.manifest.allow_resampling: true (each chunk then plays stretched in time)",
-                         shown=f"fleet.groups[{g.name}].fps")
+            raise w.fail(
+                ("fleet", "groups", i, "fps"),
+                f"group {g.name!r} runs at {g.fps:g} Hz but replica {r.id!r} serves {r.checkpoint!r}, trained "
+                f"at {trained:g} Hz: its sessions would be refused (FPS_MISMATCH). Run the group at "
+                f"{trained:g} Hz, serve a checkpoint trained at {g.fps:g} Hz, or set "
+                f"servers.manifest.allow_resampling: true (each chunk then plays stretched in time)",
+                shown=f"fleet.groups[{g.name}].fps",
+            )
 
 
 def _checkpoint_present(name_or_path: str) -> bool:
@@ -519,15 +609,25 @@ def _checkpoint_present(name_or_path: str) -> bool:
 def _missing_checkpoint_words(name_or_path: str, groups: list[GroupSpec]) -> str:
     d = checkpoint_dir(name_or_path)
     if (d / "config.json").is_file() and (d / "stats.json").is_file():  # shipped without weights (reacher_vla)
-        return (f"checkpoint {name_or_path!r} ships without weights ({d} has config.json and stats.json only); "
-                f"make random ones (timing only, no task skill) with: bench init-weights {name_or_path}")
-    shipped = sorted(p.name for p in CHECKPOINTS_DIR.iterdir() if (p / "config.json").is_file()) \
-        if CHECKPOINTS_DIR.is_dir() else []
-    robot = next((g.robot for g in groups if g.model_id == checkpoint_model_id(name_or_path)),
-                 groups[0].robot if groups else "reacher")
-    return (f"checkpoint {name_or_path!r} is missing ({d} has no config.json and model.safetensors)"
-            f"{did_you_mean(name_or_path, shipped)}; build it with: bench train --robot {robot}"
-            + (f" --out {d}" if d.name != robot else "") + (f" (present: {', '.join(shipped)})" if shipped else ""))
+        return (
+            f"checkpoint {name_or_path!r} ships without weights ({d} has config.json and stats.json only); "
+            f"make random ones (timing only, no task skill) with: bench init-weights {name_or_path}"
+        )
+    shipped = (
+        sorted(p.name for p in CHECKPOINTS_DIR.iterdir() if (p / "config.json").is_file())
+        if CHECKPOINTS_DIR.is_dir()
+        else []
+    )
+    robot = next(
+        (g.robot for g in groups if g.model_id == checkpoint_model_id(name_or_path)),
+        groups[0].robot if groups else "reacher",
+    )
+    return (
+        f"checkpoint {name_or_path!r} is missing ({d} has no config.json and model.safetensors)"
+        f"{did_you_mean(name_or_path, shipped)}; build it with: bench train --robot {robot}"
+        + (f" --out {d}" if d.name != robot else "")
+        + (f" (present: {', '.join(shipped)})" if shipped else "")
+    )
 
 
 def check_checkpoints_present(scenario: Scenario) -> None:
@@ -535,7 +635,9 @@ def check_checkpoints_present(scenario: Scenario) -> None:
     w = _Where(scenario.source, scenario.raw)
     for j, r in enumerate(scenario.replicas):
         if not _checkpoint_present(r.checkpoint):
-            raise w.fail(("servers", "replicas", j, "checkpoint"), _missing_checkpoint_words(r.checkpoint, scenario.groups))
+            raise w.fail(
+                ("servers", "replicas", j, "checkpoint"), _missing_checkpoint_words(r.checkpoint, scenario.groups)
+            )
     for i, g in enumerate(scenario.groups):
         if g.engine_kind == "local" and not _checkpoint_present(g.policy):
             key = "policy" if w.line("fleet", "groups", i, "policy") else "robot"
@@ -548,8 +650,11 @@ def check_checkpoints_present(scenario: Scenario) -> None:
         if "checkpoint" in f and not _checkpoint_present(str(f["checkpoint"])):
             raise w.fail(("faults", i, "checkpoint"), _missing_checkpoint_words(str(f["checkpoint"]), scenario.groups))
         if "manifest" in f and not Path(str(f["manifest"])).is_file():
-            raise w.fail(("faults", i, "manifest"), f"manifest {str(f['manifest'])!r} is not a file (relative paths start "
-                                                    f"at {Path.cwd()}, where bench runs); give a policy-server manifest")
+            raise w.fail(
+                ("faults", i, "manifest"),
+                f"manifest {str(f['manifest'])!r} is not a file (relative paths start "
+                f"at {Path.cwd()}, where bench runs); give a policy-server manifest",
+            )
 
 
 def _read_attackers(w: _Where, m: sm.ScenarioFile, groups: list[GroupSpec]) -> list[dict]:
@@ -567,8 +672,11 @@ def _read_attackers(w: _Where, m: sm.ScenarioFile, groups: list[GroupSpec]) -> l
         gname, _, idx = target.partition("/")
         match = [g for g in groups if g.name == gname]
         if not match or not idx.isdigit() or int(idx) >= match[0].count:
-            raise w.fail((*path, "target"), f"{target!r} is not GROUP/INDEX of a robot; groups: "
-                                            + ", ".join(f"{g.name} (0..{g.count - 1})" for g in groups))
+            raise w.fail(
+                (*path, "target"),
+                f"{target!r} is not GROUP/INDEX of a robot; groups: "
+                + ", ".join(f"{g.name} (0..{g.count - 1})" for g in groups),
+            )
         a["target"] = target
         if float(a["at"]) > float(m.duration_s):
             raise w.fail((*path, "at"), f"{a['at']:g} s is after the end of the run ({m.duration_s:g} s)")
@@ -576,8 +684,11 @@ def _read_attackers(w: _Where, m: sm.ScenarioFile, groups: list[GroupSpec]) -> l
             known = attacks_for(a["credentials"])
             words = known if a["attacks"] == "all" else a["attacks"]
             if not isinstance(words, list) or not words or any(x not in known for x in words):
-                raise w.fail((*path, "attacks"), f"{a['attacks']!r}: give `all` or a list of attacks for credentials "
-                                                 f"{a['credentials']}: {', '.join(known)}")
+                raise w.fail(
+                    (*path, "attacks"),
+                    f"{a['attacks']!r}: give `all` or a list of attacks for credentials "
+                    f"{a['credentials']}: {', '.join(known)}",
+                )
             a["attacks"] = list(words)
         out.append(a)
     return out
@@ -593,13 +704,17 @@ def _read_faults(w: _Where, m: sm.ScenarioFile, sites, replicas, groups) -> list
             if target.startswith("robot:"):
                 _check_robot_target(w, (*path, "target"), target, groups)
             elif target not in targets_known:
-                raise w.fail((*path, "target"), f"unknown target {target!r}{did_you_mean(target, targets_known)}; "
-                                                f"known: {', '.join(sorted(targets_known))}, robot:<group>[/<index>]")
+                raise w.fail(
+                    (*path, "target"),
+                    f"unknown target {target!r}{did_you_mean(target, targets_known)}; "
+                    f"known: {', '.join(sorted(targets_known))}, robot:<group>[/<index>]",
+                )
         t = item.get("at", item.get("t"))
         duration = float(m.duration_s)
         if isinstance(t, (int, float)) and not isinstance(t, bool) and t > duration:
-            raise ScenarioError(w.source, w.line(*path), f"faults[{i}].at",
-                                f"fault at {t}s is after the end of the run ({duration}s)")
+            raise ScenarioError(
+                w.source, w.line(*path), f"faults[{i}].at", f"fault at {t}s is after the end of the run ({duration}s)"
+            )
     _check_timeline_with_chaos(w, raw)
     return [dict(item) for item in raw]
 
@@ -633,7 +748,9 @@ def _check_timeline_with_chaos(w: _Where, raw: list) -> None:
         raise ScenarioError(w.source, line, "faults", msg) from None
 
 
-def _read_assertions(w: _Where, m: sm.ScenarioFile, groups: list[GroupSpec], replicas: list[ReplicaSpec]) -> list[AssertionSpec]:
+def _read_assertions(
+    w: _Where, m: sm.ScenarioFile, groups: list[GroupSpec], replicas: list[ReplicaSpec]
+) -> list[AssertionSpec]:
     from bench.scenario import assertions as asserts
 
     out = []
@@ -664,20 +781,36 @@ def _read_sweep(w: _Where, m: sm.ScenarioFile, data: dict) -> dict | None:
         try:
             check_sweep_expression(expr)
         except AssertionSyntaxError as exc:
-            raise ScenarioError(w.source, w.line("sweep", "assertions", i), f"sweep.assertions[{i}]", str(exc)) from None
+            raise ScenarioError(
+                w.source, w.line("sweep", "assertions", i), f"sweep.assertions[{i}]", str(exc)
+            ) from None
     if sw.assertions and sw.mode != "capacity":  # the runner judges them against a capacity sweep's knee only
-        raise w.fail(("sweep", "assertions"), f"sweep assertions are judged only with mode: capacity (this sweep's "
-                                              f"mode is {sw.mode!r}); set mode: capacity, or move each run's "
-                                              f"checks to the top-level assertions")
+        raise w.fail(
+            ("sweep", "assertions"),
+            f"sweep assertions are judged only with mode: capacity (this sweep's "
+            f"mode is {sw.mode!r}); set mode: capacity, or move each run's "
+            f"checks to the top-level assertions",
+        )
     if sw.formula and sw.mode != "capacity":  # P10's formula is printed beside a capacity sweep's knee only
-        raise w.fail(("sweep", "formula"), f"the formula is compared with a capacity sweep's knee only (this sweep's "
-                                           f"mode is {sw.mode!r}); set mode: capacity, or remove it")
+        raise w.fail(
+            ("sweep", "formula"),
+            f"the formula is compared with a capacity sweep's knee only (this sweep's "
+            f"mode is {sw.mode!r}); set mode: capacity, or remove it",
+        )
     _check_sweep_values(w, sw, data)
-    formula = {k: v for k, v in sw.formula.model_dump().items() if k in (data["sweep"].get("formula") or {})} \
-        if sw.formula else None
-    return {"key": sw.key, "values": list(sw.values), "mode": sw.mode,
-            "stop_after_failure": (sw.mode == "capacity") if sw.stop_after_failure is None else sw.stop_after_failure,
-            "formula": formula or None, "assertions": list(sw.assertions)}
+    formula = (
+        {k: v for k, v in sw.formula.model_dump().items() if k in (data["sweep"].get("formula") or {})}
+        if sw.formula
+        else None
+    )
+    return {
+        "key": sw.key,
+        "values": list(sw.values),
+        "mode": sw.mode,
+        "stop_after_failure": (sw.mode == "capacity") if sw.stop_after_failure is None else sw.stop_after_failure,
+        "formula": formula or None,
+        "assertions": list(sw.assertions),
+    }
 
 
 def _check_sweep_values(w: _Where, sw, data: dict) -> None:
@@ -698,8 +831,11 @@ def _check_sweep_values(w: _Where, sw, data: dict) -> None:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise fail(i, f"a capacity sweep's values are load steps (numbers), got {v!r}")
             if i and v <= values[i - 1]:
-                raise fail(i, f"{v!r} after {values[i - 1]!r}: a capacity sweep's steps increase (its knee is the last "
-                              f"step held before the first that failed); sort them: {sorted(values)}")
+                raise fail(
+                    i,
+                    f"{v!r} after {values[i - 1]!r}: a capacity sweep's steps increase (its knee is the last "
+                    f"step held before the first that failed); sort them: {sorted(values)}",
+                )
     for i, v in enumerate(values):
         variant = copy.deepcopy(data)
         variant.pop("sweep", None)
@@ -765,7 +901,9 @@ def missing_checkpoints(scenario: Scenario) -> list[str]:
     for r in scenario.replicas:
         d = checkpoint_dir(r.checkpoint)
         if d not in seen and not _checkpoint_present(r.checkpoint):
-            msgs.append(f"servers.replicas[{r.id}].checkpoint: {_missing_checkpoint_words(r.checkpoint, scenario.groups)}")
+            msgs.append(
+                f"servers.replicas[{r.id}].checkpoint: {_missing_checkpoint_words(r.checkpoint, scenario.groups)}"
+            )
         seen.add(d)
     return msgs
 
@@ -775,8 +913,7 @@ def list_scenarios(directory: Path = SCENARIOS_DIR) -> list[tuple[Path, str, str
     out = []
     for p in sorted(directory.glob("**/*.yaml")):  # sub-folders too: scenarios/ci/ holds the CI chaos jobs
         if p.exists() and not p.is_file() and not p.is_dir():  # a FIFO or device: reading it could block forever
-            out.append((p, p.stem, f"INVALID: {p}: not a regular file (a FIFO or a device); "
-                                   "a scenario is a YAML file"))
+            out.append((p, p.stem, f"INVALID: {p}: not a regular file (a FIFO or a device); a scenario is a YAML file"))
             continue
         try:
             s = load_scenario(p)

@@ -40,9 +40,11 @@ ENGINE_KINDS = ("remote", "local")
 # bench.training.delay_eval's STRATEGIES). `sync` is blocking inference, as edge's `sync` engine does it locally:
 # ask only when the queue is empty (buffer_time_s: one millisecond of playback) and append what comes back.
 SYNC_BUFFER_TIME_S = 0.001
-CHUNKINGS = {"sync": {"rtc_enabled": False, "buffer_time_s": SYNC_BUFFER_TIME_S},
-             "append": {"rtc_enabled": False},
-             "rtc": {"rtc_enabled": True}}
+CHUNKINGS = {
+    "sync": {"rtc_enabled": False, "buffer_time_s": SYNC_BUFFER_TIME_S},
+    "append": {"rtc_enabled": False},
+    "rtc": {"rtc_enabled": True},
+}
 
 
 # --- names other packages own -----------------------------------------------------------------
@@ -51,6 +53,7 @@ CHUNKINGS = {"sync": {"rtc_enabled": False, "buffer_time_s": SYNC_BUFFER_TIME_S}
 def robot_types() -> tuple[str, ...]:
     try:
         from bench import robots
+
         reg = getattr(robots, "ROBOT_TYPES", None) or getattr(robots, "REGISTRY", None)
         if reg:
             return tuple(sorted(reg))
@@ -100,6 +103,7 @@ def _one_of(names, what: str):
 
             problem(f"unknown {what} {v!r}{did_you_mean(v, known)}; known: {', '.join(known)}")
         return v
+
     return check
 
 
@@ -124,8 +128,7 @@ Str = Annotated[str, Strict()]
 Bool = Annotated[bool, Strict()]
 Int = Annotated[int, Strict()]
 Num = Annotated[float, Strict()]
-Name = Annotated[str, Strict(), AfterValidator(_name),
-                 WithJsonSchema({"type": "string", "pattern": NAME_RE.pattern})]
+Name = Annotated[str, Strict(), AfterValidator(_name), WithJsonSchema({"type": "string", "pattern": NAME_RE.pattern})]
 PosInt = Annotated[int, Strict(), Field(gt=0)]
 NonNegInt = Annotated[int, Strict(), Field(ge=0)]
 PosNum = Annotated[float, Strict(), Field(gt=0)]
@@ -133,8 +136,11 @@ NonNegNum = Annotated[float, Strict(), Field(ge=0)]
 RobotType = Annotated[str, Strict(), AfterValidator(_one_of(robot_types, "robot type"))]
 Profile = Annotated[str, Strict(), AfterValidator(_one_of(profile_names, "network profile"))]
 CameraKind = Annotated[str, Strict(), AfterValidator(_one_of(camera_kinds, "camera kind"))]
-Shards = Annotated[Any, AfterValidator(_shards),
-                   WithJsonSchema({"anyOf": [{"const": "auto"}, {"type": "integer", "exclusiveMinimum": 0}]})]
+Shards = Annotated[
+    Any,
+    AfterValidator(_shards),
+    WithJsonSchema({"anyOf": [{"const": "auto"}, {"type": "integer", "exclusiveMinimum": 0}]}),
+]
 
 
 def _f(default: Any = ..., doc: str = "", enum=None, **meta: Any) -> Any:
@@ -159,8 +165,11 @@ def _engine_choices() -> dict[str, tuple[str, ...]]:
     from edge.latency import LATENCY_MODES
     from edge.queue import TRIM_MODES
 
-    return {"fallback": tuple(f.value for f in FallbackBehavior), "trim": tuple(TRIM_MODES),
-            "latency_mode": tuple(LATENCY_MODES)}
+    return {
+        "fallback": tuple(f.value for f in FallbackBehavior),
+        "trim": tuple(TRIM_MODES),
+        "latency_mode": tuple(LATENCY_MODES),
+    }
 
 
 def _engine_type(name: str, tp: Any) -> Any:
@@ -182,19 +191,31 @@ def engine_model() -> type[BaseModel]:
 
     hints = typing.get_type_hints(RemoteEngineConfig)
     fields: dict[str, Any] = {
-        "kind": (Literal[ENGINE_KINDS], _f("remote", "`remote`: the robots run the remote engine through their site, the "
-                                                     "router and a replica (the system under test); `local`: the same "
-                                                     "checkpoint through the server's inference path inside the shard, "
-                                                     "no network (edge.rtc.RTCEngine with the fields below that apply: "
-                                                     "`buffer_time_s`, `rtc_enabled`, `execution_horizon`, `trim`, "
-                                                     "`latency_mode`, `latency_window`): the in-run baseline of task "
-                                                     "success (docs/scenarios.md \"Local baseline\")")),
-        "chunking": (Literal[tuple(CHUNKINGS)] | None, _f(
-            None, "the chunking strategy by name, a preset of the fields it sets (a field given beside it wins, as "
-                  "`--set` does): `rtc` (`rtc_enabled: true`: each chunk guided by the executed prefix), `append` "
-                  "(`rtc_enabled: false`: appended unguided), `sync` (blocking: `rtc_enabled: false`, "
-                  f"`buffer_time_s: {SYNC_BUFFER_TIME_S:g}`, so it asks only when the queue is empty)",
-            default_doc="the fields as given"))}
+        "kind": (
+            Literal[ENGINE_KINDS],
+            _f(
+                "remote",
+                "`remote`: the robots run the remote engine through their site, the "
+                "router and a replica (the system under test); `local`: the same "
+                "checkpoint through the server's inference path inside the shard, "
+                "no network (edge.rtc.RTCEngine with the fields below that apply: "
+                "`buffer_time_s`, `rtc_enabled`, `execution_horizon`, `trim`, "
+                "`latency_mode`, `latency_window`): the in-run baseline of task "
+                "success (docs/scenarios.md \"Local baseline\")",
+            ),
+        ),
+        "chunking": (
+            Literal[tuple(CHUNKINGS)] | None,
+            _f(
+                None,
+                "the chunking strategy by name, a preset of the fields it sets (a field given beside it wins, as "
+                "`--set` does): `rtc` (`rtc_enabled: true`: each chunk guided by the executed prefix), `append` "
+                "(`rtc_enabled: false`: appended unguided), `sync` (blocking: `rtc_enabled: false`, "
+                f"`buffer_time_s: {SYNC_BUFFER_TIME_S:g}`, so it asks only when the queue is empty)",
+                default_doc="the fields as given",
+            ),
+        ),
+    }
     for f in dataclasses.fields(RemoteEngineConfig):
         if f.name in ENGINE_OWNED:
             continue
@@ -203,8 +224,12 @@ def engine_model() -> type[BaseModel]:
         if f.name == "fallback":
             doc += "; default: the robot type's safe fallback"
         fields[f.name] = (_engine_type(f.name, hints[f.name]), _f(default, doc))
-    return create_model("Engine", __config__=ConfigDict(extra="forbid"),
-                        __doc__="Overrides of edge.RemoteEngineConfig for every robot of the group.", **fields)
+    return create_model(
+        "Engine",
+        __config__=ConfigDict(extra="forbid"),
+        __doc__="Overrides of edge.RemoteEngineConfig for every robot of the group.",
+        **fields,
+    )
 
 
 # --- the sections --------------------------------------------------------------------------------
@@ -213,11 +238,13 @@ def engine_model() -> type[BaseModel]:
 class Cameras(_Model):
     """Cameras of every robot of a group."""
 
-    kind: CameraKind = _f("synthetic", "synthetic (cheap, procedurally drawn) or rendered (MuJoCo)",
-                          enum=camera_kinds)
+    kind: CameraKind = _f("synthetic", "synthetic (cheap, procedurally drawn) or rendered (MuJoCo)", enum=camera_kinds)
     names: Annotated[list[Str], AfterValidator(_unique)] = Field(
-        default_factory=lambda: ["front"], min_length=1, json_schema_extra={"uniqueItems": True},
-        description="camera names, each once; one image each per observation")
+        default_factory=lambda: ["front"],
+        min_length=1,
+        json_schema_extra={"uniqueItems": True},
+        description="camera names, each once; one image each per observation",
+    )
     height: PosInt = _f(64, "image height in pixels")
     width: PosInt = _f(64, "image width in pixels")
 
@@ -227,8 +254,9 @@ class Shadow(_Model):
 
     engine: Literal["rtc"] = _f("rtc", "the local engine compared with the remote one")
     max_delay_steps: NonNegInt = _f(0, "request n of both engines merges with a delay drawn from 0..N control steps")
-    policy: Str | None = _f(None, "the local engine's checkpoint (another one must mismatch)",
-                            default_doc="the group's")
+    policy: Str | None = _f(
+        None, "the local engine's checkpoint (another one must mismatch)", default_doc="the group's"
+    )
 
 
 class Group(_Model):
@@ -241,31 +269,48 @@ class Group(_Model):
     site: Name = _f(..., "a key of `sites`: the network between these robots and the router")
     cameras: Cameras | None = _f(None, "cameras of every robot: `{kind, names, height, width}` (below)")
     policy: Str | None = _f(None, "checkpoint name under `bench/checkpoints/` or a path", default_doc="the robot type")
-    model_id: Name | None = _f(None, "the model the robots ask for; some replica must serve it",
-                               default_doc="the policy's name")
+    model_id: Name | None = _f(
+        None, "the model the robots ask for; some replica must serve it", default_doc="the policy's name"
+    )
     task: Str = _f("", "task string sent with each observation")
-    episode_s: PosNum | None = _f(None, "episode length; robot and engine `reset()` at its end",
-                                  default_doc="the robot type's")
-    stagger_episodes: Bool = _f(False, "lengthen each robot's first episode by a seeded random part of one (0 to "
-                                       "`episode_s`), so the group's episode boundaries spread instead of falling on "
-                                       "the same tick: a real fleet does not start its episodes in lockstep, and one "
-                                       "that does sends its episodes' first requests as a burst")
-    engine: dict = _f({}, "overrides of `edge.RemoteEngineConfig` fields (the engine table below); "
-                          "`connect_endpoints`, `action_names`, `state_dim`, `fps`, `cameras`, `model_id` and `task` "
-                          "are set by the bench from the robot, the site and the group, and refused here; every value is checked by the engine's own constructor at validate time")
-    shadow: Shadow | None = _f(None, "golden parity: a local engine in lockstep beside each robot's remote one "
-                                      "(below, and `rtc_parity`)")
-    seeds_of: Name | None = _f(None, "seed robot `i` as robot `i` of the group NAME (same targets and start states, "
-                                     "episode by episode): a `local` baseline paired with the remote group it is the "
-                                     "baseline of", default_doc="its own")
+    episode_s: PosNum | None = _f(
+        None, "episode length; robot and engine `reset()` at its end", default_doc="the robot type's"
+    )
+    stagger_episodes: Bool = _f(
+        False,
+        "lengthen each robot's first episode by a seeded random part of one (0 to "
+        "`episode_s`), so the group's episode boundaries spread instead of falling on "
+        "the same tick: a real fleet does not start its episodes in lockstep, and one "
+        "that does sends its episodes' first requests as a burst",
+    )
+    engine: dict = _f(
+        {},
+        "overrides of `edge.RemoteEngineConfig` fields (the engine table below); "
+        "`connect_endpoints`, `action_names`, `state_dim`, `fps`, `cameras`, `model_id` and `task` "
+        "are set by the bench from the robot, the site and the group, and refused here; every value is checked by the engine's own constructor at validate time",
+    )
+    shadow: Shadow | None = _f(
+        None, "golden parity: a local engine in lockstep beside each robot's remote one (below, and `rtc_parity`)"
+    )
+    seeds_of: Name | None = _f(
+        None,
+        "seed robot `i` as robot `i` of the group NAME (same targets and start states, "
+        "episode by episode): a `local` baseline paired with the remote group it is the "
+        "baseline of",
+        default_doc="its own",
+    )
 
 
 class Fleet(_Model):
     """The robots: shard processes and groups."""
 
-    shards: Shards = _f("auto", "fleet shard processes; robots are dealt round-robin over them. `auto`: sized from "
-                                "robots, fps and this host's cores (`bench.run.sizing`, docs/bench.md \"Sizing the "
-                                "bench to the host\"); an integer always wins", type_doc="`auto` or int > 0")
+    shards: Shards = _f(
+        "auto",
+        "fleet shard processes; robots are dealt round-robin over them. `auto`: sized from "
+        "robots, fps and this host's cores (`bench.run.sizing`, docs/bench.md \"Sizing the "
+        "bench to the host\"); an integer always wins",
+        type_doc="`auto` or int > 0",
+    )
     groups: list[Group] = Field(..., min_length=1, description="robot groups (below)")
 
 
@@ -273,9 +318,12 @@ class Site(_Model):
     """The network between a site's robots and the router: its own proxy, its own toxics."""
 
     profile: Profile = _f("lan", "network profile from `chaos.profiles`", enum=profile_names)
-    overrides: dict = _f({}, "toxic attributes merged into the profile: `TYPE.ATTRIBUTE: value` or "
-                             "`TYPE: {ATTRIBUTE: value}` (`chaos.profiles.TOXIC_ATTRIBUTES`), e.g. "
-                             "`bandwidth.rate: 250`; checked by `chaos.profiles` at validate time")
+    overrides: dict = _f(
+        {},
+        "toxic attributes merged into the profile: `TYPE.ATTRIBUTE: value` or "
+        "`TYPE: {ATTRIBUTE: value}` (`chaos.profiles.TOXIC_ATTRIBUTES`), e.g. "
+        "`bandwidth.rate: 250`; checked by `chaos.profiles` at validate time",
+    )
 
 
 SiteOrProfile = Annotated[Site, BeforeValidator(_site_shorthand)]
@@ -285,20 +333,27 @@ class Replica(_Model):
     """One policy-server process."""
 
     id: Name = _f(..., "replica id (key chunk); also the fault target `server:<id>`")
-    checkpoint: Str = _f(..., "checkpoint name under `bench/checkpoints/` or a path; it must exist when the file "
-                              "is validated or run: `bench train --robot TYPE` builds one")
+    checkpoint: Str = _f(
+        ...,
+        "checkpoint name under `bench/checkpoints/` or a path; it must exist when the file "
+        "is validated or run: `bench train --robot TYPE` builds one",
+    )
     model_id: Name | None = _f(None, "served model id", default_doc="the checkpoint's name")
     max_sessions: PosInt = _f(64, "sessions this replica accepts")
-    emulated_latency: Any = _f(None, "emulated inference latency: ms or a mapping (the manifest's "
-                                     "`emulated_latency`); reported as `inference_emulated`")
+    emulated_latency: Any = _f(
+        None,
+        "emulated inference latency: ms or a mapping (the manifest's "
+        "`emulated_latency`); reported as `inference_emulated`",
+    )
     manifest: dict = _f({}, "manifest keys for this replica only (win over `servers.manifest`)")
 
 
 class Servers(_Model):
     """The policy-server replicas."""
 
-    replicas: list[Replica] = Field(..., min_length=1, description="server replicas, one `policy-server` process each "
-                                                                    "(below)")
+    replicas: list[Replica] = Field(
+        ..., min_length=1, description="server replicas, one `policy-server` process each (below)"
+    )
     manifest: dict = _f({}, "manifest keys applied to every replica (nested or dotted, e.g. `scheduling.max_batch: 8`)")
 
 
@@ -316,39 +371,59 @@ class Sweep(_Model):
     """Run the scenario once per value of one key."""
 
     key: Str = _f(..., "dotted key to vary, e.g. `sites.eu.profile` or `fleet.groups.eu.count`")
-    values: list = Field(..., min_length=1, description="one run per value, each once (in `capacity` mode "
-                                                        "increasing numbers); each run is checked as it will be built")
-    mode: Literal["runs", "capacity"] = _f("runs", "`runs`: every run is judged by the assertions and the exit code is "
-                                                   "the worst run's. `capacity`: the values are load steps; the "
-                                                   "assertions are the target one step must hold; the knee is the last "
-                                                   "value before the first failing step, and the exit code is the "
-                                                   "verdict of the sweep's own `assertions`")
-    stop_after_failure: Bool | None = _f(None, "stop at the first failing value",
-                                         default_doc="true in capacity mode")
-    formula: Formula | None = _f(None, "`capacity` only (refused in `runs` mode): nominal inputs of P10's formula, "
-                                       "printed beside the measured ones")
-    assertions: list[Str] = _f([], "`capacity` only (refused in `runs` mode): expressions over the sweep figures `knee`, `first_failure`, `n_max`, "
-                                   "`n_max_nominal`, `knee_ratio`, `knee_ratio_nominal`, `steps`, `knee_without_bench`, "
-                                   "`first_failure_without_bench` (bench.evidence.capacity)")
+    values: list = Field(
+        ...,
+        min_length=1,
+        description="one run per value, each once (in `capacity` mode "
+        "increasing numbers); each run is checked as it will be built",
+    )
+    mode: Literal["runs", "capacity"] = _f(
+        "runs",
+        "`runs`: every run is judged by the assertions and the exit code is "
+        "the worst run's. `capacity`: the values are load steps; the "
+        "assertions are the target one step must hold; the knee is the last "
+        "value before the first failing step, and the exit code is the "
+        "verdict of the sweep's own `assertions`",
+    )
+    stop_after_failure: Bool | None = _f(None, "stop at the first failing value", default_doc="true in capacity mode")
+    formula: Formula | None = _f(
+        None,
+        "`capacity` only (refused in `runs` mode): nominal inputs of P10's formula, printed beside the measured ones",
+    )
+    assertions: list[Str] = _f(
+        [],
+        "`capacity` only (refused in `runs` mode): expressions over the sweep figures `knee`, `first_failure`, `n_max`, "
+        "`n_max_nominal`, `knee_ratio`, `knee_ratio_nominal`, `steps`, `knee_without_bench`, "
+        "`first_failure_without_bench` (bench.evidence.capacity)",
+    )
 
 
 class Attacker(_Model):
     """A hostile client started during the run (bench.security.attacker)."""
 
-    name: Name = _f(..., "attacker name (log `logs/attacker-NAME.log`); with `own_cert` also its client uuid and "
-                          "certificate CN (an enrolled robot gone rogue)")
+    name: Name = _f(
+        ...,
+        "attacker name (log `logs/attacker-NAME.log`); with `own_cert` also its client uuid and "
+        "certificate CN (an enrolled robot gone rogue)",
+    )
     credentials: Literal["own_cert", "none", "foreign_ca"] = _f(
-        "own_cert", "`own_cert` (a valid certificate of the fleet CA), `none` (no client certificate), `foreign_ca` "
-                    "(a certificate of another CA)")
+        "own_cert",
+        "`own_cert` (a valid certificate of the fleet CA), `none` (no client certificate), `foreign_ca` "
+        "(a certificate of another CA)",
+    )
     target: Str | None = _f(None, "the victim robot, `GROUP/INDEX`", default_doc="robot 0 of the first group")
-    at: NonNegNum = _f(2.0, "seconds after t=0 when the attacks start (they run one after the other, about 25 s "
-                             "for `all`)")
-    attacks: Literal["all"] | list[Str] = _f("all", "attack words of `bench.security.attacker.ATTACKS`: with "
-                                                    "`own_cert` `subscribe_other_obs`, `publish_other_obs`, "
-                                                    "`subscribe_other_action`, `token_other_robot`, `token_server`, "
-                                                    "`open_other_session`, `reset_other_session`, "
-                                                    "`open_fabricated_sessions`, `flood`, `oversized`, `malformed`; "
-                                                    "otherwise `connect`; `all`: every attack of the credentials")
+    at: NonNegNum = _f(
+        2.0, "seconds after t=0 when the attacks start (they run one after the other, about 25 s for `all`)"
+    )
+    attacks: Literal["all"] | list[Str] = _f(
+        "all",
+        "attack words of `bench.security.attacker.ATTACKS`: with "
+        "`own_cert` `subscribe_other_obs`, `publish_other_obs`, "
+        "`subscribe_other_action`, `token_other_robot`, `token_server`, "
+        "`open_other_session`, `reset_other_session`, "
+        "`open_fabricated_sessions`, `flood`, `oversized`, `malformed`; "
+        "otherwise `connect`; `all`: every attack of the credentials",
+    )
     flood_hz: PosNum = _f(300, "observation rate of `flood` (on the rogue's own session)")
     flood_s: PosNum = _f(4.0, "length of `flood`")
 
@@ -357,43 +432,64 @@ class Fidelity(_Model):
     """The twin's own error budget: tolerances of the self-measurement every run makes (`summary.json` →
     `fidelity`, docs/bench.md "Fidelity"). Out of tolerance, a failed assertion reads `inconclusive`."""
 
-    leg_error_ms: NonNegNum = _f(5.0, "a network leg's p99 of (delay the proxy applied - delay the profile asked) may "
-                                      "reach this many ms ...")
+    leg_error_ms: NonNegNum = _f(
+        5.0, "a network leg's p99 of (delay the proxy applied - delay the profile asked) may reach this many ms ..."
+    )
     leg_error_ratio: NonNegNum = _f(0.2, "... or this share of the leg's asked delay, whichever is larger")
-    bandwidth_ratio: NonNegNum = _f(0.9, "a shaped leg (`bandwidth` toxic) delivers at least this share of its asked "
-                                         "rate while it has data queued")
+    bandwidth_ratio: NonNegNum = _f(
+        0.9, "a shaped leg (`bandwidth` toxic) delivers at least this share of its asked rate while it has data queued"
+    )
     host_late_ratio: NonNegNum = _f(0.01, "a shard's share of ticks made late by the bench host itself")
     loop_overrun_ratio: NonNegNum = _f(0.05, "a shard's share of loop slots that ran past their budget")
-    scheduler_wait_ms: NonNegNum = _f(250.0, "a shard's worst wait for a core or its GIL in one loop slot (slot wall "
-                                             "time - its CPU time)")
-    forward_ratio: NonNegNum = _f(2.0, "a replica's forward-pass p50 over its own unloaded forward time at the same "
-                                       "batch size, measured when it started ...")
-    forward_excess_ms: NonNegNum = _f(2.0, "... judged only when the forward pass is also this many ms (p50) over that "
-                                           "time: a cheap pass doubles from scheduling noise no round trip notices")
-    other_load_shift: NonNegNum = _f(0.05, "where an assertion compares the run's first and last windows (a `_drift` "
-                                           "figure), the host's CPU used by processes outside the run may differ by "
-                                           "at most this share of all cores between the two windows")
-    speed_shift: NonNegNum = _f(0.15, "... and the host's own speed (the in-run speed probe's mean, CPU time) may "
-                                      "differ by at most this share between them: a VM in a slow phase lengthens "
-                                      "every CPU step of a round trip")
+    scheduler_wait_ms: NonNegNum = _f(
+        250.0, "a shard's worst wait for a core or its GIL in one loop slot (slot wall time - its CPU time)"
+    )
+    forward_ratio: NonNegNum = _f(
+        2.0,
+        "a replica's forward-pass p50 over its own unloaded forward time at the same "
+        "batch size, measured when it started ...",
+    )
+    forward_excess_ms: NonNegNum = _f(
+        2.0,
+        "... judged only when the forward pass is also this many ms (p50) over that "
+        "time: a cheap pass doubles from scheduling noise no round trip notices",
+    )
+    other_load_shift: NonNegNum = _f(
+        0.05,
+        "where an assertion compares the run's first and last windows (a `_drift` "
+        "figure), the host's CPU used by processes outside the run may differ by "
+        "at most this share of all cores between the two windows",
+    )
+    speed_shift: NonNegNum = _f(
+        0.15,
+        "... and the host's own speed (the in-run speed probe's mean, CPU time) may "
+        "differ by at most this share between them: a VM in a slow phase lengthens "
+        "every CPU step of a round trip",
+    )
 
 
 class Cluster(_Model):
     """Where a run's processes go under `bench run --cluster ray` (docs/cluster.md); ignored by local runs."""
 
-    placement: Literal["spread", "pack"] = _f("spread", "`spread`: shards and replicas over as many nodes as Ray can "
-                                                        "(its SPREAD strategy); `pack`: as few nodes as fit them")
+    placement: Literal["spread", "pack"] = _f(
+        "spread",
+        "`spread`: shards and replicas over as many nodes as Ray can "
+        "(its SPREAD strategy); `pack`: as few nodes as fit them",
+    )
     shard_cpus: PosNum = _f(1.0, "CPUs Ray reserves for each fleet shard")
     replica_cpus: PosNum = _f(1.0, "CPUs Ray reserves for each server replica")
-    replica_gpus: NonNegNum = _f(1.0, "GPUs Ray reserves for each replica whose `model.device` is cuda (0 for a CPU "
-                                      "replica, whatever this says)")
+    replica_gpus: NonNegNum = _f(
+        1.0, "GPUs Ray reserves for each replica whose `model.device` is cuda (0 for a CPU replica, whatever this says)"
+    )
     routers: Literal["per_node", "driver"] | None = _f(
-        None, "`per_node`: a Zenoh router on every node that hosts a shard or a replica, joined to the driver's and "
-              "to each other (a mesh), and the site proxies on every node with shards, each in front of its node's "
-              "router; `driver`: one router and the site proxies on the driver host, every link crossing to it "
-              "(docs/cluster.md). With `security: mtls` every node router has its own key and a `node-router` "
-              "certificate and enforces the run's access rules (docs/security.md)",
-        default_doc="`per_node`")
+        None,
+        "`per_node`: a Zenoh router on every node that hosts a shard or a replica, joined to the driver's and "
+        "to each other (a mesh), and the site proxies on every node with shards, each in front of its node's "
+        "router; `driver`: one router and the site proxies on the driver host, every link crossing to it "
+        "(docs/cluster.md). With `security: mtls` every node router has its own key and a `node-router` "
+        "certificate and enforces the run's access rules (docs/security.md)",
+        default_doc="`per_node`",
+    )
 
 
 class ScenarioFile(_Model):
@@ -402,34 +498,61 @@ class ScenarioFile(_Model):
     name: Name = _f(..., "scenario name (letters, digits, `_ . -`); the report folder `reports/<name>/`")
     description: Str = _f("", "one or two sentences shown by `bench list`")
     duration_s: PosNum = _f(..., "measured run length in seconds (after warmup_s)")
-    warmup_s: NonNegNum = _f(5.0, "robots tick and connect for this long before t=0; not measured; the fault "
-                                  "timeline starts at t=0")
+    warmup_s: NonNegNum = _f(
+        5.0, "robots tick and connect for this long before t=0; not measured; the fault timeline starts at t=0"
+    )
     seed: Int = _f(0, "robot `i` of group `g` is seeded from `(seed, g, i)`")
     fleet: Fleet = _f(..., "the robots: shards and groups")
-    sites: dict[Name, SiteOrProfile] = Field(..., min_length=1, description=(
-        "site name -> network profile between its robots and the router: a mapping, or just the profile name"))
+    sites: dict[Name, SiteOrProfile] = Field(
+        ...,
+        min_length=1,
+        description=(
+            "site name -> network profile between its robots and the router: a mapping, or just the profile name"
+        ),
+    )
     servers: Servers = _f(..., "the policy-server replicas")
     faults: list[dict] = _f([], "the chaos timeline (`chaos.timeline`, below); times in seconds from t=0")
-    assertions: list[Str] = _f([], "expressions over the run's figures (below, `bench figures`); all must hold for `pass`")
+    assertions: list[Str] = _f(
+        [], "expressions over the run's figures (below, `bench figures`); all must hold for `pass`"
+    )
     sweep: Sweep | None = _f(None, "`{key, values}`: run the scenario once per value of one key (below)")
-    security: Literal["tcp", "mtls"] = _f("tcp", "`tcp`: plain links, no router rules; `mtls`: a run PKI under "
-                                                 "`<run>/pki/` (keys 0600), TLS links, one certificate per robot (CN = its "
-                                                 "client uuid `GROUP-INDEX`), router access rules generated from the fleet "
-                                                 "(docs/security.md)")
+    security: Literal["tcp", "mtls"] = _f(
+        "tcp",
+        "`tcp`: plain links, no router rules; `mtls`: a run PKI under "
+        "`<run>/pki/` (keys 0600), TLS links, one certificate per robot (CN = its "
+        "client uuid `GROUP-INDEX`), router access rules generated from the fleet "
+        "(docs/security.md)",
+    )
     attackers: list[Attacker] = _f([], "hostile clients started during the run (below)")
-    fidelity: Fidelity = Field(default_factory=Fidelity, description=(
-        "tolerances of the twin's self-measurement (below); out of tolerance, a failed assertion makes the "
-        "verdict `inconclusive` (exit 3) instead of `fail`"), json_schema_extra=Doc(default_doc="the defaults below"))
-    cluster: Cluster = Field(default_factory=Cluster, description=(
-        "placement on a Ray cluster under `bench run --cluster ray` (below); local runs ignore it"),
-        json_schema_extra=Doc(default_doc="the defaults below"))
+    fidelity: Fidelity = Field(
+        default_factory=Fidelity,
+        description=(
+            "tolerances of the twin's self-measurement (below); out of tolerance, a failed assertion makes the "
+            "verdict `inconclusive` (exit 3) instead of `fail`"
+        ),
+        json_schema_extra=Doc(default_doc="the defaults below"),
+    )
+    cluster: Cluster = Field(
+        default_factory=Cluster,
+        description=("placement on a Ray cluster under `bench run --cluster ray` (below); local runs ignore it"),
+        json_schema_extra=Doc(default_doc="the defaults below"),
+    )
 
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
-    ("top level", ScenarioFile), ("fleet", Fleet), ("fleet.groups[]", Group), ("fleet.groups[].cameras", Cameras),
-    ("fleet.groups[].shadow", Shadow), ("sites.<name>", Site), ("servers", Servers), ("servers.replicas[]", Replica),
-    ("sweep", Sweep), ("sweep.formula", Formula), ("attackers[]", Attacker),
-    ("fidelity", Fidelity), ("cluster", Cluster),
+    ("top level", ScenarioFile),
+    ("fleet", Fleet),
+    ("fleet.groups[]", Group),
+    ("fleet.groups[].cameras", Cameras),
+    ("fleet.groups[].shadow", Shadow),
+    ("sites.<name>", Site),
+    ("servers", Servers),
+    ("servers.replicas[]", Replica),
+    ("sweep", Sweep),
+    ("sweep.formula", Formula),
+    ("attackers[]", Attacker),
+    ("fidelity", Fidelity),
+    ("cluster", Cluster),
 ]
 
 
@@ -450,8 +573,10 @@ def json_schema() -> dict:
     if engine is not None:
         defs.update(engine.pop("$defs", {}))
         defs["Engine"] = engine
-        defs["Group"]["properties"]["engine"] = {"$ref": "#/$defs/Engine", "description":
-                                                 defs["Group"]["properties"]["engine"].get("description", "")}
+        defs["Group"]["properties"]["engine"] = {
+            "$ref": "#/$defs/Engine",
+            "description": defs["Group"]["properties"]["engine"].get("description", ""),
+        }
     # `eu: wan_50ms` is short for `eu: {profile: wan_50ms}`
     sites = schema["properties"]["sites"]
     for pattern, site in list(sites.get("patternProperties", {}).items()):

@@ -20,10 +20,9 @@ SWEEP_FIGURES = {
     "knee_ratio_nominal": "knee / n_max_nominal",
     "steps": "sweep values run",
     "knee_without_bench": "the knee with each failed step judged again on its figures less the bench host's "
-                          "measured share (null if the first step still failed)",
+    "measured share (null if the first step still failed)",
     "first_failure_without_bench": "the first failing value so judged (null if none)",
 }
-
 
 
 def evaluate_sweep_assertions(expressions: list[str], figures: dict) -> list[dict]:
@@ -47,6 +46,7 @@ def _sweep_evaluator():
             if name not in SWEEP_FIGURES:
                 raise AssertionSyntaxError(f"unknown sweep figure {name!r}; sweep figures: {', '.join(SWEEP_FIGURES)}")
             return scope.scalars.get(name, math.nan)
+
     return SweepEvaluator
 
 

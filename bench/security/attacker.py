@@ -24,17 +24,27 @@ import json
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 FORGED_SEQ_BASE = 1 << 40  # forged observations use seq ids from here: no honest robot gets that far
 QUERY_TIMEOUT_S = 1.0
 
-ROGUE_ATTACKS = ("subscribe_other_obs", "publish_other_obs", "subscribe_other_action", "token_other_robot",
-                 "token_server", "open_other_session", "reset_other_session", "open_fabricated_sessions",
-                 "flood", "oversized", "malformed")
+ROGUE_ATTACKS = (
+    "subscribe_other_obs",
+    "publish_other_obs",
+    "subscribe_other_action",
+    "token_other_robot",
+    "token_server",
+    "open_other_session",
+    "reset_other_session",
+    "open_fabricated_sessions",
+    "flood",
+    "oversized",
+    "malformed",
+)
 INTRUDER_ATTACKS = ("connect",)
 
 
@@ -70,10 +80,11 @@ class Ctx:
         return self.monitor
 
     def query(self, key: str, body, timeout: float = QUERY_TIMEOUT_S):
-        from wire import Header, MsgType, SCHEMA_VERSION, decode_message
+        from wire import SCHEMA_VERSION, Header, MsgType, decode_message
 
-        for reply in self.session().get(key, payload=body.encode(),
-                                        attachment=Header(SCHEMA_VERSION, MsgType.CONTROL).pack(), timeout=timeout):
+        for reply in self.session().get(
+            key, payload=body.encode(), attachment=Header(SCHEMA_VERSION, MsgType.CONTROL).pack(), timeout=timeout
+        ):
             if reply.ok is not None:
                 try:
                     return decode_message(reply.ok.payload.to_bytes())
@@ -85,21 +96,29 @@ class Ctx:
         from wire import SCHEMA_VERSION, SessionOpen
 
         sp = self.spec
-        return SessionOpen(client_uuid=uuid, schema_version=SCHEMA_VERSION, fps=float(sp["fps"]),
-                           action_names=list(sp["action_names"]), state_dim=int(sp["state_dim"]),
-                           cameras={n: [sp["cam_h"], sp["cam_w"], 3] for n in sp.get("cameras", [])},
-                           task=sp["victim_task"])
+        return SessionOpen(
+            client_uuid=uuid,
+            schema_version=SCHEMA_VERSION,
+            fps=float(sp["fps"]),
+            action_names=list(sp["action_names"]),
+            state_dim=int(sp["state_dim"]),
+            cameras={n: [sp["cam_h"], sp["cam_w"], 3] for n in sp.get("cameras", [])},
+            task=sp["victim_task"],
+        )
 
-    def obs(self, session_id: str, seq: int, session_key: str | None = None, state=None,
-            **extra) -> tuple[bytes, bytes]:
-        from wire import Header, MsgType, Observation, SCHEMA_VERSION
+    def obs(
+        self, session_id: str, seq: int, session_key: str | None = None, state=None, **extra
+    ) -> tuple[bytes, bytes]:
+        from wire import SCHEMA_VERSION, Header, MsgType, Observation
         from wire import auth as wauth
         from wire.images import encode_image
 
         sp = self.spec
         header = Header(SCHEMA_VERSION, MsgType.OBS, seq, 0, time.monotonic_ns(), 1).pack()
-        imgs = {n: encode_image(np.zeros((sp["cam_h"], sp["cam_w"], 3), np.uint8), "jpeg", 80)
-                for n in sp.get("cameras", [])}
+        imgs = {
+            n: encode_image(np.zeros((sp["cam_h"], sp["cam_w"], 3), np.uint8), "jpeg", 80)
+            for n in sp.get("cameras", [])
+        }
         st = np.zeros(int(sp["state_dim"]), np.float32) if state is None else state
         o = Observation(session_id, st, images=imgs, **extra)
         if session_key:
@@ -124,8 +143,16 @@ def open_z(spec: dict, tls: dict | None):
 
 
 def outcome(ctx: Ctx, attack: str, attempts: int, result: str, evidence: str, **extra) -> None:
-    ctx.results.append({"attacker": ctx.spec["name"], "attack": attack, "attempts": attempts, "outcome": result,
-                        "evidence": evidence, **extra})
+    ctx.results.append(
+        {
+            "attacker": ctx.spec["name"],
+            "attack": attack,
+            "attempts": attempts,
+            "outcome": result,
+            "evidence": evidence,
+            **extra,
+        }
+    )
 
 
 # --- the attacks (registry keyed by the scenario word) ----------------------------------------------
@@ -148,14 +175,24 @@ def subscribe_other_obs(ctx: Ctx) -> None:
             ctx.sniffed_session_id = decode_message(got[-1].payload.to_bytes()).session_id
         except Exception:
             pass
-    outcome(ctx, "subscribe_other_obs", 1, "breached" if got else "denied",
-            f"{len(got)} of the victim's observations received in 3 s")
+    outcome(
+        ctx,
+        "subscribe_other_obs",
+        1,
+        "breached" if got else "denied",
+        f"{len(got)} of the victim's observations received in 3 s",
+    )
 
 
 def subscribe_other_action(ctx: Ctx) -> None:
     got = _listen(ctx, ctx.victim.action, 3.0)
-    outcome(ctx, "subscribe_other_action", 1, "breached" if got else "denied",
-            f"{len(got)} of the victim's chunks received in 3 s")
+    outcome(
+        ctx,
+        "subscribe_other_action",
+        1,
+        "breached" if got else "denied",
+        f"{len(got)} of the victim's chunks received in 3 s",
+    )
 
 
 def publish_other_obs(ctx: Ctx) -> None:
@@ -168,9 +205,17 @@ def publish_other_obs(ctx: Ctx) -> None:
         z.put(ctx.victim.obs, body, attachment=header)
         time.sleep(0.025)
     # judged by the runner from the audit log: a served request of the victim with seq >= FORGED_SEQ_BASE
-    outcome(ctx, "publish_other_obs", n, "pending", f"{n} forged observations (session id "
-            f"{'sniffed' if ctx.sniffed_session_id else 'guessed'}) on the victim's obs key",
-            judge="audit_forged", victim=ctx.spec["victim_uuid"], seq_base=FORGED_SEQ_BASE)
+    outcome(
+        ctx,
+        "publish_other_obs",
+        n,
+        "pending",
+        f"{n} forged observations (session id "
+        f"{'sniffed' if ctx.sniffed_session_id else 'guessed'}) on the victim's obs key",
+        judge="audit_forged",
+        victim=ctx.spec["victim_uuid"],
+        seq_base=FORGED_SEQ_BASE,
+    )
 
 
 def _token_probe(ctx: Ctx, attack: str, real_key: str, probe_key: str) -> None:
@@ -181,8 +226,13 @@ def _token_probe(ctx: Ctx, attack: str, real_key: str, probe_key: str) -> None:
     seen = [r.ok.key_expr for r in ctx.monitor_session().liveliness().get(probe_key, timeout=2.0) if r.ok is not None]
     for t in tokens:
         t.undeclare()
-    outcome(ctx, attack, 2, "breached" if seen else "denied",
-            f"tokens declared on {real_key} and the probe {probe_key}; the monitor saw {len(seen)} probe token(s)")
+    outcome(
+        ctx,
+        attack,
+        2,
+        "breached" if seen else "denied",
+        f"tokens declared on {real_key} and the probe {probe_key}; the monitor saw {len(seen)} probe token(s)",
+    )
 
 
 def token_other_robot(ctx: Ctx) -> None:
@@ -200,8 +250,13 @@ def open_other_session(ctx: Ctx) -> None:
 
     replies = [ctx.query(k, ctx.open_body(ctx.spec["victim_uuid"])) for k in (ctx.victim.session, ctx.rk.session)]
     acked = [r for r in replies if isinstance(r, SessionAck)]
-    outcome(ctx, "open_other_session", len(replies), "breached" if acked else "denied",
-            "replies: " + ", ".join(_describe(r) for r in replies))
+    outcome(
+        ctx,
+        "open_other_session",
+        len(replies),
+        "breached" if acked else "denied",
+        "replies: " + ", ".join(_describe(r) for r in replies),
+    )
 
 
 def reset_other_session(ctx: Ctx) -> None:
@@ -211,9 +266,14 @@ def reset_other_session(ctx: Ctx) -> None:
     sid = ctx.sniffed_session_id or "0123456789abcdef"
     replies = [ctx.query(ctx.victim.reset, Reset(sid, 4242 + i)) for i in range(3)]
     acked = [r for r in replies if isinstance(r, ResetAck)]
-    outcome(ctx, "reset_other_session", len(replies), "breached" if acked else "denied",
-            f"session id {'sniffed' if ctx.sniffed_session_id else 'guessed'}; replies: "
-            + ", ".join(_describe(r) for r in replies))
+    outcome(
+        ctx,
+        "reset_other_session",
+        len(replies),
+        "breached" if acked else "denied",
+        f"session id {'sniffed' if ctx.sniffed_session_id else 'guessed'}; replies: "
+        + ", ".join(_describe(r) for r in replies),
+    )
 
 
 def open_fabricated_sessions(ctx: Ctx) -> None:
@@ -227,8 +287,13 @@ def open_fabricated_sessions(ctx: Ctx) -> None:
         r = ctx.query(ctx.rk.client(ctx.spec["victim_task"], fake).session, ctx.open_body(fake))
         replies.append(_describe(r))
         acked += isinstance(r, SessionAck)
-    outcome(ctx, "open_fabricated_sessions", n, "breached" if acked else "denied",
-            f"{acked}/{n} sessions opened under uuids without a certificate; replies: {sorted(set(replies))}")
+    outcome(
+        ctx,
+        "open_fabricated_sessions",
+        n,
+        "breached" if acked else "denied",
+        f"{acked}/{n} sessions opened under uuids without a certificate; replies: {sorted(set(replies))}",
+    )
 
 
 def _own_session(ctx: Ctx):
@@ -281,9 +346,15 @@ def flood(ctx: Ctx) -> None:
     limited = sum(1 for e in events if e[1] == "RATE_LIMITED")
     bound = limit * (secs + 1.0) + burst if limit > 0 else float("inf")
     ok = limit > 0 and chunks <= bound and limited > 0
-    outcome(ctx, "flood", n, "contained" if ok else "breached",
-            f"{n} observations at {hz:g}/s for {secs:g} s: {chunks} chunks served (bound {bound:g}), "
-            f"{limited} RATE_LIMITED answers", served=chunks)
+    outcome(
+        ctx,
+        "flood",
+        n,
+        "contained" if ok else "breached",
+        f"{n} observations at {hz:g}/s for {secs:g} s: {chunks} chunks served (bound {bound:g}), "
+        f"{limited} RATE_LIMITED answers",
+        served=chunks,
+    )
 
 
 def oversized(ctx: Ctx) -> None:
@@ -296,21 +367,30 @@ def oversized(ctx: Ctx) -> None:
         time.sleep(1.1)  # one answer per second and reason: wait so each attempt can be answered
         ctx.own_seq += 1
         seqs.append(ctx.own_seq)
-        body, header = ctx.obs(ack.session_id, ctx.own_seq, session_key=ack.session_key,
-                               tensors={"padding": np.zeros(big // 4, np.float32)})
+        body, header = ctx.obs(
+            ack.session_id,
+            ctx.own_seq,
+            session_key=ack.session_key,
+            tensors={"padding": np.zeros(big // 4, np.float32)},
+        )
         _send_own(ctx, body, header)
     time.sleep(1.0)
     events = [e for e in ctx.inbox[start:] if e[2] in seqs]
     served = sum(1 for e in events if e[0] == "chunk")
     too_large = sum(1 for e in events if e[1] == "TOO_LARGE")
-    outcome(ctx, "oversized", n, "contained" if served == 0 else "breached",
-            f"{n} observations of {big} bytes: {served} served, {too_large} TOO_LARGE answers")
+    outcome(
+        ctx,
+        "oversized",
+        n,
+        "contained" if served == 0 else "breached",
+        f"{n} observations of {big} bytes: {served} served, {too_large} TOO_LARGE answers",
+    )
 
 
 def malformed(ctx: Ctx) -> None:
     import msgpack
 
-    from wire import Header, MsgType, SCHEMA_VERSION
+    from wire import SCHEMA_VERSION, Header, MsgType
 
     ack = _own_session(ctx)
     start = len(ctx.inbox)
@@ -320,17 +400,30 @@ def malformed(ctx: Ctx) -> None:
         (msgpack.packb({"kind": "observation", "session_id": ack.session_id, "state": "not a tensor"}), good_header()),
         (msgpack.packb([1, 2, 3]), good_header()),
         (ctx.obs(ack.session_id, 1, session_key=ack.session_key)[0], b"\x01\x02"),
-        (msgpack.packb({"kind": "observation", "session_id": ack.session_id,
-                        "state": {"dtype": "float32", "shape": [1 << 30], "data": b""}}), good_header()),
+        (
+            msgpack.packb(
+                {
+                    "kind": "observation",
+                    "session_id": ack.session_id,
+                    "state": {"dtype": "float32", "shape": [1 << 30], "data": b""},
+                }
+            ),
+            good_header(),
+        ),
     ]
     for body, header in cases:
         _send_own(ctx, body, header)
         time.sleep(0.1)
     time.sleep(1.0)
     served = sum(1 for e in ctx.inbox[start:] if e[0] == "chunk")
-    outcome(ctx, "malformed", len(cases), "contained" if served == 0 else "breached",
-            f"{len(cases)} malformed observations (garbage, mistyped fields, a list, a bad header, a 2^30-element "
-            f"tensor claim): {served} served; the replica must stay up (the runner checks)")
+    outcome(
+        ctx,
+        "malformed",
+        len(cases),
+        "contained" if served == 0 else "breached",
+        f"{len(cases)} malformed observations (garbage, mistyped fields, a list, a bad header, a 2^30-element "
+        f"tensor claim): {served} served; the replica must stay up (the runner checks)",
+    )
 
 
 def _bump(ctx: Ctx) -> int:
@@ -360,9 +453,23 @@ def connect(ctx: Ctx) -> None:
         z.close()
 
 
-ATTACKS: dict[str, Callable[[Ctx], None]] = {f.__name__: f for f in (
-    subscribe_other_obs, subscribe_other_action, publish_other_obs, token_other_robot, token_server,
-    open_other_session, reset_other_session, open_fabricated_sessions, flood, oversized, malformed, connect)}
+ATTACKS: dict[str, Callable[[Ctx], None]] = {
+    f.__name__: f
+    for f in (
+        subscribe_other_obs,
+        subscribe_other_action,
+        publish_other_obs,
+        token_other_robot,
+        token_server,
+        open_other_session,
+        reset_other_session,
+        open_fabricated_sessions,
+        flood,
+        oversized,
+        malformed,
+        connect,
+    )
+}
 
 
 def _describe(r) -> str:
@@ -380,8 +487,11 @@ def run(spec: dict) -> list[dict]:
             ATTACKS[word](ctx)
         except Exception as exc:
             outcome(ctx, word, 1, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-        print(f"attack {word}: {ctx.results[-1]['outcome']} ({time.monotonic() - t0:.1f} s) "
-              f"{ctx.results[-1]['evidence'][:300]}", flush=True)
+        print(
+            f"attack {word}: {ctx.results[-1]['outcome']} ({time.monotonic() - t0:.1f} s) "
+            f"{ctx.results[-1]['evidence'][:300]}",
+            flush=True,
+        )
     for s in (ctx.z, ctx.monitor):
         try:
             if s is not None:

@@ -92,15 +92,32 @@ class Pki:
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, self.ca_name)])
         now = _now()
-        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-                .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-                .not_valid_after(now + dt.timedelta(days=self.days))
-                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                             content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                             key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-                .sign(key, hashes.SHA256()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=self.days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256())
+        )
         _write_key(self.ca_key_path, key)
         _write_public(self.ca_cert_path, cert)
 
@@ -120,14 +137,22 @@ class Pki:
         except (ValueError, TypeError) as exc:  # TypeError: a key that needs a password
             raise PkiError(f"{str(self.ca_key_path)!r} is not an unencrypted PEM key ({exc}); {fix}") from None
         if cert.not_valid_after_utc <= _now():
-            raise PkiError(f"the CA in {str(self.ca_cert_path)!r} expired at {cert.not_valid_after_utc:%Y-%m-%d %H:%M} "
-                           f"UTC; {fix}")
+            raise PkiError(
+                f"the CA in {str(self.ca_cert_path)!r} expired at {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; {fix}"
+            )
         return cert, key
 
     # -- leaves -----------------------------------------------------------------------------------
-    def issue(self, common_name: str, *, server: bool = False, file_stem: str | None = None,
-              not_before: dt.datetime | None = None, not_after: dt.datetime | None = None,
-              hosts: tuple[str, ...] = ()) -> Issued:
+    def issue(
+        self,
+        common_name: str,
+        *,
+        server: bool = False,
+        file_stem: str | None = None,
+        not_before: dt.datetime | None = None,
+        not_after: dt.datetime | None = None,
+        hosts: tuple[str, ...] = (),
+    ) -> Issued:
         """A certificate + key for `common_name`; `server` adds the 127.0.0.1/localhost names a router needs, and
         `hosts` (IP addresses or DNS names) the other addresses it listens on (a cluster node's).
         `not_before`/`not_after` exist for tests (an expired certificate)."""
@@ -139,15 +164,21 @@ class Pki:
         ca_cert, ca_key = self._ca()
         key = ec.generate_private_key(ec.SECP256R1())
         now = _now()
-        b = (x509.CertificateBuilder()
-             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-             .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-             .not_valid_before(not_before or now - dt.timedelta(minutes=5))
-             .not_valid_after(not_after or now + dt.timedelta(days=self.days))
-             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]),
-                            critical=False)
-             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False))
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before or now - dt.timedelta(minutes=5))
+            .not_valid_after(not_after or now + dt.timedelta(days=self.days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]),
+                critical=False,
+            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        )
         names: list = [x509.DNSName(common_name if _dns_safe(common_name) else "leaf.invalid")]
         if server:
             names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
@@ -182,7 +213,7 @@ class Pki:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _dns_safe(name: str) -> bool:
@@ -192,8 +223,9 @@ def _dns_safe(name: str) -> bool:
 def _write_key(path: Path, key) -> None:
     from cryptography.hazmat.primitives import serialization
 
-    data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    data = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never world-readable, not even briefly
     with os.fdopen(fd, "wb") as f:
         f.write(data)

@@ -40,8 +40,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -53,10 +54,21 @@ GUIDED = {"rtc": "guidance", "rtc_training_time": "training_time"}  # strategy -
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: int, execution_steps: int,
-                 episodes: int, seed: int, horizon: int = 0, hp: dict[str, Any] | None = None,
-                 expert: bool = False, on_request: Callable[[np.ndarray, np.ndarray], None] | None = None,
-                 obs_lag: int = 0, delay_margin: int = 0) -> dict[str, Any]:
+def run_strategy(
+    checkpoint: str | Path,
+    robot_type: str,
+    strategy: str,
+    delay: int,
+    execution_steps: int,
+    episodes: int,
+    seed: int,
+    horizon: int = 0,
+    hp: dict[str, Any] | None = None,
+    expert: bool = False,
+    on_request: Callable[[np.ndarray, np.ndarray], None] | None = None,
+    obs_lag: int = 0,
+    delay_margin: int = 0,
+) -> dict[str, Any]:
     """Success rate, seam jerk and held ticks of one (strategy, d, s) over `episodes` seeded episodes.
     `expert`: the robot type's scripted expert's plans (bench.training.experts.plan_chunks) instead of
     the checkpoint's chunks (its chunk size and rate kept), for every strategy but rtc.
@@ -89,8 +101,10 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
     # training_time refuses it here
     policy.override_hyper_params(overrides)
     if strategy == "rtc_training_time" and "rtc_mode" not in policy.hp:
-        raise ValueError(f"{checkpoint}: rtc_training_time needs a flow_matching or flow_transformer checkpoint "
-                         f"trained with rtc_mode training_time (`bench train --robot {robot_type} --rtc-mode training_time`)")
+        raise ValueError(
+            f"{checkpoint}: rtc_training_time needs a flow_matching or flow_transformer checkpoint "
+            f"trained with rtc_mode training_time (`bench train --robot {robot_type} --rtc-mode training_time`)"
+        )
     horizon = d if horizon < 0 else int(horizon or config.execution_horizon)
     mean_s, std_s = loaded.stats[STATE_KEY]["mean"], loaded.stats[STATE_KEY]["std"]
     mean_a, std_a = loaded.stats[ACTION_KEY]["mean"], loaded.stats[ACTION_KEY]["std"]
@@ -119,8 +133,10 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
             if tick == next_request:
                 if on_request is not None:
                     committed = robot(previous)[s : s + d] if previous is not None and strategy != "sync" else []
-                    on_request(np.asarray(recent[0], dtype=np.float32),
-                               np.asarray(committed, dtype=np.float32).reshape(-1, env.action_space.shape[0]))
+                    on_request(
+                        np.asarray(recent[0], dtype=np.float32),
+                        np.asarray(committed, dtype=np.float32).reshape(-1, env.action_space.shape[0]),
+                    )
                 prefix = None
                 if strategy == "rtc" and previous is not None and horizon > 0:
                     prefix = previous[s : s + horizon]
@@ -169,11 +185,21 @@ def run_strategy(checkpoint: str | Path, robot_type: str, strategy: str, delay: 
                 break
     scale = env.action_space.high - env.action_space.low
     seam = seam_metrics(np.asarray(executed), seams, episode_starts=starts, scale=scale)
-    return {"strategy": strategy + ("_expert" if expert else ""), "delay_steps": d, "execution_steps": s, "horizon": horizon, "hp": hp or {},
-            "obs_lag": obs_lag, "delay_margin": told - d,
-            "episodes": episodes, "success_rate": float(np.mean(outcomes)), "held_ticks": int(held),
-            "seam_jerk_p95": seam["seam_jerk_p95"], "seam_jerk_median": seam["seam_jerk_median"],
-            "within_jerk_median": seam["within_jerk_median"]}
+    return {
+        "strategy": strategy + ("_expert" if expert else ""),
+        "delay_steps": d,
+        "execution_steps": s,
+        "horizon": horizon,
+        "hp": hp or {},
+        "obs_lag": obs_lag,
+        "delay_margin": told - d,
+        "episodes": episodes,
+        "success_rate": float(np.mean(outcomes)),
+        "held_ticks": int(held),
+        "seam_jerk_p95": seam["seam_jerk_p95"],
+        "seam_jerk_median": seam["seam_jerk_median"],
+        "within_jerk_median": seam["within_jerk_median"],
+    }
 
 
 def load_policy(checkpoint: str | Path):
@@ -222,8 +248,14 @@ def plot(files: list[Path], out_prefix: Path) -> list[Path]:
     for key, title in (("success_rate", "task success vs delay"), ("seam_jerk_p95", "seam jerk p95 vs delay")):
         path = out_prefix.parent / f"{out_prefix.name}_{'success' if key == 'success_rate' else 'seam_jerk'}.svg"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(line_chart({k: (np.array(x), np.array(y)) for k, (x, y) in lines[key].items()},
-                                   f"{out_prefix.name}: {title}", "delay d (control steps)", key))
+        path.write_text(
+            line_chart(
+                {k: (np.array(x), np.array(y)) for k, (x, y) in lines[key].items()},
+                f"{out_prefix.name}: {title}",
+                "delay d (control steps)",
+                key,
+            )
+        )
         written.append(path)
     return written
 
@@ -235,21 +267,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delays", default="0,2,4,8,12,16")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--execution-steps", type=int, default=0, help="s; 0: the engine's derived s for each d")
-    ap.add_argument("--horizon", type=int, default=0, help="guided prefix rows; 0: the checkpoint's execution_horizon; -1: d (hard mask)")
-    ap.add_argument("--hp", action="append", default=[], help="KEY=VALUE sampling hyper-parameter override (JSON "
-                                                                 "value), as a manifest's model.hyper_params")
-    ap.add_argument("--obs-lag", type=int, default=0, help="requests carry the state of this many ticks before their "
-                                                              "chunk's row 0 (the edge engines before their fix: 1)")
-    ap.add_argument("--delay-margin", type=int, default=0, help="the policy is told d + this (guided or committed "
-                                                                   "rows); the robot still switches at row d")
+    ap.add_argument(
+        "--horizon",
+        type=int,
+        default=0,
+        help="guided prefix rows; 0: the checkpoint's execution_horizon; -1: d (hard mask)",
+    )
+    ap.add_argument(
+        "--hp",
+        action="append",
+        default=[],
+        help="KEY=VALUE sampling hyper-parameter override (JSON value), as a manifest's model.hyper_params",
+    )
+    ap.add_argument(
+        "--obs-lag",
+        type=int,
+        default=0,
+        help="requests carry the state of this many ticks before their "
+        "chunk's row 0 (the edge engines before their fix: 1)",
+    )
+    ap.add_argument(
+        "--delay-margin",
+        type=int,
+        default=0,
+        help="the policy is told d + this (guided or committed rows); the robot still switches at row d",
+    )
     ap.add_argument("--episodes", type=int, default=40)
     ap.add_argument("--seed", type=int, default=10_000)
     ap.add_argument("--out", default="", help="JSON file; default reports/delay_eval/<checkpoint>[-<tag>].json")
     ap.add_argument("--tag", default="")
-    ap.add_argument("--expert", action="store_true", help="the scripted expert's plans instead of the policy's "
-                                                          "(sync, append, naive)")
-    ap.add_argument("--plot", nargs="+", metavar="JSON", help="only draw: success and seam jerk vs d from these "
-                                                              "files into <--out>_success.svg, <--out>_seam_jerk.svg")
+    ap.add_argument(
+        "--expert",
+        action="store_true",
+        help="the scripted expert's plans instead of the policy's (sync, append, naive)",
+    )
+    ap.add_argument(
+        "--plot",
+        nargs="+",
+        metavar="JSON",
+        help="only draw: success and seam jerk vs d from these files into <--out>_success.svg, <--out>_seam_jerk.svg",
+    )
     args = ap.parse_args(argv)
     if args.plot:
         for path in plot([Path(f) for f in args.plot], Path(args.out or "reports/delay_eval/plot")):
@@ -279,20 +336,51 @@ def main(argv: list[str] | None = None) -> int:
         s = args.execution_steps or plan_s(d, chunk)
         for strategy in args.strategies.split(","):
             try:
-                r = run_strategy(ckpt, args.robot, strategy, d, max(s, d), args.episodes, args.seed, args.horizon, hp,
-                                 expert=args.expert, obs_lag=args.obs_lag, delay_margin=args.delay_margin)
+                r = run_strategy(
+                    ckpt,
+                    args.robot,
+                    strategy,
+                    d,
+                    max(s, d),
+                    args.episodes,
+                    args.seed,
+                    args.horizon,
+                    hp,
+                    expert=args.expert,
+                    obs_lag=args.obs_lag,
+                    delay_margin=args.delay_margin,
+                )
             except PolicyConfigError as exc:  # an --hp the checkpoint refuses, or a mode it was not trained for
                 ap.error(str(exc))
             rows.append(r)
-            print(f"d={d:2d} s={r['execution_steps']:2d} {strategy:17s} success {r['success_rate']:.2f}  "
-                  f"seam jerk p95 {r['seam_jerk_p95']:.3f}  held {r['held_ticks']}", flush=True)
-    out = Path(args.out) if args.out else REPO / "reports" / "delay_eval" / (
-        ckpt.name + (f"-{args.tag}" if args.tag else "") + ".json")
+            print(
+                f"d={d:2d} s={r['execution_steps']:2d} {strategy:17s} success {r['success_rate']:.2f}  "
+                f"seam jerk p95 {r['seam_jerk_p95']:.3f}  held {r['held_ticks']}",
+                flush=True,
+            )
+    out = (
+        Path(args.out)
+        if args.out
+        else REPO / "reports" / "delay_eval" / (ckpt.name + (f"-{args.tag}" if args.tag else "") + ".json")
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"checkpoint": str(ckpt), "robot": args.robot, "episodes": args.episodes,
-                               "seed": args.seed, "hp": hp, "horizon": args.horizon, "obs_lag": args.obs_lag,
-                               "delay_margin": args.delay_margin, "rows": rows,
-                               "wall_s": time.monotonic() - t0}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "checkpoint": str(ckpt),
+                "robot": args.robot,
+                "episodes": args.episodes,
+                "seed": args.seed,
+                "hp": hp,
+                "horizon": args.horizon,
+                "obs_lag": args.obs_lag,
+                "delay_margin": args.delay_margin,
+                "rows": rows,
+                "wall_s": time.monotonic() - t0,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.training.experts import expert_for, plan_chunks
 from bench.evidence.seams import seam_metrics
 from bench.robots import DEFAULT_FPS, make_robot
+from bench.training.experts import expert_for, plan_chunks
 
 # Per-type DART noise, in action units per dimension: small next to the expert's own corrections.
 NOISE_STD: dict[str, tuple[float, ...]] = {
@@ -79,8 +79,7 @@ def collect_demos(
     return states, np.concatenate(all_chunks)
 
 
-def _dart_episodes(robot_type: str, episodes: int, seed: int, *, noise: float, fps: float,
-                   episode_s: float | None):
+def _dart_episodes(robot_type: str, episodes: int, seed: int, *, noise: float, fps: float, episode_s: float | None):
     """Per episode (visited states (n, S), clean expert labels (n, A)), float32, the robot driven by the
     expert plus AR(1) noise (module docstring); episode e uses robot seed `seed + e`."""
     expert = expert_for(robot_type)
@@ -128,8 +127,9 @@ def collect_prefix_demos(
     rng = np.random.default_rng([seed, 0x77C])  # the delays, independent of the robot's and noise's streams
     from bench.training.delay_eval import plan_s  # the remote engine's derived s
 
-    per_episode = [states for states, _ in _dart_episodes(robot_type, episodes, seed, noise=noise, fps=fps,
-                                                              episode_s=episode_s)]
+    per_episode = [
+        states for states, _ in _dart_episodes(robot_type, episodes, seed, noise=noise, fps=fps, episode_s=episode_s)
+    ]
     states = np.concatenate(per_episode)
     plans = plan_chunks(robot_type, states, chunk_size, fps=fps)  # the d = 0 labels and the earlier requests' plans
     prefixes = np.zeros_like(plans)
@@ -182,14 +182,23 @@ def collect_on_policy_prefix_demos(
     torch.set_num_threads(1)
     try:
         for d in range(1, max_prefix_rows + 1):
-            run_strategy(checkpoint, robot_type, strategy, d, max(plan_s(d, chunk_size), d), episodes,
-                         seed + 1000 * d, on_request=record)
+            run_strategy(
+                checkpoint,
+                robot_type,
+                strategy,
+                d,
+                max(plan_s(d, chunk_size), d),
+                episodes,
+                seed + 1000 * d,
+                on_request=record,
+            )
     finally:
         torch.set_num_threads(threads)
     states_a = np.asarray(states, dtype=np.float32)
     prefix_rows = np.asarray(rows, dtype=np.int64)
-    chunks = plan_chunks(robot_type, states_a, chunk_size, fps=config.fps, prefixes=np.asarray(prefixes),
-                         prefix_rows=prefix_rows)
+    chunks = plan_chunks(
+        robot_type, states_a, chunk_size, fps=config.fps, prefixes=np.asarray(prefixes), prefix_rows=prefix_rows
+    )
     return states_a, chunks, prefix_rows
 
 

@@ -20,16 +20,17 @@ run as a chunk policy it is the expert's own score under chunked execution.
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 
 # bench.robots before mujoco: it chooses MuJoCo's GL backend, which MuJoCo reads once, at import (models.py)
 from bench.robots import DEFAULT_FPS, RobotBatch, RobotType, robot_type, shared_model  # isort: skip
+import mujoco  # noqa: E402,I001
+
 from bench.robots.arm import Arm
 from bench.robots.models import substeps_for
-
-import mujoco  # noqa: E402,I001
 
 EXPERTS: dict[str, type[Expert]] = {}
 
@@ -64,9 +65,16 @@ class Expert:
         raise NotImplementedError
 
 
-def plan_chunks(robot_type_name: str, states: np.ndarray, chunk_size: int, *, fps: float = DEFAULT_FPS,
-                batch_size: int = 256, prefixes: np.ndarray | None = None,
-                prefix_rows: np.ndarray | None = None) -> np.ndarray:
+def plan_chunks(
+    robot_type_name: str,
+    states: np.ndarray,
+    chunk_size: int,
+    *,
+    fps: float = DEFAULT_FPS,
+    batch_size: int = 256,
+    prefixes: np.ndarray | None = None,
+    prefix_rows: np.ndarray | None = None,
+) -> np.ndarray:
     """(N, chunk_size, A) float32: the expert's open-loop plan from each state of `states` (N, S).
 
     A pure function of the states: twins are placed from them, never sampled. With `prefixes` (N, >= n, A)
@@ -82,8 +90,9 @@ def plan_chunks(robot_type_name: str, states: np.ndarray, chunk_size: int, *, fp
         if prefixes is None or len(prefixes) != len(states) or len(prefix_rows) != len(states):
             raise ValueError("prefix_rows needs prefixes, both with one entry per state")
         if prefix_rows.max(initial=0) > np.asarray(prefixes).shape[1]:
-            raise ValueError(f"prefix_rows up to {prefix_rows.max()} but prefixes hold "
-                             f"{np.asarray(prefixes).shape[1]} rows")
+            raise ValueError(
+                f"prefix_rows up to {prefix_rows.max()} but prefixes hold {np.asarray(prefixes).shape[1]} rows"
+            )
     expert = expert_for(robot_type_name)
     plans = np.zeros((len(states), chunk_size, len(robot_type(robot_type_name).action_names)), dtype=np.float32)
     if len(states) == 0:
@@ -106,8 +115,13 @@ def plan_chunks(robot_type_name: str, states: np.ndarray, chunk_size: int, *, fp
     return plans
 
 
-def _plan(expert: Expert, twins: RobotBatch, states: np.ndarray, chunk_size: int,
-          forced: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def _plan(
+    expert: Expert,
+    twins: RobotBatch,
+    states: np.ndarray,
+    chunk_size: int,
+    forced: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     twins.reset()  # zeroes the episode counters; `place` then overwrites the sampled start and task
     for i, state in enumerate(states):
         data = twins.datas[i]

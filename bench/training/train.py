@@ -80,8 +80,9 @@ POLICY_RECIPES: dict[tuple[str, str], Recipe] = {
     # the tiny transformer (flow_transformer's "tiny" preset): ~0.2 s a step of 256 on one thread. 80 epochs
     # left its late chunk rows poor (closed-loop success 0.65 replanning every 15 ticks, 0.97 every 10);
     # 160 reach 1.00 at both (100 episodes; the MLP: 0.95 at both)
-    ("reacher", "flow_transformer"): Recipe(policy_type="flow_transformer", episodes=300, episode_s=1.0, epochs=160,
-                                            eval_episodes=100),
+    ("reacher", "flow_transformer"): Recipe(
+        policy_type="flow_transformer", episodes=300, episode_s=1.0, epochs=160, eval_episodes=100
+    ),
 }
 
 
@@ -93,24 +94,52 @@ RTC_MODE_RECIPES: dict[tuple[str, str, str], Recipe] = {
     # One DAgger round (on_policy_episodes): trained on the DART demos alone, the policy met states and prefixes
     # of its own that the demos lack (simulated-delay twin, 40 episodes: success 0.95 at d = 0, 0.70 at d = 4,
     # 0.57 at d = 8); with its own requests labelled and trained again, 1.00 / 0.97 / 0.93 (docs/scenarios.md)
-    ("reacher", "flow_matching", "training_time"): Recipe(episodes=300, episode_s=2.0, epochs=120, eval_episodes=100,
-                                                          rtc_mode="training_time", max_prefix_rows=16, on_policy_episodes=80),
+    ("reacher", "flow_matching", "training_time"): Recipe(
+        episodes=300,
+        episode_s=2.0,
+        epochs=120,
+        eval_episodes=100,
+        rtc_mode="training_time",
+        max_prefix_rows=16,
+        on_policy_episodes=80,
+    ),
     # The arm's plain recipe (10 s episodes, every second state) with prefix labels; a request every s = 15
     # ticks gives ~20 per episode, so 10 on-policy episodes per d (~3,200 requests, as the reacher's 4,960 are
     # to its demos: about a third with the two copies)
-    ("arm", "flow_matching", "training_time"): Recipe(episodes=120, stride=2, epochs=200, eval_episodes=50,
-                                                      rtc_mode="training_time", max_prefix_rows=16, on_policy_episodes=10),
+    ("arm", "flow_matching", "training_time"): Recipe(
+        episodes=120,
+        stride=2,
+        epochs=200,
+        eval_episodes=50,
+        rtc_mode="training_time",
+        max_prefix_rows=16,
+        on_policy_episodes=10,
+    ),
     # the tiny transformer, per-token flow time (flow_transformer's module docstring): the MLP's demos and DAgger
     # round; 80 epochs of the 2 s demos are as many optimiser steps as reacher_transformer's 160 of the 1 s ones
     # (~0.18 s a step of 256 on one thread)
     ("reacher", "flow_transformer", "training_time"): Recipe(
-        policy_type="flow_transformer", episodes=300, episode_s=2.0, epochs=80, eval_episodes=100,
-        rtc_mode="training_time", max_prefix_rows=16, on_policy_episodes=80),
+        policy_type="flow_transformer",
+        episodes=300,
+        episode_s=2.0,
+        epochs=80,
+        eval_episodes=100,
+        rtc_mode="training_time",
+        max_prefix_rows=16,
+        on_policy_episodes=80,
+    ),
 }
 
 
-def check_arguments(out: Path, *, seed: int = 0, policy_type: str | None = None, episodes: int | None = None,
-                    steps: int | None = None, fps: float | None = None) -> None:
+def check_arguments(
+    out: Path,
+    *,
+    seed: int = 0,
+    policy_type: str | None = None,
+    episodes: int | None = None,
+    steps: int | None = None,
+    fps: float | None = None,
+) -> None:
     """Refuse (TrainError) what would fail only after minutes of demo collection; None keeps the recipe's value."""
     from server.policies.base import PolicyLoadError, policy_class
 
@@ -132,14 +161,24 @@ def check_arguments(out: Path, *, seed: int = 0, policy_type: str | None = None,
         out.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=out).close()
     except OSError as exc:
-        raise TrainError(f"--out {str(out)!r}: cannot write there ({exc.strerror or exc}); "
-                         "give a writable directory") from None
+        raise TrainError(
+            f"--out {str(out)!r}: cannot write there ({exc.strerror or exc}); give a writable directory"
+        ) from None
 
 
-def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed: int = 0, *,
-                       policy_type: str | None = None, episodes: int | None = None, steps: int | None = None,
-                       fps: float | None = None, evaluate: bool = True, recipe: Recipe | None = None,
-                       rtc_mode: str | None = None) -> Path:
+def train_robot_policy(
+    robot_type: str,
+    out_dir: str | Path | None = None,
+    seed: int = 0,
+    *,
+    policy_type: str | None = None,
+    episodes: int | None = None,
+    steps: int | None = None,
+    fps: float | None = None,
+    evaluate: bool = True,
+    recipe: Recipe | None = None,
+    rtc_mode: str | None = None,
+) -> Path:
     """Collect demos for `robot_type`, train a chunk policy, save it to `out_dir`; return the path.
 
     `recipe` replaces RECIPES[robot_type] (or POLICY_RECIPES[(robot_type, policy_type)], or
@@ -148,12 +187,11 @@ def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed:
     about that many optimiser steps run.
     """
     try:
+        import numpy as np
         import torch
 
-        import numpy as np
-
-        from bench.training.demos import collect_demos, collect_on_policy_prefix_demos, collect_prefix_demos
         from bench.robots import robot_type as robot_cls
+        from bench.training.demos import collect_demos, collect_on_policy_prefix_demos, collect_prefix_demos
         from server.policies.base import PolicyConfig, policy_class
         from server.policies.train import TRAINING_LOG_FILE, train_bc
     except ImportError as exc:
@@ -162,15 +200,21 @@ def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed:
         raise TrainError(f"no training recipe for robot type {robot_type!r}; recipes: {', '.join(sorted(RECIPES))}")
     rtc_key = (robot_type, policy_type or Recipe.policy_type, rtc_mode or "")
     if recipe is None and rtc_mode not in (None, "guidance") and rtc_key not in RTC_MODE_RECIPES:
-        raise TrainError(f"no recipe for robot type {robot_type!r}, policy type {rtc_key[1]!r} with rtc_mode "
-                         f"{rtc_mode!r}; recipes: "
-                         f"{', '.join(f'--robot {r} --policy-type {p} --rtc-mode {m}' for r, p, m in sorted(RTC_MODE_RECIPES))}")
+        raise TrainError(
+            f"no recipe for robot type {robot_type!r}, policy type {rtc_key[1]!r} with rtc_mode "
+            f"{rtc_mode!r}; recipes: "
+            f"{', '.join(f'--robot {r} --policy-type {p} --rtc-mode {m}' for r, p, m in sorted(RTC_MODE_RECIPES))}"
+        )
     out = Path(out_dir) if out_dir else CHECKPOINTS_DIR / robot_type
     check_arguments(out, seed=seed, policy_type=policy_type, episodes=episodes, steps=steps, fps=fps)
     recipe = recipe or RTC_MODE_RECIPES.get(rtc_key)
     recipe = recipe or POLICY_RECIPES.get((robot_type, policy_type or ""), RECIPES[robot_type])
-    recipe = replace(recipe, policy_type=policy_type or recipe.policy_type,
-                     episodes=recipe.episodes if episodes is None else episodes, fps=recipe.fps if fps is None else fps)
+    recipe = replace(
+        recipe,
+        policy_type=policy_type or recipe.policy_type,
+        episodes=recipe.episodes if episodes is None else episodes,
+        fps=recipe.fps if fps is None else fps,
+    )
     cls = robot_cls(robot_type)
 
     threads = torch.get_num_threads()
@@ -180,45 +224,101 @@ def train_robot_policy(robot_type: str, out_dir: str | Path | None = None, seed:
         prefix_rows, hyper_params = None, dict(recipe.hyper_params)
         if recipe.rtc_mode == "training_time":
             if "rtc_mode" not in policy_class(recipe.policy_type).hyper_param_defaults:
-                raise TrainError(f"policy type {recipe.policy_type!r} has no rtc_mode training_time; "
-                                 f"flow_matching and flow_transformer have")
+                raise TrainError(
+                    f"policy type {recipe.policy_type!r} has no rtc_mode training_time; "
+                    f"flow_matching and flow_transformer have"
+                )
             states, chunks, prefix_rows = collect_prefix_demos(
-                robot_type, recipe.episodes, seed, recipe.chunk_size, recipe.max_prefix_rows, noise=recipe.noise,
-                episode_s=recipe.episode_s, stride=recipe.stride, fps=recipe.fps)
+                robot_type,
+                recipe.episodes,
+                seed,
+                recipe.chunk_size,
+                recipe.max_prefix_rows,
+                noise=recipe.noise,
+                episode_s=recipe.episode_s,
+                stride=recipe.stride,
+                fps=recipe.fps,
+            )
             hyper_params.update(rtc_mode="training_time", max_prefix_rows=recipe.max_prefix_rows)
         else:
-            states, chunks = collect_demos(robot_type, recipe.episodes, seed, recipe.chunk_size, noise=recipe.noise,
-                                           episode_s=recipe.episode_s, labels=recipe.labels, stride=recipe.stride,
-                                           fps=recipe.fps)
+            states, chunks = collect_demos(
+                robot_type,
+                recipe.episodes,
+                seed,
+                recipe.chunk_size,
+                noise=recipe.noise,
+                episode_s=recipe.episode_s,
+                labels=recipe.labels,
+                stride=recipe.stride,
+                fps=recipe.fps,
+            )
         collect_seconds = time.perf_counter() - started
         epochs = recipe.epochs
         if steps:
             per_epoch = max(1, -(-len(states) // recipe.batch_size))
             epochs = max(1, steps // per_epoch)
         config = PolicyConfig(
-            type=recipe.policy_type, state_dim=len(cls.state_names), action_dim=len(cls.action_names),
-            chunk_size=recipe.chunk_size, fps=recipe.fps, action_names=list(cls.action_names),
-            state_names=list(cls.state_names), execution_horizon=recipe.execution_horizon,
+            type=recipe.policy_type,
+            state_dim=len(cls.state_names),
+            action_dim=len(cls.action_names),
+            chunk_size=recipe.chunk_size,
+            fps=recipe.fps,
+            action_names=list(cls.action_names),
+            state_names=list(cls.state_names),
+            execution_horizon=recipe.execution_horizon,
             hyper_params=hyper_params,
         )
-        path = Path(train_bc(recipe.policy_type, states, chunks, config, out, epochs=epochs, seed=seed,
-                             batch_size=recipe.batch_size, lr=recipe.lr, prefix_rows=prefix_rows))
+        path = Path(
+            train_bc(
+                recipe.policy_type,
+                states,
+                chunks,
+                config,
+                out,
+                epochs=epochs,
+                seed=seed,
+                batch_size=recipe.batch_size,
+                lr=recipe.lr,
+                prefix_rows=prefix_rows,
+            )
+        )
         on_policy = {}
         if recipe.rtc_mode == "training_time" and recipe.on_policy_episodes:
             first = json.loads((path / TRAINING_LOG_FILE).read_text())
             # seeds 50000 + 1000 d + e: apart from the demos' (seed + e) and the evaluations' (10000 + e)
-            more = collect_on_policy_prefix_demos(robot_type, path, recipe.on_policy_episodes, seed + 50_000,
-                                                  recipe.max_prefix_rows)
-            states, chunks, prefix_rows = (np.concatenate([a] + [b] * recipe.on_policy_repeat)
-                                           for a, b in zip((states, chunks, prefix_rows), more))
-            on_policy = {"on_policy_samples": len(more[0]), "first_round_final_loss": first["final_loss"],
-                         "first_round_train_seconds": first["train_seconds"]}
-            path = Path(train_bc(recipe.policy_type, states, chunks, config, out, epochs=epochs, seed=seed,
-                                 batch_size=recipe.batch_size, lr=recipe.lr, prefix_rows=prefix_rows))
+            more = collect_on_policy_prefix_demos(
+                robot_type, path, recipe.on_policy_episodes, seed + 50_000, recipe.max_prefix_rows
+            )
+            states, chunks, prefix_rows = (
+                np.concatenate([a] + [b] * recipe.on_policy_repeat) for a, b in zip((states, chunks, prefix_rows), more)
+            )
+            on_policy = {
+                "on_policy_samples": len(more[0]),
+                "first_round_final_loss": first["final_loss"],
+                "first_round_train_seconds": first["train_seconds"],
+            }
+            path = Path(
+                train_bc(
+                    recipe.policy_type,
+                    states,
+                    chunks,
+                    config,
+                    out,
+                    epochs=epochs,
+                    seed=seed,
+                    batch_size=recipe.batch_size,
+                    lr=recipe.lr,
+                    prefix_rows=prefix_rows,
+                )
+            )
         log_file = path / TRAINING_LOG_FILE
         log = json.loads(log_file.read_text()) | on_policy
-        log.update(robot_type=robot_type, recipe=asdict(recipe), collect_seconds=round(collect_seconds, 3),
-                   total_seconds=round(time.perf_counter() - started, 3))
+        log.update(
+            robot_type=robot_type,
+            recipe=asdict(recipe),
+            collect_seconds=round(collect_seconds, 3),
+            total_seconds=round(time.perf_counter() - started, 3),
+        )
         log_file.write_text(json.dumps(log, indent=2) + "\n")
         (path / EVALUATION_FILE).unlink(missing_ok=True)  # never leave a stale figure beside new weights
         if evaluate and recipe.eval_episodes:
@@ -266,8 +366,14 @@ class CheckpointPolicy:
         return (chunk * self.action_stats["std"] + self.action_stats["mean"]).numpy()
 
 
-def evaluate_checkpoint(path: Path, robot_type: str, episodes: int, seed: int,
-                        replan_every: int | tuple[int, ...], evaluate_closed_loop=None) -> dict:
+def evaluate_checkpoint(
+    path: Path,
+    robot_type: str,
+    episodes: int,
+    seed: int,
+    replan_every: int | tuple[int, ...],
+    evaluate_closed_loop=None,
+) -> dict:
     """Closed-loop success of the saved checkpoint and of the expert, under the same chunked execution.
 
     Headline fields are the policy's at the first `replan_every`; `expert` is the expert's own plan

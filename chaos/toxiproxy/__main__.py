@@ -37,17 +37,32 @@ def port(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="toxiproxy-server-py", description="Toxiproxy-compatible TCP fault proxy (asyncio).")
+    p = argparse.ArgumentParser(
+        prog="toxiproxy-server-py", description="Toxiproxy-compatible TCP fault proxy (asyncio)."
+    )
     p.add_argument("-host", "--host", default="127.0.0.1", help="host for the API to listen on (default 127.0.0.1)")
-    p.add_argument("-port", "--port", type=port, default=8474, help="port for the API (default 8474; 0 = any free port)")
-    p.add_argument("-config", "--config", default=None, help="JSON file with proxies to create on startup (a populate list)")
+    p.add_argument(
+        "-port", "--port", type=port, default=8474, help="port for the API (default 8474; 0 = any free port)"
+    )
+    p.add_argument(
+        "-config", "--config", default=None, help="JSON file with proxies to create on startup (a populate list)"
+    )
     p.add_argument("-seed", "--seed", type=int, default=None, help="seed for the toxics' random draws")
     p.add_argument("-version", "--version", action="store_true", help="print the version and exit")
-    p.add_argument("-priority", "--priority", choices=("normal", "nice", "fifo"), default="normal",
-                   help="scheduling of the event loop: fifo = SCHED_FIFO where allowed (else nice -10), nice = nice -10, "
-                        "normal = unchanged (default)")
-    p.add_argument("-proxy-metrics", "--proxy-metrics", action="store_true", help="accepted for compatibility; no metrics")
-    p.add_argument("-runtime-metrics", "--runtime-metrics", action="store_true", help="accepted for compatibility; no metrics")
+    p.add_argument(
+        "-priority",
+        "--priority",
+        choices=("normal", "nice", "fifo"),
+        default="normal",
+        help="scheduling of the event loop: fifo = SCHED_FIFO where allowed (else nice -10), nice = nice -10, "
+        "normal = unchanged (default)",
+    )
+    p.add_argument(
+        "-proxy-metrics", "--proxy-metrics", action="store_true", help="accepted for compatibility; no metrics"
+    )
+    p.add_argument(
+        "-runtime-metrics", "--runtime-metrics", action="store_true", help="accepted for compatibility; no metrics"
+    )
     return p.parse_args(argv)
 
 
@@ -68,16 +83,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.seed is not None:
         random.seed(args.seed)
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO").upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     from wire.procs import raise_fd_limit
 
     raise_fd_limit()  # two sockets a proxied connection: 1,000 robots outgrow a soft limit of 1024
     if args.priority != "normal":
         from chaos.launch import PRIORITY_LOG_TEXT
 
-        logging.getLogger("chaos.toxiproxy").info("%s%s (asked: %s)", PRIORITY_LOG_TEXT, raise_priority(args.priority),
-                                                  args.priority)
+        logging.getLogger("chaos.toxiproxy").info(
+            "%s%s (asked: %s)", PRIORITY_LOG_TEXT, raise_priority(args.priority), args.priority
+        )
 
     def ready(server) -> None:
         gc.freeze()  # start-up objects never need collecting; keeps GC pauses off the data path

@@ -40,9 +40,19 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 IDLE_TIMEOUT_S = 60.0  # how long a connection may wait for its next request (Toxiproxy's IdleTimeout)
 READ_TIMEOUT_S = 15.0  # how long a request may take to arrive whole, from its first byte (Toxiproxy's ReadTimeout)
 
-_REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 413: "Request Entity Too Large",
-            500: "Internal Server Error"}
+_REASONS = {
+    200: "OK",
+    201: "Created",
+    204: "No Content",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    409: "Conflict",
+    413: "Request Entity Too Large",
+    500: "Internal Server Error",
+}
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]+")
 _DIGITS = re.compile(r"[0-9]+")
 
@@ -54,19 +64,22 @@ class Response:
         self.status, self.body, self.content_type = status, body, content_type
 
     @classmethod
-    def json(cls, status: int, obj) -> "Response":
+    def json(cls, status: int, obj) -> Response:
         # allow_nan=False: a non-finite number would be written as NaN, which no JSON parser reads; it raises (a 500)
         return cls(status, json.dumps(obj, separators=(",", ":"), allow_nan=False).encode())
 
     @classmethod
-    def error(cls, err: ProxyError) -> "Response":
-        return cls(err.status, json.dumps({"error": err.message, "status": err.status},
-                                          separators=(",", ":")).encode() + b"\n")
+    def error(cls, err: ProxyError) -> Response:
+        return cls(
+            err.status, json.dumps({"error": err.message, "status": err.status}, separators=(",", ":")).encode() + b"\n"
+        )
 
     def encode(self, keep_alive: bool) -> bytes:
-        head = [f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}",
-                f"X-Toxiproxy-Request-Id: {os.urandom(10).hex()}",
-                f"Connection: {'keep-alive' if keep_alive else 'close'}"]
+        head = [
+            f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}",
+            f"X-Toxiproxy-Request-Id: {os.urandom(10).hex()}",
+            f"Connection: {'keep-alive' if keep_alive else 'close'}",
+        ]
         if self.status != 204:
             head += [f"Content-Type: {self.content_type}", f"Content-Length: {len(self.body)}"]
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (self.body if self.status != 204 else b"")
@@ -126,8 +139,9 @@ def decode_body(body: bytes):
 
 def _object(value, go_type: str) -> dict:
     if not isinstance(value, dict):
-        raise ProxyError(f"bad request body: json: cannot unmarshal {_json_kind(value)} into Go value of type {go_type}",
-                         400)
+        raise ProxyError(
+            f"bad request body: json: cannot unmarshal {_json_kind(value)} into Go value of type {go_type}", 400
+        )
     return value
 
 
@@ -142,8 +156,12 @@ def _set_attributes(wrapper, data: dict) -> None:
 class Api:
     """Routes and handlers over a `ProxyCollection`."""
 
-    def __init__(self, collection: ProxyCollection, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 read_timeout_s: float = READ_TIMEOUT_S):
+    def __init__(
+        self,
+        collection: ProxyCollection,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ):
         self.collection = collection
         self.idle_timeout_s, self.read_timeout_s = idle_timeout_s, read_timeout_s
         P, T = r"(?P<proxy>[^/]+)", r"(?P<toxic>[^/]+)"
@@ -151,13 +169,27 @@ class Api:
             (re.compile(r"/reset"), {"POST": self.reset}),
             (re.compile(r"/proxies"), {"GET": self.proxy_index, "POST": self.proxy_create}),
             (re.compile(r"/populate"), {"POST": self.populate}),
-            (re.compile(rf"/proxies/{P}"), {"GET": self.proxy_show, "POST": self.proxy_update,
-                                            "PATCH": self.proxy_update, "DELETE": self.proxy_delete}),
+            (
+                re.compile(rf"/proxies/{P}"),
+                {
+                    "GET": self.proxy_show,
+                    "POST": self.proxy_update,
+                    "PATCH": self.proxy_update,
+                    "DELETE": self.proxy_delete,
+                },
+            ),
             (re.compile(rf"/proxies/{P}/toxics"), {"GET": self.toxic_index, "POST": self.toxic_create}),
             (re.compile(rf"/proxies/{P}/fidelity"), {"GET": self.proxy_fidelity}),
             (re.compile(rf"/proxies/{P}/fidelity/asked"), {"GET": self.proxy_asked}),
-            (re.compile(rf"/proxies/{P}/toxics/{T}"), {"GET": self.toxic_show, "POST": self.toxic_update,
-                                                       "PATCH": self.toxic_update, "DELETE": self.toxic_delete}),
+            (
+                re.compile(rf"/proxies/{P}/toxics/{T}"),
+                {
+                    "GET": self.toxic_show,
+                    "POST": self.toxic_update,
+                    "PATCH": self.toxic_update,
+                    "DELETE": self.toxic_delete,
+                },
+            ),
             (re.compile(r"/version"), {"GET": self.version}),
         ]
 
@@ -236,7 +268,8 @@ class Api:
             p = self.collection.get(proxy)
             data = _object(decode_body(body), "toxiproxy.Proxy")
             _, listen, upstream, enabled = proxy_fields(
-                data, {"name": p.name, "listen": p.listen, "upstream": p.upstream, "enabled": p.enabled})
+                data, {"name": p.name, "listen": p.listen, "upstream": p.upstream, "enabled": p.enabled}
+            )
             await p.update(listen, upstream, enabled)
             return Response.json(200, p.to_json())
 
@@ -304,8 +337,11 @@ class Api:
                 if request is None:
                     break
                 method, target, version, headers, body = request
-                keep_alive = headers.get("connection", "").lower() != "close" if version == "HTTP/1.1" \
+                keep_alive = (
+                    headers.get("connection", "").lower() != "close"
+                    if version == "HTTP/1.1"
                     else headers.get("connection", "").lower() == "keep-alive"
+                )
                 response = await self.dispatch(method, target, headers, body)
                 log.debug("%s %s -> %d", method, target, response.status)
                 writer.write(response.encode(keep_alive))

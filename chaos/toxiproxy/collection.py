@@ -52,13 +52,17 @@ class ProxyCollection:
     async def populate(self, entries) -> tuple[list[Proxy], ProxyError | None]:
         """Toxiproxy's populate: validate all, then add-or-replace in order; stop at the first error."""
         if not isinstance(entries, list):
-            return [], ProxyError(f"bad request body: json: cannot unmarshal {_kind(entries)} into Go value of "
-                                  "type []toxiproxy.Proxy", 400)
+            return [], ProxyError(
+                f"bad request body: json: cannot unmarshal {_kind(entries)} into Go value of type []toxiproxy.Proxy",
+                400,
+            )
         parsed = []
         for i, entry in enumerate(entries, start=1):
             if not isinstance(entry, dict):
-                return [], ProxyError(f"bad request body: json: cannot unmarshal {_kind(entry)} into Go value of "
-                                      "type toxiproxy.Proxy", 400)
+                return [], ProxyError(
+                    f"bad request body: json: cannot unmarshal {_kind(entry)} into Go value of type toxiproxy.Proxy",
+                    400,
+                )
             try:
                 name, listen, upstream, enabled = proxy_fields(entry, {"listen": "", "enabled": True})
             except ProxyError as exc:
@@ -104,8 +108,11 @@ def proxy_fields(body: dict, defaults: dict) -> tuple[str, str, str, bool]:
             value = defaults.get(key, "" if kind is str else False)
         if not isinstance(value, kind):
             go = "string" if kind is str else "bool"
-            raise ProxyError(f"bad request body: json: cannot unmarshal {_kind(value)} into Go struct field "
-                             f"Proxy.{key} of type {go}", 400)
+            raise ProxyError(
+                f"bad request body: json: cannot unmarshal {_kind(value)} into Go struct field "
+                f"Proxy.{key} of type {go}",
+                400,
+            )
         out.append(value)
     return tuple(out)
 

@@ -14,8 +14,9 @@ from array import array
 from bisect import bisect_right
 
 # Error bins (ms): 0.1 ms steps to 2 ms, then x1.15 steps to ~30 s. Percentiles read the bin's upper edge.
-EDGES_MS: tuple[float, ...] = tuple([round(0.1 * i, 3) for i in range(1, 21)] +
-                                    [round(2.0 * 1.15 ** k, 3) for k in range(1, 70)])
+EDGES_MS: tuple[float, ...] = tuple(
+    [round(0.1 * i, 3) for i in range(1, 21)] + [round(2.0 * 1.15**k, 3) for k in range(1, 70)]
+)
 
 
 # the asked maximum is kept per 100 ms: a `loss` toxic holds some chunk of a busy leg a 200 ms retransmission
@@ -27,9 +28,24 @@ ASKED_BUCKETS_KEPT = 3600 * ASKED_BUCKETS_PER_S  # at least the last hour, at mo
 class LegStats:
     """One direction of one proxy, summed over its connections."""
 
-    __slots__ = ("chunks", "bytes", "asked_s", "asked_min_s", "asked_max_s", "asked_t0", "asked_by_s",
-                 "asked_dropped", "error_s", "error_max_s", "early", "hist", "shaped_bytes", "shaped_ideal_s",
-                 "shaped_busy_s", "rate_kbps")
+    __slots__ = (
+        "chunks",
+        "bytes",
+        "asked_s",
+        "asked_min_s",
+        "asked_max_s",
+        "asked_t0",
+        "asked_by_s",
+        "asked_dropped",
+        "error_s",
+        "error_max_s",
+        "early",
+        "hist",
+        "shaped_bytes",
+        "shaped_ideal_s",
+        "shaped_busy_s",
+        "rate_kbps",
+    )
 
     def __init__(self) -> None:
         self.chunks = self.bytes = self.early = self.shaped_bytes = 0
@@ -93,18 +109,29 @@ class LegStats:
         """The most asked of a chunk in each `bucket_s` of the loop's monotonic clock (`GET
         /proxies/{p}/fidelity/asked`): `t0_s` the first kept bucket's start, `asked_ms_max` one value a bucket on;
         `dropped`: buckets before `t0_s` were let go (what was asked then is unknown, not nothing)."""
-        return {"t0_s": None if self.asked_t0 is None else self.asked_t0 / ASKED_BUCKETS_PER_S,
-                "bucket_s": 1.0 / ASKED_BUCKETS_PER_S, "dropped": self.asked_dropped,
-                "asked_ms_max": [round(x * 1e3, 3) for x in self.asked_by_s]}
+        return {
+            "t0_s": None if self.asked_t0 is None else self.asked_t0 / ASKED_BUCKETS_PER_S,
+            "bucket_s": 1.0 / ASKED_BUCKETS_PER_S,
+            "dropped": self.asked_dropped,
+            "asked_ms_max": [round(x * 1e3, 3) for x in self.asked_by_s],
+        }
 
     def to_json(self) -> dict:
-        return {"chunks": self.chunks, "bytes": self.bytes, "asked_ms_sum": round(self.asked_s * 1e3, 3),
-                "asked_ms_min": round(self.asked_min_s * 1e3, 3) if self.chunks else None,
-                "asked_ms_max": round(self.asked_max_s * 1e3, 3) if self.chunks else None,
-                "error_ms_sum": round(self.error_s * 1e3, 3), "error_ms_max": round(self.error_max_s * 1e3, 3),
-                "early": self.early, "hist": list(self.hist), "shaped_bytes": self.shaped_bytes,
-                "shaped_ideal_s": round(self.shaped_ideal_s, 6), "shaped_busy_s": round(self.shaped_busy_s, 6),
-                "rate_kbps": self.rate_kbps}
+        return {
+            "chunks": self.chunks,
+            "bytes": self.bytes,
+            "asked_ms_sum": round(self.asked_s * 1e3, 3),
+            "asked_ms_min": round(self.asked_min_s * 1e3, 3) if self.chunks else None,
+            "asked_ms_max": round(self.asked_max_s * 1e3, 3) if self.chunks else None,
+            "error_ms_sum": round(self.error_s * 1e3, 3),
+            "error_ms_max": round(self.error_max_s * 1e3, 3),
+            "early": self.early,
+            "hist": list(self.hist),
+            "shaped_bytes": self.shaped_bytes,
+            "shaped_ideal_s": round(self.shaped_ideal_s, 6),
+            "shaped_busy_s": round(self.shaped_busy_s, 6),
+            "rate_kbps": self.rate_kbps,
+        }
 
 
 def percentile_ms(hist: list[int], q: float) -> float | None:

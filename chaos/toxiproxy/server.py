@@ -30,8 +30,9 @@ class ToxiproxyServer:
         self._http: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
-        self._http = await asyncio.start_server(self.api.serve_connection, self.host, self.port,
-                                                reuse_address=True, backlog=256)
+        self._http = await asyncio.start_server(
+            self.api.serve_connection, self.host, self.port, reuse_address=True, backlog=256
+        )
         self.port = self._http.sockets[0].getsockname()[1]
 
     @property
@@ -103,14 +104,16 @@ class ServerThread:
             def ready(server):
                 self.server, self.port = server, server.port
                 self._ready.set()
+
             await serve(self.host, self.port, ready=ready, stop=self._stop)
+
         try:
             asyncio.run(main())
         except BaseException as exc:  # surfaced by start()
             self._error = exc
             self._ready.set()
 
-    def start(self, timeout_s: float = 5.0) -> "ServerThread":
+    def start(self, timeout_s: float = 5.0) -> ServerThread:
         self._thread.start()
         if not self._ready.wait(timeout_s) or self._error is not None:
             raise RuntimeError(f"toxiproxy server thread did not start: {self._error!r}")
@@ -125,7 +128,7 @@ class ServerThread:
             self.loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(timeout_s)
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -36,5 +36,15 @@ from edge.remote.engine import RemoteEngine
 from edge.remote.link import NUDGE_SPREAD_S, TRANSITIONS, Backoff, Link
 from edge.remote.plan import ExecutionPlan, plan_execution
 
-__all__ = ["FIELD_DOCS", "NUDGE_SPREAD_S", "TRANSITIONS", "Backoff", "ConfigError", "ExecutionPlan", "Link",
-           "RemoteEngine", "RemoteEngineConfig", "plan_execution"]
+__all__ = [
+    "FIELD_DOCS",
+    "NUDGE_SPREAD_S",
+    "TRANSITIONS",
+    "Backoff",
+    "ConfigError",
+    "ExecutionPlan",
+    "Link",
+    "RemoteEngine",
+    "RemoteEngineConfig",
+    "plan_execution",
+]

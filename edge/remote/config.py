@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
 
 from edge.engine import ConfigError, FallbackBehavior, config_from_dict
 from edge.latency import LATENCY_MODES
@@ -74,14 +75,17 @@ def at_least(other: str) -> Check:
         if v < getattr(cfg, other):
             raise Refused(f"must be >= {other}")
         return v
+
     return check
 
 
 def at_least_the_control_timeouts(v, cfg):
     base = max(CONTROL_TIMEOUTS_S["status"], CONTROL_TIMEOUTS_S["session"])
     if v < base:
-        raise Refused(f"must be >= the base status/session timeout {base:g} s (wire.qos.CONTROL_TIMEOUTS_S); "
-                      f"{base:g} keeps the timeouts fixed, got {v:g}")
+        raise Refused(
+            f"must be >= the base status/session timeout {base:g} s (wire.qos.CONTROL_TIMEOUTS_S); "
+            f"{base:g} keeps the timeouts fixed, got {v:g}"
+        )
     return v
 
 
@@ -91,6 +95,7 @@ def integer(lo: int, hi: int | None, meaning: str) -> Check:
             kind = "a positive integer" if (lo, hi) == (1, None) else f"an integer {range_text(lo, hi, None)}"
             raise Refused(f"must be {kind} ({meaning}), got {show(v)}")
         return v
+
     return check
 
 
@@ -106,6 +111,7 @@ def choice(choices: tuple | list) -> Check:
         if v not in choices:
             raise Refused(f"{v!r} is not one of {choices}")
         return v
+
     return check
 
 
@@ -120,6 +126,7 @@ def required(why: str) -> Check:
         if not v:
             raise Refused(f"is required: {why}")
         return v
+
     return check
 
 
@@ -139,6 +146,7 @@ def key_chunk(name: str, fix: str, empty_ok: bool = False) -> Check:
         except WireError as exc:
             raise Refused(f"{str(exc).split('] ', 1)[-1]}; {fix}") from None
         return v
+
     return check
 
 
@@ -153,8 +161,9 @@ def task_words(v, cfg):
         try:
             task_slug(v)
         except WireError as exc:
-            raise Refused(f"{str(exc).split('] ', 1)[-1]}; write the instruction in words, or \"\" for the "
-                          "server's default") from None
+            raise Refused(
+                f"{str(exc).split('] ', 1)[-1]}; write the instruction in words, or \"\" for the server's default"
+            ) from None
     return v
 
 
@@ -172,6 +181,7 @@ def names(noun: str, example: str) -> Check:
         if twice:
             raise Refused(f"{twice[0]!r} is listed {v.count(twice[0])} times in {v!r}; list each once")
         return list(v)
+
     return check
 
 
@@ -180,6 +190,7 @@ def each(check: Check) -> Check:
         for x in v:
             check(x, cfg)
         return v
+
     return check_each
 
 
@@ -226,8 +237,10 @@ def tls_ca_when_needed(v, cfg):
         raise Refused("a client certificate needs the CA file that signed the router's certificate")
     secure = [e for e in cfg.connect_endpoints if e.startswith(("tls/", "quic/"))]
     if secure and not v:
-        raise Refused(f"endpoint {secure[0]} needs TLS: give the CA file that signed the router's certificate "
-                      "(and tls_cert, tls_key for mTLS)")
+        raise Refused(
+            f"endpoint {secure[0]} needs TLS: give the CA file that signed the router's certificate "
+            "(and tls_cert, tls_key for mTLS)"
+        )
     if v:
         try:  # expired, not PEM, a key of another certificate, another CA: fail at construction, not later
             TlsFiles(v, cfg.tls_cert, cfg.tls_key).check()
@@ -246,86 +259,142 @@ class RemoteEngineConfig:
     """Every field of design 9.4 (plus what a multi-replica fleet needs), with its default, meaning and checks."""
 
     connect_endpoints: list[str] = knob(
-        None, "Zenoh router endpoints, protocol/address (e.g. tcp/10.0.0.1:7447, tls/[::1]:7447)", endpoints,
-        factory=lambda: ["tcp/127.0.0.1:7447"])
+        None,
+        "Zenoh router endpoints, protocol/address (e.g. tcp/10.0.0.1:7447, tls/[::1]:7447)",
+        endpoints,
+        factory=lambda: ["tcp/127.0.0.1:7447"],
+    )
     model_id: str = knob(
-        "", "the model id the server serves (its manifest's model_id; a key chunk: no * $ ? # / or spaces)",
-        required("the model id the server serves (its manifest's model_id)"), key_chunk("model_id", _MODEL_FIX))
+        "",
+        "the model id the server serves (its manifest's model_id; a key chunk: no * $ ? # / or spaces)",
+        required("the model id the server serves (its manifest's model_id)"),
+        key_chunk("model_id", _MODEL_FIX),
+    )
     revision: str = knob(
-        "main", "checkpoint revision in the keys (a key chunk)",
-        key_chunk("revision", "give the revision the server serves (its manifest's revision; default main)"))
+        "main",
+        "checkpoint revision in the keys (a key chunk)",
+        key_chunk("revision", "give the revision the server serves (its manifest's revision; default main)"),
+    )
     fps: float = knob(30.0, "control rate in Hz (finite, > 0); one get_action per tick", positive)
     action_names: list[str] = knob(
-        None, "the robot's ordered action names, each once: chunk column i drives action i",
+        None,
+        "the robot's ordered action names, each once: chunk column i drives action i",
         required("the robot's ordered action names (they must match the policy's)"),
-        names("the robot's action names in the policy's order", "[shoulder, elbow]"), factory=list)
+        names("the robot's action names in the policy's order", "[shoulder, elbow]"),
+        factory=list,
+    )
     state_dim: int = knob(0, "the robot's state size", state_size)
-    cameras: list[str] = knob(None, "camera names the robot sends, each once", names("camera names", "[front]"),
-                              factory=list)
+    cameras: list[str] = knob(
+        None, "camera names the robot sends, each once", names("camera names", "[front]"), factory=list
+    )
     task: str = knob("", "task string sent with each observation", text, task_words)
     client_uuid: str = knob(
-        "", "this client's id in the keys (a key chunk); empty: a random uuid at start()",
-        key_chunk("client_uuid", "give a name of letters, digits, . _ - (no * $ ? # / or spaces), or \"\" for a "
-                                 "random id", empty_ok=True))
+        "",
+        "this client's id in the keys (a key chunk); empty: a random uuid at start()",
+        key_chunk(
+            "client_uuid",
+            "give a name of letters, digits, . _ - (no * $ ? # / or spaces), or \"\" for a random id",
+            empty_ok=True,
+        ),
+    )
     client_type: str = knob("", "free text reported to the server", text)
     tls_cert: str | None = knob(None, "client certificate (mTLS)", file_or_null)
     tls_key: str | None = knob(None, "its private key", file_or_null)
-    tls_ca: str | None = knob(None, "CA file that signed the router's certificate (enables TLS)", file_or_null,
-                              tls_ca_when_needed)
-    jpeg_quality: int = knob(90, "JPEG quality of camera frames, 1..100; 0 = raw frames (LAN, debug)",
-                             integer(0, 100, "0: raw frames, else the JPEG quality"))
+    tls_ca: str | None = knob(
+        None, "CA file that signed the router's certificate (enables TLS)", file_or_null, tls_ca_when_needed
+    )
+    jpeg_quality: int = knob(
+        90,
+        "JPEG quality of camera frames, 1..100; 0 = raw frames (LAN, debug)",
+        integer(0, 100, "0: raw frames, else the JPEG quality"),
+    )
     buffer_time_s: float | None = knob(
-        None, "send the next observation when the queue holds this much playback or less; null: derived from the "
-              "measured delay d so that RTC's d <= s <= H - d holds (s: steps executed per chunk)", positive_or_null)
-    max_action_age_s: float = knob(3.0, "staleness bound: an action older than this is never executed (safety)",
-                                   positive)
+        None,
+        "send the next observation when the queue holds this much playback or less; null: derived from the "
+        "measured delay d so that RTC's d <= s <= H - d holds (s: steps executed per chunk)",
+        positive_or_null,
+    )
+    max_action_age_s: float = knob(
+        3.0, "staleness bound: an action older than this is never executed (safety)", positive
+    )
     degraded_after_s: float = knob(1.0, "no chunk for this long: DEGRADED", positive)
     request_timeout_s: float = knob(5.0, "a request without an answer for this long counts as a timeout", positive)
     timeout_streak: int = knob(
-        3, "consecutive requests without a usable chunk (timed out, or answered with a bad chunk) that make the "
-           "engine RECONNECTING", integer(1, None, "timeouts"))
+        3,
+        "consecutive requests without a usable chunk (timed out, or answered with a bad chunk) that make the "
+        "engine RECONNECTING",
+        integer(1, None, "timeouts"),
+    )
     reconnect_initial_backoff_s: float = knob(
-        0.5, "first wait between reconnect attempts (doubles, with jitter)", positive)
-    reconnect_max_backoff_s: float = knob(10.0, "longest wait between reconnect attempts", positive,
-                                          at_least("reconnect_initial_backoff_s"))
+        0.5, "first wait between reconnect attempts (doubles, with jitter)", positive
+    )
+    reconnect_max_backoff_s: float = knob(
+        10.0, "longest wait between reconnect attempts", positive, at_least("reconnect_initial_backoff_s")
+    )
     max_offline_s: float = knob(60.0, "offline longer than this: DEAD (the robot's own safety takes over)", positive)
     control_timeout_max_s: float = knob(
-        16.0, "cap of the handshake's status and session timeouts (base 2 s): they double after a round in which no "
-              "replica answered in time (a link slower than them), and come back to the base with a session; at "
-              "least 2 x the measured round trip + 0.5 s", positive, at_least_the_control_timeouts)
-    fallback: str = knob("hold", "what get_action returns when STALLED: hold (nothing), repeat_last, zero",
-                         fallback_word)
+        16.0,
+        "cap of the handshake's status and session timeouts (base 2 s): they double after a round in which no "
+        "replica answered in time (a link slower than them), and come back to the base with a session; at "
+        "least 2 x the measured round trip + 0.5 s",
+        positive,
+        at_least_the_control_timeouts,
+    )
+    fallback: str = knob(
+        "hold", "what get_action returns when STALLED: hold (nothing), repeat_last, zero", fallback_word
+    )
     rtc_enabled: bool = knob(
-        True, "real-time chunking: guide the next chunk with the executed prefix; false = append mode", boolean)
-    execution_horizon: int = knob(10, "prefix rows shipped to the server with each observation (RTC)",
-                                  integer(0, None, "the prefix rows shipped"))
+        True, "real-time chunking: guide the next chunk with the executed prefix; false = append mode", boolean
+    )
+    execution_horizon: int = knob(
+        10, "prefix rows shipped to the server with each observation (RTC)", integer(0, None, "the prefix rows shipped")
+    )
     # consumed is what every shipped scenario runs; real_delay is LeRobot's
     trim: str = knob(
-        "consumed", "how a late chunk is trimmed: real_delay (LeRobot: by the measured delay) or consumed (by the "
-                    "actions executed since the request, which fixes the first chunk's over-trim)", choice(TRIM_MODES))
+        "consumed",
+        "how a late chunk is trimmed: real_delay (LeRobot: by the measured delay) or consumed (by the "
+        "actions executed since the request, which fixes the first chunk's over-trim)",
+        choice(TRIM_MODES),
+    )
     # LeRobot's all_time_max lets one slow round trip (a retransmission, the first request) set d for the session
     latency_mode: str = knob(
-        "percentile", "the delay estimate RTC plans with: percentile (p95 of the window), window_max, all_time_max "
-                      "(LeRobot)", choice(LATENCY_MODES))
-    latency_window: int = knob(100, "requests in the latency window (window_max, percentile)",
-                               integer(1, None, "round trips"))
+        "percentile",
+        "the delay estimate RTC plans with: percentile (p95 of the window), window_max, all_time_max (LeRobot)",
+        choice(LATENCY_MODES),
+    )
+    latency_window: int = knob(
+        100, "requests in the latency window (window_max, percentile)", integer(1, None, "round trips")
+    )
     tags: dict[str, str] = knob(
-        None, "tag: value labels (strings) sent at session open (server allowlists may use them)", string_tags,
-        factory=dict)
-    root: str = knob("@fleet", "the verbatim root key chunk: @ and a key chunk",
-                     key_chunk("root", "give the servers' key root, e.g. @fleet (the default)"))
+        None,
+        "tag: value labels (strings) sent at session open (server allowlists may use them)",
+        string_tags,
+        factory=dict,
+    )
+    root: str = knob(
+        "@fleet",
+        "the verbatim root key chunk: @ and a key chunk",
+        key_chunk("root", "give the servers' key root, e.g. @fleet (the default)"),
+    )
     lease_ms: int = knob(
-        1000, "this client's Zenoh lease, 100..600000 ms: how fast the router notices it is gone",
-        integer(MIN_LEASE_MS, MAX_LEASE_MS, "ms; keep it above the link's round trip"))
+        1000,
+        "this client's Zenoh lease, 100..600000 ms: how fast the router notices it is gone",
+        integer(MIN_LEASE_MS, MAX_LEASE_MS, "ms; keep it above the link's round trip"),
+    )
     expected_checkpoint_hash: str = knob("", "non-empty: refuse any other checkpoint from the start", text)
     replica_order: list[str] = knob(
-        None, "preferred replica ids, in order, each once; default: the least loaded",
+        None,
+        "preferred replica ids, in order, each once; default: the least loaded",
         names("replica ids", "[r0, r1]"),
         each(key_chunk("replica_order", "give the replica ids the servers run with (their manifests' replica_id)")),
-        factory=list)
+        factory=list,
+    )
     urgency: float = knob(0.5, "0..1, sent with each request for deadline-aware scheduling", unit_interval)
-    priority: int = knob(0, "priority tier for priority_tiered scheduling, 0..255 (0 = most urgent)",
-                         integer(0, _PRIORITY_MAX, "0 = most urgent; the range of an observation's priority"))
+    priority: int = knob(
+        0,
+        "priority tier for priority_tiered scheduling, 0..255 (0 = most urgent)",
+        integer(0, _PRIORITY_MAX, "0 = most urgent; the range of an observation's priority"),
+    )
 
     def __post_init__(self) -> None:
         """Each field's checks, in field order; the first refusal is a ConfigError naming its field."""

@@ -12,7 +12,8 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from edge.engine import Action, Engine, EngineState, EngineStopped, register_engine
 from edge.latency import LatencyTracker
@@ -26,15 +27,35 @@ from edge.remote.worker import Worker
 
 S = EngineState
 
-COUNTERS = ("requests", "chunks", "timeouts", "errors", "late_chunks", "superseded_seqs", "reconnects", "none_ticks",
-            "fallback_ticks", "staleness_refusals", "discarded_chunks", "resets", "resets_acked", "replica_nudges",
-            "plan_warnings", "bad_chunks")
+COUNTERS = (
+    "requests",
+    "chunks",
+    "timeouts",
+    "errors",
+    "late_chunks",
+    "superseded_seqs",
+    "reconnects",
+    "none_ticks",
+    "fallback_ticks",
+    "staleness_refusals",
+    "discarded_chunks",
+    "resets",
+    "resets_acked",
+    "replica_nudges",
+    "plan_warnings",
+    "bad_chunks",
+)
 
 
 @register_engine("remote", RemoteEngineConfig)
 class RemoteEngine(Engine):
-    def __init__(self, config: RemoteEngineConfig, shutdown_event: threading.Event | None = None, connection=None,
-                 latency_override: Callable[[int], float] | None = None):
+    def __init__(
+        self,
+        config: RemoteEngineConfig,
+        shutdown_event: threading.Event | None = None,
+        connection=None,
+        latency_override: Callable[[int], float] | None = None,
+    ):
         if not config.client_uuid:
             config.client_uuid = f"robot-{uuid.uuid4().hex[:12]}"
         self.cfg = config
@@ -48,8 +69,17 @@ class RemoteEngine(Engine):
         self._records: deque = deque(maxlen=20000)
         self._link = Link(config.client_uuid, shutdown_event)
         self._handoff = Handoff()
-        self._worker = Worker(config, self.queue, self.tracker, self.counters, self._link, self._handoff,
-                              self._records, connection, latency_override)
+        self._worker = Worker(
+            config,
+            self.queue,
+            self.tracker,
+            self.counters,
+            self._link,
+            self._handoff,
+            self._records,
+            connection,
+            latency_override,
+        )
         self.control_timeouts = self._worker.session.control_timeouts  # the worker's; see edge.remote.session
         self._ladder = FallbackLadder(config, self.queue, self._link, self.counters)
         self._thread: threading.Thread | None = None
@@ -176,12 +206,18 @@ class RemoteEngine(Engine):
         link = self._link
         m = self._worker.session.model  # read once: stop() may clear it meanwhile
         replica = m.replica if m is not None else None
-        return {**self.counters, "state": link.visible.value, "time_in_state_s": link.time_in_state(),
-                "qsize": self.queue.qsize(), "latency_max_s": self.tracker.max(),
-                "session_id": self._worker.session.session_id(),
-                "replica_id": replica.replica_id if replica is not None else "",
-                "session_epoch": m.epoch if m is not None else 0, "dead_reason": link.dead_reason,
-                "last_error": self.last_error}
+        return {
+            **self.counters,
+            "state": link.visible.value,
+            "time_in_state_s": link.time_in_state(),
+            "qsize": self.queue.qsize(),
+            "latency_max_s": self.tracker.max(),
+            "session_id": self._worker.session.session_id(),
+            "replica_id": replica.replica_id if replica is not None else "",
+            "session_epoch": m.epoch if m is not None else 0,
+            "dead_reason": link.dead_reason,
+            "last_error": self.last_error,
+        }
 
     def drain_records(self) -> list[dict]:
         out = []

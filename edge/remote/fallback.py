@@ -14,7 +14,7 @@ the stream). Waiting for an episode's first chunk on a healthy link is gating, n
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -68,15 +68,21 @@ class FallbackLadder:
             self.t_last_obs = meta.t_obs
             return self.last_action
         # nothing fresh: STALLED, apply the fallback
-        if not closed and not link.stalled and (not self.awaiting_first
-                                                or link.state in (S.DEGRADED, S.RECONNECTING)):
+        if not closed and not link.stalled and (not self.awaiting_first or link.state in (S.DEGRADED, S.RECONNECTING)):
             link.set_stalled(True, "queue empty or stale")
         fb = self.cfg.fallback
         last = self.last_action
         if fb == "repeat_last" and self.last_values is not None and last is not None:
             self.counters["fallback_ticks"] += 1  # provenance of the repeated action; its age keeps growing
-            return Action(self.last_values.copy(), "repeat_last", last.session_id, last.seq_id, last.episode_id,
-                          last.chunk_index, now - self.t_last_obs)
+            return Action(
+                self.last_values.copy(),
+                "repeat_last",
+                last.session_id,
+                last.seq_id,
+                last.episode_id,
+                last.chunk_index,
+                now - self.t_last_obs,
+            )
         if fb == "zero":
             self.counters["fallback_ticks"] += 1
             return Action(np.zeros(self.action_dim, np.float32), "zero", session_id(), episode_id=episode)

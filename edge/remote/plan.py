@@ -18,7 +18,7 @@ class ExecutionPlan:
     """When the engine asks again, in control steps: the next request goes out when the queue holds
     `buffer_steps` actions or fewer, so each chunk is executed for `execution_steps` (s) steps counted from
     its observation (s = H - buffer_steps in RTC mode). `violation` names the numbers when the plan breaks
-    RTC's d <= s <= H - d (an explicit buffer_time_s, or a delay over half the chunk), else "". """
+    RTC's d <= s <= H - d (an explicit buffer_time_s, or a delay over half the chunk), else ""."""
 
     delay_steps: int
     chunk_size: int
@@ -28,8 +28,9 @@ class ExecutionPlan:
     buffer_s: float  # buffer_steps in seconds: an explicit buffer_time_s exactly, so its timing is unchanged
 
 
-def plan_execution(delay_steps: int, chunk_size: int, dt: float, buffer_time_s: float | None,
-                   rtc_enabled: bool = True) -> ExecutionPlan:
+def plan_execution(
+    delay_steps: int, chunk_size: int, dt: float, buffer_time_s: float | None, rtc_enabled: bool = True
+) -> ExecutionPlan:
     """The request point for a measured delay d (control steps) and a chunk of H rows.
 
     Derived (buffer_time_s None), RTC: s = H // 2 clamped into [d, H - d]; a chunk shorter than 2d has
@@ -46,8 +47,9 @@ def plan_execution(delay_steps: int, chunk_size: int, dt: float, buffer_time_s: 
         if 2 * d <= big_h:
             s = min(max(big_h // 2, d), big_h - d)
             return ExecutionPlan(d, big_h, float(big_h - s), s, "", (big_h - s + 1e-6) * dt)
-        return ExecutionPlan(d, big_h, float(big_h - d), d, _violation(d, d, big_h, "derived", dt),
-                             (big_h - d + 1e-6) * dt)
+        return ExecutionPlan(
+            d, big_h, float(big_h - d), d, _violation(d, d, big_h, "derived", dt), (big_h - d + 1e-6) * dt
+        )
     buffer_steps = buffer_time_s / dt
     if not rtc_enabled:
         return ExecutionPlan(d, big_h, buffer_steps, big_h, "", buffer_time_s)
@@ -61,10 +63,11 @@ def _violation(d: int, s: int, big_h: int, source: str, dt: float) -> str:
     if 2 * d > big_h:
         fix = f"no s fits: the delay is over half the chunk; lower the delay or serve a chunk of >= {2 * d} rows"
     else:
-        fix = (f"set buffer_time_s between {d * dt:.3g} and {(big_h - d) * dt:.3g} s ({d} to {big_h - d} steps), "
-               f"or leave it unset (null) to derive it from the delay")
-    return (f"RTC needs d <= s <= H - d; {source} gives d={d}, s={s}, H={big_h} "
-            f"({d} <= {s} <= {big_h - d} fails): {fix}")
+        fix = (
+            f"set buffer_time_s between {d * dt:.3g} and {(big_h - d) * dt:.3g} s ({d} to {big_h - d} steps), "
+            f"or leave it unset (null) to derive it from the delay"
+        )
+    return f"RTC needs d <= s <= H - d; {source} gives d={d}, s={s}, H={big_h} ({d} <= {s} <= {big_h - d} fails): {fix}"
 
 
 def delay_steps(latency_s: float, dt: float) -> int:

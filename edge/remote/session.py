@@ -9,16 +9,16 @@ acknowledged is never served (a reconnect asks for that exact checkpoint, and an
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
 # what a reconnect must find unchanged
-CAPABILITIES = ("checkpoint_hash", "policy_type", "action_names", "state_dim", "chunk_size", "model_id",
-                "rtc_enabled")
+CAPABILITIES = ("checkpoint_hash", "policy_type", "action_names", "state_dim", "chunk_size", "model_id", "rtc_enabled")
 
 
 def capability_mismatch(first, ack) -> str:
@@ -84,11 +84,13 @@ class Session:
             from wire.transport import TlsFiles
 
             tls = TlsFiles(c.tls_ca, c.tls_cert, c.tls_key)
-        self.conn = Connection(c.connect_endpoints, c.client_uuid, c.client_type, root=c.root, lease_ms=c.lease_ms,
-                               tls=tls)
+        self.conn = Connection(
+            c.connect_endpoints, c.client_uuid, c.client_type, root=c.root, lease_ms=c.lease_ms, tls=tls
+        )
 
-    def open(self, exclude: set[str], p95_s: float, deadline: float,
-             camera_shapes: Callable[[], dict[str, list[int]]]) -> Opened:
+    def open(
+        self, exclude: set[str], p95_s: float, deadline: float, camera_shapes: Callable[[], dict[str, list[int]]]
+    ) -> Opened:
         """One handshake round, skipping the replicas in `exclude`, before `deadline` (monotonic s)."""
         from edge.client import NoReplica, SessionRefused
 
@@ -97,19 +99,34 @@ class Session:
             if self.model is None:
                 c = self.cfg
                 self.model = self.conn.model(
-                    c.model_id, c.revision, priority=c.priority, open=False, task=c.task, fps=c.fps,
-                    action_names=list(c.action_names), state_dim=c.state_dim, cameras=camera_shapes(),
-                    rtc_enabled=c.rtc_enabled, execution_horizon=c.execution_horizon,
-                    expected_checkpoint_hash=c.expected_checkpoint_hash, replica_order=list(c.replica_order),
-                    tags=dict(c.tags), jpeg_quality=c.jpeg_quality)
+                    c.model_id,
+                    c.revision,
+                    priority=c.priority,
+                    open=False,
+                    task=c.task,
+                    fps=c.fps,
+                    action_names=list(c.action_names),
+                    state_dim=c.state_dim,
+                    cameras=camera_shapes(),
+                    rtc_enabled=c.rtc_enabled,
+                    execution_horizon=c.execution_horizon,
+                    expected_checkpoint_hash=c.expected_checkpoint_hash,
+                    replica_order=list(c.replica_order),
+                    tags=dict(c.tags),
+                    jpeg_quality=c.jpeg_quality,
+                )
                 self.model.wake = self._wake
                 self.model.nudge = self._nudge
             if self.first_ack is not None:  # a reconnect: this exact checkpoint or nothing
                 self.model.open_args["expected_checkpoint_hash"] = self.first_ack.checkpoint_hash
             ct = self.control_timeouts
             ct.seed(p95_s)
-            ack = self.model.open(exclude, status_timeout_s=ct.timeout_s("status"),
-                                  session_timeout_s=ct.timeout_s("session"), deadline=deadline)
+            ack = self.model.open(
+                exclude,
+                status_timeout_s=ct.timeout_s("status"),
+                session_timeout_s=ct.timeout_s("session"),
+                deadline=deadline,
+            )
         except SessionRefused as exc:
             return Opened(error=str(exc), fatal=f"session refused: {exc}")
         except NoReplica as exc:

@@ -24,8 +24,8 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -73,35 +73,68 @@ def chunk_problem(r, m, action_dim: int) -> str:
     return ""
 
 
-def unanswered_record(seq, delay, encode_ms, send_lag_ms, outcome: str, execution_steps: int,
-                      steps_remaining: int) -> dict:
+def unanswered_record(
+    seq, delay, encode_ms, send_lag_ms, outcome: str, execution_steps: int, steps_remaining: int
+) -> dict:
     """The record of a request that got no chunk (no round trip to report)."""
-    return {"t": time.monotonic(), "seq": seq, "rtt_ms": NAN, "queue_wait_ms": NAN, "inference_ms": NAN,
-            "network_ms": NAN, "encode_ms": encode_ms, "send_lag_ms": send_lag_ms, "merge_lag_ms": NAN,
-            "delay_steps": delay, "execution_steps": execution_steps, "steps_remaining": steps_remaining,
-            "superseded_seqs": 0, "outcome": outcome}
+    return {
+        "t": time.monotonic(),
+        "seq": seq,
+        "rtt_ms": NAN,
+        "queue_wait_ms": NAN,
+        "inference_ms": NAN,
+        "network_ms": NAN,
+        "encode_ms": encode_ms,
+        "send_lag_ms": send_lag_ms,
+        "merge_lag_ms": NAN,
+        "delay_steps": delay,
+        "execution_steps": execution_steps,
+        "steps_remaining": steps_remaining,
+        "superseded_seqs": 0,
+        "outcome": outcome,
+    }
 
 
-def merged_record(r, out: tuple, real_delay: int, merged_at: float, execution_steps: int,
-                  steps_remaining: int) -> dict:
+def merged_record(r, out: tuple, real_delay: int, merged_at: float, execution_steps: int, steps_remaining: int) -> dict:
     """The record of the outstanding request `out` answered by the chunk `r`, merged at `merged_at`."""
     seq, _epoch, _episode, _t_obs, _idx_before, delay, encode_ms, send_lag_ms, _sent_ns = out
     rtt_ms = r.rtt_s * 1e3
-    return {"t": r.t_recv, "seq": seq, "rtt_ms": rtt_ms, "queue_wait_ms": r.queue_wait_ms,
-            "inference_ms": r.inference_ms, "network_ms": rtt_ms - r.queue_wait_ms - r.inference_ms,
-            "encode_ms": encode_ms, "send_lag_ms": send_lag_ms,
-            # from the chunk's arrival (Zenoh's callback) to its merge here, on this worker
-            "merge_lag_ms": (merged_at - r.t_recv) * 1e3, "delay_steps": delay,
-            # from the first router routing the chunk to its arrival here (its Zenoh timestamp)
-            "downlink_from_router_ms": (r.t_recv * 1e9 - r.routed_ns) / 1e6 if r.routed_ns else math.nan,
-            "execution_steps": execution_steps, "steps_remaining": steps_remaining,
-            "superseded_seqs": r.superseded_seqs, "outcome": "ok", "real_delay": real_delay, "sent_ns": r.sent_ns}
+    return {
+        "t": r.t_recv,
+        "seq": seq,
+        "rtt_ms": rtt_ms,
+        "queue_wait_ms": r.queue_wait_ms,
+        "inference_ms": r.inference_ms,
+        "network_ms": rtt_ms - r.queue_wait_ms - r.inference_ms,
+        "encode_ms": encode_ms,
+        "send_lag_ms": send_lag_ms,
+        # from the chunk's arrival (Zenoh's callback) to its merge here, on this worker
+        "merge_lag_ms": (merged_at - r.t_recv) * 1e3,
+        "delay_steps": delay,
+        # from the first router routing the chunk to its arrival here (its Zenoh timestamp)
+        "downlink_from_router_ms": (r.t_recv * 1e9 - r.routed_ns) / 1e6 if r.routed_ns else math.nan,
+        "execution_steps": execution_steps,
+        "steps_remaining": steps_remaining,
+        "superseded_seqs": r.superseded_seqs,
+        "outcome": "ok",
+        "real_delay": real_delay,
+        "sent_ns": r.sent_ns,
+    }
 
 
 class Worker:
-    def __init__(self, cfg, queue: ActionQueue, tracker: LatencyTracker, counters: dict[str, int], link: Link,
-                 handoff: Handoff, records: deque, connection=None,
-                 latency_override: Callable[[int], float] | None = None):
+    def __init__(
+        self,
+        cfg,
+        queue: ActionQueue,
+        tracker: LatencyTracker,
+        counters: dict[str, int],
+        link: Link,
+        handoff: Handoff,
+        records: deque,
+        connection=None,
+        latency_override: Callable[[int], float] | None = None,
+    ):
         self.cfg, self.queue, self.tracker, self.counters, self.link = cfg, queue, tracker, counters, link
         self.handoff, self.records, self.latency_override = handoff, records, latency_override
         self.dt = 1.0 / cfg.fps
@@ -133,8 +166,11 @@ class Worker:
             offline = time.monotonic() - self.last_ok
             if not self.session.acked or link.state in (S.CONNECTING, S.RECONNECTING):
                 if offline > cfg.max_offline_s:
-                    link.fire("fatal", f"offline for more than max_offline_s={cfg.max_offline_s:g} s "
-                                       f"({self.last_error or 'no server'})")
+                    link.fire(
+                        "fatal",
+                        f"offline for more than max_offline_s={cfg.max_offline_s:g} s "
+                        f"({self.last_error or 'no server'})",
+                    )
                     break
                 self.handoff.nudge.clear()  # a replica token appearing from now on cuts the backoff below
                 if self.handshake(exclude):
@@ -166,13 +202,16 @@ class Worker:
                         break
                     backoff = self.backoff.grown(backoff)
             elif outcome in ("timeout", "error") and time.monotonic() - self.last_ok > cfg.max_offline_s:
-                link.fire("fatal", f"no chunk for more than max_offline_s={cfg.max_offline_s:g} s "
-                                   f"({self.last_error or 'timeouts'})")
+                link.fire(
+                    "fatal",
+                    f"no chunk for more than max_offline_s={cfg.max_offline_s:g} s ({self.last_error or 'timeouts'})",
+                )
         self.session.close()
 
     def handshake(self, exclude: set[str]) -> bool:
-        opened = self.session.open(exclude, self.tracker.p95(), self.last_ok + self.cfg.max_offline_s,
-                                   self._camera_shapes)
+        opened = self.session.open(
+            exclude, self.tracker.p95(), self.last_ok + self.cfg.max_offline_s, self._camera_shapes
+        )
         if opened.error:
             self.last_error = opened.error
         if opened.fatal:
@@ -183,16 +222,18 @@ class Worker:
         if self.queue.rtc_enabled and not ack.rtc_enabled:
             # the server downgraded the session (its policy cannot guide): replace mode would throw away
             # the leftover at every merge with nothing blending the seam, so append as LeRobot does
-            log.warning("%s: %s serves this session without RTC; merging in append mode", self.cfg.client_uuid,
-                        ack.replica_id)
+            log.warning(
+                "%s: %s serves this session without RTC; merging in append mode", self.cfg.client_uuid, ack.replica_id
+            )
             self.queue.set_rtc_enabled(False)
         if ack.warmed_up:
             self.ready = True
         self.outstanding = None
         self.pending_outcome = None  # an event about the previous session (e.g. its drain) is not about this one
         self.started_episode = -1  # a new session starts its first episode with episode_start
-        self.link.fire("session_paused" if self.handoff.paused else "session",
-                       f"session {ack.session_id} on {ack.replica_id}")
+        self.link.fire(
+            "session_paused" if self.handoff.paused else "session", f"session {ack.session_id} on {ack.replica_id}"
+        )
         return True
 
     def _camera_shapes(self) -> dict[str, list[int]]:
@@ -277,8 +318,9 @@ class Worker:
             elif buffered > 0:
                 timeout = buffered + self.dt + 1e-3
                 if self.link.state == S.STREAMING:
-                    timeout = min(timeout, max(self.last_merged + self.cfg.degraded_after_s - time.monotonic(), 0.0)
-                                  + 1e-3)
+                    timeout = min(
+                        timeout, max(self.last_merged + self.cfg.degraded_after_s - time.monotonic(), 0.0) + 1e-3
+                    )
                 timeout = min(timeout, 1.0)
             else:
                 timeout = 0.25  # waiting for an observation: notify_observation wakes us first
@@ -297,8 +339,11 @@ class Worker:
             self.last_ok = time.monotonic()  # the server holds this session: not offline (see handle)
 
     def _check_degraded(self) -> None:
-        if self.link.state == S.STREAMING and time.monotonic() - self.last_merged > self.cfg.degraded_after_s \
-                and self.queue.qsize() > 0:
+        if (
+            self.link.state == S.STREAMING
+            and time.monotonic() - self.last_merged > self.cfg.degraded_after_s
+            and self.queue.qsize() > 0
+        ):
             self.link.fire("no_chunk", f"no chunk for {self.cfg.degraded_after_s:g} s")
 
     # --- one request -------------------------------------------------------------------------------------------
@@ -319,10 +364,18 @@ class Worker:
         images = {n: (obs.get("images") or {})[n] for n in c.cameras if n in (obs.get("images") or {})}
         episode_start = episode != self.started_episode
         try:
-            seq = m.observe(c.urgency, state=np.asarray(obs["state"], np.float32), images=images, episode_id=episode,
-                            inference_delay_steps=delay, prefix_model=prefix_model, prefix_robot=prefix_robot,
-                            episode_start=episode_start, steps_remaining=remaining,
-                            **({"task": obs["task"]} if obs.get("task") else {}))
+            seq = m.observe(
+                c.urgency,
+                state=np.asarray(obs["state"], np.float32),
+                images=images,
+                episode_id=episode,
+                inference_delay_steps=delay,
+                prefix_model=prefix_model,
+                prefix_robot=prefix_robot,
+                episode_start=episode_start,
+                steps_remaining=remaining,
+                **({"task": obs["task"]} if obs.get("task") else {}),
+            )
         except Exception as exc:
             self.last_error = f"observe failed: {type(exc).__name__}: {exc}"
             self.counters["errors"] += 1
@@ -380,19 +433,20 @@ class Worker:
             return "streak"
         return "timeout"
 
-    def _record_timeout(self, seq, delay, encode_ms, outcome, sent_ns: int | None = None,
-                        send_lag_ms: float = NAN) -> None:
+    def _record_timeout(
+        self, seq, delay, encode_ms, outcome, sent_ns: int | None = None, send_lag_ms: float = NAN
+    ) -> None:
         """The record of a request that got no chunk: timeout, lost, abandoned."""
-        rec = unanswered_record(seq, delay, encode_ms, send_lag_ms, outcome, self.execution_steps,
-                                self.steps_remaining)
+        rec = unanswered_record(seq, delay, encode_ms, send_lag_ms, outcome, self.execution_steps, self.steps_remaining)
         if sent_ns is not None:
             rec["sent_ns"] = sent_ns
         self.records.append(rec)
 
     def _record_failed(self, out, outcome: str) -> None:
         """The record of a request answered with an error or a bad chunk."""
-        self.records.append(unanswered_record(out[0], out[5], out[6], out[7], outcome, self.execution_steps,
-                                              self.steps_remaining))
+        self.records.append(
+            unanswered_record(out[0], out[5], out[6], out[7], outcome, self.execution_steps, self.steps_remaining)
+        )
 
     # --- replies -----------------------------------------------------------------------------------------------
 
@@ -481,17 +535,25 @@ class Worker:
         if episode != self.handoff.episode:
             self.counters["discarded_chunks"] += 1  # a reset happened while it was in flight
             return "merged"
-        latency = r.rtt_s if self.latency_override is None else float(self.latency_override(self.counters["chunks"] + 1))
+        latency = (
+            r.rtt_s if self.latency_override is None else float(self.latency_override(self.counters["chunks"] + 1))
+        )
         real_delay = delay_steps(latency, self.dt)
         try:  # sound by chunk_problem(); the queue keeps its own invariant whoever merges (edge.queue)
-            self.queue.merge(r.chunk_model, r.chunk_robot, real_delay, idx_before,
-                             meta=Meta(m.ack.session_id if m.ack else "", seq, episode, t_obs))
+            self.queue.merge(
+                r.chunk_model,
+                r.chunk_robot,
+                real_delay,
+                idx_before,
+                meta=Meta(m.ack.session_id if m.ack else "", seq, episode, t_obs),
+            )
         except ValueError as exc:
             return self._refuse_chunk(out, str(exc))
         self.tracker.add(latency)
         self.last_ok = self.last_merged = time.monotonic()
-        self.records.append(merged_record(r, out, real_delay, self.last_merged, self.execution_steps,
-                                          self.steps_remaining))
+        self.records.append(
+            merged_record(r, out, real_delay, self.last_merged, self.execution_steps, self.steps_remaining)
+        )
         self.counters["superseded_seqs"] += r.superseded_seqs
         self.counters["chunks"] += 1  # after its record: a chunk counted is a chunk drain_records() can return
         self.link.fire("chunk_merged", "chunk merged")

@@ -15,6 +15,6 @@ elif len(sys.argv) >= 2 and sys.argv[1] == "--check":
         print(load_manifest(sys.argv[2], sys.argv[3:]).to_yaml(), end="")
     except (ManifestError, IndexError) as exc:
         print(f"server.manifest: {exc}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
 else:
     print("usage: python -m server.manifest --doc | --json-schema | --check M.YAML [KEY=VALUE ...]")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from wire.errors import WireError
 from wire.keys import sanitize, sanitize_root
@@ -28,8 +28,10 @@ def _check_checkpoint_dir(v: str, fail) -> None:
     if os.path.exists(v):
         fail(f"{v!r} is a file; give the checkpoint directory that holds config.json, model.safetensors, stats.json")
     if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", v) and not v.startswith("."):
-        fail(f"{v!r} is not a local directory. Weights load only from local paths: download it first "
-             f"(`huggingface-cli download {v} --local-dir checkpoints/{v.split('/')[-1]}`) and give that path")
+        fail(
+            f"{v!r} is not a local directory. Weights load only from local paths: download it first "
+            f"(`huggingface-cli download {v} --local-dir checkpoints/{v.split('/')[-1]}`) and give that path"
+        )
     fail(f"directory {v!r} does not exist (relative paths start at {os.getcwd()}); give a local checkpoint directory")
 
 
@@ -92,8 +94,10 @@ def _check_device(v: str, fail) -> None:
     if n is None:
         fail("torch is not installed; `pip install fleet-inference[server]` or use device: cpu")
     if n == 0:
-        fail(f"{v!r} but this torch has no CUDA device (build or driver); use device: cpu, "
-             "or install a CUDA build of torch on a GPU host")
+        fail(
+            f"{v!r} but this torch has no CUDA device (build or driver); use device: cpu, "
+            "or install a CUDA build of torch on a GPU host"
+        )
     idx = int(v.split(":")[1]) if ":" in v else 0
     if idx >= n:
         fail(f"{v!r} but torch sees {n} CUDA device(s); use cuda:0..cuda:{n - 1} (or CUDA_VISIBLE_DEVICES)")

@@ -20,8 +20,17 @@ _unwrap, _markers, _bounds, _range_text, _meta = ce.unwrap, ce.markers, ce.bound
 
 # ---- reference documentation and JSON Schema ---------------------------------------------------------------------
 
-_KIND_TEXT = {"checkpoint_dir": "directory", "file": "file", "not_file": "str", "not_dir": "str",
-              "endpoint": "endpoint", "listen_endpoint": "endpoint", "key_chunk": "key chunk", "key_root": "@chunk", "device": "cpu \\| cuda \\| cuda:N"}
+_KIND_TEXT = {
+    "checkpoint_dir": "directory",
+    "file": "file",
+    "not_file": "str",
+    "not_dir": "str",
+    "endpoint": "endpoint",
+    "listen_endpoint": "endpoint",
+    "key_chunk": "key chunk",
+    "key_root": "@chunk",
+    "device": "cpu \\| cuda \\| cuda:N",
+}
 
 
 def _type_text(tp: Any, info: Any) -> str:

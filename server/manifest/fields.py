@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import fields, is_dataclass
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Strict, model_validator
 from pydantic.dataclasses import dataclass
@@ -41,8 +42,16 @@ class ManifestError(ValueError):
 
 # ---- field and value types ---------------------------------------------------------------------------------------
 
-def _f(default: Any = MISSING, doc: str = "", *, lo: float | None = None, hi: float | None = None,
-       gt: float | None = None, **meta: Any) -> Any:
+
+def _f(
+    default: Any = MISSING,
+    doc: str = "",
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    gt: float | None = None,
+    **meta: Any,
+) -> Any:
     """A manifest field: `doc` explains it; lo/hi/gt bound a number; meta may hold noun, default_doc."""
     kw: dict[str, Any] = {"description": doc, "json_schema_extra": Doc(**meta)}
     for name, v in (("ge", lo), ("le", hi), ("gt", gt)):
@@ -84,6 +93,7 @@ def _in(names: Callable[[], list[str] | None]) -> Any:
         if known is not None and v not in known:
             _raise(f"{v!r} is not one of {', '.join(known)}; pick one of them")
         return v
+
     return Annotated[str, Strict(), AfterValidator(check), _Kind("choices", names)]
 
 

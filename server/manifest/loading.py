@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import yaml
 
@@ -23,14 +24,18 @@ from wire.yamlines import OVERRIDE, LineDict
 
 # ---- YAML with line numbers: wire.yamlines (shared with the scenario language) -------------------------------------
 
+
 def _parse(text: str, source: str) -> Any:
     try:
         return yamlines.load(text)
     except yamlines.YamlError as exc:
-        raise ManifestError(source, exc.line or None, "", f"not valid YAML: {exc.problem}; fix it at that line") from None
+        raise ManifestError(
+            source, exc.line or None, "", f"not valid YAML: {exc.problem}; fix it at that line"
+        ) from None
 
 
 # ---- loading and overrides ---------------------------------------------------------------------------------------
+
 
 def validate_manifest(raw: Mapping[str, Any], source: str) -> Manifest:
     """A manifest given as data (a bench replica's, merged from its scenario): validated as a file would be;
@@ -46,8 +51,13 @@ def load_manifest(path: str | os.PathLike, overrides: list[str] | Mapping[str, A
     except OSError as exc:
         raise ManifestError(source, None, "", f"cannot read the manifest: {exc.strerror}; check the path") from None
     except UnicodeDecodeError as exc:
-        raise ManifestError(source, None, "", f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
-                                              "give a YAML manifest saved as UTF-8") from None
+        raise ManifestError(
+            source,
+            None,
+            "",
+            f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+            "give a YAML manifest saved as UTF-8",
+        ) from None
     raw = _parse(text, source)
     if raw is None:
         raise ManifestError(source, None, "", "the manifest is empty; start from examples/manifests/minimal.yaml")
@@ -76,9 +86,13 @@ def apply_overrides(raw: dict, overrides: list[str] | Mapping[str, Any] | None, 
                 nxt = LineDict()
                 _set(cur, p, nxt)
             elif not isinstance(nxt, dict):
-                raise ManifestError(source, OVERRIDE, ".".join(parts[: i + 1]),
-                                    f"is {_show(nxt)}, not a mapping, so {dotted} cannot be set; override "
-                                    f"{'.'.join(parts[: i + 1])} itself")
+                raise ManifestError(
+                    source,
+                    OVERRIDE,
+                    ".".join(parts[: i + 1]),
+                    f"is {_show(nxt)}, not a mapping, so {dotted} cannot be set; override "
+                    f"{'.'.join(parts[: i + 1])} itself",
+                )
             cur = nxt
         _merge(cur, parts[-1], value)
     return raw
@@ -111,7 +125,6 @@ def _split(text: str) -> tuple[str, Any]:
         return key.strip(), value
 
 
-
 # ---- command-line flags ------------------------------------------------------------------------------------------
 
 # (flag, dotted key, argparse type, metavar, help): single common fields; `--set` reaches everything else.
@@ -139,10 +152,22 @@ def add_cli_arguments(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("manifest overrides (checked like the file; the file, then flags, then --set)")
     for flag, key, typ, metavar, help_ in _FLAGS:
         g.add_argument(flag, dest=_dest(key), type=typ, default=None, metavar=metavar, help=f"{help_} ({key})")
-    g.add_argument("--connect", dest=_dest("zenoh.connect_endpoints"), action="append", default=None,
-                   metavar="ENDPOINT", help="router endpoint, repeatable; replaces zenoh.connect_endpoints")
-    g.add_argument("--set", dest="ov_set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any manifest key, value read as YAML, e.g. --set drain.timeout_s=5")
+    g.add_argument(
+        "--connect",
+        dest=_dest("zenoh.connect_endpoints"),
+        action="append",
+        default=None,
+        metavar="ENDPOINT",
+        help="router endpoint, repeatable; replaces zenoh.connect_endpoints",
+    )
+    g.add_argument(
+        "--set",
+        dest="ov_set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any manifest key, value read as YAML, e.g. --set drain.timeout_s=5",
+    )
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:

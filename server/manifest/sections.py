@@ -12,9 +12,10 @@ import dataclasses
 import functools
 import math
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Mapping
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BeforeValidator, TypeAdapter, ValidationError, model_validator
@@ -23,9 +24,31 @@ from pydantic_core import ArgsKwargs
 
 from server.manifest.checks import _checkpoint_meta, _is_chunk
 from server.manifest.fields import (
-    _CONFIG, DEFAULT_EXECUTION_HORIZON, Bool, Checkpoint, Device, Dir, Endpoints, File, Int, KeyChunk, KeyRoot,
-    ListenEndpoints, ManifestError, Num, OutFile, Str, Strs, _f, _in, _raise, _scheduler_names, _scoring_names,
-    _Section, _show, _upper,
+    _CONFIG,
+    DEFAULT_EXECUTION_HORIZON,
+    Bool,
+    Checkpoint,
+    Device,
+    Dir,
+    Endpoints,
+    File,
+    Int,
+    KeyChunk,
+    KeyRoot,
+    ListenEndpoints,
+    ManifestError,
+    Num,
+    OutFile,
+    Str,
+    Strs,
+    _f,
+    _in,
+    _raise,
+    _scheduler_names,
+    _scoring_names,
+    _Section,
+    _show,
+    _upper,
 )
 from server.scheduling import DEFAULT_BATCH_WINDOW_MS
 from wire import configerrors as ce
@@ -37,22 +60,29 @@ from wire.transport import MAX_LEASE_MS, MIN_LEASE_MS
 
 # ---- the schema ------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class ModelConfig(_Section):
     """The checkpoint this replica serves (one model per process, design 004 8.1)."""
 
-    repo_or_path: Checkpoint = _f(doc="local checkpoint directory (config.json, model.safetensors, stats.json); "
-                                      "a hub id is refused: download it first")
-    revision: KeyChunk | None = _f(None, "revision in the keys and reported to clients",
-                       default_doc="checkpoint's, else `main`")
+    repo_or_path: Checkpoint = _f(
+        doc="local checkpoint directory (config.json, model.safetensors, stats.json); "
+        "a hub id is refused: download it first"
+    )
+    revision: KeyChunk | None = _f(
+        None, "revision in the keys and reported to clients", default_doc="checkpoint's, else `main`"
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "weights dtype")
     device: Device = _f("cpu", "torch device: cpu, cuda or cuda:N (cuda needs a CUDA build of torch)")
-    hyper_params: dict[str, Any] = _f({}, "serve the checkpoint with other sampling hyper-parameters, e.g. "
-                                          "`{guidance_jacobian: identity}`: only num_steps, noise_seed, max_guidance_weight, "
-                                          "guidance_jacobian, prefix_schedule, rtc_mode, autocast, batch_buckets, compile "
-                                          "(the others define the trained network); checked when the model loads")
+    hyper_params: dict[str, Any] = _f(
+        {},
+        "serve the checkpoint with other sampling hyper-parameters, e.g. "
+        "`{guidance_jacobian: identity}`: only num_steps, noise_seed, max_guidance_weight, "
+        "guidance_jacobian, prefix_schedule, rtc_mode, autocast, batch_buckets, compile "
+        "(the others define the trained network); checked when the model loads",
+    )
 
-    def _resolve(self, fail: Callable[[str, str], None]) -> "ModelConfig":
+    def _resolve(self, fail: Callable[[str, str], None]) -> ModelConfig:
         if self.revision is None:
             rev = _checkpoint_meta(self.repo_or_path).get("revision")
             self._derive(revision=rev if isinstance(rev, str) and _is_chunk(rev) else "main")
@@ -63,8 +93,9 @@ class ModelConfig(_Section):
 class EmulatedLatency(_Section):
     """Accelerator time added to every forward pass on a CPU host; reported as emulated everywhere."""
 
-    distribution: Literal["fixed", "normal", "lognormal", "uniform"] = _f("fixed", "shape of the samples",
-                                                                         noun="distribution")
+    distribution: Literal["fixed", "normal", "lognormal", "uniform"] = _f(
+        "fixed", "shape of the samples", noun="distribution"
+    )
     mean_ms: Num = _f(0.0, "mean (fixed: the value; uniform without max_ms: range is 0..2*mean)", lo=0.0)
     std_ms: Num = _f(0.0, "standard deviation (normal, lognormal)", lo=0.0)
     min_ms: Num = _f(0.0, "lower clamp (uniform: lower bound)", lo=0.0)
@@ -82,7 +113,7 @@ class EmulatedLatency(_Section):
             _raise(f"must be a number of ms or a mapping {{distribution, mean_ms, ...}}, got {_show(v)}")
         return v
 
-    def _resolve(self, fail: Callable[[str, str], None]) -> "EmulatedLatency":
+    def _resolve(self, fail: Callable[[str, str], None]) -> EmulatedLatency:
         if self.min_ms > self.max_ms:
             fail("min_ms", f"{self.min_ms:g} is above max_ms {self.max_ms:g}; make min_ms <= max_ms")
         return self
@@ -96,13 +127,15 @@ class TlsConfig(_Section):
     connect_certificate: File | None = _f(None, "this server's certificate (mTLS)")
     connect_private_key: File | None = _f(None, "its private key (mTLS)")
 
-    def _resolve(self, fail: Callable[[str, str], None]) -> "TlsConfig":
+    def _resolve(self, fail: Callable[[str, str], None]) -> TlsConfig:
         if bool(self.connect_certificate) != bool(self.connect_private_key):
             missing = "connect_private_key" if self.connect_certificate else "connect_certificate"
             fail(missing, "mTLS needs both connect_certificate and connect_private_key; give the other one")
         if self.connect_certificate and not self.root_ca_certificate:
-            fail("root_ca_certificate", "a client certificate without root_ca_certificate does not enable TLS; "
-                                        "give the CA file")
+            fail(
+                "root_ca_certificate",
+                "a client certificate without root_ca_certificate does not enable TLS; give the CA file",
+            )
         if self.root_ca_certificate:
             from wire.transport import TlsError, TlsFiles
 
@@ -118,16 +151,22 @@ class ZenohConfig(_Section):
     """How the server reaches the router (client mode; design 004 6.6)."""
 
     connect_endpoints: Endpoints = _f(doc="router endpoints, e.g. [tcp/127.0.0.1:7447] or [tls/host:7447]")
-    listen_endpoints: ListenEndpoints = _f((), "endpoints this server also listens on (peers; port 0: any free "
-                                                "port); usually empty")
-    lease_ms: Int = _f(1000, "this session's lease: how fast the router notices the server died", lo=MIN_LEASE_MS,
-                       hi=MAX_LEASE_MS)
-    connect_timeout_s: Num = _f(30.0, "keep retrying an unreachable router (backoff 0.1 s doubling to 2 s) this long "
-                                "before giving up with exit 2: a replica restarted while its router is busy or "
-                                "restarting waits for it; 0 = one attempt", lo=0.0)
+    listen_endpoints: ListenEndpoints = _f(
+        (), "endpoints this server also listens on (peers; port 0: any free port); usually empty"
+    )
+    lease_ms: Int = _f(
+        1000, "this session's lease: how fast the router notices the server died", lo=MIN_LEASE_MS, hi=MAX_LEASE_MS
+    )
+    connect_timeout_s: Num = _f(
+        30.0,
+        "keep retrying an unreachable router (backoff 0.1 s doubling to 2 s) this long "
+        "before giving up with exit 2: a replica restarted while its router is busy or "
+        "restarting waits for it; 0 = one attempt",
+        lo=0.0,
+    )
     tls: TlsConfig = _f(TlsConfig, "TLS files")
 
-    def _resolve(self, fail: Callable[[str, str], None]) -> "ZenohConfig":
+    def _resolve(self, fail: Callable[[str, str], None]) -> ZenohConfig:
         if not self.connect_endpoints:
             fail("connect_endpoints", "needs at least one router endpoint, e.g. [tcp/127.0.0.1:7447]")
         secure = [e for e in self.connect_endpoints + self.listen_endpoints if e.startswith(("tls/", "quic/"))]
@@ -148,10 +187,13 @@ class DebugConfig(_Section):
 class PipelineDispatch(_Section):
     """Per-model dispatch loops (design 003 "Pipeline Dispatch")."""
 
-    enabled: Bool = _f(True, "one dispatch loop per model, `max_inflight` forward passes at a time; the "
-                             "legacy single loop is not implemented, so only true is accepted")
+    enabled: Bool = _f(
+        True,
+        "one dispatch loop per model, `max_inflight` forward passes at a time; the "
+        "legacy single loop is not implemented, so only true is accepted",
+    )
 
-    def _resolve(self, fail: Callable[[str, str], None]) -> "PipelineDispatch":
+    def _resolve(self, fail: Callable[[str, str], None]) -> PipelineDispatch:
         if not self.enabled:
             fail("enabled", "the legacy single dispatch loop is not implemented; remove the key or set true")
         return self
@@ -162,20 +204,24 @@ class SchedulingConfig(_Section):
     """Which pending request runs next (server/scheduling.py) and how the queue overflows (003)."""
 
     strategy: _in(_scheduler_names) = _f("round_robin", "scheduler strategy (server.scheduling registry)")
-    scoring: _in(_scoring_names) | None = _f(None, "registered scoring function for deadline_aware/model_deadline; "
-                                                   "null = built-in")
+    scoring: _in(_scoring_names) | None = _f(
+        None, "registered scoring function for deadline_aware/model_deadline; null = built-in"
+    )
     max_queue_size: Int = _f(500, "pending requests (one per session) before the overflow policy", lo=1)
     request_ttl_ms: Num = _f(5000.0, "a request waiting longer is answered EXPIRED", gt=0.0)
     overflow_policy: Literal["drop_oldest", "drop_newest", "reject"] = _f(
-        "drop_oldest", "what a full queue does: evict the oldest request, refuse the new one quietly, or refuse "
-                       "it with an error to the client")
+        "drop_oldest",
+        "what a full queue does: evict the oldest request, refuse the new one quietly, or refuse "
+        "it with an error to the client",
+    )
     max_retries: Int = _f(0, "re-queue a failed forward pass up to N times", lo=0, hi=100)
     max_batch: Int = _f(1, "sessions per forward pass (1 = no micro-batching)", lo=1, hi=1024)
-    batch_window_ms: Num = _f(DEFAULT_BATCH_WINDOW_MS, "how long a partial batch waits for more sessions", lo=0.0,
-                              hi=1000.0)
+    batch_window_ms: Num = _f(
+        DEFAULT_BATCH_WINDOW_MS, "how long a partial batch waits for more sessions", lo=0.0, hi=1000.0
+    )
     pipeline_dispatch: PipelineDispatch = _f(PipelineDispatch, "per-model dispatch loops")
 
-    def _resolve(self, fail: Callable[[str, str], None]) -> "SchedulingConfig":
+    def _resolve(self, fail: Callable[[str, str], None]) -> SchedulingConfig:
         if self.scoring is not None:
             try:
                 from server.scheduling import make_scheduler
@@ -184,8 +230,11 @@ class SchedulingConfig(_Section):
             try:
                 make_scheduler(self.strategy, scoring=self.scoring)
             except (ValueError, TypeError, KeyError):
-                fail("scoring", f"strategy {self.strategy} takes no scoring function; remove scoring or use "
-                                "deadline_aware or model_deadline")
+                fail(
+                    "scoring",
+                    f"strategy {self.strategy} takes no scoring function; remove scoring or use "
+                    "deadline_aware or model_deadline",
+                )
         return self
 
 
@@ -230,7 +279,7 @@ class ClientsConfig(_Section):
     accept_unknown: Bool = _f(True, "accept clients not in `known`")
     allowlist: Strs = _f((), "client uuids or tag=value allowed to open sessions; empty = all")
 
-    def _resolve(self, fail: Callable[[str, str], None]) -> "ClientsConfig":
+    def _resolve(self, fail: Callable[[str, str], None]) -> ClientsConfig:
         seen: set[str] = set()
         for c in self.known:
             if c.id in seen:
@@ -246,25 +295,38 @@ class SessionConfig(_Section):
     """Session lifetime."""
 
     gc_grace_s: Num = _f(2.0, "a session whose client liveliness is lost is closed after this", lo=0.0, hi=3600.0)
-    max_prefix_rows: Int | None = _f(None, "largest RTC prefix a client may send (rows); null = the chunk size",
-                                     lo=1)
+    max_prefix_rows: Int | None = _f(None, "largest RTC prefix a client may send (rows); null = the chunk size", lo=1)
 
 
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)
 class SecurityConfig(_Section):
     """Per-session protection (server/guard.py; docs/security.md): identity proofs and limits."""
 
-    require_session_auth: Bool = _f(True, "observations and resets must carry the session's auth tag (wire.auth); "
-                                          "false accepts untagged ones (old clients; no identity binding)")
-    max_observation_bytes: Int | None = _f(None, "largest observation body a session may send (answered TOO_LARGE); "
-                                                 "null = limits.max_message_bytes", lo=1024)
-    max_request_rate_hz: Num = _f(100.0, "observations per second one session may send (token bucket, answered "
-                                           "RATE_LIMITED); 0 = no limit", lo=0.0)
+    require_session_auth: Bool = _f(
+        True,
+        "observations and resets must carry the session's auth tag (wire.auth); "
+        "false accepts untagged ones (old clients; no identity binding)",
+    )
+    max_observation_bytes: Int | None = _f(
+        None,
+        "largest observation body a session may send (answered TOO_LARGE); null = limits.max_message_bytes",
+        lo=1024,
+    )
+    max_request_rate_hz: Num = _f(
+        100.0,
+        "observations per second one session may send (token bucket, answered RATE_LIMITED); 0 = no limit",
+        lo=0.0,
+    )
     request_burst: Int | None = _f(None, "token bucket depth; null = one second of max_request_rate_hz", lo=1)
-    max_sessions_per_client: Int = _f(4, "sessions one client uuid may hold on this replica (answered "
-                                         "TOO_MANY_SESSIONS)", lo=1, hi=1000)
-    reopen_idle_s: Num = _f(5.0, "a session without observations for this long (or whose client token is gone) "
-                                   "may be replaced by an open without previous_auth", gt=0.0)
+    max_sessions_per_client: Int = _f(
+        4, "sessions one client uuid may hold on this replica (answered TOO_MANY_SESSIONS)", lo=1, hi=1000
+    )
+    reopen_idle_s: Num = _f(
+        5.0,
+        "a session without observations for this long (or whose client token is gone) "
+        "may be replaced by an open without previous_auth",
+        gt=0.0,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)
@@ -287,8 +349,7 @@ class ResponseTracking(_Section):
     """How the server follows each client's request cadence."""
 
     cadence_alpha: Num = _f(0.3, "EWMA weight of a session's request cadence", gt=0.0, hi=1.0)
-    disconnect_timeout_s: Num = _f(10.0, "a session without observations for this long is closed; 0 = never",
-                                     lo=0.0)
+    disconnect_timeout_s: Num = _f(10.0, "a session without observations for this long is closed; 0 = never", lo=0.0)
 
 
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)
@@ -305,15 +366,22 @@ class DispatchConfig(_Section):
     either way; with `ray_serve` each micro-batch's forward pass (RTC guidance included) goes to a Ray Serve
     deployment of the same checkpoint (server.dispatch, docs/server.md "Dispatch on Ray Serve")."""
 
-    backend: Literal["local", "ray_serve"] = _f("local", "`local`: this process's torch; `ray_serve`: a Ray Serve "
-                                                         "deployment (needs the `cluster` extra)")
+    backend: Literal["local", "ray_serve"] = _f(
+        "local", "`local`: this process's torch; `ray_serve`: a Ray Serve deployment (needs the `cluster` extra)"
+    )
     replicas: Int = _f(1, "Serve replicas of the model (ray_serve)", lo=1, hi=1024)
     gpus_per_replica: Num = _f(0.0, "GPUs each Serve replica reserves (ray_serve; 1 for a cuda model)", lo=0.0)
     cpus_per_replica: Num = _f(1.0, "CPUs each Serve replica reserves (ray_serve)", gt=0.0)
-    max_inflight: Int = _f(4, "forward passes one Serve replica runs at once; beyond replicas x this, micro-batches "
-                              "wait here, in the mailbox, where queue depth and capacity refusals show it", lo=1, hi=1024)
-    address: Str | None = _f(None, "Ray cluster address (ray_serve); null = RAY_ADDRESS, else a local Ray started "
-                                   "by this process")
+    max_inflight: Int = _f(
+        4,
+        "forward passes one Serve replica runs at once; beyond replicas x this, micro-batches "
+        "wait here, in the mailbox, where queue depth and capacity refusals show it",
+        lo=1,
+        hi=1024,
+    )
+    address: Str | None = _f(
+        None, "Ray cluster address (ray_serve); null = RAY_ADDRESS, else a local Ray started by this process"
+    )
 
 
 @dataclass(frozen=True, kw_only=True, config=_CONFIG)
@@ -321,21 +389,27 @@ class ServedModel(_Section):
     """What one served model is: the top level of a manifest, and each entry of `extra_models`."""
 
     model: ModelConfig = _f(doc="the checkpoint")
-    model_id: KeyChunk | None = _f(None, "model id in the keys (unique in the process)",
-                       default_doc="checkpoint directory name")
+    model_id: KeyChunk | None = _f(
+        None, "model id in the keys (unique in the process)", default_doc="checkpoint directory name"
+    )
     default_task: Str = _f("", "task used when a client sends none")
     pin_task: Bool = _f(False, "refuse sessions asking for another task than default_task")
     serving_mode: Literal["shared", "exclusive"] = _f(
-        "shared", "shared: many sessions; exclusive: one (forced for chunk-stateful policies)")
+        "shared", "shared: many sessions; exclusive: one (forced for chunk-stateful policies)"
+    )
     max_sessions: Int = _f(8, "capacity; session opens beyond it get CAPACITY with the load", lo=1, hi=100000)
     warmup_inferences: Int = _f(2, "dummy forward passes before the replica declares itself ready", lo=0, hi=1000)
-    allow_resampling: Bool = _f(False, "accept clients whose control rate differs from the trained fps (each chunk "
-                                       "then plays at the client's rate, stretched or squeezed in time; the ack "
-                                       "warns); false = refuse them with FPS_MISMATCH")
+    allow_resampling: Bool = _f(
+        False,
+        "accept clients whose control rate differs from the trained fps (each chunk "
+        "then plays at the client's rate, stretched or squeezed in time; the ack "
+        "warns); false = refuse them with FPS_MISMATCH",
+    )
     trained_fps: Num | None = _f(None, "override the checkpoint's trained fps; null = the checkpoint's", gt=0.0)
     execution_horizon: Int | None = _f(None, "RTC prefix rows", lo=1, default_doc="checkpoint's, else 10")
-    emulated_latency: EmulatedLatency | None = _f(None, "emulated accelerator time per forward pass: ms, or a mapping; "
-                                                        "null = none")
+    emulated_latency: EmulatedLatency | None = _f(
+        None, "emulated accelerator time per forward pass: ms, or a mapping; null = none"
+    )
     dispatch: DispatchConfig = _f(DispatchConfig, "where forward passes run: here, or on Ray Serve")
 
     def _resolve(self, fail: Callable[[str, str], None]):
@@ -354,20 +428,27 @@ class Manifest(ServedModel):
 
     replica_id: KeyChunk = _f("r0", "replica id in the keys (replicas of a model share a router)")
     root: KeyRoot = _f("@fleet", "the verbatim root key chunk")
-    extra_models: tuple[ExtraModel, ...] = _f((), "more models served by this process, each with its own sessions, "
-                                                   "mailbox and dispatch loop (started at its first request)")
+    extra_models: tuple[ExtraModel, ...] = _f(
+        (),
+        "more models served by this process, each with its own sessions, "
+        "mailbox and dispatch loop (started at its first request)",
+    )
     torch_threads: Int = _f(1, "torch intra-op threads (1 keeps a 2-core host responsive)", lo=1, hi=1024)
     dispatch_priority: Literal["normal", "nice", "fifo"] = _f(
-        "normal", "the dispatch loops' scheduling: fifo = SCHED_FIFO 4 (falls back to nice -10 where the host "
+        "normal",
+        "the dispatch loops' scheduling: fifo = SCHED_FIFO 4 (falls back to nice -10 where the host "
         "refuses real-time, then to normal), nice = nice -10; the log line 'dispatch priority:' says what took "
-        "effect. The bench leaves it normal: raised, its replicas starved its shards on 2 cores (docs/bench.md)")
+        "effect. The bench leaves it normal: raised, its replicas starved its shards on 2 cores (docs/bench.md)",
+    )
     zenoh: ZenohConfig = _f(doc="router connection")
-    health_port: Int | None = _f(0, "HTTP /healthz /readyz /metrics /sessions port; 0 = any free port, -1 or null = off",
-                                 lo=-1, hi=65535)
+    health_port: Int | None = _f(
+        0, "HTTP /healthz /readyz /metrics /sessions port; 0 = any free port, -1 or null = off", lo=-1, hi=65535
+    )
     health_host: Str = _f("127.0.0.1", "address the health server binds")
     audit_path: OutFile | None = _f(None, "JSON-lines audit log (one line per request); null = off")
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper)] = _f(
-        "INFO", "server log level")
+        "INFO", "server log level"
+    )
     debug: DebugConfig = _f(DebugConfig, "debug capture")
     scheduling: SchedulingConfig = _f(SchedulingConfig, "scheduling")
     models: ModelsConfig = _f(ModelsConfig, "per-model dispatch")
@@ -379,35 +460,43 @@ class Manifest(ServedModel):
     drain: DrainConfig = _f(DrainConfig, "drain on SIGTERM")
 
     @classmethod
-    def from_dict(cls, data: Mapping, source: str = "<dict>") -> "Manifest":
+    def from_dict(cls, data: Mapping, source: str = "<dict>") -> Manifest:
         """Validate plain data (no line numbers); raises ManifestError."""
         return _build(cls, data, "", None, source)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
-    def _resolve(self, fail: Callable[[str, str], None]) -> "Manifest":
+    def _resolve(self, fail: Callable[[str, str], None]) -> Manifest:
         resolved = super()._resolve(fail)
         seen = {resolved.model_id: "model"}
         for i, extra in enumerate(resolved.extra_models):
             if extra.model_id in seen:
-                fail("extra_models", f"extra_models[{i}] has model_id {extra.model_id!r}, already served by "
-                                     f"{seen[extra.model_id]}; give each model its own model_id")
+                fail(
+                    "extra_models",
+                    f"extra_models[{i}] has model_id {extra.model_id!r}, already served by "
+                    f"{seen[extra.model_id]}; give each model its own model_id",
+                )
             seen[extra.model_id] = f"extra_models[{i}]"
         mob = resolved.security.max_observation_bytes
         if mob is not None and mob > resolved.limits.max_message_bytes:
-            fail("security", f"max_observation_bytes {mob} exceeds limits.max_message_bytes "
-                             f"{resolved.limits.max_message_bytes} (the decoder refuses larger bodies anyway); lower it")
+            fail(
+                "security",
+                f"max_observation_bytes {mob} exceeds limits.max_message_bytes "
+                f"{resolved.limits.max_message_bytes} (the decoder refuses larger bodies anyway); lower it",
+            )
         return resolved
 
-    def for_model(self, model_id: str) -> "Manifest":
+    def for_model(self, model_id: str) -> Manifest:
         """The manifest as one served model sees it: `model_id` and its fields in the top-level places,
         every process-wide section unchanged, no extra models."""
         if model_id == self.model_id:
             return dataclasses.replace(self, extra_models=()) if self.extra_models else self
         for extra in self.extra_models:
             if extra.model_id == model_id:
-                return dataclasses.replace(self, extra_models=(), **{f.name: getattr(extra, f.name) for f in fields(ServedModel)})
+                return dataclasses.replace(
+                    self, extra_models=(), **{f.name: getattr(extra, f.name) for f in fields(ServedModel)}
+                )
         raise KeyError(f"model {model_id!r} is not in this manifest (serves {', '.join(self.model_ids)})")
 
     @property
@@ -440,6 +529,7 @@ manifest_from_dict = Manifest.from_dict
 
 
 # ---- pydantic's error records -> ManifestError -------------------------------------------------------------------
+
 
 def _all_leaf_paths(cls: type, prefix: str = "") -> list[str]:
     out = []

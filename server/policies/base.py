@@ -33,8 +33,17 @@ STATE_KEY = "observation.state"
 IMAGE_KEY_PREFIX = "observation.images."
 # Hyper-parameters that say how a trained network is sampled or run, not what the network is: a replica's
 # manifest may override them (`model.hyper_params`); every other one is fixed by training.
-SERVING_HYPER_PARAMS = ("num_steps", "noise_seed", "max_guidance_weight", "guidance_jacobian", "prefix_schedule",
-                        "rtc_mode", "autocast", "batch_buckets", "compile")
+SERVING_HYPER_PARAMS = (
+    "num_steps",
+    "noise_seed",
+    "max_guidance_weight",
+    "guidance_jacobian",
+    "prefix_schedule",
+    "rtc_mode",
+    "autocast",
+    "batch_buckets",
+    "compile",
+)
 
 PolicyClass = Literal["stateless", "stateful", "no_chunk_api"]
 
@@ -131,9 +140,7 @@ class PolicyConfig:
             )
         bad = [i for i in self.relative_state_indices if not 0 <= i < self.state_dim]
         if bad:
-            raise PolicyConfigError(
-                f"relative_state_indices {bad} are outside the state (state_dim={self.state_dim})"
-            )
+            raise PolicyConfigError(f"relative_state_indices {bad} are outside the state (state_dim={self.state_dim})")
         self.hyper_params = dict(self.hyper_params)
 
     @property
@@ -174,8 +181,7 @@ def resolve_hyper_params(config: PolicyConfig, defaults: Mapping[str, Any]) -> d
     unknown = sorted(set(config.hyper_params) - set(defaults))
     if unknown:
         raise PolicyConfigError(
-            f"hyper_params {unknown} are not known to policy type {config.type!r}; "
-            f"known: {sorted(defaults)}"
+            f"hyper_params {unknown} are not known to policy type {config.type!r}; known: {sorted(defaults)}"
         )
     return {**defaults, **config.hyper_params}
 
@@ -213,14 +219,17 @@ class ChunkPolicy(nn.Module, abc.ABC):
         overrides = dict(overrides)
         unknown = sorted(set(overrides) - set(self.hp))
         if unknown:
-            raise PolicyConfigError(f"policy type {self.type_name!r} has no hyper-parameter {', '.join(map(repr, unknown))}; "
-                                    f"it has: {', '.join(sorted(self.hp))}")
+            raise PolicyConfigError(
+                f"policy type {self.type_name!r} has no hyper-parameter {', '.join(map(repr, unknown))}; "
+                f"it has: {', '.join(sorted(self.hp))}"
+            )
         fixed = sorted(set(overrides) - set(SERVING_HYPER_PARAMS))
         if fixed:
             raise PolicyConfigError(
                 f"{', '.join(map(repr, fixed))} define(s) the trained {self.type_name} network and cannot be changed at "
                 f"serving time; a manifest may override only {', '.join(k for k in SERVING_HYPER_PARAMS if k in self.hp)} "
-                f"(train a checkpoint with the others: `bench train`)")
+                f"(train a checkpoint with the others: `bench train`)"
+            )
         hp = self.normalize_hyper_params({**self.hp, **overrides})
         self.check_hyper_params(self.config, hp)
         previous = dict(self.hp)
@@ -287,9 +296,7 @@ class ChunkPolicy(nn.Module, abc.ABC):
         if state is None:
             raise PolicyInputError(f"batch has no {STATE_KEY!r}; keys: {sorted(batch)}")
         if state.ndim != 2 or state.shape[1] != self.config.state_dim:
-            raise PolicyInputError(
-                f"{STATE_KEY} has shape {tuple(state.shape)}; expected (B, {self.config.state_dim})"
-            )
+            raise PolicyInputError(f"{STATE_KEY} has shape {tuple(state.shape)}; expected (B, {self.config.state_dim})")
         size = state.shape[0]
         for name, shape in self.config.image_features.items():
             image = batch.get(image_key(name))

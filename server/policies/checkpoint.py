@@ -84,9 +84,7 @@ def _resolve_local(path: str | os.PathLike) -> Path:
                 f"Download it first (e.g. `huggingface-cli download {text} --local-dir ./ckpt`) and "
                 f"pass the directory"
             )
-        raise CheckpointError(
-            f"checkpoint directory {text!r} does not exist; weights load only from local paths"
-        )
+        raise CheckpointError(f"checkpoint directory {text!r} does not exist; weights load only from local paths")
     if not candidate.is_dir():
         raise CheckpointError(
             f"checkpoint path {text!r} is a file; pass the directory holding {list(CHECKPOINT_FILES)}"
@@ -126,9 +124,7 @@ def load_checkpoint(
     try:
         weights = safetensors.torch.load(files[WEIGHTS_FILE])
     except Exception as exc:  # safetensors raises its own SafetensorError
-        raise CheckpointError(
-            f"{WEIGHTS_FILE} in {str(directory)!r} is not a valid safetensors file: {exc}"
-        ) from None
+        raise CheckpointError(f"{WEIGHTS_FILE} in {str(directory)!r} is not a valid safetensors file: {exc}") from None
     policy = make_policy(config)
     expected = {name: tuple(t.shape) for name, t in policy.state_dict().items()}
     missing = sorted(set(expected) - set(weights))

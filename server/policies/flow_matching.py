@@ -206,9 +206,7 @@ class FlowMatchingPolicy(ChunkPolicy):
         noise = initial_noise(size, (self.config.chunk_size, self.config.action_dim), self.hp["noise_seed"])
         return noise.to(device=self.param_device, dtype=self.param_dtype)
 
-    def _guidance_targets(
-        self, delays: list[int], prefixes: list[Tensor | None]
-    ) -> tuple[Tensor, Tensor] | None:
+    def _guidance_targets(self, delays: list[int], prefixes: list[Tensor | None]) -> tuple[Tensor, Tensor] | None:
         """(W (B, T, 1), padded prefix (B, T, A)) or None when no sample has a prefix."""
         if all(p is None for p in prefixes):
             return None
@@ -219,7 +217,9 @@ class FlowMatchingPolicy(ChunkPolicy):
             if prefix is None:
                 continue  # W = 0 and target = 0: err is exactly zero, so is the correction
             rows = min(prefix.shape[0], total)
-            horizon = rows  # the guided horizon is the prefix given: the server cuts or pads it to its execution_horizon
+            horizon = (
+                rows  # the guided horizon is the prefix given: the server cuts or pads it to its execution_horizon
+            )
             weights[b] = prefix_weights(delay, horizon, total, self.hp["prefix_schedule"])
             target[b, :rows] = prefix[:rows].detach().to(device="cpu", dtype=torch.float32)
         kw = {"device": self.param_device, "dtype": self.param_dtype}
@@ -235,8 +235,9 @@ class FlowMatchingPolicy(ChunkPolicy):
         return v_t - guidance_weight(t, float(self.hp["max_guidance_weight"])) * correction
 
     @torch.no_grad()
-    def _velocity_and_vjp(self, x_t: Tensor, t_batch: Tensor, cond: Tensor, weights: Tensor, target: Tensor,
-                          t: float) -> tuple[Tensor, Tensor]:
+    def _velocity_and_vjp(
+        self, x_t: Tensor, t_batch: Tensor, cond: Tensor, weights: Tensor, target: Tensor, t: float
+    ) -> tuple[Tensor, Tensor]:
         """v(x_t) and the VJP of x1_hat = x_t - t * v(x_t) wrt x_t with err = (target - x1_hat) * W.
 
         The network is an MLP (Linear, SiLU, ..., Linear) plus a(t) * x_t, so the VJP is written out:
@@ -295,11 +296,13 @@ class FlowMatchingPolicy(ChunkPolicy):
 
     def prefix_mask(self, delays: list[int], prefixes: list[Tensor | None]) -> tuple[Tensor, Tensor]:
         """training_time RTC: `prefix_mask` (the module function) on this policy's chunk and device."""
-        return prefix_mask(delays, prefixes, self.config.chunk_size, self.config.action_dim, self.param_device,
-                           self.param_dtype)
+        return prefix_mask(
+            delays, prefixes, self.config.chunk_size, self.config.action_dim, self.param_device, self.param_dtype
+        )
 
-    def _predict_conditioned(self, batch: dict[str, Tensor], size: int, delays: list[int],
-                             prefixes: list[Tensor | None]) -> Tensor:
+    def _predict_conditioned(
+        self, batch: dict[str, Tensor], size: int, delays: list[int], prefixes: list[Tensor | None]
+    ) -> Tensor:
         """training_time RTC: the committed rows held clean (flow time 0) at every Euler step."""
         with torch.no_grad():
             cond = self.encoder(self.model_inputs(batch))
@@ -308,14 +311,25 @@ class FlowMatchingPolicy(ChunkPolicy):
             return x_t.float()
 
     def training_loss(
-        self, batch: dict[str, Tensor], action_chunk: Tensor, generator: torch.Generator | None = None,
+        self,
+        batch: dict[str, Tensor],
+        action_chunk: Tensor,
+        generator: torch.Generator | None = None,
         prefix_rows: Tensor | None = None,
     ) -> Tensor:
         """Flow matching: t ~ U(0, 1), x_t = t * noise + (1 - t) * x1, regress v onto noise - x1. With
         rtc_mode training_time the first `prefix_rows[b]` rows of sample b are clean conditioning (row flow
         time 0) and out of the loss; None draws them from U{0..max_prefix_rows}."""
-        return rtc_flow_matching_loss(self.velocity, self.encoder(batch), action_chunk, generator, prefix_rows,
-                                      self.prefix_conditioned, int(self.hp["max_prefix_rows"]), "flow_matching")
+        return rtc_flow_matching_loss(
+            self.velocity,
+            self.encoder(batch),
+            action_chunk,
+            generator,
+            prefix_rows,
+            self.prefix_conditioned,
+            int(self.hp["max_prefix_rows"]),
+            "flow_matching",
+        )
 
 
 def flow_matching_loss(velocity, cond, x1: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -327,8 +341,9 @@ def flow_matching_loss(velocity, cond, x1: Tensor, generator: torch.Generator | 
     return torch.nn.functional.mse_loss(velocity(x_t, t, cond), noise - x1)
 
 
-def prefix_flow_matching_loss(velocity, cond, x1: Tensor, prefix_rows: Tensor,
-                              generator: torch.Generator | None = None) -> Tensor:
+def prefix_flow_matching_loss(
+    velocity, cond, x1: Tensor, prefix_rows: Tensor, generator: torch.Generator | None = None
+) -> Tensor:
     """Training-time RTC's objective (arXiv 2512.05964): per-row flow time, 0 (clean: x_t = x1) on the first
     `prefix_rows[b]` rows of sample b, t ~ U(0, 1) on the rest; the squared error averaged over the rest only,
     so the committed rows are conditioning, never targets. `velocity(x_t, t, cond, row_t)`."""
@@ -343,8 +358,16 @@ def prefix_flow_matching_loss(velocity, cond, x1: Tensor, prefix_rows: Tensor,
     return error.sum() / (free.sum() * x1.shape[2]).clamp_min(1.0)
 
 
-def rtc_flow_matching_loss(velocity, cond, x1: Tensor, generator: torch.Generator | None, prefix_rows: Tensor | None,
-                           prefix_conditioned: bool, max_prefix_rows: int, policy_type: str) -> Tensor:
+def rtc_flow_matching_loss(
+    velocity,
+    cond,
+    x1: Tensor,
+    generator: torch.Generator | None,
+    prefix_rows: Tensor | None,
+    prefix_conditioned: bool,
+    max_prefix_rows: int,
+    policy_type: str,
+) -> Tensor:
     """A flow policy's training loss in either rtc_mode: the plain objective for a network without per-row flow
     time (which refuses `prefix_rows`), else `prefix_flow_matching_loss` with `prefix_rows` (B,), or n ~
     U{0..min(max_prefix_rows, T - 1)} per sample when None."""
@@ -358,8 +381,14 @@ def rtc_flow_matching_loss(velocity, cond, x1: Tensor, generator: torch.Generato
     return prefix_flow_matching_loss(velocity, cond, x1, prefix_rows.to(x1.device), generator)
 
 
-def prefix_mask(delays: list[int], prefixes: list[Tensor | None], total: int, action_dim: int,
-                device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def prefix_mask(
+    delays: list[int],
+    prefixes: list[Tensor | None],
+    total: int,
+    action_dim: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
     """training_time RTC: (mask (B, T, 1), padded prefix (B, T, A)) on `device`; row i of sample b is committed
     (mask 1) when i < min(d[b], len(prefix[b])). The rest of a longer prefix (RTC's guided horizon) is not
     used: those rows are still the model's to choose. The mask is built on the host from ints and copied once;

@@ -77,7 +77,9 @@ def _time_freqs(half: int, device: torch.device) -> Tensor:
     freqs = _FREQS.get(key)
     if freqs is None:
         with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable under autograd too
-            freqs = torch.exp(torch.arange(half, device=device, dtype=torch.float32) * (-math.log(1000.0) / max(half - 1, 1)))
+            freqs = torch.exp(
+                torch.arange(half, device=device, dtype=torch.float32) * (-math.log(1000.0) / max(half - 1, 1))
+            )
         if not torch.compiler.is_compiling():
             _FREQS[key] = freqs
     return freqs

@@ -89,9 +89,7 @@ def train_bc(
     from server.processors import images_to_model  # processors imports checkpoint; keep the cycle lazy
 
     if config.type != policy_type:
-        raise TrainingError(
-            f"policy_type={policy_type!r} but config.type={config.type!r}; they must be the same word"
-        )
+        raise TrainingError(f"policy_type={policy_type!r} but config.type={config.type!r}; they must be the same word")
     policy_class(policy_type)  # refuses unknown types and types without a chunk API
     if epochs < 1 or batch_size < 1:
         raise TrainingError(f"epochs ({epochs}) and batch_size ({batch_size}) must be >= 1")
@@ -104,11 +102,15 @@ def train_bc(
     if prefix_rows is not None:
         prefix_rows = np.asarray(prefix_rows)
         if prefix_rows.shape != (n,) or prefix_rows.min() < 0 or prefix_rows.max() >= config.chunk_size:
-            raise TrainingError(f"prefix_rows has shape {prefix_rows.shape}, range [{prefix_rows.min()}, "
-                                f"{prefix_rows.max()}]; expected ({n},) ints in [0, chunk_size={config.chunk_size})")
+            raise TrainingError(
+                f"prefix_rows has shape {prefix_rows.shape}, range [{prefix_rows.min()}, "
+                f"{prefix_rows.max()}]; expected ({n},) ints in [0, chunk_size={config.chunk_size})"
+            )
         if config.hyper_params.get("rtc_mode") != "training_time":
-            raise TrainingError("prefix_rows train training-time RTC: set hyper_params rtc_mode: training_time "
-                                f"(policy type {policy_type!r} with hyper_params {config.hyper_params})")
+            raise TrainingError(
+                "prefix_rows train training-time RTC: set hyper_params rtc_mode: training_time "
+                f"(policy type {policy_type!r} with hyper_params {config.hyper_params})"
+            )
         prefix_t = torch.from_numpy(prefix_rows.astype(np.int64))
 
     targets = action_chunks

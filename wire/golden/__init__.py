@@ -18,15 +18,37 @@ import numpy as np
 from wire.header import Header, MsgType
 from wire.images import EncodedImage
 from wire.messages import (
-    ActionChunk, DrainNotice, Error, Observation, Reset, ResetAck, SessionAck, SessionOpen, Status, StatusRequest,
+    ActionChunk,
+    DrainNotice,
+    Error,
+    Observation,
+    Reset,
+    ResetAck,
+    SessionAck,
+    SessionOpen,
+    Status,
+    StatusRequest,
 )
 from wire.version import SCHEMA_VERSION
 
 VECTORS_PATH = Path(__file__).with_name("vectors.json")
 _MODEL = dict(
-    replica_id="r0", model_id="arm-flow", revision="main", checkpoint_hash="9f2c" * 16, policy_type="flow_matching",
-    action_names=["j0", "j1"], state_dim=3, cameras={"front": [4, 4, 3]}, chunk_size=4, trained_fps=30.0,
-    supports_rtc=True, serving_mode="shared", warmed_up=True, active_sessions=1, max_sessions=8, load=0.125,
+    replica_id="r0",
+    model_id="arm-flow",
+    revision="main",
+    checkpoint_hash="9f2c" * 16,
+    policy_type="flow_matching",
+    action_names=["j0", "j1"],
+    state_dim=3,
+    cameras={"front": [4, 4, 3]},
+    chunk_size=4,
+    trained_fps=30.0,
+    supports_rtc=True,
+    serving_mode="shared",
+    warmed_up=True,
+    active_sessions=1,
+    max_sessions=8,
+    load=0.125,
 )
 
 
@@ -40,29 +62,78 @@ def golden_messages() -> dict[str, tuple[Header, object]]:
     return {
         "observation": (
             Header(v, MsgType.OBS, 7, 2, 123456789, 1),
-            Observation("s-1", state, images={"front": raw}, task="reach", inference_delay_steps=3,
-                        prefix_model=prefix, prefix_robot=prefix, episode_start=True, urgency=0.75, priority=1,
-                        steps_remaining=12, metadata={"site": "eu"}),
+            Observation(
+                "s-1",
+                state,
+                images={"front": raw},
+                task="reach",
+                inference_delay_steps=3,
+                prefix_model=prefix,
+                prefix_robot=prefix,
+                episode_start=True,
+                urgency=0.75,
+                priority=1,
+                steps_remaining=12,
+                metadata={"site": "eu"},
+            ),
         ),
         "action_chunk": (
             Header(v, MsgType.CHUNK, 7, 2, 123456789, 1),
-            ActionChunk("s-1", 7, 123456789, chunk, chunk + 1, queue_wait_ms=1.5, inference_ms=20.0,
-                        superseded_seqs=1, server_load=0.125, rtc_applied=True),
+            ActionChunk(
+                "s-1",
+                7,
+                123456789,
+                chunk,
+                chunk + 1,
+                queue_wait_ms=1.5,
+                inference_ms=20.0,
+                superseded_seqs=1,
+                server_load=0.125,
+                rtc_applied=True,
+            ),
         ),
-        "status": (Header(v, MsgType.CONTROL), Status(**_MODEL, ready=True, schema_min=1, schema_max=1, default_task="reach", execution_horizon=2)),
+        "status": (
+            Header(v, MsgType.CONTROL),
+            Status(**_MODEL, ready=True, schema_min=1, schema_max=1, default_task="reach", execution_horizon=2),
+        ),
         "status_request": (Header(v, MsgType.CONTROL), StatusRequest("robot-1")),
         "session_open": (
             Header(v, MsgType.CONTROL),
-            SessionOpen("robot-1", v, 30.0, ["j0", "j1"], 3, cameras={"front": [4, 4, 3]}, task="reach",
-                        rtc_enabled=True, execution_horizon=2, tags={"site": "eu"}),
+            SessionOpen(
+                "robot-1",
+                v,
+                30.0,
+                ["j0", "j1"],
+                3,
+                cameras={"front": [4, 4, 3]},
+                task="reach",
+                rtc_enabled=True,
+                execution_horizon=2,
+                tags={"site": "eu"},
+            ),
         ),
         "session_ack": (
             Header(v, MsgType.CONTROL),
-            SessionAck(**_MODEL, session_id="s-1", schema_version=v, rtc_enabled=True, execution_horizon=2, task="reach", warnings=["fps 25 differs from trained 30"]),
+            SessionAck(
+                **_MODEL,
+                session_id="s-1",
+                schema_version=v,
+                rtc_enabled=True,
+                execution_horizon=2,
+                task="reach",
+                warnings=["fps 25 differs from trained 30"],
+            ),
         ),
         "reset": (Header(v, MsgType.CONTROL, 0, 3), Reset("s-1", 3)),
         "reset_ack": (Header(v, MsgType.CONTROL, 0, 3), ResetAck("s-1", 3)),
-        "error": (Header(v, MsgType.CONTROL), Error("CAPACITY", "replica r0 is full (8/8); try another replica", {"active_sessions": 8, "max_sessions": 8, "load": 1.0})),
+        "error": (
+            Header(v, MsgType.CONTROL),
+            Error(
+                "CAPACITY",
+                "replica r0 is full (8/8); try another replica",
+                {"active_sessions": 8, "max_sessions": 8, "load": 1.0},
+            ),
+        ),
         "drain": (Header(v, MsgType.EVENT), DrainNotice("r0", "SIGTERM", 10000.0)),
     }
 

@@ -29,7 +29,9 @@ REGISTRY: dict[str, type[Toxic]] = {
 }
 
 # Types the real Toxiproxy (v2.12) knows; anything else needs a fallback there.
-TOXIPROXY_TYPES = frozenset({"noop", "latency", "bandwidth", "slow_close", "timeout", "reset_peer", "slicer", "limit_data"})
+TOXIPROXY_TYPES = frozenset(
+    {"noop", "latency", "bandwidth", "slow_close", "timeout", "reset_peer", "slicer", "limit_data"}
+)
 
 
 def new_toxic(type_name: str) -> Toxic | None:
@@ -37,5 +39,15 @@ def new_toxic(type_name: str) -> Toxic | None:
     return cls() if cls is not None else None
 
 
-__all__ = ["REGISTRY", "TOXIPROXY_TYPES", "new_toxic", "loss_fallback", "Toxic", "ToxicStub", "Chunk", "ChunkQueue",
-           "Meter", "BadAttribute"]
+__all__ = [
+    "REGISTRY",
+    "TOXIPROXY_TYPES",
+    "new_toxic",
+    "loss_fallback",
+    "Toxic",
+    "ToxicStub",
+    "Chunk",
+    "ChunkQueue",
+    "Meter",
+    "BadAttribute",
+]

@@ -94,8 +94,9 @@ class LossToxic(Toxic):
             stub.send(chunk)
 
 
-def delay_moments_ms(probability: float, rto_ms: float = 200, max_rto_ms: float = 60000,
-                     segments: int = 1) -> tuple[float, float]:
+def delay_moments_ms(
+    probability: float, rto_ms: float = 200, max_rto_ms: float = 60000, segments: int = 1
+) -> tuple[float, float]:
     """Mean and standard deviation of the delay (ms) the model adds to one chunk."""
     p = min(max(probability, 0.0), 1.0)
     if p <= 0:
@@ -128,9 +129,11 @@ def loss_fallback(toxic: dict) -> dict:
     """
     attrs = dict(toxic.get("attributes") or {})
     default = LossToxic()
-    mean, std = delay_moments_ms(float(attrs.get("probability", default.probability)),
-                                 float(attrs.get("rto_ms", default.rto_ms)),
-                                 float(attrs.get("max_rto_ms", default.max_rto_ms)))
+    mean, std = delay_moments_ms(
+        float(attrs.get("probability", default.probability)),
+        float(attrs.get("rto_ms", default.rto_ms)),
+        float(attrs.get("max_rto_ms", default.max_rto_ms)),
+    )
     if math.isinf(mean):
         mean, std = float(attrs.get("max_rto_ms", default.max_rto_ms)), 0.0
     out = {k: v for k, v in toxic.items() if k not in ("type", "attributes")}

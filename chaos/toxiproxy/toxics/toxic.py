@@ -168,7 +168,7 @@ class BadAttribute(ValueError):
     """An attribute has the wrong JSON type; the message reads like Toxiproxy's."""
 
 
-INT64 = range(-2**63, 2**63)  # Go's int64: every integer attribute fits it, so no toxic's arithmetic overflows
+INT64 = range(-(2**63), 2**63)  # Go's int64: every integer attribute fits it, so no toxic's arithmetic overflows
 
 
 class BigInt:
@@ -216,8 +216,10 @@ class Toxic:
         if raw is None:
             return
         if not isinstance(raw, dict):
-            raise BadAttribute(f"json: cannot unmarshal {_json_kind(raw)} into Go struct field "
-                                  f"ToxicWrapper.attributes of type {type(self).__name__}")
+            raise BadAttribute(
+                f"json: cannot unmarshal {_json_kind(raw)} into Go struct field "
+                f"ToxicWrapper.attributes of type {type(self).__name__}"
+            )
         values = {}
         for f in dataclasses.fields(self):
             if f.name not in raw or raw[f.name] is None:
@@ -226,12 +228,16 @@ class Toxic:
             kind = f.type if isinstance(f.type, str) else f.type.__name__
             if kind == "int":
                 if isinstance(v, bool) or not isinstance(v, int) or v not in INT64:
-                    raise BadAttribute(f"json: cannot unmarshal {_json_kind(v)} into Go struct field "
-                                          f"{type(self).__name__}.attributes.{f.name} of type int64")
+                    raise BadAttribute(
+                        f"json: cannot unmarshal {_json_kind(v)} into Go struct field "
+                        f"{type(self).__name__}.attributes.{f.name} of type int64"
+                    )
             elif kind == "float":
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                    raise BadAttribute(f"json: cannot unmarshal {_json_kind(v)} into Go struct field "
-                                          f"{type(self).__name__}.attributes.{f.name} of type float64")
+                    raise BadAttribute(
+                        f"json: cannot unmarshal {_json_kind(v)} into Go struct field "
+                        f"{type(self).__name__}.attributes.{f.name} of type float64"
+                    )
                 v = float(v)
             values[f.name] = v
         for k, v in values.items():  # all or nothing: a bad value leaves the toxic untouched
