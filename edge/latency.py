@@ -8,7 +8,7 @@ times a request. Negative and non-finite samples are ignored. Thread-safe.
 
 The window is also kept sorted (`bisect`), so a percentile is two list reads and numpy's default (linear)
 interpolation between them: an `add()` in percentile mode takes ~1.1 us instead of ~32 us with `np.percentile`
-over the window (100 samples, 2-core VM, 2026-11-26), once per answered request in every engine of a shard.
+over the window (100 samples, the 2-core VM: docs/results/2026-11-27-benchmarks-full-run.md), once per answered request in every engine of a shard.
 """
 
 from __future__ import annotations

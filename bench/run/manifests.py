@@ -88,7 +88,7 @@ def replica_manifest(scenario, replica, run_keys: dict | None = None) -> dict:
 REPLICA_START_S = 120.0  # import torch, load the checkpoint, warm up, open the Zenoh session
 # torch.compile of the velocity network at warm-up, every batch bucket up to max_batch with and without an RTC prefix
 # (flow_transformer's `compile`, ModelRuntime.warm_buckets): measured at ~25 s a bucket and signature for vla_300m on
-# the H200 (2026-11-27, benchmarks.gpu_forward --compile, two buckets of two signatures in 172 s with their timing),
+# the H200 (docs/results/2026-11-27-accelerator-lease-2-h200.md, benchmarks.gpu_forward --compile, two buckets of two signatures in 172 s with their timing),
 # five buckets for the preset; ~10-25 s each for the tiny transformer on the 2-core VM, seven default buckets
 REPLICA_COMPILE_START_S = 600.0
 

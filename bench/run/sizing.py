@@ -26,7 +26,7 @@ from bench.run.usage import COST_REFERENCE_PROBE_MS
 # - shards: a robot-tick's loop, engine calls and records (SHARD_TICK_MS), a request's encode, send, wait and merge
 #   in the engine's worker and Zenoh's threads (SHARD_REQUEST_MS), and the robot's physics: substeps a tick
 #   (bench.robots.models.substeps_for, 1 for the reacher at 30 Hz, 100 at 1 Hz) x its type's step (PHYSICS_STEP_US)
-#   + PHYSICS_TICK_US. Fitted on the 2-core VM, 2026-11-26 10:40-10:45, from the shards' threads
+#   + PHYSICS_TICK_US. Fitted on the 2-core VM (docs/results/2026-11-26-shard-cost-refit.md) from the shards' threads
 #   (summary cpu.shard_threads) of three unsaturated runs: 100 robots at 30 Hz, 150 at 10 Hz, 60 at 30 Hz in one
 #   shard; physics from benchmarks.robot_step at 1 and 30 Hz (docs/bench.md "Sizing the bench to the host").
 # - replicas: a forward pass, timed on this host from the checkpoint the replica serves at batch 1 and at its
@@ -35,10 +35,10 @@ from bench.run.usage import COST_REFERENCE_PROBE_MS
 #   (REPLICA_PASS_MS: scheduling, stacking, the dispatch thread), and a request's decode, validation and reply
 #   (REPLICA_REQUEST_MS); a replica's forward passes a second follow from its request rate and its batch window
 #   (`batch_size`).
-# - proxy and router: per answered request, from four fault-free runs of the headline's shape (2026-11-26 13:09-14:01,
+# - proxy and router: per answered request, from four fault-free runs of the headline's shape (docs/results/2026-11-26-proxy-costs.md,
 #   473-498 requests/s, the proxy SCHED_FIFO: bench.run.mesh.proxy_priority): proxy 0.335-0.349 ms, router
 #   0.213-0.241 (at normal priority the proxy read 0.27-0.28: it now wakes for each chunk instead of catching several
-#   a wake-up). Was 0.3 each (the headline, 2026-11-23 09:35). Small fleets cost more a request (keep-alives and
+#   a wake-up). Small fleets cost more a request (keep-alives and
 #   sessions a robot, unmodelled).
 SHARD_TICK_MS = 0.035
 SHARD_REQUEST_MS = 0.8
@@ -48,7 +48,9 @@ PHYSICS_TICK_US = 5.0
 # The policy's own pass where it cannot be timed: runs A and D fitted 4.8 ms a pass all-in, before REPLICA_PASS_MS was
 # priced apart, so 4.8 less it (the reacher's timed pass: 2.3 at batch 1, ~2.7 at the few a pass its replicas batch)
 REPLICA_FORWARD_MS = 2.8
-REPLICA_PASS_MS = 2.0  # least squares over 12 runs of 2026-11-26 (docs/bench.md), their own passes, 0.76 a request
+REPLICA_PASS_MS = (
+    2.0  # least squares over 12 runs (docs/results/2026-11-26-cost-model-fit-runs.md), their own passes, 0.76 a request
+)
 REPLICA_REQUEST_MS = 0.76
 COST_PER_REQUEST_MS = {"proxy": 0.34, "router": 0.23}
 # The shard budget's reference robot is the headline's (its 300 robots, 100 a shard, are what the budget was measured
@@ -242,9 +244,8 @@ def forced_proxy_processes() -> int | None:
 def proxy_processes(scenario, cores: int | None = None) -> int:
     """Chaos proxy processes for the run's sites on this host (`proxy_processes_for`): as many as the cores left
     beyond one for the runner and the host and the estimated work of the shards, replicas and router (with
-    PROXY_SPARE_MARGIN) allow. (Until 2026-11-27 each shard and replica held a whole core here: the 1,000-robot run
-    on 16 cores got one proxy loop, 41-48 % busy, whose downlink delay ran up to 33 ms late at p99, with the host
-    44 % busy.)"""
+    PROXY_SPARE_MARGIN) allow. (A whole core per shard and replica left the 1,000-robot run on 16 cores one proxy loop, its downlink
+    late at p99: docs/results/2026-11-27-1000-robots-16-cores.md.)"""
     forced = forced_proxy_processes()
     if forced is not None:
         return max(1, min(len(scenario.sites), forced))
@@ -422,7 +423,7 @@ def measured_by_kind(split: dict) -> dict:
 
 
 # The report phase (bench.run.collect.collect, bench.evidence.figures) holds every record of the run at once.
-# Least squares over 109 run directories of 2026-11-26 on the 2-core VM, up to the 30-minute soak's 2.84 M tick rows
+# Least squares over 109 run directories on the 2-core VM (docs/results/2026-11-26-report-memory.md), up to the 30-minute soak's 2.84 M tick rows
 # and 187 k requests (peak 1.82 GB): the runner's peak RSS grows 310 B a robot-tick (warm-up included) and 4.5 KB a
 # request (the edge's record, the server's audit row, their joins), on top of ~120-195 MB it holds already; the runs
 # above 400 k ticks read 0.93-1.16 of it. Since, the audit rows are Arrow columns, not a dict each
@@ -441,9 +442,9 @@ def measured_by_kind(split: dict) -> dict:
 # sort of the tick table (its unsorted and sorted Arrow copies at once).
 # Since, the robot-keyed records are sorted a robot range at a time into buffers allocated once
 # (bench.fleet.records.collect_sorted): `--ticks 300000 1200000` 282 -> 175 B a robot-tick (0.62x); `--replay` the
-# soak 825 -> 683 MB (52 B a robot-tick saved) and a 60 s headline (300_robots_wan 20261126T140105Z, 675 k ticks,
-# 37 k requests) 214 -> 186 MB (44 B; its processes read 179-186 MB) (2026-11-26 16:28-16:32 UTC, the 2-core VM,
-# load 1.3-9.0, 3 processes each, medians). Less 2.1 KB a request, 173 B (the headline) and 114 B (the soak) a
+# soak 825 -> 683 MB (52 B a robot-tick saved) and a 60 s headline (300_robots_wan, 675 k ticks,
+# 37 k requests) 214 -> 186 MB (44 B; its processes read 179-186 MB) (the 2-core VM, load 1.3-9.0, 3 processes each,
+# medians). Less 2.1 KB a request, 173 B (the headline) and 114 B (the soak) a
 # robot-tick are left, and 310 x 175/493 = 110 B: the largest, rounded up, 180 B.
 # `python -m benchmarks.report_memory --ticks 300000 1200000 --baseline <checkout before it>` and `--replay RUN_DIR`.
 REPORT_BYTES_PER_TICK = 180

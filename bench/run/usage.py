@@ -351,9 +351,9 @@ def _name(p: psutil.Process) -> str:
 
 PROBE_ITERATIONS = 1_000_000
 # The in-run probe: a tenth of the loop (3-5 ms of CPU) every sample, i.e. every second. On the 2-core VM the speed
-# flips between two phases (probe ~30 and ~47 ms) within seconds: probes 10 s apart in the 2026-11-26 soak had a
+# flips between two phases (probe ~30 and ~47 ms) within seconds: probes 10 s apart in the soak had a
 # lag-1 autocorrelation of -0.01, so a probe every 10 s (the former rate) sampled the phases, not the run's speed.
-# Bench-like work follows the probe: 150 interleaved pairs, 2026-11-26, reacher physics and the records' Python
+# Bench-like work follows the probe: 150 interleaved pairs (docs/results/2026-11-26-speed-probe.md), reacher physics and the records' Python
 # (dicts, crc32, the latency tracker) against the probe around them, correlation 0.93-0.96, elasticity 1.4-1.5.
 # A tenth reads 3 % faster than a quarter (150 pairs, median ratio 0.97); a twentieth 8 %.
 IN_RUN_PROBE_FRACTION = 0.1

@@ -72,7 +72,8 @@ def _time_freqs(half: int, device: torch.device) -> Tensor:
     asked for the same arange/exp again (a third of the embedding's time: 15 -> 11 us a call). Inside torch.compile
     they are computed in the graph and never cached: a tensor made there is the graph's output, and under CUDA graphs
     the next replay overwrites it (a replica that compiled first and cached then failed its second bucket's compile:
-    "accessing tensor output of CUDAGraphs that has been overwritten", an H100, 2026-11-27)."""
+    "accessing tensor output of CUDAGraphs that has been overwritten", seen on an H100:
+    docs/results/2026-11-27-accelerator-lease-3-h100.md)."""
     key = (half, str(device))
     freqs = _FREQS.get(key)
     if freqs is None:
