@@ -116,7 +116,8 @@ def test_server_killed_mid_episode_degrades_safely_and_recovers(router, server_f
 
 
 def test_hung_server_is_caught_by_the_request_timeout(router, server_factory, ckpt):
-    server_factory(ckpt, emulated_latency=3000)  # connected and alive, but answers after 3 s
+    # connected and alive, but answers after 3 s; no warm-up: its unloaded-forward table would time 5 passes at 3 s
+    server_factory(ckpt, emulated_latency=3000, warmup_inferences=0)
     with running(router, request_timeout_s=0.3, timeout_streak=2, fallback="zero") as eng:
         trace = loop(eng, 2.5)
         assert eng.stats["timeouts"] >= 2
@@ -459,7 +460,7 @@ def test_a_replica_appearing_cuts_the_reconnect_backoff_short(router, server_fac
 def test_a_reset_abandons_the_request_in_flight_and_sends_the_new_episode_at_once(router, server_factory, ckpt):
     """A slow server (0.8 s a forward) holds episode 0's request when the episode ends: the worker must not wait
     for a chunk it would discard. Episode 1's first request leaves before episode 0's could have been answered."""
-    server_factory(ckpt, emulated_latency=800)
+    server_factory(ckpt, emulated_latency=800, warmup_inferences=0)  # no warm-up: 5 timed passes of 0.8 s
     with running(router, buffer_time_s=0.2, request_timeout_s=3.0) as eng:
         loop(eng, 10.0, until=lambda tr: eng.stats["chunks"] >= 1 and eng.stats["requests"] > eng.stats["chunks"])
         chunks = eng.stats["chunks"]
@@ -478,7 +479,7 @@ def test_chunks_too_late_for_their_episode_keep_the_robot_online(router, server_
     """Episodes shorter than the round trip: every request is abandoned at its episode's end and its chunk
     discarded on arrival. The server answers all the while, so the offline clock (max_offline_s) must not run:
     when the server then goes, the robot reconnects with its whole max_offline_s left, it is not DEAD at once."""
-    srv = server_factory(ckpt, emulated_latency=600)
+    srv = server_factory(ckpt, emulated_latency=600, warmup_inferences=0)  # no warm-up: 5 timed passes of 0.6 s
     with running(router, max_offline_s=3.0, request_timeout_s=3.0, buffer_time_s=0.2) as eng:
         t0 = time.monotonic()
         while time.monotonic() - t0 < 4.5:  # episodes of 0.3 s against a 0.6 s forward: nothing ever merges

@@ -18,14 +18,18 @@ from wire.procs import ChildProcess
 CLI = [sys.executable, "-m", "server.cli"]
 
 
-def start_server(tmp_path, router, ckpt, replica_id: str) -> ChildProcess:
+def start_server(tmp_path, router, ckpt, replica_id: str, wait: bool = True) -> ChildProcess:
+    """A policy-server process; ready when returned, or (`wait=False`) started only: `wait_ready` it later."""
     manifest = {"model": {"repo_or_path": str(ckpt)}, "model_id": "arm", "replica_id": replica_id,
                 "max_sessions": 8, "warmup_inferences": 1, "health_port": -1,
                 "zenoh": {"connect_endpoints": [router]}, "session": {"gc_grace_s": 0.3}}
     path = tmp_path / f"{replica_id}.yaml"
     path.write_text(yaml.safe_dump(manifest))
-    return ChildProcess(CLI + ["--manifest", str(path)], tmp_path / f"{replica_id}.log",
-                        ready_text="policy-server ready", name=replica_id).start(timeout_s=60)
+    child = ChildProcess(CLI + ["--manifest", str(path)], tmp_path / f"{replica_id}.log", name=replica_id).start()
+    child.ready_text = "policy-server ready"
+    if wait:
+        child.wait_ready(timeout_s=60)
+    return child
 
 
 def test_sigkill_mid_episode_holds_safely_and_recovers_on_restart(router, tmp_path):
@@ -53,7 +57,9 @@ def test_sigkill_mid_episode_holds_safely_and_recovers_on_restart(router, tmp_pa
 
 def test_sigkill_of_one_replica_moves_the_session_to_another(router, tmp_path):
     ckpt = make_checkpoint(tmp_path / "arm")
-    servers = {rid: start_server(tmp_path, router, ckpt, rid) for rid in ("r0", "r1")}
+    servers = {rid: start_server(tmp_path, router, ckpt, rid, wait=False) for rid in ("r0", "r1")}  # side by side
+    for s in servers.values():
+        s.wait_ready(timeout_s=60)
     eng = engine(router, max_offline_s=30.0)
     eng.start()
     try:

@@ -237,7 +237,8 @@ def test_a_batch_sends_every_reply_before_any_of_their_bookkeeping(ckpt, router,
     host). Now a batch's replies all go out first; the bookkeeping follows."""
     import threading
 
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=300,
+    # no warm-up: its unloaded-forward table would time 5 passes per batch size at the emulated 300 ms (6 s)
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=300, warmup_inferences=0,
                                 scheduling={"strategy": "round_robin", "max_batch": 8})).start()
     events, answer, write, run_batch = [], srv.replies.answer, srv.audit.write, srv._run_batch
     booking = threading.Condition()
@@ -389,7 +390,8 @@ def test_a_replica_that_accepts_only_known_clients_refuses_the_others(ckpt, rout
 
 
 def test_a_reset_is_answered_while_that_sessions_forward_pass_runs(ckpt, router, tmp_path):
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=1000)).start()
+    # no warm-up: its unloaded-forward table would time 5 passes per batch size at the emulated 1,000 ms (20 s)
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=1000, warmup_inferences=0)).start()
     c = RawClient(router, ReplicaKeys("arm", "main", "r0"), "robot-1")
     try:
         assert isinstance(c.open(), SessionAck)
@@ -413,7 +415,7 @@ def test_a_reset_is_answered_while_that_sessions_forward_pass_runs(ckpt, router,
 def test_expired_requests_get_an_audit_line(ckpt, router, tmp_path):
     import json
 
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=400,
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=400, warmup_inferences=0,  # as above
                                 scheduling={"request_ttl_ms": 100.0, "max_batch": 1})).start()
     clients = [RawClient(router, ReplicaKeys("arm", "main", "r0"), f"robot-{i}") for i in range(3)]
     try:

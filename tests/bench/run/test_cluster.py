@@ -250,7 +250,8 @@ def test_a_node_router_that_dies_unplanned_fails_the_run_naming_its_node(cluster
         os.killpg(rows[0]["pid"], 9)  # the cluster's nodes are this host: its pid is ours to signal
 
     t0 = time.monotonic()
-    rc, out, summary = _run(c.address, tmp_path, duration=30, while_running=kill_a_node_router_once_running)
+    # 12 s: the router dies as processes.json appears (before the warm-up), so the run has 15 s to see the exit
+    rc, out, summary = _run(c.address, tmp_path, duration=12, while_running=kill_a_node_router_once_running)
     assert rc == 1, out
     assert "EXIT  router:" in out and "on node " in out and "exited with -9" in out, out
     (exit_window,) = [f for f in summary["faults"] if f["action"] == "unplanned_exit"]

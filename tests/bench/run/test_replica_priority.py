@@ -46,3 +46,23 @@ def test_a_bad_word_stops_the_run_before_any_process_starts(tmp_path, monkeypatc
     monkeypatch.setenv("BENCH_REPLICA_PRIORITY", "realtime")
     problems = preflight(load_scenario(Path(__file__).resolve().parents[3] / "scenarios" / "smoke.yaml"))
     assert any("BENCH_REPLICA_PRIORITY='realtime'" in p for p in problems), problems
+
+
+def test_judging_reads_the_replicas_priority_line_without_importing_torch(tmp_path):
+    """bench.run.verdict holds the replica's log words itself (importing server.service for them imported torch
+    into every run's judging): the same words as the replica writes, read without torch in the runner."""
+    import subprocess
+    import sys
+
+    from bench.run.verdict import REPLICA_PRIORITY_LOG_TEXT
+    from server.service import DISPATCH_PRIORITY_LOG_TEXT
+
+    assert REPLICA_PRIORITY_LOG_TEXT == DISPATCH_PRIORITY_LOG_TEXT
+    line = f"... INFO policy_server: {DISPATCH_PRIORITY_LOG_TEXT}nice -10 (asked: nice)\n"
+    (tmp_path / "server-r0.log").write_text(line)
+    probe = ("import sys, types; from bench.run.verdict import replica_priorities; "
+             f"got = replica_priorities(types.SimpleNamespace(logs=__import__('pathlib').Path({str(tmp_path)!r}), "
+             "servers={'r0': None})); print(got, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert out.stdout.split() == ["['nice", "-10']", "False"], out.stdout + out.stderr
