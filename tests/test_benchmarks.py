@@ -102,7 +102,7 @@ def test_readme_table_rewrites_only_the_marked_block(tmp_path):
     assert main(["--readme", str(readme), "--out-dir", str(out)]) == 0
     text = readme.read_text()
     assert text.startswith(before + BEGIN + "\n") and text.endswith(END + after)
-    block = text[len(before) + len(BEGIN):-len(END + after)]
+    block = text[len(before) + len(BEGIN) : -len(END + after)]
     assert "old line" not in block and "| old | table |" not in block
     assert "| engine | get_action() p99 | 35 us | <= 20 | **missed** |" in block
     assert "| peers | ours / zmq_protobuf, round trip p50 | 0.9 x | <= 1 | yes |" in block
@@ -138,8 +138,11 @@ def test_headline_rss_sums_processes_per_sample():
 
     from benchmarks.headline_rss import peak_sum
 
-    cols = {"rss_mb:router": [40.0, 41.0, 41.0], "rss_mb:server:r1": [200.0, None, 150.0],  # restarting at sample 1
-            "rss_mb:shard:0": [100.0, 300.0, 120.0]}
+    cols = {
+        "rss_mb:router": [40.0, 41.0, 41.0],
+        "rss_mb:server:r1": [200.0, None, 150.0],  # restarting at sample 1
+        "rss_mb:shard:0": [100.0, 300.0, 120.0],
+    }
     assert peak_sum(cols) == (341.0, 1)
     with pytest.raises(ValueError, match="no rss_mb"):
         peak_sum({})

@@ -48,9 +48,12 @@ def test_every_file_and_module_run_sh_names_exists():
 
 
 def test_gpu_forward_still_takes_every_option_run_sh_passes():
-    used = set(re.findall(r"(--[a-z][a-z-]+)", RUN_SH[RUN_SH.index("step_forward() {"):RUN_SH.index("step_capacity() {")]))
-    helptext = subprocess.run([sys.executable, "-m", "benchmarks.gpu_forward", "--help"], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout
+    used = set(
+        re.findall(r"(--[a-z][a-z-]+)", RUN_SH[RUN_SH.index("step_forward() {") : RUN_SH.index("step_capacity() {")])
+    )
+    helptext = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_forward", "--help"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
     missing = {u for u in used if u not in helptext}
     assert used and not missing, f"benchmarks.gpu_forward no longer takes {missing}"
 
@@ -60,16 +63,42 @@ def test_the_forward_compile_steps_arguments_run_at_tiny_size(tmp_path):
     tiny size on the CPU (argparse keeps the last of each): the passes capacity_gpu serves, micro-batching first."""
     import shlex
 
-    step = RUN_SH[RUN_SH.index("step_forward() {"):RUN_SH.index("step_capacity() {")]
-    branch = step[step.index('elif [ "$2" = forward-compile ]'):]
+    step = RUN_SH[RUN_SH.index("step_forward() {") : RUN_SH.index("step_capacity() {")]
+    branch = step[step.index('elif [ "$2" = forward-compile ]') :]
     words = shlex.split(re.search(r"args\+=\((.*?)\)", branch, re.S).group(1), comments=True)
     import benchmarks.gpu_forward as gf
 
     out = tmp_path / "gpu_forward_compile.json"
-    assert gf.main(words + ["--device", "cpu", "--preset", "tiny", "--cameras", "1", "--image-size", "32",
-                            "--batches", "1", "2", "--repeat", "1", "--warmup", "0", "--out", str(out)]) == 0
+    assert (
+        gf.main(
+            words
+            + [
+                "--device",
+                "cpu",
+                "--preset",
+                "tiny",
+                "--cameras",
+                "1",
+                "--image-size",
+                "32",
+                "--batches",
+                "1",
+                "2",
+                "--repeat",
+                "1",
+                "--warmup",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
-    assert report["stages"] == ["micro_batching", "forward", "runtime"] and report["passes"] == ["plain", "training_time"]
+    assert report["stages"] == ["micro_batching", "forward", "runtime"] and report["passes"] == [
+        "plain",
+        "training_time",
+    ]
     assert list(report).index("micro_batching") < list(report).index("forward")  # written first: timed first
     assert set(report["forward"]["2"]) == {"plain", "training_time"}
     assert set(report["micro_batching"]) == {"sessions", "plain", "training_time"}
@@ -77,13 +106,25 @@ def test_the_forward_compile_steps_arguments_run_at_tiny_size(tmp_path):
     assert "median_ms" not in report["runtime"]["2"] and report["runtime"]["2"]["training_time_ms"] > 0
     text = "\n".join(device.forward_lines(report, "forward-compile"))
     assert "passes plain/training_time" in text and "guided ms -/-;" in text
-    assert re.search(r"micro-batching at 2 sessions, requests/s one at a time -> micro-batched: plain [\d.]+ -> [\d.]+ "
-                     r"\(gain [\d.]+x\); training-time", text)
+    assert re.search(
+        r"micro-batching at 2 sessions, requests/s one at a time -> micro-batched: plain [\d.]+ -> [\d.]+ "
+        r"\(gain [\d.]+x\); training-time",
+        text,
+    )
 
 
 def test_the_dry_fleet_overrides_still_fit_1000_robots_wan():
-    args = subprocess.run(["bash", "-c", 'eval "$(sed -n "/^DRY_FLEET=(/,/)$/p" "$0")"; printf "%s\\n" "${DRY_FLEET[@]}"',
-                           str(DEVICE / "run.sh")], check=True, capture_output=True, text=True).stdout.splitlines()
+    args = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'eval "$(sed -n "/^DRY_FLEET=(/,/)$/p" "$0")"; printf "%s\\n" "${DRY_FLEET[@]}"',
+            str(DEVICE / "run.sh"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     sets = [a for a in args if a != "--set"]
     assert len(sets) == len(args) // 2 >= 5
     from bench.cli import load_with_overrides
@@ -97,8 +138,16 @@ def test_the_dry_fleet_overrides_still_fit_1000_robots_wan():
 def test_out_gets_at_most_eight_files():
     code = "\n".join(line for line in RUN_SH.splitlines() if not line.lstrip().startswith("#"))
     names = set(re.findall(r'\$OUT/([\w.-]+)', code)) | set(re.findall(r'out="\$WORK/(gpu_forward\w*\.json)"', code))
-    assert {"summary.txt", "steps.json", "env.txt", "console.log", "capacity.tar.gz", "fleet.tar.gz",
-            "gpu_forward.json", "gpu_forward_compile.json"} == names  # the device tool brings back 8 files at most
+    assert {
+        "summary.txt",
+        "steps.json",
+        "env.txt",
+        "console.log",
+        "capacity.tar.gz",
+        "fleet.tar.gz",
+        "gpu_forward.json",
+        "gpu_forward_compile.json",
+    } == names  # the device tool brings back 8 files at most
 
 
 def _wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
@@ -112,8 +161,10 @@ def test_check_wheels_finds_a_missing_need_a_duplicate_and_honours_markers_and_l
     _wheel(tmp_path, "beta", "1.0", ["gamma"])
     assert device.check_wheels(tmp_path, ["alpha", "beta"], ["numpy"], 60, left_out=["gamma"]) == []
     problems = device.check_wheels(tmp_path, ["alpha", "beta"], ["numpy"], 60)
-    assert problems == ["beta-1.0-py3-none-any.whl needs gamma, neither carried nor on the machine (device-has.txt) "
-                        "nor left out on purpose (`-gamma` in packages.txt)"]
+    assert problems == [
+        "beta-1.0-py3-none-any.whl needs gamma, neither carried nor on the machine (device-has.txt) "
+        "nor left out on purpose (`-gamma` in packages.txt)"
+    ]
     _wheel(tmp_path, "beta", "2.0", [])
     assert any("2 wheels" in p for p in device.check_wheels(tmp_path, ["alpha", "beta"], ["numpy"], 60, ["gamma"]))
     assert any("over the" in p for p in device.check_wheels(tmp_path, ["alpha", "beta"], ["numpy"], 1e-6, ["gamma"]))
@@ -180,12 +231,15 @@ echo "rc $?"
     assert f"leftover processes, ended: {pid} sleep 97" in (tmp_path / "console.log").read_text()
 
 
-@pytest.mark.parametrize("carried, have, install", [
-    ("4.16.0", None, True),        # missing on the machine
-    ("4.16.0", "4.12.2", True),    # older there: pydantic needs >= 4.14.1
-    ("4.16.0", "4.16.0", False),
-    ("2.13.4", "2.14.0", False),   # newer there: kept
-])
+@pytest.mark.parametrize(
+    "carried, have, install",
+    [
+        ("4.16.0", None, True),  # missing on the machine
+        ("4.16.0", "4.12.2", True),  # older there: pydantic needs >= 4.14.1
+        ("4.16.0", "4.16.0", False),
+        ("2.13.4", "2.14.0", False),  # newer there: kept
+    ],
+)
 def test_a_carried_wheel_goes_in_only_where_the_machine_lacks_it_or_has_it_older(carried, have, install):
     assert device.needs_install(carried, have) is install
 
@@ -202,8 +256,27 @@ def test_gpu_forward_keeps_the_sizes_it_timed_when_stopped_at_its_limit(tmp_path
     monkeypatch.setattr(gf, "gain_figures", stopped)
     out = tmp_path / "gpu_forward.json"
     try:
-        gf.main(["--device", "cpu", "--preset", "tiny", "--cameras", "1", "--image-size", "32", "--batches", "1", "2",
-                 "--repeat", "1", "--warmup", "0", "--out", str(out)])
+        gf.main(
+            [
+                "--device",
+                "cpu",
+                "--preset",
+                "tiny",
+                "--cameras",
+                "1",
+                "--image-size",
+                "32",
+                "--batches",
+                "1",
+                "2",
+                "--repeat",
+                "1",
+                "--warmup",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
     except KeyboardInterrupt:
         pass
     report = json.loads(out.read_text())
@@ -215,16 +288,49 @@ def test_the_fleet_summary_names_where_the_cpu_went_and_why_robots_died(tmp_path
     """What issue 17 asks of the 1,000-robot run, in the summary the device call prints last."""
     run = tmp_path / "1000_robots_wan" / "20261126T000000Z"
     run.mkdir(parents=True)
-    (run / "summary.json").write_text(json.dumps({
-        "verdict": "fail", "exit_code": 1, "robots": 1000, "wall_s": 200.0, "figures": {}, "assertions": [],
-        "cpu": {"host_percent": 51.0, "cores": 16, "split": {"shard:0": 90.0},
-                "estimate": {"split": {"shards": 3.46, "replicas": 1.65}}, "by_kind": {"shards": 3.1, "replicas": 2.2},
-                "estimate_ratio": 1.1, "estimate_ratio_at_reference": 0.9},
-        "state_changes": [{"from": "STALLED", "to": "DEAD", "reason": "offline", "example": "offline for more than 60 s",
-                           "changes": 400, "robots": 400, "t_first": 81.0, "t_last": 95.5}],
-        "latency_budget": [{"figure": "uplink_to_router_ms", "p50_ms": 27.1, "p99_ms": 63.5},
-                           {"figure": "uplink_from_router_ms", "p50_ms": 1.5, "p99_ms": 54.5, "bench_p50_ms": 1.3,
-                            "bench_p99_ms": 54.2}]}))
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "verdict": "fail",
+                "exit_code": 1,
+                "robots": 1000,
+                "wall_s": 200.0,
+                "figures": {},
+                "assertions": [],
+                "cpu": {
+                    "host_percent": 51.0,
+                    "cores": 16,
+                    "split": {"shard:0": 90.0},
+                    "estimate": {"split": {"shards": 3.46, "replicas": 1.65}},
+                    "by_kind": {"shards": 3.1, "replicas": 2.2},
+                    "estimate_ratio": 1.1,
+                    "estimate_ratio_at_reference": 0.9,
+                },
+                "state_changes": [
+                    {
+                        "from": "STALLED",
+                        "to": "DEAD",
+                        "reason": "offline",
+                        "example": "offline for more than 60 s",
+                        "changes": 400,
+                        "robots": 400,
+                        "t_first": 81.0,
+                        "t_last": 95.5,
+                    }
+                ],
+                "latency_budget": [
+                    {"figure": "uplink_to_router_ms", "p50_ms": 27.1, "p99_ms": 63.5},
+                    {
+                        "figure": "uplink_from_router_ms",
+                        "p50_ms": 1.5,
+                        "p99_ms": 54.5,
+                        "bench_p50_ms": 1.3,
+                        "bench_p99_ms": 54.2,
+                    },
+                ],
+            }
+        )
+    )
     text = "\n".join(device.fleet_lines(tmp_path))
     assert "shards 3.10 / 3.46, replicas 2.20 / 1.65 (ratio 1.10; 0.90 unscaled)" in text
     # each hop at the router, and the bench's part of it where that is measured
@@ -233,38 +339,80 @@ def test_the_fleet_summary_names_where_the_cpu_went_and_why_robots_died(tmp_path
 
 
 def test_the_forward_summary_gives_a_compiled_runs_eager_baseline_and_gain():
-    row = {"guided": {"median_ms": 378.0}, "plain": {"median_ms": 25.0, "compile_gain": 5.0},
-           "training_time": {"median_ms": 23.5, "compile_gain": 7.0}, "plain_eager": {"median_ms": 125.0},
-           "training_time_eager": {"median_ms": 164.5}}
-    report = {"preset": "vla_300m", "parameters": 353.8e6, "device": "NVIDIA H200", "torch": "2.11", "autocast": "bf16",
-              "cameras": 2, "image_size": 224, "compile": True, "forward": {"1": row},
-              "runtime": {"1": {"median_ms": 374.0, "training_time_ms": 40.0, "training_time_cpu_jpeg_ms": 50.0,
-                                "gpu_jpeg_gain": 1.25}}}
+    row = {
+        "guided": {"median_ms": 378.0},
+        "plain": {"median_ms": 25.0, "compile_gain": 5.0},
+        "training_time": {"median_ms": 23.5, "compile_gain": 7.0},
+        "plain_eager": {"median_ms": 125.0},
+        "training_time_eager": {"median_ms": 164.5},
+    }
+    report = {
+        "preset": "vla_300m",
+        "parameters": 353.8e6,
+        "device": "NVIDIA H200",
+        "torch": "2.11",
+        "autocast": "bf16",
+        "cameras": 2,
+        "image_size": 224,
+        "compile": True,
+        "forward": {"1": row},
+        "runtime": {
+            "1": {
+                "median_ms": 374.0,
+                "training_time_ms": 40.0,
+                "training_time_cpu_jpeg_ms": 50.0,
+                "gpu_jpeg_gain": 1.25,
+            }
+        },
+    }
     text = "\n".join(device.forward_lines(report, "forward-compile"))
     assert "runtime training-time ms 40.00" in text
     assert "CPU decoder -> nvjpeg, ms: 50.00 -> 40.00; gain 1.25x" in text
-    assert "eager in the same process, ms: plain 125.00; training-time 164.50; compile's gain: plain 5.00x, " \
-           "training-time 7.00x" in text
+    assert (
+        "eager in the same process, ms: plain 125.00; training-time 164.50; compile's gain: plain 5.00x, "
+        "training-time 7.00x" in text
+    )
     # since the guided VJP compiles too: its eager row and gain first, and a path whose compile failed, named
     row.update(guided_eager={"median_ms": 500.0})
     row["guided"]["compile_gain"] = 500.0 / 378.0
     report["compile_fallbacks"] = ["compiling the network failed, it runs eager: BackendCompilerFailed: x"]
     text = "\n".join(device.forward_lines(report, "forward-compile"))
-    assert "eager in the same process, ms: guided 500.00; plain 125.00; training-time 164.50; compile's gain: " \
-           "guided 1.32x, plain 5.00x, training-time 7.00x" in text
+    assert (
+        "eager in the same process, ms: guided 500.00; plain 125.00; training-time 164.50; compile's gain: "
+        "guided 1.32x, plain 5.00x, training-time 7.00x" in text
+    )
     assert "compile fell back: compiling the network failed, it runs eager: BackendCompilerFailed" in text
 
 
 def test_the_forward_summary_of_a_run_without_the_forward_stage_gives_the_runtimes_figures():
     """FORWARD_ARGS="--stages runtime": no forward sizes in the report; the JPEG path's figures and the GPU
     decoder's gain are still summarised, at the runtime's sizes."""
-    report = {"preset": "vla_300m", "parameters": 353.8e6, "device": "NVIDIA H100", "torch": "2.11", "autocast": "bf16",
-              "cameras": 2, "image_size": 224, "compile": True, "stages": ["runtime"],
-              "runtime": {"gpu_jpeg_decode": True,
-                          "1": {"median_ms": 300.0, "training_time_ms": 30.0, "training_time_cpu_jpeg_ms": 36.0,
-                                "gpu_jpeg_gain": 1.2},
-                          "64": {"median_ms": 310.0, "training_time_ms": 80.0, "training_time_cpu_jpeg_ms": 160.0,
-                                 "gpu_jpeg_gain": 2.0}}}
+    report = {
+        "preset": "vla_300m",
+        "parameters": 353.8e6,
+        "device": "NVIDIA H100",
+        "torch": "2.11",
+        "autocast": "bf16",
+        "cameras": 2,
+        "image_size": 224,
+        "compile": True,
+        "stages": ["runtime"],
+        "runtime": {
+            "gpu_jpeg_decode": True,
+            "1": {
+                "median_ms": 300.0,
+                "training_time_ms": 30.0,
+                "training_time_cpu_jpeg_ms": 36.0,
+                "gpu_jpeg_gain": 1.2,
+            },
+            "64": {
+                "median_ms": 310.0,
+                "training_time_ms": 80.0,
+                "training_time_cpu_jpeg_ms": 160.0,
+                "gpu_jpeg_gain": 2.0,
+            },
+        },
+    }
     text = "\n".join(device.forward_lines(report, "forward-compile"))
     assert "batch 1/64: guided ms -/-; plain ms -/-; runtime (JPEG, whole batched path) ms 300.00/310.00" in text
     assert "CPU decoder -> nvjpeg, ms: 36.00 -> 30.00/160.00 -> 80.00; gain 1.20x/2.00x" in text

@@ -20,11 +20,30 @@ ALLOWED = {
     "bench.fleet": {"wire", "edge", "server", "chaos", "bench.scenario", "bench.robots"},
     "bench.evidence": {"wire", "bench.scenario", "bench.fleet"},
     "bench.training": {"wire", "server", "bench.scenario", "bench.robots", "bench.evidence"},
-    "bench.run": {"wire", "edge", "server", "chaos", "bench.scenario", "bench.robots", "bench.security",
-                  "bench.fleet", "bench.evidence"},
-    "bench": {"wire", "edge", "server", "chaos"} | {f"bench.{r}" for r in
-                                                     ("scenario", "robots", "security", "fleet", "evidence", "training", "run")},
-    "benchmarks": {"wire", "server", "edge", "chaos", "bench", "bench.robots", "bench.fleet", "bench.scenario", "bench.run"},
+    "bench.run": {
+        "wire",
+        "edge",
+        "server",
+        "chaos",
+        "bench.scenario",
+        "bench.robots",
+        "bench.security",
+        "bench.fleet",
+        "bench.evidence",
+    },
+    "bench": {"wire", "edge", "server", "chaos"}
+    | {f"bench.{r}" for r in ("scenario", "robots", "security", "fleet", "evidence", "training", "run")},
+    "benchmarks": {
+        "wire",
+        "server",
+        "edge",
+        "chaos",
+        "bench",
+        "bench.robots",
+        "bench.fleet",
+        "bench.scenario",
+        "bench.run",
+    },
 }
 
 
@@ -49,7 +68,7 @@ def _imports(path: Path, mods: dict[str, Path], module: str) -> set[str]:
     for node in ast.walk(tree):  # every node, so an import in a function body counts like one at the top
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package[:len(package) - node.level + 1]
+                base = package[: len(package) - node.level + 1]
                 source = ".".join(base + ([node.module] if node.module else []))
             else:
                 source = node.module or ""
@@ -142,12 +161,19 @@ def test_the_circle_check_sees_function_level_relative_and_type_only_imports(tmp
 
 
 def test_microbenchmarks_live_only_in_benchmarks():
-    strays = [str(p.relative_to(ROOT)) for pkg in PACKAGES if pkg != "benchmarks"
-              for p in (ROOT / pkg).rglob("bench_*.py")]
+    strays = [
+        str(p.relative_to(ROOT)) for pkg in PACKAGES if pkg != "benchmarks" for p in (ROOT / pkg).rglob("bench_*.py")
+    ]
     assert not strays, f"move these to benchmarks/: {strays}"
 
 
 def test_the_robot_side_imports_no_torch_or_server():
     graph = _graph()
-    bad = [f"{m} -> {d}" for m, deps in graph.items() if _unit(m) == "edge" for d in deps if _unit(d) != "edge" and _unit(d) != "wire"]
+    bad = [
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        if _unit(m) == "edge"
+        for d in deps
+        if _unit(d) != "edge" and _unit(d) != "wire"
+    ]
     assert not bad, bad

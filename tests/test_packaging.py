@@ -31,6 +31,8 @@ def test_importing_the_wire_imports_no_torch():
 
 
 def test_the_robot_side_imports_no_server_or_bench_library():
-    code = ("import sys, wire, wire.transport, edge; "
-            "bad = {'prometheus_client', 'psutil', 'torch'} & set(sys.modules); assert not bad, bad")
+    code = (
+        "import sys, wire, wire.transport, edge; "
+        "bad = {'prometheus_client', 'psutil', 'torch'} & set(sys.modules); assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -84,11 +84,27 @@ class FakeEngine:
         if self.k % 10 == 0:
             self.seq += 1
             with self._lock:
-                self._records.append({"seq": self.seq, "rtt_ms": 20.0 + self.seq % 5, "queue_wait_ms": 1.0,
-                                      "inference_ms": 5.0, "network_ms": 14.0, "delay_steps": 1, "outcome": "ok"})
+                self._records.append(
+                    {
+                        "seq": self.seq,
+                        "rtt_ms": 20.0 + self.seq % 5,
+                        "queue_wait_ms": 1.0,
+                        "inference_ms": 5.0,
+                        "network_ms": 14.0,
+                        "delay_steps": 1,
+                        "outcome": "ok",
+                    }
+                )
         self.k += 1
-        return FakeAction(np.full(self.dim, 0.01 * (self.k % 10), np.float32), "s1", self.seq, self.episode,
-                          self.k % 10, 0.01 * (self.k % 10), "chunk")
+        return FakeAction(
+            np.full(self.dim, 0.01 * (self.k % 10), np.float32),
+            "s1",
+            self.seq,
+            self.episode,
+            self.k % 10,
+            0.01 * (self.k % 10),
+            "chunk",
+        )
 
     def drain_records(self):
         with self._lock:

@@ -22,36 +22,108 @@ REPO = Path(__file__).resolve().parents[2]
 PARALLEL = 3
 # Three runs side by side on two cores starve each other by design: the negative checks read the system's
 # assertions, so the host's own error (fidelity) must not turn their `fail` into `inconclusive`.
-SHORT = ("--set", "warmup_s=3", "--set", "fidelity={host_late_ratio: 1, loop_overrun_ratio: 1, scheduler_wait_ms: "
-         "100000, forward_ratio: 1000, leg_error_ms: 100000, bandwidth_ratio: 0}")
+SHORT = (
+    "--set",
+    "warmup_s=3",
+    "--set",
+    "fidelity={host_late_ratio: 1, loop_overrun_ratio: 1, scheduler_wait_ms: "
+    "100000, forward_ratio: 1000, leg_error_ms: 100000, bandwidth_ratio: 0}",
+)
 INCIDENT = REPO / "scenarios" / "incidents" / "stutter_robot1"
 
 RUNS: dict[str, tuple[str, ...]] = {  # the longest first
     # incident replay (positive): the shipped example's stutter comes back
-    "incident_replay": ("incident", "--edge", str(INCIDENT / "edge-log.jsonl"), "--audit", str(INCIDENT / "audit.jsonl"),
-                        "--from", "0", "--to", "26", "--out", "{tmp}/replay.yaml"),
+    "incident_replay": (
+        "incident",
+        "--edge",
+        str(INCIDENT / "edge-log.jsonl"),
+        "--audit",
+        str(INCIDENT / "audit.jsonl"),
+        "--from",
+        "0",
+        "--to",
+        "26",
+        "--out",
+        "{tmp}/replay.yaml",
+    ),
     # fault family: robots that give up inside a 3 s server crash go DEAD
-    "server_crash_gives_up": ("run", "scenarios/ci/server_crash.yaml", *SHORT, "--set", "duration_s=11",
-                              "--set", "fleet.groups.lab.engine.max_offline_s=1"),
+    "server_crash_gives_up": (
+        "run",
+        "scenarios/ci/server_crash.yaml",
+        *SHORT,
+        "--set",
+        "duration_s=11",
+        "--set",
+        "fleet.groups.lab.engine.max_offline_s=1",
+    ),
     # network family: a satellite link where the Wi-Fi was
-    "wifi_on_satellite": ("run", "scenarios/wifi_jitter.yaml", *SHORT, "--set", "duration_s=8",
-                          "--set", "sites.floor.profile=satellite"),
+    "wifi_on_satellite": (
+        "run",
+        "scenarios/wifi_jitter.yaml",
+        *SHORT,
+        "--set",
+        "duration_s=8",
+        "--set",
+        "sites.floor.profile=satellite",
+    ),
     # parity: the local engine with other weights of the same shapes
-    "parity_other_weights": ("run", "scenarios/rtc_parity.yaml", *SHORT, "--set", "duration_s=5",
-                             "--set", "fleet.groups.rtc.shadow.policy=reacher_finetune_b"),
+    "parity_other_weights": (
+        "run",
+        "scenarios/rtc_parity.yaml",
+        *SHORT,
+        "--set",
+        "duration_s=5",
+        "--set",
+        "fleet.groups.rtc.shadow.policy=reacher_finetune_b",
+    ),
     # rtc vs append: RTC off in the rtc group
-    "rtc_off": ("run", "scenarios/rtc_vs_append.yaml", *SHORT, "--set", "sweep.values=[0]", "--set", "duration_s=8",
-                "--set", "fleet.groups.rtc.engine.rtc_enabled=false"),
+    "rtc_off": (
+        "run",
+        "scenarios/rtc_vs_append.yaml",
+        *SHORT,
+        "--set",
+        "sweep.values=[0]",
+        "--set",
+        "duration_s=8",
+        "--set",
+        "fleet.groups.rtc.engine.rtc_enabled=false",
+    ),
     # capacity: a replica too slow for two sessions
-    "capacity_too_slow": ("run", "scenarios/capacity_pi0.yaml", *SHORT, "--set", "sweep.values=[2]",
-                          "--set", "duration_s=6", "--set", "servers.replicas.r0.emulated_latency=900"),
+    "capacity_too_slow": (
+        "run",
+        "scenarios/capacity_pi0.yaml",
+        *SHORT,
+        "--set",
+        "sweep.values=[2]",
+        "--set",
+        "duration_s=6",
+        "--set",
+        "servers.replicas.r0.emulated_latency=900",
+    ),
     # local baseline (positive): a local group runs beside its remote twin and reports its own task success
-    "local_baseline": ("run", "scenarios/local_vs_lan.yaml", *SHORT, "--set", "duration_s=7",
-                       "--set", "fleet.groups.lan.count=1", "--set", "fleet.groups.local.count=1",
-                       "--set", 'assertions=["group[local].episodes >= 2"]'),
+    "local_baseline": (
+        "run",
+        "scenarios/local_vs_lan.yaml",
+        *SHORT,
+        "--set",
+        "duration_s=7",
+        "--set",
+        "fleet.groups.lan.count=1",
+        "--set",
+        "fleet.groups.local.count=1",
+        "--set",
+        'assertions=["group[local].episodes >= 2"]',
+    ),
     # max_sessions: room for four sessions, six robots
-    "max_sessions_short": ("run", "scenarios/max_sessions.yaml", *SHORT, "--set", "duration_s=6",
-                           "--set", "servers.replicas.r1.max_sessions=1"),
+    "max_sessions_short": (
+        "run",
+        "scenarios/max_sessions.yaml",
+        *SHORT,
+        "--set",
+        "duration_s=6",
+        "--set",
+        "servers.replicas.r1.max_sessions=1",
+    ),
 }
 
 
@@ -79,9 +151,17 @@ def _run(name: str, args: tuple[str, ...], root: Path) -> BenchRun:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "MUJOCO_GL": "egl"}
     argv = [a.replace("{tmp}", str(tmp)) for a in args]
     reports = tmp / "reports"
-    proc = subprocess.run([sys.executable, "-m", "bench.cli", *argv, "--reports", str(reports), "--quiet"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
-    summaries = [json.loads(p.read_text()) for p in sorted(reports.glob("**/summary.json"), key=lambda p: p.stat().st_mtime)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.cli", *argv, "--reports", str(reports), "--quiet"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    summaries = [
+        json.loads(p.read_text()) for p in sorted(reports.glob("**/summary.json"), key=lambda p: p.stat().st_mtime)
+    ]
     return BenchRun(proc.returncode, proc.stderr, reports, summaries)
 
 

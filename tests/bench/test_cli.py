@@ -26,6 +26,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str]:
 
 # ---- bench validate / bench list ---------------------------------------------------------------------------------
 
+
 def test_validate_names_a_file_that_is_not_utf8(tmp_path, capsys):
     path = tmp_path / "bin.yaml"
     path.write_bytes(b"\xff\xfe\xfa")
@@ -62,6 +63,7 @@ def test_list_refuses_a_dir_that_is_not_a_directory(tmp_path, capsys, which):
 
 # ---- bench train: every argument checked before the demos -------------------------------------------------------
 
+
 @pytest.fixture
 def no_demos(monkeypatch):
     """Collecting demos takes seconds to minutes: a refused argument must never get there."""
@@ -85,7 +87,10 @@ TRAIN_CASES = [
     (["--steps", "0"], "--steps 0: must be at least 1"),
     (["--seed", "-1"], "--seed -1: must be >= 0"),
     (["--policy-type", "nosuch"], "--policy-type: unknown policy type 'nosuch'"),
-    (["--policy-type", "no_chunk"], "--policy-type: policy type 'no_chunk' (NoChunkPolicy) has no predict_action_chunk"),
+    (
+        ["--policy-type", "no_chunk"],
+        "--policy-type: policy type 'no_chunk' (NoChunkPolicy) has no predict_action_chunk",
+    ),
     (["--out", "{file}"], "--out '{file}' is not a directory"),
     (["--out", "{file}/ckpt"], "--out '{file}/ckpt': cannot write there (Not a directory)"),
 ]
@@ -114,14 +119,34 @@ INIT_CASES = [
     ("config not JSON", b"garbage{", None, "config.json", "not valid JSON"),
     ("config a list", b"[1, 2]", None, "config.json", "must hold a JSON object"),
     ("config empty object", b"{}", None, "config.json", "PolicyConfig is incomplete"),
-    ("config state_dim text", json.dumps(CONFIG | {"state_dim": "x"}).encode(), None, "config.json",
-     "state_dim must be a positive int, got 'x'"),
-    ("config chunk_size negative", json.dumps(CONFIG | {"chunk_size": -5}).encode(), None, "config.json",
-     "chunk_size must be a positive int, got -5"),
-    ("config odd d_model", json.dumps(CONFIG | {"type": "flow_transformer", "hyper_params": {"d_model": 9}}).encode(),
-     None, "config.json", "d_model=9 must be even"),
-    ("config unknown type", json.dumps(CONFIG | {"type": "nosuch"}).encode(), None, "config.json",
-     "unknown policy type 'nosuch'"),
+    (
+        "config state_dim text",
+        json.dumps(CONFIG | {"state_dim": "x"}).encode(),
+        None,
+        "config.json",
+        "state_dim must be a positive int, got 'x'",
+    ),
+    (
+        "config chunk_size negative",
+        json.dumps(CONFIG | {"chunk_size": -5}).encode(),
+        None,
+        "config.json",
+        "chunk_size must be a positive int, got -5",
+    ),
+    (
+        "config odd d_model",
+        json.dumps(CONFIG | {"type": "flow_transformer", "hyper_params": {"d_model": 9}}).encode(),
+        None,
+        "config.json",
+        "d_model=9 must be even",
+    ),
+    (
+        "config unknown type",
+        json.dumps(CONFIG | {"type": "nosuch"}).encode(),
+        None,
+        "config.json",
+        "unknown policy type 'nosuch'",
+    ),
     ("config not UTF-8", b"\xff\xfe\xfa", None, "config.json", "not UTF-8 text (byte 0xff at offset 0)"),
     ("stats not JSON", None, b"garbage{", "stats.json", "not valid JSON"),
     ("stats not UTF-8", None, b"\xff\xfe\xfa", "stats.json", "not UTF-8 text (byte 0xff at offset 0)"),
@@ -153,6 +178,7 @@ def test_init_weights_still_writes_weights_for_good_files(tmp_path, capsys):
 
 # ---- bench sweep ---------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def runs(monkeypatch) -> list:
     """The scenarios `bench sweep` would run (never runs one)."""
@@ -164,19 +190,33 @@ def runs(monkeypatch) -> list:
 
 
 def test_sweep_refuses_assert_without_capacity(tmp_path, capsys, runs):
-    rc, err = run_cli(capsys, "sweep", str(SMOKE), "--key", "fleet.groups.0.count", "--values", "1,2",
-                      "--assert", "knee >= 2", "--reports", str(tmp_path))
+    rc, err = run_cli(
+        capsys,
+        "sweep",
+        str(SMOKE),
+        "--key",
+        "fleet.groups.0.count",
+        "--values",
+        "1,2",
+        "--assert",
+        "knee >= 2",
+        "--reports",
+        str(tmp_path),
+    )
     assert rc == Exit.INVALID and not runs
     assert err.startswith("bench sweep: --assert needs --capacity"), err
 
 
 @pytest.mark.parametrize("values", [",", "1,", ",2", ""])
 def test_sweep_refuses_an_empty_value(tmp_path, capsys, runs, values):
-    rc, err = run_cli(capsys, "sweep", str(SMOKE), "--key", "fleet.groups.0.count", "--values", values,
-                      "--reports", str(tmp_path))
+    rc, err = run_cli(
+        capsys, "sweep", str(SMOKE), "--key", "fleet.groups.0.count", "--values", values, "--reports", str(tmp_path)
+    )
     assert rc == Exit.INVALID and not runs
-    assert err == f"bench sweep: --values {values!r}: a value may not be empty; give comma-separated values, " \
-                  "e.g. --values 4,8,16\n"
+    assert (
+        err == f"bench sweep: --values {values!r}: a value may not be empty; give comma-separated values, "
+        "e.g. --values 4,8,16\n"
+    )
 
 
 def test_sweep_takes_negative_values_after_values(tmp_path, capsys, runs):

@@ -14,8 +14,9 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 def test_scenarios_md_key_tables_are_generated_from_the_schema():
     text = (DOCS / "scenarios.md").read_text()
     assert set(docs.marked(text)) == set(docs.tables()), "every schema section has exactly one table in the page"
-    assert docs.render(text) == text, \
+    assert docs.render(text) == text, (
         "docs/scenarios.md key tables differ from bench.scenario.model: regenerate with python -m bench.scenario.docs --write"
+    )
     for name, model in [*model_sections(), ("engine", scenario_model.engine_model())]:
         missing = [k for k, info in model.model_fields.items() if not info.description]
         assert not missing, f"{name}: keys without a meaning {missing}"

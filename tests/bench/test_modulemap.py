@@ -9,7 +9,9 @@ def test_every_module_map_in_docs_is_the_generated_one():
     pages = modulemap.pages()
     assert {p.name for p in pages} >= {"bench.md", "edge.md", "server.md", "chaos.md"}
     stale = [p.name for p in pages if modulemap.render(p.read_text()) != p.read_text()]
-    assert not stale, f"module maps differ from the modules' docstrings in {stale}: regenerate with python -m bench.modulemap --write"
+    assert not stale, (
+        f"module maps differ from the modules' docstrings in {stale}: regenerate with python -m bench.modulemap --write"
+    )
 
 
 def test_every_package_of_the_tree_has_a_map():
@@ -19,7 +21,9 @@ def test_every_package_of_the_tree_has_a_map():
 
 def test_a_map_lists_every_module_with_its_first_sentence(tmp_path):
     rows = dict(modulemap.modules("bench"))
-    assert "bench/modulemap.py" in rows and rows["bench/modulemap.py"].startswith("The module maps of the reference pages")
+    assert "bench/modulemap.py" in rows and rows["bench/modulemap.py"].startswith(
+        "The module maps of the reference pages"
+    )
     assert "bench/run/" in rows, "a package is its __init__.py's row"
     assert not [path for path in rows if path.rsplit("/", 1)[-1].startswith("test_")]
     page = "intro\n<!-- modules: bench/scenario -->\n| stale |\n<!-- /modules -->\nafter\n"

@@ -18,8 +18,15 @@ from chaos.launch import start_proxy_server
 
 def server_params():
     params = [pytest.param("python", id="chaos.toxiproxy")]
-    params.append(pytest.param("toxiproxy", id="toxiproxy-server", marks=pytest.mark.skipif(
-        shutil.which("toxiproxy-server") is None, reason="no toxiproxy-server binary on PATH")))
+    params.append(
+        pytest.param(
+            "toxiproxy",
+            id="toxiproxy-server",
+            marks=pytest.mark.skipif(
+                shutil.which("toxiproxy-server") is None, reason="no toxiproxy-server binary on PATH"
+            ),
+        )
+    )
     return params
 
 

@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from chaos.faults import (FAULTS, ManagedProcess, ProcessFaultError, ProcessGone, UnknownFault, UnknownProcess,
-                          apply_fault, replace_arg)
+from chaos.faults import (
+    FAULTS,
+    ManagedProcess,
+    ProcessFaultError,
+    ProcessGone,
+    UnknownFault,
+    UnknownProcess,
+    apply_fault,
+    replace_arg,
+)
 
 # Prints its helper's pid and "ready"; on SIGTERM prints "draining" and exits 0 (a graceful drain).
 SLEEPER = """
@@ -55,8 +63,14 @@ def gone(pid: int) -> bool:
 
 @pytest.fixture
 def sleeper(tmp_path):
-    proc = ManagedProcess.launch([sys.executable, "-c", SLEEPER], tmp_path / "sleeper.log", ready_text="sleeper ready",
-                                 name="sleeper", ready_timeout_s=10, stop_grace_s=2)
+    proc = ManagedProcess.launch(
+        [sys.executable, "-c", SLEEPER],
+        tmp_path / "sleeper.log",
+        ready_text="sleeper ready",
+        name="sleeper",
+        ready_timeout_s=10,
+        stop_grace_s=2,
+    )
     try:
         yield proc
     finally:
@@ -123,8 +137,9 @@ def test_term_reaches_a_paused_process(sleeper):
 
 
 def test_restart_waits_for_a_new_ready_line(tmp_path):
-    proc = ManagedProcess.launch([sys.executable, "-c", SLEEPER, "0.3"], tmp_path / "s.log", ready_text="sleeper ready",
-                                name="sleeper")
+    proc = ManagedProcess.launch(
+        [sys.executable, "-c", SLEEPER, "0.3"], tmp_path / "s.log", ready_text="sleeper ready", name="sleeper"
+    )
     try:
         pid = proc.pid
         t = time.monotonic()
@@ -170,8 +185,11 @@ def test_restart_with_a_broken_argv_fails_clearly_and_keeps_the_old_argv(sleeper
 def test_faults_on_a_dead_process_are_clear_errors(sleeper):
     sleeper.kill()
     for fault in (sleeper.kill, sleeper.pause, sleeper.resume, sleeper.term):
-        with pytest.raises(ProcessGone, match=r"sleeper: cannot \w+: pid \d+ is not running \(exited with -9\); "
-                                              r"restart it first"):
+        with pytest.raises(
+            ProcessGone,
+            match=r"sleeper: cannot \w+: pid \d+ is not running \(exited with -9\); "
+            r"restart it first",
+        ):
             fault()
     sleeper.restart()  # a restart is how a dead process comes back
     assert sleeper.alive()
@@ -191,7 +209,9 @@ def test_apply_fault_by_name(sleeper):
     handle = apply_fault(procs, "server:r0", "pause")
     assert sleeper.state() == "T"
     handle.undo()
-    with pytest.raises(UnknownProcess, match=r"no process 'server:r1' \(did you mean 'server:r0'\?\); known: server:r0"):
+    with pytest.raises(
+        UnknownProcess, match=r"no process 'server:r1' \(did you mean 'server:r0'\?\); known: server:r0"
+    ):
         apply_fault(procs, "server:r1", "kill")
     with pytest.raises(UnknownFault, match=r"unknown process fault 'explode'; faults: kill, term"):
         apply_fault(procs, "server:r0", "explode")

@@ -41,7 +41,9 @@ def test_latency_sits_on_both_streams(name):
 
 
 def test_wan_50ms_is_the_design_budget_round_trip():
-    lat = {t["stream"]: t["attributes"]["latency"] for t in profiles.profile_toxics("wan_50ms") if t["type"] == "latency"}
+    lat = {
+        t["stream"]: t["attributes"]["latency"] for t in profiles.profile_toxics("wan_50ms") if t["type"] == "latency"
+    }
     assert lat == {"upstream": 25, "downstream": 25}
     assert profiles.expected_rtt_ms("wan_50ms") == pytest.approx(50, abs=0.5)
 
@@ -96,16 +98,22 @@ def test_unknown_profile_names_it_and_lists_known():
         profiles.profile_toxics("wfi")
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"latncy.latency": 4}, r"unknown toxic type 'latncy' \(did you mean 'latency'\?\); known: .*bandwidth"),
-    ({"latency.jiter": 4}, r"unknown attribute latency.jiter \(did you mean 'jitter'\?\); latency attributes: latency, jitter"),
-    ({"latency": {"lag": 4}}, r"unknown attribute latency.lag"),
-    ({"latency": 4}, r"override key 'latency' is not TYPE.ATTRIBUTE"),
-    ({"latency.latency": -1}, r"latency.latency must be a number >= 0"),
-    ({"latency.latency": 2.5}, r"must be a whole number"),
-    ({"latency.latency": "10ms"}, r"must be a number"),
-    ({"loss.probability": 1.5}, r"loss.probability must be a probability in 0..1"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"latncy.latency": 4}, r"unknown toxic type 'latncy' \(did you mean 'latency'\?\); known: .*bandwidth"),
+        (
+            {"latency.jiter": 4},
+            r"unknown attribute latency.jiter \(did you mean 'jitter'\?\); latency attributes: latency, jitter",
+        ),
+        ({"latency": {"lag": 4}}, r"unknown attribute latency.lag"),
+        ({"latency": 4}, r"override key 'latency' is not TYPE.ATTRIBUTE"),
+        ({"latency.latency": -1}, r"latency.latency must be a number >= 0"),
+        ({"latency.latency": 2.5}, r"must be a whole number"),
+        ({"latency.latency": "10ms"}, r"must be a number"),
+        ({"loss.probability": 1.5}, r"loss.probability must be a probability in 0..1"),
+    ],
+)
 def test_bad_override_is_a_value_error_naming_the_key(overrides, message):
     with pytest.raises(ValueError, match=message):
         profiles.profile_toxics("wan_50ms", overrides)

@@ -17,8 +17,11 @@ def _refuse(*_args, **_kwargs):
 
 def test_fifo_falls_back_to_nice_then_to_normal_where_the_host_refuses(monkeypatch):
     asked = []
-    monkeypatch.setattr(proxy_main.os, "sched_setscheduler", lambda pid, policy, param: asked.append(
-        (pid, policy, param.sched_priority)))
+    monkeypatch.setattr(
+        proxy_main.os,
+        "sched_setscheduler",
+        lambda pid, policy, param: asked.append((pid, policy, param.sched_priority)),
+    )
     assert proxy_main.raise_priority("fifo") == f"SCHED_FIFO {proxy_main.FIFO_PRIORITY}"
     assert asked == [(0, os.SCHED_FIFO, proxy_main.FIFO_PRIORITY)]  # this thread: the event loop's
 
@@ -84,8 +87,10 @@ def test_a_proxy_on_another_node_is_known_by_its_log_line(tmp_path):
     from chaos.launch import priority_in_log
 
     log = tmp_path / "chaos-proxy-n1.log"
-    log.write_text("2026-11-26 13:00:02,715 INFO chaos.toxiproxy: event loop priority: nice -10 (asked: fifo)\n"
-                   "toxiproxy-server-py ready: listening on 127.0.0.1:1 version x\n")
+    log.write_text(
+        "2026-11-26 13:00:02,715 INFO chaos.toxiproxy: event loop priority: nice -10 (asked: fifo)\n"
+        "toxiproxy-server-py ready: listening on 127.0.0.1:1 version x\n"
+    )
     assert priority_in_log(log) == "nice -10"
     log.write_text("toxiproxy-server-py ready: listening on 127.0.0.1:1 version x\n")  # started without --priority
     assert priority_in_log(log) is None

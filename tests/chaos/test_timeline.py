@@ -16,23 +16,36 @@ from chaos.timeline import FaultEvent, LiveActuators, TimelineActionError, Timel
 GOOD = [
     ({"at": 10, "target": "site:eu", "action": "partition", "duration": 3}, {"kind": "site", "name": "eu"}),
     ({"at": 0, "target": "site:eu", "action": "latency", "latency": 200, "duration": 5}, {"params": {"latency": 200}}),
-    ({"at": 1.5, "target": "site:eu", "action": "jitter", "jitter": 30, "latency": 10, "duration": 2},
-     {"params": {"jitter": 30, "latency": 10}}),
-    ({"at": 1, "target": "site:eu", "action": "bandwidth", "rate": 100, "stream": "upstream", "duration": 2},
-     {"params": {"rate": 100, "stream": "upstream"}}),
-    ({"at": 1, "target": "site:eu", "action": "loss", "probability": 0.05, "rto_ms": 100, "duration": 2},
-     {"params": {"probability": 0.05, "rto_ms": 100}}),
+    (
+        {"at": 1.5, "target": "site:eu", "action": "jitter", "jitter": 30, "latency": 10, "duration": 2},
+        {"params": {"jitter": 30, "latency": 10}},
+    ),
+    (
+        {"at": 1, "target": "site:eu", "action": "bandwidth", "rate": 100, "stream": "upstream", "duration": 2},
+        {"params": {"rate": 100, "stream": "upstream"}},
+    ),
+    (
+        {"at": 1, "target": "site:eu", "action": "loss", "probability": 0.05, "rto_ms": 100, "duration": 2},
+        {"params": {"probability": 0.05, "rto_ms": 100}},
+    ),
     ({"at": 1, "target": "site:eu", "action": "slicer", "average_size": 64, "delay": 1, "duration": 2}, {}),
     ({"at": 1, "target": "site:eu", "action": "reset_peer", "duration": 2}, {"params": {}}),
-    ({"at": 1, "target": "site:eu", "action": "timeout", "timeout": 500, "toxicity": 0.5, "duration": 2},
-     {"params": {"timeout": 500, "toxicity": 0.5}}),
-    ({"at": 1, "target": "site:eu", "action": "profile", "profile": "satellite", "duration": 2},
-     {"params": {"profile": "satellite"}}),
+    (
+        {"at": 1, "target": "site:eu", "action": "timeout", "timeout": 500, "toxicity": 0.5, "duration": 2},
+        {"params": {"timeout": 500, "toxicity": 0.5}},
+    ),
+    (
+        {"at": 1, "target": "site:eu", "action": "profile", "profile": "satellite", "duration": 2},
+        {"params": {"profile": "satellite"}},
+    ),
     ({"at": 80, "target": "server:r1", "action": "restart"}, {"kind": "server", "name": "r1", "duration": None}),
     ({"at": 80, "target": "server:r1", "action": "kill"}, {"duration": None}),
     ({"at": 80, "target": "server:r1", "action": "kill", "duration": 4}, {"duration": 4.0}),
     ({"at": 80, "target": "server:r1", "action": "term", "grace_s": 2}, {"params": {"grace_s": 2.0}}),
-    ({"at": 80, "target": "server:r1", "action": "restart_with", "checkpoint": "arm"}, {"params": {"checkpoint": "arm"}}),
+    (
+        {"at": 80, "target": "server:r1", "action": "restart_with", "checkpoint": "arm"},
+        {"params": {"checkpoint": "arm"}},
+    ),
     ({"at": 80, "target": "server:r1", "action": "restart_with", "manifest": "m.yaml", "duration": 5}, {}),
     ({"at": 5, "target": "server:r1", "action": "pause", "duration": 1}, {}),
     ({"at": 5, "target": "router", "action": "restart"}, {"kind": "router", "name": ""}),
@@ -54,11 +67,13 @@ def test_good_entry_parses(entry, expected):
 
 
 def test_events_are_sorted_frozen_and_keep_their_index():
-    events = parse_timeline([
-        {"at": 5, "target": "router", "action": "restart"},
-        {"at": 1, "target": "site:a", "action": "partition", "duration": 1},
-        {"at": 5, "target": "site:a", "action": "partition", "duration": 1},
-    ])
+    events = parse_timeline(
+        [
+            {"at": 5, "target": "router", "action": "restart"},
+            {"at": 1, "target": "site:a", "action": "partition", "duration": 1},
+            {"at": 5, "target": "site:a", "action": "partition", "duration": 1},
+        ]
+    )
     assert [(e.at, e.index) for e in events] == [(1, 1), (5, 0), (5, 2)]
     with pytest.raises(AttributeError):
         events[0].at = 3
@@ -83,42 +98,93 @@ BAD = [
     ({"at": 1, "action": "partition", "duration": 3}, "target", r"`target` is missing"),
     ({"at": 1, "target": "moon", "action": "partition", "duration": 3}, "target", r"target 'moon' is not one of"),
     ({"at": 1, "target": "site:", "action": "partition", "duration": 3}, "target", r"is not one of"),
-    ({"at": 1, "target": "site:eu/2", "action": "partition", "duration": 3}, "target", r"only robot targets take /INDEX"),
+    (
+        {"at": 1, "target": "site:eu/2", "action": "partition", "duration": 3},
+        "target",
+        r"only robot targets take /INDEX",
+    ),
     ({"at": 1, "target": "robot:eu/x", "action": "kill"}, "target", r"robot index must be a whole number"),
     ({"at": 1, "target": "site:eu", "duration": 3}, "action", r"`action` is missing: add one of partition"),
-    ({"at": 1, "target": "site:eu", "action": "partiton", "duration": 3}, "action",
-     r"unknown action 'partiton' \(did you mean 'partition'\?\)"),
+    (
+        {"at": 1, "target": "site:eu", "action": "partiton", "duration": 3},
+        "action",
+        r"unknown action 'partiton' \(did you mean 'partition'\?\)",
+    ),
     ({"at": 1, "target": "site:eu", "action": "kill"}, "action", r"action 'kill' does not apply to target 'site:eu'"),
-    ({"at": 1, "target": "server:r1", "action": "partition", "duration": 3}, "action",
-     r"does not apply to target 'server:r1'; actions for a server or the router: kill, term"),
+    (
+        {"at": 1, "target": "server:r1", "action": "partition", "duration": 3},
+        "action",
+        r"does not apply to target 'server:r1'; actions for a server or the router: kill, term",
+    ),
     ({"at": 1, "target": "robot:eu", "action": "restart_with", "manifest": "m"}, "action", r"does not apply"),
-    ({"at": 1, "target": "site:eu", "action": "partition", "durration": 3}, "durration",
-     r"unknown key 'durration' \(did you mean 'duration'\?\) for partition on a site; keys: at, target, action, duration"),
+    (
+        {"at": 1, "target": "site:eu", "action": "partition", "durration": 3},
+        "durration",
+        r"unknown key 'durration' \(did you mean 'duration'\?\) for partition on a site; keys: at, target, action, duration",
+    ),
     ({"t": 1, "target": "router", "action": "restart"}, "t", r"unknown key 't' \(did you mean 'at'\?\)"),
-    ({"at": 1, "target": "site:eu", "action": "latency", "jitter": 5, "rate": 3, "duration": 1}, "rate",
-     r"unknown key 'rate'.*keys: .*latency, jitter, stream, toxicity"),
-    ({"at": 1, "target": "site:eu", "action": "partition"}, "duration", r"`duration` is missing: partition is undone after it"),
+    (
+        {"at": 1, "target": "site:eu", "action": "latency", "jitter": 5, "rate": 3, "duration": 1},
+        "rate",
+        r"unknown key 'rate'.*keys: .*latency, jitter, stream, toxicity",
+    ),
+    (
+        {"at": 1, "target": "site:eu", "action": "partition"},
+        "duration",
+        r"`duration` is missing: partition is undone after it",
+    ),
     ({"at": 1, "target": "site:eu", "action": "latency", "latency": 100}, "duration", r"`duration` is missing"),
     ({"at": 1, "target": "server:r0", "action": "pause"}, "duration", r"`duration` is missing"),
-    ({"at": 1, "target": "site:eu", "action": "partition", "duration": 0}, "duration", r"duration: must be a number > 0"),
-    ({"at": 1, "target": "site:eu", "action": "partition", "duration": -2}, "duration", r"duration: must be a number > 0"),
-    ({"at": 1, "target": "server:r0", "action": "restart", "duration": 5}, "duration", r"does not apply to restart.*remove it"),
+    (
+        {"at": 1, "target": "site:eu", "action": "partition", "duration": 0},
+        "duration",
+        r"duration: must be a number > 0",
+    ),
+    (
+        {"at": 1, "target": "site:eu", "action": "partition", "duration": -2},
+        "duration",
+        r"duration: must be a number > 0",
+    ),
+    (
+        {"at": 1, "target": "server:r0", "action": "restart", "duration": 5},
+        "duration",
+        r"does not apply to restart.*remove it",
+    ),
     ({"at": 1, "target": "robot:eu", "action": "resume", "duration": 5}, "duration", r"remove it"),
-    ({"at": 1, "target": "site:eu", "action": "latency", "duration": 2}, "latency",
-     r"`latency` is missing: the latency action needs it, e.g. `latency: 200`"),
-    ({"at": 1, "target": "site:eu", "action": "latency", "latency": "200ms", "duration": 2}, "latency",
-     r"latency: must be a number >= 0"),
+    (
+        {"at": 1, "target": "site:eu", "action": "latency", "duration": 2},
+        "latency",
+        r"`latency` is missing: the latency action needs it, e.g. `latency: 200`",
+    ),
+    (
+        {"at": 1, "target": "site:eu", "action": "latency", "latency": "200ms", "duration": 2},
+        "latency",
+        r"latency: must be a number >= 0",
+    ),
     ({"at": 1, "target": "site:eu", "action": "latency", "latency": 2.5, "duration": 2}, "latency", r"whole number"),
     ({"at": 1, "target": "site:eu", "action": "loss", "probability": 2, "duration": 2}, "probability", r"0..1"),
-    ({"at": 1, "target": "site:eu", "action": "loss", "probability": 0.1, "stream": "up", "duration": 2}, "stream",
-     r"stream: must be both, upstream"),
+    (
+        {"at": 1, "target": "site:eu", "action": "loss", "probability": 0.1, "stream": "up", "duration": 2},
+        "stream",
+        r"stream: must be both, upstream",
+    ),
     ({"at": 1, "target": "site:eu", "action": "timeout", "toxicity": 1.5, "duration": 2}, "toxicity", r"0..1"),
     ({"at": 1, "target": "site:eu", "action": "profile", "duration": 2}, "profile", r"`profile` is missing"),
-    ({"at": 1, "target": "site:eu", "action": "profile", "profile": "sattelite", "duration": 2}, "profile",
-     r"unknown network profile 'sattelite'; profiles: lan"),
-    ({"at": 1, "target": "server:r0", "action": "restart_with"}, "manifest", r"exactly one of `manifest: PATH` or `checkpoint"),
-    ({"at": 1, "target": "server:r0", "action": "restart_with", "manifest": "a", "checkpoint": "b"}, "manifest",
-     r"exactly one of"),
+    (
+        {"at": 1, "target": "site:eu", "action": "profile", "profile": "sattelite", "duration": 2},
+        "profile",
+        r"unknown network profile 'sattelite'; profiles: lan",
+    ),
+    (
+        {"at": 1, "target": "server:r0", "action": "restart_with"},
+        "manifest",
+        r"exactly one of `manifest: PATH` or `checkpoint",
+    ),
+    (
+        {"at": 1, "target": "server:r0", "action": "restart_with", "manifest": "a", "checkpoint": "b"},
+        "manifest",
+        r"exactly one of",
+    ),
     ({"at": 1, "target": "server:r0", "action": "restart_with", "manifest": ""}, "manifest", r"non-empty string"),
     ({"at": 1, "target": "server:r0", "action": "term", "grace_s": 0}, "grace_s", r"grace_s: must be a number > 0"),
 ]
@@ -161,8 +227,12 @@ class Recorder:
     """A fake world: every actuator call recorded with the runner's time; optional failures/delays, and gates (a
     call named in `gates` waits, once recorded, until the test sets its event)."""
 
-    def __init__(self, fail: set[str] = frozenset(), slow: dict[str, float] | None = None,
-                 gates: dict[str, threading.Event] | None = None):
+    def __init__(
+        self,
+        fail: set[str] = frozenset(),
+        slow: dict[str, float] | None = None,
+        gates: dict[str, threading.Event] | None = None,
+    ):
         self.calls: list[tuple] = []
         self.fail, self.slow, self.gates = set(fail), dict(slow or {}), dict(gates or {})
         self.runner: TimelineRunner | None = None
@@ -230,8 +300,10 @@ def test_windowed_partition_is_undone_at_at_plus_duration():
 def test_toxic_action_adds_one_toxic_per_stream_and_removes_them():
     _runner, rec = run([{"at": 0, "target": "site:eu", "action": "latency", "latency": 200, "duration": 0.05}])
     assert rec.names() == [
-        ("add_toxic", "eu", "fault0_latency_upstream"), ("add_toxic", "eu", "fault0_latency_downstream"),
-        ("remove_toxic", "eu", "fault0_latency_downstream"), ("remove_toxic", "eu", "fault0_latency_upstream"),
+        ("add_toxic", "eu", "fault0_latency_upstream"),
+        ("add_toxic", "eu", "fault0_latency_downstream"),
+        ("remove_toxic", "eu", "fault0_latency_downstream"),
+        ("remove_toxic", "eu", "fault0_latency_upstream"),
     ]
 
 
@@ -243,10 +315,29 @@ def test_toxic_action_builds_the_proxy_toxic():
             seen.append(toxic)
             return super().add_toxic(site, toxic)
 
-    run([{"at": 0, "target": "site:eu", "action": "jitter", "jitter": 40, "stream": "downstream", "toxicity": 0.5,
-          "duration": 0.02}], Capture())
-    assert seen == [{"type": "latency", "name": "fault0_latency_downstream", "stream": "downstream", "toxicity": 0.5,
-                     "attributes": {"latency": 0, "jitter": 40}}]
+    run(
+        [
+            {
+                "at": 0,
+                "target": "site:eu",
+                "action": "jitter",
+                "jitter": 40,
+                "stream": "downstream",
+                "toxicity": 0.5,
+                "duration": 0.02,
+            }
+        ],
+        Capture(),
+    )
+    assert seen == [
+        {
+            "type": "latency",
+            "name": "fault0_latency_downstream",
+            "stream": "downstream",
+            "toxicity": 0.5,
+            "attributes": {"latency": 0, "jitter": 40},
+        }
+    ]
 
 
 def test_profile_switch_restores_with_the_actuators_handle():
@@ -255,12 +346,14 @@ def test_profile_switch_restores_with_the_actuators_handle():
 
 
 def test_process_faults_undo_only_when_windowed():
-    _runner, rec = run([
-        {"at": 0, "target": "server:r0", "action": "kill", "duration": 0.1},
-        {"at": 0, "target": "server:r1", "action": "kill"},
-        {"at": 0, "target": "router", "action": "pause", "duration": 0.05},
-        {"at": 0, "target": "server:r2", "action": "restart_with", "checkpoint": "arm"},
-    ])
+    _runner, rec = run(
+        [
+            {"at": 0, "target": "server:r0", "action": "kill", "duration": 0.1},
+            {"at": 0, "target": "server:r1", "action": "kill"},
+            {"at": 0, "target": "router", "action": "pause", "duration": 0.05},
+            {"at": 0, "target": "server:r2", "action": "restart_with", "checkpoint": "arm"},
+        ]
+    )
     names = rec.names()
     assert ("process_fault", "server:r2", "restart_with", {"checkpoint": "arm"}) in names
     assert ("undo", "kill server:r0") in names and ("undo", "pause router") in names
@@ -268,33 +361,56 @@ def test_process_faults_undo_only_when_windowed():
 
 
 def test_robot_faults_pass_through_and_windowed_ones_are_reversed():
-    _runner, rec = run([
-        {"at": 0, "target": "robot:eu/2", "action": "pause", "duration": 0.05},
-        {"at": 0, "target": "group:us", "action": "kill", "duration": 0.05},
-        {"at": 0, "target": "robot:ap", "action": "restart"},
-    ])
-    assert sorted(rec.names(), key=str) == sorted([
-        ("robot_fault", "eu", 2, "pause"), ("robot_fault", "eu", 2, "resume"),
-        ("robot_fault", "us", None, "kill"), ("robot_fault", "us", None, "restart"),
-        ("robot_fault", "ap", None, "restart"),
-    ], key=str)
+    _runner, rec = run(
+        [
+            {"at": 0, "target": "robot:eu/2", "action": "pause", "duration": 0.05},
+            {"at": 0, "target": "group:us", "action": "kill", "duration": 0.05},
+            {"at": 0, "target": "robot:ap", "action": "restart"},
+        ]
+    )
+    assert sorted(rec.names(), key=str) == sorted(
+        [
+            ("robot_fault", "eu", 2, "pause"),
+            ("robot_fault", "eu", 2, "resume"),
+            ("robot_fault", "us", None, "kill"),
+            ("robot_fault", "us", None, "restart"),
+            ("robot_fault", "ap", None, "restart"),
+        ],
+        key=str,
+    )
 
 
 def test_one_target_runs_in_timeline_order():
-    _runner, rec = run([
-        {"at": 0.0, "target": "site:eu", "action": "latency", "latency": 100, "duration": 0.2, "stream": "upstream"},
-        {"at": 0.05, "target": "site:eu", "action": "partition", "duration": 0.05},
-    ])
-    assert rec.names() == [("add_toxic", "eu", "fault0_latency_upstream"), ("partition", "eu", True),
-                           ("partition", "eu", False), ("remove_toxic", "eu", "fault0_latency_upstream")]
+    _runner, rec = run(
+        [
+            {
+                "at": 0.0,
+                "target": "site:eu",
+                "action": "latency",
+                "latency": 100,
+                "duration": 0.2,
+                "stream": "upstream",
+            },
+            {"at": 0.05, "target": "site:eu", "action": "partition", "duration": 0.05},
+        ]
+    )
+    assert rec.names() == [
+        ("add_toxic", "eu", "fault0_latency_upstream"),
+        ("partition", "eu", True),
+        ("partition", "eu", False),
+        ("remove_toxic", "eu", "fault0_latency_upstream"),
+    ]
 
 
 def test_a_slow_restart_does_not_delay_other_targets():
     rec = Recorder(slow={"process_fault": 0.4})
-    runner, rec = run([
-        {"at": 0, "target": "server:r0", "action": "restart"},
-        {"at": 0.05, "target": "site:eu", "action": "partition", "duration": 0.05},
-    ], rec)
+    runner, rec = run(
+        [
+            {"at": 0, "target": "server:r0", "action": "restart"},
+            {"at": 0.05, "target": "site:eu", "action": "partition", "duration": 0.05},
+        ],
+        rec,
+    )
     t_partition = next(c[0] for c in rec.calls if c[1] == "partition")
     assert t_partition < 0.3
     restart = next(e for e in runner.log if e["action"] == "restart")
@@ -305,22 +421,34 @@ def test_router_and_router_hub_faults_run_in_one_lane_in_timeline_order():
     """Both act on the driver's router: a `router:hub` kill due while a slow `router` restart is still running waits
     for it (in two lanes it ran beside the restart, on the same process)."""
     rec = Recorder(slow={"process_fault": 0.3})
-    _runner, rec = run([
-        {"at": 0, "target": "router", "action": "restart"},
-        {"at": 0.05, "target": "router:hub", "action": "kill", "duration": 0.05},
-    ], rec)
+    _runner, rec = run(
+        [
+            {"at": 0, "target": "router", "action": "restart"},
+            {"at": 0.05, "target": "router:hub", "action": "kill", "duration": 0.05},
+        ],
+        rec,
+    )
     calls = [c for c in rec.calls if c[1] in ("process_fault", "undo")]
-    assert [c[1:3] for c in calls] == [("process_fault", "router"), ("process_fault", "router:hub"), ("undo", "kill router:hub")]
+    assert [c[1:3] for c in calls] == [
+        ("process_fault", "router"),
+        ("process_fault", "router:hub"),
+        ("undo", "kill router:hub"),
+    ]
     assert calls[1][0] >= 0.3  # the kill waited for the restart's apply to return
 
 
 def test_stop_undoes_active_faults_and_skips_pending_ones():
     rec = Recorder()
-    runner = TimelineRunner(parse_timeline([
-        {"at": 0, "target": "site:eu", "action": "partition", "duration": 100},
-        {"at": 0, "target": "site:us", "action": "loss", "probability": 0.1, "duration": 100},
-        {"at": 50, "target": "router", "action": "restart"},
-    ]), rec)
+    runner = TimelineRunner(
+        parse_timeline(
+            [
+                {"at": 0, "target": "site:eu", "action": "partition", "duration": 100},
+                {"at": 0, "target": "site:us", "action": "loss", "probability": 0.1, "duration": 100},
+                {"at": 50, "target": "router", "action": "restart"},
+            ]
+        ),
+        rec,
+    )
     rec.runner = runner
     runner.start()
     deadline = time.monotonic() + 2
@@ -332,7 +460,11 @@ def test_stop_undoes_active_faults_and_skips_pending_ones():
     assert runner.done
     names = rec.names()
     assert ("partition", "eu", False) in names
-    assert ("remove_toxic", "us", "fault1_loss_upstream") in names and ("remove_toxic", "us", "fault1_loss_downstream") in names
+    assert ("remove_toxic", "us", "fault1_loss_upstream") in names and (
+        "remove_toxic",
+        "us",
+        "fault1_loss_downstream",
+    ) in names
     assert not any(n[0] == "process_fault" for n in names)
     assert all(e["t_end"] is not None for e in runner.log) and len(runner.log) == 2
 
@@ -341,8 +473,9 @@ def test_log_shows_a_fault_in_effect_with_t_end_none():
     shared_log: list = []
     release = threading.Event()  # the undo waits for it: the check below cannot come after the fault ended, however
     rec = Recorder(gates={"undo": release})  # late a loaded host runs this thread
-    runner = TimelineRunner(parse_timeline([{"at": 0, "target": "server:r1", "action": "kill", "duration": 0.3}]), rec,
-                            log=shared_log)
+    runner = TimelineRunner(
+        parse_timeline([{"at": 0, "target": "server:r1", "action": "kill", "duration": 0.3}]), rec, log=shared_log
+    )
     rec.runner = runner
     runner.start()
     deadline = time.monotonic() + 2
@@ -358,10 +491,13 @@ def test_log_shows_a_fault_in_effect_with_t_end_none():
 
 def test_actuator_error_is_recorded_and_the_rest_still_runs():
     rec = Recorder(fail={"partition"})
-    runner, rec = run([
-        {"at": 0, "target": "site:eu", "action": "partition", "duration": 0.05},
-        {"at": 0.02, "target": "router", "action": "restart"},
-    ], rec)
+    runner, rec = run(
+        [
+            {"at": 0, "target": "site:eu", "action": "partition", "duration": 0.05},
+            {"at": 0.02, "target": "router", "action": "restart"},
+        ],
+        rec,
+    )
     assert isinstance(runner.error, TimelineActionError)
     assert str(runner.error).startswith("faults[0] partition site:eu (apply at t=")
     assert "OSError: partition broke" in str(runner.error)
@@ -374,8 +510,9 @@ def test_actuator_error_is_recorded_and_the_rest_still_runs():
 
 def test_undo_error_is_recorded():
     rec = Recorder(fail={"remove_toxic"})
-    runner, _ = run([{"at": 0, "target": "site:eu", "action": "bandwidth", "rate": 10, "stream": "upstream",
-                      "duration": 0.02}], rec)
+    runner, _ = run(
+        [{"at": 0, "target": "site:eu", "action": "bandwidth", "rate": 10, "stream": "upstream", "duration": 0.02}], rec
+    )
     assert runner.log[0]["error"].startswith("undo: OSError")
     assert "(undo at t=" in str(runner.error)
 
@@ -383,10 +520,16 @@ def test_undo_error_is_recorded():
 def test_injected_clock_and_t0_in_the_past():
     offset = 1e6
     rec = Recorder()
-    runner = TimelineRunner(parse_timeline([
-        {"at": 0.5, "target": "site:eu", "action": "partition", "duration": 0.6},
-        {"at": 2.0, "target": "router", "action": "restart"},
-    ]), rec, clock=lambda: time.monotonic() + offset)
+    runner = TimelineRunner(
+        parse_timeline(
+            [
+                {"at": 0.5, "target": "site:eu", "action": "partition", "duration": 0.6},
+                {"at": 2.0, "target": "router", "action": "restart"},
+            ]
+        ),
+        rec,
+        clock=lambda: time.monotonic() + offset,
+    )
     rec.runner = runner
     runner.start(t0=time.monotonic() + offset - 1.0)  # t=0 was a second ago: the partition is due now
     assert runner.wait(2)
@@ -434,9 +577,12 @@ def test_live_actuators_drive_the_proxy_per_site():
     act.partition("eu", False)
     handle = act.add_toxic("eu", profiles.toxic("latency", "upstream", name="f0", latency=9))
     act.remove_toxic("eu", handle)
-    assert client.calls == [("set_enabled", "site-eu", False), ("set_enabled", "site-eu", True),
-                            ("add_toxic", "site-eu", "latency", "f0", "upstream", 1.0, {"latency": 9, "jitter": 0}),
-                            ("remove_toxic", "site-eu", "f0")]
+    assert client.calls == [
+        ("set_enabled", "site-eu", False),
+        ("set_enabled", "site-eu", True),
+        ("add_toxic", "site-eu", "latency", "f0", "upstream", 1.0, {"latency": 9, "jitter": 0}),
+        ("remove_toxic", "site-eu", "f0"),
+    ]
 
 
 def test_live_actuators_profile_switch_swaps_and_restores_the_toxics():
@@ -455,11 +601,16 @@ def test_overlapping_partitions_of_a_site_heal_when_the_last_one_ends():
     """Two partition windows that overlap (nested or crossing) are one partition from the first start to the last
     end: the inner window's end used to heal the site while the outer one still held it."""
     client = FakeClient()
-    runner = TimelineRunner(parse_timeline([
-        {"at": 0.0, "target": "site:eu", "action": "partition", "duration": 0.6},
-        {"at": 0.1, "target": "site:eu", "action": "partition", "duration": 0.2},    # nested: ends at 0.3
-        {"at": 0.5, "target": "site:eu", "action": "partition", "duration": 0.3}]),  # crossing: ends at 0.8
-        LiveActuators(client))
+    runner = TimelineRunner(
+        parse_timeline(
+            [
+                {"at": 0.0, "target": "site:eu", "action": "partition", "duration": 0.6},
+                {"at": 0.1, "target": "site:eu", "action": "partition", "duration": 0.2},  # nested: ends at 0.3
+                {"at": 0.5, "target": "site:eu", "action": "partition", "duration": 0.3},
+            ]
+        ),  # crossing: ends at 0.8
+        LiveActuators(client),
+    )
     runner.start()
     assert runner.wait(5) and runner.error is None
     assert client.calls == [("set_enabled", "site-eu", False), ("set_enabled", "site-eu", True)]
@@ -474,9 +625,14 @@ def test_overlapping_partitions_of_a_site_heal_when_the_last_one_ends():
     act.partition("eu", True)
     act.partition("eu", False)
     act.partition("us", False)
-    assert client.calls == [("set_enabled", "site-eu", False), ("set_enabled", "site-us", False),
-                            ("set_enabled", "site-eu", True), ("set_enabled", "site-eu", False),
-                            ("set_enabled", "site-eu", True), ("set_enabled", "site-us", True)]
+    assert client.calls == [
+        ("set_enabled", "site-eu", False),
+        ("set_enabled", "site-us", False),
+        ("set_enabled", "site-eu", True),
+        ("set_enabled", "site-eu", False),
+        ("set_enabled", "site-eu", True),
+        ("set_enabled", "site-us", True),
+    ]
 
 
 def test_crossing_profile_windows_leave_the_latest_in_effect_and_then_the_sites_own():
@@ -532,11 +688,16 @@ SLEEPER = "import sys, time\nprint('ready', *sys.argv[1:], flush=True)\nwhile Tr
 
 
 def test_live_actuators_restart_with_manifest_replaces_the_flag(tmp_path):
-    proc = faults.ManagedProcess.launch([sys.executable, "-c", SLEEPER, "--manifest", "a.yaml"], tmp_path / "s.log",
-                                        ready_text="ready", name="server:r0")
+    proc = faults.ManagedProcess.launch(
+        [sys.executable, "-c", SLEEPER, "--manifest", "a.yaml"],
+        tmp_path / "s.log",
+        ready_text="ready",
+        name="server:r0",
+    )
     try:
-        act = LiveActuators(FakeClient(), processes={"server:r0": proc},
-                            manifest_for_checkpoint=lambda target, ckpt: f"{ckpt}.yaml")
+        act = LiveActuators(
+            FakeClient(), processes={"server:r0": proc}, manifest_for_checkpoint=lambda target, ckpt: f"{ckpt}.yaml"
+        )
         handle = act.process_fault("server:r0", "restart_with", {"manifest": "b.yaml"})
         assert proc.argv[-2:] == ["--manifest", "b.yaml"] and proc.alive()
         act.process_fault("server:r0", "restart_with", {"checkpoint": "arm"})

@@ -52,8 +52,13 @@ def test_status_codes_match_toxiproxy(api, echo, proxy_server):
 def test_toxic_shape_includes_all_attributes(api, echo):
     proxy_to(api, echo)
     t = api.add_toxic("p", "latency", {"latency": 10})
-    assert t == {"name": "latency_downstream", "type": "latency", "stream": "downstream", "toxicity": 1.0,
-                 "attributes": {"latency": 10, "jitter": 0}}
+    assert t == {
+        "name": "latency_downstream",
+        "type": "latency",
+        "stream": "downstream",
+        "toxicity": 1.0,
+        "attributes": {"latency": 10, "jitter": 0},
+    }
 
 
 def test_disable_is_a_partition_and_enable_heals_it(api, echo):
@@ -89,8 +94,9 @@ def test_a_toxic_added_later_applies_to_an_open_connection_and_removal_lifts_it(
 
 def test_populate_creates_keeps_and_replaces(api, echo):
     up = f"127.0.0.1:{echo.port}"
-    created = api.populate([{"name": "a", "listen": "127.0.0.1:0", "upstream": up},
-                            {"name": "b", "listen": "127.0.0.1:0", "upstream": up}])
+    created = api.populate(
+        [{"name": "a", "listen": "127.0.0.1:0", "upstream": up}, {"name": "b", "listen": "127.0.0.1:0", "upstream": up}]
+    )
     assert {p["name"] for p in created} == {"a", "b"}
     assert set(api.list_proxies()) == {"a", "b"}
     with pytest.raises(ChaosError, match="400"):
@@ -105,8 +111,10 @@ def test_populate_creates_keeps_and_replaces(api, echo):
     # Another upstream: replaced (the proxy now forwards elsewhere; its old connections are closed).
     other = Echo()
     try:
-        replaced = {p["name"]: p for p in api.populate([{"name": "a", "listen": a["listen"],
-                                                         "upstream": f"127.0.0.1:{other.port}"}])}
+        replaced = {
+            p["name"]: p
+            for p in api.populate([{"name": "a", "listen": a["listen"], "upstream": f"127.0.0.1:{other.port}"}])
+        }
         assert replaced["a"]["upstream"] == f"127.0.0.1:{other.port}"
         assert api.get_proxy("a")["upstream"] == f"127.0.0.1:{other.port}"
         s2 = connect(replaced["a"]["listen"])
@@ -154,8 +162,10 @@ def _send(method: str, url: str, body: str) -> requests.Response:
 
 def _all_json(url: str) -> None:
     """Every GET that shows toxics parses as strict JSON (NaN and Infinity are not JSON)."""
+
     def strict(text):
         return json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in {text[:200]}"))
+
     for path in ("/proxies", "/proxies/p", "/proxies/p/toxics"):
         strict(requests.get(url + path).text)
 
@@ -181,11 +191,13 @@ def test_a_non_finite_number_is_a_bad_request_body_and_never_reaches_a_response(
 def test_an_integer_attribute_beyond_int64_is_a_bad_request_and_int64_itself_is_accepted(api, echo, proxy_server):
     url = proxy_server.api_url
     listen = proxy_to(api, echo)
-    for big in (str(10**35), "9" * 401, str(2**63), str(-2**63 - 1)):
+    for big in (str(10**35), "9" * 401, str(2**63), str(-(2**63) - 1)):
         r = _send("POST", f"{url}/proxies/p/toxics", f'{{"type": "latency", "attributes": {{"latency": {big}}}}}')
         assert r.status_code == 400, big[:30]
-        assert r.json()["error"] == (f"bad request body: json: cannot unmarshal number {big} into Go struct field "
-                                     "LatencyToxic.attributes.latency of type int64")
+        assert r.json()["error"] == (
+            f"bad request body: json: cannot unmarshal number {big} into Go struct field "
+            "LatencyToxic.attributes.latency of type int64"
+        )
     assert api.get_proxy("p")["toxics"] == []
     ok = _send("POST", f"{url}/proxies/p/toxics", f'{{"type": "latency", "attributes": {{"latency": {2**63 - 1}}}}}')
     assert ok.status_code == 200 and ok.json()["attributes"]["latency"] == 2**63 - 1
@@ -218,11 +230,19 @@ def test_numbers_too_long_and_nesting_too_deep_are_bad_requests(api, echo, proxy
 
 def test_null_stream_and_toxicity_on_create_mean_their_defaults(api, echo, proxy_server):
     proxy_to(api, echo)
-    r = _send("POST", f"{proxy_server.api_url}/proxies/p/toxics",
-              '{"name": null, "type": "latency", "stream": null, "toxicity": null, "attributes": {"latency": null}}')
+    r = _send(
+        "POST",
+        f"{proxy_server.api_url}/proxies/p/toxics",
+        '{"name": null, "type": "latency", "stream": null, "toxicity": null, "attributes": {"latency": null}}',
+    )
     assert r.status_code == 200
-    assert r.json() == {"name": "latency_downstream", "type": "latency", "stream": "downstream", "toxicity": 1.0,
-                        "attributes": {"latency": 0, "jitter": 0}}
+    assert r.json() == {
+        "name": "latency_downstream",
+        "type": "latency",
+        "stream": "downstream",
+        "toxicity": 1.0,
+        "attributes": {"latency": 0, "jitter": 0},
+    }
 
 
 def test_listen_errors_read_like_go(api, echo, proxy_server):

@@ -26,9 +26,14 @@ from chaos.toxiproxy.toxics.toxic import INT64, BigInt
 # --- the JSON decoder ------------------------------------------------------------------------------------------
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=INT64.start, max_value=INT64.stop - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4), max_leaves=20)
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=INT64.start, max_value=INT64.stop - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
 
 
 @given(json_values)
@@ -81,9 +86,30 @@ async def _read_all(data: bytes, **timeouts):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=300) | st.lists(st.sampled_from([
-    b"POST /proxies HTTP/1.1\r\n", b"Content-Length: ", b"Transfer-Encoding: chunked\r\n", b"\r\n", b"5", b"-5",
-    b"ZZ", b"FFFFFFFFFFFF", b";ext", b"abcde", b"0\r\n", b"x: y\r\n", b"\n", b"GET"]), max_size=12).map(b"".join))
+@given(
+    st.binary(max_size=300)
+    | st.lists(
+        st.sampled_from(
+            [
+                b"POST /proxies HTTP/1.1\r\n",
+                b"Content-Length: ",
+                b"Transfer-Encoding: chunked\r\n",
+                b"\r\n",
+                b"5",
+                b"-5",
+                b"ZZ",
+                b"FFFFFFFFFFFF",
+                b";ext",
+                b"abcde",
+                b"0\r\n",
+                b"x: y\r\n",
+                b"\n",
+                b"GET",
+            ]
+        ),
+        max_size=12,
+    ).map(b"".join)
+)
 def test_any_bytes_read_as_a_request_none_or_a_bad_request_answer(data):
     try:
         request = asyncio.run(_read_all(data))
@@ -108,17 +134,33 @@ def test_a_body_reads_back_whole_by_content_length_or_in_any_chunking(body, cuts
     assert asyncio.run(_read_all(data))[4] == body
 
 
-@pytest.mark.parametrize("data, status, text", [
-    (b"POST /proxies HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\nabc\r\n0\r\n\r\n", 400, b"bad chunk size"),
-    (b"POST /proxies HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nabcde\r\n0\r\n\r\n", 400, b"bad chunk size"),
-    (b"POST /proxies HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFF\r\nabc", 413, b"Too Large"),
-    (b"POST /proxies HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY0\r\n\r\n", 400, b"malformed chunked"),
-    (b"POST /proxies HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 400, b"bad Content-Length"),
-    (b"POST /proxies HTTP/1.1\r\nContent-Length: +5\r\n\r\nabcde", 400, b"bad Content-Length"),
-    (b"POST /proxies HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413, b"Too Large"),
-    (b"POST /proxies HTTP/1.1\r\nContent-Length: 100\r\n\r\n{}", 400, b"unexpected EOF"),
-], ids=["chunk-size-ZZ", "chunk-size-0x5", "chunk-size-huge", "chunk-no-crlf", "length-negative", "length-plus",
-        "length-5000-digits", "body-cut-short"])
+@pytest.mark.parametrize(
+    "data, status, text",
+    [
+        (b"POST /proxies HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\nabc\r\n0\r\n\r\n", 400, b"bad chunk size"),
+        (
+            b"POST /proxies HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nabcde\r\n0\r\n\r\n",
+            400,
+            b"bad chunk size",
+        ),
+        (b"POST /proxies HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFF\r\nabc", 413, b"Too Large"),
+        (b"POST /proxies HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY0\r\n\r\n", 400, b"malformed chunked"),
+        (b"POST /proxies HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 400, b"bad Content-Length"),
+        (b"POST /proxies HTTP/1.1\r\nContent-Length: +5\r\n\r\nabcde", 400, b"bad Content-Length"),
+        (b"POST /proxies HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413, b"Too Large"),
+        (b"POST /proxies HTTP/1.1\r\nContent-Length: 100\r\n\r\n{}", 400, b"unexpected EOF"),
+    ],
+    ids=[
+        "chunk-size-ZZ",
+        "chunk-size-0x5",
+        "chunk-size-huge",
+        "chunk-no-crlf",
+        "length-negative",
+        "length-plus",
+        "length-5000-digits",
+        "body-cut-short",
+    ],
+)
 def test_bad_framing_is_answered_with_what_is_wrong(data, status, text):
     with pytest.raises(BadRequest) as bad:
         asyncio.run(_read_all(data))
@@ -144,16 +186,20 @@ async def _reply(port: int, data: bytes) -> bytes:
         writer.close()
 
 
-@pytest.mark.parametrize("data", [
-    b"POST /proxies HTTP/1.1\r\nContent-Length: 100\r\n\r\n{}",  # body shorter than its length
-    b"GET /version HTTP/1.1\r\nHost: x",  # headers never end
-    b"GET /vers",  # request line never ends
-    b"POST /proxies HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",  # chunk never ends
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"POST /proxies HTTP/1.1\r\nContent-Length: 100\r\n\r\n{}",  # body shorter than its length
+        b"GET /version HTTP/1.1\r\nHost: x",  # headers never end
+        b"GET /vers",  # request line never ends
+        b"POST /proxies HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",  # chunk never ends
+    ],
+)
 def test_a_request_that_stops_arriving_gets_a_408_and_the_connection_closes(data):
     async def main():
         async with _api_port(read_timeout_s=0.2) as port:
             return await _reply(port, data)
+
     reply = asyncio.run(main())
     assert reply.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"Connection: close" in reply
 
@@ -162,6 +208,7 @@ def test_an_idle_connection_is_closed_without_an_answer_and_a_whole_request_is_a
     async def main():
         async with _api_port(idle_timeout_s=0.2, read_timeout_s=0.2) as port:
             return await _reply(port, b""), await _reply(port, b"GET /version HTTP/1.1\r\nConnection: close\r\n\r\n")
+
     idle, whole = asyncio.run(main())
     assert idle == b"" and whole.startswith(b"HTTP/1.1 200 OK")
 
@@ -177,7 +224,7 @@ def server():
 
 def test_the_longest_name_allowed_stays_addressable_and_a_longer_one_is_refused(server):
     url = server.api_url
-    name = "\U0001F600" * MAX_NAME_CHARS  # 4 UTF-8 bytes a character: 12 bytes each percent-encoded
+    name = "\U0001f600" * MAX_NAME_CHARS  # 4 UTF-8 bytes a character: 12 bytes each percent-encoded
     r = requests.post(f"{url}/proxies", json={"name": name, "listen": "127.0.0.1:0", "upstream": "127.0.0.1:1"})
     assert r.status_code == 201
     base = f"{url}/proxies/{quote(name, safe='')}"
@@ -189,8 +236,11 @@ def test_the_longest_name_allowed_stays_addressable_and_a_longer_one_is_refused(
     r = requests.post(f"{url}/proxies", json={"name": "x" * (MAX_NAME_CHARS + 1), "upstream": "127.0.0.1:1"})
     assert r.status_code == 400 and r.json()["error"] == f"name too long: at most {MAX_NAME_CHARS} characters"
     r = requests.post(f"{url}/populate", json=[{"name": "x" * (MAX_NAME_CHARS + 1), "upstream": "127.0.0.1:1"}])
-    assert r.status_code == 400 and r.json() == {"error": f"name too long: at most {MAX_NAME_CHARS} characters at "
-                                                          "proxy 1", "status": 400, "proxies": None}
+    assert r.status_code == 400 and r.json() == {
+        "error": f"name too long: at most {MAX_NAME_CHARS} characters at proxy 1",
+        "status": 400,
+        "proxies": None,
+    }
     assert requests.get(f"{url}/proxies").json() == {}
 
 

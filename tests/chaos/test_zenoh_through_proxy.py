@@ -28,7 +28,8 @@ class Watch:
         self.events: list[tuple[float, str]] = []
         self.cv = threading.Condition()
         self.sub = session.liveliness().declare_subscriber(
-            key, zenoh.handlers.Callback(self._on, indirect=False), history=True)
+            key, zenoh.handlers.Callback(self._on, indirect=False), history=True
+        )
 
     def _on(self, sample):
         with self.cv:
@@ -71,8 +72,9 @@ def test_partition_and_heal_are_seen_by_zenoh_liveliness(api, router, profile):
         t_heal = time.monotonic()
         api.set_enabled("site", True)
         t_back = watch.wait("put", t_heal, heal_within_s + 5)
-        assert t_back is not None and t_back - t_heal < heal_within_s, \
+        assert t_back is not None and t_back - t_heal < heal_within_s, (
             f"{profile}: reconnected after {t_back and t_back - t_heal} s; predicted within {heal_within_s:.2f} s"
+        )
         token.undeclare()
     finally:
         robot.close()

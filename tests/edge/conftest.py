@@ -18,12 +18,25 @@ STATS = {
 
 def make_checkpoint(path, seed=0, policy_type="flow_matching", action_names=ACTION_NAMES):
     torch.set_num_threads(1)
-    cfg = PolicyConfig(type=policy_type, state_dim=S, action_dim=len(action_names), chunk_size=T, fps=30,
-                       execution_horizon=5, action_names=list(action_names),
-                       hyper_params={"hidden_dim": 32, "obs_embed_dim": 16, **({"num_steps": 3} if policy_type == "flow_matching" else {})})
+    cfg = PolicyConfig(
+        type=policy_type,
+        state_dim=S,
+        action_dim=len(action_names),
+        chunk_size=T,
+        fps=30,
+        execution_horizon=5,
+        action_names=list(action_names),
+        hyper_params={
+            "hidden_dim": 32,
+            "obs_embed_dim": 16,
+            **({"num_steps": 3} if policy_type == "flow_matching" else {}),
+        },
+    )
     torch.manual_seed(seed)
-    stats = {"observation.state": STATS["observation.state"],
-             "action": {"mean": [0.0] * len(action_names), "std": [1.0] * len(action_names)}}
+    stats = {
+        "observation.state": STATS["observation.state"],
+        "action": {"mean": [0.0] * len(action_names), "std": [1.0] * len(action_names)},
+    }
     return save_checkpoint(make_policy(cfg), stats, path)
 
 
@@ -45,9 +58,16 @@ def server_factory(router, tmp_path):
     started = []
 
     def start(ckpt_path, replica_id="r0", **over):
-        m = {"model": {"repo_or_path": str(ckpt_path)}, "model_id": "arm", "replica_id": replica_id, "max_sessions": 8,
-             "warmup_inferences": 1, "zenoh": {"connect_endpoints": [router]}, "health_port": -1,
-             "session": {"gc_grace_s": 0.3}}
+        m = {
+            "model": {"repo_or_path": str(ckpt_path)},
+            "model_id": "arm",
+            "replica_id": replica_id,
+            "max_sessions": 8,
+            "warmup_inferences": 1,
+            "zenoh": {"connect_endpoints": [router]},
+            "health_port": -1,
+            "session": {"gc_grace_s": 0.3},
+        }
         m.update(over)
         srv = PolicyServer(m).start()
         started.append(srv)

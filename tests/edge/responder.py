@@ -31,8 +31,24 @@ from collections import OrderedDict
 import numpy as np
 
 from wire import (
-    ActionChunk, DEFAULT_ROOT, DrainNotice, Error, ErrorCode, Header, MsgType, Observation, ReplicaKeys, Reset,
-    ResetAck, SCHEMA_VERSION, SessionAck, SessionOpen, Status, WireError, decode_message, parse_client_key,
+    DEFAULT_ROOT,
+    SCHEMA_VERSION,
+    ActionChunk,
+    DrainNotice,
+    Error,
+    ErrorCode,
+    Header,
+    MsgType,
+    Observation,
+    ReplicaKeys,
+    Reset,
+    ResetAck,
+    SessionAck,
+    SessionOpen,
+    Status,
+    WireError,
+    decode_message,
+    parse_client_key,
     unpack_header,
 )
 from wire.qos import ACTION, publisher_kwargs
@@ -68,14 +84,37 @@ def _decode_or_reply(query, expect: type):
 
 
 class Responder:
-    def __init__(self, endpoint: str, *, model_id: str = "arm", revision: str = "main", replica_id: str = "r0",
-                 root: str = DEFAULT_ROOT, action_names=("x", "y", "grip"), state_dim: int = 4, chunk_size: int = 10,
-                 checkpoint_hash: str = HASH_A, policy_type: str = "flow_matching", max_sessions: int = 8,
-                 fps: float = 30.0, supports_rtc: bool = True, delay_s: float = 0.0, hang: bool = False,
-                 drop_every_n: int = 0, duplicate: bool = False, late_chunk: bool = False, reset_delay_s: float = 0.0,
-                 lease_ms: int = 500, gc_grace_s: float = 0.3, tamper=None, extra_replies=None,
-                 ack_changes: dict | None = None, status_changes: dict | None = None, session_reply: bytes | None = None,
-                 drain_on_open: bool = False):
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        model_id: str = "arm",
+        revision: str = "main",
+        replica_id: str = "r0",
+        root: str = DEFAULT_ROOT,
+        action_names=("x", "y", "grip"),
+        state_dim: int = 4,
+        chunk_size: int = 10,
+        checkpoint_hash: str = HASH_A,
+        policy_type: str = "flow_matching",
+        max_sessions: int = 8,
+        fps: float = 30.0,
+        supports_rtc: bool = True,
+        delay_s: float = 0.0,
+        hang: bool = False,
+        drop_every_n: int = 0,
+        duplicate: bool = False,
+        late_chunk: bool = False,
+        reset_delay_s: float = 0.0,
+        lease_ms: int = 500,
+        gc_grace_s: float = 0.3,
+        tamper=None,
+        extra_replies=None,
+        ack_changes: dict | None = None,
+        status_changes: dict | None = None,
+        session_reply: bytes | None = None,
+        drain_on_open: bool = False,
+    ):
         self.endpoint, self.lease_ms, self.gc_grace_s = endpoint, lease_ms, gc_grace_s
         self.model_id, self.revision, self.replica_id, self.root = model_id, revision, replica_id, root
         self.action_names, self.state_dim, self.chunk_size = list(action_names), state_dim, chunk_size
@@ -108,7 +147,7 @@ class Responder:
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
-    def start(self) -> "Responder":
+    def start(self) -> Responder:
         import zenoh
 
         with self.cv:
@@ -148,7 +187,7 @@ class Responder:
                 pass
             self.z = None
 
-    def restart(self, **changes) -> "Responder":
+    def restart(self, **changes) -> Responder:
         """Stop, apply `changes` (e.g. checkpoint_hash=HASH_B), start again with no sessions."""
         self.stop()
         for name, value in changes.items():
@@ -178,8 +217,11 @@ class Responder:
             self.draining = True
             targets = [(sid, s["prefix"], s["episode"]) for sid, s in self.sessions.items()]
         for _sid, prefix, episode in targets:
-            self._put(prefix + "/action", DrainNotice(self.replica_id, reason, 1000.0).encode(),
-                      Header(SCHEMA_VERSION, MsgType.EVENT, 0, episode))
+            self._put(
+                prefix + "/action",
+                DrainNotice(self.replica_id, reason, 1000.0).encode(),
+                Header(SCHEMA_VERSION, MsgType.EVENT, 0, episode),
+            )
 
     def wait_for(self, pred, timeout: float = 5.0) -> bool:
         """Wait (on the condition every change notifies) until `pred(self)` is true."""
@@ -190,16 +232,33 @@ class Responder:
 
     def _model_fields(self) -> dict:
         active = len(self.sessions)
-        return dict(replica_id=self.replica_id, model_id=self.model_id, revision=self.revision,
-                    checkpoint_hash=self.checkpoint_hash, policy_type=self.policy_type,
-                    action_names=list(self.action_names), state_dim=self.state_dim, chunk_size=self.chunk_size,
-                    trained_fps=self.fps, supports_rtc=self.supports_rtc, serving_mode="shared", warmed_up=True,
-                    active_sessions=active, max_sessions=self.max_sessions, load=active / self.max_sessions)
+        return dict(
+            replica_id=self.replica_id,
+            model_id=self.model_id,
+            revision=self.revision,
+            checkpoint_hash=self.checkpoint_hash,
+            policy_type=self.policy_type,
+            action_names=list(self.action_names),
+            state_dim=self.state_dim,
+            chunk_size=self.chunk_size,
+            trained_fps=self.fps,
+            supports_rtc=self.supports_rtc,
+            serving_mode="shared",
+            warmed_up=True,
+            active_sessions=active,
+            max_sessions=self.max_sessions,
+            load=active / self.max_sessions,
+        )
 
     def _on_status(self, query) -> None:
         with self.cv:
-            fields = dict(**self._model_fields(), ready=not self.draining, draining=self.draining,
-                          schema_min=MIN_SUPPORTED, schema_max=MAX_SUPPORTED)
+            fields = dict(
+                **self._model_fields(),
+                ready=not self.draining,
+                draining=self.draining,
+                schema_min=MIN_SUPPORTED,
+                schema_max=MAX_SUPPORTED,
+            )
             st = Status(**{**fields, **self.status_changes})
         query.reply(self.keys.status, st.encode(), attachment=_CONTROL)
 
@@ -220,20 +279,33 @@ class Responder:
                     self.mailbox.pop(sid, None)
                 sid = uuid.uuid4().hex[:16]
                 prefix = self.keys.client(req.task, req.client_uuid).prefix
-                self.sessions[sid] = {"client": req.client_uuid, "prefix": prefix, "last_seq": 0, "episode": 0,
-                                      "latency_budget_ms": req.latency_budget_ms}
+                self.sessions[sid] = {
+                    "client": req.client_uuid,
+                    "prefix": prefix,
+                    "last_seq": 0,
+                    "episode": 0,
+                    "latency_budget_ms": req.latency_budget_ms,
+                }
                 self.opens += 1
-                fields = dict(**self._model_fields(), session_id=sid, schema_version=req.schema_version,
-                              rtc_enabled=req.rtc_enabled and self.supports_rtc,
-                              execution_horizon=req.execution_horizon, task=req.task)
+                fields = dict(
+                    **self._model_fields(),
+                    session_id=sid,
+                    schema_version=req.schema_version,
+                    rtc_enabled=req.rtc_enabled and self.supports_rtc,
+                    execution_horizon=req.execution_horizon,
+                    task=req.task,
+                )
                 body = SessionAck(**{**fields, **self.ack_changes})
                 self.cv.notify_all()
             else:
                 body = err
         query.reply(query.key_expr, body.encode(), attachment=_CONTROL)
         if err is None and self.drain_on_open:
-            self._put(prefix + "/action", DrainNotice(self.replica_id, "drain on open", 1000.0).encode(),
-                      Header(SCHEMA_VERSION, MsgType.EVENT, 0, 0))
+            self._put(
+                prefix + "/action",
+                DrainNotice(self.replica_id, "drain on open", 1000.0).encode(),
+                Header(SCHEMA_VERSION, MsgType.EVENT, 0, 0),
+            )
 
     def _validate(self, req: SessionOpen) -> Error | None:
         if self.draining:
@@ -241,19 +313,26 @@ class Responder:
         if not MIN_SUPPORTED <= req.schema_version <= MAX_SUPPORTED:
             return Error(ErrorCode.SCHEMA_VERSION, f"schema {req.schema_version} unsupported")
         if req.expected_checkpoint_hash and req.expected_checkpoint_hash != self.checkpoint_hash:
-            return Error(ErrorCode.WRONG_MODEL, "client pinned another checkpoint",
-                         {"checkpoint_hash": self.checkpoint_hash})
+            return Error(
+                ErrorCode.WRONG_MODEL, "client pinned another checkpoint", {"checkpoint_hash": self.checkpoint_hash}
+            )
         if req.policy_type and req.policy_type != self.policy_type:
             return Error(ErrorCode.WRONG_MODEL, f"this replica serves {self.policy_type!r}")
         if list(req.action_names) != self.action_names:
-            return Error(ErrorCode.ACTION_MISMATCH, f"action names must be {self.action_names}",
-                         {"action_names": self.action_names})
+            return Error(
+                ErrorCode.ACTION_MISMATCH,
+                f"action names must be {self.action_names}",
+                {"action_names": self.action_names},
+            )
         if req.state_dim != self.state_dim:
             return Error(ErrorCode.STATE_DIM_MISMATCH, f"state_dim must be {self.state_dim}")
         others = sum(1 for s in self.sessions.values() if s["client"] != req.client_uuid)
         if others >= self.max_sessions:
-            return Error(ErrorCode.CAPACITY, f"replica {self.replica_id} is full",
-                         {"active_sessions": others, "max_sessions": self.max_sessions})
+            return Error(
+                ErrorCode.CAPACITY,
+                f"replica {self.replica_id} is full",
+                {"active_sessions": others, "max_sessions": self.max_sessions},
+            )
         return None
 
     def _on_reset(self, query, gen: int) -> None:
@@ -301,8 +380,13 @@ class Responder:
             if gen != self._gen:
                 return
             now = time.monotonic()
-            for sid in [sid for sid, s in self.sessions.items() if s["client"] == client
-                        and s.get("lost_at") is not None and now - s["lost_at"] >= self.gc_grace_s - 1e-3]:
+            for sid in [
+                sid
+                for sid, s in self.sessions.items()
+                if s["client"] == client
+                and s.get("lost_at") is not None
+                and now - s["lost_at"] >= self.gc_grace_s - 1e-3
+            ]:
                 del self.sessions[sid]
                 self.mailbox.pop(sid, None)
             self.cv.notify_all()
@@ -337,9 +421,11 @@ class Responder:
                     self.mailbox[obs.session_id] = (time.monotonic(), action_key, h, obs)
             self.cv.notify_all()
         if not known:
-            self._put(action_key, Error(ErrorCode.UNKNOWN_SESSION, "no such session; open a new one",
-                                        seq_id=h.seq_id).encode(),
-                      Header(SCHEMA_VERSION, MsgType.EVENT, h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch))
+            self._put(
+                action_key,
+                Error(ErrorCode.UNKNOWN_SESSION, "no such session; open a new one", seq_id=h.seq_id).encode(),
+                Header(SCHEMA_VERSION, MsgType.EVENT, h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch),
+            )
 
     def _work(self) -> None:
         while not self._stop.is_set():
@@ -362,11 +448,20 @@ class Responder:
     def _answer(self, z, key: str, h: Header, obs: Observation, superseded: int) -> None:
         robot = expected_chunk(obs.state, self.chunk_size, len(self.action_names))
         model = robot * 0.5
-        chunk = ActionChunk(obs.session_id, h.seq_id, h.client_mono_ns, model, robot, queue_wait_ms=self.delay_s * 1e3,
-                            inference_ms=0.1, superseded_seqs=superseded, server_load=0.0,
-                            rtc_applied=obs.prefix_model is not None)
+        chunk = ActionChunk(
+            obs.session_id,
+            h.seq_id,
+            h.client_mono_ns,
+            model,
+            robot,
+            queue_wait_ms=self.delay_s * 1e3,
+            inference_ms=0.1,
+            superseded_seqs=superseded,
+            server_load=0.0,
+            rtc_applied=obs.prefix_model is not None,
+        )
         header = Header(SCHEMA_VERSION, MsgType.CHUNK, h.seq_id, h.episode_id, h.client_mono_ns, h.session_epoch)
-        for payload, attachment in (self.extra_replies(h, obs) if self.extra_replies is not None else ()):
+        for payload, attachment in self.extra_replies(h, obs) if self.extra_replies is not None else ():
             self._put_raw(key, payload, attachment, z)
         if self.tamper is not None:
             chunk, header = self.tamper(chunk, header)
@@ -376,8 +471,12 @@ class Responder:
         if self.late_chunk and h.seq_id > 1:
             poison = np.full_like(robot, POISON)
             late = ActionChunk(obs.session_id, h.seq_id - 1, h.client_mono_ns, poison, poison).encode()
-            self._put(key, late, Header(SCHEMA_VERSION, MsgType.CHUNK, h.seq_id - 1, h.episode_id, h.client_mono_ns,
-                                        h.session_epoch), z)
+            self._put(
+                key,
+                late,
+                Header(SCHEMA_VERSION, MsgType.CHUNK, h.seq_id - 1, h.episode_id, h.client_mono_ns, h.session_epoch),
+                z,
+            )
         with self.cv:
             self.chunks_sent += 1
             self.cv.notify_all()
@@ -393,4 +492,3 @@ class Responder:
             z.put(key, body, attachment=attachment, **_PUT_QOS)
         except Exception:
             pass  # a closed session while restarting: the chunk is lost, as on a real network
-

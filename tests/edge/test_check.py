@@ -24,9 +24,18 @@ def rtc(policy):
 
 
 def remote(router, **kw):
-    cfg = dict(connect_endpoints=[router], model_id="arm", action_names=ACTION_NAMES, state_dim=S, request_timeout_s=1.0,
-               reconnect_initial_backoff_s=0.1, reconnect_max_backoff_s=0.3, lease_ms=500, execution_horizon=5,
-               buffer_time_s=0.2)
+    cfg = dict(
+        connect_endpoints=[router],
+        model_id="arm",
+        action_names=ACTION_NAMES,
+        state_dim=S,
+        request_timeout_s=1.0,
+        reconnect_initial_backoff_s=0.1,
+        reconnect_max_backoff_s=0.3,
+        lease_ms=500,
+        execution_horizon=5,
+        buffer_time_s=0.2,
+    )
     return make_engine(RemoteEngineConfig(**{**cfg, **kw}))
 
 
@@ -39,8 +48,9 @@ def test_the_sync_engine_keeps_the_engine_contract_as_an_inline_engine():
 
 
 def test_an_engine_instance_is_checked_too():
-    check_engine(make_engine(RTCEngineConfig(fps=50), policy=ProbePolicy(action_dim=2)), action_dim=2,
-                 expect_chunks=True, fps=50)
+    check_engine(
+        make_engine(RTCEngineConfig(fps=50), policy=ProbePolicy(action_dim=2)), action_dim=2, expect_chunks=True, fps=50
+    )
 
 
 @pytest.mark.parametrize("fallback", ["hold", "zero", "repeat_last"])
@@ -50,13 +60,21 @@ def test_the_remote_engine_with_no_server_keeps_the_engine_contract(router, fall
 
 def test_the_remote_engine_streaming_from_a_server_keeps_the_engine_contract(router, server_factory, ckpt):
     server_factory(ckpt)
-    check_engine(lambda: remote(router, fallback="zero"), observation=REMOTE_OBS, action_dim=len(ACTION_NAMES),
-                 expect_chunks=True, first_chunk_timeout_s=20.0)
+    check_engine(
+        lambda: remote(router, fallback="zero"),
+        observation=REMOTE_OBS,
+        action_dim=len(ACTION_NAMES),
+        expect_chunks=True,
+        first_chunk_timeout_s=20.0,
+    )
 
 
 def test_a_worker_engine_that_infers_on_the_control_thread_fails():
-    with pytest.raises(AssertionError, match=r"check_engine\(SyncEngine\): the policy ran on the caller's thread 1 "
-                                             r"times; .* passes inline_inference=True"):
+    with pytest.raises(
+        AssertionError,
+        match=r"check_engine\(SyncEngine\): the policy ran on the caller's thread 1 "
+        r"times; .* passes inline_inference=True",
+    ):
         check_engine(lambda policy: make_engine(SyncEngineConfig(), policy=policy))
 
 
@@ -65,7 +83,12 @@ class _WaitsForTheWorker(RTCEngine):
 
     def get_action(self):
         t0 = time.monotonic()
-        while self._thread is not None and not self.queue.qsize() and not self._stop.is_set() and time.monotonic() - t0 < 5:
+        while (
+            self._thread is not None
+            and not self.queue.qsize()
+            and not self._stop.is_set()
+            and time.monotonic() - t0 < 5
+        ):
             self._stop.wait(0.001)
         return super().get_action()
 
@@ -96,15 +119,21 @@ class _ReturnsArrays(RTCEngine):
 
 
 def test_a_blocking_get_action_fails_on_its_time_while_the_policy_hangs():
-    with pytest.raises(AssertionError, match=r"check_engine\(_WaitsForTheWorker\): get_action\(\) took 0\.\d+ s while the "
-                                             r"policy hung in the worker \(bound 0.1 s\); the control thread never waits"):
+    with pytest.raises(
+        AssertionError,
+        match=r"check_engine\(_WaitsForTheWorker\): get_action\(\) took 0\.\d+ s while the "
+        r"policy hung in the worker \(bound 0.1 s\); the control thread never waits",
+    ):
         check_engine(lambda policy: _WaitsForTheWorker(RTCEngineConfig(), policy=policy))
 
 
 def test_a_get_action_that_writes_a_file_fails_naming_the_call():
-    with pytest.raises(AssertionError, match=r"get_action\(\) called io.open \(called from .*test_check.py:\d+ in "
-                                             r"get_action\) on the caller's thread; the control thread never waits, "
-                                             r"sleeps, logs or does I/O"):
+    with pytest.raises(
+        AssertionError,
+        match=r"get_action\(\) called io.open \(called from .*test_check.py:\d+ in "
+        r"get_action\) on the caller's thread; the control thread never waits, "
+        r"sleeps, logs or does I/O",
+    ):
         check_engine(lambda policy: _WritesEveryAction(RTCEngineConfig(), policy=policy))
 
 
@@ -114,8 +143,11 @@ def test_a_stop_that_is_not_idempotent_fails():
 
 
 def test_an_engine_returning_raw_arrays_fails_naming_the_type():
-    with pytest.raises(AssertionError, match=r"get_action\(\) returned ndarray while streaming; it returns an "
-                                             r"edge.engine.Action or None"):
+    with pytest.raises(
+        AssertionError,
+        match=r"get_action\(\) returned ndarray while streaming; it returns an "
+        r"edge.engine.Action or None",
+    ):
         check_engine(lambda policy: _ReturnsArrays(RTCEngineConfig(), policy=policy))
 
 

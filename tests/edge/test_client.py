@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge.client import Connection, Event, NoReplica, Result, SessionRefused
-from wire import SCHEMA_VERSION, ActionChunk, Error, ErrorCode, Header, MsgType
 from tests.edge.responder import HASH_A, Responder, expected_chunk
+from wire import SCHEMA_VERSION, ActionChunk, Error, ErrorCode, Header, MsgType
 
 NAMES = ["x", "y", "grip"]
 S, T = 4, 10
@@ -87,8 +87,16 @@ def test_observe_and_get_result_round_trip(router, responders):
     with Connection(router, "robot-1") as conn:
         m = open_model(conn)
         state = np.array([0.5, 0, 0, 0], np.float32)
-        seq, r = round_trip(m, state, urgency=0.9, inference_delay_steps=2, prefix_model=np.zeros((5, 3), np.float32),
-                            images={"front": np.zeros((8, 8, 3), np.uint8)}, note="hello", depth=np.ones((2, 2)))
+        seq, r = round_trip(
+            m,
+            state,
+            urgency=0.9,
+            inference_delay_steps=2,
+            prefix_model=np.zeros((5, 3), np.float32),
+            images={"front": np.zeros((8, 8, 3), np.uint8)},
+            note="hello",
+            depth=np.ones((2, 2)),
+        )
         assert isinstance(r, Result) and r.seq_id == seq and r.session_epoch == m.epoch and r.episode_id == 0
         np.testing.assert_allclose(r.chunk_robot, expected_chunk(state, T, 3))
         assert r.chunk_model.shape == (T, 3) and 0 < r.rtt_s < 3 and r.error is None
@@ -194,8 +202,11 @@ def test_an_empty_discovery_that_comes_back_at_once_is_an_answer(router):
 
 
 @settings(max_examples=300, deadline=None)
-@given(max_s=st.floats(2.0, 60.0), rtt_s=st.one_of(st.just(0.0), st.floats(0.0, 100.0)),
-       rounds=st.lists(st.sampled_from(["grow", "settle"]), max_size=12))
+@given(
+    max_s=st.floats(2.0, 60.0),
+    rtt_s=st.one_of(st.just(0.0), st.floats(0.0, 100.0)),
+    rounds=st.lists(st.sampled_from(["grow", "settle"]), max_size=12),
+)
 def test_control_timeouts_stay_between_the_base_and_the_cap_and_settle_back_to_the_base(max_s, rtt_s, rounds):
     from edge.client import ControlTimeouts
     from wire.qos import CONTROL_TIMEOUTS_S

@@ -22,12 +22,37 @@ class _Engine:
 
     def __init__(self):
         self.cfg = _Cfg()
-        self.records = deque([{"t": 10.0, "seq": 1, "rtt_ms": 12.0, "queue_wait_ms": 0.2, "inference_ms": 5.0,
-                               "network_ms": 6.8, "encode_ms": 0.3, "delay_steps": 1, "superseded_seqs": 0, "outcome": "ok"},
-                              {"t": 12.5, "seq": 2, "rtt_ms": float("nan"), "queue_wait_ms": float("nan"),
-                               "inference_ms": float("nan"), "network_ms": float("nan"), "encode_ms": 0.3,
-                               "delay_steps": 1, "superseded_seqs": 0, "outcome": "timeout"}])
-        self.transitions = deque([(9.0, "connecting", "streaming", "session"), (12.0, "streaming", "stalled", "queue empty")])
+        self.records = deque(
+            [
+                {
+                    "t": 10.0,
+                    "seq": 1,
+                    "rtt_ms": 12.0,
+                    "queue_wait_ms": 0.2,
+                    "inference_ms": 5.0,
+                    "network_ms": 6.8,
+                    "encode_ms": 0.3,
+                    "delay_steps": 1,
+                    "superseded_seqs": 0,
+                    "outcome": "ok",
+                },
+                {
+                    "t": 12.5,
+                    "seq": 2,
+                    "rtt_ms": float("nan"),
+                    "queue_wait_ms": float("nan"),
+                    "inference_ms": float("nan"),
+                    "network_ms": float("nan"),
+                    "encode_ms": 0.3,
+                    "delay_steps": 1,
+                    "superseded_seqs": 0,
+                    "outcome": "timeout",
+                },
+            ]
+        )
+        self.transitions = deque(
+            [(9.0, "connecting", "streaming", "session"), (12.0, "streaming", "stalled", "queue empty")]
+        )
 
     def drain_records(self):
         out, self.records = list(self.records), deque()

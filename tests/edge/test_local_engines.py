@@ -77,8 +77,9 @@ def test_rtc_engine_streams_without_starving_after_the_first_chunk():
 
 def test_measured_delay_trims_the_merge():
     pol = RampPolicy()
-    eng = RTCEngine(RTCEngineConfig(fps=10, trim="real_delay"), policy=pol,
-                    latency_override=lambda n: 0.35)  # 4 steps at 10 Hz
+    eng = RTCEngine(
+        RTCEngineConfig(fps=10, trim="real_delay"), policy=pol, latency_override=lambda n: 0.35
+    )  # 4 steps at 10 Hz
     eng.notify_observation({"state": np.zeros(4)})
     eng.step_once()
     assert eng.queue.qsize() == T - 4 and eng.merges[-1]["real_delay"] == 4
@@ -136,8 +137,9 @@ def test_pause_keeps_the_queue():
 
 def test_a_failing_policy_makes_the_engine_failed_and_sets_the_shutdown_event():
     done = threading.Event()
-    eng = RTCEngine(RTCEngineConfig(error_retry_s=0.01, max_consecutive_errors=3), policy=RampPolicy(fail=True),
-                    shutdown_event=done)
+    eng = RTCEngine(
+        RTCEngineConfig(error_retry_s=0.01, max_consecutive_errors=3), policy=RampPolicy(fail=True), shutdown_event=done
+    )
     eng.start()
     try:
         for _ in range(3):
@@ -161,8 +163,9 @@ def test_a_chunks_row_0_is_the_observations_tick_and_the_prefix_starts_with_its_
             return super().predict_action_chunk(obs, inference_delay, prefix)
 
     pol = Recording()
-    eng = RTCEngine(RTCEngineConfig(fps=10, execution_horizon=5), policy=pol,
-                    latency_override=lambda n: 0.15)  # 2 steps at 10 Hz
+    eng = RTCEngine(
+        RTCEngineConfig(fps=10, execution_horizon=5), policy=pol, latency_override=lambda n: 0.15
+    )  # 2 steps at 10 Hz
     eng.notify_observation({"state": np.zeros(4)})
     eng.step_once()  # the first chunk: rows 0.00, 0.01, ...
     eng.notify_observation({"state": np.ones(4)})  # tick k: observation, then its action
@@ -208,8 +211,7 @@ def test_a_stopped_engine_executes_nothing_of_its_queue_and_infers_nothing():
 def test_a_dead_rtc_engine_executes_nothing_of_its_queue():
     done = threading.Event()
     pol = RampPolicy()
-    eng = RTCEngine(RTCEngineConfig(queue_threshold=10 * T, max_consecutive_errors=1), policy=pol,
-                    shutdown_event=done)
+    eng = RTCEngine(RTCEngineConfig(queue_threshold=10 * T, max_consecutive_errors=1), policy=pol, shutdown_event=done)
     eng.notify_observation({"state": np.zeros(4)})
     eng.step_once()  # a good chunk of T queued, then every inference fails
     pol.fail = True

@@ -23,12 +23,24 @@ CONSUME = [3, 0, 5, 2, 7, 1, 4, 0, 6, 2]  # actions the robot executes between r
 def test_rtc_and_remote_engines_merge_byte_identical_queues(router, server_factory, ckpt):
     server_factory(ckpt)
     remote = RemoteEngine(
-        RemoteEngineConfig(connect_endpoints=[router], model_id="arm", fps=FPS, action_names=ACTION_NAMES,
-                           state_dim=S, execution_horizon=5, request_timeout_s=10.0, rtc_enabled=True,
-                           trim="real_delay"),  # lockstep executes nothing in flight: only real_delay trims
-        latency_override=lambda n: DELAYS_S[n - 1])
-    local = RTCEngine(RTCEngineConfig(fps=FPS, execution_horizon=5, rtc_enabled=True, trim="real_delay"),
-                      policy=LocalPredictor.from_checkpoint(str(ckpt)), latency_override=lambda n: DELAYS_S[n - 1])
+        RemoteEngineConfig(
+            connect_endpoints=[router],
+            model_id="arm",
+            fps=FPS,
+            action_names=ACTION_NAMES,
+            state_dim=S,
+            execution_horizon=5,
+            request_timeout_s=10.0,
+            rtc_enabled=True,
+            trim="real_delay",
+        ),  # lockstep executes nothing in flight: only real_delay trims
+        latency_override=lambda n: DELAYS_S[n - 1],
+    )
+    local = RTCEngine(
+        RTCEngineConfig(fps=FPS, execution_horizon=5, rtc_enabled=True, trim="real_delay"),
+        policy=LocalPredictor.from_checkpoint(str(ckpt)),
+        latency_override=lambda n: DELAYS_S[n - 1],
+    )
     rng = np.random.default_rng(7)
     try:
         for k in range(len(DELAYS_S)):

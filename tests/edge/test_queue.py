@@ -40,8 +40,8 @@ class Reference:
         elif self.proc is None:
             self.orig, self.proc, self.cursor = list(orig), list(proc), 0
         else:
-            self.orig = self.orig[self.cursor:] + list(orig)
-            self.proc = self.proc[self.cursor:] + list(proc)
+            self.orig = self.orig[self.cursor :] + list(orig)
+            self.proc = self.proc[self.cursor :] + list(proc)
             self.cursor = 0
 
 
@@ -82,18 +82,26 @@ class QueueMachine(RuleBasedStateMachine):
         proc = np.asarray([[r[1], -r[1]] for r in rows], np.float32).reshape(n, A)
         idx = self.idx_before if use_idx else None
         self.q.merge(orig, proc, delay, idx)
-        self.ref.merge([(r[0], [r[0], -r[0]]) for r in rows], [(r[1], [r[1], -r[1]]) for r in rows], delay,
-                       idx)
+        self.ref.merge([(r[0], [r[0], -r[0]]) for r in rows], [(r[1], [r[1], -r[1]]) for r in rows], delay, idx)
         self.idx_before = None
 
-    @rule(bad=st.one_of(
-        # a NaN or an infinity anywhere, in either space
-        st.tuples(st.integers(1, 12), st.integers(0, 11), st.integers(0, A - 1), st.booleans(),
-                  st.sampled_from([np.nan, np.inf, -np.inf, 1e300])).map(lambda t: ("value",) + t),
-        st.tuples(st.integers(0, 12), st.integers(0, 5)).filter(lambda t: t[0] == 0 or t[1] != A)
-          .map(lambda t: ("shape",) + t),  # no rows, or another action width
-        st.sampled_from([np.int32, np.int64, np.uint8, np.bool_]).map(lambda t: ("dtype", t))),
-        delay=st.integers(-3, 15))
+    @rule(
+        bad=st.one_of(
+            # a NaN or an infinity anywhere, in either space
+            st.tuples(
+                st.integers(1, 12),
+                st.integers(0, 11),
+                st.integers(0, A - 1),
+                st.booleans(),
+                st.sampled_from([np.nan, np.inf, -np.inf, 1e300]),
+            ).map(lambda t: ("value",) + t),
+            st.tuples(st.integers(0, 12), st.integers(0, 5))
+            .filter(lambda t: t[0] == 0 or t[1] != A)
+            .map(lambda t: ("shape",) + t),  # no rows, or another action width
+            st.sampled_from([np.int32, np.int64, np.uint8, np.bool_]).map(lambda t: ("dtype", t)),
+        ),
+        delay=st.integers(-3, 15),
+    )
     def merge_refused(self, bad, delay):
         """A bad chunk raises and leaves the queue as it was (the reference is not told): never a row of it
         executed, never the leftover lost."""
@@ -121,9 +129,9 @@ class QueueMachine(RuleBasedStateMachine):
         if self.ref.orig is None:
             assert left is None and self.q.qsize() == 0
             return
-        want = np.asarray([r[1] for r in self.ref.orig[self.ref.cursor:]], np.float32).reshape(-1, A)
+        want = np.asarray([r[1] for r in self.ref.orig[self.ref.cursor :]], np.float32).reshape(-1, A)
         assert np.array_equal(left, want)
-        wantp = np.asarray([r[1] for r in self.ref.proc[self.ref.cursor:]], np.float32).reshape(-1, A)
+        wantp = np.asarray([r[1] for r in self.ref.proc[self.ref.cursor :]], np.float32).reshape(-1, A)
         assert np.array_equal(self.q.get_processed_left_over(), wantp)
         assert self.q.qsize() == len(self.ref.proc) - self.ref.cursor
         assert self.q.get_action_index() == self.ref.cursor
@@ -160,15 +168,18 @@ def test_reads_are_copies():
     assert np.all(q.get() == 0)
 
 
-@pytest.mark.parametrize("orig,proc,words", [
-    (np.zeros(3), np.zeros(3), "2-D"),
-    (np.zeros((3, 2)), np.zeros((4, 2)), "rows"),
-    (np.zeros((0, 2)), np.zeros((0, 2)), "T, A >= 1"),
-    (np.zeros((3, 2), np.int32), np.zeros((3, 2), np.int32), "floating point"),
-    (np.zeros((3, 2)), np.full((3, 2), np.nan), "non-finite"),
-    (np.full((3, 2), np.inf), np.zeros((3, 2)), "non-finite"),
-    (np.zeros((3, 2)), np.full((3, 2), 1e300), "non-finite"),  # float64 beyond float32: inf after the cast
-])
+@pytest.mark.parametrize(
+    "orig,proc,words",
+    [
+        (np.zeros(3), np.zeros(3), "2-D"),
+        (np.zeros((3, 2)), np.zeros((4, 2)), "rows"),
+        (np.zeros((0, 2)), np.zeros((0, 2)), "T, A >= 1"),
+        (np.zeros((3, 2), np.int32), np.zeros((3, 2), np.int32), "floating point"),
+        (np.zeros((3, 2)), np.full((3, 2), np.nan), "non-finite"),
+        (np.full((3, 2), np.inf), np.zeros((3, 2)), "non-finite"),
+        (np.zeros((3, 2)), np.full((3, 2), 1e300), "non-finite"),  # float64 beyond float32: inf after the cast
+    ],
+)
 def test_bad_shapes_are_refused(orig, proc, words):
     with pytest.raises(ValueError, match=words):
         ActionQueue(True).merge(orig, proc, 0)

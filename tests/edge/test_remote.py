@@ -22,9 +22,20 @@ FPS = 30.0
 
 
 def engine(router, **kw):
-    cfg = dict(connect_endpoints=[router], model_id="arm", fps=FPS, action_names=ACTION_NAMES, state_dim=S,
-               request_timeout_s=1.0, reconnect_initial_backoff_s=0.1, reconnect_max_backoff_s=0.3,
-               max_offline_s=30.0, lease_ms=500, execution_horizon=5, buffer_time_s=0.2)
+    cfg = dict(
+        connect_endpoints=[router],
+        model_id="arm",
+        fps=FPS,
+        action_names=ACTION_NAMES,
+        state_dim=S,
+        request_timeout_s=1.0,
+        reconnect_initial_backoff_s=0.1,
+        reconnect_max_backoff_s=0.3,
+        max_offline_s=30.0,
+        lease_ms=500,
+        execution_horizon=5,
+        buffer_time_s=0.2,
+    )
     cfg.update(kw)
     return make_engine(RemoteEngineConfig(**cfg))
 
@@ -130,9 +141,18 @@ def test_hung_server_is_caught_by_the_request_timeout(router, server_factory, ck
 def test_model_swap_on_reconnect_is_dead_and_never_executes_the_new_model(router, server_factory, ckpt, other_ckpt):
     srv = server_factory(ckpt)
     done = threading.Event()
-    cfg = RemoteEngineConfig(connect_endpoints=[router], model_id="arm", fps=FPS, action_names=ACTION_NAMES,
-                             state_dim=S, request_timeout_s=1.0, reconnect_initial_backoff_s=0.1,
-                             reconnect_max_backoff_s=0.3, lease_ms=500, execution_horizon=5)
+    cfg = RemoteEngineConfig(
+        connect_endpoints=[router],
+        model_id="arm",
+        fps=FPS,
+        action_names=ACTION_NAMES,
+        state_dim=S,
+        request_timeout_s=1.0,
+        reconnect_initial_backoff_s=0.1,
+        reconnect_max_backoff_s=0.3,
+        lease_ms=500,
+        execution_horizon=5,
+    )
     from edge.remote import RemoteEngine
 
     eng = RemoteEngine(cfg, shutdown_event=done)
@@ -336,16 +356,23 @@ def test_a_round_refused_in_words_neither_grows_nor_resets_the_control_timeouts(
         resp.close()
 
 
-@pytest.mark.parametrize("field,value,words", [
-    ("fallback", "brake", "fallback"), ("max_action_age_s", 0, "max_action_age_s"), ("trim", "all", "trim"),
-    ("connect_endpoints", ["localhost"], "connect_endpoints"), ("action_names", [], "action_names"),
-    ("control_timeout_max_s", 1.0, "control_timeout_max_s.*>= the base"),
-    ("control_timeout_max_s", "16", "control_timeout_max_s"),
-])
+@pytest.mark.parametrize(
+    "field,value,words",
+    [
+        ("fallback", "brake", "fallback"),
+        ("max_action_age_s", 0, "max_action_age_s"),
+        ("trim", "all", "trim"),
+        ("connect_endpoints", ["localhost"], "connect_endpoints"),
+        ("action_names", [], "action_names"),
+        ("control_timeout_max_s", 1.0, "control_timeout_max_s.*>= the base"),
+        ("control_timeout_max_s", "16", "control_timeout_max_s"),
+    ],
+)
 def test_config_errors_name_the_field(router, field, value, words):
     with pytest.raises(ConfigError, match=words):
-        RemoteEngineConfig(**{"connect_endpoints": [router], "model_id": "arm", "action_names": ["a"], "state_dim": 1,
-                              field: value})
+        RemoteEngineConfig(
+            **{"connect_endpoints": [router], "model_id": "arm", "action_names": ["a"], "state_dim": 1, field: value}
+        )
 
 
 def test_unknown_config_keys_list_the_known_ones():
@@ -420,7 +447,11 @@ def test_repeat_last_repeats_the_last_chunk_action_with_its_provenance_and_growi
         source = (chunk_actions or [last_chunk])[-1]
         first = repeats[0]
         assert np.array_equal(first.values, source.values) and first.session_id == source.session_id
-        assert (first.seq_id, first.episode_id, first.chunk_index) == (source.seq_id, source.episode_id, source.chunk_index)
+        assert (first.seq_id, first.episode_id, first.chunk_index) == (
+            source.seq_id,
+            source.episode_id,
+            source.chunk_index,
+        )
         ages = [a.age_s for a in repeats]
         assert ages == sorted(ages) and ages[-1] > eng.cfg.max_action_age_s  # a fallback, not a fresh action
 
@@ -453,7 +484,9 @@ def test_a_replica_appearing_cuts_the_reconnect_backoff_short(router, server_fac
         assert eng.last_error and eng.state == EngineState.CONNECTING  # the first handshake found nobody
         server_factory(ckpt)
         trace = loop(eng, 15.0, until=lambda tr: tr[-1][1] is not None)
-        assert trace[-1][1] is not None, f"the engine must open a session soon after a replica token appears: {eng.stats} {eng.drain_transitions()}"
+        assert trace[-1][1] is not None, (
+            f"the engine must open a session soon after a replica token appears: {eng.stats} {eng.drain_transitions()}"
+        )
         assert eng.stats["replica_nudges"] >= 1
 
 
@@ -530,8 +563,9 @@ def test_failed_reads_true_only_once_dead_is_said_and_the_shutdown_event_follows
             super().set()
 
     done = Watched()
-    cfg = RemoteEngineConfig(connect_endpoints=[router], model_id="arm", fps=FPS, action_names=ACTION_NAMES,
-                             state_dim=S)
+    cfg = RemoteEngineConfig(
+        connect_endpoints=[router], model_id="arm", fps=FPS, action_names=ACTION_NAMES, state_dim=S
+    )
     eng = RemoteEngine(cfg, shutdown_event=done)
     publish = eng._link.publish
 

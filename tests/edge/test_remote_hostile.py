@@ -24,9 +24,21 @@ GOOD = 2  # chunks answered soundly before the fault starts
 
 
 def engine(router, **kw):
-    cfg = dict(connect_endpoints=[router], model_id="arm", fps=FPS, action_names=ACTION_NAMES, state_dim=S,
-               request_timeout_s=1.0, reconnect_initial_backoff_s=0.1, reconnect_max_backoff_s=0.3,
-               max_offline_s=30.0, lease_ms=500, execution_horizon=5, buffer_time_s=0.2, fallback="zero")
+    cfg = dict(
+        connect_endpoints=[router],
+        model_id="arm",
+        fps=FPS,
+        action_names=ACTION_NAMES,
+        state_dim=S,
+        request_timeout_s=1.0,
+        reconnect_initial_backoff_s=0.1,
+        reconnect_max_backoff_s=0.3,
+        max_offline_s=30.0,
+        lease_ms=500,
+        execution_horizon=5,
+        buffer_time_s=0.2,
+        fallback="zero",
+    )
     cfg.update(kw)
     return make_engine(RemoteEngineConfig(**cfg))
 
@@ -51,6 +63,7 @@ def after_good(fault):
     def tamper(chunk, header):
         answered[0] += 1
         return (chunk, header) if answered[0] <= GOOD else fault(chunk, header)
+
     return tamper
 
 
@@ -64,14 +77,17 @@ def poke(value):
         a = np.array(a, np.float32)
         a[3, 1] = value
         return a
+
     return f
 
 
 FAULTS = {
     "nan": (both(poke(np.nan)), "non-finite"),
     "inf": (both(poke(-np.inf)), "non-finite"),
-    "nan_in_model_space_only": (lambda c, h: (dataclasses.replace(c, chunk_model=poke(np.nan)(c.chunk_model)), h),
-                                "non-finite"),
+    "nan_in_model_space_only": (
+        lambda c, h: (dataclasses.replace(c, chunk_model=poke(np.nan)(c.chunk_model)), h),
+        "non-finite",
+    ),
     "float64_beyond_float32": (both(lambda a: np.full(a.shape, 1e300)), "non-finite"),
     "no_rows": (both(lambda a: a[:0]), "10 rows"),
     "too_few_rows": (both(lambda a: a[:3]), "10 rows"),
@@ -82,10 +98,14 @@ FAULTS = {
     "bool": (both(lambda a: a > 0), "floating point"),
     "another_session": (lambda c, h: (dataclasses.replace(c, session_id="not-yours"), h), "names session"),
     "another_episode": (lambda c, h: (c, dataclasses.replace(h, episode_id=h.episode_id + 7)), "echoes episode"),
-    "client_mono_ns_of_0": (lambda c, h: (dataclasses.replace(c, client_mono_ns_echo=0),
-                                          dataclasses.replace(h, client_mono_ns=0)), "echoes client_mono_ns"),
-    "client_mono_ns_from_the_future": (lambda c, h: (dataclasses.replace(c, client_mono_ns_echo=c.client_mono_ns_echo
-                                                                         + 10**12), h), "echoes client_mono_ns"),
+    "client_mono_ns_of_0": (
+        lambda c, h: (dataclasses.replace(c, client_mono_ns_echo=0), dataclasses.replace(h, client_mono_ns=0)),
+        "echoes client_mono_ns",
+    ),
+    "client_mono_ns_from_the_future": (
+        lambda c, h: (dataclasses.replace(c, client_mono_ns_echo=c.client_mono_ns_echo + 10**12), h),
+        "echoes client_mono_ns",
+    ),
 }
 
 
@@ -117,19 +137,29 @@ def test_a_bad_chunk_is_refused_counted_and_degrades_the_engine_never_reaching_t
         resp.close()
 
 
-@pytest.mark.parametrize("changes,code", [
-    ({"action_names": ["a", "b"]}, "ACTION_MISMATCH"),
-    ({"state_dim": S + 1}, "STATE_DIM_MISMATCH"),
-    ({"model_id": "another"}, "WRONG_MODEL"),
-    ({"chunk_size": 0}, "MALFORMED"),
-])
+@pytest.mark.parametrize(
+    "changes,code",
+    [
+        ({"action_names": ["a", "b"]}, "ACTION_MISMATCH"),
+        ({"state_dim": S + 1}, "STATE_DIM_MISMATCH"),
+        ({"model_id": "another"}, "WRONG_MODEL"),
+        ({"chunk_size": 0}, "MALFORMED"),
+    ],
+)
 def test_a_session_ack_that_disagrees_with_the_request_is_refused_and_nothing_is_executed(router, changes, code):
     """The responder acknowledges a model other than the one asked for (and answers with chunks of its width):
     before, the engine streamed from it (a 2-wide action on a 3-action robot)."""
     width = len(changes.get("action_names", ACTION_NAMES))
-    resp = Responder(router, state_dim=S, chunk_size=10, ack_changes=changes,
-                     tamper=lambda c, h: (dataclasses.replace(c, chunk_model=c.chunk_model[:, :width],
-                                                              chunk_robot=c.chunk_robot[:, :width]), h)).start()
+    resp = Responder(
+        router,
+        state_dim=S,
+        chunk_size=10,
+        ack_changes=changes,
+        tamper=lambda c, h: (
+            dataclasses.replace(c, chunk_model=c.chunk_model[:, :width], chunk_robot=c.chunk_robot[:, :width]),
+            h,
+        ),
+    ).start()
     eng = engine(router)
     eng.start()
     try:
@@ -142,12 +172,15 @@ def test_a_session_ack_that_disagrees_with_the_request_is_refused_and_nothing_is
         resp.close()
 
 
-@pytest.mark.parametrize("changes,words", [
-    ({"chunk_size": 20}, "chunk_size 10 -> 20"),
-    # pinned on reconnect: a sound replica refuses in words; this one acknowledges another hash (the client refuses)
-    ({"checkpoint_hash": "b" * 64}, "WRONG_MODEL: replica r0 acknowledged checkpoint"),
-    ({"policy_type": "act"}, "policy_type 'flow_matching' -> 'act'"),
-])
+@pytest.mark.parametrize(
+    "changes,words",
+    [
+        ({"chunk_size": 20}, "chunk_size 10 -> 20"),
+        # pinned on reconnect: a sound replica refuses in words; this one acknowledges another hash (the client refuses)
+        ({"checkpoint_hash": "b" * 64}, "WRONG_MODEL: replica r0 acknowledged checkpoint"),
+        ({"policy_type": "act"}, "policy_type 'flow_matching' -> 'act'"),
+    ],
+)
 def test_a_reconnect_whose_ack_disagrees_with_the_first_is_dead_and_executes_nothing_of_it(router, changes, words):
     resp = Responder(router, state_dim=S, chunk_size=10).start()
     eng = engine(router, max_action_age_s=0.5)
@@ -157,8 +190,9 @@ def test_a_reconnect_whose_ack_disagrees_with_the_first_is_dead_and_executes_not
         resp.restart(ack_changes=changes)  # the same model's keys, another model in the ack
         actions = loop(eng, 8.0, until=lambda: eng.failed)
         assert eng.failed and words in eng.stats["dead_reason"], eng.stats["dead_reason"]
-        assert all(a is None or a.source == "zero" or a.session_id != eng.stats["session_id"] or a.seq_id <= 4
-                   for a in actions)
+        assert all(
+            a is None or a.source == "zero" or a.session_id != eng.stats["session_id"] or a.seq_id <= 4 for a in actions
+        )
         assert eng.get_action().source == "zero"
     finally:
         eng.stop()
@@ -171,8 +205,10 @@ def test_events_about_an_older_session_neither_kill_the_robot_nor_fail_its_reque
 
     def stale(h, obs):
         old = dataclasses.replace(h, msg_type=MsgType.EVENT, session_epoch=h.session_epoch - 1)
-        return [(Error(ErrorCode.ACTION_MISMATCH, "stale").encode(), old.pack()),
-                (Error("INFERENCE_FAILED", "stale", seq_id=h.seq_id).encode(), old.pack())]
+        return [
+            (Error(ErrorCode.ACTION_MISMATCH, "stale").encode(), old.pack()),
+            (Error("INFERENCE_FAILED", "stale", seq_id=h.seq_id).encode(), old.pack()),
+        ]
 
     resp = Responder(router, state_dim=S, chunk_size=10, extra_replies=stale).start()
     eng = engine(router)
@@ -189,14 +225,31 @@ def test_events_about_an_older_session_neither_kill_the_robot_nor_fail_its_reque
 def test_garbage_on_the_reply_key_is_counted_and_the_stream_goes_on(router):
     def garbage(h, obs):
         chunk = dataclasses.replace(h, msg_type=MsgType.CHUNK)
-        return [(b"\x00 not msgpack", chunk.pack()),  # undecodable body
-                (b"\x81\xa4kind\xa5error", b"short attachment"),  # a header of the wrong size
-                (b"", None),  # no attachment at all
-                (ActionChunk(obs.session_id, h.seq_id + 1, h.client_mono_ns, np.full((10, 3), 99.0, np.float32),
-                             np.full((10, 3), 99.0, np.float32)).encode(), chunk.pack()),  # header and body disagree
-                (ActionChunk(obs.session_id, h.seq_id + 1, h.client_mono_ns, np.full((10, 3), 99.0, np.float32),
-                             np.full((10, 3), 99.0, np.float32)).encode(),  # a sound chunk for a seq never sent
-                 dataclasses.replace(chunk, seq_id=h.seq_id + 1).pack())]
+        return [
+            (b"\x00 not msgpack", chunk.pack()),  # undecodable body
+            (b"\x81\xa4kind\xa5error", b"short attachment"),  # a header of the wrong size
+            (b"", None),  # no attachment at all
+            (
+                ActionChunk(
+                    obs.session_id,
+                    h.seq_id + 1,
+                    h.client_mono_ns,
+                    np.full((10, 3), 99.0, np.float32),
+                    np.full((10, 3), 99.0, np.float32),
+                ).encode(),
+                chunk.pack(),
+            ),  # header and body disagree
+            (
+                ActionChunk(
+                    obs.session_id,
+                    h.seq_id + 1,
+                    h.client_mono_ns,
+                    np.full((10, 3), 99.0, np.float32),
+                    np.full((10, 3), 99.0, np.float32),
+                ).encode(),  # a sound chunk for a seq never sent
+                dataclasses.replace(chunk, seq_id=h.seq_id + 1).pack(),
+            ),
+        ]
 
     resp = Responder(router, state_dim=S, chunk_size=10, extra_replies=garbage).start()
     eng = engine(router)
@@ -217,8 +270,12 @@ def test_an_error_for_the_request_degrades_the_engine_and_its_state_says_so(rout
     STREAMING while the robot got nothing but its fallback."""
 
     def fail(h, obs):
-        return [(Error("INFERENCE_FAILED", "no GPU", seq_id=h.seq_id).encode(),
-                 dataclasses.replace(h, msg_type=MsgType.EVENT).pack())]
+        return [
+            (
+                Error("INFERENCE_FAILED", "no GPU", seq_id=h.seq_id).encode(),
+                dataclasses.replace(h, msg_type=MsgType.EVENT).pack(),
+            )
+        ]
 
     resp = Responder(router, state_dim=S, chunk_size=10, extra_replies=fail).start()
     eng = engine(router)
@@ -241,8 +298,12 @@ def test_a_replica_that_ends_every_session_before_a_chunk_is_asked_again_with_a_
     session gives a chunk."""
 
     def forget(h, obs):
-        return [(Error(ErrorCode.UNKNOWN_SESSION, "forgot", seq_id=h.seq_id).encode(),
-                 dataclasses.replace(h, msg_type=MsgType.EVENT).pack())]
+        return [
+            (
+                Error(ErrorCode.UNKNOWN_SESSION, "forgot", seq_id=h.seq_id).encode(),
+                dataclasses.replace(h, msg_type=MsgType.EVENT).pack(),
+            )
+        ]
 
     kw = {"drain_on_open": True} if fault == "drain_on_open" else {"extra_replies": forget, "hang": False}
     resp = Responder(router, state_dim=S, chunk_size=10, **kw).start()
@@ -276,14 +337,15 @@ def test_a_drain_notice_after_chunks_still_reconnects_at_once_elsewhere(router):
         b.close()
 
 
-
 @pytest.mark.parametrize("changes", [{"replica_id": "r9/../*"}, {"replica_id": ""}, {"model_id": "another"}])
 def test_a_status_naming_an_impossible_or_other_replica_is_skipped_and_the_sound_one_opens(router, changes):
     """Discovery reads every Status on the model's key. One whose replica_id is no key chunk made the open raise
     (WireError from its keys) before the sound replica was tried: every round, when it sorted first (here always:
     the sound one reports itself full, load 1, so discovery's draw puts it last)."""
     sound = Responder(router, state_dim=S, chunk_size=10, replica_id="r0", status_changes={"load": 1.0}).start()
-    liar = Responder(router, state_dim=S, chunk_size=10, replica_id="r1", status_changes={"load": 0.0, **changes}).start()
+    liar = Responder(
+        router, state_dim=S, chunk_size=10, replica_id="r1", status_changes={"load": 0.0, **changes}
+    ).start()
     eng = engine(router)
     eng.start()
     try:
@@ -295,14 +357,14 @@ def test_a_status_naming_an_impossible_or_other_replica_is_skipped_and_the_sound
         liar.close()
 
 
-@pytest.mark.parametrize("reply", [b"\x00 not msgpack", b"\x81\xa4kind\xa9no_such_kind",
-                                   ResetAck("s", 1).encode()])
+@pytest.mark.parametrize("reply", [b"\x00 not msgpack", b"\x81\xa4kind\xa9no_such_kind", ResetAck("s", 1).encode()])
 def test_a_replica_answering_the_session_open_with_garbage_is_passed_over_not_fatal(router, reply):
     """A reply that does not decode (or is not an ack) is a broken replica, not a refusal in words: the robot
     went DEAD (`session refused: MALFORMED`) although a sound replica served the same model."""
     sound = Responder(router, state_dim=S, chunk_size=10, replica_id="r0", status_changes={"load": 1.0}).start()
-    broken = Responder(router, state_dim=S, chunk_size=10, replica_id="r1", status_changes={"load": 0.0},
-                       session_reply=reply).start()
+    broken = Responder(
+        router, state_dim=S, chunk_size=10, replica_id="r1", status_changes={"load": 0.0}, session_reply=reply
+    ).start()
     eng = engine(router)
     eng.start()
     try:

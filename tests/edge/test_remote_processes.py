@@ -20,9 +20,16 @@ CLI = [sys.executable, "-m", "server.cli"]
 
 def start_server(tmp_path, router, ckpt, replica_id: str, wait: bool = True) -> ChildProcess:
     """A policy-server process; ready when returned, or (`wait=False`) started only: `wait_ready` it later."""
-    manifest = {"model": {"repo_or_path": str(ckpt)}, "model_id": "arm", "replica_id": replica_id,
-                "max_sessions": 8, "warmup_inferences": 1, "health_port": -1,
-                "zenoh": {"connect_endpoints": [router]}, "session": {"gc_grace_s": 0.3}}
+    manifest = {
+        "model": {"repo_or_path": str(ckpt)},
+        "model_id": "arm",
+        "replica_id": replica_id,
+        "max_sessions": 8,
+        "warmup_inferences": 1,
+        "health_port": -1,
+        "zenoh": {"connect_endpoints": [router]},
+        "session": {"gc_grace_s": 0.3},
+    }
     path = tmp_path / f"{replica_id}.yaml"
     path.write_text(yaml.safe_dump(manifest))
     child = ChildProcess(CLI + ["--manifest", str(path)], tmp_path / f"{replica_id}.log", name=replica_id).start()

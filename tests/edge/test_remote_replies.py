@@ -28,35 +28,59 @@ anything = st.floats(allow_nan=True, allow_infinity=True, width=64)
 arrays = st.one_of(
     hnp.arrays(np.float32, st.just((H, A)), elements=finite),  # sound
     hnp.arrays(np.float64, st.just((H, A)), elements=anything),  # NaN, inf, beyond float32
-    hnp.arrays(st.sampled_from([np.float32, np.float16, np.int32, np.uint8, np.bool_]),
-               hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=12)),
+    hnp.arrays(
+        st.sampled_from([np.float32, np.float16, np.int32, np.uint8, np.bool_]),
+        hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=12),
+    ),
 )
 results = st.builds(
     lambda model, robot, seq, epoch, episode, session, sent: Result(
-        seq, episode, epoch, model, robot, 0.05, 1.0, 2.0, t_recv=time.monotonic(), session_id=session, sent_ns=sent),
-    arrays, arrays, st.sampled_from([SEQ, SEQ - 1, SEQ + 1, 1]), st.sampled_from([EPOCH, EPOCH - 1, EPOCH + 1, 0]),
-    st.sampled_from([0, 1, 2**32 - 1]), st.sampled_from([SESSION, "", "other"]),
-    st.sampled_from([SENT_NS, 0, SENT_NS + 10**12, -1]))
+        seq, episode, epoch, model, robot, 0.05, 1.0, 2.0, t_recv=time.monotonic(), session_id=session, sent_ns=sent
+    ),
+    arrays,
+    arrays,
+    st.sampled_from([SEQ, SEQ - 1, SEQ + 1, 1]),
+    st.sampled_from([EPOCH, EPOCH - 1, EPOCH + 1, 0]),
+    st.sampled_from([0, 1, 2**32 - 1]),
+    st.sampled_from([SESSION, "", "other"]),
+    st.sampled_from([SENT_NS, 0, SENT_NS + 10**12, -1]),
+)
 events = st.builds(
-    Event, st.sampled_from(["error", "drain", "bad_chunk"]),
+    Event,
+    st.sampled_from(["error", "drain", "bad_chunk"]),
     st.sampled_from(["INFERENCE_FAILED", "UNKNOWN_SESSION", "ACTION_MISMATCH", "WRONG_MODEL", "MALFORMED", "?"]),
-    st.text(max_size=20), st.sampled_from([None, SEQ, SEQ + 1]), st.sampled_from([0, 1]),
-    st.sampled_from([EPOCH, EPOCH - 1, 0]))
+    st.text(max_size=20),
+    st.sampled_from([None, SEQ, SEQ + 1]),
+    st.sampled_from([0, 1]),
+    st.sampled_from([EPOCH, EPOCH - 1, 0]),
+)
 
 
 def engine() -> RemoteEngine:
     eng = RemoteEngine(RemoteEngineConfig(model_id="arm", action_names=["x", "y", "grip"], state_dim=4))
-    eng._worker.session.model = SimpleNamespace(epoch=EPOCH, ack=SimpleNamespace(session_id=SESSION, chunk_size=H), replica=None)
+    eng._worker.session.model = SimpleNamespace(
+        epoch=EPOCH, ack=SimpleNamespace(session_id=SESSION, chunk_size=H), replica=None
+    )
     eng._handoff.episode = 0
     return eng
 
 
 def sound(r) -> bool:
-    arrays_ok = all(np.issubdtype(np.asarray(a).dtype, np.floating) and np.shape(a) == (H, A)
-                    and np.isfinite(np.asarray(a, np.float64)).all() and np.isfinite(np.asarray(a, np.float32)).all()
-                    for a in (r.chunk_model, r.chunk_robot))
-    return (arrays_ok and r.seq_id == SEQ and r.session_epoch == EPOCH and r.session_id == SESSION
-            and r.sent_ns == SENT_NS and r.episode_id == 0)
+    arrays_ok = all(
+        np.issubdtype(np.asarray(a).dtype, np.floating)
+        and np.shape(a) == (H, A)
+        and np.isfinite(np.asarray(a, np.float64)).all()
+        and np.isfinite(np.asarray(a, np.float32)).all()
+        for a in (r.chunk_model, r.chunk_robot)
+    )
+    return (
+        arrays_ok
+        and r.seq_id == SEQ
+        and r.session_epoch == EPOCH
+        and r.session_id == SESSION
+        and r.sent_ns == SENT_NS
+        and r.episode_id == 0
+    )
 
 
 @settings(max_examples=400, deadline=None)

@@ -16,14 +16,16 @@ import time
 import pytest
 
 from chaos.client import ChaosClient
-from edge import EngineState
 from chaos.launch import start_proxy_server
+from edge import EngineState
 from tests.edge.test_remote import engine, loop
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ONE_WAY_MS = 1500  # each direction: a round trip of ~3 s, over the 2 s base timeouts
-BOUND_S = 20.0  # the adaptive engine needs ~14 s: Zenoh open (~2 round trips) + a 2 s round + a 4 s round (~2 round trips)
+BOUND_S = (
+    20.0  # the adaptive engine needs ~14 s: Zenoh open (~2 round trips) + a 2 s round + a 4 s round (~2 round trips)
+)
 
 
 @pytest.fixture
@@ -50,7 +52,8 @@ def first_session_s(eng, t_start: float) -> float | None:
 
 
 def test_a_link_slower_than_the_control_timeouts_gets_a_session_only_with_adaptive_timeouts(
-        router, slow_link, server_factory, ckpt):
+    router, slow_link, server_factory, ckpt
+):
     server_factory(ckpt)  # on the router directly: only the robot's link is slow
     # lease above the round trip (docs/edge.md); requests wait longer than the round trip; offline far beyond
     # the bound, so neither engine goes DEAD while it is watched: only the timeouts differ
@@ -66,7 +69,9 @@ def test_a_link_slower_than_the_control_timeouts_gets_a_session_only_with_adapti
         adaptive_s, fixed_s = first_session_s(adaptive, t0), first_session_s(fixed, t0)
         print(f"first session after {adaptive_s} s (adaptive), {fixed_s} s (fixed at 2 s); fixed: {fixed.last_error}")
         assert not adaptive.failed and not fixed.failed
-        assert adaptive_s is not None and adaptive_s < BOUND_S, f"adaptive: no session in {BOUND_S} s: {adaptive.last_error}"
+        assert adaptive_s is not None and adaptive_s < BOUND_S, (
+            f"adaptive: no session in {BOUND_S} s: {adaptive.last_error}"
+        )
         assert fixed_s is None, f"fixed 2 s timeouts got a session after {fixed_s} s on a ~3 s round trip"
         assert fixed.state == EngineState.CONNECTING
         waited = re.search(r"\(waited (\d+\.\d) s, timeout 2\.0 s;", fixed.last_error)  # bounds, not text: a

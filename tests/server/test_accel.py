@@ -26,8 +26,10 @@ class CpuStandIn:
     def __call__(self, data, device):
         self.calls += 1
         one = not isinstance(data, list)
-        frames = [torch.from_numpy(simplejpeg.decode_jpeg(t.numpy().tobytes())).permute(2, 0, 1)
-                  for t in ([data] if one else data)]
+        frames = [
+            torch.from_numpy(simplejpeg.decode_jpeg(t.numpy().tobytes())).permute(2, 0, 1)
+            for t in ([data] if one else data)
+        ]
         return frames[0] if one else frames
 
 
@@ -41,7 +43,10 @@ def test_a_micro_batch_is_one_decode_call_and_other_codecs_stay_for_the_cpu():
     stand_in = CpuStandIn()
     decoder = GpuJpegDecoder(torch.device("cpu"), stand_in)
     raw = encode_image(frame(9), "raw")
-    items = [{"front": encode_image(frame(i), "jpeg", 95), "wrist": encode_image(frame(10 + i), "jpeg", 95)} for i in range(3)]
+    items = [
+        {"front": encode_image(frame(i), "jpeg", 95), "wrist": encode_image(frame(10 + i), "jpeg", 95)}
+        for i in range(3)
+    ]
     items.append({"front": raw})
     out = decode_item_jpegs(decoder, items)
     assert stand_in.calls == 1 and decoder.batches == 1

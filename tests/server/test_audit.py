@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +22,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def record(**overrides) -> dict:
-    rec = {"session_id": "s-1", "client_uuid": "robot-217", "seq_id": 41, "episode_id": 3, "queue_wait_ms": 2.5,
-           "inference_ms": 61.0, "chunk_range": [0, 50], "superseded_seqs": 0, "outcome": "ok"}
+    rec = {
+        "session_id": "s-1",
+        "client_uuid": "robot-217",
+        "seq_id": 41,
+        "episode_id": 3,
+        "queue_wait_ms": 2.5,
+        "inference_ms": 61.0,
+        "chunk_range": [0, 50],
+        "superseded_seqs": 0,
+        "outcome": "ok",
+    }
     rec.update(overrides)
     return rec
 
@@ -46,14 +55,14 @@ def test_each_write_appends_exactly_one_json_line_with_all_section_12_fields(tmp
 
 def test_ts_is_this_servers_utc_wall_clock_and_mono_ms_its_monotonic_clock(tmp_path):
     path = tmp_path / "a.jsonl"
-    before_wall, before_mono = datetime.now(timezone.utc), time.monotonic() * 1000
+    before_wall, before_mono = datetime.now(UTC), time.monotonic() * 1000
     with AuditLog(path) as audit:
         audit.write(record())
         audit.write(record())
     first, second = (json.loads(line) for line in lines(path))
     ts = datetime.fromisoformat(first["ts"])
     assert ts.utcoffset() == timedelta(0)
-    assert before_wall <= ts <= datetime.now(timezone.utc)
+    assert before_wall <= ts <= datetime.now(UTC)
     assert before_mono <= first["mono_ms"] <= second["mono_ms"] <= time.monotonic() * 1000
 
 
@@ -68,8 +77,15 @@ def test_a_record_cannot_bring_its_own_clock(tmp_path):
 def test_numpy_values_and_non_finite_floats_still_give_strict_json(tmp_path):
     path = tmp_path / "a.jsonl"
     with AuditLog(path) as audit:
-        audit.write(record(seq_id=np.uint64(7), inference_ms=np.float32(1.5), chunk_range=np.array([0, 50]),
-                           queue_wait_ms=float("nan"), extra={"x": float("inf")}))
+        audit.write(
+            record(
+                seq_id=np.uint64(7),
+                inference_ms=np.float32(1.5),
+                chunk_range=np.array([0, 50]),
+                queue_wait_ms=float("nan"),
+                extra={"x": float("inf")},
+            )
+        )
     (line,) = lines(path)
     rec = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     assert rec["seq_id"] == 7 and rec["inference_ms"] == 1.5 and rec["chunk_range"] == [0, 50]
@@ -98,8 +114,14 @@ def test_concurrent_writers_never_interleave_lines(tmp_path):
     path = tmp_path / "a.jsonl"
     threads, per_thread = 8, 200
     with AuditLog(path) as audit:
-        pool = [threading.Thread(target=lambda i=i: [audit.write(record(client_uuid=f"c{i}", seq_id=k, pad="x" * 500))
-                                                     for k in range(per_thread)]) for i in range(threads)]
+        pool = [
+            threading.Thread(
+                target=lambda i=i: [
+                    audit.write(record(client_uuid=f"c{i}", seq_id=k, pad="x" * 500)) for k in range(per_thread)
+                ]
+            )
+            for i in range(threads)
+        ]
         for t in pool:
             t.start()
         for t in pool:
@@ -154,12 +176,16 @@ def test_sigkill_loses_no_line_already_written(tmp_path):
 
 def test_read_audit_filters_by_client_and_time_range(tmp_path):
     path = tmp_path / "a.jsonl"
-    stamps = ["2025-03-01T14:02:59.000000+00:00", "2025-03-01T14:03:00.000000+00:00",
-              "2025-03-01T14:03:30.000000+00:00", "2025-03-01T14:04:00.000000+00:00"]
+    stamps = [
+        "2025-03-01T14:02:59.000000+00:00",
+        "2025-03-01T14:03:00.000000+00:00",
+        "2025-03-01T14:03:30.000000+00:00",
+        "2025-03-01T14:04:00.000000+00:00",
+    ]
     with open(path, "w", encoding="utf-8") as f:
         for k, ts in enumerate(stamps):
             f.write(json.dumps({"ts": ts, "client_uuid": "robot-217" if k % 2 else "robot-9", "seq_id": k}) + "\n")
-    start, end = datetime(2025, 3, 1, 14, 3, tzinfo=timezone.utc), datetime(2025, 3, 1, 14, 4, tzinfo=timezone.utc)
+    start, end = datetime(2025, 3, 1, 14, 3, tzinfo=UTC), datetime(2025, 3, 1, 14, 4, tzinfo=UTC)
     assert [r["seq_id"] for r in read_audit(path, start=start, end=end)] == [1, 2]  # [start, end)
     assert [r["seq_id"] for r in read_audit(path, start="2025-03-01T14:03:00")] == [1, 2, 3]  # naive = UTC
     assert [r["seq_id"] for r in read_audit(path, end=start.timestamp())] == [0]  # epoch seconds

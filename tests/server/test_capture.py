@@ -9,22 +9,35 @@ import pytest
 from server.capture import read_capture, replay
 from server.cli import main as cli_main
 from server.service import PolicyServer
-from tests.server.test_service import S, A, ckpt, keys, manifest  # noqa: F401  (fixture reuse)
+from tests.server.test_service import A, S, ckpt, keys, manifest  # noqa: F401  (fixture reuse)
 from tests.server.zclient import RawClient
 
 
 def test_capture_replays_byte_for_byte_and_stays_bounded(ckpt, router, tmp_path, capsys):  # noqa: F811
     cap = tmp_path / "capture"
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, debug={"capture_dir": str(cap), "capture_max": 2},
-                                scheduling={"strategy": "round_robin", "max_batch": 4})).start()
+    srv = PolicyServer(
+        manifest(
+            ckpt,
+            router,
+            tmp_path,
+            debug={"capture_dir": str(cap), "capture_max": 2},
+            scheduling={"strategy": "round_robin", "max_batch": 4},
+        )
+    ).start()
     clients = [RawClient(router, keys(), f"robot-{i}") for i in range(3)]
     try:
         for c in clients:
             c.open()
         rng = np.random.default_rng(0)
         for _ in range(3):
-            seqs = [c.send(rng.normal(size=S), inference_delay_steps=int(rng.integers(0, 3)),
-                           prefix_robot=rng.normal(size=(4, A)).astype(np.float32)) for c in clients]
+            seqs = [
+                c.send(
+                    rng.normal(size=S),
+                    inference_delay_steps=int(rng.integers(0, 3)),
+                    prefix_robot=rng.normal(size=(4, A)).astype(np.float32),
+                )
+                for c in clients
+            ]
             for c, seq in zip(clients, seqs):
                 assert c.chunk_for(seq, timeout=10) is not None
     finally:
@@ -56,17 +69,31 @@ def _capture(tmp_path, content) -> str:
 
 
 def _record(**request) -> dict:
-    r = {"header": b"\0" * 8, "observation": b"not an observation", "chunk": b"not a chunk", "session_id": "s0",
-         "client_uuid": "robot-0", "rtc_enabled": False, "execution_horizon": 4, **request}
+    r = {
+        "header": b"\0" * 8,
+        "observation": b"not an observation",
+        "chunk": b"not a chunk",
+        "session_id": "s0",
+        "client_uuid": "robot-0",
+        "rtc_enabled": False,
+        "execution_horizon": 4,
+        **request,
+    }
     return {"n": 0, "checkpoint_hash": "x", "model_id": "arm", "requests": [r]}
 
 
-@pytest.mark.parametrize("content, says", [
-    (b"garbage\n", "slot-000000.msgpack: not a capture record (msgpack"),
-    ([1, 2, 3], "slot-000000.msgpack: not a capture record (a map of n, checkpoint_hash and requests, got list)"),
-    ({"n": 0, "checkpoint_hash": "x", "requests": [{"observation": b"xx"}]}, "slot-000000.msgpack request 0: no valid header"),
-    (_record(), "slot-000000.msgpack request 0: [MALFORMED]"),
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"garbage\n", "slot-000000.msgpack: not a capture record (msgpack"),
+        ([1, 2, 3], "slot-000000.msgpack: not a capture record (a map of n, checkpoint_hash and requests, got list)"),
+        (
+            {"n": 0, "checkpoint_hash": "x", "requests": [{"observation": b"xx"}]},
+            "slot-000000.msgpack request 0: no valid header",
+        ),
+        (_record(), "slot-000000.msgpack request 0: [MALFORMED]"),
+    ],
+)
 def test_replay_refuses_a_file_that_is_no_capture_record_naming_it(ckpt, tmp_path, capsys, content, says):  # noqa: F811
     """Not a replay mismatch (exit 1) nor a traceback: exit 2, one line naming the file and request."""
     assert cli_main(["replay", _capture(tmp_path, content), "--checkpoint", str(ckpt)]) == 2
@@ -114,11 +141,14 @@ def test_replay_of_a_directory_it_cannot_list_names_it_without_a_traceback(tmp_p
     assert len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("device, cuda_devices, says", [
-    ("bogus", 0, "--device 'bogus' is not a device; use cpu, cuda or cuda:N"),
-    ("cuda", 0, "--device 'cuda' but this torch has no CUDA device"),
-    ("cuda:1", 1, "--device 'cuda:1' but torch sees 1 CUDA device(s)"),
-])
+@pytest.mark.parametrize(
+    "device, cuda_devices, says",
+    [
+        ("bogus", 0, "--device 'bogus' is not a device; use cpu, cuda or cuda:N"),
+        ("cuda", 0, "--device 'cuda' but this torch has no CUDA device"),
+        ("cuda:1", 1, "--device 'cuda:1' but torch sees 1 CUDA device(s)"),
+    ],
+)
 def test_replay_refuses_a_device_this_host_has_not(ckpt, tmp_path, capsys, monkeypatch, device, cuda_devices, says):  # noqa: F811
     monkeypatch.setattr("server.manifest.checks._cuda_device_count", lambda: cuda_devices)
     cap = _capture(tmp_path, _record())

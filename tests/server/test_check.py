@@ -13,7 +13,14 @@ import torch
 
 from server.check import PolicyCheckError, check_policy
 from server.cli import main
-from server.policies import CheckpointError, PolicyConfig, PolicyLoadError, load_checkpoint, make_policy, save_checkpoint
+from server.policies import (
+    CheckpointError,
+    PolicyConfig,
+    PolicyLoadError,
+    load_checkpoint,
+    make_policy,
+    save_checkpoint,
+)
 from server.policies.base import register_policy
 from server.policies.mlp_chunk import MlpChunkPolicy
 
@@ -27,8 +34,16 @@ STATS = {"observation.state": {"mean": [0.0] * S, "std": [1.0] * S}, "action": {
 
 
 def saved(tmp_path, policy_type="flow_matching", name="ckpt"):
-    cfg = PolicyConfig(type=policy_type, state_dim=S, action_dim=A, chunk_size=T, fps=15, execution_horizon=4,
-                       action_names=["x", "y", "grip"], hyper_params={"hidden_dim": 32, "obs_embed_dim": 16})
+    cfg = PolicyConfig(
+        type=policy_type,
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=15,
+        execution_horizon=4,
+        action_names=["x", "y", "grip"],
+        hyper_params={"hidden_dim": 32, "obs_embed_dim": 16},
+    )
     torch.manual_seed(0)
     return save_checkpoint(make_policy(cfg), STATS, tmp_path / name)
 
@@ -50,7 +65,11 @@ def test_every_shipped_checkpoint_passes_check_policy(name):
     report = check_policy(CHECKPOINTS / name)
     cfg = json.loads((CHECKPOINTS / name / "config.json").read_text())
     assert report["checkpoint_hash"] == load_checkpoint(CHECKPOINTS / name).checkpoint_hash
-    assert (report["type"], report["state_dim"], report["chunk_size"]) == (cfg["type"], cfg["state_dim"], cfg["chunk_size"])
+    assert (report["type"], report["state_dim"], report["chunk_size"]) == (
+        cfg["type"],
+        cfg["state_dim"],
+        cfg["chunk_size"],
+    )
     assert report["action_names"] == cfg["action_names"] and set(report["cameras"]) == set(cfg["image_features"])
 
 
@@ -71,22 +90,34 @@ def test_weights_of_another_shape_fail_by_the_loaders_rule(tmp_path):
 def test_a_policy_returning_a_chunk_of_the_wrong_shape_fails_naming_both_shapes(tmp_path):
     directory = saved(tmp_path, "test_short_chunk")
     load_checkpoint(directory)  # the loader alone finds nothing wrong; the server's warm-up does
-    with pytest.raises(PolicyCheckError, match=r"warm-up forward pass failed: postprocess failed: chunk has shape "
-                                               r"\(1, 5, 3\); expected \(1, 6, 3\).*no replica of this checkpoint "
-                                               r"would start"):
+    with pytest.raises(
+        PolicyCheckError,
+        match=r"warm-up forward pass failed: postprocess failed: chunk has shape "
+        r"\(1, 5, 3\); expected \(1, 6, 3\).*no replica of this checkpoint "
+        r"would start",
+    ):
         check_policy(directory)
 
 
 def test_nan_weights_fail_at_the_servers_warm_up(tmp_path):
-    cfg = PolicyConfig(type="mlp_chunk", state_dim=S, action_dim=A, chunk_size=T, fps=15, execution_horizon=4,
-                       action_names=["x", "y", "grip"], hyper_params={"hidden_dim": 32, "obs_embed_dim": 16})
+    cfg = PolicyConfig(
+        type="mlp_chunk",
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=15,
+        execution_horizon=4,
+        action_names=["x", "y", "grip"],
+        hyper_params={"hidden_dim": 32, "obs_embed_dim": 16},
+    )
     policy = make_policy(cfg)
     with torch.no_grad():
         for p in policy.parameters():
             p.fill_(float("nan"))
     directory = save_checkpoint(policy, STATS, tmp_path / "nan")
-    with pytest.raises(PolicyLoadError, match="warm-up forward pass on a zero observation: the policy produced "
-                                              "non-finite actions"):
+    with pytest.raises(
+        PolicyLoadError, match="warm-up forward pass on a zero observation: the policy produced non-finite actions"
+    ):
         check_policy(directory)
 
 
@@ -97,9 +128,13 @@ def test_the_cli_says_ok_or_the_problem_in_one_line_without_a_traceback(tmp_path
     target = str(saved(tmp_path, "test_short_chunk"))
     bad = subprocess.run(CLI + [target], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "OK" not in bad.stdout, bad
-    assert bad.stderr.count("\n") == 1 and target in bad.stderr and "unknown policy type 'test_short_chunk'" in bad.stderr
-    for target, words in {str(tmp_path / "missing"): "does not exist",
-                          str(CHECKPOINTS / "reacher" / "config.json"): "is a file"}.items():
+    assert (
+        bad.stderr.count("\n") == 1 and target in bad.stderr and "unknown policy type 'test_short_chunk'" in bad.stderr
+    )
+    for target, words in {
+        str(tmp_path / "missing"): "does not exist",
+        str(CHECKPOINTS / "reacher" / "config.json"): "is a file",
+    }.items():
         assert main(["check", target]) == 2
         out = capsys.readouterr()
         assert out.out == "" and out.err.count("\n") == 1 and target in out.err and words in out.err, out

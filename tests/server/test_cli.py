@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import yaml
 
-from wire import DrainNotice, ReplicaKeys, SessionAck
-from wire.procs import ChildProcess
 from server.manifest import ManifestError, load_manifest, manifest_from_dict
 from tests.server.test_service import S, ckpt  # noqa: F401  (fixture reuse)
 from tests.server.zclient import RawClient
+from wire import DrainNotice, ReplicaKeys, SessionAck
+from wire.procs import ChildProcess
 
 CLI = [sys.executable, "-m", "server.cli"]
 
@@ -38,7 +38,11 @@ def write(tmp_path, data, name="m.yaml"):
 
 BAD = [
     ("unknown key", {"max_sesions": 3}, "max_sesions: unknown key; did you mean max_sessions?"),
-    ("bad choice", {"scheduling": {"overflow_policy": "drop_all"}}, "scheduling.overflow_policy: 'drop_all' is not one of"),
+    (
+        "bad choice",
+        {"scheduling": {"overflow_policy": "drop_all"}},
+        "scheduling.overflow_policy: 'drop_all' is not one of",
+    ),
     ("range", {"max_sessions": 0}, "max_sessions: 0 is outside"),
     ("type", {"pin_task": "yes"}, "pin_task: must be true or false"),
     ("hub id", {"model": {"repo_or_path": "lerobot/pi0"}}, "Weights load only from local paths"),
@@ -83,8 +87,14 @@ def test_defaults_are_complete_and_round_trip(ckpt):  # noqa: F811
 def test_an_unreachable_router_is_a_one_line_error(tmp_path, ckpt):  # noqa: F811
     from wire.procs import free_port
 
-    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0,
-                            "zenoh": {"connect_endpoints": [f"tcp/127.0.0.1:{free_port()}"], "connect_timeout_s": 0.5}})
+    path = write(
+        tmp_path,
+        {
+            "model": {"repo_or_path": str(ckpt)},
+            "warmup_inferences": 0,
+            "zenoh": {"connect_endpoints": [f"tcp/127.0.0.1:{free_port()}"], "connect_timeout_s": 0.5},
+        },
+    )
     out = run(["--manifest", str(path)])
     assert out.returncode == 2 and "cannot reach a Zenoh router" in out.stderr and "Traceback" not in out.stderr
     assert "gave up after" in out.stderr and "connect_timeout_s" in out.stderr
@@ -97,10 +107,18 @@ def test_a_server_started_before_its_router_waits_for_it_and_serves(tmp_path, ck
     from wire.procs import free_port, start_router
 
     port = free_port()
-    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "model_id": "arm", "warmup_inferences": 0,
-                            "zenoh": {"connect_endpoints": [f"tcp/127.0.0.1:{port}"], "connect_timeout_s": 60}})
-    server = ChildProcess(CLI + ["--manifest", str(path)], tmp_path / "server.log", name="server",
-                          ready_text="router not reachable yet")
+    path = write(
+        tmp_path,
+        {
+            "model": {"repo_or_path": str(ckpt)},
+            "model_id": "arm",
+            "warmup_inferences": 0,
+            "zenoh": {"connect_endpoints": [f"tcp/127.0.0.1:{port}"], "connect_timeout_s": 60},
+        },
+    )
+    server = ChildProcess(
+        CLI + ["--manifest", str(path)], tmp_path / "server.log", name="server", ready_text="router not reachable yet"
+    )
     server.start(timeout_s=60)  # it tried, was refused, and is still alive
     router = None
     try:
@@ -119,11 +137,20 @@ def test_a_server_started_before_its_router_waits_for_it_and_serves(tmp_path, ck
 
 
 def test_sigterm_drains_notifies_clients_and_exits_zero(tmp_path, ckpt, router):  # noqa: F811
-    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "model_id": "arm", "warmup_inferences": 1,
-                            "zenoh": {"connect_endpoints": [router]}, "drain": {"timeout_s": 3.0},
-                            "emulated_latency": 200})
-    child = ChildProcess(CLI + ["--manifest", str(path)], tmp_path / "server.log", ready_text="policy-server ready",
-                         name="server").start(timeout_s=60)
+    path = write(
+        tmp_path,
+        {
+            "model": {"repo_or_path": str(ckpt)},
+            "model_id": "arm",
+            "warmup_inferences": 1,
+            "zenoh": {"connect_endpoints": [router]},
+            "drain": {"timeout_s": 3.0},
+            "emulated_latency": 200,
+        },
+    )
+    child = ChildProcess(
+        CLI + ["--manifest", str(path)], tmp_path / "server.log", ready_text="policy-server ready", name="server"
+    ).start(timeout_s=60)
     c = RawClient(router, ReplicaKeys("arm", "main", "r0"), "robot-1")
     try:
         assert isinstance(c.open(), SessionAck)
@@ -141,15 +168,21 @@ def test_sigterm_drains_notifies_clients_and_exits_zero(tmp_path, ckpt, router):
         child.stop()
 
 
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_while_waiting_for_the_router_stops_at_once(tmp_path, ckpt, sig):  # noqa: F811
     from wire.procs import free_port
 
-    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0,
-                            "zenoh": {"connect_endpoints": [f"tcp/127.0.0.1:{free_port()}"], "connect_timeout_s": 60}})
-    server = ChildProcess(CLI + ["--manifest", str(path)], tmp_path / "server.log", name="server",
-                          ready_text="router not reachable yet").start(timeout_s=60)
+    path = write(
+        tmp_path,
+        {
+            "model": {"repo_or_path": str(ckpt)},
+            "warmup_inferences": 0,
+            "zenoh": {"connect_endpoints": [f"tcp/127.0.0.1:{free_port()}"], "connect_timeout_s": 60},
+        },
+    )
+    server = ChildProcess(
+        CLI + ["--manifest", str(path)], tmp_path / "server.log", name="server", ready_text="router not reachable yet"
+    ).start(timeout_s=60)
     try:
         server.signal(sig)
         assert server.proc.wait(15) == 0, "it stops retrying, as a drain exits (not after connect_timeout_s)"
@@ -161,8 +194,9 @@ def test_a_signal_while_waiting_for_the_router_stops_at_once(tmp_path, ckpt, sig
 
 @pytest.mark.parametrize("key,flag", [("audit_path", "--audit-path"), ("debug.capture_dir", "--capture-dir")])
 @pytest.mark.parametrize("where", ["under a file", "under /proc"])
-def test_an_output_path_that_cannot_be_created_is_a_one_line_error_before_the_model_loads(tmp_path, ckpt, key, flag,
-                                                                                           where):  # noqa: F811
+def test_an_output_path_that_cannot_be_created_is_a_one_line_error_before_the_model_loads(
+    tmp_path, ckpt, key, flag, where
+):  # noqa: F811
     (tmp_path / "afile").write_text("x")
     target = str(tmp_path / "afile" / "out") if where == "under a file" else "/proc/nope/out"
     path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:1"]}})
@@ -171,7 +205,8 @@ def test_an_output_path_that_cannot_be_created_is_a_one_line_error_before_the_mo
     assert out.stderr.strip().splitlines() == [
         f"policy-server: {key}: cannot create {target!r}: "
         f"{repr(str(tmp_path / 'afile')) + ' is a file' if where == 'under a file' else 'No such file or directory'}; "
-        f"give a path in a directory this process can write, or leave {key} unset"]
+        f"give a path in a directory this process can write, or leave {key} unset"
+    ]
 
 
 def test_a_manifest_that_is_not_utf8_is_a_one_line_error(tmp_path):
@@ -179,7 +214,8 @@ def test_a_manifest_that_is_not_utf8_is_a_one_line_error(tmp_path):
     path.write_bytes(b"\xff\xfe\xfa")
     out = run(["--manifest", str(path), "--check"])
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-        f"policy-server: {path}: not UTF-8 text (byte 0xff at offset 0); give a YAML manifest saved as UTF-8"]
+        f"policy-server: {path}: not UTF-8 text (byte 0xff at offset 0); give a YAML manifest saved as UTF-8"
+    ]
 
 
 def test_a_taken_health_port_is_a_one_line_error_naming_it(tmp_path, ckpt, router):  # noqa: F811
@@ -189,12 +225,21 @@ def test_a_taken_health_port_is_a_one_line_error_naming_it(tmp_path, ckpt, route
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0, "health_port": port,
-                                "zenoh": {"connect_endpoints": [router]}})
+        path = write(
+            tmp_path,
+            {
+                "model": {"repo_or_path": str(ckpt)},
+                "warmup_inferences": 0,
+                "health_port": port,
+                "zenoh": {"connect_endpoints": [router]},
+            },
+        )
         out = run(["--manifest", str(path)])
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip().splitlines()[-1] == (f"policy-server: health_port: cannot listen on 127.0.0.1:{port}: "
-                                                   "Address already in use; pick another health_port")
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"policy-server: health_port: cannot listen on 127.0.0.1:{port}: "
+        "Address already in use; pick another health_port"
+    )
 
 
 def test_bad_tls_files_and_a_refused_handshake_are_one_line_errors(tmp_path, ckpt):  # noqa: F811
@@ -204,19 +249,30 @@ def test_bad_tls_files_and_a_refused_handshake_are_one_line_errors(tmp_path, ckp
     from wire.procs import free_port
 
     pki = Pki(tmp_path / "pki")
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     old = pki.issue("server-r0", not_before=now - dt.timedelta(days=3), not_after=now - dt.timedelta(days=1))
     tls = {"root_ca_certificate": old.ca, "connect_certificate": old.cert, "connect_private_key": old.key}
-    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0,
-                            "zenoh": {"connect_endpoints": [f"tls/127.0.0.1:{free_port()}"], "tls": tls}})
+    path = write(
+        tmp_path,
+        {
+            "model": {"repo_or_path": str(ckpt)},
+            "warmup_inferences": 0,
+            "zenoh": {"connect_endpoints": [f"tls/127.0.0.1:{free_port()}"], "tls": tls},
+        },
+    )
     out = run(["--manifest", str(path)])
     assert out.returncode == 2 and "zenoh.tls.connect_certificate" in out.stderr and "expired on" in out.stderr
     assert "Traceback" not in out.stderr
     good = pki.server("r0")  # valid files, nobody listening (or a router refusing): retried, then fails, no hang
     tls = {"root_ca_certificate": good.ca, "connect_certificate": good.cert, "connect_private_key": good.key}
-    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt)}, "warmup_inferences": 0,
-                            "zenoh": {"connect_endpoints": [f"tls/127.0.0.1:{free_port()}"], "tls": tls,
-                                      "connect_timeout_s": 2}})
+    path = write(
+        tmp_path,
+        {
+            "model": {"repo_or_path": str(ckpt)},
+            "warmup_inferences": 0,
+            "zenoh": {"connect_endpoints": [f"tls/127.0.0.1:{free_port()}"], "tls": tls, "connect_timeout_s": 2},
+        },
+    )
     t0 = time.monotonic()
     out = run(["--manifest", str(path)])
     assert out.returncode == 2 and "refused the handshake" in out.stderr and "Traceback" not in out.stderr
@@ -230,10 +286,20 @@ def test_compile_on_a_cpu_without_a_compiler_is_refused_at_load_without_a_traceb
     from pathlib import Path
 
     ckpt = Path(__file__).resolve().parents[2] / "bench/checkpoints/reacher_transformer"
-    path = write(tmp_path, {"model": {"repo_or_path": str(ckpt), "hyper_params": {"compile": True}},
-                            "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:1"]}})
-    out = subprocess.run(CLI + ["--manifest", str(path), "--check"], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "CXX": str(tmp_path / "no-such-c++")})
+    path = write(
+        tmp_path,
+        {
+            "model": {"repo_or_path": str(ckpt), "hyper_params": {"compile": True}},
+            "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:1"]},
+        },
+    )
+    out = subprocess.run(
+        CLI + ["--manifest", str(path), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CXX": str(tmp_path / "no-such-c++")},
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "cannot load model 'reacher_transformer'" in out.stderr and "needs a C++ compiler" in out.stderr
     assert "install g++" in out.stderr and "compile: false" in out.stderr

@@ -18,9 +18,17 @@ CAMERA_CKPT = Path(__file__).resolve().parents[2] / "bench" / "checkpoints" / "r
 
 @pytest.mark.integration
 def test_our_server_passes_the_conformance_suite(router, tmp_path, capsys):
-    m = {"model": {"repo_or_path": str(CAMERA_CKPT)}, "model_id": "arm-cam", "replica_id": "r0", "max_sessions": 8,
-         "warmup_inferences": 1, "zenoh": {"connect_endpoints": [router]}, "health_port": 0,
-         "audit_path": str(tmp_path / "audit.jsonl"), "security": {"max_observation_bytes": 65536}}
+    m = {
+        "model": {"repo_or_path": str(CAMERA_CKPT)},
+        "model_id": "arm-cam",
+        "replica_id": "r0",
+        "max_sessions": 8,
+        "warmup_inferences": 1,
+        "zenoh": {"connect_endpoints": [router]},
+        "health_port": 0,
+        "audit_path": str(tmp_path / "audit.jsonl"),
+        "security": {"max_observation_bytes": 65536},
+    }
     srv = PolicyServer(m).start()
     try:
         rc = conformance.main(["--router", router, "--model", "arm-cam", "--max-observation-bytes", "65536"])

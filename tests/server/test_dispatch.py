@@ -21,11 +21,26 @@ CKPT = Path(__file__).resolve().parents[2] / "bench" / "checkpoints" / "reacher"
 
 @pytest.fixture(scope="module")
 def serve_forward():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(CKPT.parents[2])}})
-    fwd = RayServeForward.deploy(model_id="reacher", replica_id="t0", repo_or_path=str(CKPT), device="cpu",
-                                 dtype="float32", torch_threads=1, replicas=1, cpus_per_replica=1.0,
-                                 gpus_per_replica=0.0, max_inflight=2, address=None)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(CKPT.parents[2])}},
+    )
+    fwd = RayServeForward.deploy(
+        model_id="reacher",
+        replica_id="t0",
+        repo_or_path=str(CKPT),
+        device="cpu",
+        dtype="float32",
+        torch_threads=1,
+        replicas=1,
+        cpus_per_replica=1.0,
+        gpus_per_replica=0.0,
+        max_inflight=2,
+        address=None,
+    )
     try:
         yield fwd
     finally:
@@ -42,8 +57,11 @@ def _items(runtime: ModelRuntime, n: int, rng: np.random.Generator) -> list[Infe
         h = runtime.execution_horizon
         rtc = i % 2 == 0  # guided and plain sessions in one micro-batch
         prefix = rng.normal(scale=0.1, size=(h, cfg.action_dim)).astype(np.float32) if rtc else None
-        items.append(InferItem(pipe, state, {}, inference_delay=2 if rtc else 0, prefix_model=prefix,
-                               prefix_robot=prefix, rtc=rtc))
+        items.append(
+            InferItem(
+                pipe, state, {}, inference_delay=2 if rtc else 0, prefix_model=prefix, prefix_robot=prefix, rtc=rtc
+            )
+        )
     return items
 
 

@@ -13,8 +13,9 @@ from benchmarks import forward_cost
 def test_counts_are_exact_per_bucket_and_per_pass(tmp_path, capsys):
     out = tmp_path / "forward_cost.json"
     # tiny's benchmark buckets are 1, 8, 16, ...: a batch of 2 runs as 8 rows
-    rc = forward_cost.main(["--preset", "tiny", "--cameras", "1", "--image-size", "32", "--batches", "1", "2", "8",
-                            "--out", str(out)])
+    rc = forward_cost.main(
+        ["--preset", "tiny", "--cameras", "1", "--image-size", "32", "--batches", "1", "2", "8", "--out", str(out)]
+    )
     assert rc == 0
     cost = json.loads(out.read_text())["cost"]
     for label in forward_cost.PASSES:
@@ -44,10 +45,13 @@ def test_an_attention_call_counts_as_the_one_kernel_a_gpu_runs_and_flops_match_t
     assert counted["ops"] == 1 and counted["gflop"] * 1e9 == sdpa_flop_count(q.shape, k.shape, v.shape)
     policy = forward_cost.build("tiny", 1, 32, "meta", False)
     assert {p.device.type for p in policy.parameters()} == {"meta"}
-    batch = {"observation.state": torch.zeros(2, 10, device="meta"),
-             "observation.images.front": torch.zeros(2, 3, 32, 32, device="meta")}
+    batch = {
+        "observation.state": torch.zeros(2, 10, device="meta"),
+        "observation.images.front": torch.zeros(2, 3, 32, 32, device="meta"),
+    }
     prefix = torch.zeros(10, 2, device="meta")
     for mode, prefixes in (("guidance", [None, None]), ("training_time", [prefix, None])):  # plain; training-time
+
         def call():
             policy.predict_action_chunk(batch, [3, 3], prefixes)
 

@@ -11,8 +11,27 @@ from benchmarks import gpu_forward
 
 def test_the_gpu_benchmark_runs_at_tiny_size_and_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "gpu_forward.json"
-    rc = gpu_forward.main(["--device", "cpu", "--preset", "tiny", "--cameras", "1", "--image-size", "32",
-                           "--batches", "1", "4", "--repeat", "1", "--warmup", "0", "--out", str(out)])
+    rc = gpu_forward.main(
+        [
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--cameras",
+            "1",
+            "--image-size",
+            "32",
+            "--batches",
+            "1",
+            "4",
+            "--repeat",
+            "1",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert set(report["forward"]) == {"1", "4"} and set(report["runtime"]) >= {"1", "4"}
@@ -29,16 +48,37 @@ def test_bf16_weights_are_timed_through_every_path(tmp_path):
     """--dtype bfloat16: the policy's weights in bf16 (the manifest's model.dtype), the server's batched path too;
     the chunks still come back float32."""
     out = tmp_path / "gpu_forward.json"
-    rc = gpu_forward.main(["--device", "cpu", "--preset", "tiny", "--cameras", "1", "--image-size", "32",
-                           "--batches", "2", "--repeat", "1", "--warmup", "0", "--dtype", "bfloat16", "--out", str(out)])
+    rc = gpu_forward.main(
+        [
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--cameras",
+            "1",
+            "--image-size",
+            "32",
+            "--batches",
+            "2",
+            "--repeat",
+            "1",
+            "--warmup",
+            "0",
+            "--dtype",
+            "bfloat16",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["dtype"] == "bfloat16" and report["forward"]["2"]["training_time"]["median_ms"] > 0
     assert report["runtime"]["2"]["training_time_ms"] > 0
     policy = gpu_forward.build("tiny", 1, 32, "cpu", False, "bfloat16")
     assert {p.dtype for p in policy.parameters()} == {torch.bfloat16}
-    chunk = policy.predict_action_chunk({"observation.state": torch.zeros(1, 10),
-                                         "observation.images.front": torch.zeros(1, 3, 32, 32)}, [0], [None])
+    chunk = policy.predict_action_chunk(
+        {"observation.state": torch.zeros(1, 10), "observation.images.front": torch.zeros(1, 3, 32, 32)}, [0], [None]
+    )
     assert chunk.dtype == torch.float32 and torch.isfinite(chunk).all()
 
 
@@ -96,8 +136,10 @@ def test_the_gpu_decodes_gain_is_timed_against_the_cpu_decoder_and_the_decoder_p
 
     def pil_decode(data, device):
         frames = data if isinstance(data, list) else [data]
-        out = [torch.from_numpy(np.array(Image.open(io.BytesIO(bytes(f.numpy()))).convert("RGB"))).permute(2, 0, 1)
-               for f in frames]
+        out = [
+            torch.from_numpy(np.array(Image.open(io.BytesIO(bytes(f.numpy()))).convert("RGB"))).permute(2, 0, 1)
+            for f in frames
+        ]
         used.append(len(out))
         return out if isinstance(data, list) else out[0]
 
@@ -116,7 +158,9 @@ def test_a_pass_that_fails_is_named_and_the_others_still_timed(capsys):
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("device_helper", Path(__file__).resolve().parents[2] / "scripts/device/device.py")
+    spec = importlib.util.spec_from_file_location(
+        "device_helper", Path(__file__).resolve().parents[2] / "scripts/device/device.py"
+    )
     device = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(device)
     policy = gpu_forward.build("tiny", 1, 32, "cpu", False)
@@ -133,8 +177,18 @@ def test_a_pass_that_fails_is_named_and_the_others_still_timed(capsys):
         assert out[n]["guided"] == {"error": "RuntimeError: no backward on this device"}
         assert out[n]["plain"]["median_ms"] > 0 and out[n]["training_time"]["median_ms"] > 0
     assert "the guided pass at batch 1 failed" in capsys.readouterr().err
-    report = {"preset": "tiny", "parameters": 1e5, "device": "cpu", "torch": "x", "autocast": "none", "cameras": 1,
-              "image_size": 32, "compile": False, "forward": out, "runtime": {}}
+    report = {
+        "preset": "tiny",
+        "parameters": 1e5,
+        "device": "cpu",
+        "torch": "x",
+        "autocast": "none",
+        "cameras": 1,
+        "image_size": 32,
+        "compile": False,
+        "forward": out,
+        "runtime": {},
+    }
     text = "\n".join(device.forward_lines(report, "forward"))
     assert "guided ms -/-" in text and "FAILED: the guided pass at batch 2: RuntimeError: no backward" in text
     # micro-batching too: the failed pass named, the others' gains kept
@@ -143,7 +197,9 @@ def test_a_pass_that_fails_is_named_and_the_others_still_timed(capsys):
     assert gain["plain"]["gain"] > 0 and gain["training_time"]["gain"] > 0
     report.update(micro_batching=gain, load_avg_before=[0.5])
     text = "\n".join(device.forward_lines(report, "forward"))
-    assert "micro-batching at 2 sessions, requests/s one at a time -> micro-batched: guided FAILED: RuntimeError" in text
+    assert (
+        "micro-batching at 2 sessions, requests/s one at a time -> micro-batched: guided FAILED: RuntimeError" in text
+    )
     assert "; plain " in text and "; training-time " in text
 
 
@@ -151,9 +207,29 @@ def test_stages_time_only_what_a_short_lease_lacks(tmp_path, capsys):
     """--stages runtime: the JPEG path (the GPU decoder's gain) alone, without the forward sizes and the serial
     micro-batching pass a lease already measured; the table says what was not run."""
     out = tmp_path / "gpu_forward.json"
-    rc = gpu_forward.main(["--device", "cpu", "--preset", "tiny", "--cameras", "1", "--image-size", "32",
-                           "--batches", "1", "2", "--repeat", "1", "--warmup", "0", "--stages", "runtime",
-                           "--out", str(out)])
+    rc = gpu_forward.main(
+        [
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--cameras",
+            "1",
+            "--image-size",
+            "32",
+            "--batches",
+            "1",
+            "2",
+            "--repeat",
+            "1",
+            "--warmup",
+            "0",
+            "--stages",
+            "runtime",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["stages"] == ["runtime"] and report["complete"] is True

@@ -93,8 +93,10 @@ def test_metrics_answers_openmetrics_to_a_scraper_that_asks_for_it(metrics):
 
     metrics.inc("requests", model="pi0")
     with HealthServer(0, metrics, ready_fn=lambda: True) as server:
-        req = urllib.request.Request(f"http://127.0.0.1:{server.port}/metrics?name[]=policy_server_requests_total",
-                                     headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/metrics?name[]=policy_server_requests_total",
+            headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+        )
         with urllib.request.urlopen(req, timeout=2) as r:
             body, ctype = r.read().decode(), r.headers["Content-Type"]
     assert ctype.startswith("application/openmetrics-text")

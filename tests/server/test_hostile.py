@@ -18,13 +18,13 @@ import pytest
 import torch
 import yaml
 
-from wire import ActionChunk, Error, ReplicaKeys, SessionAck, encode_image
-from wire.images import EncodedImage
-from wire.procs import ChildProcess, free_port
 from server.policies import load_checkpoint, save_checkpoint
 from tests.server.scrape import samples
 from tests.server.test_service import STATS, S, ckpt  # noqa: F401  (fixture reuse)
 from tests.server.zclient import RawClient
+from wire import ActionChunk, Error, ReplicaKeys, SessionAck, encode_image
+from wire.images import EncodedImage
+from wire.procs import ChildProcess, free_port
 
 CLI = [sys.executable, "-m", "server.cli"]
 pytestmark = pytest.mark.integration
@@ -32,9 +32,17 @@ pytestmark = pytest.mark.integration
 
 def _manifest(tmp_path, ckpt_path, router, **over) -> tuple:
     port = free_port()
-    data = {"model": {"repo_or_path": str(ckpt_path)}, "model_id": "arm", "replica_id": "r0", "warmup_inferences": 1,
-            "zenoh": {"connect_endpoints": [router]}, "health_port": port, "audit_path": str(tmp_path / "audit.jsonl"),
-            "scheduling": {"strategy": "round_robin", "max_batch": 8}, **over}
+    data = {
+        "model": {"repo_or_path": str(ckpt_path)},
+        "model_id": "arm",
+        "replica_id": "r0",
+        "warmup_inferences": 1,
+        "zenoh": {"connect_endpoints": [router]},
+        "health_port": port,
+        "audit_path": str(tmp_path / "audit.jsonl"),
+        "scheduling": {"strategy": "round_robin", "max_batch": 8},
+        **over,
+    }
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump(data))
     return path, port
@@ -55,15 +63,17 @@ def test_a_robot_never_receives_a_non_finite_action_from_the_server(tmp_path, ck
     """A finite state or RTC prefix far outside the training range overflows the policy to NaN: the robot gets
     NON_FINITE_ACTION (counted in non_finite_actions), never the NaN chunk; its session and the others go on."""
     path, port = _manifest(tmp_path, ckpt, router)
-    server = ChildProcess(CLI + ["--manifest", str(path)], tmp_path / "server.log", ready_text="policy-server ready",
-                          name="server").start(timeout_s=60)
+    server = ChildProcess(
+        CLI + ["--manifest", str(path)], tmp_path / "server.log", ready_text="policy-server ready", name="server"
+    ).start(timeout_s=60)
     a = RawClient(router, ReplicaKeys("arm", "main", "r0"), "robot-a")
     b = RawClient(router, ReplicaKeys("arm", "main", "r0"), "robot-b", session=a.z)
     try:
         assert isinstance(a.open(), SessionAck) and isinstance(b.open(), SessionAck)
-        refused = [_answer(a, a.send(np.full(S, 3e38), episode_start=True)),
-                   _answer(a, a.send(np.zeros(S), inference_delay_steps=2,
-                                     prefix_robot=np.full((4, 3), 3e38, np.float32)))]
+        refused = [
+            _answer(a, a.send(np.full(S, 3e38), episode_start=True)),
+            _answer(a, a.send(np.zeros(S), inference_delay_steps=2, prefix_robot=np.full((4, 3), 3e38, np.float32))),
+        ]
         for m in refused:
             assert isinstance(m, Error) and m.code == "NON_FINITE_ACTION", m
             assert "non-finite actions" in m.message and "withheld" in m.message
@@ -99,8 +109,9 @@ def test_a_frame_many_times_the_cameras_size_costs_the_server_little_more_than_o
     down as it decodes instead of converting and resizing 16 M pixels, so one robot sending such frames does not
     hold the dispatch thread that serves every other robot of the model for up to ~1 s a request."""
     path, _ = _manifest(tmp_path, CAMERA_CKPT, router, model_id="cam")
-    server = ChildProcess(CLI + ["--manifest", str(path)], tmp_path / "server.log", ready_text="policy-server ready",
-                          name="server").start(timeout_s=120)
+    server = ChildProcess(
+        CLI + ["--manifest", str(path)], tmp_path / "server.log", ready_text="policy-server ready", name="server"
+    ).start(timeout_s=120)
     c = RawClient(router, ReplicaKeys("cam", "main", "r0"), "robot-cam")
     try:
         ack = c.open(action_names=list(CAMERA_ACTIONS), state_dim=10, cameras={"front": [64, 64, 3]})
@@ -110,8 +121,14 @@ def test_a_frame_many_times_the_cameras_size_costs_the_server_little_more_than_o
         huge = encode_image(np.random.default_rng(0).integers(0, 256, (4096, 4096, 3), dtype=np.uint8), quality=5)
         huge_png = encode_image(np.zeros((4096, 4096, 3), np.uint8), codec="png")  # 16 M pixels in 220 KB
         ms = {}
-        for name, frame in (("small", small), ("huge", huge), ("png", huge_png), ("small again", small),
-                            ("huge again", huge), ("png again", huge_png)):
+        for name, frame in (
+            ("small", small),
+            ("huge", huge),
+            ("png", huge_png),
+            ("small again", small),
+            ("huge again", huge),
+            ("png again", huge_png),
+        ):
             m = _answer(c, c.send(state, images={"front": frame}, episode_start=True))
             assert isinstance(m, ActionChunk) and np.isfinite(m.chunk_robot).all(), m
             ms[name] = m.inference_ms

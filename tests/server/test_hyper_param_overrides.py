@@ -19,8 +19,16 @@ STATS = {"observation.state": {"mean": [0.0] * S, "std": [1.0] * S}, "action": {
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    cfg = PolicyConfig(type="flow_matching", state_dim=S, action_dim=A, chunk_size=T, fps=30, execution_horizon=6,
-                       action_names=["x", "y"], hyper_params={"hidden_dim": 32, "obs_embed_dim": 16, "num_steps": 4})
+    cfg = PolicyConfig(
+        type="flow_matching",
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=30,
+        execution_horizon=6,
+        action_names=["x", "y"],
+        hyper_params={"hidden_dim": 32, "obs_embed_dim": 16, "num_steps": 4},
+    )
     torch.manual_seed(0)
     return save_checkpoint(make_policy(cfg), STATS, tmp_path_factory.mktemp("ckpt") / "tiny")
 
@@ -42,12 +50,15 @@ def test_a_serving_hyper_parameter_changes_the_sampling_and_the_recorded_config(
     assert torch.equal(guided_chunk(fresh), network)
 
 
-@pytest.mark.parametrize("overrides, words", [
-    ({"hidden_dim": 64}, "define(s) the trained flow_matching network"),
-    ({"no_such_knob": 1}, "has no hyper-parameter 'no_such_knob'"),
-    ({"prefix_schedule": "cosine"}, "prefix_schedule='cosine'"),
-    ({"max_guidance_weight": 2.0, "rtc_mode": "training_time"}, "not trained for rtc_mode 'training_time'"),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        ({"hidden_dim": 64}, "define(s) the trained flow_matching network"),
+        ({"no_such_knob": 1}, "has no hyper-parameter 'no_such_knob'"),
+        ({"prefix_schedule": "cosine"}, "prefix_schedule='cosine'"),
+        ({"max_guidance_weight": 2.0, "rtc_mode": "training_time"}, "not trained for rtc_mode 'training_time'"),
+    ],
+)
 def test_a_refused_override_names_the_problem_and_changes_nothing(ckpt, overrides, words):
     policy = load_checkpoint(ckpt).policy
     before = dict(policy.hp)
@@ -57,15 +68,21 @@ def test_a_refused_override_names_the_problem_and_changes_nothing(ckpt, override
 
 
 def test_only_sampling_hyper_parameters_are_serving_ones():
-    assert not {"hidden_dim", "num_layers", "obs_embed_dim", "time_embed_dim", "d_model", "max_prefix_rows"} \
-        & set(SERVING_HYPER_PARAMS)
+    assert not {"hidden_dim", "num_layers", "obs_embed_dim", "time_embed_dim", "d_model", "max_prefix_rows"} & set(
+        SERVING_HYPER_PARAMS
+    )
 
 
 def test_the_server_loads_the_manifests_overrides_before_its_runtime(ckpt, tmp_path):
-    manifest = {"model": {"repo_or_path": str(ckpt), "hyper_params": {"max_guidance_weight": 3.0}},
-                "model_id": "tiny", "replica_id": "r0", "warmup_inferences": 0, "health_port": 0,
-                "audit_path": str(tmp_path / "audit.jsonl"),
-                "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:7447"]}}  # a manifest needs one; load() never connects
+    manifest = {
+        "model": {"repo_or_path": str(ckpt), "hyper_params": {"max_guidance_weight": 3.0}},
+        "model_id": "tiny",
+        "replica_id": "r0",
+        "warmup_inferences": 0,
+        "health_port": 0,
+        "audit_path": str(tmp_path / "audit.jsonl"),
+        "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:7447"]},
+    }  # a manifest needs one; load() never connects
     srv = PolicyServer(manifest)
     srv.load()
     assert srv.loaded.policy.hp["max_guidance_weight"] == 3.0 and srv.runtime.rtc_mode == "guidance"
@@ -109,10 +126,16 @@ def test_a_server_told_to_compile_compiles_its_network_at_load_and_serves_the_sa
     except PolicyConfigError as e:
         pytest.skip(str(e))
     ckpt = Path(__file__).resolve().parents[2] / "bench/checkpoints/reacher_transformer"
-    manifest = {"model": {"repo_or_path": str(ckpt), "hyper_params": {"compile": True}}, "model_id": "rt",
-                "replica_id": "r0", "warmup_inferences": 1, "health_port": 0, "scheduling": {"max_batch": 2},
-                "audit_path": str(tmp_path / "audit.jsonl"),
-                "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:7447"]}}  # a manifest needs one; load() never connects
+    manifest = {
+        "model": {"repo_or_path": str(ckpt), "hyper_params": {"compile": True}},
+        "model_id": "rt",
+        "replica_id": "r0",
+        "warmup_inferences": 1,
+        "health_port": 0,
+        "scheduling": {"max_batch": 2},
+        "audit_path": str(tmp_path / "audit.jsonl"),
+        "zenoh": {"connect_endpoints": ["tcp/127.0.0.1:7447"]},
+    }  # a manifest needs one; load() never connects
     from torch._dynamo.utils import counters
 
     srv = PolicyServer(manifest)

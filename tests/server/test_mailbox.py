@@ -37,9 +37,12 @@ def take_all(box: Mailbox, max_batch: int = 8) -> list[Request]:
 
 # ---- newest wins -------------------------------------------------------------------------------------------
 
+
 @settings(max_examples=80, deadline=None)
-@given(sessions=st.lists(st.integers(0, 6), min_size=1, max_size=60),
-       strategy=st.sampled_from(["round_robin", "deadline_aware", "priority_tiered", "batch_optimized"]))
+@given(
+    sessions=st.lists(st.integers(0, 6), min_size=1, max_size=60),
+    strategy=st.sampled_from(["round_robin", "deadline_aware", "priority_tiered", "batch_optimized"]),
+)
 def test_newest_request_of_each_session_wins_and_the_replaced_are_counted(sessions, strategy):
     box = Mailbox(strategy, clock=FakeClock())
     last = {}
@@ -79,14 +82,24 @@ op = st.one_of(
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=st.lists(op, max_size=80),
-       strategy=st.sampled_from(["round_robin", "deadline_aware", "model_deadline", "priority_tiered", "batch_optimized"]),
-       overflow=st.sampled_from(["drop_oldest", "drop_newest", "reject"]),
-       max_queue_size=st.integers(1, 5), ttl_ms=st.sampled_from([None, 300.0, 1000.0]), max_retries=st.integers(0, 2))
+@given(
+    ops=st.lists(op, max_size=80),
+    strategy=st.sampled_from(["round_robin", "deadline_aware", "model_deadline", "priority_tiered", "batch_optimized"]),
+    overflow=st.sampled_from(["drop_oldest", "drop_newest", "reject"]),
+    max_queue_size=st.integers(1, 5),
+    ttl_ms=st.sampled_from([None, 300.0, 1000.0]),
+    max_retries=st.integers(0, 2),
+)
 def test_every_deposited_request_leaves_exactly_one_way(ops, strategy, overflow, max_queue_size, ttl_ms, max_retries):
     clock = FakeClock()
-    box = Mailbox(strategy, max_queue_size=max_queue_size, overflow_policy=overflow, request_ttl_ms=ttl_ms,
-                  max_retries=max_retries, clock=clock)
+    box = Mailbox(
+        strategy,
+        max_queue_size=max_queue_size,
+        overflow_policy=overflow,
+        request_ttl_ms=ttl_ms,
+        max_retries=max_retries,
+        clock=clock,
+    )
     fate: dict[int, str] = {}  # id(request) -> how it left; "dispatched" may later turn into another fate
     deposited, seq = [], 0
 
@@ -150,6 +163,7 @@ def test_every_deposited_request_leaves_exactly_one_way(ops, strategy, overflow,
 
 # ---- overflow policies ----------------------------------------------------------------------------------------
 
+
 def full_box(policy: str, clock=None) -> Mailbox:
     clock = clock or FakeClock()
     box = Mailbox(max_queue_size=3, overflow_policy=policy, clock=clock)
@@ -203,6 +217,7 @@ def test_unknown_overflow_policy_raises_listing_the_known_ones():
 
 # ---- TTL ---------------------------------------------------------------------------------------------------
 
+
 def test_requests_older_than_the_ttl_are_returned_by_the_next_take_not_dispatched():
     clock = FakeClock(10.0)
     box = Mailbox(request_ttl_ms=500, clock=clock)
@@ -246,6 +261,7 @@ def test_ttl_none_never_expires():
 
 # ---- retries -------------------------------------------------------------------------------------------------
 
+
 def test_a_failed_dispatch_is_requeued_up_to_max_retries():
     box = Mailbox(max_retries=2, clock=FakeClock())
     box.deposit(req("a"))
@@ -286,6 +302,7 @@ def test_max_retries_zero_means_no_retry():
 
 # ---- sessions, close, config ----------------------------------------------------------------------------------
 
+
 def test_remove_session_returns_its_pending_request_and_forgets_its_counters():
     box = Mailbox(clock=FakeClock())
     box.deposit(req("a", seq=1))
@@ -310,11 +327,25 @@ def test_close_returns_everything_still_held_and_refuses_deposits():
 
 
 def test_config_words_build_the_mailbox_and_unknown_keys_are_refused():
-    box = Mailbox.from_config({"strategy": "batch_optimized", "options": {"batch_window_ms": 20}, "max_queue_size": 7,
-                               "request_ttl_ms": 3000, "overflow_policy": "reject", "max_retries": 1}, model="pi0")
+    box = Mailbox.from_config(
+        {
+            "strategy": "batch_optimized",
+            "options": {"batch_window_ms": 20},
+            "max_queue_size": 7,
+            "request_ttl_ms": 3000,
+            "overflow_policy": "reject",
+            "max_retries": 1,
+        },
+        model="pi0",
+    )
     assert box.scheduler.name == "batch_optimized" and box.scheduler.batch_window_s == pytest.approx(0.02)
     assert (box.max_queue_size, box.request_ttl_s, box.overflow_policy, box.max_retries, box.model) == (
-        7, pytest.approx(3.0), "reject", 1, "pi0")
+        7,
+        pytest.approx(3.0),
+        "reject",
+        1,
+        "pi0",
+    )
     assert Mailbox.from_config(None).scheduler.name == "round_robin"
     with pytest.raises(ValueError, match="max_queue_size"):
         SchedulingConfig.from_dict({"max_queue": 5})
@@ -332,6 +363,7 @@ def test_queue_depth_is_what_still_waits_after_the_batch_left():
 
 
 # ---- blocking take (real time, kept short) ------------------------------------------------------------------
+
 
 def test_take_returns_within_the_timeout_when_nothing_arrives():
     box = Mailbox()
@@ -399,12 +431,26 @@ def test_deposit_stays_cheap_with_many_sessions():
 
 # ---- threads ----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("strategy, overflow", [("round_robin", "drop_oldest"), ("batch_optimized", "drop_newest"),
-                                                ("deadline_aware", "reject"), ("priority_tiered", "drop_newest")])
+
+@pytest.mark.parametrize(
+    "strategy, overflow",
+    [
+        ("round_robin", "drop_oldest"),
+        ("batch_optimized", "drop_newest"),
+        ("deadline_aware", "reject"),
+        ("priority_tiered", "drop_newest"),
+    ],
+)
 def test_depositors_hammering_while_dispatchers_take_lose_nothing_and_never_deadlock(strategy, overflow):
     options = {"batch_window_ms": 1.0} if strategy == "batch_optimized" else {}
-    box = Mailbox(strategy, scheduler_options=options, max_queue_size=24, overflow_policy=overflow,
-                  request_ttl_ms=5.0, max_retries=1)
+    box = Mailbox(
+        strategy,
+        scheduler_options=options,
+        max_queue_size=24,
+        overflow_policy=overflow,
+        request_ttl_ms=5.0,
+        max_retries=1,
+    )
     n_depositors, per_depositor, sessions_each = 4, 1500, 10
     lock = threading.Lock()
     tally = Counter()
@@ -415,8 +461,9 @@ def test_depositors_hammering_while_dispatchers_take_lose_nothing_and_never_dead
         rng = random.Random(d)
         for i in range(per_depositor):
             sid = f"d{d}s{rng.randrange(sessions_each)}"  # a session belongs to one depositor: seqs rise
-            res = box.deposit(req(sid, seq=i, arrived=time.monotonic(), batch_key=rng.randrange(2),
-                                  priority=rng.randrange(2)))
+            res = box.deposit(
+                req(sid, seq=i, arrived=time.monotonic(), batch_key=rng.randrange(2), priority=rng.randrange(2))
+            )
             with lock:
                 tally["deposited"] += 1
                 tally["superseded"] += res.superseded is not None
@@ -494,8 +541,7 @@ def test_a_partial_batch_gathers_for_the_window_only_while_more_sessions_could_s
 
 def test_a_scheduler_that_holds_batches_is_the_only_window():
     """batch_optimized holds a partial batch for its window; the mailbox then gathers none of its own."""
-    box = Mailbox("batch_optimized", scheduler_options={"batch_window_ms": 300}, batch_window_ms=300,
-                  senders=lambda: 2)
+    box = Mailbox("batch_optimized", scheduler_options={"batch_window_ms": 300}, batch_window_ms=300, senders=lambda: 2)
     box.deposit(req("a", arrived=time.monotonic()))
     t0 = time.monotonic()
     assert [r.session_id for r in box.take(max_batch=4, timeout_s=2.0).requests] == ["a"]

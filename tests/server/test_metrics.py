@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.metrics import BOUNDED_LABELS, KNOWN_METRICS, LATENCY_MS_BUCKETS, Metrics, Sketch, WindowedSketch, exposed_names
+from server.metrics import (
+    BOUNDED_LABELS,
+    KNOWN_METRICS,
+    LATENCY_MS_BUCKETS,
+    Metrics,
+    Sketch,
+    WindowedSketch,
+    exposed_names,
+)
 from tests.server.scrape import samples, scraped
 
 
@@ -34,8 +42,11 @@ def test_labels_are_bounded_and_a_per_robot_label_is_refused_with_the_reason():
     for name, spec in KNOWN_METRICS.items():
         assert set(spec.labels) <= BOUNDED_LABELS, name
     m = Metrics()
-    with pytest.raises(ValueError, match=r"takes labels \['model'\], got \['client', 'model'\]; client would make a "
-                                         r"series per value \(per-robot detail belongs in the audit log"):
+    with pytest.raises(
+        ValueError,
+        match=r"takes labels \['model'\], got \['client', 'model'\]; client would make a "
+        r"series per value \(per-robot detail belongs in the audit log",
+    ):
         m.inc("requests", model="pi0", client="robot-1")
     with pytest.raises(ValueError, match=r"takes labels \['model'\], got \[\]"):
         m.observe("inference_ms", 3.0)
@@ -115,7 +126,8 @@ def test_exposed_names_are_what_a_scrape_shows():
     m = Metrics()
     for name, spec in KNOWN_METRICS.items():
         m.__getattribute__({"counter": "inc", "gauge": "set", "histogram": "observe"}[spec.kind])(
-            name, 1.0, **{k: "x" for k in spec.labels})
+            name, 1.0, **{k: "x" for k in spec.labels}
+        )
     shown = {n for n, _, _ in samples(m.text())}
     for name in KNOWN_METRICS:
         assert set(exposed_names(name)) <= shown, name
@@ -151,6 +163,7 @@ def test_concurrent_writers_and_scrapes_keep_counts_exact():
 
 def test_the_scrape_does_not_grow_with_the_robots_served():
     """1,000 robots through the service's calls: the scrape is the size of one robot's (no per-robot series)."""
+
     def drive(robots):
         m = Metrics(process=False)
         for i in range(robots):
@@ -223,7 +236,8 @@ def test_every_metric_name_the_docs_mention_is_exposed():
     m = Metrics()
     for name, spec in KNOWN_METRICS.items():
         getattr(m, {"counter": "inc", "gauge": "set", "histogram": "observe"}[spec.kind])(
-            name, 1.0, **{k: "x" for k in spec.labels})
+            name, 1.0, **{k: "x" for k in spec.labels}
+        )
     fams = list(text_string_to_metric_families(m.text()))
     shown = {f.name for f in fams} | {s.name for f in fams for s in f.samples}
     missing = {n: doc for n, doc in documented.items() if n not in shown}

@@ -119,7 +119,9 @@ names = st.text(alphabet="abcdefgh_", min_size=1, max_size=6)
 )
 def test_policy_config_survives_a_json_round_trip(state_dim, action_dim, chunk, fps, relative, cams, data):
     horizon = data.draw(st.integers(1, chunk))
-    indices = data.draw(st.lists(st.integers(0, state_dim - 1), min_size=action_dim, max_size=action_dim)) if relative else []
+    indices = (
+        data.draw(st.lists(st.integers(0, state_dim - 1), min_size=action_dim, max_size=action_dim)) if relative else []
+    )
     cfg = PolicyConfig(
         type="flow_matching",
         state_dim=state_dim,

@@ -7,7 +7,14 @@ import json
 import pytest
 import torch
 
-from server.policies import CheckpointError, PolicyConfig, PolicyLoadError, load_checkpoint, make_policy, save_checkpoint
+from server.policies import (
+    CheckpointError,
+    PolicyConfig,
+    PolicyLoadError,
+    load_checkpoint,
+    make_policy,
+    save_checkpoint,
+)
 from server.policies.checkpoint import CHECKPOINT_FILES
 from server.policies.stats import StatsError
 
@@ -19,8 +26,14 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 def config(policy_type: str = "flow_matching") -> PolicyConfig:
     return PolicyConfig(
-        type=policy_type, state_dim=S, action_dim=A, chunk_size=T, fps=15, execution_horizon=4,
-        action_names=["x", "y", "grip"], hyper_params={"hidden_dim": 32, "obs_embed_dim": 16},
+        type=policy_type,
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=15,
+        execution_horizon=4,
+        action_names=["x", "y", "grip"],
+        hyper_params={"hidden_dim": 32, "obs_embed_dim": 16},
     )
 
 
@@ -70,7 +83,9 @@ def test_hash_is_stable_across_resave_and_changes_with_any_weight(tmp_path):
 def test_hash_changes_with_stats(tmp_path):
     first = load_checkpoint(saved(tmp_path, "a"))
     other = {**STATS, "action": {"mean": [0.1, 0.2, 0.3], "std": [1.0, 1.0, 0.5]}}
-    assert load_checkpoint(save_checkpoint(first.policy, other, tmp_path / "b")).checkpoint_hash != first.checkpoint_hash
+    assert (
+        load_checkpoint(save_checkpoint(first.policy, other, tmp_path / "b")).checkpoint_hash != first.checkpoint_hash
+    )
 
 
 @pytest.mark.parametrize("source", ["lerobot/pi0_towels", "hf://lerobot/pi0", "https://huggingface.co/lerobot/pi0"])

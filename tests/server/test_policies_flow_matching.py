@@ -19,7 +19,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 def policy(**hp) -> FlowMatchingPolicy:
     torch.manual_seed(0)
     cfg = PolicyConfig(
-        type="flow_matching", state_dim=S, action_dim=A, chunk_size=T, fps=10, execution_horizon=H,
+        type="flow_matching",
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=10,
+        execution_horizon=H,
         hyper_params={"hidden_dim": 64, "obs_embed_dim": 32, **hp},
     )
     return make_policy(cfg).eval().requires_grad_(False)  # type: ignore[return-value]
@@ -41,8 +46,12 @@ def test_prefix_weights_follow_lerobot_linear_schedule():
     torch.testing.assert_close(prefix_weights(2, 10, 4), torch.tensor([1, 1, 2 / 3, 1 / 3]))
 
 
-@given(delay=st.integers(-3, 40), horizon=st.integers(0, 40), total=st.integers(1, 40),
-       schedule=st.sampled_from(["linear", "exp"]))
+@given(
+    delay=st.integers(-3, 40),
+    horizon=st.integers(0, 40),
+    total=st.integers(1, 40),
+    schedule=st.sampled_from(["linear", "exp"]),
+)
 def test_prefix_weights_properties(delay, horizon, total, schedule):
     w = prefix_weights(delay, horizon, total, schedule)
     ones = min(max(delay, 0), horizon, total)
@@ -119,11 +128,13 @@ def test_the_guided_horizon_is_the_prefix_given_not_the_checkpoints_execution_ho
     changed_tail = long_prefix.clone()
     changed_tail[H:] += 5.0
     # the rows given are the horizon: what follows them elsewhere does not matter
-    assert torch.equal(p.predict_action_chunk(batch, [2], [long_prefix[:H]]),
-                       p.predict_action_chunk(batch, [2], [changed_tail[:H]]))
+    assert torch.equal(
+        p.predict_action_chunk(batch, [2], [long_prefix[:H]]), p.predict_action_chunk(batch, [2], [changed_tail[:H]])
+    )
     # a longer prefix guides its rows beyond the checkpoint's execution_horizon too
-    assert not torch.equal(p.predict_action_chunk(batch, [2], [long_prefix]),
-                           p.predict_action_chunk(batch, [2], [changed_tail]))
+    assert not torch.equal(
+        p.predict_action_chunk(batch, [2], [long_prefix]), p.predict_action_chunk(batch, [2], [changed_tail])
+    )
 
 
 def test_batched_per_sample_delays_and_prefixes_equal_each_sample_run_alone():

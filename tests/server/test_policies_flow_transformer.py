@@ -8,7 +8,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from server.policies import POLICY_REGISTRY, PolicyConfig, PolicyConfigError, classify, load_checkpoint, make_policy, save_checkpoint
+from server.policies import (
+    POLICY_REGISTRY,
+    PolicyConfig,
+    PolicyConfigError,
+    classify,
+    load_checkpoint,
+    make_policy,
+    save_checkpoint,
+)
 from server.policies.flow_matching import prefix_mask, sample_committed
 from server.policies.flow_transformer import (
     COMPILE_BUCKETS,
@@ -30,8 +38,16 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 def config(**kw) -> PolicyConfig:
     hp = {**TINY, **kw.pop("hyper_params", {})}
-    return PolicyConfig(type="flow_transformer", state_dim=S, action_dim=A, chunk_size=T, fps=10,
-                        execution_horizon=H, hyper_params=hp, **kw)
+    return PolicyConfig(
+        type="flow_transformer",
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=10,
+        execution_horizon=H,
+        hyper_params=hp,
+        **kw,
+    )
 
 
 def policy(**kw) -> FlowTransformerPolicy:
@@ -53,12 +69,24 @@ def test_registered_stateless_with_rtc():
 
 
 def test_the_vla_preset_has_at_least_300m_parameters_counted_without_allocating():
-    cfg = PolicyConfig(type="flow_transformer", state_dim=32, action_dim=32, chunk_size=50, fps=50,
-                       image_features={"front": [3, 224, 224], "wrist": [3, 224, 224]},
-                       hyper_params=preset_hyper_params("vla_300m"))
+    cfg = PolicyConfig(
+        type="flow_transformer",
+        state_dim=32,
+        action_dim=32,
+        chunk_size=50,
+        fps=50,
+        image_features={"front": [3, 224, 224], "wrist": [3, 224, 224]},
+        hyper_params=preset_hyper_params("vla_300m"),
+    )
     assert count_parameters(cfg) >= 300_000_000
-    tiny = PolicyConfig(type="flow_transformer", state_dim=10, action_dim=2, chunk_size=30, fps=30,
-                        hyper_params=preset_hyper_params("tiny"))
+    tiny = PolicyConfig(
+        type="flow_transformer",
+        state_dim=10,
+        action_dim=2,
+        chunk_size=30,
+        fps=30,
+        hyper_params=preset_hyper_params("tiny"),
+    )
     assert count_parameters(tiny) < 500_000  # the same class, trainable on one CPU thread
 
 
@@ -66,7 +94,9 @@ def test_bad_sizes_are_refused_naming_the_field():
     with pytest.raises(PolicyConfigError, match="multiple of num_heads"):
         make_policy(config(hyper_params={"d_model": 30, "num_heads": 4}))
     with pytest.raises(PolicyConfigError, match="patch_size"):
-        make_policy(config(image_features={"front": [3, 20, 20]}, hyper_params={"image_encoder": "vit", "patch_size": 8}))
+        make_policy(
+            config(image_features={"front": [3, 20, 20]}, hyper_params={"image_encoder": "vit", "patch_size": 8})
+        )
     with pytest.raises(PolicyConfigError, match="image_encoder"):
         make_policy(config(hyper_params={"image_encoder": "resnet"}))
 
@@ -80,7 +110,9 @@ def test_output_is_deterministic_and_each_sample_is_computed_as_if_alone():
     assert together.shape == (4, T, A) and together.dtype == torch.float32
     torch.testing.assert_close(together, p.predict_action_chunk(batch, delays, prefixes), rtol=0, atol=0)
     for b in range(4):
-        alone = p.predict_action_chunk({"observation.state": batch["observation.state"][b:b + 1]}, [delays[b]], [prefixes[b]])
+        alone = p.predict_action_chunk(
+            {"observation.state": batch["observation.state"][b : b + 1]}, [delays[b]], [prefixes[b]]
+        )
         torch.testing.assert_close(together[b], alone[0], rtol=1e-5, atol=1e-5)
 
 
@@ -163,13 +195,18 @@ def test_a_graph_replayed_velocity_gives_the_eager_chunks(rtc_mode):
     replayed._velocity_fn = graph_safe(stand_in, replayed.velocity)
     batch = states(3, seed=5)
     args = ([2, 0, 3], [rows(6, 1), None, rows(6, 2)])
-    torch.testing.assert_close(replayed.predict_action_chunk(batch, *args), eager.predict_action_chunk(batch, *args),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        replayed.predict_action_chunk(batch, *args), eager.predict_action_chunk(batch, *args), rtol=1e-5, atol=1e-5
+    )
     assert stand_in.grad_calls == 0
     assert stand_in.calls == (int(TINY["num_steps"]) if rtc_mode == "training_time" else 0)  # guided: all eager
     unguided = ([0, 0, 0], [None, None, None])
-    torch.testing.assert_close(replayed.predict_action_chunk(batch, *unguided),
-                               eager.predict_action_chunk(batch, *unguided), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        replayed.predict_action_chunk(batch, *unguided),
+        eager.predict_action_chunk(batch, *unguided),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     assert stand_in.calls >= int(TINY["num_steps"])
     context = replayed.context(replayed.encode(states(2)))
     x_t = torch.randn(2, T, A, generator=torch.Generator().manual_seed(4))
@@ -199,13 +236,18 @@ def test_compile_on_a_cpu_runs_inductor_kernels_per_bucket_with_the_eager_chunks
     graphs = counters["stats"]["unique_graphs"]
     batch = states(3, seed=7)
     for args in (([2, 0, 3], [rows(6, 1), None, rows(6, 2)]), ([0, 0, 0], [None, None, None])):
-        torch.testing.assert_close(compiled.predict_action_chunk(batch, *args), eager.predict_action_chunk(batch, *args),
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            compiled.predict_action_chunk(batch, *args), eager.predict_action_chunk(batch, *args), rtol=1e-4, atol=1e-4
+        )
     assert compiled._compiled and compiled._velocity_fn is not compiled.velocity
     assert counters["stats"]["unique_graphs"] > graphs  # Dynamo captured (and inductor built) the network
     assert compiled.compile_fallbacks == []  # compiled, not eager behind the same chunks
-    torch.testing.assert_close(compiled.predict_action_chunk(states(4, seed=8), [0] * 4, [None] * 4),
-                               eager.predict_action_chunk(states(4, seed=8), [0] * 4, [None] * 4), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        compiled.predict_action_chunk(states(4, seed=8), [0] * 4, [None] * 4),
+        eager.predict_action_chunk(states(4, seed=8), [0] * 4, [None] * 4),
+        rtol=1e-4,
+        atol=1e-4,
+    )
     compiled.override_hyper_params({"compile": False})  # turned off again: the eager network from the next call
     compiled.predict_action_chunk(states(1), [0], [None])
     assert not compiled._compiled and compiled._velocity_fn == compiled.velocity
@@ -227,7 +269,9 @@ def test_compiled_policies_of_one_process_share_graphs_but_each_runs_its_own_wei
     graphs = counters["stats"]["unique_graphs"]
     chunks.append(second.predict_action_chunk(states(2), [0, 0], [None, None]))
     assert counters["stats"]["unique_graphs"] == graphs and second.compile_fallbacks == []
-    assert FlowTransformerPolicy.compiled_shapes == before + 2 * (3 * len(COMPILE_BUCKETS) + 2)  # per bucket and signature
+    assert FlowTransformerPolicy.compiled_shapes == before + 2 * (
+        3 * len(COMPILE_BUCKETS) + 2
+    )  # per bucket and signature
     assert dynamo_config.recompile_limit >= FlowTransformerPolicy.compiled_shapes
     for p, chunk in zip((first, second), chunks):
         p._velocity_fn = p.velocity  # its eager network
@@ -249,8 +293,12 @@ def test_the_guided_vjp_runs_the_differentiable_compile_where_one_is_given():
 
     replayed_policy._velocity_fn = graph_safe(stand_in, replayed_policy.velocity, differentiable)
     batch, args = states(2, seed=3), ([2, 1], [rows(6, 1), rows(6, 2)])
-    torch.testing.assert_close(replayed_policy.predict_action_chunk(batch, *args), eager.predict_action_chunk(batch, *args),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        replayed_policy.predict_action_chunk(batch, *args),
+        eager.predict_action_chunk(batch, *args),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     assert grads == [True] * int(TINY["num_steps"]) and stand_in.calls == 0
 
 
@@ -264,8 +312,12 @@ def test_a_compile_that_fails_runs_eager_says_why_and_is_not_retried(caplog):
         raise RuntimeError("no toolchain")
 
     p, eager = policy(), policy()
-    fn = CompiledPath(torch.compile(p.velocity, backend=broken_backend, dynamic=False), p.velocity, "the test network",
-                      p.compile_fallbacks)
+    fn = CompiledPath(
+        torch.compile(p.velocity, backend=broken_backend, dynamic=False),
+        p.velocity,
+        "the test network",
+        p.compile_fallbacks,
+    )
     p._velocity_fn, p._compiled, p.hp["compile"] = fn, True, True
     out = [p.predict_action_chunk(states(2), [0, 0], [None, None]) for _ in range(2)]
     for chunk in out:
@@ -292,13 +344,21 @@ def test_a_compiled_backward_that_fails_leaves_the_guided_vjp_eager():
         raise RuntimeError("no backward compiler")
 
     p, eager = policy(), policy()
-    path = CompiledPath(torch.compile(p.velocity, backend=aot_autograd(fw_compiler=fw, bw_compiler=bw), dynamic=False),
-                        p.velocity, "the guided network", p.compile_fallbacks)
+    path = CompiledPath(
+        torch.compile(p.velocity, backend=aot_autograd(fw_compiler=fw, bw_compiler=bw), dynamic=False),
+        p.velocity,
+        "the guided network",
+        p.compile_fallbacks,
+    )
     p._velocity_fn, p._grad_path, p._compiled, p.hp["compile"] = path, path, True, True
     args = ([2, 1], [rows(6, 1), rows(6, 2)])
     for _ in range(2):
-        torch.testing.assert_close(p.predict_action_chunk(states(2, seed=3), *args),
-                                   eager.predict_action_chunk(states(2, seed=3), *args), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            p.predict_action_chunk(states(2, seed=3), *args),
+            eager.predict_action_chunk(states(2, seed=3), *args),
+            rtol=1e-5,
+            atol=1e-5,
+        )
     assert forwards and len(backwards) == 1 and path.failed
     assert len(p.compile_fallbacks) == 1
     assert p.compile_fallbacks[0].startswith("compiling the guided network failed, it runs eager: ")
@@ -381,11 +441,16 @@ def test_compile_on_a_cpu_without_a_cpp_compiler_is_refused_saying_what_to_do():
 
 @pytest.mark.parametrize("encoder", ["conv", "vit"])
 def test_cameras_become_tokens_that_change_the_chunk(encoder):
-    p = policy(image_features={"front": [3, 32, 32], "wrist": [3, 32, 32]},
-               hyper_params={"image_encoder": encoder, "patch_size": 8})
+    p = policy(
+        image_features={"front": [3, 32, 32], "wrist": [3, 32, 32]},
+        hyper_params={"image_encoder": encoder, "patch_size": 8},
+    )
     memory_tokens = 1 + 2 * (4 if encoder == "conv" else 16)
-    batch = {**states(2), "observation.images.front": torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)),
-             "observation.images.wrist": torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))}
+    batch = {
+        **states(2),
+        "observation.images.front": torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)),
+        "observation.images.wrist": torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2)),
+    }
     assert p.encode(batch).shape == (2, memory_tokens, TINY["d_model"])
     out = p.predict_action_chunk(batch, [0, 0], [None, None])
     other = dict(batch, **{"observation.images.front": torch.zeros(2, 3, 32, 32)})
@@ -402,11 +467,15 @@ def test_the_written_out_attention_is_multihead_attentions():
             param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
     memory, h = torch.randn(2, 17, TINY["d_model"], generator=gen), torch.randn(2, T, TINY["d_model"], generator=gen)
     for block in p.obs_blocks:
-        torch.testing.assert_close(block._self_attention(memory), block.attn(memory, memory, memory, need_weights=False)[0])
+        torch.testing.assert_close(
+            block._self_attention(memory), block.attn(memory, memory, memory, need_weights=False)[0]
+        )
     for block in p.blocks:
         torch.testing.assert_close(block._self_attention(h), block.attn(h, h, h, need_weights=False)[0])
-        torch.testing.assert_close(block._cross_attention(h, *block.memory_kv(memory)),
-                                   block.cross_attn(h, memory, memory, need_weights=False)[0])
+        torch.testing.assert_close(
+            block._cross_attention(h, *block.memory_kv(memory)),
+            block.cross_attn(h, memory, memory, need_weights=False)[0],
+        )
     assert p.context(memory)[1].shape == (2, TINY["num_heads"], 17, TINY["d_model"] // TINY["num_heads"])
 
 
@@ -417,7 +486,9 @@ def test_the_observation_is_projected_once_per_call_not_per_euler_step(rtc_mode,
     p = policy(hyper_params={"rtc_mode": rtc_mode})
     calls = []
     real = type(p.blocks[0]).memory_kv
-    monkeypatch.setattr(type(p.blocks[0]), "memory_kv", lambda block, memory: calls.append(block) or real(block, memory))
+    monkeypatch.setattr(
+        type(p.blocks[0]), "memory_kv", lambda block, memory: calls.append(block) or real(block, memory)
+    )
     p.predict_action_chunk(states(2), [2, 0], [rows(H, 0), None])
     assert len(calls) == TINY["num_layers"] and set(map(id, calls)) == set(map(id, p.blocks))
     assert TINY["num_steps"] > 1
@@ -511,8 +582,11 @@ def test_init_weights_makes_a_loadable_seeded_checkpoint_from_config_and_stats(t
 
     p = policy()
     rng = np.random.default_rng(0)
-    save_checkpoint(p, compute_stats(rng.normal(size=(8, S)).astype(np.float32), rng.normal(size=(8, T, A)).astype(np.float32)),
-                    tmp_path / "a")
+    save_checkpoint(
+        p,
+        compute_stats(rng.normal(size=(8, S)).astype(np.float32), rng.normal(size=(8, T, A)).astype(np.float32)),
+        tmp_path / "a",
+    )
     (tmp_path / "a" / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="model.safetensors"):
         load_checkpoint(tmp_path / "a")

@@ -29,7 +29,9 @@ def linear_dataset(n: int, seed: int = 0):
 
 
 def config(policy_type: str, **kw) -> PolicyConfig:
-    return PolicyConfig(type=policy_type, state_dim=S, action_dim=A, chunk_size=T, fps=20, execution_horizon=4, hyper_params=HP, **kw)
+    return PolicyConfig(
+        type=policy_type, state_dim=S, action_dim=A, chunk_size=T, fps=20, execution_horizon=4, hyper_params=HP, **kw
+    )
 
 
 def tracking_error(directory, states, chunks) -> float:
@@ -56,7 +58,9 @@ def test_mlp_chunk_learns_a_linear_dataset_and_tracks_it_through_the_pipeline(tm
     if relative:  # the model was trained on action - state[indices]; its stats say so
         stats = json.loads((out / "stats.json").read_text())
         relative_targets = chunks - states[:, None, :A]
-        np.testing.assert_allclose(stats["action"]["mean"], relative_targets.reshape(-1, A).mean(0), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            stats["action"]["mean"], relative_targets.reshape(-1, A).mean(0), rtol=1e-4, atol=1e-5
+        )
 
 
 def test_flow_matching_learns_a_linear_dataset(tmp_path):
@@ -72,7 +76,9 @@ def test_flow_matching_learns_a_linear_dataset(tmp_path):
 def test_same_data_and_seed_give_the_same_checkpoint_hash(tmp_path):
     states, chunks = linear_dataset(256)
     runs = [
-        load_checkpoint(train_bc("flow_matching", states, chunks, config("flow_matching"), tmp_path / name, epochs=2, seed=seed))
+        load_checkpoint(
+            train_bc("flow_matching", states, chunks, config("flow_matching"), tmp_path / name, epochs=2, seed=seed)
+        )
         for name, seed in (("a", 7), ("b", 7), ("c", 8))
     ]
     assert runs[0].checkpoint_hash == runs[1].checkpoint_hash != runs[2].checkpoint_hash

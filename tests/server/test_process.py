@@ -13,21 +13,29 @@ import numpy as np
 import pytest
 import torch
 
-from wire import ActionChunk, ReplicaKeys, SessionAck
 from server.manifest import Manifest
 from server.policies import PolicyConfig, make_policy, save_checkpoint
 from server.process import ServerProcess
+from tests.server.scrape import scraped
 from tests.server.test_service import STATS, A, S, manifest
 from tests.server.zclient import RawClient
-from tests.server.scrape import scraped
+from wire import ActionChunk, ReplicaKeys, SessionAck
 
 
 def _ckpt(root, name, seed, kind="flow_matching"):
     torch.manual_seed(seed)
-    cfg = PolicyConfig(type=kind, state_dim=S, action_dim=A, chunk_size=8, fps=30, execution_horizon=4,
-                       action_names=["x", "y", "grip"],
-                       hyper_params={"hidden_dim": 32, "obs_embed_dim": 16, "num_steps": 4} if kind == "flow_matching"
-                       else {"hidden_dim": 32})
+    cfg = PolicyConfig(
+        type=kind,
+        state_dim=S,
+        action_dim=A,
+        chunk_size=8,
+        fps=30,
+        execution_horizon=4,
+        action_names=["x", "y", "grip"],
+        hyper_params={"hidden_dim": 32, "obs_embed_dim": 16, "num_steps": 4}
+        if kind == "flow_matching"
+        else {"hidden_dim": 32},
+    )
     return save_checkpoint(make_policy(cfg), STATS, root / name)
 
 
@@ -41,9 +49,13 @@ def two_ckpts(tmp_path_factory):
 @pytest.fixture
 def process(two_ckpts, router, tmp_path):
     arm, gripper = two_ckpts
-    m = manifest(arm, router, tmp_path, extra_models=[{"model": {"repo_or_path": str(gripper)}, "max_sessions": 2,
-                                                       "warmup_inferences": 1}],
-                 models={"known": {"gripper": {"max_inflight": 2}}})
+    m = manifest(
+        arm,
+        router,
+        tmp_path,
+        extra_models=[{"model": {"repo_or_path": str(gripper)}, "max_sessions": 2, "warmup_inferences": 1}],
+        models={"known": {"gripper": {"max_inflight": 2}}},
+    )
     proc = ServerProcess(Manifest.from_dict(m))
     proc.load()
     proc.start()
@@ -68,13 +80,16 @@ def test_two_models_share_one_process_and_each_answers_its_own_sessions(process,
         assert g.status().checkpoint_hash == gripper.info.checkpoint_hash and g.status().max_sessions == 2
         ack_a, ack_g = a.open(), g.open(rtc_enabled=False)
         assert isinstance(ack_a, SessionAck) and isinstance(ack_g, SessionAck)
-        assert ack_a.checkpoint_hash == arm.info.checkpoint_hash and ack_g.checkpoint_hash == gripper.info.checkpoint_hash
+        assert (
+            ack_a.checkpoint_hash == arm.info.checkpoint_hash and ack_g.checkpoint_hash == gripper.info.checkpoint_hash
+        )
         assert ack_g.policy_type == "mlp_chunk" and ack_a.session_id != ack_g.session_id
         seq = a.send(np.ones(S))
         got = a.chunk_for(seq, timeout=10)
         assert got is not None and isinstance(got[1], ActionChunk) and got[1].session_id == ack_a.session_id
-        assert len(_dispatch_threads(arm)) == 1 and not _dispatch_threads(gripper), \
+        assert len(_dispatch_threads(arm)) == 1 and not _dispatch_threads(gripper), (
             "the gripper's dispatch starts with its own first request"
+        )
         seq = g.send(np.ones(S))
         got = g.chunk_for(seq, timeout=10)
         assert got is not None and got[1].session_id == ack_g.session_id
@@ -130,8 +145,9 @@ def test_duplicate_model_ids_fail_the_manifest(two_ckpts, tmp_path):
 
     arm, _ = two_ckpts
     with pytest.raises(ManifestError, match=r"extra_models\[0\] has model_id 'arm', already served by model"):
-        Manifest.from_dict(manifest(arm, "tcp/127.0.0.1:7447", tmp_path,
-                                    extra_models=[{"model": {"repo_or_path": str(arm)}}]))
+        Manifest.from_dict(
+            manifest(arm, "tcp/127.0.0.1:7447", tmp_path, extra_models=[{"model": {"repo_or_path": str(arm)}}])
+        )
 
 
 class _LogEvents(logging.Handler):

@@ -34,8 +34,15 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 def checkpoint(tmp_path, relative=True, cams=None):
     cfg = PolicyConfig(
-        type="mlp_chunk", state_dim=S, action_dim=A, chunk_size=T, fps=10, execution_horizon=H,
-        image_features=cams or {}, relative_actions=relative, relative_state_indices=INDICES if relative else [],
+        type="mlp_chunk",
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=10,
+        execution_horizon=H,
+        image_features=cams or {},
+        relative_actions=relative,
+        relative_state_indices=INDICES if relative else [],
         hyper_params={"hidden_dim": 16, "obs_embed_dim": 8},
     )
     torch.manual_seed(0)
@@ -57,7 +64,11 @@ def test_eight_sessions_interleaved_each_get_their_own_state_back(tmp_path):
     chunk_model = torch.randn(1, T, A, generator=torch.Generator().manual_seed(0))
     for pipeline, state in zip(pipelines, joint_states):
         batch = pipeline.preprocess({"observation.state": state})
-        np.testing.assert_allclose(batch["observation.state"][0].numpy(), (state - mean("observation.state")) / std("observation.state"), rtol=1e-6)
+        np.testing.assert_allclose(
+            batch["observation.state"][0].numpy(),
+            (state - mean("observation.state")) / std("observation.state"),
+            rtol=1e-6,
+        )
     order = list(range(8))
     random.Random(0).shuffle(order)
     for i in order:  # postprocess in a different order than preprocess
@@ -165,7 +176,9 @@ def test_relative_prefix_is_reanchored_to_the_current_state_and_normalised(tmp_p
     # Without an explicit state the anchor cached by this request's preprocess is used.
     np.testing.assert_allclose(prepare_prefix(pipeline, None, prefix_robot, None, H).numpy(), out)
     # Round trip: postprocess of the re-anchored prefix gives the robot-space prefix back.
-    np.testing.assert_allclose(pipeline.postprocess(torch.as_tensor(np.resize(out, (T, A))))[:3].numpy(), prefix_robot, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        pipeline.postprocess(torch.as_tensor(np.resize(out, (T, A))))[:3].numpy(), prefix_robot, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_relative_prefix_without_its_robot_space_rows_is_refused(tmp_path):
@@ -196,8 +209,15 @@ def test_chunks_come_back_as_cpu_float32_and_bad_shapes_are_named(tmp_path):
 
 def test_reanchored_prefix_and_guidance_continue_the_old_chunk_in_robot_space(tmp_path):
     cfg = PolicyConfig(
-        type="flow_matching", state_dim=S, action_dim=A, chunk_size=T, fps=10, execution_horizon=H,
-        relative_actions=True, relative_state_indices=INDICES, hyper_params={"hidden_dim": 32, "obs_embed_dim": 16},
+        type="flow_matching",
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=10,
+        execution_horizon=H,
+        relative_actions=True,
+        relative_state_indices=INDICES,
+        hyper_params={"hidden_dim": 32, "obs_embed_dim": 16},
     )
     torch.manual_seed(0)
     loaded = load_checkpoint(save_checkpoint(make_policy(cfg), STATS, tmp_path / "fm"))

@@ -40,10 +40,19 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 def make(kind: str, **hp):
     torch.manual_seed(3)
-    base = {"flow_matching": {"hidden_dim": 32, "obs_embed_dim": 16},
-            "flow_transformer": {"d_model": 32, "num_heads": 4, "num_layers": 1, "obs_layers": 1}}[kind]
-    cfg = PolicyConfig(type=kind, state_dim=S, action_dim=A, chunk_size=T, fps=10, execution_horizon=H,
-                       hyper_params={**base, "num_steps": STEPS, "max_guidance_weight": BETA, **hp})
+    base = {
+        "flow_matching": {"hidden_dim": 32, "obs_embed_dim": 16},
+        "flow_transformer": {"d_model": 32, "num_heads": 4, "num_layers": 1, "obs_layers": 1},
+    }[kind]
+    cfg = PolicyConfig(
+        type=kind,
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=10,
+        execution_horizon=H,
+        hyper_params={**base, "num_steps": STEPS, "max_guidance_weight": BETA, **hp},
+    )
     return make_policy(cfg).eval().requires_grad_(False)
 
 
@@ -185,8 +194,9 @@ def test_nonlinear_network_matches_algorithm1_through_autograd(kind, schedule):
 
 def test_exp_schedule_is_the_papers_eq5():
     for d, horizon, total in [(0, 9, 12), (3, 9, 12), (9, 9, 12), (2, 20, 12), (12, 5, 12)]:
-        np.testing.assert_allclose(fm.prefix_weights(d, horizon, total, "exp").numpy(),
-                                   paper_mask(d, min(horizon, total), total), atol=1e-7)
+        np.testing.assert_allclose(
+            fm.prefix_weights(d, horizon, total, "exp").numpy(), paper_mask(d, min(horizon, total), total), atol=1e-7
+        )
 
 
 # -- the checks above must fail on a wrong guidance ---------------------------------------------------

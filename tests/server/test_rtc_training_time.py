@@ -23,14 +23,24 @@ S, A, T = 5, 2, 8
 # tiny sizes per policy type
 SIZES = {
     "flow_matching": {"hidden_dim": 64, "obs_embed_dim": 16, "num_steps": 6},
-    "flow_transformer": {"d_model": 32, "num_heads": 4, "num_layers": 2, "obs_layers": 1, "mlp_ratio": 2,
-                         "num_steps": 6},
+    "flow_transformer": {
+        "d_model": 32,
+        "num_heads": 4,
+        "num_layers": 2,
+        "obs_layers": 1,
+        "mlp_ratio": 2,
+        "num_steps": 6,
+    },
 }
 TYPES = tuple(SIZES)
-TINY_RUN = {"flow_matching": {"epochs": 150, "batch_size": 128},  # ~4 s on one thread
-            "flow_transformer": {"epochs": 30, "batch_size": 64}}  # ~7 s (max error 0.18 of 0.25 allowed)
-TRAINING_COMMAND = {"flow_matching": "bench train --robot ROBOT_TYPE --rtc-mode training_time",
-                    "flow_transformer": "bench train --robot ROBOT_TYPE --policy-type flow_transformer --rtc-mode training_time"}
+TINY_RUN = {
+    "flow_matching": {"epochs": 150, "batch_size": 128},  # ~4 s on one thread
+    "flow_transformer": {"epochs": 30, "batch_size": 64},
+}  # ~7 s (max error 0.18 of 0.25 allowed)
+TRAINING_COMMAND = {
+    "flow_matching": "bench train --robot ROBOT_TYPE --rtc-mode training_time",
+    "flow_transformer": "bench train --robot ROBOT_TYPE --policy-type flow_transformer --rtc-mode training_time",
+}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -43,8 +53,15 @@ def policy_type(request) -> str:
 
 
 def config(policy_type: str, **hp) -> PolicyConfig:
-    return PolicyConfig(type=policy_type, state_dim=S, action_dim=A, chunk_size=T, fps=10, execution_horizon=6,
-                        hyper_params={**SIZES[policy_type], **hp})
+    return PolicyConfig(
+        type=policy_type,
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=10,
+        execution_horizon=6,
+        hyper_params={**SIZES[policy_type], **hp},
+    )
 
 
 def policy(policy_type: str, **hp) -> ChunkPolicy:
@@ -92,8 +109,9 @@ def test_batched_samples_keep_their_own_prefix_lengths(policy_type):
     batch = {"observation.state": state(4)["observation.state"]}
     together = p.predict_action_chunk(batch, delays, prefixes)
     for b in range(4):
-        alone = p.predict_action_chunk({"observation.state": batch["observation.state"][b : b + 1]}, [delays[b]],
-                                       [prefixes[b]])[0]
+        alone = p.predict_action_chunk(
+            {"observation.state": batch["observation.state"][b : b + 1]}, [delays[b]], [prefixes[b]]
+        )[0]
         torch.testing.assert_close(together[b], alone, rtol=1e-5, atol=1e-5)
         if prefixes[b] is not None:
             assert torch.equal(together[b, : delays[b]], prefixes[b][: delays[b]])
@@ -107,7 +125,9 @@ def test_transformer_tokens_read_their_own_flow_time():
     with torch.no_grad():
         context = p.context(p.encode(state(2)))
         per_sample = p.velocity(x_t, t, context)
-        torch.testing.assert_close(p.velocity(x_t, t, context, t[:, None].expand(2, T)), per_sample, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            p.velocity(x_t, t, context, t[:, None].expand(2, T)), per_sample, rtol=1e-5, atol=1e-6
+        )
         row_t = t[:, None].expand(2, T).clone()
         row_t[:, :3] = 0.0
         moved = p.velocity(x_t, t, context, row_t)
@@ -171,8 +191,9 @@ def test_the_loss_ignores_the_prefix_rows(policy_type):
 
     def loss(chunk):  # x_t of a committed row is the row itself, so the network input moves too: compare the
         # targets only, through a velocity that ignores its input
-        return prefix_flow_matching_loss(lambda x_t, t, c, row_t: torch.zeros_like(x_t), None, chunk, rows,
-                                         torch.Generator().manual_seed(4))
+        return prefix_flow_matching_loss(
+            lambda x_t, t, c, row_t: torch.zeros_like(x_t), None, chunk, rows, torch.Generator().manual_seed(4)
+        )
 
     torch.testing.assert_close(loss(changed), loss(x1))
     free = torch.arange(T)[None, :] >= rows[:, None]
@@ -189,15 +210,19 @@ def test_the_loss_ignores_the_prefix_rows(policy_type):
         # the committed rows are network inputs, so the loss can change through them, but not their targets:
         # with the network's output independent of them (zeroed first layer weights for x_t) it must not change
         ignore_the_chunk_values(p)
-        assert torch.equal(p.training_loss(state(4), moved, gen(), prefix_rows=last_only),
-                           p.training_loss(state(4), x1, gen(), prefix_rows=last_only))
+        assert torch.equal(
+            p.training_loss(state(4), moved, gen(), prefix_rows=last_only),
+            p.training_loss(state(4), x1, gen(), prefix_rows=last_only),
+        )
     assert base.item() > 0
 
 
 def test_a_checkpoint_not_trained_for_it_refuses_training_time_with_what_to_do(policy_type):
     p = policy(policy_type)  # rtc_mode guidance: no per-row flow-time input
     p.hp["rtc_mode"] = "training_time"  # as a run-time override (bench.training.delay_eval) would
-    with pytest.raises(RTCModeError, match=f"not trained for rtc_mode 'training_time'.*`{TRAINING_COMMAND[policy_type]}`"):
+    with pytest.raises(
+        RTCModeError, match=f"not trained for rtc_mode 'training_time'.*`{TRAINING_COMMAND[policy_type]}`"
+    ):
         p.predict_action_chunk(state(), [2], [torch.zeros(3, A)])
     with pytest.raises(RTCModeError, match="not trained"):
         policy(policy_type).training_loss(state(2), torch.zeros(2, T, A), prefix_rows=torch.tensor([1, 2]))
@@ -217,10 +242,20 @@ def test_train_bc_refuses_prefix_rows_for_a_policy_not_built_for_them(policy_typ
     states = np.zeros((4, S), np.float32)
     chunks = np.zeros((4, T, A), np.float32)
     with pytest.raises(TrainingError, match="rtc_mode: training_time"):
-        train_bc(policy_type, states, chunks, config(policy_type), tmp_path, epochs=1, seed=0, prefix_rows=np.ones(4, int))
+        train_bc(
+            policy_type, states, chunks, config(policy_type), tmp_path, epochs=1, seed=0, prefix_rows=np.ones(4, int)
+        )
     with pytest.raises(TrainingError, match="prefix_rows"):
-        train_bc(policy_type, states, chunks, config(policy_type, rtc_mode="training_time"), tmp_path, epochs=1, seed=0,
-                 prefix_rows=np.full(4, T))
+        train_bc(
+            policy_type,
+            states,
+            chunks,
+            config(policy_type, rtc_mode="training_time"),
+            tmp_path,
+            epochs=1,
+            seed=0,
+            prefix_rows=np.full(4, T),
+        )
 
 
 def test_a_tiny_training_run_learns_to_continue_a_prefix_the_state_does_not_predict(policy_type, tmp_path):
@@ -235,8 +270,16 @@ def test_a_tiny_training_run_learns_to_continue_a_prefix_the_state_does_not_pred
     from server.policies.checkpoint import load_checkpoint
     from server.policies.stats import ACTION_KEY
 
-    path = train_bc(policy_type, states, chunks, config(policy_type, rtc_mode="training_time", max_prefix_rows=T // 2),
-                    tmp_path / "ckpt", seed=0, prefix_rows=prefix_rows, **TINY_RUN[policy_type])
+    path = train_bc(
+        policy_type,
+        states,
+        chunks,
+        config(policy_type, rtc_mode="training_time", max_prefix_rows=T // 2),
+        tmp_path / "ckpt",
+        seed=0,
+        prefix_rows=prefix_rows,
+        **TINY_RUN[policy_type],
+    )
     loaded = load_checkpoint(path)
     p, stats = loaded.policy, loaded.stats[ACTION_KEY]
     mean, std = stats["mean"], stats["std"]

@@ -21,10 +21,19 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def checkpoint(tmp_path, policy_type="flow_matching", relative=False, cameras=None):
-    cfg = PolicyConfig(type=policy_type, state_dim=S, action_dim=A, chunk_size=T, fps=30, execution_horizon=4,
-                       action_names=["x", "y", "grip"], relative_actions=relative,
-                       relative_state_indices=[0, 1, 2] if relative else [], image_features=cameras or {},
-                       hyper_params={"hidden_dim": 32, "obs_embed_dim": 16})
+    cfg = PolicyConfig(
+        type=policy_type,
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=30,
+        execution_horizon=4,
+        action_names=["x", "y", "grip"],
+        relative_actions=relative,
+        relative_state_indices=[0, 1, 2] if relative else [],
+        image_features=cameras or {},
+        hyper_params={"hidden_dim": 32, "obs_embed_dim": 16},
+    )
     torch.manual_seed(0)
     return load_checkpoint(save_checkpoint(make_policy(cfg), STATS, tmp_path / policy_type))
 
@@ -43,7 +52,7 @@ def test_batched_outputs_equal_unbatched_for_every_session(tmp_path):
     states = [np.random.default_rng(i).normal(size=S).astype(np.float32) for i in range(8)]
     delays = [0, 1, 2, 3, 4, 1, 0, 2]
     batched = rt.infer(items_for(rt, states, delays=delays))
-    for i, st in enumerate(states):
+    for i, _st in enumerate(states):
         single = rt.infer([items_for(rt, states, delays=delays)[i]])[0]
         assert single.error is None and batched[i].error is None
         np.testing.assert_allclose(batched[i].chunk_robot, single.chunk_robot, rtol=0, atol=1e-5)
@@ -76,8 +85,14 @@ def test_a_bad_sample_fails_alone(tmp_path):
     good = np.zeros(S, np.float32)
     bad = np.zeros(S + 2, np.float32)
     nan = np.full(S, np.nan, np.float32)
-    res = rt.infer([InferItem(rt.new_pipeline(), good), InferItem(rt.new_pipeline(), bad),
-                    InferItem(rt.new_pipeline(), nan), InferItem(rt.new_pipeline(), good)])
+    res = rt.infer(
+        [
+            InferItem(rt.new_pipeline(), good),
+            InferItem(rt.new_pipeline(), bad),
+            InferItem(rt.new_pipeline(), nan),
+            InferItem(rt.new_pipeline(), good),
+        ]
+    )
     assert res[0].error is None and res[3].error is None
     assert "expects 4" in res[1].error and res[1].error_code == "BAD_TENSOR"
     assert "non-finite" in res[2].error
@@ -107,8 +122,9 @@ def test_a_checkpoint_with_a_nan_weight_is_refused_at_warm_up_and_never_yields_a
     rt = ModelRuntime(loaded)
     res = rt.infer(items_for(rt, [np.zeros(S, np.float32)] * 2))
     assert [r.error_code for r in res] == ["NON_FINITE_ACTION"] * 2 and all(r.chunk_robot is None for r in res)
-    with pytest.raises(PolicyLoadError, match="warm-up forward pass on a zero observation: the policy produced "
-                                              "non-finite actions"):
+    with pytest.raises(
+        PolicyLoadError, match="warm-up forward pass on a zero observation: the policy produced non-finite actions"
+    ):
         rt.warmup(1)
 
 
@@ -308,8 +324,10 @@ def _camera_runtime(decoder):
 
     policy = build("tiny", 1, 32, "cpu", False)
     cfg = policy.config
-    stats = {"observation.state": {"mean": [0.0] * cfg.state_dim, "std": [1.0] * cfg.state_dim},
-             "action": {"mean": [0.0] * cfg.action_dim, "std": [1.0] * cfg.action_dim}}
+    stats = {
+        "observation.state": {"mean": [0.0] * cfg.state_dim, "std": [1.0] * cfg.state_dim},
+        "action": {"mean": [0.0] * cfg.action_dim, "std": [1.0] * cfg.action_dim},
+    }
     runtime = ModelRuntime(LoadedCheckpoint(policy, cfg, stats_to_tensors(stats), "test", {}))
     runtime.jpeg_decoder = decoder
     return runtime
@@ -330,8 +348,10 @@ class _SlowDecoder:
         frames = data if isinstance(data, list) else [data]
         self.calls.append(len(frames))
         time.sleep(self.delay_s)
-        out = [torch.from_numpy(np.array(Image.open(io.BytesIO(bytes(f.numpy()))).convert("RGB"))).permute(2, 0, 1)
-               for f in frames]
+        out = [
+            torch.from_numpy(np.array(Image.open(io.BytesIO(bytes(f.numpy()))).convert("RGB"))).permute(2, 0, 1)
+            for f in frames
+        ]
         return out if isinstance(data, list) else out[0]
 
 
@@ -344,8 +364,18 @@ def test_the_batchs_gpu_jpeg_decode_is_counted_in_each_items_server_time():
     slow = _SlowDecoder(delay_s=0.05)
     runtime = _camera_runtime(GpuJpegDecoder(torch.device("cpu"), slow))
     frame = encode_image(np.full((32, 32, 3), 128, np.uint8), "jpeg", 90)
-    items = [InferItem(runtime.new_pipeline(), np.zeros(runtime.config.state_dim, np.float32), {"front": frame}, 0,
-                       None, None, rtc=False) for _ in range(3)]
+    items = [
+        InferItem(
+            runtime.new_pipeline(),
+            np.zeros(runtime.config.state_dim, np.float32),
+            {"front": frame},
+            0,
+            None,
+            None,
+            rtc=False,
+        )
+        for _ in range(3)
+    ]
     results = runtime.infer(items, emulate=False)
     assert slow.calls == [3] and all(r.error is None for r in results)
     assert all(r.preprocess_ms >= 50.0 for r in results)
@@ -440,10 +470,14 @@ def test_a_missing_camera_frame_is_camera_mismatch_and_a_frame_of_another_form_i
     name = next(iter(runtime.config.image_features))
     state = np.zeros(runtime.config.state_dim, np.float32)
     good = {name: np.zeros((32, 32, 3), np.uint8)}
-    res = runtime.infer([InferItem(runtime.new_pipeline(), state, {}),
-                         InferItem(runtime.new_pipeline(), state, {name: np.zeros((32, 32, 1), np.uint8)}),
-                         InferItem(runtime.new_pipeline(), state, {name: np.zeros((32, 32, 3), np.float32)}),
-                         InferItem(runtime.new_pipeline(), state, good)])
+    res = runtime.infer(
+        [
+            InferItem(runtime.new_pipeline(), state, {}),
+            InferItem(runtime.new_pipeline(), state, {name: np.zeros((32, 32, 1), np.uint8)}),
+            InferItem(runtime.new_pipeline(), state, {name: np.zeros((32, 32, 3), np.float32)}),
+            InferItem(runtime.new_pipeline(), state, good),
+        ]
+    )
     assert res[0].error_code == "CAMERA_MISMATCH" and name in res[0].error
     assert res[1].error_code == "BAD_IMAGE" and res[2].error_code == "BAD_IMAGE" and "uint8 RGB" in res[1].error
     assert res[3].error is None and res[3].chunk_robot is not None

@@ -40,6 +40,7 @@ def drain(s: Scheduler, now: float = 1e9, max_batch: int = 1) -> list[list[Reque
 
 # ---- registry ----------------------------------------------------------------------------------------------------
 
+
 def test_builtin_strategies_are_registered_under_their_config_words():
     assert set(BUILTINS) <= set(scheduler_names())
     for name in BUILTINS:
@@ -140,9 +141,15 @@ def test_newest_push_of_each_session_is_the_one_selected(name, ops, max_batch):
 
 # ---- round_robin -------------------------------------------------------------------------------------------
 
+
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 12), k=st.integers(1, 6), max_batch=st.integers(1, 4),
-       extra=st.lists(st.integers(0, 11), max_size=60), order=st.randoms(use_true_random=False))
+@given(
+    n=st.integers(1, 12),
+    k=st.integers(1, 6),
+    max_batch=st.integers(1, 4),
+    extra=st.lists(st.integers(0, 11), max_size=60),
+    order=st.randoms(use_true_random=False),
+)
 def test_round_robin_serves_every_always_pending_session_once_per_cycle(n, k, max_batch, extra, order):
     """Overload: all N sessions always pending, served ones re-push at once, others spam replacements."""
     s = make_scheduler("round_robin")
@@ -171,7 +178,9 @@ def test_round_robin_serves_every_always_pending_session_once_per_cycle(n, k, ma
 
 
 @settings(max_examples=60, deadline=None)
-@given(keys=st.lists(st.integers(0, 2), min_size=1, max_size=10), max_batch=st.integers(1, 4), rounds=st.integers(1, 30))
+@given(
+    keys=st.lists(st.integers(0, 2), min_size=1, max_size=10), max_batch=st.integers(1, 4), rounds=st.integers(1, 30)
+)
 def test_round_robin_with_mixed_batch_keys_serves_a_pending_session_within_n_selections(keys, max_batch, rounds):
     n = len(keys)
     s = make_scheduler("round_robin")
@@ -209,9 +218,17 @@ def test_round_robin_session_changing_batch_key_rejoins_at_the_back():
 
 # ---- priority_tiered ---------------------------------------------------------------------------------------
 
+
 @settings(max_examples=80, deadline=None)
-@given(ops=st.lists(st.one_of(st.tuples(st.just("push"), st.integers(0, 7), st.integers(0, 3), st.integers(0, 1)),
-                              st.tuples(st.just("select"), st.integers(1, 3), st.just(0), st.just(0))), max_size=60))
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("push"), st.integers(0, 7), st.integers(0, 3), st.integers(0, 1)),
+            st.tuples(st.just("select"), st.integers(1, 3), st.just(0), st.just(0)),
+        ),
+        max_size=60,
+    )
+)
 def test_priority_tiered_serves_a_tier_only_when_every_higher_tier_is_empty(ops):
     s = make_scheduler("priority_tiered")
     pending: dict[str, Request] = {}
@@ -251,14 +268,16 @@ def test_priority_tiered_moves_a_session_whose_priority_changed():
 
 # ---- deadline_aware / model_deadline ---------------------------------------------------------------------------
 
-request_fields = st.fixed_dictionaries({
-    "arrived": st.floats(0, 1, allow_nan=False),
-    "urgency": st.floats(0, 1, allow_nan=False),
-    "priority": st.integers(0, 3),
-    "steps_remaining": st.one_of(st.none(), st.integers(0, 50)),
-    "cadence_s": st.one_of(st.none(), st.floats(0.01, 0.5)),
-    "latency_budget_ms": st.one_of(st.none(), st.floats(5, 500)),
-})
+request_fields = st.fixed_dictionaries(
+    {
+        "arrived": st.floats(0, 1, allow_nan=False),
+        "urgency": st.floats(0, 1, allow_nan=False),
+        "priority": st.integers(0, 3),
+        "steps_remaining": st.one_of(st.none(), st.integers(0, 50)),
+        "cadence_s": st.one_of(st.none(), st.floats(0.01, 0.5)),
+        "latency_budget_ms": st.one_of(st.none(), st.floats(5, 500)),
+    }
+)
 
 
 @pytest.mark.parametrize("name", ["deadline_aware", "model_deadline"])
@@ -274,7 +293,9 @@ def test_deadline_strategies_dispatch_in_ascending_deadline_key_order(name, fiel
 
 def test_deadline_is_arrival_plus_the_tightest_known_horizon():
     assert deadline(req("a", arrived=1.0, steps_remaining=10, cadence_s=0.1)) == pytest.approx(2.0)
-    assert deadline(req("a", arrived=1.0, steps_remaining=10, cadence_s=0.1, latency_budget_ms=50)) == pytest.approx(1.05)
+    assert deadline(req("a", arrived=1.0, steps_remaining=10, cadence_s=0.1, latency_budget_ms=50)) == pytest.approx(
+        1.05
+    )
     assert deadline(req("a", arrived=1.0, cadence_s=0.2)) == pytest.approx(1.2)
     assert deadline(req("a", arrived=1.0), default_horizon_s=0.3) == pytest.approx(1.3)
 
@@ -327,6 +348,7 @@ def test_deadline_heap_stays_bounded_under_endless_replacements():
 
 # ---- custom scoring ---------------------------------------------------------------------------------------
 
+
 @register_scoring("test_safety_first")
 def _safety_first(r: Request, now: float) -> float:
     return 1000.0 if r.urgency > 0.9 else -10.0 * r.priority + (now - r.arrived)
@@ -363,6 +385,7 @@ def test_custom_scoring_ties_go_to_the_earlier_push_and_batches_share_a_key():
 
 # ---- batch_optimized ---------------------------------------------------------------------------------------
 
+
 def test_batch_optimized_flushes_as_soon_as_max_batch_requests_share_a_key():
     s = make_scheduler("batch_optimized", batch_window_ms=50)
     for i in range(3):
@@ -392,8 +415,11 @@ def test_batch_optimized_window_is_not_postponed_by_replacements():
 
 
 @settings(max_examples=80, deadline=None)
-@given(events=st.lists(st.tuples(st.floats(0, 0.02), st.integers(0, 9), st.integers(0, 2)), min_size=1, max_size=40),
-       max_batch=st.integers(1, 5), window_ms=st.sampled_from([0.0, 5.0, 10.0]))
+@given(
+    events=st.lists(st.tuples(st.floats(0, 0.02), st.integers(0, 9), st.integers(0, 2)), min_size=1, max_size=40),
+    max_batch=st.integers(1, 5),
+    window_ms=st.sampled_from([0.0, 5.0, 10.0]),
+)
 def test_batch_optimized_releases_exactly_full_or_overdue_groups(events, max_batch, window_ms):
     s = make_scheduler("batch_optimized", batch_window_ms=window_ms)
     window = window_ms / 1000

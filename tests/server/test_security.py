@@ -10,20 +10,31 @@ import time
 import numpy as np
 import pytest
 
+from server.guard import TokenBucket, peek_identity
+from server.service import PolicyServer
+from tests.server.scrape import scraped
+from tests.server.test_service import S, ckpt, keys, manifest  # noqa: F401  (the module's checkpoint fixture)
+from tests.server.zclient import RawClient
 from wire import ActionChunk, Error, ErrorCode, Header, MsgType, Observation, ResetAck, SessionAck
 from wire import auth as wauth
 from wire.messages import Reset
-from server.guard import TokenBucket, peek_identity
-from server.service import PolicyServer
-from tests.server.test_service import S, ckpt, keys, manifest  # noqa: F401  (the module's checkpoint fixture)
-from tests.server.zclient import RawClient
-from tests.server.scrape import scraped
 
 
 @pytest.fixture
 def guarded(ckpt, router, tmp_path):  # noqa: F811
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, security={
-        "max_request_rate_hz": 5.0, "request_burst": 3, "max_observation_bytes": 16384, "reopen_idle_s": 1.0})).start()
+    srv = PolicyServer(
+        manifest(
+            ckpt,
+            router,
+            tmp_path,
+            security={
+                "max_request_rate_hz": 5.0,
+                "request_burst": 3,
+                "max_observation_bytes": 16384,
+                "reopen_idle_s": 1.0,
+            },
+        )
+    ).start()
     yield srv
     srv.stop()
 
@@ -81,8 +92,9 @@ def test_a_live_session_is_not_replaced_by_an_open_without_its_proof(guarded, ro
         v.send(np.ones(S))
         refused = rogue.query(v.keys.session, _open_body("victim"))
         assert isinstance(refused, Error) and refused.code == ErrorCode.SESSION_LIVE
-        forged_proof = rogue.query(v.keys.session, _open_body("victim", previous_session_id=first.session_id,
-                                                                previous_auth="0" * 32))
+        forged_proof = rogue.query(
+            v.keys.session, _open_body("victim", previous_session_id=first.session_id, previous_auth="0" * 32)
+        )
         assert isinstance(forged_proof, Error) and forged_proof.code == ErrorCode.SESSION_LIVE
         assert guarded.sessions.by_client("victim").session_id == first.session_id
         again = v.reopen()  # the owner's re-handshake proves the old session and replaces it
@@ -177,8 +189,15 @@ def test_peek_identity_reads_two_fields_and_never_raises():
 def _open_body(uuid, **kw):
     from wire import SCHEMA_VERSION, SessionOpen
 
-    return SessionOpen(client_uuid=uuid, schema_version=SCHEMA_VERSION, fps=30.0, action_names=["x", "y", "grip"],
-                       state_dim=4, rtc_enabled=True, **kw)
+    return SessionOpen(
+        client_uuid=uuid,
+        schema_version=SCHEMA_VERSION,
+        fps=30.0,
+        action_names=["x", "y", "grip"],
+        state_dim=4,
+        rtc_enabled=True,
+        **kw,
+    )
 
 
 def test_a_token_drop_followed_by_observations_never_frees_a_session():

@@ -23,7 +23,8 @@ def _used(module) -> set[str]:
             continue
         v = node.value
         if (isinstance(v, ast.Name) and v.id == "srv") or (
-                isinstance(v, ast.Attribute) and v.attr == "srv" and isinstance(v.value, ast.Name) and v.value.id == "self"):
+            isinstance(v, ast.Attribute) and v.attr == "srv" and isinstance(v.value, ast.Name) and v.value.id == "self"
+        ):
             names.add(node.attr)
     return names
 
@@ -38,7 +39,9 @@ def _policy_server_members() -> set[str]:
     """PolicyServer's methods and properties, and every `self.X = ...` its methods assign."""
     members = {n for n in dir(PolicyServer) if not n.startswith("__")}
     for node in ast.walk(ast.parse(inspect.getsource(PolicyServer))):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         for t in targets:
             for e in t.elts if isinstance(t, ast.Tuple) else [t]:
                 if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
@@ -49,8 +52,9 @@ def _policy_server_members() -> set[str]:
 def test_served_declares_exactly_what_the_planes_use_of_the_server():
     used = set().union(*(_used(m) for m in PLANES))
     assert "info" in used and "active_sessions" in used  # the scan sees both `srv.X` and `self.srv.X`
-    assert used == _declared(), f"used, not declared: {sorted(used - _declared())}; " \
-                                f"declared, unused: {sorted(_declared() - used)}"
+    assert used == _declared(), (
+        f"used, not declared: {sorted(used - _declared())}; declared, unused: {sorted(_declared() - used)}"
+    )
 
 
 def test_policy_server_has_every_member_of_served():

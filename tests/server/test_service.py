@@ -17,12 +17,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wire import ActionChunk, DrainNotice, Error, ErrorCode, Header, MsgType, ReplicaKeys, ResetAck, SessionAck
-from server.policies import PolicyConfig, make_policy, save_checkpoint
 from server.audit import read_audit
+from server.policies import PolicyConfig, make_policy, save_checkpoint
 from server.service import PolicyServer
-from tests.server.zclient import RawClient
 from tests.server.scrape import scraped
+from tests.server.zclient import RawClient
+from wire import ActionChunk, DrainNotice, Error, ErrorCode, Header, MsgType, ReplicaKeys, ResetAck, SessionAck
 
 S, A, T = 4, 3, 8
 STATS = {
@@ -34,18 +34,35 @@ STATS = {
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     torch.set_num_threads(1)
-    cfg = PolicyConfig(type="flow_matching", state_dim=S, action_dim=A, chunk_size=T, fps=30, execution_horizon=4,
-                       action_names=["x", "y", "grip"], relative_actions=True, relative_state_indices=[0, 1, 2],
-                       hyper_params={"hidden_dim": 32, "obs_embed_dim": 16, "num_steps": 4})
+    cfg = PolicyConfig(
+        type="flow_matching",
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=30,
+        execution_horizon=4,
+        action_names=["x", "y", "grip"],
+        relative_actions=True,
+        relative_state_indices=[0, 1, 2],
+        hyper_params={"hidden_dim": 32, "obs_embed_dim": 16, "num_steps": 4},
+    )
     torch.manual_seed(0)
     return save_checkpoint(make_policy(cfg), STATS, tmp_path_factory.mktemp("ckpt") / "arm")
 
 
 def manifest(ckpt, endpoint, tmp_path, **over):
-    m = {"model": {"repo_or_path": str(ckpt)}, "model_id": "arm", "replica_id": "r0", "max_sessions": 16,
-         "warmup_inferences": 1, "zenoh": {"connect_endpoints": [endpoint]}, "health_port": 0,
-         "audit_path": str(tmp_path / "audit.jsonl"), "session": {"gc_grace_s": 0.3},
-         "scheduling": {"strategy": "round_robin", "max_batch": 8}}
+    m = {
+        "model": {"repo_or_path": str(ckpt)},
+        "model_id": "arm",
+        "replica_id": "r0",
+        "max_sessions": 16,
+        "warmup_inferences": 1,
+        "zenoh": {"connect_endpoints": [endpoint]},
+        "health_port": 0,
+        "audit_path": str(tmp_path / "audit.jsonl"),
+        "session": {"gc_grace_s": 0.3},
+        "scheduling": {"strategy": "round_robin", "max_batch": 8},
+    }
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(m.get(k), dict):
             m[k].update(v)
@@ -81,8 +98,14 @@ def test_a_chunk_echoes_the_observation_header(server, router):
     with client(router, "robot-1") as c:
         ack = c.open()
         assert isinstance(ack, SessionAck) and ack.rtc_enabled and ack.checkpoint_hash == server.info.checkpoint_hash
-        seq = c.send(np.ones(S), episode=3, epoch=2, inference_delay_steps=1, prefix_model=np.zeros((4, A), np.float32),
-                     prefix_robot=np.ones((4, A), np.float32))
+        seq = c.send(
+            np.ones(S),
+            episode=3,
+            epoch=2,
+            inference_delay_steps=1,
+            prefix_model=np.zeros((4, A), np.float32),
+            prefix_robot=np.ones((4, A), np.float32),
+        )
         got = c.chunk_for(seq, timeout=10)
         assert got is not None, "no chunk came back"
         h, chunk = got
@@ -210,8 +233,9 @@ def _wait_forward_running(srv, timeout_s: float = 10.0) -> None:
 
 
 def test_newest_observation_wins_and_superseded_are_reported(ckpt, router, tmp_path):
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=150,
-                                scheduling={"strategy": "round_robin", "max_batch": 1})).start()
+    srv = PolicyServer(
+        manifest(ckpt, router, tmp_path, emulated_latency=150, scheduling={"strategy": "round_robin", "max_batch": 1})
+    ).start()
     c = client(router, "robot-1")
     try:
         c.open()
@@ -238,8 +262,16 @@ def test_a_batch_sends_every_reply_before_any_of_their_bookkeeping(ckpt, router,
     import threading
 
     # no warm-up: its unloaded-forward table would time 5 passes per batch size at the emulated 300 ms (6 s)
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=300, warmup_inferences=0,
-                                scheduling={"strategy": "round_robin", "max_batch": 8})).start()
+    srv = PolicyServer(
+        manifest(
+            ckpt,
+            router,
+            tmp_path,
+            emulated_latency=300,
+            warmup_inferences=0,
+            scheduling={"strategy": "round_robin", "max_batch": 8},
+        )
+    ).start()
     events, answer, write, run_batch = [], srv.replies.answer, srv.audit.write, srv._run_batch
     booking = threading.Condition()
 
@@ -272,8 +304,9 @@ def test_a_batch_sends_every_reply_before_any_of_their_bookkeeping(ckpt, router,
         assert clients[0].chunk_for(first, timeout=10) is not None
         assert all(c.chunk_for(q, timeout=10) is not None for c, q in zip(clients[1:], seqs))
         with booking:  # the last reply can reach its robot before its batch's bookkeeping has run
-            booking.wait_for(lambda: sum(w == "book" for _, w in events) >= sum(w == "answer" for _, w in events),
-                             timeout=10)
+            booking.wait_for(
+                lambda: sum(w == "book" for _, w in events) >= sum(w == "answer" for _, w in events), timeout=10
+            )
         batches: dict = {}
         for thread, what in events:  # per dispatch thread, split at each batch
             if what == "batch":
@@ -309,10 +342,21 @@ def test_drain_notifies_clients_and_refuses_new_sessions(ckpt, router, tmp_path)
 
 HOSTILE = st.one_of(
     st.binary(max_size=300),
-    st.builds(lambda d: msgpack.packb(d, use_bin_type=True),
-              st.dictionaries(st.sampled_from(["kind", "session_id", "state", "images", "prefix_model", "urgency"]),
-                              st.one_of(st.none(), st.integers(-2**63, 2**64 - 1), st.text(max_size=10), st.binary(max_size=20),
-                                        st.just("observation"), st.lists(st.integers(-9, 9), max_size=3)), max_size=6)),
+    st.builds(
+        lambda d: msgpack.packb(d, use_bin_type=True),
+        st.dictionaries(
+            st.sampled_from(["kind", "session_id", "state", "images", "prefix_model", "urgency"]),
+            st.one_of(
+                st.none(),
+                st.integers(-(2**63), 2**64 - 1),
+                st.text(max_size=10),
+                st.binary(max_size=20),
+                st.just("observation"),
+                st.lists(st.integers(-9, 9), max_size=3),
+            ),
+            max_size=6,
+        ),
+    ),
 )
 
 
@@ -356,11 +400,17 @@ def shared_server(ckpt, tmp_path_factory):
 
 
 def test_latency_budgets_come_from_the_client_then_clients_known_then_defaults(ckpt, router, tmp_path):
-    clients = {"defaults": {"latency_budget_ms": 80.0}, "known": [{"id": "robot-k", "latency_budget_ms": 25.0,
-                                                                    "priority": 3}]}
+    clients = {
+        "defaults": {"latency_budget_ms": 80.0},
+        "known": [{"id": "robot-k", "latency_budget_ms": 25.0, "priority": 3}],
+    }
     srv = PolicyServer(manifest(ckpt, router, tmp_path, clients=clients)).start()
     rk = ReplicaKeys("arm", "main", "r0")
-    own, known, other = RawClient(router, rk, "robot-own"), RawClient(router, rk, "robot-k"), RawClient(router, rk, "robot-x")
+    own, known, other = (
+        RawClient(router, rk, "robot-own"),
+        RawClient(router, rk, "robot-k"),
+        RawClient(router, rk, "robot-x"),
+    )
     try:
         assert isinstance(own.open(latency_budget_ms=12.5), SessionAck)
         assert isinstance(known.open(), SessionAck) and isinstance(other.open(), SessionAck)
@@ -415,16 +465,25 @@ def test_a_reset_is_answered_while_that_sessions_forward_pass_runs(ckpt, router,
 def test_expired_requests_get_an_audit_line(ckpt, router, tmp_path):
     import json
 
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, emulated_latency=400, warmup_inferences=0,  # as above
-                                scheduling={"request_ttl_ms": 100.0, "max_batch": 1})).start()
+    srv = PolicyServer(
+        manifest(
+            ckpt,
+            router,
+            tmp_path,
+            emulated_latency=400,
+            warmup_inferences=0,  # as above
+            scheduling={"request_ttl_ms": 100.0, "max_batch": 1},
+        )
+    ).start()
     clients = [RawClient(router, ReplicaKeys("arm", "main", "r0"), f"robot-{i}") for i in range(3)]
     try:
         for c in clients:
             assert isinstance(c.open(), SessionAck)
         for c in clients:
             c.send(np.ones(S))  # one forward pass at a time of 400 ms: the later ones outlive their 100 ms TTL
-        assert any(c.wait_for(lambda h, m: isinstance(m, Error) and m.code == ErrorCode.EXPIRED, timeout=3)
-                   for c in clients)
+        assert any(
+            c.wait_for(lambda h, m: isinstance(m, Error) and m.code == ErrorCode.EXPIRED, timeout=3) for c in clients
+        )
     finally:
         for c in clients:
             c.close()
@@ -451,9 +510,18 @@ def test_a_session_without_observations_for_disconnect_timeout_s_is_closed(ckpt,
 
 def _det_ckpt(root, kind, seed=0, **hp):
     torch.manual_seed(seed)
-    cfg = PolicyConfig(type=kind, state_dim=S, action_dim=A, chunk_size=T, fps=30, execution_horizon=4,
-                       action_names=["x", "y", "grip"], relative_actions=True, relative_state_indices=[0, 1, 2],
-                       hyper_params={"hidden_dim": 32, **hp})
+    cfg = PolicyConfig(
+        type=kind,
+        state_dim=S,
+        action_dim=A,
+        chunk_size=T,
+        fps=30,
+        execution_horizon=4,
+        action_names=["x", "y", "grip"],
+        relative_actions=True,
+        relative_state_indices=[0, 1, 2],
+        hyper_params={"hidden_dim": 32, **hp},
+    )
     return save_checkpoint(make_policy(cfg), STATS, root / kind)
 
 
@@ -465,8 +533,9 @@ def test_a_hostile_burst_changes_no_byte_of_another_clients_chunks(router, tmp_p
     forward pass: a batch's BLAS path may differ in the last bit from a single pass, which is numerics,
     not contamination (batched versus unbatched outputs are compared with a tolerance in test_runtime)."""
     ckpt = _det_ckpt(tmp_path, "mlp_chunk")
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, limits={"max_message_bytes": 4096},
-                                scheduling={"max_batch": 1})).start()
+    srv = PolicyServer(
+        manifest(ckpt, router, tmp_path, limits={"max_message_bytes": 4096}, scheduling={"max_batch": 1})
+    ).start()
     good, evil = client(router, "robot-good"), client(router, "robot-evil")
     states = [np.linspace(-1, 1, S) * k for k in range(5)]
     try:
@@ -492,8 +561,12 @@ def test_a_hostile_burst_changes_no_byte_of_another_clients_chunks(router, tmp_p
             seq = evil.send(**h)
             answers.append(evil.wait_for(lambda hd, m, s=seq: hd.seq_id == s, timeout=5))
         kinds = [(type(a[1]).__name__, getattr(a[1], "code", "")) if a else None for a in answers]
-        assert kinds == [("Error", ErrorCode.TOO_LARGE), ("Error", ErrorCode.STATE_DIM_MISMATCH), ("Error", ErrorCode.BAD_TENSOR),
-                         ("ActionChunk", "")], kinds  # evil's session runs in append mode: its prefix is never read
+        assert kinds == [
+            ("Error", ErrorCode.TOO_LARGE),
+            ("Error", ErrorCode.STATE_DIM_MISMATCH),
+            ("Error", ErrorCode.BAD_TENSOR),
+            ("ActionChunk", ""),
+        ], kinds  # evil's session runs in append mode: its prefix is never read
         denied_before = _count(srv, "security_denials")
         for h in hostile[4:6]:  # no proof of evil's own session: dropped, counted, never answered
             seq = evil.send(**h)
@@ -542,7 +615,9 @@ def test_a_chunk_stateful_policy_is_served_exclusively_and_reset_per_episode(rou
         assert first.chunk_for(seq, timeout=10) is not None and len(resets) == 1  # same episode: no reset
         assert isinstance(first.reset(2), ResetAck)
         seq = first.send(np.ones(S), episode=2)
-        assert first.chunk_for(seq, timeout=10) is not None and len(resets) == 2  # the episode reset reached policy.reset()
+        assert (
+            first.chunk_for(seq, timeout=10) is not None and len(resets) == 2
+        )  # the episode reset reached policy.reset()
         first.close()  # liveliness gone: the session is collected after gc_grace_s and the slot frees
         deadline = time.monotonic() + 5
         while len(srv.sessions) and time.monotonic() < deadline:
@@ -558,8 +633,12 @@ def test_discovery_sees_every_replica_of_a_model(ckpt, router, tmp_path):
     query's wildcard key were consolidated into one by the querier, so every robot saw one replica."""
     from edge.client import Connection
 
-    servers = [PolicyServer(manifest(ckpt, router, tmp_path / rid, replica_id=rid,
-                                     audit_path=str(tmp_path / f"audit-{rid}.jsonl"))).start() for rid in ("r0", "r1", "r2")]
+    servers = [
+        PolicyServer(
+            manifest(ckpt, router, tmp_path / rid, replica_id=rid, audit_path=str(tmp_path / f"audit-{rid}.jsonl"))
+        ).start()
+        for rid in ("r0", "r1", "r2")
+    ]
     conn = Connection([router], "robot-discovery")
     try:
         model = conn.model("arm", "main", open=False, action_names=["x", "y", "grip"], state_dim=S)
@@ -593,8 +672,7 @@ def test_every_dispatch_loop_sets_its_own_torch_threads(ckpt, router, tmp_path, 
         return real(n)
 
     monkeypatch.setattr(service, "set_torch_threads", recording)
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, torch_threads=1,
-                                models={"default_max_inflight": 2})).start()
+    srv = PolicyServer(manifest(ckpt, router, tmp_path, torch_threads=1, models={"default_max_inflight": 2})).start()
     c = client(router, "robot-1")
     try:
         c.open()
@@ -613,8 +691,16 @@ def test_a_replica_with_1000_sessions_scrapes_under_100_kb_and_names_no_robot(ck
 
     from benchmarks.server_memory import Drive, per_robot_labels
 
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, max_sessions=1010, scheduling={"max_queue_size": 1010},
-                                security={"max_request_rate_hz": 0})).start()
+    srv = PolicyServer(
+        manifest(
+            ckpt,
+            router,
+            tmp_path,
+            max_sessions=1010,
+            scheduling={"max_queue_size": 1010},
+            security={"max_request_rate_hz": 0},
+        )
+    ).start()
     drive = Drive(router, 1000, prefix="robot", replica=srv.keys)
     try:
         drive.open_all()
@@ -665,6 +751,7 @@ def test_a_states_shape_must_be_the_sessions_vector_or_a_batch_of_one():
 
 
 # ---- the manifest's defaults are the server's (each of these failed while the server repeated its own) ----------
+
 
 def test_a_server_given_no_connect_timeout_retries_an_unreachable_router_as_the_manifest_says(ckpt, tmp_path):
     """zenoh.connect_timeout_s defaults to 30 s in the manifest; the server read 0 (one attempt) from a manifest
@@ -731,8 +818,14 @@ def test_batch_optimized_holds_a_partial_batch_for_one_window_not_two(ckpt, rout
     """Under batch_optimized the scheduler holds a partial batch for batch_window_ms; the dispatch loop then
     waited a second window of its own while another session was open (a lone request waited twice)."""
     window_ms = 500.0
-    srv = PolicyServer(manifest(ckpt, router, tmp_path, scheduling={
-        "strategy": "batch_optimized", "max_batch": 8, "batch_window_ms": window_ms})).start()
+    srv = PolicyServer(
+        manifest(
+            ckpt,
+            router,
+            tmp_path,
+            scheduling={"strategy": "batch_optimized", "max_batch": 8, "batch_window_ms": window_ms},
+        )
+    ).start()
     a, b = client(router, "robot-a"), client(router, "robot-b")
     try:
         a.open(rtc_enabled=False)

@@ -6,16 +6,28 @@ import dataclasses
 
 import pytest
 
-from wire import ErrorCode, SessionOpen
 from server.manifest import KnownClient
 from server.sessions import ReplicaInfo, Session, SessionRegistry, make_ack, make_status, validate_open
+from wire import ErrorCode, SessionOpen
 from wire.keys import ReplicaKeys
 
 INFO = ReplicaInfo(
-    replica_id="r0", model_id="arm", revision="main", checkpoint_hash="ab" * 32, policy_type="flow_matching",
-    action_names=["j0", "j1", "grip"], state_dim=6, cameras={"wrist": [96, 128, 3]}, chunk_size=20,
-    trained_fps=30.0, supports_rtc=True, serving_mode="shared", max_sessions=4, execution_horizon=10,
-    default_task="reach", pin_task=False,
+    replica_id="r0",
+    model_id="arm",
+    revision="main",
+    checkpoint_hash="ab" * 32,
+    policy_type="flow_matching",
+    action_names=["j0", "j1", "grip"],
+    state_dim=6,
+    cameras={"wrist": [96, 128, 3]},
+    chunk_size=20,
+    trained_fps=30.0,
+    supports_rtc=True,
+    serving_mode="shared",
+    max_sessions=4,
+    execution_horizon=10,
+    default_task="reach",
+    pin_task=False,
 )
 
 
@@ -23,8 +35,15 @@ KNOWN_9 = KnownClient(id="robot-9", model="arm", latency_budget_ms=20.0, priorit
 
 
 def request(**kw) -> SessionOpen:
-    base = dict(client_uuid="robot-1", schema_version=1, fps=30.0, action_names=["j0", "j1", "grip"], state_dim=6,
-                cameras={"wrist": [96, 128, 3]}, rtc_enabled=True)
+    base = dict(
+        client_uuid="robot-1",
+        schema_version=1,
+        fps=30.0,
+        action_names=["j0", "j1", "grip"],
+        state_dim=6,
+        cameras={"wrist": [96, 128, 3]},
+        rtc_enabled=True,
+    )
     base.update(kw)
     return SessionOpen(**base)
 
@@ -39,20 +58,50 @@ REJECTS = [
     ("missing camera", request(cameras={"front": [96, 128, 3]}), INFO, 0, ErrorCode.CAMERA_MISMATCH, "wrist"),
     ("state dim", request(state_dim=7), INFO, 0, ErrorCode.STATE_DIM_MISMATCH, "expects 6"),
     ("schema too new", request(schema_version=9), INFO, 0, ErrorCode.SCHEMA_VERSION, "schema 9"),
-    ("fps", request(fps=15.0), INFO, 0, ErrorCode.FPS_MISMATCH, "client runs at 15 fps but the policy was trained at 30 fps"),
+    (
+        "fps",
+        request(fps=15.0),
+        INFO,
+        0,
+        ErrorCode.FPS_MISMATCH,
+        "client runs at 15 fps but the policy was trained at 30 fps",
+    ),
     ("pinned task", request(task="fold"), dataclasses.replace(INFO, pin_task=True), 0, ErrorCode.TASK_PINNED, "pinned"),
     ("capacity", request(), INFO, 4, ErrorCode.CAPACITY, "4/4"),
-    ("exclusive busy", request(), dataclasses.replace(INFO, serving_mode="exclusive"), 1, ErrorCode.EXCLUSIVE_BUSY,
-     "exactly one session"),
+    (
+        "exclusive busy",
+        request(),
+        dataclasses.replace(INFO, serving_mode="exclusive"),
+        1,
+        ErrorCode.EXCLUSIVE_BUSY,
+        "exactly one session",
+    ),
     ("pinned checkpoint", request(expected_checkpoint_hash="cd" * 32), INFO, 0, ErrorCode.WRONG_MODEL, "never run"),
     ("policy type", request(policy_type="mlp_chunk"), INFO, 0, ErrorCode.WRONG_MODEL, "mlp_chunk"),
-    ("allowlist", request(), dataclasses.replace(INFO, allowlist=("robot-9",)), 0, ErrorCode.IDENTITY_MISMATCH,
-     "allowlist"),
-    ("unknown client", request(), dataclasses.replace(INFO, accept_unknown=False, known_clients={"robot-9": KNOWN_9}),
-     0, ErrorCode.IDENTITY_MISMATCH, "clients.known"),
-    ("known client, other model", request(client_uuid="robot-9"),
-     dataclasses.replace(INFO, known_clients={"robot-9": dataclasses.replace(KNOWN_9, model="pusher")}), 0,
-     ErrorCode.IDENTITY_MISMATCH, "'pusher'"),
+    (
+        "allowlist",
+        request(),
+        dataclasses.replace(INFO, allowlist=("robot-9",)),
+        0,
+        ErrorCode.IDENTITY_MISMATCH,
+        "allowlist",
+    ),
+    (
+        "unknown client",
+        request(),
+        dataclasses.replace(INFO, accept_unknown=False, known_clients={"robot-9": KNOWN_9}),
+        0,
+        ErrorCode.IDENTITY_MISMATCH,
+        "clients.known",
+    ),
+    (
+        "known client, other model",
+        request(client_uuid="robot-9"),
+        dataclasses.replace(INFO, known_clients={"robot-9": dataclasses.replace(KNOWN_9, model="pusher")}),
+        0,
+        ErrorCode.IDENTITY_MISMATCH,
+        "'pusher'",
+    ),
 ]
 
 

@@ -9,7 +9,14 @@ from collections import deque
 import numpy as np
 
 from wire import (
-    Header, MsgType, Observation, ReplicaKeys, SCHEMA_VERSION, SessionOpen, decode_message, unpack_header,
+    SCHEMA_VERSION,
+    Header,
+    MsgType,
+    Observation,
+    ReplicaKeys,
+    SessionOpen,
+    decode_message,
+    unpack_header,
 )
 from wire import auth as wauth
 from wire.messages import Reset
@@ -62,8 +69,15 @@ class RawClient:
 
     def open(self, key: str | None = None, attachment: bytes | None | str = "header", **kw):
         """Open on the client's own `session` key (or `key`)."""
-        body = dict(client_uuid=self.uuid, schema_version=SCHEMA_VERSION, fps=30.0, action_names=["x", "y", "grip"],
-                    state_dim=4, task=self.task, rtc_enabled=True)
+        body = dict(
+            client_uuid=self.uuid,
+            schema_version=SCHEMA_VERSION,
+            fps=30.0,
+            action_names=["x", "y", "grip"],
+            state_dim=4,
+            task=self.task,
+            rtc_enabled=True,
+        )
         body.update(kw)
         reply = self.query(key or self.keys.session, SessionOpen(**body), attachment=attachment)
         if getattr(reply, "session_id", None):
@@ -74,15 +88,31 @@ class RawClient:
     def reopen(self, **kw):
         """A re-handshake that proves it owned the current session (previous_auth)."""
         prev = self.ack
-        return self.open(previous_session_id=prev.session_id,
-                         previous_auth=wauth.reopen_tag(prev.session_key, prev.session_id, self.uuid), **kw)
+        return self.open(
+            previous_session_id=prev.session_id,
+            previous_auth=wauth.reopen_tag(prev.session_key, prev.session_id, self.uuid),
+            **kw,
+        )
 
-    def send(self, state, seq=None, episode=0, epoch=0, session_id=None, raw_body: bytes | None = None,
-             raw_header: bytes | None = None, sign: bool = True, **kw) -> int:
+    def send(
+        self,
+        state,
+        seq=None,
+        episode=0,
+        epoch=0,
+        session_id=None,
+        raw_body: bytes | None = None,
+        raw_header: bytes | None = None,
+        sign: bool = True,
+        **kw,
+    ) -> int:
         """Publish an observation; signed with this client's session key unless `sign` is False."""
         self.seq = seq if seq is not None else self.seq + 1
-        header = raw_header if raw_header is not None else Header(
-            SCHEMA_VERSION, MsgType.OBS, self.seq, episode, time.monotonic_ns(), epoch).pack()
+        header = (
+            raw_header
+            if raw_header is not None
+            else Header(SCHEMA_VERSION, MsgType.OBS, self.seq, episode, time.monotonic_ns(), epoch).pack()
+        )
         if raw_body is None:
             sid = session_id or self.session_id
             if sign and self.ack is not None and self.ack.session_key and "auth" not in kw:
@@ -96,7 +126,7 @@ class RawClient:
         deadline = time.monotonic() + timeout
         with self.cv:
             while True:
-                for i, (h, m, t) in enumerate(self.inbox):
+                for i, (h, m, _t) in enumerate(self.inbox):
                     if pred(h, m):
                         del self.inbox[i]
                         return h, m
@@ -108,15 +138,20 @@ class RawClient:
     def chunk_for(self, seq, timeout=5.0):
         return self.wait_for(lambda h, m: h.seq_id == seq and h.msg_type == MsgType.CHUNK, timeout)
 
-    def reset(self, episode_id: int, session_id: str | None = None, sign: bool = True,
-              attachment: bytes | None | str = "header"):
+    def reset(
+        self,
+        episode_id: int,
+        session_id: str | None = None,
+        sign: bool = True,
+        attachment: bytes | None | str = "header",
+    ):
         sid = session_id or self.session_id
         tag = None
         if sign and self.ack is not None and self.ack.session_key:
             tag = wauth.reset_tag(self.ack.session_key, sid, episode_id)
         return self.query(self.keys.reset, Reset(sid, episode_id, auth=tag), timeout=2.0, attachment=attachment)
 
-    def __enter__(self) -> "RawClient":
+    def __enter__(self) -> RawClient:
         return self
 
     def __exit__(self, *exc) -> None:

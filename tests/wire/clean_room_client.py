@@ -32,8 +32,15 @@ SCHEMA_VERSION = 1  # section 8: this client speaks 1..1
 HEADER = struct.Struct("<HBQIqI")  # section 3: u16 u8 u64 u32 i64 u32, little-endian, packed: 27 bytes
 OBS, CHUNK, EVENT, CONTROL = 1, 2, 3, 4  # section 3 msg_type
 STATUS_TIMEOUT_S, SESSION_TIMEOUT_S, RESET_TIMEOUT_S = 2.0, 2.0, 1.0  # section 7: control queries' timeouts
-DTYPES = {"float16": "<f2", "float32": "<f4", "float64": "<f8", "uint8": "u1", "int32": "<i4", "int64": "<i8",
-          "bool": "?"}  # section 4.1 (bfloat16 is receive-only here: widened by hand in `from_tensor`)
+DTYPES = {
+    "float16": "<f2",
+    "float32": "<f4",
+    "float64": "<f8",
+    "uint8": "u1",
+    "int32": "<i4",
+    "int64": "<i8",
+    "bool": "?",
+}  # section 4.1 (bfloat16 is receive-only here: widened by hand in `from_tensor`)
 assert HEADER.size == 27
 
 
@@ -47,11 +54,12 @@ class Header:
     session_epoch: int = 0
 
     def pack(self) -> bytes:
-        return HEADER.pack(self.schema_version, self.msg_type, self.seq_id, self.episode_id, self.client_mono_ns,
-                           self.session_epoch)
+        return HEADER.pack(
+            self.schema_version, self.msg_type, self.seq_id, self.episode_id, self.client_mono_ns, self.session_epoch
+        )
 
     @classmethod
-    def unpack(cls, data: bytes | None) -> "Header | None":
+    def unpack(cls, data: bytes | None) -> Header | None:
         if data is None or len(data) != HEADER.size:
             return None
         return cls(*HEADER.unpack(data))
@@ -135,6 +143,7 @@ def jpeg(frame: np.ndarray, quality: int = 90) -> bytes:
 class Reply:
     """One answer to a control query: its header (None: none or not 27 bytes), its body, and whether Zenoh
     carried it as a reply error rather than a sample."""
+
     header: Header | None
     body: dict
     zenoh_error: bool = False
@@ -144,6 +153,7 @@ class Reply:
 @dataclass
 class Answer:
     """What came back for one observation: a checked chunk, a checked error event, or nothing in time."""
+
     seq_id: int
     chunk: dict | None = None
     chunk_robot: np.ndarray | None = None
@@ -156,8 +166,15 @@ class Answer:
 class CleanRoomClient:
     """One robot: a Zenoh session, discovery, one session with one replica, observations, resets, close."""
 
-    def __init__(self, router: str, model_id: str, revision: str = "*", root: str = "@fleet",
-                 client_uuid: str | None = None, lease_ms: int = 1000):
+    def __init__(
+        self,
+        router: str,
+        model_id: str,
+        revision: str = "*",
+        root: str = "@fleet",
+        client_uuid: str | None = None,
+        lease_ms: int = 1000,
+    ):
         self.model_id, self.revision, self.root = model_id, revision, root
         self.client_uuid = client_uuid or f"cleanroom-{uuid.uuid4().hex[:12]}"
         conf = zenoh.Config()
@@ -191,8 +208,13 @@ class CleanRoomClient:
     # -- control queries --------------------------------------------------------------------------------
     def _query(self, key: str, kind: str, fields: dict | None, header: Header | None, timeout_s: float) -> list[Reply]:
         payload = encode(kind, **fields) if fields is not None else None
-        replies = self.z.get(key, payload=payload, attachment=header.pack() if header else None,
-                             target=zenoh.QueryTarget.ALL, timeout=timeout_s)
+        replies = self.z.get(
+            key,
+            payload=payload,
+            attachment=header.pack() if header else None,
+            target=zenoh.QueryTarget.ALL,
+            timeout=timeout_s,
+        )
         out = []
         for r in replies:  # the handler ends when every queryable answered or the timeout passed
             if r.ok is not None:
@@ -211,8 +233,9 @@ class CleanRoomClient:
     def discover(self) -> list[dict]:
         """5.1 step 1: every replica answers a status query on the single-depth wildcard with its status."""
         key = f"{self.root}/{self.model_id}/{self.revision}/*/status"
-        replies = self._query(key, "status_request", {"client_uuid": self.client_uuid},
-                              Header(SCHEMA_VERSION, CONTROL), STATUS_TIMEOUT_S)
+        replies = self._query(
+            key, "status_request", {"client_uuid": self.client_uuid}, Header(SCHEMA_VERSION, CONTROL), STATUS_TIMEOUT_S
+        )
         statuses = []
         for r in replies:
             if r.body.get("kind") != "status":
@@ -232,8 +255,17 @@ class CleanRoomClient:
             raise LookupError(f"no ready replica among {len(statuses)}")
         return min(ok, key=lambda s: s["load"])
 
-    def open(self, status: dict, *, action_names: list[str], state_dim: int, fps: float,
-             cameras: dict | None = None, task: str = "", expected_checkpoint_hash: str = "") -> Reply:
+    def open(
+        self,
+        status: dict,
+        *,
+        action_names: list[str],
+        state_dim: int,
+        fps: float,
+        cameras: dict | None = None,
+        task: str = "",
+        expected_checkpoint_hash: str = "",
+    ) -> Reply:
         """5.1 steps 2-3: declare the session's keys, then the open on the client's own session key. Returns
         the reply; on a `session_ack` the client is streaming-ready."""
         self.close_session()
@@ -245,18 +277,30 @@ class CleanRoomClient:
         self._declared.append(live.declare_token(f"{prefix}/alive"))
         self._declared.append(self.z.declare_subscriber(f"{prefix}/action", self._on_action))
         self._obs_pub = self.z.declare_publisher(  # section 7: obs QoS
-            f"{prefix}/obs", congestion_control=zenoh.CongestionControl.DROP, priority=zenoh.Priority.DATA,
-            express=False)
+            f"{prefix}/obs",
+            congestion_control=zenoh.CongestionControl.DROP,
+            priority=zenoh.Priority.DATA,
+            express=False,
+        )
         self._declared.append(self._obs_pub)
-        self._declared.append(live.declare_subscriber(f"{self.replica_prefix(status)}/alive", self._on_replica_alive,
-                                                      history=True))
+        self._declared.append(
+            live.declare_subscriber(f"{self.replica_prefix(status)}/alive", self._on_replica_alive, history=True)
+        )
         self.session_epoch += 1  # this (re)connect
-        fields = {"client_uuid": self.client_uuid, "schema_version": SCHEMA_VERSION, "fps": float(fps),
-                  "action_names": list(action_names), "state_dim": int(state_dim),
-                  "cameras": {k: list(v) for k, v in (cameras or {}).items()}, "task": task,
-                  "expected_checkpoint_hash": expected_checkpoint_hash, "client_type": "clean-room"}
-        replies = self._query(f"{prefix}/session", "session_open", fields, Header(SCHEMA_VERSION, CONTROL),
-                              SESSION_TIMEOUT_S)
+        fields = {
+            "client_uuid": self.client_uuid,
+            "schema_version": SCHEMA_VERSION,
+            "fps": float(fps),
+            "action_names": list(action_names),
+            "state_dim": int(state_dim),
+            "cameras": {k: list(v) for k, v in (cameras or {}).items()},
+            "task": task,
+            "expected_checkpoint_hash": expected_checkpoint_hash,
+            "client_type": "clean-room",
+        }
+        replies = self._query(
+            f"{prefix}/session", "session_open", fields, Header(SCHEMA_VERSION, CONTROL), SESSION_TIMEOUT_S
+        )
         if len(replies) != 1:
             raise ProtocolViolation(f"session open got {len(replies)} replies, want exactly 1")
         reply = replies[0]
@@ -287,8 +331,7 @@ class CleanRoomClient:
     def _on_replica_alive(self, sample) -> None:
         (self.replica_alive if sample.kind == zenoh.SampleKind.PUT else self.replica_gone).set()
 
-    def observe(self, state: np.ndarray, images: dict | None = None, timeout_s: float = 5.0,
-                **extra_fields) -> Answer:
+    def observe(self, state: np.ndarray, images: dict | None = None, timeout_s: float = 5.0, **extra_fields) -> Answer:
         """5.1 step 4: publish one observation and wait for the chunk or error event that answers it."""
         if self.ack is None:
             raise RuntimeError("no open session")
@@ -374,8 +417,9 @@ class CleanRoomClient:
         elif self.ack.get("session_key"):
             fields["auth"] = tag(self.ack["session_key"], b"reset", sid.encode(), struct.pack("<Q", new))
         prefix = self.client_prefix(self.replica, self.ack.get("task", ""))
-        replies = self._query(f"{prefix}/reset", "reset", fields,
-                              Header(SCHEMA_VERSION, CONTROL, episode_id=new), RESET_TIMEOUT_S)
+        replies = self._query(
+            f"{prefix}/reset", "reset", fields, Header(SCHEMA_VERSION, CONTROL, episode_id=new), RESET_TIMEOUT_S
+        )
         if len(replies) != 1:
             raise ProtocolViolation(f"reset got {len(replies)} replies, want exactly 1")
         reply = replies[0]

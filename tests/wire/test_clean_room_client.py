@@ -92,14 +92,23 @@ def test_the_clients_checks_refuse_a_chunk_that_answers_another_request():
     c = crc.CleanRoomClient.__new__(crc.CleanRoomClient)  # the checks only, no Zenoh session
     c.ack = {"schema_version": 1, "session_id": "s-1", "chunk_size": 4, "action_names": ["j0", "j1"]}
     sent = crc.Header(1, crc.OBS, 7, 2, 123, 1)
-    good = {"kind": "action_chunk", "session_id": "s-1", "seq_id_echo": 7, "client_mono_ns_echo": 123,
-            "chunk_model": crc.to_tensor(np.zeros((4, 2))), "chunk_robot": crc.to_tensor(np.zeros((4, 2))),
-            "queue_wait_ms": 0.1, "inference_ms": 2}
+    good = {
+        "kind": "action_chunk",
+        "session_id": "s-1",
+        "seq_id_echo": 7,
+        "client_mono_ns_echo": 123,
+        "chunk_model": crc.to_tensor(np.zeros((4, 2))),
+        "chunk_robot": crc.to_tensor(np.zeros((4, 2))),
+        "queue_wait_ms": 0.1,
+        "inference_ms": 2,
+    }
     c._check(crc.Header(1, crc.CHUNK, 7, 2, 123, 1), good, sent, crc.Answer(7))
-    wrong = [(crc.Header(1, crc.CHUNK, 7, 3, 123, 1), good),  # another episode
-             (crc.Header(1, crc.CHUNK, 7, 2, 124, 1), good),  # another clock stamp
-             (crc.Header(1, crc.EVENT, 7, 2, 123, 1), good),  # not a CHUNK header
-             (crc.Header(1, crc.CHUNK, 7, 2, 123, 1), {**good, "chunk_robot": crc.to_tensor(np.zeros((3, 2)))})]
+    wrong = [
+        (crc.Header(1, crc.CHUNK, 7, 3, 123, 1), good),  # another episode
+        (crc.Header(1, crc.CHUNK, 7, 2, 124, 1), good),  # another clock stamp
+        (crc.Header(1, crc.EVENT, 7, 2, 123, 1), good),  # not a CHUNK header
+        (crc.Header(1, crc.CHUNK, 7, 2, 123, 1), {**good, "chunk_robot": crc.to_tensor(np.zeros((3, 2)))}),
+    ]
     for h, body in wrong:
         with pytest.raises(crc.ProtocolViolation):
             c._check(h, body, sent, crc.Answer(7))
@@ -112,14 +121,27 @@ def server(tmp_path_factory):
     `reacher` as replica r1, so that discovery has two replicas to find; yields the router endpoint."""
     tmp = tmp_path_factory.mktemp("cleanroom")
     router, endpoint = start_router(None, tmp / "router.log")
-    manifest = {"model": {"repo_or_path": str(MODELS["reacher"])}, "model_id": "reacher", "warmup_inferences": 1,
-                "health_port": 0, "audit_path": str(tmp / "audit.jsonl"), "zenoh": {"connect_endpoints": [endpoint]},
-                "extra_models": [{"model": {"repo_or_path": str(MODELS["reacher-cam"])}, "model_id": "reacher-cam",
-                                  "warmup_inferences": 1}]}
+    manifest = {
+        "model": {"repo_or_path": str(MODELS["reacher"])},
+        "model_id": "reacher",
+        "warmup_inferences": 1,
+        "health_port": 0,
+        "audit_path": str(tmp / "audit.jsonl"),
+        "zenoh": {"connect_endpoints": [endpoint]},
+        "extra_models": [
+            {"model": {"repo_or_path": str(MODELS["reacher-cam"])}, "model_id": "reacher-cam", "warmup_inferences": 1}
+        ],
+    }
     (tmp / "manifest.yaml").write_text(yaml.safe_dump(manifest))
-    procs = [ChildProcess([sys.executable, "-m", "server.cli", "--manifest", str(tmp / "manifest.yaml"), *extra],
-                          tmp / f"server-{i}.log", ready_text="policy-server ready", name=f"policy-server-{i}")
-             for i, extra in enumerate([[], ["--replica-id", "r1", "--set", "extra_models=[]"]])]
+    procs = [
+        ChildProcess(
+            [sys.executable, "-m", "server.cli", "--manifest", str(tmp / "manifest.yaml"), *extra],
+            tmp / f"server-{i}.log",
+            ready_text="policy-server ready",
+            name=f"policy-server-{i}",
+        )
+        for i, extra in enumerate([[], ["--replica-id", "r1", "--set", "extra_models=[]"]])
+    ]
     try:
         for proc in procs:
             proc.start(timeout_s=60)
@@ -132,8 +154,14 @@ def server(tmp_path_factory):
 
 def frames(cameras: dict, rng: np.random.Generator) -> dict:
     """One JPEG frame per camera the policy consumes, at the size its status gives (section 4.2)."""
-    return {name: {"codec": "jpeg", "data": crc.jpeg(rng.integers(0, 256, size=tuple(shape), dtype=np.uint8)),
-                   "shape": list(shape)} for name, shape in cameras.items()}
+    return {
+        name: {
+            "codec": "jpeg",
+            "data": crc.jpeg(rng.integers(0, 256, size=tuple(shape), dtype=np.uint8)),
+            "shape": list(shape),
+        }
+        for name, shape in cameras.items()
+    }
 
 
 def active_sessions(client: crc.CleanRoomClient, replica_id: str) -> int:
@@ -155,8 +183,12 @@ def test_the_clean_room_client_is_served_by_policy_server(server, model_id):
         assert status["schema_min"] <= crc.SCHEMA_VERSION <= status["schema_max"]
         cameras = status.get("cameras", {})
         assert bool(cameras) == (model_id == "reacher-cam")
-        robot = {"action_names": status["action_names"], "state_dim": status["state_dim"],
-                 "fps": status["trained_fps"], "cameras": cameras}
+        robot = {
+            "action_names": status["action_names"],
+            "state_dim": status["state_dim"],
+            "fps": status["trained_fps"],
+            "cameras": cameras,
+        }
         before = status["active_sessions"]
 
         refused = c.open(status, **{**robot, "action_names": status["action_names"][::-1]})
@@ -209,8 +241,13 @@ def test_a_task_named_in_free_text_is_served_on_the_keys_the_document_derives(se
     c = crc.CleanRoomClient(server, "reacher")
     try:
         status = c.pick(c.discover())
-        ack = c.open(status, action_names=status["action_names"], state_dim=status["state_dim"],
-                     fps=status["trained_fps"], task="Pick UP the  --  cube!")
+        ack = c.open(
+            status,
+            action_names=status["action_names"],
+            state_dim=status["state_dim"],
+            fps=status["trained_fps"],
+            task="Pick UP the  --  cube!",
+        )
         assert ack.body["kind"] == "session_ack" and ack.body["task"] == "Pick UP the  --  cube!", ack.body
         answer = c.observe(np.zeros(status["state_dim"], np.float32))
         assert answer.chunk is not None, answer

@@ -16,7 +16,9 @@ SPEC = (Path(__file__).resolve().parents[2] / "docs" / "wire-protocol.md").read_
 
 @pytest.mark.parametrize("kind,table", sorted(all_tables().items()))
 def test_every_field_table_is_the_generated_one(kind, table):
-    assert table in SPEC, f"docs/wire-protocol.md table for {kind!r} differs from wire.messages: regenerate with python -m wire.docgen"
+    assert table in SPEC, (
+        f"docs/wire-protocol.md table for {kind!r} differs from wire.messages: regenerate with python -m wire.docgen"
+    )
     assert SPEC.count(table) == 1, f"docs/wire-protocol.md has the {kind!r} table more than once"
 
 
@@ -63,8 +65,11 @@ def test_every_manifest_key_the_spec_names_exists_in_the_manifest():
 
     schema = json.loads((Path(__file__).resolve().parents[2] / "docs" / "schemas" / "manifest.schema.json").read_text())
     sections = "|".join(sorted(schema["properties"]))
-    named = {k for k in re.findall(rf"`((?:{sections})\.[a-z_][a-z0-9_.]*)`", SPEC)
-             if not k.endswith((".json", ".safetensors"))}  # a checkpoint file name, not a key
+    named = {
+        k
+        for k in re.findall(rf"`((?:{sections})\.[a-z_][a-z0-9_.]*)`", SPEC)
+        if not k.endswith((".json", ".safetensors"))
+    }  # a checkpoint file name, not a key
     assert named, "the spec names no manifest key: the pattern is wrong"
     missing = sorted(k for k in named if not _manifest_has(schema, k))
     assert not missing, f"docs/wire-protocol.md names manifest keys the manifest does not have: {missing}"

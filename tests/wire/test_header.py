@@ -3,7 +3,8 @@
 import struct
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from wire import HEADER_SIZE, Header, MsgType, WireError, pack_header, unpack_header
 
@@ -45,7 +46,16 @@ def test_arbitrary_attachments_give_only_wire_errors(data):
         assert len(data) == HEADER_SIZE and isinstance(h.msg_type, MsgType)
 
 
-@pytest.mark.parametrize("field,value", [("seq_id", -1), ("episode_id", 2**32), ("schema_version", 2**16), ("client_mono_ns", 2**63), ("session_epoch", True)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("seq_id", -1),
+        ("episode_id", 2**32),
+        ("schema_version", 2**16),
+        ("client_mono_ns", 2**63),
+        ("session_epoch", True),
+    ],
+)
 def test_out_of_range_fields_are_refused_at_pack(field, value):
     kwargs = dict(schema_version=1, msg_type=MsgType.OBS)
     kwargs[field] = value

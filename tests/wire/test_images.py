@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wire import WireError, encode_image
 from wire.images import EncodedImage, decode_image, image_from_wire
@@ -52,9 +54,6 @@ def test_raw_frame_needs_matching_shape():
 def test_non_uint8_frames_are_refused():
     with pytest.raises(WireError, match="uint8"):
         encode_image(np.zeros((4, 4, 3), np.float32))
-
-
-from hypothesis import given, settings, strategies as st
 
 
 @settings(max_examples=150)

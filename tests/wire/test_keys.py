@@ -2,7 +2,8 @@
 
 import pytest
 import zenoh
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from wire import ReplicaKeys, WireError, discovery_key, parse_client_key, sanitize, task_slug
 
@@ -37,7 +38,14 @@ def test_task_slug_examples():
 def test_client_keys_parse_back():
     keys = ReplicaKeys("arm-flow", "main", "r1").client("Reach it", "robot-7")
     p = parse_client_key(keys.obs)
-    assert (p.model_id, p.revision, p.replica_id, p.task_slug, p.client_uuid, p.topic) == ("arm-flow", "main", "r1", "reach-it", "robot-7", "obs")
+    assert (p.model_id, p.revision, p.replica_id, p.task_slug, p.client_uuid, p.topic) == (
+        "arm-flow",
+        "main",
+        "r1",
+        "reach-it",
+        "robot-7",
+        "obs",
+    )
 
 
 def _matches(pattern, key):

@@ -5,7 +5,8 @@ import dataclasses
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from wire import ErrorCode, Header, MsgType, WireError, decode_message, unpack_header
@@ -45,23 +46,48 @@ def test_golden_vectors_are_byte_exact(name):
     assert_messages_equal(decode_message(bytes.fromhex(vec["body"])), msg)
 
 
-f32 = hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=2, max_side=6), elements=st.floats(-1e6, 1e6, width=32))
+f32 = hnp.arrays(
+    np.float32, hnp.array_shapes(min_dims=1, max_dims=2, max_side=6), elements=st.floats(-1e6, 1e6, width=32)
+)
 names = st.text(st.characters(codec="utf-8"), max_size=12)
 
 
 @given(
-    state=f32, prefix=st.none() | f32, task=names, delay=st.integers(0, 10_000), urgency=st.floats(0, 1),
-    priority=st.integers(0, 255), steps=st.none() | st.integers(0, 10**6), meta=st.dictionaries(names, names, max_size=4),
+    state=f32,
+    prefix=st.none() | f32,
+    task=names,
+    delay=st.integers(0, 10_000),
+    urgency=st.floats(0, 1),
+    priority=st.integers(0, 255),
+    steps=st.none() | st.integers(0, 10**6),
+    meta=st.dictionaries(names, names, max_size=4),
     start=st.booleans(),
 )
 def test_observation_round_trips(state, prefix, task, delay, urgency, priority, steps, meta, start):
-    m = Observation("s", state, task=task, inference_delay_steps=delay, prefix_model=prefix, prefix_robot=prefix,
-                    episode_start=start, urgency=urgency, priority=priority, steps_remaining=steps, metadata=meta,
-                    tensors={"extra": state.astype(np.int64)})
+    m = Observation(
+        "s",
+        state,
+        task=task,
+        inference_delay_steps=delay,
+        prefix_model=prefix,
+        prefix_robot=prefix,
+        episode_start=start,
+        urgency=urgency,
+        priority=priority,
+        steps_remaining=steps,
+        metadata=meta,
+        tensors={"extra": state.astype(np.int64)},
+    )
     assert_messages_equal(decode_message(m.encode(), expect=Observation), m)
 
 
-@given(chunk=f32, seq=st.integers(0, 2**64 - 1), mono=st.integers(-(2**63), 2**63 - 1), wait=st.floats(0, 1e6), sup=st.integers(0, 2**32))
+@given(
+    chunk=f32,
+    seq=st.integers(0, 2**64 - 1),
+    mono=st.integers(-(2**63), 2**63 - 1),
+    wait=st.floats(0, 1e6),
+    sup=st.integers(0, 2**32),
+)
 def test_action_chunk_round_trips(chunk, seq, mono, wait, sup):
     m = ActionChunk("s", seq, mono, chunk, chunk * 2, queue_wait_ms=wait, inference_ms=wait, superseded_seqs=sup)
     assert_messages_equal(decode_message(m.encode(), expect=ActionChunk), m)
@@ -109,6 +135,7 @@ def test_oversize_body_is_refused_before_parsing():
 
 # ---- fuzzing: only WireError may come out -----------------------------------------------------
 
+
 def _only_wire_errors(raw):
     try:
         decode_message(raw)
@@ -134,7 +161,12 @@ def test_truncated_and_bit_flipped_golden_messages(name, data):
 
 
 plain = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=8) | st.binary(max_size=16),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=16),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=12,
 )

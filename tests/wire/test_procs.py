@@ -150,6 +150,7 @@ def test_a_router_sheds_a_links_observations_beyond_its_rate_and_leaves_other_li
             got[key] += 1
             if not key.endswith("/obs"):
                 arrived.put(key)
+
         subscriber = monitor.declare_subscriber("@fleet/t/**", seen)
         for s in (flooder, honest):  # each link's route to the subscriber is up once one of its puts arrives
             while True:
@@ -166,7 +167,9 @@ def test_a_router_sheds_a_links_observations_beyond_its_rate_and_leaves_other_li
                 honest.put("@fleet/t/honest/obs", b"y")  # ten, 60 ms or more apart: each under the cap's 50 ms
                 time.sleep(0.06)
         for s, name in ((flooder, "flood"), (honest, "honest")):
-            s.put(f"@fleet/t/{name}/done", b"")  # a link's puts arrive in order: after this, all of its earlier ones have
+            s.put(
+                f"@fleet/t/{name}/done", b""
+            )  # a link's puts arrive in order: after this, all of its earlier ones have
         seen_done = set()
         while len(seen_done) < 2:
             key = arrived.get(timeout=10)
@@ -180,11 +183,19 @@ def test_a_router_sheds_a_links_observations_beyond_its_rate_and_leaves_other_li
         for s in sessions:
             s.close()
         child.stop()
-    bad = subprocess.run([sys.executable, "-m", "wire.transport", "--listen", "tcp/127.0.0.1:0",
-                          "--max-observation-rate-hz", "0.5"], capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        [sys.executable, "-m", "wire.transport", "--listen", "tcp/127.0.0.1:0", "--max-observation-rate-hz", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and "--max-observation-rate-hz 0.5 must be 0 (no cap) or from 1 to 1e6" in bad.stderr
-    bad = subprocess.run([sys.executable, "-m", "wire.transport", "--listen", "tcp/127.0.0.1:0",
-                          "--observation-root", "fleet"], capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        [sys.executable, "-m", "wire.transport", "--listen", "tcp/127.0.0.1:0", "--observation-root", "fleet"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and "--observation-root" in bad.stderr and "'@'" in bad.stderr, bad.stderr
 
 

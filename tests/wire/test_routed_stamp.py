@@ -31,6 +31,7 @@ def through(endpoint: str, n: int = 20) -> list[tuple[int, int, int | None]]:
         got.append((sent[i], received, routed))
         if len(got) == n:
             done.set()
+
     try:
         sub = sub_session.declare_subscriber("stamp/test", on_sample)
         for _ in range(250):  # until the router routes to the new subscriber (its declaration travels first)

@@ -35,7 +35,7 @@ def test_a_file_that_is_not_pem_is_refused(pki, tmp_path):
 
 
 def test_an_expired_certificate_is_refused_with_its_date(pki):
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     old = pki.issue("expired-robot", not_before=now - dt.timedelta(days=5), not_after=now - dt.timedelta(days=1))
     with pytest.raises(TlsError, match="expired on"):
         TlsFiles(old.ca, old.cert, old.key).check()
@@ -54,14 +54,20 @@ def test_edge_config_and_server_manifest_refuse_bad_tls_at_construction(pki, tmp
     from edge.remote import ConfigError, RemoteEngineConfig
     from server.manifest import ManifestError, TlsConfig, _build  # noqa: F401
 
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     old = pki.issue("expired-2", not_before=now - dt.timedelta(days=5), not_after=now - dt.timedelta(days=1))
     with pytest.raises(ConfigError, match="RemoteEngineConfig.tls_cert: .*expired"):
-        RemoteEngineConfig(model_id="m", action_names=["a"], state_dim=1, tls_ca=old.ca, tls_cert=old.cert,
-                           tls_key=old.key)
+        RemoteEngineConfig(
+            model_id="m", action_names=["a"], state_dim=1, tls_ca=old.ca, tls_cert=old.cert, tls_key=old.key
+        )
     with pytest.raises(ManifestError, match="zenoh.tls.connect_certificate: .*expired"):
-        _build(TlsConfig, {"root_ca_certificate": old.ca, "connect_certificate": old.cert,
-                           "connect_private_key": old.key}, "zenoh.tls", None, "m.yaml")
+        _build(
+            TlsConfig,
+            {"root_ca_certificate": old.ca, "connect_certificate": old.cert, "connect_private_key": old.key},
+            "zenoh.tls",
+            None,
+            "m.yaml",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +75,25 @@ def secure_router(pki, tmp_path_factory):
     r = pki.router()
     acl = router_access_control(FleetIdentities(("robot-a", "robot-b"), ("r0",)))
     endpoint = f"tls/127.0.0.1:{free_port()}"
-    child = ChildProcess([sys.executable, "-m", "wire.transport", "--listen", endpoint, "--tls-ca", r.ca, "--tls-cert",
-                          r.cert, "--tls-key", r.key, "--config-json", json.dumps({"access_control": acl})],
-                         tmp_path_factory.mktemp("router") / "router.log", ready_text="router ready").start(15)
+    child = ChildProcess(
+        [
+            sys.executable,
+            "-m",
+            "wire.transport",
+            "--listen",
+            endpoint,
+            "--tls-ca",
+            r.ca,
+            "--tls-cert",
+            r.cert,
+            "--tls-key",
+            r.key,
+            "--config-json",
+            json.dumps({"access_control": acl}),
+        ],
+        tmp_path_factory.mktemp("router") / "router.log",
+        ready_text="router ready",
+    ).start(15)
     yield endpoint
     child.stop()
 
@@ -88,9 +110,17 @@ def test_a_refused_handshake_fails_fast_with_a_clear_message(pki, secure_router,
     foreign = Pki(tmp_path / "other", ca_name="other").robot("robot-a")
     t0 = time.monotonic()
     c = make_config("client", connect=[secure_router])  # bypass our own file checks: the router must refuse
-    c.insert_json5("transport/link/tls", json.dumps({"root_ca_certificate": pki.ca_cert_path.as_posix(),
-                                                      "enable_mtls": True, "connect_certificate": foreign.cert,
-                                                      "connect_private_key": foreign.key}))
+    c.insert_json5(
+        "transport/link/tls",
+        json.dumps(
+            {
+                "root_ca_certificate": pki.ca_cert_path.as_posix(),
+                "enable_mtls": True,
+                "connect_certificate": foreign.cert,
+                "connect_private_key": foreign.key,
+            }
+        ),
+    )
     with pytest.raises(zenoh.ZError):
         zenoh.open(c)
     with pytest.raises(ConnectionError, match="refused the handshake"):
@@ -136,9 +166,21 @@ def test_an_edge_engine_refused_by_the_router_says_why_and_gives_up_after_max_of
 
     other = Pki(tmp_path / "other", ca_name="other")  # a consistent set of files the router does not trust
     f = other.robot("robot-a")
-    eng = make_engine(RemoteEngineConfig(connect_endpoints=[secure_router], model_id="arm", action_names=["x"],
-                                         state_dim=1, client_uuid="robot-a", tls_ca=f.ca, tls_cert=f.cert, tls_key=f.key,
-                                         max_offline_s=2.0, reconnect_initial_backoff_s=0.2, reconnect_max_backoff_s=0.5))
+    eng = make_engine(
+        RemoteEngineConfig(
+            connect_endpoints=[secure_router],
+            model_id="arm",
+            action_names=["x"],
+            state_dim=1,
+            client_uuid="robot-a",
+            tls_ca=f.ca,
+            tls_cert=f.cert,
+            tls_key=f.key,
+            max_offline_s=2.0,
+            reconnect_initial_backoff_s=0.2,
+            reconnect_max_backoff_s=0.5,
+        )
+    )
     eng.start()
     try:
         deadline = time.monotonic() + 15

@@ -17,11 +17,14 @@ def test_every_key_and_item_keeps_its_line():
     assert yamlines.line_at({"plain": 1}, ("plain",), 9) == 9
 
 
-@pytest.mark.parametrize("text,line,words", [
-    ("a: 1\na: 2\n", 2, "duplicate key 'a' (first at line 1)"),
-    ("a:\n  b: 1\n   c: 2\n", 3, "mapping values are not allowed"),
-    ("? [a, b]\n: 1\n", 1, "keys must be plain words"),
-])
+@pytest.mark.parametrize(
+    "text,line,words",
+    [
+        ("a: 1\na: 2\n", 2, "duplicate key 'a' (first at line 1)"),
+        ("a:\n  b: 1\n   c: 2\n", 3, "mapping values are not allowed"),
+        ("? [a, b]\n: 1\n", 1, "keys must be plain words"),
+    ],
+)
 def test_bad_yaml_names_the_line(text, line, words):
     with pytest.raises(yamlines.YamlError) as err:
         yamlines.load(text)

@@ -17,14 +17,31 @@ def _line(**kw) -> str:
     return json.dumps(kw, separators=(",", ":")) + "\n"
 
 
-OK = dict(ts="2026-11-26T11:25:40.404058+00:00", mono_ms=1000.5, session_id="s1", client_uuid="robot-a", seq_id=1,
-          outcome="ok", chunk_range=[0, 30], client_mono_ns=990_000_000, forward_ms=4.1, batch=2,
-          received_mono_ms=995.25, sent_mono_ms=1000.25)
+OK = dict(
+    ts="2026-11-26T11:25:40.404058+00:00",
+    mono_ms=1000.5,
+    session_id="s1",
+    client_uuid="robot-a",
+    seq_id=1,
+    outcome="ok",
+    chunk_range=[0, 30],
+    client_mono_ns=990_000_000,
+    forward_ms=4.1,
+    batch=2,
+    received_mono_ms=995.25,
+    sent_mono_ms=1000.25,
+)
 
 
 def test_a_torn_or_non_object_line_is_skipped_and_a_missing_key_is_null():
-    lines = [_line(**OK), '{"ts":"2026-11-26T11:25:41', "\n", "[1, 2]\n", "17\n",
-             _line(ts="x", mono_ms=1001.0, client_uuid="robot-b", outcome="denied:bad_auth", denied_count=3)]
+    lines = [
+        _line(**OK),
+        '{"ts":"2026-11-26T11:25:41',
+        "\n",
+        "[1, 2]\n",
+        "17\n",
+        _line(ts="x", mono_ms=1001.0, client_uuid="robot-b", outcome="denied:bad_auth", denied_count=3),
+    ]
     t = audit.read_lines(lines, "r0")
     assert t.num_rows == 2
     assert t.column("outcome").to_pylist() == ["ok", "denied:bad_auth"]
@@ -41,7 +58,9 @@ def test_a_nested_value_is_its_json_text_as_in_the_log():
 
 def test_every_row_names_its_replica_and_a_replica_on_another_clock_is_moved_onto_the_runners(tmp_path):
     for rid in ("r0", "r1"):
-        (tmp_path / f"audit-{rid}.jsonl").write_text(_line(**OK) + _line(**{**OK, "mono_ms": 2000, "sent_mono_ms": None}))
+        (tmp_path / f"audit-{rid}.jsonl").write_text(
+            _line(**OK) + _line(**{**OK, "mono_ms": 2000, "sent_mono_ms": None})
+        )
     skewed = ClockOffset(offset_s=5.0, uncertainty_s=0.0004, rtt_s=0.0008)
     t = audit.read([("r0", tmp_path / "audit-r0.jsonl", SAME_CLOCK), ("r1", tmp_path / "audit-r1.jsonl", skewed)])
     assert t.column("replica").to_pylist() == ["r0", "r0", "r1", "r1"]
@@ -59,8 +78,15 @@ def test_the_table_is_what_the_list_of_dicts_gave_across_batches(monkeypatch):
     pa.Table.from_pylist: same columns in the same order, same types, same values. Batches of 3 lines put a key and
     a type change on either side of a batch boundary."""
     monkeypatch.setattr(audit, "BATCH_ROWS", 3)
-    recs = [OK, {**OK, "seq_id": 2}, {**OK, "batch": 2.5}, {"ts": "y", "mono_ms": 5, "outcome": "expired", "zeta": 1},
-            {**OK, "superseded_seqs": [3, 4]}, {**OK, "alpha": True}, {**OK, "seq_id": None}]
+    recs = [
+        OK,
+        {**OK, "seq_id": 2},
+        {**OK, "batch": 2.5},
+        {"ts": "y", "mono_ms": 5, "outcome": "expired", "zeta": 1},
+        {**OK, "superseded_seqs": [3, 4]},
+        {**OK, "alpha": True},
+        {**OK, "seq_id": None},
+    ]
     lines = [_line(**r) for r in recs]
     rows = []
     for r in recs:
@@ -79,16 +105,26 @@ def test_the_table_is_what_the_list_of_dicts_gave_across_batches(monkeypatch):
 
 def test_values_no_one_type_holds_become_text_not_an_error(monkeypatch):
     monkeypatch.setattr(audit, "BATCH_ROWS", 2)
-    lines = [_line(**{**OK, "detail": 5}), _line(**{**OK, "detail": 6}), _line(**{**OK, "detail": "why"}),
-             _line(**{**OK, "detail": None})]
+    lines = [
+        _line(**{**OK, "detail": 5}),
+        _line(**{**OK, "detail": 6}),
+        _line(**{**OK, "detail": "why"}),
+        _line(**{**OK, "detail": None}),
+    ]
     t = audit.read_lines(lines, "r0")
     assert t.column("detail").to_pylist() == ["5", "6", "why", None]
 
 
 def test_readers_take_a_column_no_line_had_as_null():
-    t = audit.read_lines([_line(**OK), _line(**{**OK, "session_id": "s2", "checkpoint_hash": "h2"}),
-                          _line(**{**OK, "session_id": "s2", "checkpoint_hash": "h3"}),
-                          _line(**{**OK, "session_id": "", "checkpoint_hash": "h4"})], "r0")
+    t = audit.read_lines(
+        [
+            _line(**OK),
+            _line(**{**OK, "session_id": "s2", "checkpoint_hash": "h2"}),
+            _line(**{**OK, "session_id": "s2", "checkpoint_hash": "h3"}),
+            _line(**{**OK, "session_id": "", "checkpoint_hash": "h4"}),
+        ],
+        "r0",
+    )
     assert audit.checkpoints_by_session(t) == {"s2": "h3"}  # both set and not empty; a later row wins
     assert audit.checkpoints_by_session(audit.read_lines([_line(**OK)], "r0")) == {}
     assert np.isnan(audit.floats(t, "no_such_column")).all() and len(audit.floats(t, "no_such_column")) == 4

@@ -70,8 +70,10 @@ def test_a_robot_side_hop_beyond_what_its_proxy_asked_is_the_bench_s():
     asked = rng.uniform(23.0, 27.0, 300)  # wan_50ms: 25 +/- 2 ms each way
     hop = asked + 0.3  # the loopback hops' floor
     hop[:10] += 60.0  # a shard that held its GIL 60 ms before its callback ran
-    legs = {"eu": {"edges_ms": list(EDGES_MS), "downstream": _leg([0.5] * 300, asked_ms=25.0)},
-            "lab": {"edges_ms": list(EDGES_MS), "downstream": LegStats().to_json()}}
+    legs = {
+        "eu": {"edges_ms": list(EDGES_MS), "downstream": _leg([0.5] * 300, asked_ms=25.0)},
+        "lab": {"edges_ms": list(EDGES_MS), "downstream": LegStats().to_json()},
+    }
     legs["eu"]["downstream"].update(asked_ms_min=23.0, asked_ms_max=27.0)
     lab = np.full(50, 0.4)
     lab[0] = 9.4
@@ -101,7 +103,10 @@ def test_a_request_s_hop_is_bounded_by_what_was_asked_around_its_own_time():
     around = fid.asked_around(by_s, start, end)
     assert np.allclose(around[:5], [27.0, 600.0, 0.0, 24.0, 0.0]) and np.isnan(around[5])
     # a proxy that kept whole seconds (no bucket_s) reads as such
-    assert fid.asked_around({"t0_s": 100, "asked_ms_max": [5.0, 9.0]}, np.array([100_500.0]), np.array([101_200.0]))[0] == 9.0
+    assert (
+        fid.asked_around({"t0_s": 100, "asked_ms_max": [5.0, 9.0]}, np.array([100_500.0]), np.array([101_200.0]))[0]
+        == 9.0
+    )
     # a stalled request outside the burst is bounded by its own second, not by the run's 600 ms
     legs = {"ap": {"edges_ms": list(EDGES_MS), "downstream": leg.to_json()}}
     hop = np.concatenate([np.full(30, 25.5), [95.0]])
@@ -150,12 +155,24 @@ def _run_data(late_every: int) -> RunData:
     robot = np.tile([0, 1], 100)
     cls = np.full(200, ON_TIME, np.int8)
     cls[(robot == 1) & (np.arange(200) % late_every == 1)] = HOST_LATE
-    loop = {"t": np.arange(0, 10, 0.5).repeat(2), "shard": np.tile([0, 1], 20), "overrun": np.zeros(40, bool),
-            "wall_ms": np.full(40, 3.0), "cpu_ms": np.full(40, 2.0)}
+    loop = {
+        "t": np.arange(0, 10, 0.5).repeat(2),
+        "shard": np.tile([0, 1], 20),
+        "overrun": np.zeros(40, bool),
+        "wall_ms": np.full(40, 3.0),
+        "cpu_ms": np.full(40, 2.0),
+    }
     loop["wall_ms"][5] = 400.0  # shard 1 waited ~400 ms for a core once
     loop["overrun"][5] = True
-    return RunData(robots=robots, ticks={"robot": robot, "t": t, "tick_class": cls}, requests={}, transitions={},
-                   episodes={}, loop=loop, duration_s=10.0)
+    return RunData(
+        robots=robots,
+        ticks={"robot": robot, "t": t, "tick_class": cls},
+        requests={},
+        transitions={},
+        episodes={},
+        loop=loop,
+        duration_s=10.0,
+    )
 
 
 def test_shard_figures_and_reasons_name_the_shard():
@@ -169,8 +186,9 @@ def test_shard_figures_and_reasons_name_the_shard():
 
 
 def _cpu(t_s, host, ours):  # one sample a second: host % of all cores, the run's processes in % of one core
-    return [{"t": float(t), "host_percent": host(t), "processes": {"router": ours / 2, "shard:0": ours / 2}}
-            for t in t_s]
+    return [
+        {"t": float(t), "host_percent": host(t), "processes": {"router": ours / 2, "shard:0": ours / 2}} for t in t_s
+    ]
 
 
 def test_outside_load_moving_between_the_drift_windows_is_named_only_where_a_drift_is_judged():
@@ -201,7 +219,9 @@ def test_replica_forward_ratio_against_its_unloaded_time_at_the_batch_size(tmp_p
     assert r0["requests"] == 10 and r0["forward_ratio_p50"] == 2.0 and "not judged" in r1["note"]
     reasons = fid.judge([], [], out, TOL)
     assert reasons == [] or reasons[0].startswith("replica r0")
-    assert fid.judge([], [], out, {**TOL, "forward_ratio": 1.5})[0].startswith("replica r0: its forward pass took 2.00x")
+    assert fid.judge([], [], out, {**TOL, "forward_ratio": 1.5})[0].startswith(
+        "replica r0: its forward pass took 2.00x"
+    )
 
 
 def test_a_cheap_forward_pass_is_starved_only_when_it_also_loses_milliseconds():
@@ -214,11 +234,18 @@ def test_a_cheap_forward_pass_is_starved_only_when_it_also_loses_milliseconds():
 
 
 def _outcome(tmp_path, passed: bool, valid: bool) -> report.RunOutcome:
-    f = {"valid": valid, "reasons": [] if valid else ["shard 0: 5.00 % of its ticks were late because of the bench host"],
-         "legs": [], "shards": [], "replicas": [], "tolerances": TOL}
+    f = {
+        "valid": valid,
+        "reasons": [] if valid else ["shard 0: 5.00 % of its ticks were late because of the bench host"],
+        "legs": [],
+        "shards": [],
+        "replicas": [],
+        "tolerances": TOL,
+    }
     results = [AssertionResult("ticks > 1", passed, 5)]
-    return report.RunOutcome("t", "", tmp_path, report.verdict_of(results, None, f), "now", 1.0, 1.0, 1, results,
-                             meta={"fidelity": f})
+    return report.RunOutcome(
+        "t", "", tmp_path, report.verdict_of(results, None, f), "now", 1.0, 1.0, 1, results, meta={"fidelity": f}
+    )
 
 
 def test_verdict_inconclusive_only_for_a_failure_with_bad_fidelity(tmp_path):
@@ -242,13 +269,18 @@ def test_verdict_inconclusive_only_for_a_failure_with_bad_fidelity(tmp_path):
 
 def test_the_report_tells_the_bench_share_away_from_faults_from_the_one_around_them(tmp_path):
     o = _outcome(tmp_path, True, True)
-    o.meta["fidelity"]["bench_share"] = {"rtt_ms": {"p50": 4.2, "p99": 50.3, "steady": {"p50": 3.9, "p99": 6.1,
-                                                                                     "requests": 900},
-                                                    "around_faults": {"p50": 5.0, "p99": 61.0, "requests": 300},
-                                                    "by_fault": [{"fault": "partition site:eu", "t_start": 40.0,
-                                                                  "p50": 4.0, "p99": 12.0, "requests": 200},
-                                                                 {"fault": "restart server:r1", "t_start": 80.0,
-                                                                  "p50": 6.0, "p99": 97.0, "requests": 100}]}}
+    o.meta["fidelity"]["bench_share"] = {
+        "rtt_ms": {
+            "p50": 4.2,
+            "p99": 50.3,
+            "steady": {"p50": 3.9, "p99": 6.1, "requests": 900},
+            "around_faults": {"p50": 5.0, "p99": 61.0, "requests": 300},
+            "by_fault": [
+                {"fault": "partition site:eu", "t_start": 40.0, "p50": 4.0, "p99": 12.0, "requests": 200},
+                {"fault": "restart server:r1", "t_start": 80.0, "p50": 6.0, "p99": 97.0, "requests": 100},
+            ],
+        }
+    }
     report.write_all(o)
     page = (tmp_path / "report.html").read_text()
     assert "6.1 for the 900 requests away from the faults" in page and "61 for the 300 sent in a fault window" in page
@@ -262,7 +294,10 @@ def test_report_figures_render_with_fault_windows(tmp_path):
     windows = [(2.0, 4.0, "partition site:eu")]
     assert "Host-late ticks per shard" in report._shard_fidelity_chart(d, windows)
     assert "Worst scheduler wait per shard" in report._sched_wait_chart(d, windows)
-    snap = lambda n, err: {"eu": {"upstream": {"chunks": n, "error_ms_sum": err}, "downstream": {"chunks": 0}}}
+
+    def snap(n, err):
+        return {"eu": {"upstream": {"chunks": n, "error_ms_sum": err}, "downstream": {"chunks": 0}}}
+
     series = fid.LegErrorSeries()
     for t, n, err in ((0.0, 0, 0.0), (1.0, 10, 30.0), (2.0, 10, 30.0), (3.0, 14, 50.0)):
         series.add(t, snap(n, err))
@@ -278,12 +313,18 @@ def test_a_run_in_which_no_robot_ticked_is_not_judged():
     """A run that failed to start has no legs or shards to judge: the table says so instead of VALID."""
     from bench.evidence.fidelity import table_lines
 
-    unstarted = {"valid": True, "reasons": [], "legs": [], "shards": [],
-                 "replicas": [{"replica": "r0", "forward_ms_p50": None, "forward_ratio_p50": None,
-                               "forward_ratio_p99": None}]}
+    unstarted = {
+        "valid": True,
+        "reasons": [],
+        "legs": [],
+        "shards": [],
+        "replicas": [{"replica": "r0", "forward_ms_p50": None, "forward_ratio_p50": None, "forward_ratio_p99": None}],
+    }
     assert table_lines(unstarted) == ["  fidelity: not judged (no robot ticked)"]
-    ran = {**unstarted, "shards": [{"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0,
-                                    "scheduler_wait_ms_max": 1.0}]}
+    ran = {
+        **unstarted,
+        "shards": [{"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1.0}],
+    }
     lines = table_lines(ran)
     assert lines[0] == "  fidelity: VALID" and not any("replica r0" in line for line in lines)  # it answered nothing
 
@@ -319,12 +360,16 @@ def test_a_window_s_speed_is_the_mean_of_a_vm_flipping_between_two_phases():
 
 def test_the_bench_share_adds_every_site_of_a_direction_and_leaves_an_unstamped_leg_unmeasured():
     edges = list(EDGES_MS)
-    legs = {"eu": {"edges_ms": edges, "upstream": _leg([0.5] * 90), "downstream": _leg([1.5] * 100)},
-            "us": {"edges_ms": edges, "upstream": _leg([8.0] * 10), "downstream": _leg([1.5] * 100)},
-            "lab": {"edges_ms": edges, "upstream": LegStats().to_json(), "downstream": LegStats().to_json()}}
-    replicas = [{"replica": "r0", "requests": 300, "forward_excess_ms_p50": 4.0},
-                {"replica": "r1", "requests": 100, "forward_excess_ms_p50": -1.0},  # faster than unloaded: no share
-                {"replica": "r2", "requests": 0, "forward_excess_ms_p50": None}]
+    legs = {
+        "eu": {"edges_ms": edges, "upstream": _leg([0.5] * 90), "downstream": _leg([1.5] * 100)},
+        "us": {"edges_ms": edges, "upstream": _leg([8.0] * 10), "downstream": _leg([1.5] * 100)},
+        "lab": {"edges_ms": edges, "upstream": LegStats().to_json(), "downstream": LegStats().to_json()},
+    }
+    replicas = [
+        {"replica": "r0", "requests": 300, "forward_excess_ms_p50": 4.0},
+        {"replica": "r1", "requests": 100, "forward_excess_ms_p50": -1.0},  # faster than unloaded: no share
+        {"replica": "r2", "requests": 0, "forward_excess_ms_p50": None},
+    ]
     share = fid.bench_share(legs, replicas)
     up = share["uplink_ms"]
     # chunk-weighted: 90 of eu's at 0.5 ms and 10 of us's at 8 ms, so p50 is eu's and p99 is us's
@@ -342,15 +387,22 @@ def test_the_latency_budget_says_what_of_each_row_the_bench_added(tmp_path):
     f = {"bench_share": fid.bench_share(legs, [{"replica": "r0", "requests": 5, "forward_excess_ms_p50": 3.0}])}
     rows = {r["figure"]: r for r in report.latency_budget({"rtt_ms": {"p50": 80.0}}, f)}
     assert 1.0 <= rows["uplink_ms"]["bench_p50_ms"] <= 1.1 and 2.0 <= rows["downlink_ms"]["bench_p50_ms"] <= 2.1
-    assert rows["network_ms"]["bench_p50_ms"] == pytest.approx(rows["uplink_ms"]["bench_p50_ms"]
-                                                               + rows["downlink_ms"]["bench_p50_ms"])
+    assert rows["network_ms"]["bench_p50_ms"] == pytest.approx(
+        rows["uplink_ms"]["bench_p50_ms"] + rows["downlink_ms"]["bench_p50_ms"]
+    )
     assert rows["inference_ms"]["bench_p50_ms"] == 3.0 and rows["inference_ms"]["bench_p99_ms"] is None
     assert rows["encode_ms"]["bench_p50_ms"] is None and rows["queue_wait_ms"]["bench_p50_ms"] is None
     assert rows["rtt_ms"]["p50_ms"] == 80.0 and rows["rtt_ms"]["bench_p50_ms"] == f["bench_share"]["rtt_ms"]["p50"]
     assert all(r["bench_p50_ms"] is None for r in report.latency_budget({}, None))
-    lines = fid.table_lines({"valid": True, "legs": [], "shards": [{"shard": 0, "host_late_ratio": 0.0,
-                                                                    "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}],
-                             "replicas": [], "bench_share": f["bench_share"]})
+    lines = fid.table_lines(
+        {
+            "valid": True,
+            "legs": [],
+            "shards": [{"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}],
+            "replicas": [],
+            "bench_share": f["bench_share"],
+        }
+    )
     assert any(x.startswith("    the bench's share of the round trip: ~") and "inference 3.0" in x for x in lines)
 
 
@@ -363,9 +415,15 @@ def test_the_shards_own_delays_outside_the_round_trip_are_in_the_bench_share_and
     rows = {r["figure"]: r for r in report.latency_budget({"send_lag_ms": {"p50": 0.2}}, {"bench_share": share})}
     assert rows["send_lag_ms"]["p50_ms"] == 0.2 and rows["send_lag_ms"]["bench_p50_ms"] == 0.2
     assert "outside the rtt" in rows["merge_lag_ms"]["stage"]
-    lines = fid.table_lines({"valid": True, "legs": [], "shards": [{"shard": 0, "host_late_ratio": 0.0,
-                                                                    "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}],
-                             "replicas": [], "bench_share": share})
+    lines = fid.table_lines(
+        {
+            "valid": True,
+            "legs": [],
+            "shards": [{"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}],
+            "replicas": [],
+            "bench_share": share,
+        }
+    )
     assert any("observation -> send p50 0.2" in x for x in lines)
 
 
@@ -381,13 +439,21 @@ def test_the_client_s_encode_beyond_its_group_s_floor_is_the_bench_s_and_stays_o
     share = fid.bench_share({}, [], requests, encode_floors=floors)
     assert share["encode_ms"]["floor_ms"] == {"a": 0.4, "b": 2.0} and share["encode_ms"]["requests_measured"] < 1
     # p99: 12.0 with its bench part, 3.0 (c's, unmeasured) or 2.0 without: the share is their difference
-    assert share["encode_ms"]["p99"] == pytest.approx(np.percentile(encode, 99) - np.percentile(
-        encode - np.nan_to_num(part), 99), abs=1e-3)
+    assert share["encode_ms"]["p99"] == pytest.approx(
+        np.percentile(encode, 99) - np.percentile(encode - np.nan_to_num(part), 99), abs=1e-3
+    )
     assert "rtt_ms" not in share  # outside the round trip: never taken off it
     rows = {r["figure"]: r for r in report.latency_budget({"encode_ms": {"p99": 12.0}}, {"bench_share": share})}
     assert rows["encode_ms"]["bench_p99_ms"] == share["encode_ms"]["p99"]
-    lines = fid.table_lines({"valid": True, "legs": [], "replicas": [], "bench_share": share, "shards": [
-        {"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}]})
+    lines = fid.table_lines(
+        {
+            "valid": True,
+            "legs": [],
+            "replicas": [],
+            "bench_share": share,
+            "shards": [{"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1}],
+        }
+    )
     assert any("client encode beyond its floor p50 0.0 / p99" in x for x in lines), lines
 
 
@@ -397,8 +463,13 @@ def test_a_replica_faster_than_its_unloaded_reference_is_said_to_have_a_suspect_
     shard = {"shard": 0, "host_late_ratio": 0.0, "loop_overrun_ratio": 0.0, "scheduler_wait_ms_max": 1.0}
 
     def replica_line(ratio):
-        row = {"replica": "r0", "forward_ms_p50": 19.8, "forward_ratio_p50": ratio, "forward_ratio_p99": 1.06,
-               "unloaded_ms": {1: 15.2, 64: 96.9}}
+        row = {
+            "replica": "r0",
+            "forward_ms_p50": 19.8,
+            "forward_ratio_p50": ratio,
+            "forward_ratio_p99": 1.06,
+            "unloaded_ms": {1: 15.2, 64: 96.9},
+        }
         lines = fid.table_lines({"valid": True, "legs": [], "shards": [shard], "replicas": [row]})
         (line,) = [x for x in lines if "replica r0" in x]
         return line

@@ -5,17 +5,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.evidence.figures import RunData, SCALARS, _Scope
+from bench.evidence.figures import SCALARS, RunData, _Scope
 
 
 def data(sessions: list[str], sources: list[str], hashes: dict[str, str]) -> RunData:
     n = len(sessions)
-    ticks = {"robot": np.zeros(n, np.int32), "t": np.arange(n, dtype=float) / 30.0,
-             "session_id": np.array(sessions, object), "source": np.array(sources, object),
-             "is_none": np.array([s == "none" for s in sources])}
-    return RunData(robots={"robot": np.array([0], np.int32), "group": np.array(["g"], object)}, ticks=ticks,
-                   requests={}, transitions={}, episodes={}, loop={}, duration_s=n / 30.0,
-                   session_checkpoints=hashes)
+    ticks = {
+        "robot": np.zeros(n, np.int32),
+        "t": np.arange(n, dtype=float) / 30.0,
+        "session_id": np.array(sessions, object),
+        "source": np.array(sources, object),
+        "is_none": np.array([s == "none" for s in sources]),
+    }
+    return RunData(
+        robots={"robot": np.array([0], np.int32), "group": np.array(["g"], object)},
+        ticks=ticks,
+        requests={},
+        transitions={},
+        episodes={},
+        loop={},
+        duration_s=n / 30.0,
+        session_checkpoints=hashes,
+    )
 
 
 def wrong(d: RunData) -> int:

@@ -13,10 +13,21 @@ from bench.scenario.assertions import evaluate
 
 def data() -> RunData:
     overhead = np.array([5.0, 7.0, 11.0, np.nan, 40.0], np.float32)  # NaN: no audit line; 40: an expired request
-    requests = {"robot": np.array([0, 0, 1, 1, 1], np.int32), "t": np.arange(5, dtype=float),
-                "outcome": np.array(["ok", "ok", "ok", "ok", "expired"], object), "server_overhead_ms": overhead}
-    return RunData(robots={"robot": np.array([0, 1], np.int32), "group": np.array(["a", "b"], object)}, ticks={},
-                   requests=requests, transitions={}, episodes={}, loop={}, duration_s=5.0)
+    requests = {
+        "robot": np.array([0, 0, 1, 1, 1], np.int32),
+        "t": np.arange(5, dtype=float),
+        "outcome": np.array(["ok", "ok", "ok", "ok", "expired"], object),
+        "server_overhead_ms": overhead,
+    }
+    return RunData(
+        robots={"robot": np.array([0, 1], np.int32), "group": np.array(["a", "b"], object)},
+        ticks={},
+        requests=requests,
+        transitions={},
+        episodes={},
+        loop={},
+        duration_s=5.0,
+    )
 
 
 def test_server_overhead_is_a_series_of_the_answered_requests_with_an_audit_line():

@@ -15,8 +15,15 @@ EXAMPLE = REPO / "scenarios" / "incidents" / "stutter_robot1"
 
 
 def _req(t, net=1.0, outcome="ok", queue=0.3):
-    return {"t": t, "seq": int(t * 10), "rtt_ms": net + queue + 5.0, "queue_wait_ms": queue, "inference_ms": 5.0,
-            "network_ms": net, "outcome": outcome}
+    return {
+        "t": t,
+        "seq": int(t * 10),
+        "rtt_ms": net + queue + 5.0,
+        "queue_wait_ms": queue,
+        "inference_ms": 5.0,
+        "network_ms": net,
+        "outcome": outcome,
+    }
 
 
 def _tr(t, frm, to, reason=""):
@@ -29,9 +36,14 @@ def _log() -> EdgeLog:
     reqs += [_req(8 + t / 2) for t in range(0, 8)]
     reqs += [_req(13.0, outcome="timeout"), _req(14.0, outcome="timeout")]  # silent link
     reqs += [_req(16 + t / 2) for t in range(0, 6)]
-    trans = [_tr(0.0, "CONNECTING", "STREAMING"), _tr(5.0, "STREAMING", "STALLED"), _tr(7.5, "STALLED", "STREAMING"),
-             _tr(12.5, "STREAMING", "DEGRADED", "no chunk for 0.5 s"), _tr(13.0, "DEGRADED", "STALLED"),
-             _tr(15.0, "STALLED", "STREAMING")]
+    trans = [
+        _tr(0.0, "CONNECTING", "STREAMING"),
+        _tr(5.0, "STREAMING", "STALLED"),
+        _tr(7.5, "STALLED", "STREAMING"),
+        _tr(12.5, "STREAMING", "DEGRADED", "no chunk for 0.5 s"),
+        _tr(13.0, "DEGRADED", "STALLED"),
+        _tr(15.0, "STALLED", "STREAMING"),
+    ]
     return EdgeLog({"robot_type": "reacher", "fps": 30, "engine": {"degraded_after_s": 0.5}}, reqs, trans)
 
 
@@ -60,14 +72,25 @@ def test_stutter_comparison_scores_a_replay_against_the_original():
     calm = EdgeLog({}, [], [_tr(0.0, "CONNECTING", "STREAMING")])
     none = incident.compare_stutter(orig, calm, 20.0)
     assert none["recall"] == 0.0 and not incident.reproduced(none)  # the negative check: a calm replay fails
-    shifted = EdgeLog({}, [], [_tr(0.0, "CONNECTING", "STREAMING"), _tr(9.0, "STREAMING", "STALLED"),
-                               _tr(11.0, "STALLED", "STREAMING")])
+    shifted = EdgeLog(
+        {},
+        [],
+        [_tr(0.0, "CONNECTING", "STREAMING"), _tr(9.0, "STREAMING", "STALLED"), _tr(11.0, "STALLED", "STREAMING")],
+    )
     assert not incident.reproduced(incident.compare_stutter(orig, shifted, 20.0))
 
 
 def test_a_stutter_in_the_warm_up_is_not_scored():
-    warm = EdgeLog({}, [], [_tr(-4.0, "STREAMING", "DEGRADED"), _tr(-3.9, "DEGRADED", "STREAMING"),
-                            _tr(5.0, "STREAMING", "STALLED"), _tr(7.5, "STALLED", "STREAMING")])
+    warm = EdgeLog(
+        {},
+        [],
+        [
+            _tr(-4.0, "STREAMING", "DEGRADED"),
+            _tr(-3.9, "DEGRADED", "STREAMING"),
+            _tr(5.0, "STREAMING", "STALLED"),
+            _tr(7.5, "STALLED", "STREAMING"),
+        ],
+    )
     # a stretch ending before t = 0 once marked every bin but its own last few (a negative slice end)
     assert incident.stutter_bins(warm, 20.0).sum() * incident.BIN_S == pytest.approx(2.5)
 
@@ -133,26 +156,32 @@ def _edge_log(tmp_path) -> Path:
     return src
 
 
-@pytest.mark.parametrize("t_from, t_to, says", [
-    ("5", "0", "--from 5 --to 0: --to must be at least 0.5 s after --from"),
-    ("0", "0", "--from 0 --to 0: --to must be at least 0.5 s after --from"),  # was a scenario validate refuses
-    ("0", "inf", "--from 0 --to inf: give finite seconds"),
-    ("nan", "5", "--from nan --to 5: give finite seconds"),
-])
+@pytest.mark.parametrize(
+    "t_from, t_to, says",
+    [
+        ("5", "0", "--from 5 --to 0: --to must be at least 0.5 s after --from"),
+        ("0", "0", "--from 0 --to 0: --to must be at least 0.5 s after --from"),  # was a scenario validate refuses
+        ("0", "inf", "--from 0 --to inf: give finite seconds"),
+        ("nan", "5", "--from nan --to 5: give finite seconds"),
+    ],
+)
 def test_a_window_not_finite_or_not_after_its_start_is_refused_naming_from_and_to(tmp_path, capsys, t_from, t_to, says):
     assert _incident(tmp_path, _edge_log(tmp_path), "--from", t_from, "--to", t_to) == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "inc.yaml").exists()
 
 
-@pytest.mark.parametrize("content, says", [
-    (b"[1, 2]\n", "edge.jsonl line 1: a JSON list, not an object"),
-    (b'{"kind": "robot"}\ngarbage\n', "edge.jsonl line 2: not JSON (Expecting value)"),
-    (b'{"kind": "request", "rtt_ms": 5}\n', "edge.jsonl line 1: a request record needs t"),
-    (b'{"kind": "transition", "t": 1.0}\n', "edge.jsonl line 1: a transition record needs to"),
-    (b"\xff\xfe\n", "edge.jsonl: not a text file"),
-    (b"", "edge.jsonl holds no request or transition records"),  # was a 0-fault scenario, exit 0
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"[1, 2]\n", "edge.jsonl line 1: a JSON list, not an object"),
+        (b'{"kind": "robot"}\ngarbage\n', "edge.jsonl line 2: not JSON (Expecting value)"),
+        (b'{"kind": "request", "rtt_ms": 5}\n', "edge.jsonl line 1: a request record needs t"),
+        (b'{"kind": "transition", "t": 1.0}\n', "edge.jsonl line 1: a transition record needs to"),
+        (b"\xff\xfe\n", "edge.jsonl: not a text file"),
+        (b"", "edge.jsonl holds no request or transition records"),  # was a 0-fault scenario, exit 0
+    ],
+)
 def test_an_edge_log_that_is_not_one_is_refused_naming_the_file_and_line(tmp_path, capsys, content, says):
     (tmp_path / "edge.jsonl").write_bytes(content)
     assert _incident(tmp_path, tmp_path / "edge.jsonl", "--from", 0, "--to", 5) == 2
@@ -186,19 +215,39 @@ def test_a_directory_that_is_no_bench_run_or_lacks_the_robot_is_refused(tmp_path
 
     assert _incident(tmp_path, tmp_path, "--robot", 3, "--from", 0, "--to", 5) == 2
     assert "is a directory without requests.parquet or transitions.parquet" in capsys.readouterr().err
-    pq.write_table(pa.Table.from_pylist([{"robot": 0, "t": 1.0, "seq": 1, "rtt_ms": 5.0, "queue_wait_ms": 0.1,
-                                          "inference_ms": 3.0, "network_ms": 2.0, "outcome": "ok"}]),
-                   tmp_path / "requests.parquet")
-    pq.write_table(pa.Table.from_pylist([{"robot": 1, "t": 0.5, "from_state": "CONNECTING", "to_state": "STREAMING",
-                                          "reason": ""}]), tmp_path / "transitions.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {
+                    "robot": 0,
+                    "t": 1.0,
+                    "seq": 1,
+                    "rtt_ms": 5.0,
+                    "queue_wait_ms": 0.1,
+                    "inference_ms": 3.0,
+                    "network_ms": 2.0,
+                    "outcome": "ok",
+                }
+            ]
+        ),
+        tmp_path / "requests.parquet",
+    )
+    pq.write_table(
+        pa.Table.from_pylist(
+            [{"robot": 1, "t": 0.5, "from_state": "CONNECTING", "to_state": "STREAMING", "reason": ""}]
+        ),
+        tmp_path / "transitions.parquet",
+    )
     assert _incident(tmp_path, tmp_path, "--robot", 3, "--from", 0, "--to", 5) == 2
     assert "has no records of robot 3; its robots: 0, 1" in capsys.readouterr().err
 
 
 def test_the_written_scenario_says_what_was_read(tmp_path, capsys):
     assert _incident(tmp_path, _edge_log(tmp_path), "--from", 0, "--to", 20) == 0
-    assert f"from {len(_log().requests)} request(s) and {len(_log().transitions)} transition(s) in the window" \
+    assert (
+        f"from {len(_log().requests)} request(s) and {len(_log().transitions)} transition(s) in the window"
         in capsys.readouterr().err
+    )
 
 
 def test_an_answered_request_without_a_round_trip_is_not_spread_over_the_window():
@@ -218,22 +267,28 @@ def _example_scenario(tmp_path: Path, t_from: float, t_to: float) -> dict:
     return yaml.safe_load((tmp_path / "inc.yaml").read_text())
 
 
-@pytest.mark.parametrize("t_from, t_to, clipped", [
-    (0, 1e9, "0..26"),  # was a billion one-second delay cells walked one by one, and a 31-year scenario
-    (-1e9, 26, "-6..26"),  # the example's records start at -5.3 s (the warm-up)
-    (-1e9, 1e9, "-6..26"),
-])
+@pytest.mark.parametrize(
+    "t_from, t_to, clipped",
+    [
+        (0, 1e9, "0..26"),  # was a billion one-second delay cells walked one by one, and a 31-year scenario
+        (-1e9, 26, "-6..26"),  # the example's records start at -5.3 s (the warm-up)
+        (-1e9, 1e9, "-6..26"),
+    ],
+)
 def test_a_window_past_the_records_is_clipped_to_them_and_said(tmp_path, capsys, t_from, t_to, clipped):
     written = _example_scenario(tmp_path, t_from, t_to)
     err = capsys.readouterr().err
-    assert f"--from {t_from:g} --to {t_to:g} runs past the records of {EXAMPLE / 'edge-log.jsonl'} " \
-           f"(their t runs -5.31123..25.9966 s): window clipped to {clipped} s" in err, err
+    assert (
+        f"--from {t_from:g} --to {t_to:g} runs past the records of {EXAMPLE / 'edge-log.jsonl'} "
+        f"(their t runs -5.31123..25.9966 s): window clipped to {clipped} s" in err
+    ), err
     header = (tmp_path / "inc.yaml").read_text().splitlines()[0]
     assert f"window {clipped} s (--from {t_from:g} --to {t_to:g} clipped to the records)" in header
     lo, hi = map(float, clipped.split(".."))
     assert written["duration_s"] == hi - lo
-    assert written["faults"] == _example_scenario(tmp_path / "inside", lo, hi)["faults"], \
+    assert written["faults"] == _example_scenario(tmp_path / "inside", lo, hi)["faults"], (
         "the same scenario as the window asked inside the records"
+    )
 
 
 def test_a_clipped_window_is_still_a_stutter_bin_long():

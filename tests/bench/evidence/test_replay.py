@@ -68,8 +68,12 @@ def test_live_sessions_counts_from_first_request_to_the_linger_after_the_last():
 
 
 @settings(max_examples=200, deadline=None)
-@given(gaps=st.lists(st.floats(0.0, 30.0), min_size=1, max_size=60), busy=st.floats(0.5, 40.0),
-       max_batch=st.integers(1, 8), window=st.sampled_from([0.0, 2.0, 20.0]))
+@given(
+    gaps=st.lists(st.floats(0.0, 30.0), min_size=1, max_size=60),
+    busy=st.floats(0.5, 40.0),
+    max_batch=st.integers(1, 8),
+    window=st.sampled_from([0.0, 2.0, 20.0]),
+)
 def test_replay_invariants(gaps, busy, max_batch, window):
     a = np.cumsum(gaps)
     picks = replay.replay(a, constant(busy), max_batch, window)
@@ -108,8 +112,14 @@ def simulated_replica(excess_ms, n=400, period_ms=3.0, max_batch=8, window_ms=5.
     for p in np.unique(picks):  # the chunks handed one after another after the forward pass
         rows = order[picks[order] == p]
         sent[rows] = p + forward[rows[0]] + 0.1 * (np.arange(rows.size) + 1)
-    return {"picked_mono_ms": picks, "queue_wait_ms": picks - arrival, "forward_ms": forward, "batch": batch,
-            "sent_mono_ms": sent, "session": session}
+    return {
+        "picked_mono_ms": picks,
+        "queue_wait_ms": picks - arrival,
+        "forward_ms": forward,
+        "batch": batch,
+        "sent_mono_ms": sent,
+        "session": session,
+    }
 
 
 def test_a_host_that_added_nothing_has_no_share():
@@ -148,9 +158,16 @@ def _concat(lines_by_replica):
 def lines_of(rows: dict, replica: str, with_pick: bool = True) -> list[dict]:
     out = []
     for i in range(rows["picked_mono_ms"].size):
-        line = {"session_id": rows["session"][i], "client_mono_ns": 1000 + i, "outcome": "ok",
-                "queue_wait_ms": float(rows["queue_wait_ms"][i]), "forward_ms": float(rows["forward_ms"][i]),
-                "batch": int(rows["batch"][i]), "sent_mono_ms": float(rows["sent_mono_ms"][i]), "replica_id": replica}
+        line = {
+            "session_id": rows["session"][i],
+            "client_mono_ns": 1000 + i,
+            "outcome": "ok",
+            "queue_wait_ms": float(rows["queue_wait_ms"][i]),
+            "forward_ms": float(rows["forward_ms"][i]),
+            "batch": int(rows["batch"][i]),
+            "sent_mono_ms": float(rows["sent_mono_ms"][i]),
+            "replica_id": replica,
+        }
         if with_pick:
             line["picked_mono_ms"] = float(rows["picked_mono_ms"][i])
         out.append(line)
@@ -159,12 +176,24 @@ def lines_of(rows: dict, replica: str, with_pick: bool = True) -> list[dict]:
 
 def test_server_share_says_why_a_replica_is_not_replayed():
     rows = simulated_replica(lambda t: 3.0, n=50)
-    audit = _concat({"r0": lines_of(rows, "r0"), "r1": lines_of(rows, "r1"), "r2": lines_of(rows, "r2", False),
-                     "r3": lines_of(rows, "r3"), "r5": lines_of(rows, "r5")})
-    sched = {"r0": replay.Scheduling(8, 5.0), "r1": replay.Scheduling(8, 5.0, loops=2), "r2": replay.Scheduling(8, 5.0),
-             "r3": replay.Scheduling(8, 5.0, strategy="deadline_aware")}
-    qw, inf, figs = replay.server_share(audit, {"r0": UNLOADED, "r1": UNLOADED, "r2": UNLOADED, "r3": UNLOADED,
-                                                "r4": None, "r5": UNLOADED}, sched)
+    audit = _concat(
+        {
+            "r0": lines_of(rows, "r0"),
+            "r1": lines_of(rows, "r1"),
+            "r2": lines_of(rows, "r2", False),
+            "r3": lines_of(rows, "r3"),
+            "r5": lines_of(rows, "r5"),
+        }
+    )
+    sched = {
+        "r0": replay.Scheduling(8, 5.0),
+        "r1": replay.Scheduling(8, 5.0, loops=2),
+        "r2": replay.Scheduling(8, 5.0),
+        "r3": replay.Scheduling(8, 5.0, strategy="deadline_aware"),
+    }
+    qw, inf, figs = replay.server_share(
+        audit, {"r0": UNLOADED, "r1": UNLOADED, "r2": UNLOADED, "r3": UNLOADED, "r4": None, "r5": UNLOADED}, sched
+    )
     by = {f["replica"]: f for f in figs}
     assert "note" not in by["r0"] and by["r0"]["batches"] > 0
     assert "2 dispatch loops" in by["r1"]["note"]
@@ -183,8 +212,10 @@ def test_server_share_says_why_a_replica_is_not_replayed():
 
 def test_scheduling_reads_the_manifest_with_the_server_s_defaults():
     assert replay.Scheduling.of_manifest(None) == replay.Scheduling(1, 2.0, 1, "round_robin")
-    m = {"scheduling": {"max_batch": 64, "batch_window_ms": 50.0},
-         "models": {"default_max_inflight": 1, "known": {"pi": {"max_inflight": 3}}}}
+    m = {
+        "scheduling": {"max_batch": 64, "batch_window_ms": 50.0},
+        "models": {"default_max_inflight": 1, "known": {"pi": {"max_inflight": 3}}},
+    }
     assert replay.Scheduling.of_manifest(m, "pi") == replay.Scheduling(64, 50.0, 3, "round_robin")
     assert replay.Scheduling.of_manifest(m, "other").loops == 1
 
@@ -203,12 +234,25 @@ def test_the_unloaded_curve_never_falls_with_the_batch():
 
 def run_data(rtt, qw, qw_bench, inf, inf_bench):
     n = len(rtt)
-    req = {"robot": np.zeros(n, np.int32), "t": np.linspace(0.0, 9.0, n), "outcome": np.array(["ok"] * n, object),
-           "rtt_ms": np.asarray(rtt, float), "queue_wait_ms": np.asarray(qw, float),
-           "queue_wait_bench_ms": np.asarray(qw_bench, float), "inference_ms": np.asarray(inf, float),
-           "inference_bench_ms": np.asarray(inf_bench, float)}
-    return RunData(robots={"robot": np.array([0], np.int32), "group": np.array(["g"], object)}, ticks={},
-                   requests=req, transitions={}, episodes={}, loop={}, duration_s=10.0)
+    req = {
+        "robot": np.zeros(n, np.int32),
+        "t": np.linspace(0.0, 9.0, n),
+        "outcome": np.array(["ok"] * n, object),
+        "rtt_ms": np.asarray(rtt, float),
+        "queue_wait_ms": np.asarray(qw, float),
+        "queue_wait_bench_ms": np.asarray(qw_bench, float),
+        "inference_ms": np.asarray(inf, float),
+        "inference_bench_ms": np.asarray(inf_bench, float),
+    }
+    return RunData(
+        robots={"robot": np.array([0], np.int32), "group": np.array(["g"], object)},
+        ticks={},
+        requests=req,
+        transitions={},
+        episodes={},
+        loop={},
+        duration_s=10.0,
+    )
 
 
 def test_bench_share_takes_each_request_s_part_off_its_figure():
@@ -218,8 +262,13 @@ def test_bench_share_takes_each_request_s_part_off_its_figure():
     qwb = np.zeros(n)
     qwb[-5:] = 250.0
     d = run_data(rtt, np.full(n, 30.0), qwb, np.full(n, 5.0), np.full(n, 2.0))
-    legs = {"eu": {"edges_ms": [0.0, 1.0, 2.0], "upstream": {"chunks": 10, "hist": [0, 10, 0]},
-                   "downstream": {"chunks": 10, "hist": [0, 10, 0]}}}
+    legs = {
+        "eu": {
+            "edges_ms": [0.0, 1.0, 2.0],
+            "upstream": {"chunks": 10, "hist": [0, 10, 0]},
+            "downstream": {"chunks": 10, "hist": [0, 10, 0]},
+        }
+    }
     share = bench_share(legs, [], d.requests)
     assert share["inference_ms"]["p50"] == pytest.approx(2.0) and share["inference_ms"]["requests_measured"] == 1.0
     assert share["queue_wait_ms"]["p50"] == pytest.approx(0.0)
@@ -253,16 +302,25 @@ def test_the_bench_share_away_from_faults_is_told_apart_from_the_one_in_their_wi
     rtt[storm], qwb[storm] = 300.0, 200.0
     d = run_data(rtt, np.full(t.size, 30.0), qwb, np.full(t.size, 5.0), np.full(t.size, 2.0))
     d.requests["t"] = t
-    two = bench_share({}, [], d.requests, fault_windows=[
-        {"t_start": 1.0, "t_end": 2.0, "action": "partition", "target": "site:eu"},
-        {"t_start": 20.0, "t_end": 21.0, "action": "restart", "target": "server:r1"}])["rtt_ms"]["by_fault"]
+    two = bench_share(
+        {},
+        [],
+        d.requests,
+        fault_windows=[
+            {"t_start": 1.0, "t_end": 2.0, "action": "partition", "target": "site:eu"},
+            {"t_start": 20.0, "t_end": 21.0, "action": "restart", "target": "server:r1"},
+        ],
+    )["rtt_ms"]["by_fault"]
     assert [(b["fault"], b["t_start"]) for b in two] == [("partition site:eu", 1.0), ("restart server:r1", 20.0)]
     assert two[0]["requests"] == int(((t >= 1.0) & (t <= 2.0 + FAULT_SETTLE_S)).sum())
     assert two[0]["p99"] == pytest.approx(2.0)  # nothing starved after the partition
     assert two[1]["requests"] == int(((t >= 20.0) & (t <= 21.0 + FAULT_SETTLE_S)).sum())
     assert two[1]["p99"] == pytest.approx(202.0)  # the restart's storm
     # a window without an end reaches FAULT_SETTLE_S past its start; none given: no split at all
-    assert near_faults(np.array([1.0, 1.0 + FAULT_SETTLE_S + 0.1]), [{"t_start": 1.0, "t_end": None}]).tolist() == [True, False]
+    assert near_faults(np.array([1.0, 1.0 + FAULT_SETTLE_S + 0.1]), [{"t_start": 1.0, "t_end": None}]).tolist() == [
+        True,
+        False,
+    ]
     assert "steady" not in bench_share({}, [], d.requests)["rtt_ms"]
 
 
@@ -281,8 +339,9 @@ def test_a_failed_assertion_is_judged_again_without_the_bench_s_share():
     assert again.passed and again.value == pytest.approx(np.percentile(rtt - qwb - 1.0, 99))
     # per group too, and the figures the share does not touch are the same
     assert evaluate("p99(group[g].rtt_ms) < 400", bare, ["g"]).passed
-    assert {k: v for k, v in bare.scalars.items() if not k.startswith("goodput")} == \
-        {k: v for k, v in top.scalars.items() if not k.startswith("goodput")}
+    assert {k: v for k, v in bare.scalars.items() if not k.startswith("goodput")} == {
+        k: v for k, v in top.scalars.items() if not k.startswith("goodput")
+    }
     assert np.allclose(np.sort(bare.series["queue_wait_ms"]), np.sort(30.0 - qwb))
     # an unmeasured part (NaN) counts as none: the forward pass is what was recorded
     assert np.allclose(bare.series["inference_ms"], 5.0)
@@ -344,7 +403,9 @@ def test_the_round_trip_s_share_takes_the_hops_off_and_counts_only_the_measured_
     share = bench_share(None, [], req, {"r0": {"uplink_from_router_ms": 0.5}}, duration_s=10.0)
     hop = share["uplink_from_router_ms"]
     assert hop["floor_ms"] == {"r0": 0.5} and hop["p50"] == pytest.approx(0.0)
-    assert share["rtt_ms"]["p99"] == pytest.approx(np.percentile(rtt[20:], 99) - np.percentile(rtt[20:] - up[20:] + 0.5, 99))
+    assert share["rtt_ms"]["p99"] == pytest.approx(
+        np.percentile(rtt[20:], 99) - np.percentile(rtt[20:] - up[20:] + 0.5, 99)
+    )
     # and the assertion judged without the bench reads the round trip less it too
     d.requests.update(req)
     top, _ = compute(d)
@@ -363,11 +424,20 @@ def test_with_the_robot_side_hops_split_per_request_the_proxies_p50_is_not_taken
     d = run_data(rtt, np.full(n, 30.0), np.zeros(n), np.full(n, 5.0), np.zeros(n))
     req = dict(d.requests)
     req["downlink_from_router_ms"], req["downlink_from_router_bench_ms"] = np.full(n, 25.0) + down, down
-    legs = {"eu": {"edges_ms": [0.0, 1.0, 2.0], "upstream": {"chunks": 10, "hist": [0, 10, 0]},
-                   "downstream": {"chunks": 10, "hist": [0, 10, 0]}}}
+    legs = {
+        "eu": {
+            "edges_ms": [0.0, 1.0, 2.0],
+            "upstream": {"chunks": 10, "hist": [0, 10, 0]},
+            "downstream": {"chunks": 10, "hist": [0, 10, 0]},
+        }
+    }
     info = {"downlink_from_router_ms": {"eu": {"asked_ms_max": 27.0, "floor_ms": 0.3, "error_ms_p50": 0.5}}}
     share = bench_share(legs, [], req, robot_hops=info)
-    assert share["network_ms_taken_off"] == 0.0 and share["downlink_from_router_ms"]["sites"] == info["downlink_from_router_ms"]
+    assert (
+        share["network_ms_taken_off"] == 0.0
+        and share["downlink_from_router_ms"]["sites"] == info["downlink_from_router_ms"]
+    )
     assert share["rtt_ms"]["p50"] == pytest.approx(0.5) and share["rtt_ms"]["p99"] == pytest.approx(
-        np.percentile(rtt, 99) - np.percentile(rtt - down, 99))
+        np.percentile(rtt, 99) - np.percentile(rtt - down, 99)
+    )
     assert "beyond what the proxies asked" in share["note"]

@@ -7,8 +7,13 @@ from bench.evidence.figures import table_to_numpy
 
 
 def test_string_rows_share_one_object_per_value_and_keep_nulls_and_numbers():
-    t = pa.table({"source": pa.chunked_array([["chunk", "none"], ["chunk", None, "chunk"]]),
-                  "t": pa.array([0.0, 0.1, 0.2, 0.3, 0.4]), "robot": pa.array([1, 1, 2, 2, 2], pa.int32())})
+    t = pa.table(
+        {
+            "source": pa.chunked_array([["chunk", "none"], ["chunk", None, "chunk"]]),
+            "t": pa.array([0.0, 0.1, 0.2, 0.3, 0.4]),
+            "robot": pa.array([1, 1, 2, 2, 2], pa.int32()),
+        }
+    )
     out = table_to_numpy(t)
     src = out["source"]
     assert src.dtype == object and list(src) == ["chunk", "none", "chunk", None, "chunk"]

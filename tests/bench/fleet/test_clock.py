@@ -24,9 +24,12 @@ delays = st.floats(min_value=0.0, max_value=0.5, allow_nan=False)
 
 
 @settings(max_examples=300, deadline=None)
-@given(offset=st.floats(-1e5, 1e5, allow_nan=False), start=st.floats(0.0, 1e6, allow_nan=False),
-       trips=st.lists(st.tuples(delays, delays, st.floats(0.0, 0.01)), min_size=1, max_size=8),
-       symmetric=st.booleans())
+@given(
+    offset=st.floats(-1e5, 1e5, allow_nan=False),
+    start=st.floats(0.0, 1e6, allow_nan=False),
+    trips=st.lists(st.tuples(delays, delays, st.floats(0.0, 0.01)), min_size=1, max_size=8),
+    symmetric=st.booleans(),
+)
 def test_the_estimate_is_within_half_the_kept_round_trip_of_the_true_offset(offset, start, trips, symmetric):
     samples, t = [], start
     for there, back, handling in trips:
@@ -65,7 +68,9 @@ def test_a_start_and_an_end_measurement_combine_into_the_interval_holding_both()
     assert c.offset_s == pytest.approx(5.0055) and c.uncertainty_s == pytest.approx(0.0065)
     assert (c.exchanges, c.rtt_s) == (2, 0.002)
     noisy = clocks.combine(a, clocks.ClockOffset(5.0005, 0.003, 0.006))  # a worse second look widens, never shifts out
-    assert noisy.offset_s - noisy.uncertainty_s == pytest.approx(4.9975) and noisy.offset_s + noisy.uncertainty_s == pytest.approx(5.0035)
+    assert noisy.offset_s - noisy.uncertainty_s == pytest.approx(
+        4.9975
+    ) and noisy.offset_s + noisy.uncertainty_s == pytest.approx(5.0035)
     assert clocks.combine(clocks.SAME_CLOCK, clocks.SAME_CLOCK).same_clock
 
 
@@ -80,14 +85,16 @@ def test_the_control_channel_measures_a_shard_whose_clock_is_5_s_ahead(tmp_path)
     """The client end (a shard) runs in its own process with BENCH_TEST_MONO_SKEW_S=5: its clock reads as another
     host's; the runner's estimate over the real socket is 5 s within the measured bound."""
     server = ControlServer()
-    child_code = ("import sys, threading\n"
-                  "from bench.fleet.clock import apply_test_skew\n"
-                  "assert apply_test_skew() == 5.0\n"
-                  "from bench.fleet.control import ControlClient\n"
-                  "done = threading.Event()\n"
-                  "c = ControlClient(sys.argv[1], lambda m: done.set() if m.get('type') in ('stop', 'closed') else None)\n"
-                  "c.send({'type': 'hello', 'shard': 7, 'pid': 0})\n"
-                  "done.wait(30)\n")
+    child_code = (
+        "import sys, threading\n"
+        "from bench.fleet.clock import apply_test_skew\n"
+        "assert apply_test_skew() == 5.0\n"
+        "from bench.fleet.control import ControlClient\n"
+        "done = threading.Event()\n"
+        "c = ControlClient(sys.argv[1], lambda m: done.set() if m.get('type') in ('stop', 'closed') else None)\n"
+        "c.send({'type': 'hello', 'shard': 7, 'pid': 0})\n"
+        "done.wait(30)\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO), BENCH_TEST_MONO_SKEW_S="5")
     proc = subprocess.Popen([sys.executable, "-c", child_code, server.path], env=env)
     try:
@@ -100,7 +107,9 @@ def test_the_control_channel_measures_a_shard_whose_clock_is_5_s_ahead(tmp_path)
         assert abs(est.offset_s - 5.0) <= est.uncertainty_s + 1e-6, est
         assert est.uncertainty_s < 0.25, est  # loopback: even a loaded host answers one of 8 pings quickly
         assert clocks.settle(est, same_host=True) is est  # skewed: not mistaken for this host's clock
-        print(f"skewed shard: offset {est.offset_s:.6f} s ± {est.uncertainty_s * 1e3:.3f} ms, 8 pings in {took * 1e3:.1f} ms")
+        print(
+            f"skewed shard: offset {est.offset_s:.6f} s ± {est.uncertainty_s * 1e3:.3f} ms, 8 pings in {took * 1e3:.1f} ms"
+        )
         link.send({"type": "stop"})
         assert proc.wait(timeout=30) == 0
     finally:
@@ -129,8 +138,12 @@ def _requests(robot_skew_ms: float):
     the robot's stamps then read `robot_skew_ms` ahead, as a shard on another host would."""
     true = [(1000.0, 1030.0, 1055.0, 1080.0), (2000.0, 2010.5, 2020.0, 2050.0), (3000.0, 3002.0, 3003.0, 3004.0)]
     sent_ns = np.array([int((s + robot_skew_ms) * 1e6) for s, *_ in true], np.int64)
-    rows = pa.Table.from_pylist([{"outcome": "ok", "client_mono_ns": int(k), "received_mono_ms": r, "sent_mono_ms": x,
-                                  "replica": "r0"} for k, (_, r, x, _) in zip(sent_ns, true)])
+    rows = pa.Table.from_pylist(
+        [
+            {"outcome": "ok", "client_mono_ns": int(k), "received_mono_ms": r, "sent_mono_ms": x, "replica": "r0"}
+            for k, (_, r, x, _) in zip(sent_ns, true)
+        ]
+    )
     # the robot's receipt reaches the runner as record t (seconds since t = 0, on the shard's corrected t0)
     t_recv_s = np.array([rcv / 1e3 for *_, rcv in true])
     return sent_ns, t_recv_s, rows
@@ -159,6 +172,7 @@ def test_a_pair_of_clocks_less_sure_than_its_hop_allows_has_its_split_dropped_no
     # judged apart: shard 1's robots keep theirs when only shard 0's clock is unsure
     rows = rows.append_column("clock_uncertainty_ms", pa.array([2.0] * rows.num_rows))
     # shard 0 (the 27.5 ms hop): 2 + 6 ms > 6.9 ms; shard 1 (hops 20.25 and 1.5, median 10.9 ms): 2 + 0.5 <= 2.7 ms
-    up, _, dropped = hop_split(sent_ns, t_recv, rows, np.full(3, 5000.0), np.array([6.0, 0.5, 0.5]), np.array([0, 1, 1]))
+    up, _, dropped = hop_split(
+        sent_ns, t_recv, rows, np.full(3, 5000.0), np.array([6.0, 0.5, 0.5]), np.array([0, 1, 1])
+    )
     assert [(p["shard"], p["requests"]) for p in dropped] == [(0, 1)] and np.isnan(up[0]) and np.isfinite(up[1:]).all()
-

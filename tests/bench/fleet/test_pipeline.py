@@ -11,12 +11,12 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from bench.fleet.shard import Shard
 from bench.run.runner import Run, SiteLink
 from bench.run.specs import shard_specs
 from bench.run.state import RunState
 from bench.run.verdict import judge
 from bench.scenario.load import parse_scenario
-from bench.fleet.shard import Shard
 
 SCENARIO = textwrap.dedent("""\
     name: pipeline
@@ -71,8 +71,17 @@ def finished_run(tmp_path_factory):
 
 def test_all_outputs_are_written(finished_run):
     run, outcome = finished_run
-    for name in ("summary.json", "junit.xml", "report.html", "ticks.parquet", "requests.parquet",
-                 "transitions.parquet", "episodes.parquet", "loop.parquet", "robots.parquet"):
+    for name in (
+        "summary.json",
+        "junit.xml",
+        "report.html",
+        "ticks.parquet",
+        "requests.parquet",
+        "transitions.parquet",
+        "episodes.parquet",
+        "loop.parquet",
+        "robots.parquet",
+    ):
         assert (run.run_dir / name).is_file(), name
 
 
@@ -104,8 +113,11 @@ def test_summary_holds_verdict_assertions_and_figures(finished_run):
     assert set(summary["groups"]) == {"a", "b"}
     stages = [row["stage"] for row in summary["latency_budget"]]
     # the round trip's rows end at its total; the robot's own delays outside it follow
-    assert stages[-3:] == ["total (rtt)", "robot: observation -> send (outside the rtt)",
-                           "robot: arrival -> merge (outside the rtt)"]
+    assert stages[-3:] == [
+        "total (rtt)",
+        "robot: observation -> send (outside the rtt)",
+        "robot: arrival -> merge (outside the rtt)",
+    ]
 
 
 def test_junit_has_one_case_per_assertion(finished_run):
@@ -138,7 +150,8 @@ def _fake_engine_shard_spec(s, tmp_path) -> tuple[RunState, dict]:
 def test_a_slot_calls_every_engine_before_it_records_any_tick(tmp_path):
     """A robot's host_delay is the engine calls of the robots before it in its slot, not their tick records:
     the loop asks all engines of a slot first. Fails if records are written between engine calls."""
-    s = parse_scenario(textwrap.dedent("""\
+    s = parse_scenario(
+        textwrap.dedent("""\
         name: order
         description: call order within a slot
         duration_s: 0.4
@@ -148,7 +161,8 @@ def test_a_slot_calls_every_engine_before_it_records_any_tick(tmp_path):
         sites: {lab: lan}
         servers: {replicas: [{id: r0, checkpoint: reacher}]}
         assertions: [dead_robots == 0]
-    """))
+    """)
+    )
     run, spec = _fake_engine_shard_spec(s, tmp_path)
     shard = Shard(spec, None)
     shard.build()
@@ -173,8 +187,8 @@ def test_a_slot_calls_every_engine_before_it_records_any_tick(tmp_path):
     while i < len(events):
         members = slot_of[events[i][1]]
         size = len(members)
-        assert events[i:i + size] == [("engine", r) for r in members], f"engine calls of a slot at event {i}"
-        assert events[i + size:i + 2 * size] == [("record", r) for r in members], f"records of a slot at event {i}"
+        assert events[i : i + size] == [("engine", r) for r in members], f"engine calls of a slot at event {i}"
+        assert events[i + size : i + 2 * size] == [("record", r) for r in members], f"records of a slot at event {i}"
         i += 2 * size
         visits += 1
     assert visits > 10
@@ -183,7 +197,8 @@ def test_a_slot_calls_every_engine_before_it_records_any_tick(tmp_path):
 def test_an_engine_that_raises_is_counted_held_and_fails_the_run_unasked(tmp_path):
     """get_action raising into the loop is the system breaking its contract: the tick is recorded as `raised` (the
     robot holds), the shard keeps running its other robots, and `engine_raises == 0` fails the run unasked."""
-    s = parse_scenario(textwrap.dedent("""\
+    s = parse_scenario(
+        textwrap.dedent("""\
         name: raises
         description: one engine raises for a while
         duration_s: 1.5
@@ -194,7 +209,8 @@ def test_an_engine_that_raises_is_counted_held_and_fails_the_run_unasked(tmp_pat
         servers: {replicas: [{id: r0, checkpoint: reacher}]}
         assertions: [ticks > 0]
         fidelity: {host_late_ratio: 1, loop_overrun_ratio: 1, scheduler_wait_ms: 100000}
-    """))
+    """)
+    )
     run, spec = _fake_engine_shard_spec(s, tmp_path)
     raising = next(r for r in spec["robots"] if r["group"] == "a")
     raising["engine"]["fake_raise"] = [0.4, 1.2]  # seconds after engine start: across an episode's end (reset)
@@ -210,8 +226,10 @@ def test_an_engine_that_raises_is_counted_held_and_fails_the_run_unasked(tmp_pat
     (slot,) = [r for r in shard.robots if r.rid == rid]
     assert slot.raises > 0 and "get_action() raised" in slot.first_raise and "ValueError" in slot.first_raise
     assert all(r.raises == 0 for r in shard.robots if r.rid != rid)
-    run.done[0] = {"final_states": final,
-                   "engine_raises": {str(rid): {"count": slot.raises, "first": slot.first_raise}}}
+    run.done[0] = {
+        "final_states": final,
+        "engine_raises": {str(rid): {"count": slot.raises, "first": slot.first_raise}},
+    }
     outcome = judge(run, None)
     summary = json.loads((run.run_dir / "summary.json").read_text())
     assert summary["verdict"] == "fail" and outcome.exit_code == 1
@@ -234,7 +252,8 @@ def test_a_server_count_beyond_a_records_int32_is_held_at_its_maximum(tmp_path):
     from bench.fleet.records import collect
     from bench.fleet.shard import INT32_MAX
 
-    s = parse_scenario(textwrap.dedent("""\
+    s = parse_scenario(
+        textwrap.dedent("""\
         name: big
         description: a huge superseded count
         duration_s: 1
@@ -243,7 +262,8 @@ def test_a_server_count_beyond_a_records_int32_is_held_at_its_maximum(tmp_path):
         sites: {lab: lan}
         servers: {replicas: [{id: r0, checkpoint: reacher}]}
         assertions: [ticks >= 0]
-    """))
+    """)
+    )
     run, spec = _fake_engine_shard_spec(s, tmp_path)
     shard = Shard(spec, None)
     shard.build()

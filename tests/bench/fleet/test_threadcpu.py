@@ -103,11 +103,13 @@ def test_a_live_threads_cpu_lands_on_its_role_not_the_loops():
 def test_a_reused_tid_is_another_thread_not_one_whose_cpu_went_back():
     """The kernel gives an ended thread's tid to a new one: keyed by (tid, start time), the ended thread keeps
     its 0.5 s and the new one adds its own 0.4 s (keyed by tid alone: 0.4 - 2.5 clipped to nothing)."""
-    reads = iter([
-        {(1, 10): ("loop", 1.0), (7, 100): ("engine", 2.0)},  # the base
-        {(1, 10): ("loop", 1.2), (7, 100): ("engine", 2.5)},
-        {(1, 10): ("loop", 1.5), (7, 900): ("engine", 0.4)},  # tid 7 ended; a new thread got it
-    ])
+    reads = iter(
+        [
+            {(1, 10): ("loop", 1.0), (7, 100): ("engine", 2.0)},  # the base
+            {(1, 10): ("loop", 1.2), (7, 100): ("engine", 2.5)},
+            {(1, 10): ("loop", 1.5), (7, 900): ("engine", 0.4)},  # tid 7 ended; a new thread got it
+        ]
+    )
     process = iter([10.0, 11.6])
     ledger = threadcpu.Ledger(read=lambda: next(reads), read_process=lambda: next(process))
     ledger.sample()
@@ -141,10 +143,18 @@ def test_main_thread_is_the_loop():
 
 
 def test_combine_sums_cores_and_divides_by_ticks_and_requests():
-    a = {"cpu_s": {"loop": 6.0, "engine": 3.0, "records": 1.2, "zenoh": 0.6}, "wall_s": 60.0, "ticks": 100_000,
-         "requests": 6_000}
-    b = {"cpu_s": {"loop": 3.0, "engine": 1.5, "records": 0.6, "zenoh": 0.3}, "wall_s": 30.0, "ticks": 50_000,
-         "requests": 3_000}
+    a = {
+        "cpu_s": {"loop": 6.0, "engine": 3.0, "records": 1.2, "zenoh": 0.6},
+        "wall_s": 60.0,
+        "ticks": 100_000,
+        "requests": 6_000,
+    }
+    b = {
+        "cpu_s": {"loop": 3.0, "engine": 1.5, "records": 0.6, "zenoh": 0.3},
+        "wall_s": 30.0,
+        "ticks": 50_000,
+        "requests": 3_000,
+    }
     got = threadcpu.combine([a, b, None, {}])
     assert "accounted" not in got  # reports without the process's CPU (not Linux) claim no share
     got = threadcpu.combine([{**a, "process_cpu_s": 12.0}, {**b, "process_cpu_s": 6.0}, None, {}])

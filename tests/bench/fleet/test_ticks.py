@@ -5,19 +5,31 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.fleet.ticks import HOST_LATE, LATE, ON_TIME, TOO_LATE, TickSchedule, classify_tick, classify_ticks, slot_starved
+from bench.fleet.ticks import (
+    HOST_LATE,
+    LATE,
+    ON_TIME,
+    TOO_LATE,
+    TickSchedule,
+    classify_tick,
+    classify_ticks,
+    slot_starved,
+)
 
 P = 1 / 30  # 33.3 ms
 
 
-@pytest.mark.parametrize("lateness_ms, host_ms, expected", [
-    (0.0, 0.0, ON_TIME),
-    (6.0, 5.9, ON_TIME),          # 6 ms <= 20 % of 33.3 ms
-    (8.0, 0.5, LATE),             # the engine made it late
-    (40.0, 1.0, TOO_LATE),        # more than a period, engine's fault
-    (40.0, 30.0, HOST_LATE),      # the loop reached the robot 30 ms late: the bench's fault
-    (10.0, 7.0, HOST_LATE),       # host delay alone is past the late threshold
-])
+@pytest.mark.parametrize(
+    "lateness_ms, host_ms, expected",
+    [
+        (0.0, 0.0, ON_TIME),
+        (6.0, 5.9, ON_TIME),  # 6 ms <= 20 % of 33.3 ms
+        (8.0, 0.5, LATE),  # the engine made it late
+        (40.0, 1.0, TOO_LATE),  # more than a period, engine's fault
+        (40.0, 30.0, HOST_LATE),  # the loop reached the robot 30 ms late: the bench's fault
+        (10.0, 7.0, HOST_LATE),  # host delay alone is past the late threshold
+    ],
+)
 def test_classify_tick(lateness_ms, host_ms, expected):
     assert classify_tick(lateness_ms / 1000, host_ms / 1000, P) == expected
 

@@ -11,8 +11,8 @@ import pytest
 import simplejpeg
 from gymnasium.utils.env_checker import check_env
 
-from bench.robots.cameras import CAMERA_KINDS, make_camera, shared_renderer
 from bench.robots import RobotBatch, make_robot
+from bench.robots.cameras import CAMERA_KINDS, make_camera, shared_renderer
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,14 @@ NO_EGL = "import ctypes.util as u; _f = u.find_library; u.find_library = lambda 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"}
     e.update(env, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", NO_EGL + textwrap.dedent(code)], capture_output=True, text=True,
-                          env=e, cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", NO_EGL + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=e,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def test_without_libegl_synthetic_cameras_run_and_a_rendered_one_names_the_library():
@@ -51,8 +57,10 @@ def test_an_explicit_egl_without_libegl_does_not_crash_the_import():
 
 
 def test_another_explicit_backend_is_left_alone():
-    out = _python("import bench.robots.models as m; import os; print(os.environ['MUJOCO_GL'], m.GL_UNAVAILABLE)",
-                  MUJOCO_GL="disable")
+    out = _python(
+        "import bench.robots.models as m; import os; print(os.environ['MUJOCO_GL'], m.GL_UNAVAILABLE)",
+        MUJOCO_GL="disable",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["disable", "None"]
 
@@ -76,8 +84,9 @@ def _python_with_egl(code: str) -> subprocess.CompletedProcess:
     """A fresh interpreter on this host as it is (its libEGL found), MUJOCO_GL and any display unset."""
     e = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY", "WAYLAND_DISPLAY")}
     e["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e,
-                          cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e, cwd=ROOT, timeout=120
+    )
 
 
 @pytest.mark.skipif(ctypes.util.find_library("EGL") is None, reason="no libEGL on this host (Debian: libegl1)")

@@ -89,8 +89,9 @@ def test_robot_i_of_a_batch_behaves_exactly_like_a_lone_env_with_seed_plus_i(nam
     rng = np.random.default_rng(0)
     space = envs[0].action_space
     for t in range(ticks):
-        actions = [None if rng.random() < 0.3 else rng.uniform(space.low, space.high).astype(np.float32)
-                   for _ in range(n)]
+        actions = [
+            None if rng.random() < 0.3 else rng.uniform(space.low, space.high).astype(np.float32) for _ in range(n)
+        ]
         batch.step(actions)
         lone = np.stack([env.step(a)[0] for env, a in zip(envs, actions)])
         np.testing.assert_array_equal(batch.states, lone, err_msg=f"tick {t}")

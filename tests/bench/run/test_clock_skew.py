@@ -54,8 +54,14 @@ def test_a_shard_5_s_ahead_starts_at_the_barrier_and_its_hop_split_stays_right(t
     scenario = tmp_path / "skew.yaml"
     scenario.write_text(textwrap.dedent(SCENARIO.format(checkpoint=checkpoint)))
     env = dict(os.environ, BENCH_TEST_MONO_SKEW_S=str(SKEW_S), PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(tmp_path / "r"),
-                           "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=150, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(tmp_path / "r"), "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
+    )
     (run,) = list((tmp_path / "r" / "skew").iterdir())
     summary = json.loads((run / "summary.json").read_text())
     assert summary["verdict"] == "pass", (proc.stdout[-3000:], proc.stderr[-3000:])
@@ -75,7 +81,11 @@ def test_a_shard_5_s_ahead_starts_at_the_barrier_and_its_hop_split_stays_right(t
     col = {k: req.column(k).to_numpy()[ok] for k in ("uplink_ms", "downlink_ms", "network_ms", "sent_ns", "t")}
     up, down, net = col["uplink_ms"], col["downlink_ms"], col["network_ms"]
     assert np.isfinite(up).mean() > 0.9 and summary["clock"]["hop_split"] == {
-        "valid": True, "requests_dropped": 0, "dropped_pairs": [], "max_clock_error_of_hop": 0.25}
+        "valid": True,
+        "requests_dropped": 0,
+        "dropped_pairs": [],
+        "max_clock_error_of_hop": 0.25,
+    }
     # 25 ms each way asked of the proxy: each leg at least that, and the two add up to the network time
     assert np.nanmedian(up) >= 24.0 and np.nanmedian(down) >= 24.0, (np.nanmedian(up), np.nanmedian(down))
     assert np.nanmedian(up + down - net) <= 1.0
@@ -83,9 +93,14 @@ def test_a_shard_5_s_ahead_starts_at_the_barrier_and_its_hop_split_stays_right(t
     # bench part (beyond what the proxy asked around that time) is a few ms, not the shard's 5 s
     to_router = req.column("uplink_to_router_ms").to_numpy()[ok]
     part = req.column("uplink_to_router_bench_ms").to_numpy()[ok]
-    assert 24.0 <= np.nanmedian(to_router) < 60.0 and np.nanmedian(part) < 20.0, (np.nanmedian(to_router), np.nanmedian(part))
-    print(f"shard offset {shard['offset_ms']:.3f} ± {shard['uncertainty_ms']:.3f} ms ({shard['exchanges']} exchanges); "
-          f"uplink p50 {np.nanmedian(up):.1f} ms, downlink p50 {np.nanmedian(down):.1f} ms, network p50 {np.nanmedian(net):.1f} ms")
+    assert 24.0 <= np.nanmedian(to_router) < 60.0 and np.nanmedian(part) < 20.0, (
+        np.nanmedian(to_router),
+        np.nanmedian(part),
+    )
+    print(
+        f"shard offset {shard['offset_ms']:.3f} ± {shard['uncertainty_ms']:.3f} ms ({shard['exchanges']} exchanges); "
+        f"uplink p50 {np.nanmedian(up):.1f} ms, downlink p50 {np.nanmedian(down):.1f} ms, network p50 {np.nanmedian(net):.1f} ms"
+    )
 
     # the same records joined as if every process shared one clock: the uplink would be 5 s in the negative
     from bench.run.collect import hop_split

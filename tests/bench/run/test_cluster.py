@@ -60,15 +60,44 @@ def cluster():
         c.shutdown()
 
 
-def _run(cluster_address: str, tmp_path: Path, *, duration=8, faults="[]", extra="", routers="", timeout=240,
-         while_running=None, env_extra: dict | None = None) -> tuple[int, str, dict | None]:
+def _run(
+    cluster_address: str,
+    tmp_path: Path,
+    *,
+    duration=8,
+    faults="[]",
+    extra="",
+    routers="",
+    timeout=240,
+    while_running=None,
+    env_extra: dict | None = None,
+) -> tuple[int, str, dict | None]:
     path = tmp_path / "cluster_probe.yaml"
-    path.write_text(SCENARIO.format(duration=duration, faults=faults, extra=extra,
-                                    routers=f", routers: {routers}" if routers else ""))
+    path.write_text(
+        SCENARIO.format(
+            duration=duration, faults=faults, extra=extra, routers=f", routers: {routers}" if routers else ""
+        )
+    )
     env = dict(os.environ, RAY_ADDRESS=cluster_address, PYTHONPATH=str(ROOT), MUJOCO_GL="egl", **(env_extra or {}))
-    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "run", str(path), "--cluster", "ray", "--quiet",
-                             "--reports", str(tmp_path / "reports")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.cli",
+            "run",
+            str(path),
+            "--cluster",
+            "ray",
+            "--quiet",
+            "--reports",
+            str(tmp_path / "reports"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     if while_running is not None:
         while_running(tmp_path / "reports")
     out, _ = proc.communicate(timeout=timeout)
@@ -82,24 +111,32 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     c, _ = cluster
     # as if on other hosts: the children's CPU is read on their nodes through their actors (BENCH_TEST_CPU_REMOTE),
     # the shard's clock reads 5 s ahead of the driver's and the replica's node's 3 s behind
-    rc, out, summary = _run(c.address, tmp_path, faults="[{at: 2, target: 'site:lab', action: partition, duration: 2}]",
-                            extra="  - unrecovered_robots == 0",
-                            env_extra={"BENCH_TEST_CPU_REMOTE": "1", "BENCH_TEST_MONO_SKEW_S": "5",
-                                       "BENCH_TEST_REPLICA_MONO_SKEW_S": "-3"})
+    rc, out, summary = _run(
+        c.address,
+        tmp_path,
+        faults="[{at: 2, target: 'site:lab', action: partition, duration: 2}]",
+        extra="  - unrecovered_robots == 0",
+        env_extra={"BENCH_TEST_CPU_REMOTE": "1", "BENCH_TEST_MONO_SKEW_S": "5", "BENCH_TEST_REPLICA_MONO_SKEW_S": "-3"},
+    )
     assert rc == 0, out
     facts = summary["cluster"]
     assert facts["kind"] == "ray" and facts["node_count"] == 3 and facts["placement"] == "spread"
     assert facts["routers"] == "per_node"
-    placed = {child: n["node_id"] for n in facts["nodes"] for child in n["children"]
-              if child.startswith(("shard:", "server:"))}
+    placed = {
+        child: n["node_id"]
+        for n in facts["nodes"]
+        for child in n["children"]
+        if child.startswith(("shard:", "server:"))
+    }
     assert set(placed) == {"shard:0", "server:r0"}
     assert placed["shard:0"] != placed["server:r0"], "spread put the shard and the replica on one node"
     nodes = {n["node_id"]: n for n in facts["nodes"]}
     with_router = {i for i, n in nodes.items() if "router" in n}
     assert with_router == set(placed.values()), "one router on each node that hosts a child, none elsewhere"
     first, second = sorted((nodes[i] for i in with_router), key=lambda n: len(n["router"]["peers"]))
-    assert (first["router"]["peers"], second["router"]["peers"]) == ([], [first["router"]["endpoint"]]), \
+    assert (first["router"]["peers"], second["router"]["peers"]) == ([], [first["router"]["endpoint"]]), (
         "the second node router joins the first (the mesh), not only the hub"
+    )
     shard_node, replica_node = nodes[placed["shard:0"]], nodes[placed["server:r0"]]
     assert "chaos_proxy" in shard_node and "chaos_proxy" not in replica_node  # site proxies where robots are
     # 4 robots on a 1-CPU node: one proxy process (bench.run.sizing.node_proxy_processes), the site on it
@@ -127,7 +164,10 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     # LAN hop of ~1 ms, and the report says so; never 8 s off
     up, net = summary["figures"]["uplink_ms"], summary["figures"]["network_ms"]
     split = clock["hop_split"]
-    assert split["valid"] == (split["requests_dropped"] == 0) and up["count"] + split["requests_dropped"] >= net["count"] * 0.9
+    assert (
+        split["valid"] == (split["requests_dropped"] == 0)
+        and up["count"] + split["requests_dropped"] >= net["count"] * 0.9
+    )
     assert up["count"] == 0 or 0 < up["p50"] <= net["p50"] + 1.0, (up, net)
     # the hops split at the router too: each node's wall clock (a router stamps with it) measured through its actors
     # (this host's here: exactly 0); the parts add up to the hop wherever the hop is split
@@ -137,8 +177,11 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     req = pq.read_table(run_dir / "requests.parquet").to_pydict()
     from_router = [v for v in req["downlink_from_router_ms"] if v is not None and v == v]
     assert len(from_router) >= 0.9 * net["count"] and min(from_router) > 0, (len(from_router), net["count"])
-    parts = [(u, a, b) for u, a, b in zip(req["uplink_ms"], req["uplink_to_router_ms"], req["uplink_from_router_ms"])
-             if u is not None and u == u]
+    parts = [
+        (u, a, b)
+        for u, a, b in zip(req["uplink_ms"], req["uplink_to_router_ms"], req["uplink_from_router_ms"])
+        if u is not None and u == u
+    ]
     assert all(abs(a + b - u) < 0.01 for u, a, b in parts), parts[:5]
     # the robot side, bounded by the shard's node's copy of its site's proxy around each request's time (its maxima
     # by 100 ms on that node's clock)
@@ -146,7 +189,9 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
     assert list(sites) == [f"lab@{placed['shard:0'][:12]}"] and all(v["asked_by_time"] for v in sites.values()), sites
     # the replica's audit times were moved onto the driver's clock: they fall in the run's window there
     t0_ms = json.loads((run_dir / "clock.json").read_text())["t0_mono_ms"]
-    received = [v for v in pq.read_table(run_dir / "server_requests.parquet").column("received_mono_ms").to_pylist() if v]
+    received = [
+        v for v in pq.read_table(run_dir / "server_requests.parquet").column("received_mono_ms").to_pylist() if v
+    ]
     assert received and t0_ms - 3_500 <= min(received) and max(received) <= t0_ms + 8_500, (t0_ms, min(received))
     cpu = summary["cpu"]  # every process on a node, its router and proxy too, read there and named with it
     remote = {"shard:0", "server:r0", *(n for n in cpu["node_of"] if n.startswith(("router:", "chaos-proxy:")))}
@@ -157,7 +202,8 @@ def test_a_fleet_spread_over_three_nodes_passes_through_per_node_routers_and_the
 
 
 def test_an_mtls_fleet_spread_over_the_nodes_passes_through_per_node_routers_with_their_own_certificates(
-        cluster, tmp_path):
+    cluster, tmp_path
+):
     """security: mtls with per-node routers (the default): every link is TLS, each node router has its own
     certificate and enforces the run's access rules, robots reach their node's router through its proxy."""
     c, _ = cluster
@@ -210,11 +256,15 @@ def test_a_replica_killed_on_another_node_is_restarted_there_and_the_fleet_recov
     driver's router alone killed for 3 s (`router:hub`): the node routers' direct link carries the robots' requests
     to the replica meanwhile, so no robot notices."""
     c, _ = cluster
-    rc, out, summary = _run(c.address, tmp_path, duration=22,
-                            faults="[{at: 3, target: 'server:r0', action: kill, duration: 3}, "
-                                   "{at: 11, target: router, action: restart}, "
-                                   "{at: 16, target: 'router:hub', action: kill, duration: 3}]",
-                            extra="  - reconnects >= 1\n  - unrecovered_robots == 0")
+    rc, out, summary = _run(
+        c.address,
+        tmp_path,
+        duration=22,
+        faults="[{at: 3, target: 'server:r0', action: kill, duration: 3}, "
+        "{at: 11, target: router, action: restart}, "
+        "{at: 16, target: 'router:hub', action: kill, duration: 3}]",
+        extra="  - reconnects >= 1\n  - unrecovered_robots == 0",
+    )
     assert rc == 0, out
     (hub,) = [f for f in summary["faults"] if f.get("target") == "router:hub"]
     assert hub["error"] is None and hub["t_end"] is not None, hub
@@ -225,15 +275,18 @@ def test_a_replica_killed_on_another_node_is_restarted_there_and_the_fleet_recov
     lost = [(ti, to) for ti, to in zip(t["t"], t["to_state"]) if hub["t_start"] <= ti <= hub["t_end"] + 0.5]
     assert lost == [], f"robots noticed the hub's death: {lost}"
     req = pq.read_table(run_dir / "requests.parquet", columns=["t", "outcome"]).to_pydict()
-    answered = [ti for ti, o in zip(req["t"], req["outcome"]) if o == "ok" and hub["t_start"] + 0.5 <= ti <= hub["t_end"]]
+    answered = [
+        ti for ti, o in zip(req["t"], req["outcome"]) if o == "ok" and hub["t_start"] + 0.5 <= ti <= hub["t_end"]
+    ]
     assert len(answered) >= 4, f"{len(answered)} requests answered while the hub was down"
     (kill,) = [f for f in summary["faults"] if f.get("action") == "kill" and f.get("target") == "server:r0"]
     assert kill["t_end"] is not None, kill
     (restart,) = [f for f in summary["faults"] if f.get("target") == "router"]
     assert restart["error"] is None, restart
     node_logs = sorted(run_dir.glob("logs/router-*.log"))
-    assert len(node_logs) == 2 and all(p.read_text().count("router ready") == 2 for p in node_logs), \
+    assert len(node_logs) == 2 and all(p.read_text().count("router ready") == 2 for p in node_logs), (
         "every node router was restarted on its node"
+    )
 
 
 def test_a_node_router_that_dies_unplanned_fails_the_run_naming_its_node(cluster, tmp_path):

@@ -70,8 +70,13 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
         pytest.importorskip(mod)
     scenario = tmp_path / "e2e.yaml"
     scenario.write_text(textwrap.dedent(SCENARIO.format(checkpoint=checkpoint)))
-    proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(tmp_path / "reports"),
-                           "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(tmp_path / "reports"), "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     runs = list((tmp_path / "reports" / "e2e").iterdir())
     assert len(runs) == 1, proc.stderr
     run = runs[0]
@@ -80,7 +85,11 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert proc.returncode == 0
     assert summary["robots"] == 4 and summary["ticks"] > 1000
     # every shard reported how its control loop ran (SCHED_FIFO where the host permits it)
-    assert summary["host"]["loop_priority"] and set(summary["host"]["loop_priority"]) <= {"SCHED_FIFO 10", "nice -10", "normal"}
+    assert summary["host"]["loop_priority"] and set(summary["host"]["loop_priority"]) <= {
+        "SCHED_FIFO 10",
+        "nice -10",
+        "normal",
+    }
     # and the replica's dispatch loop, from its log (bench.run.manifests.replica_priority: normal by default)
     assert summary["host"]["replica_priority"] == ["normal"]
     assert summary["host"]["speed_probe_ms"]["before_ms"] > 0 and summary["host"]["speed_probe_ms"]["after_ms"] > 0
@@ -100,8 +109,10 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
         assert rows and positive >= 0.95 * len(rows), (way, positive, len(rows))
         assert all(abs(to[i] + after[i] - req[f"{way}_ms"][i]) < 0.01 for i in rows), way
     # and the rest of network_ms is the replica's own time outside its queue and forward pass, from its audit line
-    assert all(abs(req["uplink_ms"][i] + req["downlink_ms"][i] + req["server_overhead_ms"][i] - req["network_ms"][i])
-               < 0.05 for i in rows)
+    assert all(
+        abs(req["uplink_ms"][i] + req["downlink_ms"][i] + req["server_overhead_ms"][i] - req["network_ms"][i]) < 0.05
+        for i in rows
+    )
     assert f["server_overhead_ms"]["count"] >= f["uplink_ms"]["count"] and f["server_overhead_ms"]["p50"] > 0
     # the replica's queue replayed: each answered request has its queue wait's and forward pass's bench parts
     replay = summary["fidelity"]["queue_replay"]
@@ -121,7 +132,10 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     assert [f["target"] for f in summary["faults"]] == ["site:lab"]
     # every robot's state changes, grouped by kind: each robot started and got a session
     kinds = {(c["from"], c["to"]): c for c in summary["state_changes"]}
-    assert kinds[("CONNECTING", "STREAMING")]["robots"] == 4 and "State changes and why" in (run / "report.html").read_text()
+    assert (
+        kinds[("CONNECTING", "STREAMING")]["robots"] == 4
+        and "State changes and why" in (run / "report.html").read_text()
+    )
     cases = ET.parse(run / "junit.xml").getroot().find("testsuite").findall("testcase")
     assert len(cases) == 8
     # psutil's record of every process: memory and descriptors over time, what was left at the end
@@ -138,8 +152,9 @@ def test_bench_run_short_scenario(tmp_path, checkpoint):
     from bench.run.usage import COST_REFERENCE_PROBE_MS
 
     probe = cpu["estimate"]["probe_ms"]
-    assert cpu["estimate_ratio_at_reference"] == pytest.approx(cpu["estimate_ratio"] * probe / COST_REFERENCE_PROBE_MS,
-                                                               abs=0.02)
+    assert cpu["estimate_ratio_at_reference"] == pytest.approx(
+        cpu["estimate_ratio"] * probe / COST_REFERENCE_PROBE_MS, abs=0.02
+    )
     assert "with the model unscaled" in (run / "report.html").read_text()
     # the replica's forward pass priced from its own checkpoint, timed on this host (bench.run.forwardcost)
     assert cpu["estimate"]["forward_cpu_ms"]["r0"]["source"] in ("measured", "cached")
@@ -199,13 +214,22 @@ def test_sites_on_three_proxy_processes_each_get_their_own_and_a_partition_reach
 
     from bench.run.sizing import PROXY_PROCESSES_ENV
 
-    groups = "\n".join(f"    - {{name: {s}, robot: reacher, count: 2, site: {s}, policy: {checkpoint}, engine: "
-                       f"{{buffer_time_s: 0.5, max_action_age_s: 1.0, fallback: hold}}}}" for s in ("eu", "us", "ap"))
+    groups = "\n".join(
+        f"    - {{name: {s}, robot: reacher, count: 2, site: {s}, policy: {checkpoint}, engine: "
+        f"{{buffer_time_s: 0.5, max_action_age_s: 1.0, fallback: hold}}}}"
+        for s in ("eu", "us", "ap")
+    )
     scenario = tmp_path / "sites.yaml"
     scenario.write_text(THREE_SITES.format(groups=groups, checkpoint=checkpoint))
     env = {**os.environ, PROXY_PROCESSES_ENV: "3"}
-    proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(tmp_path / "r"),
-                           "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=150, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(tmp_path / "r"), "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
+    )
     runs = list((tmp_path / "r" / "e2e_sites").iterdir())
     assert len(runs) == 1, proc.stderr
     summary = json.loads((runs[0] / "summary.json").read_text())
@@ -216,7 +240,12 @@ def test_sites_on_three_proxy_processes_each_get_their_own_and_a_partition_reach
     logs = {p.name for p in (runs[0] / "logs").iterdir()}
     assert {"chaos-proxy.log", "chaos-proxy-1.log", "chaos-proxy-2.log"} <= logs, logs
     assert summary["memory"]["leftover_processes"] == 0
-    bad = subprocess.run([sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(tmp_path / "r2"),
-                          "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, PROXY_PROCESSES_ENV: "three"})
+    bad = subprocess.run(
+        [sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(tmp_path / "r2"), "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, PROXY_PROCESSES_ENV: "three"},
+    )
     assert bad.returncode == 2 and PROXY_PROCESSES_ENV in bad.stderr and "Traceback" not in bad.stderr

@@ -18,8 +18,21 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has CUDA: the scenario would run, not be refused")
 def test_capacity_gpu_is_refused_with_exit_2_on_a_host_without_cuda(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", str(SCENARIOS_DIR / "capacity_gpu.yaml"),
-                           "--reports", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.cli",
+            "run",
+            str(SCENARIOS_DIR / "capacity_gpu.yaml"),
+            "--reports",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "needs a CUDA GPU" in proc.stderr and "model.device: cuda" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -41,15 +54,22 @@ def test_a_replica_that_compiles_gets_longer_to_start(tmp_path):
     from bench.cli import load_with_overrides
     from bench.run.manifests import REPLICA_COMPILE_START_S, REPLICA_START_S, replica_manifest, replica_start_s
 
-    s = load_with_overrides(str(SCENARIOS_DIR / "capacity_gpu.yaml"), ["servers.manifest.model.hyper_params={compile: false}"],
-                            check_checkpoints=False)  # no weights in git
+    s = load_with_overrides(
+        str(SCENARIOS_DIR / "capacity_gpu.yaml"),
+        ["servers.manifest.model.hyper_params={compile: false}"],
+        check_checkpoints=False,
+    )  # no weights in git
     assert replica_start_s(replica_manifest(s, s.replicas[0])) == REPLICA_START_S  # reacher_vla's own: compile false
-    s = load_with_overrides(str(SCENARIOS_DIR / "capacity_gpu.yaml"), [], check_checkpoints=False)  # as shipped: compiled
+    s = load_with_overrides(
+        str(SCENARIOS_DIR / "capacity_gpu.yaml"), [], check_checkpoints=False
+    )  # as shipped: compiled
     assert replica_start_s(replica_manifest(s, s.replicas[0])) == REPLICA_COMPILE_START_S > REPLICA_START_S
     (tmp_path / "config.json").write_text(json.dumps({"hyper_params": {"compile": True}}))
     assert replica_start_s({"model": {"repo_or_path": str(tmp_path), "device": "cuda"}}) == REPLICA_COMPILE_START_S
     # a CPU compiles too (inductor's C++, every bucket at warm-up): the same deadline; without compile, the plain one
     assert replica_start_s({"model": {"repo_or_path": str(tmp_path), "device": "cpu"}}) == REPLICA_COMPILE_START_S
-    assert replica_start_s({"model": {"repo_or_path": str(tmp_path), "device": "cpu",
-                                      "hyper_params": {"compile": False}}}) == REPLICA_START_S
+    assert (
+        replica_start_s({"model": {"repo_or_path": str(tmp_path), "device": "cpu", "hyper_params": {"compile": False}}})
+        == REPLICA_START_S
+    )
     assert replica_start_s({"model": {"repo_or_path": str(tmp_path / "gone"), "device": "cuda"}}) == REPLICA_START_S

@@ -14,13 +14,15 @@ from bench.scenario.load import parse_scenario
 
 
 def test_a_replicas_health_port_taken_before_it_binds_is_picked_again(tmp_path, monkeypatch):
-    s = parse_scenario(textwrap.dedent("""\
+    s = parse_scenario(
+        textwrap.dedent("""\
         name: health_port_race
         duration_s: 1
         fleet: {groups: [{name: a, robot: reacher, count: 1, site: lab}]}
         sites: {lab: lan}
         servers: {replicas: [{id: r0, checkpoint: reacher}]}
-    """))
+    """)
+    )
     run = Run(s, tmp_path, progress=False).state
     for d in (run.logs, run.rec_dir, run.run_dir / "manifests"):
         d.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from bench.run.mesh import (AllRouters, MeshSecurity, NodeLinks, NodeMesh, SiteFanout, node_host, node_router_argv,
-                            peer_router_cns, resolve_routers)
+from bench.run.mesh import (
+    AllRouters,
+    MeshSecurity,
+    NodeLinks,
+    NodeMesh,
+    SiteFanout,
+    node_host,
+    node_router_argv,
+    peer_router_cns,
+    resolve_routers,
+)
 from chaos.client import ChaosClient, ProxyPool
 from chaos.toxiproxy.fidelity import add
 from tests.chaos.harness import connect, echo  # noqa: F401  (fixture)
@@ -29,8 +38,14 @@ def test_a_node_router_listens_on_its_node_and_joins_the_hub_and_the_node_router
     argv = node_router_argv("10.0.0.7", 7448, "tcp/10.0.0.1:7447")
     assert argv[1:] == ["-m", "wire.transport", "--listen", "tcp/10.0.0.7:7448", "--connect", "tcp/10.0.0.1:7447"]
     argv = node_router_argv("10.0.0.8", 7449, "tcp/10.0.0.1:7447", peers=["tcp/10.0.0.7:7448"])
-    assert argv[3:] == ["--listen", "tcp/10.0.0.8:7449",
-                        "--connect", "tcp/10.0.0.1:7447", "--connect", "tcp/10.0.0.7:7448"]
+    assert argv[3:] == [
+        "--listen",
+        "tcp/10.0.0.8:7449",
+        "--connect",
+        "tcp/10.0.0.1:7447",
+        "--connect",
+        "tcp/10.0.0.7:7448",
+    ]
     with pytest.raises(ValueError, match="a plain node router joins plain routers, not 'tls/10.0.0.7:7448'"):
         node_router_argv("10.0.0.8", 7449, "tcp/10.0.0.1:7447", peers=["tls/10.0.0.7:7448"])
     assert node_host("127.0.0.1", {"ip": "10.0.0.7"}) == "127.0.0.1"  # the whole cluster is this host
@@ -38,11 +53,26 @@ def test_a_node_router_listens_on_its_node_and_joins_the_hub_and_the_node_router
 
 
 def test_fidelity_snapshots_of_one_site_on_several_nodes_add_up():
-    leg = {"chunks": 3, "bytes": 300, "asked_ms_sum": 30.0, "error_ms_sum": 1.5, "error_ms_max": 0.9, "early": 0,
-           "hist": [1, 2, 0], "shaped_bytes": 0, "shaped_ideal_s": 0.0, "shaped_busy_s": 0.0, "rate_kbps": 0}
+    leg = {
+        "chunks": 3,
+        "bytes": 300,
+        "asked_ms_sum": 30.0,
+        "error_ms_sum": 1.5,
+        "error_ms_max": 0.9,
+        "early": 0,
+        "hist": [1, 2, 0],
+        "shaped_bytes": 0,
+        "shaped_ideal_s": 0.0,
+        "shaped_busy_s": 0.0,
+        "rate_kbps": 0,
+    }
     other = {**leg, "chunks": 1, "bytes": 50, "error_ms_max": 2.5, "hist": [0, 0, 1], "rate_kbps": 100}
-    total = add([{"edges_ms": [0.1, 0.2], "upstream": leg, "downstream": leg},
-                 {"edges_ms": [0.1, 0.2], "upstream": other, "downstream": leg}])
+    total = add(
+        [
+            {"edges_ms": [0.1, 0.2], "upstream": leg, "downstream": leg},
+            {"edges_ms": [0.1, 0.2], "upstream": other, "downstream": leg},
+        ]
+    )
     assert total["edges_ms"] == [0.1, 0.2]
     up = total["upstream"]
     assert (up["chunks"], up["bytes"], up["hist"], up["error_ms_max"], up["rate_kbps"]) == (4, 350, [1, 2, 1], 2.5, 100)
@@ -158,8 +188,9 @@ class _Named:
 
 
 @pytest.mark.integration
-def test_a_site_call_reaches_the_drivers_proxy_and_every_nodes_and_their_legs_add_up(three_proxy_servers,
-                                                                                    echo, tmp_path):  # noqa: F811
+def test_a_site_call_reaches_the_drivers_proxy_and_every_nodes_and_their_legs_add_up(
+    three_proxy_servers, echo, tmp_path
+):  # noqa: F811
     """The node has two proxy processes (as bench.run.sizing.node_proxy_processes gives a busy node): its copy of
     site eu was dealt to the second, so a call on the site must find it there, not on the node's first process."""
     driver, node_0, node_1 = (ChaosClient(s.api_url) for s in three_proxy_servers)
@@ -169,10 +200,15 @@ def test_a_site_call_reaches_the_drivers_proxy_and_every_nodes_and_their_legs_ad
     on_node.create_proxy("site-us", upstream=f"127.0.0.1:{echo.port}")
     eu = on_node.create_proxy("site-eu", upstream=f"127.0.0.1:{echo.port}")
     mesh = NodeMesh(None, "tcp/127.0.0.1:1", "127.0.0.1", tmp_path, lambda: {}, lambda *_: None)
-    mesh.nodes["n1"] = NodeLinks({"node_id": "n1"}, router=_Named("router:n1"), router_endpoint="",
-                                 proxies=[_Named("chaos-proxy:n1"), _Named("chaos-proxy-1:n1")],
-                                 api_urls=[node_0.url, node_1.url], pool=on_node,
-                                 sites={"us": "tcp/elsewhere", "eu": f"tcp/{eu['listen']}"})
+    mesh.nodes["n1"] = NodeLinks(
+        {"node_id": "n1"},
+        router=_Named("router:n1"),
+        router_endpoint="",
+        proxies=[_Named("chaos-proxy:n1"), _Named("chaos-proxy-1:n1")],
+        api_urls=[node_0.url, node_1.url],
+        pool=on_node,
+        sites={"us": "tcp/elsewhere", "eu": f"tcp/{eu['listen']}"},
+    )
     described = mesh.describe()["n1"]["chaos_proxy"]
     assert described["processes"] == 2 and described["site_process"] == {"us": 0, "eu": 1}
     assert [s["name"] for s in described["servers"]] == ["chaos-proxy:n1", "chaos-proxy-1:n1"]
@@ -188,7 +224,9 @@ def test_a_site_call_reaches_the_drivers_proxy_and_every_nodes_and_their_legs_ad
     finally:
         s.close()
     legs = chaos.fidelity("site-eu")
-    assert legs["downstream"]["chunks"] >= 1 and legs["downstream"]["bytes"] >= 4  # the node's bytes count (the toxic is downstream)
+    assert (
+        legs["downstream"]["chunks"] >= 1 and legs["downstream"]["bytes"] >= 4
+    )  # the node's bytes count (the toxic is downstream)
     assert legs["downstream"]["bytes"] == node_1.fidelity("site-eu")["downstream"]["bytes"]  # the driver's copy: idle
     chaos.set_enabled("site-eu", False)  # a partition of the site is a partition on every node
     assert driver.get_proxy("site-eu")["enabled"] is False and node_1.get_proxy("site-eu")["enabled"] is False
@@ -235,11 +273,18 @@ def test_a_node_given_two_proxy_processes_deals_its_sites_over_them_and_a_site_c
     node = {"node_id": "n" * 40, "ip": "10.0.0.7"}
     toxics = {"us": [], "eu": [{"type": "latency", "attributes": {"latency": 5}, "name": "profile"}]}
     registered = []
-    mesh = NodeMesh(_LocalCluster(), "tcp/127.0.0.1:1", "127.0.0.1", tmp_path, lambda: toxics,
-                    lambda name, child: registered.append(name))
+    mesh = NodeMesh(
+        _LocalCluster(),
+        "tcp/127.0.0.1:1",
+        "127.0.0.1",
+        tmp_path,
+        lambda: toxics,
+        lambda name, child: registered.append(name),
+    )
     # the node's router stands in as the echo server: what a robot sends through its site's proxy comes back
-    mesh.nodes[node["node_id"]] = NodeLinks(node, router=_Named("router:nnnnnnnnnnnn"),
-                                            router_endpoint=f"tcp/127.0.0.1:{echo.port}")
+    mesh.nodes[node["node_id"]] = NodeLinks(
+        node, router=_Named("router:nnnnnnnnnnnn"), router_endpoint=f"tcp/127.0.0.1:{echo.port}"
+    )
     try:
         links = mesh.links(node, proxies=2)
         assert registered == ["chaos-proxy:nnnnnnnnnnnn", "chaos-proxy-1:nnnnnnnnnnnn"]
@@ -279,15 +324,21 @@ def test_each_node_is_sized_by_the_robots_of_the_shards_placed_on_it_and_what_ra
             return {"node_id": self.node_id}
 
     table = [{"group": "g"}] * 3010
-    specs = [{"shard": 0, "robots": [{"robot": i} for i in range(0, 1500)]},
-             {"shard": 1, "robots": [{"robot": i} for i in range(1500, 3000)]},
-             {"shard": 2, "robots": [{"robot": i} for i in range(3000, 3010)]}]
+    specs = [
+        {"shard": 0, "robots": [{"robot": i} for i in range(0, 1500)]},
+        {"shard": 1, "robots": [{"robot": i} for i in range(1500, 3000)]},
+        {"shard": 2, "robots": [{"robot": i} for i in range(3000, 3010)]},
+    ]
     placed = {0: Placed("A"), 1: Placed("A"), 2: Placed("B")}
-    run = NS(s=NS(cluster={"shard_cpus": 1, "replica_cpus": 1}, sites={"a": None, "b": None, "c": None}),
-             cluster=NS(nodes=lambda: [{"node_id": "A", "cpus": 16}, {"node_id": "B", "cpus": 2},
-                                       {"node_id": "C", "cpus": 8}]),
-             robot_table=table, request_rates={"g": 1.5},  # 30 Hz robots asking every 20 ticks
-             servers={"r0": {"child": Placed("B")}, "r1": {"child": Placed("C")}})
+    run = NS(
+        s=NS(cluster={"shard_cpus": 1, "replica_cpus": 1}, sites={"a": None, "b": None, "c": None}),
+        cluster=NS(
+            nodes=lambda: [{"node_id": "A", "cpus": 16}, {"node_id": "B", "cpus": 2}, {"node_id": "C", "cpus": 8}]
+        ),
+        robot_table=table,
+        request_rates={"g": 1.5},  # 30 Hz robots asking every 20 ticks
+        servers={"r0": {"child": Placed("B")}, "r1": {"child": Placed("C")}},
+    )
     assert node_proxy_processes(run, specs, placed) == {"A": 3, "B": 1}
     run.cluster = NS(nodes=lambda: [{"node_id": "A", "cpus": 4}, {"node_id": "B", "cpus": 2}])
     assert node_proxy_processes(run, specs, placed) == {"A": 1, "B": 1}  # A's CPUs: its 2 shards and router
@@ -321,17 +372,28 @@ def test_a_router_fault_takes_every_router_down_and_its_undo_brings_each_back(tm
             r.stop()
 
 
-
 # --- security: mtls on node routers (MeshSecurity) ----------------------------------------------------------------
+
 
 def test_a_secure_node_router_listens_with_tls_joins_a_tls_hub_and_enforces_the_rules():
     from bench.security.pki import Issued
 
     tls = Issued("/p/ca.pem", "/p/router-n1.pem", "/p/router-n1.key")
     argv = node_router_argv("10.0.0.7", 7448, "tls/10.0.0.1:7447", tls, "/p/rules.json")
-    assert argv[3:] == ["--listen", "tls/10.0.0.7:7448", "--connect", "tls/10.0.0.1:7447", "--tls-ca", "/p/ca.pem",
-                        "--tls-cert", "/p/router-n1.pem", "--tls-key", "/p/router-n1.key",
-                        "--access-control", "/p/rules.json"]
+    assert argv[3:] == [
+        "--listen",
+        "tls/10.0.0.7:7448",
+        "--connect",
+        "tls/10.0.0.1:7447",
+        "--tls-ca",
+        "/p/ca.pem",
+        "--tls-cert",
+        "/p/router-n1.pem",
+        "--tls-key",
+        "/p/router-n1.key",
+        "--access-control",
+        "/p/rules.json",
+    ]
     with pytest.raises(ValueError, match="joins TLS routers under access rules"):
         node_router_argv("10.0.0.7", 7448, "tcp/10.0.0.1:7447", tls, "/p/rules.json")  # a plain hub: never
     with pytest.raises(ValueError, match="joins TLS routers under access rules, not 'tcp/10.0.0.8:7448'"):
@@ -377,14 +439,17 @@ class _Cluster:
 
 
 def test_a_node_router_gets_its_own_key_a_role_certificate_naming_its_node_and_the_rules_and_so_does_a_late_one(
-        tmp_path):
-    from bench.security.pki import Pki
+    tmp_path,
+):
     from cryptography import x509
+
+    from bench.security.pki import Pki
 
     pki, rules = Pki(tmp_path / "pki"), tmp_path / "rules.json"
     rules.write_text("{}")
-    mesh = NodeMesh(_Cluster(), "tls/10.0.0.1:7447", "10.0.0.1", tmp_path, lambda: {}, lambda *_: None,
-                    MeshSecurity(pki, rules))
+    mesh = NodeMesh(
+        _Cluster(), "tls/10.0.0.1:7447", "10.0.0.1", tmp_path, lambda: {}, lambda *_: None, MeshSecurity(pki, rules)
+    )
     links = mesh.links({"node_id": "n" * 40, "ip": "10.0.0.7"}, proxies=0)
     child = mesh.cluster.children[0]
     assert child.started and links.router_endpoint == "tls/10.0.0.7:7448"
@@ -427,11 +492,16 @@ def secure_mesh(tmp_path):
     rules.write_text(json.dumps({"access_control": acl}))
     hub_tls = pki.router()
     hub_endpoint = f"tls/127.0.0.1:{free_port()}"
-    hub = ChildProcess([*router_argv_for_hub(hub_endpoint, hub_tls, rules)], tmp_path / "hub.log",
-                       ready_text="router ready", name="hub")
+    hub = ChildProcess(
+        [*router_argv_for_hub(hub_endpoint, hub_tls, rules)],
+        tmp_path / "hub.log",
+        ready_text="router ready",
+        name="hub",
+    )
     hub.start(timeout_s=15)
-    mesh = NodeMesh(_LocalCluster(), hub_endpoint, "127.0.0.1", tmp_path, lambda: {}, lambda *_: None,
-                    MeshSecurity(pki, rules))
+    mesh = NodeMesh(
+        _LocalCluster(), hub_endpoint, "127.0.0.1", tmp_path, lambda: {}, lambda *_: None, MeshSecurity(pki, rules)
+    )
     try:
         a = mesh.links({"node_id": "n" * 40, "ip": "127.0.0.1"}, proxies=0)
         yield SimpleNamespace(pki=pki, hub=hub, hub_endpoint=hub_endpoint, node_endpoint=a.router_endpoint, mesh=mesh)
@@ -445,8 +515,9 @@ def secure_mesh(tmp_path):
 def router_argv_for_hub(endpoint, tls, rules):
     from wire.procs import router_argv
 
-    return router_argv(endpoint, (), ["--tls-ca", tls.ca, "--tls-cert", tls.cert, "--tls-key", tls.key,
-                                      "--access-control", str(rules)])
+    return router_argv(
+        endpoint, (), ["--tls-ca", tls.ca, "--tls-cert", tls.cert, "--tls-key", tls.key, "--access-control", str(rules)]
+    )
 
 
 def _session(pki, endpoint, identity):
@@ -494,9 +565,17 @@ def test_mtls_node_router_refuses_a_client_without_a_certificate_of_the_runs_ca(
         open_session(connect=[node_endpoint], tls=TlsFiles(pki.ca_cert_path.as_posix()), what="no-cert")
     foreign = Pki(tmp_path / "foreign", ca_name="foreign-ca").robot("robot-a")  # the right name, another CA
     c = make_config("client", connect=[node_endpoint])  # past our own file checks: the node router must refuse
-    c.insert_json5("transport/link/tls", json.dumps({"root_ca_certificate": pki.ca_cert_path.as_posix(),
-                                                      "enable_mtls": True, "connect_certificate": foreign.cert,
-                                                      "connect_private_key": foreign.key}))
+    c.insert_json5(
+        "transport/link/tls",
+        json.dumps(
+            {
+                "root_ca_certificate": pki.ca_cert_path.as_posix(),
+                "enable_mtls": True,
+                "connect_certificate": foreign.cert,
+                "connect_private_key": foreign.key,
+            }
+        ),
+    )
     with pytest.raises(zenoh.ZError):
         zenoh.open(c)
 
@@ -552,7 +631,8 @@ def test_mtls_node_router_rules_keep_a_robot_off_another_robots_keys_across_the_
 
 @pytest.mark.integration
 def test_mtls_a_node_router_started_mid_run_is_admitted_by_the_running_routers_and_reaches_them_without_the_hub(
-        secure_mesh):
+    secure_mesh,
+):
     """A node the run had not used gets its router mid-run (the others keep running, their rules unchanged): it
     joins the hub and router A over mTLS, a robot on A reaches a replica on it, and with the hub killed -9 the
     query still crosses their direct mTLS link (each side checked the other's certificate and the rules' role)."""
@@ -587,8 +667,12 @@ def test_mtls_a_router_of_another_ca_under_the_node_router_role_is_never_admitte
     rogue_tls = foreign.node_router("rrrrrrrrrrrr", "127.0.0.1")
     rogue_endpoint = f"tls/127.0.0.1:{free_port()}"
     tls_args = ["--tls-ca", rogue_tls.ca, "--tls-cert", rogue_tls.cert, "--tls-key", rogue_tls.key]
-    rogue = ChildProcess(router_argv(rogue_endpoint, [m.hub_endpoint, m.node_endpoint], tls_args),
-                         tmp_path / "rogue.log", ready_text="router ready", name="rogue-router")
+    rogue = ChildProcess(
+        router_argv(rogue_endpoint, [m.hub_endpoint, m.node_endpoint], tls_args),
+        tmp_path / "rogue.log",
+        ready_text="router ready",
+        name="rogue-router",
+    )
     rogue.start(timeout_s=15)
     sessions = []
     try:

@@ -60,9 +60,16 @@ def test_judging_reads_the_replicas_priority_line_without_importing_torch(tmp_pa
     assert REPLICA_PRIORITY_LOG_TEXT == DISPATCH_PRIORITY_LOG_TEXT
     line = f"... INFO policy_server: {DISPATCH_PRIORITY_LOG_TEXT}nice -10 (asked: nice)\n"
     (tmp_path / "server-r0.log").write_text(line)
-    probe = ("import sys, types; from bench.run.verdict import replica_priorities; "
-             f"got = replica_priorities(types.SimpleNamespace(logs=__import__('pathlib').Path({str(tmp_path)!r}), "
-             "servers={'r0': None})); print(got, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                         cwd=Path(__file__).resolve().parents[3])
+    probe = (
+        "import sys, types; from bench.run.verdict import replica_priorities; "
+        f"got = replica_priorities(types.SimpleNamespace(logs=__import__('pathlib').Path({str(tmp_path)!r}), "
+        "servers={'r0': None})); print(got, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert out.stdout.split() == ["['nice", "-10']", "False"], out.stdout + out.stderr

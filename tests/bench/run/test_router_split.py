@@ -41,11 +41,16 @@ def _requests(routers: str, n: int = 40):
         up_stamp, down_stamp = (robot_node, "node-b") if routers == "per_node" else (None, None)
         routed_audit[i] = sent_ms[i] + to_router[i] + (_wall(up_stamp) - _wall("node-b"))  # read on the replica's node
         down_from_read[i] = down_from[i] - (_wall(down_stamp) - _wall(robot_node))  # read on the robot's node
-    audit = pa.table({"outcome": ["ok"] * n, "client_mono_ns": sent_ns, "routed_mono_ms": routed_audit,
-                      "replica": ["r0"] * n})
+    audit = pa.table(
+        {"outcome": ["ok"] * n, "client_mono_ns": sent_ns, "routed_mono_ms": routed_audit, "replica": ["r0"] * n}
+    )
     up, down = to_router + from_router, down_to + down_from
-    truth = {"uplink_to_router_ms": to_router, "uplink_from_router_ms": from_router,
-             "downlink_to_router_ms": down_to, "downlink_from_router_ms": down_from}
+    truth = {
+        "uplink_to_router_ms": to_router,
+        "uplink_from_router_ms": from_router,
+        "downlink_to_router_ms": down_to,
+        "downlink_from_router_ms": down_from,
+    }
     return audit, robots, sent_ns, sent_ms, up, down, down_from_read, truth
 
 
@@ -91,8 +96,9 @@ def test_a_node_whose_wall_clock_was_not_measured_leaves_its_requests_unsplit():
     run = _runner("per_node", {"node-b": WALLS["node-b"]})  # node A never answered
     split = router_split(run, audit, sent_ns, sent_ms, up, down, down_from_read, robots)
     assert np.isnan(split["uplink_to_router_ms"][robots == 0]).all()
-    np.testing.assert_allclose(split["uplink_to_router_ms"][robots == 1], truth["uplink_to_router_ms"][robots == 1],
-                               atol=1e-3)
+    np.testing.assert_allclose(
+        split["uplink_to_router_ms"][robots == 1], truth["uplink_to_router_ms"][robots == 1], atol=1e-3
+    )
 
 
 def _proxy_leg(records):
@@ -118,10 +124,14 @@ def test_a_robot_s_hops_are_bounded_by_its_own_node_s_proxy_around_its_time_on_t
     run.robot_table = [{"robot": r, "shard": r % 2, "site": "ap"} for r in range(62)]
     run.child_nodes = {"shard:0": "node-a" * 3, "shard:1": "node-b" * 3}
     run.node_leg_start = None
-    run.node_leg_end = {n: {"ap": {"edges_ms": list(EDGES_MS), "downstream": leg.to_json(), "upstream": quiet.to_json()}}
-                        for n, leg in (("node-a" * 3, burst), ("node-b" * 3, steady))}
-    run.node_asked = {"node-a" * 3: {"offset_ms": 1000.0, "asked": {"ap": {"downstream": burst.asked_json()}}},
-                      "node-b" * 3: {"offset_ms": 0.0, "asked": {"ap": {"downstream": steady.asked_json()}}}}
+    run.node_leg_end = {
+        n: {"ap": {"edges_ms": list(EDGES_MS), "downstream": leg.to_json(), "upstream": quiet.to_json()}}
+        for n, leg in (("node-a" * 3, burst), ("node-b" * 3, steady))
+    }
+    run.node_asked = {
+        "node-a" * 3: {"offset_ms": 1000.0, "asked": {"ap": {"downstream": burst.asked_json()}}},
+        "node-b" * 3: {"offset_ms": 0.0, "asked": {"ap": {"downstream": steady.asked_json()}}},
+    }
     robots = np.arange(62)
     hop = np.where(robots < 60, 25.5, 95.0)  # robots 60 (node A) and 61 (node B) stalled
     t_recv_s = np.full(62, 99.380)  # on the runner's clock: 100.38 s on node A's, in its 100.3 s bucket (24 asked)

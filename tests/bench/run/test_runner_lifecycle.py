@@ -15,8 +15,13 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _start(run_dir: Path, duration: float, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.bench.lifecycle_main", str(run_dir), str(duration), *extra],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.bench.lifecycle_main", str(run_dir), str(duration), *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_for(path: Path, timeout_s: float) -> None:
@@ -99,7 +104,8 @@ def test_the_summary_names_how_every_chaos_proxy_was_scheduled_local_or_on_a_nod
     assert proxy_priorities(runner) == ["SCHED_FIFO 5"]  # a local proxy: its process, not its log
     # per_node routers: a node's proxies are known by their logs (a host without CAP_SYS_NICE falls back)
     (tmp_path / "chaos-proxy-0a1b2c3d4e5f.log").write_text(
-        "INFO chaos.toxiproxy: event loop priority: nice -10 (asked: fifo)\n")
+        "INFO chaos.toxiproxy: event loop priority: nice -10 (asked: fifo)\n"
+    )
     (tmp_path / "chaos-proxy-1-0a1b2c3d4e5f.log").write_text("toxiproxy-server-py ready: listening on x\n")
     assert proxy_priorities(runner) == ["SCHED_FIFO 5", "nice -10", "unknown"]
 
@@ -121,10 +127,12 @@ def test_the_process_table_appears_whole(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "write_text", recording)
     child = SimpleNamespace(pid=4242, log_path=tmp_path / "router.log")
-    run = SimpleNamespace(procs=SimpleNamespace(children=[("router", child)]), proxy_servers=[], run_dir=tmp_path,
-                          logs=tmp_path)
+    run = SimpleNamespace(
+        procs=SimpleNamespace(children=[("router", child)]), proxy_servers=[], run_dir=tmp_path, logs=tmp_path
+    )
     write_process_table(run)
     assert opened_in_place == []
-    assert json.loads((tmp_path / "processes.json").read_text()) == [{"name": "router", "pid": 4242,
-                                                                      "log": str(tmp_path / "router.log")}]
+    assert json.loads((tmp_path / "processes.json").read_text()) == [
+        {"name": "router", "pid": 4242, "log": str(tmp_path / "router.log")}
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["processes.json"]

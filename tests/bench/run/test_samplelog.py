@@ -10,19 +10,27 @@ from hypothesis import strategies as st
 from bench.run.samplelog import SampleLog
 
 names = st.sampled_from(["router", "proxy", "server:r0", "shard:0", "runner"])
-number = st.one_of(st.integers(-2**40, 2**40), st.floats(allow_nan=False, allow_infinity=False, width=64))
+number = st.one_of(st.integers(-(2**40), 2**40), st.floats(allow_nan=False, allow_infinity=False, width=64))
 leaf = st.one_of(number, st.sampled_from(["queue_depth", "load", "r0", "r1"]))
 row = st.fixed_dictionaries(
     {"t": st.floats(-10, 1e6, allow_nan=False)},
-    optional={"host_percent": st.floats(0, 100), "speed_probe_ms": st.floats(0, 100),
-              "processes": st.dictionaries(names, st.floats(0, 400), max_size=5),
-              "fds": st.dictionaries(names, st.integers(0, 10_000), max_size=5),
-              "replica": st.sampled_from(["r0", "r1"]), "value": leaf})
+    optional={
+        "host_percent": st.floats(0, 100),
+        "speed_probe_ms": st.floats(0, 100),
+        "processes": st.dictionaries(names, st.floats(0, 400), max_size=5),
+        "fds": st.dictionaries(names, st.integers(0, 10_000), max_size=5),
+        "replica": st.sampled_from(["r0", "r1"]),
+        "value": leaf,
+    },
+)
 
 
 def _typed_pairs(row):
-    return {k: ({kk: (type(vv), vv) for kk, vv in v.items()} if isinstance(v, dict) else (type(v), v))
-            for k, v in row.items() if v != {}}
+    return {
+        k: ({kk: (type(vv), vv) for kk, vv in v.items()} if isinstance(v, dict) else (type(v), v))
+        for k, v in row.items()
+        if v != {}
+    }
 
 
 @settings(max_examples=200, deadline=None)
@@ -51,9 +59,11 @@ def test_absent_none_and_nan_values_are_left_out_and_columns_fill_with_none():
     log.append({"t": 0.0, "rss_mb": {"router": 40.0}, "speed_probe_ms": 25.0})
     log.append({"t": 1.0, "rss_mb": {"router": None, "server:r0": 250.5}, "speed_probe_ms": math.nan})
     log.append({"t": 2.0, "rss_mb": {}, "fds": {"router": 12}})
-    assert list(log) == [{"t": 0.0, "rss_mb": {"router": 40.0}, "speed_probe_ms": 25.0},
-                         {"t": 1.0, "rss_mb": {"server:r0": 250.5}},
-                         {"t": 2.0, "fds": {"router": 12}}]
+    assert list(log) == [
+        {"t": 0.0, "rss_mb": {"router": 40.0}, "speed_probe_ms": 25.0},
+        {"t": 1.0, "rss_mb": {"server:r0": 250.5}},
+        {"t": 2.0, "fds": {"router": 12}},
+    ]
     assert log.keys("rss_mb") == ["router", "server:r0"]
     assert log.column("rss_mb", "server:r0") == [None, 250.5, None]
     assert log.column("fds", "router") == [None, None, 12] and isinstance(log.column("fds", "router")[2], int)

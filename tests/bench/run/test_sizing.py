@@ -12,21 +12,54 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.run.forwardcost import ForwardCost, checkpoint_hash, constant, forward_cost
-from bench.run.sizing import (REPLICA_FORWARD_MS, batch_size, estimate, group_request_rates, measured_by_kind,
-                              physics_ms_per_tick, replica_ms_per_s, requests_per_robot_s, shard_budget_ms,
-                              shard_count)
+from bench.run.sizing import (
+    REPLICA_FORWARD_MS,
+    batch_size,
+    estimate,
+    group_request_rates,
+    measured_by_kind,
+    physics_ms_per_tick,
+    replica_ms_per_s,
+    requests_per_robot_s,
+    shard_budget_ms,
+    shard_count,
+)
 
 HEADLINE_ENGINE = {"buffer_time_s": 0.3, "max_action_age_s": 1.5, "trim": "consumed"}
 
 
-def _scenario(count: int, fps: float, robot: str = "reacher", replicas: int = 3, manifest: dict | None = None,
-              engine: dict | None = None, profile: str = "wan_50ms", checkpoint: str = "reacher"):
-    group = NS(name="g", count=count, fps=fps, robot=robot, site="lab", episode_s=2.0, model_id="m",
-               engine=dict(HEADLINE_ENGINE if engine is None else engine), engine_kind="remote")
-    return NS(groups=[group], robots=count, sites={"lab": NS(profile=profile, overrides={})},
-              replicas=[NS(id=f"r{i}", checkpoint=checkpoint, model_id="m", manifest={}, emulated_latency=None)
-                        for i in range(replicas)],
-              server_manifest=manifest or {}, shards="auto")
+def _scenario(
+    count: int,
+    fps: float,
+    robot: str = "reacher",
+    replicas: int = 3,
+    manifest: dict | None = None,
+    engine: dict | None = None,
+    profile: str = "wan_50ms",
+    checkpoint: str = "reacher",
+):
+    group = NS(
+        name="g",
+        count=count,
+        fps=fps,
+        robot=robot,
+        site="lab",
+        episode_s=2.0,
+        model_id="m",
+        engine=dict(HEADLINE_ENGINE if engine is None else engine),
+        engine_kind="remote",
+    )
+    return NS(
+        groups=[group],
+        robots=count,
+        sites={"lab": NS(profile=profile, overrides={})},
+        replicas=[
+            NS(id=f"r{i}", checkpoint=checkpoint, model_id="m", manifest={}, emulated_latency=None)
+            for i in range(replicas)
+        ],
+        server_manifest=manifest or {},
+        shards="auto",
+    )
 
 
 def _est(scenario, probe_ms: float = 29.6, forward: dict | None = None):
@@ -73,8 +106,15 @@ def test_the_estimate_scales_with_the_speed_probe():
 
 
 def test_the_measured_split_is_summed_by_kind():
-    split = {"shard:0": 50.0, "shard:1": 30.0, "server:r0": 10.0, "chaos-proxy": 6.0, "chaos-proxy-1": 4.0,
-             "router": 5.0, "runner": 2.0}
+    split = {
+        "shard:0": 50.0,
+        "shard:1": 30.0,
+        "server:r0": 10.0,
+        "chaos-proxy": 6.0,
+        "chaos-proxy-1": 4.0,
+        "router": 5.0,
+        "runner": 2.0,
+    }
     assert measured_by_kind(split) == {"shards": 0.8, "replicas": 0.1, "proxy": 0.1, "router": 0.05}
 
 
@@ -91,7 +131,6 @@ def test_a_nodes_proxy_processes_follow_its_robots_requests_and_its_spare_cpus()
     assert node_proxy_processes(100 * 1.27, sites=3, node_cpus=64, reserved_cpus=1.0) == 1  # a small node
     # 2,400 robots at 1 Hz, 0.5 requests each: 0.41 cores of proxy work, two loops under 25 % busy
     assert node_proxy_processes(2400 * 0.5, sites=3, node_cpus=16, reserved_cpus=3.0) == 2
-
 
 
 def test_a_local_runs_proxies_spread_over_the_cores_its_other_processes_leave():
@@ -124,16 +163,20 @@ def test_the_proxy_count_can_be_forced_and_never_exceeds_the_sites(monkeypatch):
 
 # --- the request rate an engine keeps (edge.remote's request point, walked through an episode) ---------------------
 
-@pytest.mark.parametrize("fps, engine, rtt_s, per_s", [
-    # measured per robot in runs on the 2-core VM (docs/bench.md "The cost model"): 30 Hz, 30-row chunks, 2 s episodes
-    (30.0, {"buffer_time_s": 0.3}, 0.10, 1.5),  # wan_50ms, run A's eu/us: every 20.0 ticks
-    (30.0, {"buffer_time_s": 0.4, "max_action_age_s": 2.0}, 0.16, 2.0),  # lte, run A's ap: every 15.1 ticks
-    (30.0, {"buffer_time_s": 0.5, "max_action_age_s": 1.0}, 0.002, 2.5),  # smoke on lan: every 12.0 ticks
-    # 10 Hz: the 30-row chunk goes stale at max_action_age_s, not at the buffer (run D: 0.996 and 0.501 a second)
-    (10.0, {"buffer_time_s": 0.3, "max_action_age_s": 1.5}, 0.10, 1.0),
-    (10.0, {"buffer_time_s": 0.4, "max_action_age_s": 2.0}, 0.16, 0.5),
-    (1.0, {"buffer_time_s": 0.3, "max_action_age_s": 1.5}, 0.10, 0.5),  # 1 Hz, 2-tick episodes: one each (run k4)
-])
+
+@pytest.mark.parametrize(
+    "fps, engine, rtt_s, per_s",
+    [
+        # measured per robot in runs on the 2-core VM (docs/bench.md "The cost model"): 30 Hz, 30-row chunks, 2 s episodes
+        (30.0, {"buffer_time_s": 0.3}, 0.10, 1.5),  # wan_50ms, run A's eu/us: every 20.0 ticks
+        (30.0, {"buffer_time_s": 0.4, "max_action_age_s": 2.0}, 0.16, 2.0),  # lte, run A's ap: every 15.1 ticks
+        (30.0, {"buffer_time_s": 0.5, "max_action_age_s": 1.0}, 0.002, 2.5),  # smoke on lan: every 12.0 ticks
+        # 10 Hz: the 30-row chunk goes stale at max_action_age_s, not at the buffer (run D: 0.996 and 0.501 a second)
+        (10.0, {"buffer_time_s": 0.3, "max_action_age_s": 1.5}, 0.10, 1.0),
+        (10.0, {"buffer_time_s": 0.4, "max_action_age_s": 2.0}, 0.16, 0.5),
+        (1.0, {"buffer_time_s": 0.3, "max_action_age_s": 1.5}, 0.10, 0.5),  # 1 Hz, 2-tick episodes: one each (run k4)
+    ],
+)
 def test_the_request_rate_follows_the_engines_request_point(fps, engine, rtt_s, per_s):
     assert requests_per_robot_s(fps, 2.0, 30, engine, rtt_s) == pytest.approx(per_s)
 
@@ -170,6 +213,7 @@ def test_a_group_asks_at_the_rate_of_the_chunk_its_replicas_serve(tmp_path):
 
 
 # --- a replica's forward cost: timed per checkpoint and host, cached, else the constant with the reason ----------
+
 
 def test_the_forward_cost_is_linear_between_batch_one_and_max_batch():
     c = ForwardCost(2.0, 8.0, 4, "measured")
@@ -214,14 +258,30 @@ def test_the_forward_cost_is_cached_by_the_checkpoints_content_and_not_measured_
     assert miss.source == "constant: ckpt not measured on this host yet" and miss.at_1 == 4.8
     from bench.run import forwardcost
 
-    key = {"checkpoint": checkpoint_hash(ckpt), "dtype": "float32", "execution_horizon": None,
-           "host": forwardcost._host(), "hyper_params": {}, "max_batch": 8, "torch_threads": 1}
+    key = {
+        "checkpoint": checkpoint_hash(ckpt),
+        "dtype": "float32",
+        "execution_horizon": None,
+        "host": forwardcost._host(),
+        "hyper_params": {},
+        "max_batch": 8,
+        "torch_threads": 1,
+    }
     # an entry timed the way 445e205 timed (its key had no `timing`): timed again, not read back
     cache.write_text(json.dumps({json.dumps(key, sort_keys=True): {"at_1": 2.0, "at_max": 9.0, "max_batch": 8}}))
     assert not forward_cost(manifest, 4.8, measure=False, cache=cache).measured
     # nor one timed before the key had the policy code's fingerprint
-    cache.write_text(json.dumps({json.dumps({**key, "timing": forwardcost.TIMING}, sort_keys=True):
-                                 {"at_1": 2.0, "at_max": 9.0, "max_batch": 8}}))
+    cache.write_text(
+        json.dumps(
+            {
+                json.dumps({**key, "timing": forwardcost.TIMING}, sort_keys=True): {
+                    "at_1": 2.0,
+                    "at_max": 9.0,
+                    "max_batch": 8,
+                }
+            }
+        )
+    )
     assert not forward_cost(manifest, 4.8, measure=False, cache=cache).measured
     key = json.dumps({**key, "timing": forwardcost.TIMING, "code": forwardcost.code_fingerprint()}, sort_keys=True)
     cache.write_text(json.dumps({key: {"at_1": 2.0, "at_max": 9.0, "max_batch": 8}}))
@@ -248,9 +308,17 @@ def test_a_change_to_the_policy_code_times_the_pass_again(tmp_path, monkeypatch)
     monkeypatch.setattr(forwardcost, "SOURCE_ROOT", _copy_code(tmp_path / "src"))
     ckpt = _fake_checkpoint(tmp_path / "ckpt")
     manifest = {"model": {"repo_or_path": str(ckpt)}, "scheduling": {"max_batch": 8}}
-    key = {"checkpoint": checkpoint_hash(ckpt), "code": forwardcost.code_fingerprint(), "dtype": "float32",
-           "execution_horizon": None, "host": forwardcost._host(), "hyper_params": {}, "max_batch": 8,
-           "timing": forwardcost.TIMING, "torch_threads": 1}
+    key = {
+        "checkpoint": checkpoint_hash(ckpt),
+        "code": forwardcost.code_fingerprint(),
+        "dtype": "float32",
+        "execution_horizon": None,
+        "host": forwardcost._host(),
+        "hyper_params": {},
+        "max_batch": 8,
+        "timing": forwardcost.TIMING,
+        "torch_threads": 1,
+    }
     cache = tmp_path / "forward_ms.json"
     cache.write_text(json.dumps({json.dumps(key, sort_keys=True): {"at_1": 2.0, "at_max": 9.0, "max_batch": 8}}))
     assert forward_cost(manifest, 4.8, measure=False, cache=cache).source == "cached"
@@ -258,7 +326,9 @@ def test_a_change_to_the_policy_code_times_the_pass_again(tmp_path, monkeypatch)
     assert forward_cost(manifest, 4.8, measure=False, cache=cache).source == "cached"
     guidance = tmp_path / "src" / "server" / "policies" / "flow_matching.py"  # the flow policy's RTC guidance
     guidance.write_text(guidance.read_text() + "\n# a faster guidance step\n")
-    assert forward_cost(manifest, 4.8, measure=False, cache=cache).source == "constant: ckpt not measured on this host yet"
+    assert (
+        forward_cost(manifest, 4.8, measure=False, cache=cache).source == "constant: ckpt not measured on this host yet"
+    )
 
 
 def test_the_code_fingerprint_covers_what_the_timing_child_imports_and_what_they_import():
@@ -271,9 +341,18 @@ def test_the_code_fingerprint_covers_what_the_timing_child_imports_and_what_they
     imported = {n.module for n in ast.walk(child) if isinstance(n, ast.ImportFrom) and n.module.startswith("server")}
     assert imported == set(forwardcost.CHILD_IMPORTS)
     files = {f.relative_to(forwardcost.SOURCE_ROOT).as_posix() for f in forwardcost.code_files()}
-    assert {"server/runtime.py", "server/processors.py", "server/policies/base.py", "server/policies/checkpoint.py",
-            "server/policies/flow_matching.py", "server/policies/flow_transformer.py", "server/policies/mlp_chunk.py",
-            "server/policies/stateful_chunk.py", "server/policies/no_chunk.py", "server/policies/layers.py"} <= files
+    assert {
+        "server/runtime.py",
+        "server/processors.py",
+        "server/policies/base.py",
+        "server/policies/checkpoint.py",
+        "server/policies/flow_matching.py",
+        "server/policies/flow_transformer.py",
+        "server/policies/mlp_chunk.py",
+        "server/policies/stateful_chunk.py",
+        "server/policies/no_chunk.py",
+        "server/policies/layers.py",
+    } <= files
     assert "server/service.py" not in files and not any(f.startswith(("bench/", "edge/")) for f in files)
 
 
@@ -310,8 +389,9 @@ def test_a_child_that_prints_no_timing_gives_the_constant_and_why_never_an_excep
     from bench.run import forwardcost
 
     ckpt = _fake_checkpoint(tmp_path / "ckpt")
-    monkeypatch.setattr(forwardcost.subprocess, "run",
-                        lambda *a, **kw: subprocess.CompletedProcess(a, 0, stdout=stdout, stderr=""))
+    monkeypatch.setattr(
+        forwardcost.subprocess, "run", lambda *a, **kw: subprocess.CompletedProcess(a, 0, stdout=stdout, stderr="")
+    )
     cache = tmp_path / "forward_ms.json"
     cost = forward_cost({"model": {"repo_or_path": str(ckpt)}}, 4.8, cache=cache)
     assert cost.at_1 == 4.8 and cost.source.startswith("constant: ckpt: timing its forward passes printed no timing")
@@ -376,9 +456,23 @@ def test_a_run_whose_report_cannot_fit_is_refused_with_exit_2_before_any_process
 
     repo = Path(__file__).resolve().parents[3]
     # a week of the headline: ~2.8 TB of records at once, on any host this suite runs on
-    proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", str(SCENARIOS_DIR / "300_robots_wan.yaml"),
-                           "--set", "duration_s=604800", "--reports", str(tmp_path)], cwd=repo, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.cli",
+            "run",
+            str(SCENARIOS_DIR / "300_robots_wan.yaml"),
+            "--set",
+            "duration_s=604800",
+            "--reports",
+            str(tmp_path),
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "the report of this run would hold" in proc.stderr and "Shorten duration_s to" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -23,8 +23,19 @@ def test_records_roundtrip_and_torn_tail(tmp_path):
     w = records.RecordWriter(tmp_path, "s0")
     buf = w.buffer("requests", chunk_rows=4)
     for i in range(10):
-        buf.append(robot=i, t=i * 0.1, seq=i, rtt_ms=10.0 + i, queue_wait_ms=1.0, inference_ms=5.0, network_ms=4.0,
-                   encode_ms=0.5, delay_steps=1, superseded_seqs=0, outcome="ok")
+        buf.append(
+            robot=i,
+            t=i * 0.1,
+            seq=i,
+            rtt_ms=10.0 + i,
+            queue_wait_ms=1.0,
+            inference_ms=5.0,
+            network_ms=4.0,
+            encode_ms=0.5,
+            delay_steps=1,
+            superseded_seqs=0,
+            outcome="ok",
+        )
     buf.flush()
     w.close()
     t = records.collect(tmp_path, "requests")
@@ -37,7 +48,9 @@ def test_records_roundtrip_and_torn_tail(tmp_path):
 def test_records_keep_float_vectors_and_strings(tmp_path):
     w = records.RecordWriter(tmp_path, "s1")
     buf = w.buffer("ticks", chunk_rows=8)
-    buf.append(robot=1, t=0.5, is_none=False, source="chunk", engine_state="STREAMING", action=np.array([0.1, 0.2], np.float32))
+    buf.append(
+        robot=1, t=0.5, is_none=False, source="chunk", engine_state="STREAMING", action=np.array([0.1, 0.2], np.float32)
+    )
     buf.append(robot=1, t=0.6, is_none=True, source="none", engine_state="STALLED", action=None)
     buf.flush()
     w.close()
@@ -54,10 +67,18 @@ def _shard_ticks(directory, tag, rows, chunk_rows=3):
     buf = w.buffer("ticks", chunk_rows=chunk_rows)
     for robot, t, seq in rows:
         none = seq % 4 == 0
-        buf.append(robot=robot, t=t, seq=seq, state_digest=seq * 2654435761 % 2**32, tick_class=seq % 3,
-                   lateness_ms=seq / 7, is_none=none, source="none" if none else "chunk",
-                   session_id=None if seq % 5 == 0 else f"s{seq:0{seq % 9}d}",
-                   action=None if none else np.arange(seq % 3, dtype=np.float32) + seq)
+        buf.append(
+            robot=robot,
+            t=t,
+            seq=seq,
+            state_digest=seq * 2654435761 % 2**32,
+            tick_class=seq % 3,
+            lateness_ms=seq / 7,
+            is_none=none,
+            source="none" if none else "chunk",
+            session_id=None if seq % 5 == 0 else f"s{seq:0{seq % 9}d}",
+            action=None if none else np.arange(seq % 3, dtype=np.float32) + seq,
+        )
     buf.flush()
     w.close()
     return w.path("ticks")
@@ -65,10 +86,12 @@ def _shard_ticks(directory, tag, rows, chunk_rows=3):
 
 def _rows(table):
     """Every column as a list, NaN as a string (NaN != NaN would fail an equal table)."""
+
     def plain(v):
         if isinstance(v, list):
             return [plain(x) for x in v]
         return "nan" if isinstance(v, float) and v != v else v
+
     return {name: [plain(v) for v in table.column(name).to_pylist()] for name in table.column_names}
 
 
@@ -83,13 +106,14 @@ def test_collect_sorted_is_the_global_sort_of_every_shards_ticks(tmp_path):
     rng = np.random.default_rng(5)
     seq = itertools.count(1)
     for k in range(3):
-        rows = [(r, float(slot // 2) * 0.5, next(seq)) for slot in range(40) for r in range(k, 9, 3)
-                if rng.random() < 0.8]
+        rows = [
+            (r, float(slot // 2) * 0.5, next(seq)) for slot in range(40) for r in range(k, 9, 3) if rng.random() < 0.8
+        ]
         if k == 2:
             rows = [(4, 1.0, next(seq)), (4, 0.0, next(seq)), (4, float("nan"), next(seq)), (4, 1.0, next(seq))] + rows
-        late = rows[len(rows) // 2:]
+        late = rows[len(rows) // 2 :]
         rng.shuffle(late)  # late rows out of time order (an engine's records drained late)
-        rows[len(rows) // 2:] = late
+        rows[len(rows) // 2 :] = late
         path = _shard_ticks(tmp_path, f"shard{k}", rows)
     path.write_bytes(path.read_bytes()[:-50])  # shard2 cut mid-batch by a crash
     (tmp_path / "ticks.shard9.arrow").write_bytes(b"")
@@ -131,7 +155,9 @@ def test_collect_sorted_refuses_stream_files_that_disagree_on_columns(tmp_path):
 
 
 def test_prometheus_parser_reads_samples_and_skips_garbage():
-    text = '# HELP x\npolicy_server_load 0.5\npolicy_server_queue_depth{model="m"} 3\nbroken line\nx_bucket{le="+Inf"} 7\n'
+    text = (
+        '# HELP x\npolicy_server_load 0.5\npolicy_server_queue_depth{model="m"} 3\nbroken line\nx_bucket{le="+Inf"} 7\n'
+    )
     got = parse_prometheus(text)
     assert ("policy_server_load", {}, 0.5) in got
     assert ("policy_server_queue_depth", {"model": "m"}, 3.0) in got
@@ -147,12 +173,20 @@ def test_cpu_sampler_attributes_a_busy_process():
 
     # a child of its own (no children of its own): this test process's tree may hold other tests' bench runs,
     # started in the background (tests/bench/scenario_runs.py), whose CPU the sampler rightly counts as ours
-    busy = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.stdin.readline()\n"
-                             # 0.4 s of CPU time, not of wall time: a loaded host stretches the window but not the
-                             # ticks to count, so the sampler's 10 ms tick quantisation stays a few per cent of it
-                             "end = time.thread_time() + 0.4\nwhile time.thread_time() < end: pass\n"
-                             "print('done', flush=True)\nsys.stdin.readline()\n"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    busy = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nsys.stdin.readline()\n"
+            # 0.4 s of CPU time, not of wall time: a loaded host stretches the window but not the
+            # ticks to count, so the sampler's 10 ms tick quantisation stays a few per cent of it
+            "end = time.thread_time() + 0.4\nwhile time.thread_time() < end: pass\n"
+            "print('done', flush=True)\nsys.stdin.readline()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         me = psutil.Process(busy.pid)
         s = CpuSampler(period_s=10)
@@ -186,8 +220,10 @@ def test_cpu_sampler_follows_a_restarted_process_and_keeps_reaped_children_out_o
     s.sample()
     first.wait()  # reaped by this process, the "runner": its CPU must not show up as the runner's
     # 0.2 s of its own CPU time (not wall time: a loaded host would give it little of a wall-clock stretch), then idle
-    spin = "import sys, time\nend = time.thread_time() + 0.2\nwhile time.thread_time() < end: pass\n" \
-           "print('spun', flush=True); sys.stdin.read()"
+    spin = (
+        "import sys, time\nend = time.thread_time() + 0.2\nwhile time.thread_time() < end: pass\n"
+        "print('spun', flush=True); sys.stdin.read()"
+    )
     second = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     current["pid"] = second.pid  # the replica came back under a new pid
     try:
@@ -205,9 +241,11 @@ def test_cpu_table_keeps_every_process_ever_sampled():
     from bench.run.samplelog import SampleLog
 
     samples = SampleLog()
-    for row in [{"t": -1.0, "host_percent": 10.0, "processes": {"router": 1.0}, "speed_probe_ms": 25.0},
-               {"t": 0.0, "host_percent": 90.0, "processes": {"router": 2.0, "server-r0": 40.0, "shard-0": 30.0}},
-               {"t": 1.0, "host_percent": 80.0, "processes": {"server-r0": 35.0, "shard-0": 31.0}}]:
+    for row in [
+        {"t": -1.0, "host_percent": 10.0, "processes": {"router": 1.0}, "speed_probe_ms": 25.0},
+        {"t": 0.0, "host_percent": 90.0, "processes": {"router": 2.0, "server-r0": 40.0, "shard-0": 30.0}},
+        {"t": 1.0, "host_percent": 80.0, "processes": {"server-r0": 35.0, "shard-0": 31.0}},
+    ]:
         samples.append(row)
     t = cpu_table(samples).to_pydict()
     assert t["t"] == [-1.0, 0.0, 1.0] and t["host_percent"] == [10.0, 90.0, 80.0]
@@ -240,10 +278,12 @@ def test_the_in_run_speed_probe_compares_with_the_probe_and_is_summarised():
 def test_hop_split_joins_audit_lines_on_the_client_stamp():
     from bench.run.collect import hop_split
 
-    rows = [{"outcome": "ok", "client_mono_ns": 1_000_000_000, "received_mono_ms": 1030.0, "sent_mono_ms": 1055.0},
-            {"outcome": "ok", "client_mono_ns": 2_000_000_000, "received_mono_ms": 2010.5, "sent_mono_ms": 2020.0},
-            {"outcome": "expired", "client_mono_ns": 3_000_000_000, "received_mono_ms": 3001.0, "sent_mono_ms": None},
-            {"outcome": "ok", "client_mono_ns": 4_000_000_000}]  # an older server: no timings
+    rows = [
+        {"outcome": "ok", "client_mono_ns": 1_000_000_000, "received_mono_ms": 1030.0, "sent_mono_ms": 1055.0},
+        {"outcome": "ok", "client_mono_ns": 2_000_000_000, "received_mono_ms": 2010.5, "sent_mono_ms": 2020.0},
+        {"outcome": "expired", "client_mono_ns": 3_000_000_000, "received_mono_ms": 3001.0, "sent_mono_ms": None},
+        {"outcome": "ok", "client_mono_ns": 4_000_000_000},
+    ]  # an older server: no timings
     sent = np.array([2_000_000_000, 1_000_000_000, 3_000_000_000, 4_000_000_000, 5_000_000_000, 0], np.int64)
     t_recv = np.array([2.05, 1.08, 3.5, 4.1, 5.1, 6.0])
     audit = pa.Table.from_pylist(rows)  # the first row names every column: the others are null where missing
@@ -256,23 +296,64 @@ def test_hop_split_joins_audit_lines_on_the_client_stamp():
     assert [len(x) for x in hop_split(sent, t_recv, pa.table({}))[:2]] == [6, 6]
 
 
-
 def test_server_overhead_is_the_replica_s_time_outside_queue_and_forward_pass_on_hop_split_s_line():
     """sent - received - queue wait - inference of the audit line hop_split joins (of two with one stamp, the
     same one), NaN where none matches, and kept where the split is dropped for its clocks: one replica's clock."""
     from bench.run.collect import audit_lines, hop_split, server_overhead
 
-    rows = [{"outcome": "ok", "client_mono_ns": 1_000_000_000, "received_mono_ms": 1030.0, "sent_mono_ms": 1055.0,
-             "queue_wait_ms": 4.0, "inference_ms": 12.0, "replica": "r0", "clock_uncertainty_ms": 0.0},
-            {"outcome": "ok", "client_mono_ns": 2_000_000_000, "received_mono_ms": 2011.0, "sent_mono_ms": 2030.0,
-             "queue_wait_ms": 0.0, "inference_ms": 0.0, "replica": "r1", "clock_uncertainty_ms": 0.0},
-            {"outcome": "ok", "client_mono_ns": 2_000_000_000, "received_mono_ms": 2010.5, "sent_mono_ms": 2020.0,
-             "queue_wait_ms": 1.5, "inference_ms": 6.0, "replica": "r0", "clock_uncertainty_ms": 0.0},
-            {"outcome": "expired", "client_mono_ns": 3_000_000_000, "received_mono_ms": 3001.0, "sent_mono_ms": None,
-             "queue_wait_ms": 400.0, "inference_ms": None, "replica": "r0", "clock_uncertainty_ms": 0.0},
-            # a replica on another host whose clock is unsure by far more than its 2 ms hops: no split
-            {"outcome": "ok", "client_mono_ns": 6_000_000_000, "received_mono_ms": 6002.0, "sent_mono_ms": 6010.0,
-             "queue_wait_ms": 3.0, "inference_ms": 4.0, "replica": "r9", "clock_uncertainty_ms": 50.0}]
+    rows = [
+        {
+            "outcome": "ok",
+            "client_mono_ns": 1_000_000_000,
+            "received_mono_ms": 1030.0,
+            "sent_mono_ms": 1055.0,
+            "queue_wait_ms": 4.0,
+            "inference_ms": 12.0,
+            "replica": "r0",
+            "clock_uncertainty_ms": 0.0,
+        },
+        {
+            "outcome": "ok",
+            "client_mono_ns": 2_000_000_000,
+            "received_mono_ms": 2011.0,
+            "sent_mono_ms": 2030.0,
+            "queue_wait_ms": 0.0,
+            "inference_ms": 0.0,
+            "replica": "r1",
+            "clock_uncertainty_ms": 0.0,
+        },
+        {
+            "outcome": "ok",
+            "client_mono_ns": 2_000_000_000,
+            "received_mono_ms": 2010.5,
+            "sent_mono_ms": 2020.0,
+            "queue_wait_ms": 1.5,
+            "inference_ms": 6.0,
+            "replica": "r0",
+            "clock_uncertainty_ms": 0.0,
+        },
+        {
+            "outcome": "expired",
+            "client_mono_ns": 3_000_000_000,
+            "received_mono_ms": 3001.0,
+            "sent_mono_ms": None,
+            "queue_wait_ms": 400.0,
+            "inference_ms": None,
+            "replica": "r0",
+            "clock_uncertainty_ms": 0.0,
+        },
+        # a replica on another host whose clock is unsure by far more than its 2 ms hops: no split
+        {
+            "outcome": "ok",
+            "client_mono_ns": 6_000_000_000,
+            "received_mono_ms": 6002.0,
+            "sent_mono_ms": 6010.0,
+            "queue_wait_ms": 3.0,
+            "inference_ms": 4.0,
+            "replica": "r9",
+            "clock_uncertainty_ms": 50.0,
+        },
+    ]
     sent = np.array([1_000_000_000, 2_000_000_000, 3_000_000_000, 5_000_000_000, 6_000_000_000, 0], np.int64)
     t_recv = np.array([1.08, 2.05, 3.5, 5.1, 6.012, 7.0])
     audit = pa.Table.from_pylist(rows)
@@ -291,10 +372,23 @@ def test_server_overhead_is_the_replica_s_time_outside_queue_and_forward_pass_on
     assert np.array_equal(hop_split(sent, t_recv, audit)[0], up, equal_nan=True)  # joined by hop_split itself
     assert np.isnan(server_overhead(audit_lines(sent, pa.table({})))).all()
 
+
 def test_progress_line_shows_states_and_figures():
-    line = format_status(12.0, 60, "run", {"states": {"STREAMING": 290, "STALLED": 10}, "ticks": 1000, "none_ticks": 10,
-                                          "late_ticks": 1, "host_late_ticks": 2, "rtt_ms_p50": 60.0, "rtt_ms_p99": 140.0},
-                         {"host_percent": 150.0})
+    line = format_status(
+        12.0,
+        60,
+        "run",
+        {
+            "states": {"STREAMING": 290, "STALLED": 10},
+            "ticks": 1000,
+            "none_ticks": 10,
+            "late_ticks": 1,
+            "host_late_ticks": 2,
+            "rtt_ms_p50": 60.0,
+            "rtt_ms_p99": 140.0,
+        },
+        {"host_percent": 150.0},
+    )
     assert "12.0/60s" in line and "STRE:290" in line and "none 1.0%" in line and "rtt p50 60 p99 140" in line
     assert "EXITED" not in line
     exited = format_status(12.0, 60, "run", {"states": {}, "unplanned_exits": ["server:r0", "router"]}, None)
@@ -330,8 +424,10 @@ class _Tty(__import__("io").StringIO):
 def _results():
     from types import SimpleNamespace as NS
 
-    return [NS(passed=True, error="", expression="dead_robots == 0", value=0),
-            NS(passed=False, error="", expression="rtt_ms_p99 < 50", value=72.5)]
+    return [
+        NS(passed=True, error="", expression="dead_robots == 0", value=0),
+        NS(passed=False, error="", expression="rtt_ms_p99 < 50", value=72.5),
+    ]
 
 
 def test_verdict_is_plain_lines_off_a_terminal_and_a_table_on_one():
@@ -341,11 +437,19 @@ def test_verdict_is_plain_lines_off_a_terminal_and_a_table_on_one():
 
     plain = io.StringIO()
     # every line of the error (a replica that did not start names its own error below), none of the runner's traceback
-    print_verdict("bench: t: FAIL -> r/summary.json", _results(),
-                  "boom\nserver-r0: cannot load\nTraceback (most recent call last):\n  File x", stream=plain)
-    assert plain.getvalue().splitlines() == ["bench: t: FAIL -> r/summary.json", "  PASS  dead_robots == 0  (value: 0)",
-                                             "  FAIL  rtt_ms_p99 < 50  (value: 72.5)", "  ERROR boom",
-                                             "        server-r0: cannot load"]
+    print_verdict(
+        "bench: t: FAIL -> r/summary.json",
+        _results(),
+        "boom\nserver-r0: cannot load\nTraceback (most recent call last):\n  File x",
+        stream=plain,
+    )
+    assert plain.getvalue().splitlines() == [
+        "bench: t: FAIL -> r/summary.json",
+        "  PASS  dead_robots == 0  (value: 0)",
+        "  FAIL  rtt_ms_p99 < 50  (value: 72.5)",
+        "  ERROR boom",
+        "        server-r0: cannot load",
+    ]
     tty = _Tty()
     print_verdict("bench: t: FAIL -> r/summary.json", _results(), stream=tty)
     out = tty.getvalue()
@@ -377,9 +481,11 @@ def test_sampler_records_memory_and_descriptors_and_follows_a_restart():
 
     from bench.evidence.figures import rss_growth_ratio
 
-    grow = "import sys, time\nblocks = []\nfor _ in range(30):\n    blocks.append(bytearray(2**20)); " \
-           "[b.__setitem__(slice(None), b'x' * len(b)) for b in blocks[-1:]]; time.sleep(0.02)\n" \
-           "print('done', flush=True); sys.stdin.read()"
+    grow = (
+        "import sys, time\nblocks = []\nfor _ in range(30):\n    blocks.append(bytearray(2**20)); "
+        "[b.__setitem__(slice(None), b'x' * len(b)) for b in blocks[-1:]]; time.sleep(0.02)\n"
+        "print('done', flush=True); sys.stdin.read()"
+    )
     child = subprocess.Popen([sys.executable, "-c", grow], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         s = CpuSampler(period_s=10)
@@ -387,12 +493,15 @@ def test_sampler_records_memory_and_descriptors_and_follows_a_restart():
         s.sample()
         assert child.stdout.readline() == "done\n"  # the child has touched 30 MB
         out = s.sample()
-        assert out["rss_mb"]["server:r0"] > 30 and out["fds"]["server:r0"] >= 3 and out["pids"]["server:r0"] == child.pid
+        assert (
+            out["rss_mb"]["server:r0"] > 30 and out["fds"]["server:r0"] >= 3 and out["pids"]["server:r0"] == child.pid
+        )
         assert out["rss_mb"]["runner"] > 0 and out["fds"]["runner"] > 0
         mem = s.memory(-1e9, 1e9)
         assert mem["server:r0"]["rss_mb_max"] > 30 and mem["server:r0"]["restarts"] == 0
         child.kill()  # not reaped yet: a zombie, as a shard that ended a moment before the run's last sample
         import time
+
         while open(f"/proc/{child.pid}/stat").read().split(")")[-1].split()[0] != "Z":
             time.sleep(0.01)  # no event says "the kernel made it a zombie"
         s.sample()
@@ -401,7 +510,9 @@ def test_sampler_records_memory_and_descriptors_and_follows_a_restart():
     finally:
         child.kill()
         child.wait()
-    assert rss_growth_ratio([100.0] * 20 + [110.0] * 10) == 0.1 and rss_growth_ratio([1.0] * 5) != rss_growth_ratio([1.0] * 5)
+    assert rss_growth_ratio([100.0] * 20 + [110.0] * 10) == 0.1 and rss_growth_ratio([1.0] * 5) != rss_growth_ratio(
+        [1.0] * 5
+    )
 
 
 def test_leftovers_name_a_live_child_and_a_new_shm_entry(tmp_path):
@@ -433,7 +544,9 @@ def test_list_rows_reads_an_arrow_list_column_as_to_pylist_does_for_seams():
     from bench.run.collect import ListRows
 
     acts = [None if i % 7 == 0 else [float(i), float(-i)] for i in range(1000)]
-    col = pa.chunked_array([pa.array(acts[:500]), pa.array(acts[500:])]).filter(pa.array([i % 3 != 0 for i in range(1000)]))
+    col = pa.chunked_array([pa.array(acts[:500]), pa.array(acts[500:])]).filter(
+        pa.array([i % 3 != 0 for i in range(1000)])
+    )
     rows = col.to_pylist()
     m = len(rows)
     robots, seqs, eps = np.repeat(np.arange(5), m // 5 + 1)[:m], np.arange(m) // 4, np.arange(m) // 50
@@ -451,8 +564,10 @@ def test_a_cluster_childs_actor_reads_its_cpu_on_its_node_and_the_sampler_merges
 
     from bench.run.cluster import ChildActorImpl
 
-    spin = ("import sys, time\nprint('up', flush=True)\nend = time.thread_time() + 0.3\n"
-            "while time.thread_time() < end: pass\nprint('spun', flush=True)\ntime.sleep(60)")
+    spin = (
+        "import sys, time\nprint('up', flush=True)\nend = time.thread_time() + 0.3\n"
+        "while time.thread_time() < end: pass\nprint('spun', flush=True)\ntime.sleep(60)"
+    )
     actor = ChildActorImpl("shard:0", [sys.executable, "-c", spin], str(tmp_path / "shard.log"), "spun", {}, 30.0)
     first = actor.usage()  # before the start: the node's figures, no process
     assert "cpu_s" not in first and first["cores"] >= 1 and first["host_total_s"] > first["host_busy_s"] > 0
@@ -462,8 +577,14 @@ def test_a_cluster_childs_actor_reads_its_cpu_on_its_node_and_the_sampler_merges
         for _ in range(2):  # the sampler's pulls; between them the child sleeps
             readings.append(actor.usage())
         assert readings[0]["pid"] == pid and readings[0]["cpu_s"] >= 0.3 and readings[0]["rss_mb"] > 1
-        pulls = iter([{}, {"shard:0": {**first, "pid": pid, "cpu_s": 0.0, "rss_mb": 1.0, "fds": 1}},
-                      {"shard:0": readings[0]}, {"shard:0": readings[1]}])
+        pulls = iter(
+            [
+                {},
+                {"shard:0": {**first, "pid": pid, "cpu_s": 0.0, "rss_mb": 1.0, "fds": 1}},
+                {"shard:0": readings[0]},
+                {"shard:0": readings[1]},
+            ]
+        )
         asked = []
         s = CpuSampler(period_s=10, clock=itertools.count(100.0).__next__)  # a sample a second; pulls carry their own
         s.track_remote("shard:0", "node 5d2dca76ab12 (nodeB, 10.0.0.2)")
@@ -490,6 +611,7 @@ def test_a_node_that_does_not_answer_leaves_the_sample_without_it():
 
     def silent(names):
         raise TimeoutError("no answer")
+
     s.remote_usage = silent
     s.sample()
     out = s.sample()
@@ -504,8 +626,10 @@ def test_a_process_read_through_its_node_matches_the_same_process_read_here():
 
     from bench.run.usage import node_usage
 
-    spin = ("import sys, time\nsys.stdin.readline()\nend = time.thread_time() + 0.3\n"
-            "while time.thread_time() < end: pass\nprint('spun', flush=True)\nsys.stdin.readline()")
+    spin = (
+        "import sys, time\nsys.stdin.readline()\nend = time.thread_time() + 0.3\n"
+        "while time.thread_time() < end: pass\nprint('spun', flush=True)\nsys.stdin.readline()"
+    )
     child = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         s = CpuSampler(period_s=10)

@@ -75,8 +75,13 @@ def test_a_replica_that_dies_unplanned_fails_the_run_and_the_run_goes_on(tmp_pat
     scenario = tmp_path / "unplanned.yaml"
     scenario.write_text(textwrap.dedent(SCENARIO))
     reports = tmp_path / "reports"
-    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(reports),
-                             "--quiet"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.cli", "run", str(scenario), "--reports", str(reports), "--quiet"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         r0, r1 = _pid_of(reports, "server:r0", deadline), _pid_of(reports, "server:r1", deadline)
@@ -126,17 +131,34 @@ def test_a_replica_that_dies_unplanned_fails_the_run_and_the_run_goes_on(tmp_pat
 
 
 def _judging(assertions: list[str]):
-    run = RunState(s=SimpleNamespace(assertions=[SimpleNamespace(expression=e) for e in assertions],
-                                     groups=[SimpleNamespace(name="lab")]))
+    run = RunState(
+        s=SimpleNamespace(
+            assertions=[SimpleNamespace(expression=e) for e in assertions], groups=[SimpleNamespace(name="lab")]
+        )
+    )
     return SimpleNamespace(implicit_checks=lambda top: implicit_checks(run, top))
 
 
 def _figures(fault_windows: list[dict], engine_raises: dict[int, int]):
-    robots = {"robot": np.array([0, 1]), "group": np.array(["lab", "lab"], dtype=object),
-              "site": np.array(["s", "s"], dtype=object), "fps": np.array([30.0, 30.0]),
-              "max_action_age_s": np.array([1.0, 1.0]), "shard": np.array([0, 0])}
-    data = figs.RunData(robots=robots, ticks={}, requests={}, transitions={}, episodes={}, loop={}, duration_s=10,
-                        fault_windows=fault_windows, engine_raises=engine_raises)
+    robots = {
+        "robot": np.array([0, 1]),
+        "group": np.array(["lab", "lab"], dtype=object),
+        "site": np.array(["s", "s"], dtype=object),
+        "fps": np.array([30.0, 30.0]),
+        "max_action_age_s": np.array([1.0, 1.0]),
+        "shard": np.array([0, 0]),
+    }
+    data = figs.RunData(
+        robots=robots,
+        ticks={},
+        requests={},
+        transitions={},
+        episodes={},
+        loop={},
+        duration_s=10,
+        fault_windows=fault_windows,
+        engine_raises=engine_raises,
+    )
     return figs.compute(data)[0]
 
 

@@ -52,13 +52,16 @@ def test_local_group_needs_no_replica_serving_its_model():
     assert s.groups[1].model_id == "reacher_finetune_b"  # no replica serves it: the shard loads it
 
 
-@pytest.mark.parametrize("change, path, words", [
-    (("      seeds_of: lan\n", "      seeds_of: lann\n"), "fleet.groups[1].seeds_of", "did you mean 'lan'"),
-    (("      seeds_of: lan\n", "      seeds_of: local\n"), "fleet.groups[1].seeds_of", "names no other group"),
-    (("      seeds_of: lan\n", "      shadow: {engine: rtc}\n"), "fleet.groups[1].shadow", "no remote engine"),
-    (("kind: local,", "kind: locale,"), "fleet.groups[1].engine.kind", "remote"),
-    (("trim: consumed", "latency_window: 0"), "fleet.groups[1].engine.latency_window", "positive integer"),
-])
+@pytest.mark.parametrize(
+    "change, path, words",
+    [
+        (("      seeds_of: lan\n", "      seeds_of: lann\n"), "fleet.groups[1].seeds_of", "did you mean 'lan'"),
+        (("      seeds_of: lan\n", "      seeds_of: local\n"), "fleet.groups[1].seeds_of", "names no other group"),
+        (("      seeds_of: lan\n", "      shadow: {engine: rtc}\n"), "fleet.groups[1].shadow", "no remote engine"),
+        (("kind: local,", "kind: locale,"), "fleet.groups[1].engine.kind", "remote"),
+        (("trim: consumed", "latency_window: 0"), "fleet.groups[1].engine.latency_window", "positive integer"),
+    ],
+)
 def test_local_group_errors_name_the_key(change, path, words):
     with pytest.raises(ScenarioError) as info:
         parse(TWO_GROUPS.replace(*change))
@@ -72,8 +75,12 @@ def test_baselines_pair_a_local_group_with_its_remote_twin():
     assert (b["local"], b["remote"], b["profile"], b["paired_seeds"]) == ("local", "lan", "lan", True)
     assert b["gap"] == pytest.approx(0.125)
     # without seeds_of: every remote group of the same robot type and policy; other policies are not twins
-    s = parse(TWO_GROUPS.replace("      seeds_of: lan\n", "").replace(
-        "      site: lab\n    - name: local", "      site: lab\n    - name: other\n      robot: reacher\n      count: 1\n"
-        "      site: lab\n      policy: reacher_finetune_b\n      model_id: reacher\n    - name: local"))
+    s = parse(
+        TWO_GROUPS.replace("      seeds_of: lan\n", "").replace(
+            "      site: lab\n    - name: local",
+            "      site: lab\n    - name: other\n      robot: reacher\n      count: 1\n"
+            "      site: lab\n      policy: reacher_finetune_b\n      model_id: reacher\n    - name: local",
+        )
+    )
     assert [(b["remote"], b["paired_seeds"]) for b in baselines(s.groups, figs, s.sites)] == [("lan", False)]
     assert baselines(s.groups, {}, s.sites)[0]["gap"] is None  # no figures: no gap, not a crash

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from bench.scenario.load import ScenarioError, SCENARIOS_DIR, load_scenario, parse_scenario, sweep_variants
+from bench.scenario.load import SCENARIOS_DIR, ScenarioError, load_scenario, parse_scenario, sweep_variants
 
 BASE = """\
 name: t
@@ -108,8 +108,9 @@ def test_group_rate_must_match_the_served_checkpoint_unless_resampling_is_allowe
     assert "15 Hz" in err.message and "trained at 30 Hz" in err.message and "allow_resampling" in err.message
     allowed = slow.replace("servers:\n", "servers:\n  manifest: {allow_resampling: true}\n")
     assert parse(allowed).groups[0].fps == 15
-    per_replica = slow.replace("{id: r0, checkpoint: reacher}",
-                               "{id: r0, checkpoint: reacher, manifest: {allow_resampling: true}}")
+    per_replica = slow.replace(
+        "{id: r0, checkpoint: reacher}", "{id: r0, checkpoint: reacher, manifest: {allow_resampling: true}}"
+    )
     assert parse(per_replica).groups[0].fps == 15
     # a manifest's trained_fps overrides the checkpoint's, for the server and for this check alike
     retimed = slow.replace("servers:\n", "servers:\n  manifest: {trained_fps: 15}\n")
@@ -121,8 +122,10 @@ def test_fault_target_must_exist():
     err = error_of(BASE + "faults:\n  - {at: 2, target: site:mars, action: partition, duration: 1}\n")
     assert err.path == "faults[0].target" and err.line == 19 and "site:lab" in err.message
     # the driver's router alone is a target of its own; a near miss is named
-    assert parse(BASE + "faults:\n  - {at: 2, target: 'router:hub', action: kill, duration: 1}\n").faults[0]["target"] \
+    assert (
+        parse(BASE + "faults:\n  - {at: 2, target: 'router:hub', action: kill, duration: 1}\n").faults[0]["target"]
         == "router:hub"
+    )
     err = error_of(BASE + "faults:\n  - {at: 2, target: 'router:hubs', action: kill, duration: 1}\n")
     assert err.path.startswith("faults") and err.line == 19 and "router:hub" in err.message
 
@@ -148,7 +151,9 @@ def test_sweep_key_must_exist():
     assert error_of(BASE + "sweep: {key: fleet.nothing, values: [1]}\n").path == "sweep.key"
 
 
-@pytest.mark.parametrize("path", sorted(SCENARIOS_DIR.glob("**/*.yaml")), ids=lambda p: str(p.relative_to(SCENARIOS_DIR)))
+@pytest.mark.parametrize(
+    "path", sorted(SCENARIOS_DIR.glob("**/*.yaml")), ids=lambda p: str(p.relative_to(SCENARIOS_DIR))
+)
 def test_shipped_scenarios_validate(path):
     s = load_scenario(path)
     assert s.description and s.assertions

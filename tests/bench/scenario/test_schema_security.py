@@ -30,18 +30,23 @@ def scenario(attacker: str, security: str = "mtls"):
 def test_all_expands_to_the_attacks_of_the_credentials_and_the_target_defaults_to_the_first_robot():
     s = scenario("{name: rogue}")
     (a,) = s.attackers
-    assert s.security == "mtls" and a["target"] == "honest/0" and "flood" in a["attacks"] and "connect" not in a["attacks"]
+    assert (
+        s.security == "mtls" and a["target"] == "honest/0" and "flood" in a["attacks"] and "connect" not in a["attacks"]
+    )
     (b,) = scenario("{name: x, credentials: foreign_ca}").attackers
     assert b["attacks"] == ["connect"]
 
 
-@pytest.mark.parametrize("attacker,words", [
-    ("{name: r, target: honest/5}", "attackers[0].target: 'honest/5' is not GROUP/INDEX"),
-    ("{name: r, attacks: [teleport]}", "attackers[0].attacks: ['teleport']"),
-    ("{name: r, credentials: stolen}", "attackers[0].credentials"),
-    ("{name: r, at: 30}", "attackers[0].at: 30 s is after the end of the run"),
-    ("{name: r, bogus: 1}", "attackers[0]"),
-])
+@pytest.mark.parametrize(
+    "attacker,words",
+    [
+        ("{name: r, target: honest/5}", "attackers[0].target: 'honest/5' is not GROUP/INDEX"),
+        ("{name: r, attacks: [teleport]}", "attackers[0].attacks: ['teleport']"),
+        ("{name: r, credentials: stolen}", "attackers[0].credentials"),
+        ("{name: r, at: 30}", "attackers[0].at: 30 s is after the end of the run"),
+        ("{name: r, bogus: 1}", "attackers[0]"),
+    ],
+)
 def test_bad_attackers_are_refused_with_file_and_line(attacker, words):
     with pytest.raises(ScenarioError) as e:
         scenario(attacker)

@@ -22,8 +22,11 @@ def test_robot_router_and_server_certificates_chain_to_the_ca_with_the_identity_
         assert common_name(cert) == cn
         cert.verify_directly_issued_by(ca)
         TlsFiles(files.ca, files.cert, files.key).check()
-    san = x509.load_pem_x509_certificate(open(router.cert, "rb").read()).extensions.get_extension_for_class(
-        x509.SubjectAlternativeName).value
+    san = (
+        x509.load_pem_x509_certificate(open(router.cert, "rb").read())
+        .extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        .value
+    )
     assert "localhost" in san.get_values_for_type(x509.DNSName)  # robots verify the router's name
 
 
@@ -42,8 +45,10 @@ def test_the_ca_is_reused_across_instances_and_another_pki_is_another_ca(tmp_pat
 
 
 def test_validity_can_be_set_for_expired_certificate_tests(tmp_path):
-    now = dt.datetime.now(dt.timezone.utc)
-    files = Pki(tmp_path / "pki").issue("old", not_before=now - dt.timedelta(days=3), not_after=now - dt.timedelta(days=1))
+    now = dt.datetime.now(dt.UTC)
+    files = Pki(tmp_path / "pki").issue(
+        "old", not_before=now - dt.timedelta(days=3), not_after=now - dt.timedelta(days=1)
+    )
     cert = x509.load_pem_x509_certificate(open(files.cert, "rb").read())
     assert cert.not_valid_after_utc < now
 
@@ -52,6 +57,7 @@ def test_a_router_certificate_names_the_addresses_it_listens_on_and_a_node_route
     pki = Pki(tmp_path)
     hub = x509.load_pem_x509_certificate(open(pki.router(hosts=("10.0.0.1", "head.example")).cert, "rb").read())
     node = x509.load_pem_x509_certificate(open(pki.node_router("5d2dca76ab12", "10.0.0.7").cert, "rb").read())
+
     def names(cert) -> set[str]:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         return {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} | set(san.get_values_for_type(x509.DNSName))
@@ -77,9 +83,14 @@ def test_a_validity_outside_1_to_3650_days_is_refused_before_any_file(tmp_path, 
     assert not (tmp_path / "pki").exists()
 
 
-@pytest.mark.parametrize("robot, says", [
-    ("*", "--robot '*' contains '*'"), ("a/b", "--robot 'a/b' contains '/'"), ("", "--robot is empty"),
-])
+@pytest.mark.parametrize(
+    "robot, says",
+    [
+        ("*", "--robot '*' contains '*'"),
+        ("a/b", "--robot 'a/b' contains '/'"),
+        ("", "--robot is empty"),
+    ],
+)
 def test_a_robot_name_the_key_layer_refuses_is_refused_before_any_file(tmp_path, capsys, robot, says):
     """A CN the router's rules cannot name: `*` was written as robot-*.pem, `a/b` and "" were tracebacks."""
     assert _pki("--dir", tmp_path / "pki", "--robot", "ok", "--robot", robot) == 2
@@ -108,7 +119,7 @@ def test_a_dir_that_is_a_file_or_holds_no_readable_ca_is_refused(tmp_path, capsy
 
 def test_an_expired_ca_is_not_reused(tmp_path, capsys):
     pki = Pki(tmp_path / "pki", days=1)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     old = pki.issue("old-ca", not_before=now - dt.timedelta(days=3), not_after=now - dt.timedelta(days=1))
     os.replace(old.cert, pki.ca_cert_path)  # any expired certificate with a key stands in for an expired CA
     os.replace(old.key, pki.ca_key_path)

@@ -87,7 +87,9 @@ def test_asynchronous_execution_keeps_the_arm_on_task_under_delay():
 
 
 def test_the_training_time_checkpoint_is_built_by_the_arms_training_time_recipe():
-    recipe = RTC_MODE_RECIPES[("arm", "flow_matching", "training_time")]  # `bench train --robot arm --rtc-mode training_time`
+    recipe = RTC_MODE_RECIPES[
+        ("arm", "flow_matching", "training_time")
+    ]  # `bench train --robot arm --rtc-mode training_time`
     assert recipe.rtc_mode == "training_time" and recipe.policy_type == "flow_matching"
     log = json.loads((TT_CKPT / "training.json").read_text())
     assert log["robot_type"] == "arm" and log["recipe"] == json.loads(json.dumps(asdict(recipe)))

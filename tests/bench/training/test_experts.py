@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.robots import ROBOT_TYPES, make_robot
 from bench.training.demos import collect_demos, evaluate_closed_loop
 from bench.training.experts import EXPERTS, expert_for
-from bench.robots import ROBOT_TYPES, make_robot
 
 TYPES = sorted(ROBOT_TYPES)
 
@@ -81,14 +81,14 @@ def test_evaluate_closed_loop_scores_an_expert_chunk_policy_and_its_seams():
     every_tick = evaluate_closed_loop("arm", lambda s: expert(s)[None], episodes=2, seed=3, replan_every=1)
     assert every_tick["success_rate"] == 1.0
     # Ten ticks of one repeated target: the arm lags the moving target and its command jumps at seams.
-    stale = evaluate_closed_loop("arm", lambda s: np.tile(expert(s), (10, 1)), episodes=2, seed=3,
-                                 replan_every=10)
+    stale = evaluate_closed_loop("arm", lambda s: np.tile(expert(s), (10, 1)), episodes=2, seed=3, replan_every=10)
     assert stale["mean_tracking_error"] > every_tick["mean_tracking_error"]
     assert stale["seam"]["seams"] > 0 and stale["seam"]["step_ratio"] > 1.0
     assert stale["held_ticks"] == 0
 
 
 def test_a_chunk_that_runs_out_sends_no_command_until_the_next_call():
-    result = evaluate_closed_loop("base", lambda s: np.array([[0.3, 0.0]] * 3), episodes=1, seed=0,
-                                  replan_every=10, episode_s=1.0)
+    result = evaluate_closed_loop(
+        "base", lambda s: np.array([[0.3, 0.0]] * 3), episodes=1, seed=0, replan_every=10, episode_s=1.0
+    )
     assert result["held_ticks"] == 30 - 3 * 3

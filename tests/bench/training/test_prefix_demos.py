@@ -65,8 +65,9 @@ def test_a_checkpoint_trained_for_guidance_refuses_the_training_time_strategy():
 
 
 def test_on_policy_requests_carry_the_rows_the_robot_executes_meanwhile():
-    states, chunks, rows = collect_on_policy_prefix_demos("reacher", CHECKPOINTS / "reacher_rtc_training_time", 1,
-                                                          50_000, 3)
+    states, chunks, rows = collect_on_policy_prefix_demos(
+        "reacher", CHECKPOINTS / "reacher_rtc_training_time", 1, 50_000, 3
+    )
     assert sorted(set(rows.tolist())) == [0, 1, 2, 3]  # each episode's first request follows nothing
     assert len(states) == len(chunks) == len(rows) and np.isfinite(chunks).all()
 

@@ -21,11 +21,19 @@ TINY = {"d_model": 16, "num_heads": 2, "num_layers": 1, "obs_layers": 1, "mlp_ra
 
 def test_the_transformer_training_time_recipe_trains_end_to_end(tmp_path, monkeypatch):
     key = ("reacher", "flow_transformer", "training_time")
-    tiny = replace(train.RTC_MODE_RECIPES[key], episodes=2, epochs=2, max_prefix_rows=2, on_policy_episodes=1,
-                   hyper_params=TINY, eval_episodes=0)
+    tiny = replace(
+        train.RTC_MODE_RECIPES[key],
+        episodes=2,
+        epochs=2,
+        max_prefix_rows=2,
+        on_policy_episodes=1,
+        hyper_params=TINY,
+        eval_episodes=0,
+    )
     monkeypatch.setitem(train.RTC_MODE_RECIPES, key, tiny)
-    path = train.train_robot_policy("reacher", tmp_path / "ckpt", seed=0, policy_type="flow_transformer",
-                                    rtc_mode="training_time", evaluate=False)
+    path = train.train_robot_policy(
+        "reacher", tmp_path / "ckpt", seed=0, policy_type="flow_transformer", rtc_mode="training_time", evaluate=False
+    )
     log = json.loads((path / TRAINING_LOG_FILE).read_text())
     assert log["recipe"]["policy_type"] == "flow_transformer" and log["recipe"]["epochs"] == 2
     assert log["on_policy_samples"] > 0 and log["prefix_rows_mean"] > 0  # the DAgger round ran on prefixed requests

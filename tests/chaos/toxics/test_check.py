@@ -97,14 +97,20 @@ class _TakesTheLatencyWord(Toxic):
 
 
 def test_a_toxic_that_drops_a_chunk_fails_naming_the_lost_bytes():
-    with pytest.raises(AssertionError, match=r"2400 bytes came and 1600 left; every chunk handed to the stub leaves "
-                                             r"it exactly once"):
+    with pytest.raises(
+        AssertionError,
+        match=r"2400 bytes came and 1600 left; every chunk handed to the stub leaves "
+        r"it exactly once",
+    ):
         check_toxic(_DropsEveryThird)
 
 
 def test_a_toxic_whose_state_is_shared_between_its_directions_fails():
-    with pytest.raises(AssertionError, match=r"second connection other bytes .* per-connection state belongs on the "
-                                             r"stub \(new_state\)"):
+    with pytest.raises(
+        AssertionError,
+        match=r"second connection other bytes .* per-connection state belongs on the "
+        r"stub \(new_state\)",
+    ):
         check_toxic(_CountsOnSelf, drops=True)
 
 
@@ -120,5 +126,7 @@ def test_a_toxic_that_drops_the_chunk_it_holds_when_cancelled_fails():
 
 
 def test_a_toxic_whose_type_word_is_registered_to_another_class_fails():
-    with pytest.raises(AssertionError, match=r"type_name 'latency' of _TakesTheLatencyWord is registered to LatencyToxic"):
+    with pytest.raises(
+        AssertionError, match=r"type_name 'latency' of _TakesTheLatencyWord is registered to LatencyToxic"
+    ):
         check_toxic(_TakesTheLatencyWord)

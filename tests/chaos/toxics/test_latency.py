@@ -29,7 +29,7 @@ def test_jitter_never_reorders_bytes(api, echo):
     api.add_toxic("p", "latency", {"latency": 5, "jitter": 5}, stream="downstream")
     payload = b"".join(i.to_bytes(2, "big") for i in range(500))
     for i in range(0, len(payload), 20):
-        s.sendall(payload[i:i + 20])
+        s.sendall(payload[i : i + 20])
     from tests.chaos.harness import recv_exactly
 
     assert recv_exactly(s, len(payload)) == payload

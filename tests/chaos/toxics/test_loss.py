@@ -8,13 +8,16 @@ from tests.chaos.harness import connect, proxy_to, recv_exactly, round_trip
 @pytest.fixture(autouse=True)
 def ours_only(proxy_server):
     if proxy_server.real_toxiproxy:
-        pytest.skip("`loss` is our toxic; the real Toxiproxy gets its stand-in (chaos.profiles.real_toxiproxy_equivalent)")
+        pytest.skip(
+            "`loss` is our toxic; the real Toxiproxy gets its stand-in (chaos.profiles.real_toxiproxy_equivalent)"
+        )
 
 
 def test_loss_stalls_but_never_loses_or_reorders(api, echo):
     s = connect(proxy_to(api, echo))
-    api.add_toxic("p", "loss", {"probability": 0.3, "rto_ms": 40, "max_rto_ms": 160, "segment_size": 0},
-                  stream="downstream")
+    api.add_toxic(
+        "p", "loss", {"probability": 0.3, "rto_ms": 40, "max_rto_ms": 160, "segment_size": 0}, stream="downstream"
+    )
     # the proxy's draws are not seeded: 150 round trips (~45 lost) make a run without a repeated loss (0.7^45,
     # ~1e-7) or a stall count outside the bounds (> 5 standard deviations) negligible; 40 failed ~1 % of runs.
     # The RTO is capped at 4x: uncapped, 7 losses in a row (~3 % of 150 round trips) stalled one past the
