@@ -5,7 +5,8 @@
 - `chaos.launch`: start the proxy server as a process (the real `toxiproxy-server` if on PATH).
 - `chaos.faults`: process faults (kill, term, pause, restart, restart_with) on a `ManagedProcess`.
 - `chaos.profiles`: named network profiles as lists of toxics.
-- `chaos.timeline`: the YAML fault timeline, its strict parser and its executor.
+- `chaos.grammar`: the YAML fault timeline's events, actions and strict parser.
+- `chaos.timeline`: the fault timeline's executor (re-exports the grammar).
 
 See docs/chaos.md.
 """
