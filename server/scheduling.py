@@ -16,7 +16,8 @@ Schedulers are not thread-safe; the Mailbox calls them under its lock.
 Strategies (`scheduling.strategy`): round_robin (default), deadline_aware, model_deadline,
 priority_tiered, batch_optimized; add one with `@register_scheduler("word")`. Scoring functions for
 deadline_aware and model_deadline (`scheduling.options.scoring`): `@register_scoring("word")`.
-`check_scheduler` turns the contract into a test any strategy can run.
+`check_scheduler` (server/scheduling_check.py, re-exported here) turns the contract into a test any strategy
+can run.
 """
 
 from __future__ import annotations
@@ -577,44 +578,5 @@ class BatchOptimizedScheduler(Scheduler):
         return min(self._oldest(g) for g in self._groups.values()) + self.batch_window_s
 
 
-# ---- the contract as a test -------------------------------------------------------------------------------------
-
-
-def check_scheduler(make: Callable[[], Scheduler], max_batch: int = 3) -> None:
-    """Assert the Scheduler contract on a fresh instance from `make` (raises AssertionError)."""
-    s = make()
-    assert len(s) == 0 and s.select(0.0, max_batch) == [] and s.depth() == 0
-    reqs = [
-        Request(
-            f"s{i}",
-            f"c{i}",
-            "m" if i % 3 else "n",
-            seq_id=1,
-            arrived=i * 0.001,
-            urgency=(i % 5) / 4,
-            priority=i % 2,
-            batch_key=i % 2,
-        )
-        for i in range(12)
-    ]
-    for r in reqs:
-        assert s.push(r) is None
-    assert len(s) == 12 and s.depth("n") == 4 and s.depth("m") == 8
-    newer = Request("s0", "c0", "n", seq_id=2, arrived=0.02, batch_key=0)
-    assert s.push(newer) is reqs[0], "push must return the replaced request of the same session"
-    assert len(s) == 12
-    assert s.remove("s1") is reqs[1] and s.remove("s1") is None and len(s) == 11
-    out: list[Request] = []
-    now = 0.05
-    while len(s):
-        batch = s.select(now, max_batch)
-        assert len(batch) <= max_batch
-        assert len({r.batch_key for r in batch}) <= 1, "a batch shares one batch_key"
-        out += batch
-        if not batch:
-            wake = s.next_wakeup(now)
-            assert wake is not None and wake > now, "a holding scheduler must say when to ask again"
-            now = wake
-    left = set(reqs[2:]) | {newer}
-    assert set(out) == left and len(out) == len(left), "every pending request is selected exactly once"
-    assert s.depth() == 0 and s.depth("m") == 0
+# the contract as a test: server/scheduling_check.py (imported last, as it reads this module's Request)
+from server.scheduling_check import check_scheduler  # noqa: E402
