@@ -16,8 +16,8 @@ Schedulers are not thread-safe; the Mailbox calls them under its lock.
 Strategies (`scheduling.strategy`): round_robin (default), deadline_aware, model_deadline,
 priority_tiered, batch_optimized; add one with `@register_scheduler("word")`. Scoring functions for
 deadline_aware and model_deadline (`scheduling.options.scoring`): `@register_scoring("word")`.
-`check_scheduler` (server/scheduling_check.py, re-exported here) turns the contract into a test any strategy
-can run.
+The contract's types and its test, `Request`, `Scheduler` and `check_scheduler`, live in
+server/scheduling_contract.py and are re-exported here.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from __future__ import annotations
 import heapq
 import inspect
 import itertools
-from abc import ABC, abstractmethod
-from collections import Counter, OrderedDict
+from abc import abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from server.scheduling_contract import Request, Scheduler, check_scheduler
 
 __all__ = [
     "Request",
@@ -56,25 +57,6 @@ __all__ = [
 # How long a partial batch waits for more sessions: the manifest's `scheduling.batch_window_ms` default
 # (server/manifest/sections.py takes it from here), held by batch_optimized or gathered by the Mailbox.
 DEFAULT_BATCH_WINDOW_MS = 2.0
-
-
-@dataclass(eq=False)  # identity equality: payloads are arrays, and two requests are never "the same" by value
-class Request:
-    """One observation waiting for inference, as the dispatch side sees it."""
-
-    session_id: str
-    client: str  # client uuid: the `client` metrics label
-    model: str  # model key: the `model` metrics label
-    seq_id: int
-    arrived: float  # server monotonic clock, seconds
-    urgency: float = 0.5  # 0 (can wait) .. 1 (critical), per observation
-    priority: int = 0  # 0 = highest
-    steps_remaining: int | None = None  # actions left in the robot's current chunk when it asked
-    cadence_s: float | None = None  # the session's expected request period
-    latency_budget_ms: float | None = None
-    batch_key: Hashable = None  # equal keys may share one forward pass
-    payload: Any = field(default=None, repr=False)
-    retries: int = 0
 
 
 # ---- deadline scoring ------------------------------------------------------------------------------------
@@ -196,96 +178,6 @@ def scoring_names() -> list[str]:
 
 
 register_scoring("deadline")(deadline_score)
-
-
-# ---- the contract --------------------------------------------------------------------------------------------
-
-
-class Scheduler(ABC):
-    """Pending requests of one mailbox, at most one per session, and the rule that picks the next batch.
-
-    The public contract is `push`, `remove`, `select`, `next_wakeup`, `len()` and `depth`. This base
-    keeps the per-session slots (latest-only) and the per-model counts; a strategy only orders them by
-    implementing `_enqueue`, `_dequeue` and `_select`, and calls `_take` for each request it selects.
-    """
-
-    name: ClassVar[str] = ""
-    # True: `select` itself holds a partial batch for a window (`next_wakeup` says until when), so the
-    # Mailbox adds no gather window of its own (one window, not two).
-    holds_batches: ClassVar[bool] = False
-
-    def __init__(self) -> None:
-        self._slots: dict[str, Request] = {}
-        self._per_model: Counter[str] = Counter()
-
-    def push(self, req: Request) -> Request | None:
-        """Make `req` its session's pending request; returns the request it replaced, if any."""
-        old = self._slots.get(req.session_id)
-        if old is not None:
-            self._count_out(old)
-        self._slots[req.session_id] = req
-        self._per_model[req.model] += 1
-        self._enqueue(req, old)
-        return old
-
-    def remove(self, session_id: str) -> Request | None:
-        """Drop that session's pending request and return it (None if it had none)."""
-        req = self._slots.pop(session_id, None)
-        if req is not None:
-            self._count_out(req)
-            self._dequeue(req)
-        return req
-
-    def select(self, now: float, max_batch: int = 1) -> list[Request]:
-        """Remove and return the next batch (same batch_key, <= max_batch); [] when empty or holding."""
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        if not self._slots:
-            return []
-        return self._select(now, max_batch)
-
-    def next_wakeup(self, now: float) -> float | None:
-        """When `select` may return something without another push (batch windows); None: only a push can."""
-        return None
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-    def depth(self, model: str | None = None) -> int:
-        """Pending sessions, of one model or of all."""
-        return len(self._slots) if model is None else self._per_model.get(model, 0)
-
-    def pending(self, session_id: str) -> Request | None:
-        return self._slots.get(session_id)
-
-    # -- what a strategy implements --
-    @abstractmethod
-    def _enqueue(self, req: Request, replaced: Request | None) -> None:
-        """Order `req`; `replaced` (same session) is no longer pending and must never be selected."""
-
-    @abstractmethod
-    def _dequeue(self, req: Request) -> None:
-        """Forget `req` (removed); lazy deletion is fine: `self._is_pending(req)` turns False."""
-
-    @abstractmethod
-    def _select(self, now: float, max_batch: int) -> list[Request]:
-        """Pick the batch among pending requests and `_take` each one."""
-
-    # -- helpers for strategies --
-    def _is_pending(self, req: Request) -> bool:
-        return self._slots.get(req.session_id) is req
-
-    def _take(self, req: Request) -> Request:
-        del self._slots[req.session_id]
-        self._count_out(req)
-        return req
-
-    def _count_out(self, req: Request) -> None:
-        n = self._per_model[req.model] - 1
-        if n:
-            self._per_model[req.model] = n
-        else:
-            del self._per_model[req.model]
 
 
 # ---- round_robin ---------------------------------------------------------------------------------------------
@@ -576,7 +468,3 @@ class BatchOptimizedScheduler(Scheduler):
         if not self._groups:
             return None
         return min(self._oldest(g) for g in self._groups.values()) + self.batch_window_s
-
-
-# the contract as a test: server/scheduling_check.py (imported last, as it reads this module's Request)
-from server.scheduling_check import check_scheduler  # noqa: E402
