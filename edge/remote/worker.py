@@ -37,7 +37,6 @@ from edge.remote.session import Session, camera_shapes
 log = logging.getLogger(__name__)
 
 S = EngineState
-NAN = float("nan")
 
 
 class Worker:
@@ -54,9 +53,8 @@ class Worker:
         latency_override: Callable[[int], float] | None = None,
     ):
         self.cfg, self.queue, self.tracker, self.counters, self.link = cfg, queue, tracker, counters, link
-        self.handoff, self.records, self.latency_override = handoff, records, latency_override
+        self.handoff = handoff
         self.dt = 1.0 / cfg.fps
-        self.A = len(cfg.action_names)
         self.session = Session(cfg, connection, wake=handoff.wake, nudge=handoff.nudge)
         self.backoff = Backoff(cfg, handoff.nudge, handoff.stop, counters)
         self.replies = Replies(cfg, queue, tracker, counters, link, handoff, records, self.session, latency_override)
