@@ -8,9 +8,10 @@
       mutate the registry, reply                         ──► metrics, audit line, debug capture
     client liveliness ──► mark lost ──► housekeeping thread garbage-collects after the grace period
 
-Owns: `PolicyServer` (start-up order, threads, dispatch loop, housekeeping, drain). Its planes are cut
+Owns: `PolicyServer` (start-up order, threads, housekeeping, drain). Its planes are cut
 along their pipelines: server/intake.py (the observation admission chain), server/control.py (status,
-session open, reset, liveliness), server/replies.py (chunks, error events, audit lines),
+session open, reset, liveliness), server/dispatcher.py (the dispatch loops and their forward passes),
+server/replies.py (chunks, error events, audit lines),
 server/router.py (the Zenoh session and its router); the planes see it through server/served.py
 (`Served`), never this module. Settings are read from the typed manifest
 (server.manifest.Manifest), whose defaults are the only ones.
@@ -39,6 +40,7 @@ from typing import Any
 
 from server.audit import AuditLog
 from server.control import ControlPlane, _control_header  # noqa: F401 - _control_header: its old import path
+from server.dispatcher import DISPATCH_FIFO_PRIORITY, DISPATCH_PRIORITY_LOG_TEXT, Dispatcher  # noqa: F401
 from server.guard import Guard
 from server.health import HealthServer
 from server.intake import Intake, state_shape_error  # noqa: F401 - state_shape_error: re-exported
@@ -46,20 +48,14 @@ from server.manifest import Manifest
 from server.metrics import Metrics, WindowedSketch
 from server.replies import Replies
 from server.router import RouterLink, StartCancelled, open_manifest_session  # noqa: F401 - re-exported
-from server.runtime import EmulatedLatency, InferItem, ModelRuntime, set_torch_threads
-from server.served import Pending
+from server.runtime import EmulatedLatency, ModelRuntime
 from server.sessions import ReplicaInfo, Session, SessionRegistry
 from wire import DrainNotice, Header, MsgType, ReplicaKeys
-from wire.procs import raise_priority
 from wire.tensors import Limits
 
 log = logging.getLogger("policy_server")
 
 READY_TEXT = "policy-server ready"
-
-
-DISPATCH_FIFO_PRIORITY = 4  # below the bench's chaos proxy (5) and its control loops (10): see docs/bench.md
-DISPATCH_PRIORITY_LOG_TEXT = "dispatch priority: "
 
 
 class OutputPathError(ValueError):
@@ -148,8 +144,6 @@ class PolicyServer:
         self._router_link: RouterLink | None = None  # alone only; inside a ServerProcess the process watches
         self._decl: list[Any] = []
         self._threads: list[threading.Thread] = []
-        self._inflight = 0
-        self._inflight_cv = threading.Condition()
         self.limits = Limits(**m.limits.to_dict())
         self.capture = None
         if m.debug.capture_dir:  # created here, before the model loads, so a path that cannot be is refused at once
@@ -162,9 +156,8 @@ class PolicyServer:
             )
         self.replies = Replies(self)  # the planes see this server as a server.served.Served
         self.intake, self.control = Intake(self, self.replies), ControlPlane(self)
+        self.dispatcher = Dispatcher(self, self.replies, self.stopped, self._spawn)
         self._loaded = loaded
-        self._dispatch_lock = threading.Lock()
-        self._dispatch_started = False  # dispatch loops start with this model's first request (design 003)
         self.health = None
 
     # --- start-up ----------------------------------------------------------------------------------
@@ -291,20 +284,8 @@ class PolicyServer:
         )
 
     def start_dispatch(self) -> None:
-        """This model's dispatch loops, `max_inflight` of them (models.known.<id> or models.default_max_inflight),
-        started by its first request."""
-        if self._dispatch_started:
-            return
-        with self._dispatch_lock:
-            if self._dispatch_started or self.stopped.is_set():
-                return
-            models = self.m.models
-            known = models.known.get(self.info.model_id)
-            inflight = known.max_inflight if known is not None else models.default_max_inflight
-            for i in range(inflight):
-                self._spawn(self._dispatch_loop, f"dispatch-{self.info.model_id}-{i}")
-            self._dispatch_started = True
-            log.info("dispatch of %s started (%d loops)", self.info.model_id, inflight)
+        """This model's dispatch loops (server.dispatcher), started by its first request."""
+        self.dispatcher.start()
 
     def _spawn(self, fn, name: str) -> None:
         t = threading.Thread(target=fn, name=name, daemon=True)
@@ -377,91 +358,6 @@ class PolicyServer:
         self.metrics.set("active_clients", active, model=model)
         self.metrics.set("load", active / cap if cap else 1.0, model=model)
 
-    # --- data plane: dispatch ----------------------------------------------------------------------
-
-    def _dispatch_loop(self) -> None:
-        set_torch_threads(self.m.torch_threads)  # per thread: see server.runtime.set_torch_threads
-        want = self.m.dispatch_priority
-        log.info(
-            "%s%s (asked: %s)",
-            DISPATCH_PRIORITY_LOG_TEXT,
-            raise_priority(want, DISPATCH_FIFO_PRIORITY, threading.get_native_id()),
-            want,
-        )
-        while not self.stopped.is_set():
-            batch = self.mailbox.take(self.max_batch, 0.25)  # the micro-batch window is the mailbox's
-            if batch.closed:
-                return
-            self.replies.expired(batch.expired)
-            reqs = list(batch.requests)
-            if not reqs:
-                continue
-            with self._inflight_cv:
-                self._inflight += 1
-                self._inflight_cv.notify_all()  # a drain waits for none in flight; a test for one
-            try:
-                self._run_batch(reqs, batch.queue_depth)
-            except Exception:
-                log.exception("dispatch failed for a batch of %d", len(reqs))
-                for _ in reqs:
-                    self.metrics.inc("dispatch_errors", model=self.info.model_id, error="internal")
-            finally:
-                with self._inflight_cv:
-                    self._inflight -= 1
-                    self._inflight_cv.notify_all()
-
-    def _run_batch(self, reqs: list, queue_depth: int) -> None:
-        t_pick = time.monotonic()
-        model = self.info.model_id
-        self.metrics.set("queue_depth", queue_depth, model=model)
-        self.metrics.observe("batch_size", len(reqs), model=model)
-        locked: list = []
-        items: list[InferItem] = []
-        for req in reqs:
-            p: Pending = req.payload
-            s = p.session
-            if not s.lock.acquire(blocking=False):  # this session's previous request is still in flight
-                if not self.mailbox.requeue(req).requeued:
-                    self.metrics.inc("superseded_requests", model=model)
-                continue
-            locked.append(req)
-            obs = p.obs
-            if obs.episode_start or s.reset_pending:
-                s.reset_pending = False
-                s.pipeline.reset()
-                if self.info.serving_mode == "exclusive":
-                    with self.runtime.forward_lock:
-                        self.runtime.reset_policy()
-            images = {name: obs.images[name] for name in self.info.cameras if name in obs.images}
-            items.append(
-                InferItem(
-                    s.pipeline,
-                    obs.state,
-                    images,
-                    obs.inference_delay_steps,
-                    obs.prefix_model,
-                    obs.prefix_robot,
-                    rtc=s.rtc_enabled,
-                )
-            )
-        try:
-            if not items:
-                return
-            results = self.runtime.infer(items)
-            captured, sent = [], []
-            for req, res in zip(locked, results):  # every reply first: none waits for its neighbours' bookkeeping
-                body = self.replies.answer(req, res, t_pick, sent)
-                if body is not None and self.capture is not None and req.payload.raw is not None:
-                    p = req.payload
-                    captured.append((p.session, p.header, p.raw, body))
-            for args in sent:
-                self.replies.book(*args)
-            if self.capture is not None:
-                self.capture.record_batch(captured)
-        finally:
-            for req in locked:
-                req.payload.session.lock.release()
-
     # --- housekeeping, drain, stop -----------------------------------------------------------------
 
     def _housekeeping(self) -> None:
@@ -495,9 +391,7 @@ class PolicyServer:
                 s.publisher.put(notice.encode(), attachment=Header(1, MsgType.EVENT, 0, s.episode_id).pack())
             except Exception:
                 self.metrics.inc("send_errors", model=self.info.model_id)
-        with self._inflight_cv:
-            while self._inflight and time.monotonic() < deadline:
-                self._inflight_cv.wait(max(0.0, deadline - time.monotonic()))
+        self.dispatcher.wait_idle(deadline)
         log.info("drained (%s): %d sessions notified", reason, len(self.sessions))
         self.stop()
 
@@ -507,9 +401,8 @@ class PolicyServer:
         self.stopped.set()
         if hasattr(self, "mailbox"):
             self.mailbox.close()
-        with self._dispatch_lock:  # no dispatch loop starts after this
-            self._dispatch_started = True
-            threads = list(self._threads)
+        self.dispatcher.close()  # no dispatch loop starts after this
+        threads = list(self._threads)
         for t in threads:
             t.join(timeout=5)
         tok = getattr(self, "_token", None)

@@ -15,7 +15,8 @@ The package is cut along that pipeline, one module a stage:
     plan.py      the execution plan: when to ask again, as pure functions of the measured delay
     link.py      the link state machine as a transition table, and the reconnect back-off
     session.py   the connection and the handshake that opens (and reopens) a session
-    worker.py    the network worker: the run loop, one request, the replies it merges or refuses
+    worker.py    the network worker: the run loop, when to ask, one request
+    replies.py   the outstanding request and the chunks and events that answer it: merged or refused
     fallback.py  the fallback ladder get_action climbs down: fresh action, stale, STALLED's fallback
     engine.py    RemoteEngine, the facade (edge.engine.Engine) that wires them
 
@@ -23,7 +24,7 @@ Invariants (each kept in the module named):
 - `get_action()` never does I/O, never raises for a network or server fault, holds locks for microseconds, and
   never returns an action whose source observation is older than `max_action_age_s` (fallback.py).
 - A chunk is merged only if it answers the latest outstanding request of the current session epoch and episode
-  and is sound (worker.py); a model other than the first one acknowledged is never executed (session.py: DEAD).
+  and is sound (replies.py); a model other than the first one acknowledged is never executed (session.py: DEAD).
 - DEAD is final, and is said (state, reason) before the shutdown event is set (link.py).
 - Only monotonic clocks; no wall-clock instant crosses the wire.
 """

@@ -93,8 +93,8 @@ class RemoteEngine(Engine):
         if self._thread is not None:
             return
         w = self._worker
-        w.last_ok = time.monotonic()  # the offline clock starts now (anything from the server restarts it)
-        w.last_merged = w.last_ok  # the DEGRADED clock (a merged chunk restarts it)
+        w.replies.last_ok = time.monotonic()  # the offline clock starts now (anything from the server restarts it)
+        w.replies.last_merged = w.replies.last_ok  # the DEGRADED clock (a merged chunk restarts it)
         link.fire("start", "start")
         self._thread = threading.Thread(target=w.run, name=f"remote-engine {self.cfg.client_uuid}", daemon=True)
         self._thread.start()
@@ -143,7 +143,7 @@ class RemoteEngine(Engine):
         if self._handoff.stop.is_set() or self._link.state == S.DEAD:
             return "stopped"  # its session is closed: no new one (a driver's get_action must not raise)
         if self._link.state == S.STOPPED:
-            self._worker.last_ok = self._worker.last_merged = time.monotonic()
+            self._worker.replies.last_ok = self._worker.replies.last_merged = time.monotonic()
             self._link.fire("step", "step_once")
         return self._worker.step(timeout_s)
 
@@ -199,7 +199,7 @@ class RemoteEngine(Engine):
 
     @property
     def last_error(self) -> str:
-        return self._worker.last_error
+        return self._worker.replies.last_error
 
     @property
     def stats(self) -> dict[str, Any]:

@@ -12,114 +12,31 @@ Invariants:
 - A chunk's row 0 belongs to its observation's tick: the prefix starts with the action executed on that tick and
   the merge counts it as consumed (the queue's snapshot taken in notify_observation).
 - A chunk is merged only if it answers the latest outstanding request of the current session epoch and episode,
-  and only if it is sound (`chunk_problem`: this session's, `chunk_size` rows, the queue's invariant of finite rows
-  of `len(action_names)`, the request's own `client_mono_ns` and episode echoed); a bad one is counted
-  (`bad_chunks`), fails its request like a timeout and never answers the offline clock.
+  and only if it is sound: edge.remote.replies judges and merges what arrives.
 - Only monotonic clocks; no wall-clock instant crosses the wire.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from edge.engine import EngineState
 from edge.latency import LatencyTracker
-from edge.queue import ActionQueue, check_chunk, fit_prefix
+from edge.queue import ActionQueue, fit_prefix
 from edge.remote.handoff import Handoff
 from edge.remote.link import Backoff, Link
 from edge.remote.plan import ExecutionPlan, delay_steps, is_due, plan_execution
+from edge.remote.replies import Replies
 from edge.remote.session import Session, camera_shapes
 
 log = logging.getLogger(__name__)
 
 S = EngineState
-NAN = float("nan")
-
-
-@dataclass(frozen=True)
-class Meta:
-    """Provenance of a merged chunk (shared by its rows)."""
-
-    session_id: str
-    seq_id: int
-    episode_id: int
-    t_obs: float  # monotonic s when the source observation was taken
-
-
-def chunk_problem(r, m, action_dim: int) -> str:
-    """Why a chunk cannot be executed whatever it answers ("" if it can): another session's, another size than
-    the session's chunk_size, or the queue's refusal (not floating point, not (chunk_size, len(action_names)) in
-    both spaces, a NaN or an infinity). Checked here, on the worker, as the chunk arrives: never per tick."""
-    ack = m.ack if m is not None else None
-    if ack is None or r.session_epoch != m.epoch:
-        return ""  # another session's: never merged (late), nothing to judge it by
-    if r.session_id != ack.session_id:
-        return f"it names session {r.session_id!r}; this session is {ack.session_id!r}"
-    for name in ("chunk_model", "chunk_robot"):
-        rows = np.shape(getattr(r, name))[:1]
-        if rows != (ack.chunk_size,):
-            return f"{name} has shape {np.shape(getattr(r, name))}; the session's chunks have {ack.chunk_size} rows"
-    try:
-        check_chunk(r.chunk_model, r.chunk_robot, action_dim)
-    except ValueError as exc:
-        return str(exc)
-    return ""
-
-
-def unanswered_record(
-    seq, delay, encode_ms, send_lag_ms, outcome: str, execution_steps: int, steps_remaining: int
-) -> dict:
-    """The record of a request that got no chunk (no round trip to report)."""
-    return {
-        "t": time.monotonic(),
-        "seq": seq,
-        "rtt_ms": NAN,
-        "queue_wait_ms": NAN,
-        "inference_ms": NAN,
-        "network_ms": NAN,
-        "encode_ms": encode_ms,
-        "send_lag_ms": send_lag_ms,
-        "merge_lag_ms": NAN,
-        "delay_steps": delay,
-        "execution_steps": execution_steps,
-        "steps_remaining": steps_remaining,
-        "superseded_seqs": 0,
-        "outcome": outcome,
-    }
-
-
-def merged_record(r, out: tuple, real_delay: int, merged_at: float, execution_steps: int, steps_remaining: int) -> dict:
-    """The record of the outstanding request `out` answered by the chunk `r`, merged at `merged_at`."""
-    seq, _epoch, _episode, _t_obs, _idx_before, delay, encode_ms, send_lag_ms, _sent_ns = out
-    rtt_ms = r.rtt_s * 1e3
-    return {
-        "t": r.t_recv,
-        "seq": seq,
-        "rtt_ms": rtt_ms,
-        "queue_wait_ms": r.queue_wait_ms,
-        "inference_ms": r.inference_ms,
-        "network_ms": rtt_ms - r.queue_wait_ms - r.inference_ms,
-        "encode_ms": encode_ms,
-        "send_lag_ms": send_lag_ms,
-        # from the chunk's arrival (Zenoh's callback) to its merge here, on this worker
-        "merge_lag_ms": (merged_at - r.t_recv) * 1e3,
-        "delay_steps": delay,
-        # from the first router routing the chunk to its arrival here (its Zenoh timestamp)
-        "downlink_from_router_ms": (r.t_recv * 1e9 - r.routed_ns) / 1e6 if r.routed_ns else math.nan,
-        "execution_steps": execution_steps,
-        "steps_remaining": steps_remaining,
-        "superseded_seqs": r.superseded_seqs,
-        "outcome": "ok",
-        "real_delay": real_delay,
-        "sent_ns": r.sent_ns,
-    }
 
 
 class Worker:
@@ -136,23 +53,15 @@ class Worker:
         latency_override: Callable[[int], float] | None = None,
     ):
         self.cfg, self.queue, self.tracker, self.counters, self.link = cfg, queue, tracker, counters, link
-        self.handoff, self.records, self.latency_override = handoff, records, latency_override
+        self.handoff = handoff
         self.dt = 1.0 / cfg.fps
-        self.A = len(cfg.action_names)
         self.session = Session(cfg, connection, wake=handoff.wake, nudge=handoff.nudge)
         self.backoff = Backoff(cfg, handoff.nudge, handoff.stop, counters)
+        self.replies = Replies(cfg, queue, tracker, counters, link, handoff, records, self.session, latency_override)
         self.ready = False  # a replica said it is warmed up
-        self.last_error = ""
-        self.last_ok = self.last_merged = time.monotonic()  # the offline and DEGRADED clocks (start() restarts them)
-        # the request in flight: (seq, epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms, sent_ns)
-        self.outstanding: tuple | None = None
-        self.abandoned_seq: int | None = None  # the request an episode reset stopped waiting for (request)
-        self.pending_outcome: str | None = None  # a drain or UNKNOWN_SESSION read while draining the inbox
         self.sent_version = -1  # the handoff slot's version last sent
         self.timeouts_in_row = 0
         self.started_episode = -1  # the episode whose episode_start went out (worker-owned: no race with reset)
-        self.execution_steps = 0  # s of the request last sent (its records report it)
-        self.steps_remaining = 0  # the queue's length when the last request left (its records carry it)
         self._warned_plans: set[tuple[int, int, int]] = set()  # (d, s, H) already warned about
 
     # --- the run loop: sessions, back-off, outcomes --------------------------------------------------------
@@ -163,13 +72,13 @@ class Worker:
         exclude: set[str] = set()
         opened_at_chunks = -1  # counters["chunks"] when the current session opened
         while not stop.is_set() and link.state != S.DEAD:
-            offline = time.monotonic() - self.last_ok
+            offline = time.monotonic() - self.replies.last_ok
             if not self.session.acked or link.state in (S.CONNECTING, S.RECONNECTING):
                 if offline > cfg.max_offline_s:
                     link.fire(
                         "fatal",
                         f"offline for more than max_offline_s={cfg.max_offline_s:g} s "
-                        f"({self.last_error or 'no server'})",
+                        f"({self.replies.last_error or 'no server'})",
                     )
                     break
                 self.handoff.nudge.clear()  # a replica token appearing from now on cuts the backoff below
@@ -201,19 +110,19 @@ class Worker:
                     if self.backoff.wait(backoff):
                         break
                     backoff = self.backoff.grown(backoff)
-            elif outcome in ("timeout", "error") and time.monotonic() - self.last_ok > cfg.max_offline_s:
+            elif outcome in ("timeout", "error") and time.monotonic() - self.replies.last_ok > cfg.max_offline_s:
                 link.fire(
                     "fatal",
-                    f"no chunk for more than max_offline_s={cfg.max_offline_s:g} s ({self.last_error or 'timeouts'})",
+                    f"no chunk for more than max_offline_s={cfg.max_offline_s:g} s ({self.replies.last_error or 'timeouts'})",
                 )
         self.session.close()
 
     def handshake(self, exclude: set[str]) -> bool:
         opened = self.session.open(
-            exclude, self.tracker.p95(), self.last_ok + self.cfg.max_offline_s, self._camera_shapes
+            exclude, self.tracker.p95(), self.replies.last_ok + self.cfg.max_offline_s, self._camera_shapes
         )
         if opened.error:
-            self.last_error = opened.error
+            self.replies.last_error = opened.error
         if opened.fatal:
             self.link.fire("fatal", opened.fatal)
         ack = opened.ack
@@ -228,8 +137,10 @@ class Worker:
             self.queue.set_rtc_enabled(False)
         if ack.warmed_up:
             self.ready = True
-        self.outstanding = None
-        self.pending_outcome = None  # an event about the previous session (e.g. its drain) is not about this one
+        self.replies.outstanding = None
+        self.replies.pending_outcome = (
+            None  # an event about the previous session (e.g. its drain) is not about this one
+        )
         self.started_episode = -1  # a new session starts its first episode with episode_start
         self.link.fire(
             "session_paused" if self.handoff.paused else "session", f"session {ack.session_id} on {ack.replica_id}"
@@ -288,11 +199,11 @@ class Worker:
         # wait for: a fresh observation, queue playback under the buffer, not paused
         while not h.stop.is_set():
             h.wake.clear()
-            self._drain_inbox()  # late chunks, events
+            self.replies.drain_inbox()  # late chunks, events
             if m.server_lost.is_set():
                 return "lost"
-            if self.pending_outcome:
-                out, self.pending_outcome = self.pending_outcome, None
+            if self.replies.pending_outcome:
+                out, self.replies.pending_outcome = self.replies.pending_outcome, None
                 return out
             slot = h.latest()
             # a request carries an observation not sent yet and taken while the queue was at or under the
@@ -319,7 +230,8 @@ class Worker:
                 timeout = buffered + self.dt + 1e-3
                 if self.link.state == S.STREAMING:
                     timeout = min(
-                        timeout, max(self.last_merged + self.cfg.degraded_after_s - time.monotonic(), 0.0) + 1e-3
+                        timeout,
+                        max(self.replies.last_merged + self.cfg.degraded_after_s - time.monotonic(), 0.0) + 1e-3,
                     )
                 timeout = min(timeout, 1.0)
             else:
@@ -330,18 +242,18 @@ class Worker:
             return "stopped"
         obs, t_obs, version, episode, _due, at_obs = slot
         self.sent_version = version
-        self.execution_steps = plan.execution_steps
+        self.replies.execution_steps = plan.execution_steps
         return self.request(m, obs, t_obs, episode, at_obs)
 
     def _on_reset_reply(self, acked: bool) -> None:  # on Zenoh's thread
         if acked:
             self.counters["resets_acked"] += 1
-            self.last_ok = time.monotonic()  # the server holds this session: not offline (see handle)
+            self.replies.last_ok = time.monotonic()  # the server holds this session: not offline (see handle)
 
     def _check_degraded(self) -> None:
         if (
             self.link.state == S.STREAMING
-            and time.monotonic() - self.last_merged > self.cfg.degraded_after_s
+            and time.monotonic() - self.replies.last_merged > self.cfg.degraded_after_s
             and self.queue.qsize() > 0
         ):
             self.link.fire("no_chunk", f"no chunk for {self.cfg.degraded_after_s:g} s")
@@ -359,7 +271,9 @@ class Worker:
             prefix_model = fit_prefix(left_model, H)
             prefix_robot = fit_prefix(left_robot, H)
         delay = self.delay_steps()
-        remaining = self.steps_remaining = self.queue.qsize()  # actions left as it leaves (wire: steps_remaining)
+        remaining = self.replies.steps_remaining = (
+            self.queue.qsize()
+        )  # actions left as it leaves (wire: steps_remaining)
         t0 = time.monotonic()
         images = {n: (obs.get("images") or {})[n] for n in c.cameras if n in (obs.get("images") or {})}
         episode_start = episode != self.started_episode
@@ -377,7 +291,7 @@ class Worker:
                 **({"task": obs["task"]} if obs.get("task") else {}),
             )
         except Exception as exc:
-            self.last_error = f"observe failed: {type(exc).__name__}: {exc}"
+            self.replies.last_error = f"observe failed: {type(exc).__name__}: {exc}"
             self.counters["errors"] += 1
             return "error"
         self.started_episode = episode
@@ -386,27 +300,39 @@ class Worker:
         # from the observation's tick to this worker taking it up: its wake-up (on a bench shard, every engine's
         # worker shares a process and its GIL with the control loop, so this is where a busy shard shows)
         send_lag_ms = (t0 - t_obs) * 1e3
-        self.outstanding = (seq, m.epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms, m.last_sent_ns)
+        self.replies.outstanding = (
+            seq,
+            m.epoch,
+            episode,
+            t_obs,
+            idx_before,
+            delay,
+            encode_ms,
+            send_lag_ms,
+            m.last_sent_ns,
+        )
         deadline = t0 + c.request_timeout_s
         while not h.stop.is_set():
             if h.episode != episode:
                 # The episode ended while this request was in flight: its chunk would be discarded on arrival,
                 # so waiting for it only delays the new episode's first request by the rest of a round trip.
                 # Abandoned, not timed out: its chunk, if it comes, is counted as discarded.
-                self.abandoned_seq = seq
-                self.outstanding = None
-                self._record_timeout(seq, delay, encode_ms, "abandoned", sent_ns=int(t0 * 1e9), send_lag_ms=send_lag_ms)
+                self.replies.abandoned_seq = seq
+                self.replies.outstanding = None
+                self.replies.record_timeout(
+                    seq, delay, encode_ms, "abandoned", sent_ns=int(t0 * 1e9), send_lag_ms=send_lag_ms
+                )
                 return "ok"
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             r = m.get_result(min(left, 0.25) * 1e3)
             if m.server_lost.is_set():
-                self._record_timeout(seq, delay, encode_ms, "lost", send_lag_ms=send_lag_ms)
+                self.replies.record_timeout(seq, delay, encode_ms, "lost", send_lag_ms=send_lag_ms)
                 return "lost"
             if r is None:
                 continue
-            outcome = self.handle(r)
+            outcome = self.replies.handle(r)
             if outcome == "merged":
                 self.timeouts_in_row = 0
                 return "ok"
@@ -426,135 +352,9 @@ class Worker:
         # timed out: the request stays outstanding (a late answer may still be merged)
         self.counters["timeouts"] += 1
         self.timeouts_in_row += 1
-        self._record_timeout(seq, delay, encode_ms, "timeout", send_lag_ms=send_lag_ms)
+        self.replies.record_timeout(seq, delay, encode_ms, "timeout", send_lag_ms=send_lag_ms)
         self.link.fire("request_failed", "request timed out")
         if self.timeouts_in_row >= c.timeout_streak:
             self.timeouts_in_row = 0
             return "streak"
         return "timeout"
-
-    def _record_timeout(
-        self, seq, delay, encode_ms, outcome, sent_ns: int | None = None, send_lag_ms: float = NAN
-    ) -> None:
-        """The record of a request that got no chunk: timeout, lost, abandoned."""
-        rec = unanswered_record(seq, delay, encode_ms, send_lag_ms, outcome, self.execution_steps, self.steps_remaining)
-        if sent_ns is not None:
-            rec["sent_ns"] = sent_ns
-        self.records.append(rec)
-
-    def _record_failed(self, out, outcome: str) -> None:
-        """The record of a request answered with an error or a bad chunk."""
-        self.records.append(
-            unanswered_record(out[0], out[5], out[6], out[7], outcome, self.execution_steps, self.steps_remaining)
-        )
-
-    # --- replies -----------------------------------------------------------------------------------------------
-
-    def _drain_inbox(self) -> None:
-        m = self.session.model
-        while True:
-            r = m.poll()
-            if r is None:
-                return
-            outcome = self.handle(r)
-            if outcome in ("drain", "unknown_session"):
-                self.pending_outcome = outcome
-
-    def _refuse_chunk(self, out, problem: str) -> str:
-        """The outstanding request's chunk is unusable: the request failed (a bad chunk, counted and recorded as one;
-        DEGRADED, as for a timeout) and the next one may leave at once."""
-        self.counters["errors"] += 1
-        self.counters["bad_chunks"] += 1
-        self.last_error = f"bad chunk: {problem}"
-        log.warning("%s: chunk of seq %d refused: %s", self.cfg.client_uuid, out[0], problem)
-        self._record_failed(out, "bad_chunk")
-        self.outstanding = None
-        self.link.fire("request_failed", f"bad chunk: {problem}")
-        return "bad_chunk"
-
-    def handle(self, r) -> str:
-        """Merge a chunk (if it answers the outstanding request and is sound) or act on an event."""
-        from edge.client import Event
-
-        m = self.session.model
-        out = self.outstanding
-        if isinstance(r, Event):
-            if r.kind == "drain":
-                return "drain"  # the client matched its replica id (a server's drain header carries epoch 0)
-            if r.kind == "bad_chunk":  # undecodable, or header and body disagree: nothing in it can be trusted
-                self.counters["bad_chunks"] += 1
-                self.last_error = f"bad chunk: {r.code}: {r.message}"
-                return "ignored"
-            if m is None or r.session_epoch != m.epoch:
-                # about an older session (seq ids restart at 1 in each): a late ACTION_MISMATCH of a session already
-                # replaced killed the robot (DEAD), a late error failed the new session's request of the same seq
-                return "ignored"
-            if r.code == "UNKNOWN_SESSION":
-                return "unknown_session"
-            if r.code in ("WRONG_MODEL", "IDENTITY_MISMATCH", "ACTION_MISMATCH"):
-                self.link.fire("fatal", f"server error {r.code}: {r.message}")
-                return "error_final"
-            if out is not None and r.seq_id == out[0]:
-                self.counters["errors"] += 1
-                self.last_error = f"{r.code}: {r.message}"
-                self._record_failed(out, f"error:{r.code}")
-                self.outstanding = None
-                self.link.fire("request_failed", f"server error {r.code}")  # the state says so, as for a timeout
-                return "error"
-            return "ignored"
-        # a chunk
-        problem = chunk_problem(r, m, self.A)
-        if problem:
-            if out is not None and r.seq_id == out[0] and r.session_epoch == out[1]:
-                return self._refuse_chunk(out, problem)
-            self.counters["bad_chunks"] += 1  # answers nothing outstanding: counted, never merged
-            self.last_error = f"bad chunk: {problem}"
-            return "ignored"
-        # A sound chunk of this session, like an acknowledged reset, answers the offline clock (DEAD after
-        # max_offline_s offline): the server and the link work, even when the chunk comes too late to merge. A
-        # robot whose episodes end before their chunks arrive runs its fallback (STALLED); it is not offline (at
-        # 1 Hz, where the reacher's episode is two ticks, robots went DEAD that way with their server answering).
-        # A bad chunk does not: a server that sends only those is offline, and the ladder runs to DEAD.
-        if m is not None and r.session_epoch == m.epoch:
-            self.last_ok = time.monotonic()
-        if out is None or r.seq_id != out[0] or r.session_epoch != out[1]:
-            if r.seq_id == self.abandoned_seq:
-                self.counters["discarded_chunks"] += 1  # the finished episode's, no longer awaited
-                return "ignored"
-            self.counters["late_chunks"] += 1
-            return "ignored"
-        seq, epoch, episode, t_obs, idx_before, delay, encode_ms, send_lag_ms, sent_ns = out
-        if r.sent_ns != sent_ns:
-            # its rtt would be made up: one chunk echoing 0 set the delay estimate to the host's uptime, and every
-            # later request shipped an inference_delay_steps the wire refuses (no chunk again in that session)
-            return self._refuse_chunk(out, f"it echoes client_mono_ns {r.sent_ns}; seq {seq} was sent at {sent_ns}")
-        if episode == self.handoff.episode and r.episode_id != episode:
-            # the episode has not changed here: the server echoed another one (a reset in between is the case below)
-            return self._refuse_chunk(out, f"it echoes episode {r.episode_id}; seq {seq} was sent in episode {episode}")
-        self.outstanding = None
-        if episode != self.handoff.episode:
-            self.counters["discarded_chunks"] += 1  # a reset happened while it was in flight
-            return "merged"
-        latency = (
-            r.rtt_s if self.latency_override is None else float(self.latency_override(self.counters["chunks"] + 1))
-        )
-        real_delay = delay_steps(latency, self.dt)
-        try:  # sound by chunk_problem(); the queue keeps its own invariant whoever merges (edge.queue)
-            self.queue.merge(
-                r.chunk_model,
-                r.chunk_robot,
-                real_delay,
-                idx_before,
-                meta=Meta(m.ack.session_id if m.ack else "", seq, episode, t_obs),
-            )
-        except ValueError as exc:
-            return self._refuse_chunk(out, str(exc))
-        self.tracker.add(latency)
-        self.last_ok = self.last_merged = time.monotonic()
-        self.records.append(
-            merged_record(r, out, real_delay, self.last_merged, self.execution_steps, self.steps_remaining)
-        )
-        self.counters["superseded_seqs"] += r.superseded_seqs
-        self.counters["chunks"] += 1  # after its record: a chunk counted is a chunk drain_records() can return
-        self.link.fire("chunk_merged", "chunk merged")
-        return "merged"

@@ -175,8 +175,10 @@ def test_reset_during_an_in_flight_request_discards_the_old_episodes_chunk(route
     srv = server_factory(ckpt, emulated_latency=150)
     with running(router) as eng:
         loop(eng, 6.0, until=lambda tr: eng.stats["chunks"] >= 1 and eng.stats["requests"] > eng.stats["chunks"])
-        with srv._inflight_cv:  # sent is not yet served: a newer observation would replace it in the mailbox
-            assert srv._inflight_cv.wait_for(lambda: srv._inflight >= 1, 5), "no forward pass started"
+        with srv.dispatcher.inflight_cv:  # sent is not yet served: a newer observation would replace it in the mailbox
+            assert srv.dispatcher.inflight_cv.wait_for(lambda: srv.dispatcher.inflight >= 1, 5), (
+                "no forward pass started"
+            )
         eng.reset()  # while a request is in flight
         trace = loop(eng, 4.0, until=lambda tr: tr[-1][1] is not None)
         assert trace[-1][1].episode_id == 1

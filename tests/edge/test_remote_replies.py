@@ -87,12 +87,12 @@ def sound(r) -> bool:
 @given(st.lists(st.one_of(results, events), min_size=1, max_size=6))
 def test_no_reply_raises_and_only_a_sound_answer_to_the_request_is_merged(replies):
     eng = engine()
-    eng._worker.outstanding = (SEQ, EPOCH, 0, time.monotonic(), 0, 1, 0.5, 0.1, SENT_NS)
+    eng._worker.replies.outstanding = (SEQ, EPOCH, 0, time.monotonic(), 0, 1, 0.5, 0.1, SENT_NS)
     merged_sound = False
     for r in replies:
-        pending = eng._worker.outstanding is not None
+        pending = eng._worker.replies.outstanding is not None
         chunks_before = eng.counters["chunks"]
-        outcome = eng._worker.handle(r)  # raises nothing, whatever r is
+        outcome = eng._worker.replies.handle(r)  # raises nothing, whatever r is
         if eng.counters["chunks"] > chunks_before:
             assert isinstance(r, Result) and pending and sound(r), r
             merged_sound = True

@@ -228,8 +228,10 @@ def test_client_liveliness_loss_garbage_collects_the_session(server, router):
 
 def _wait_forward_running(srv, timeout_s: float = 10.0) -> None:
     """Until a dispatch loop of `srv` has taken a batch and runs it (its in-flight count, which drain waits on)."""
-    with srv._inflight_cv:
-        assert srv._inflight_cv.wait_for(lambda: srv._inflight >= 1, timeout_s), "no forward pass started"
+    with srv.dispatcher.inflight_cv:
+        assert srv.dispatcher.inflight_cv.wait_for(lambda: srv.dispatcher.inflight >= 1, timeout_s), (
+            "no forward pass started"
+        )
 
 
 def test_newest_observation_wins_and_superseded_are_reported(ckpt, router, tmp_path):
@@ -272,7 +274,7 @@ def test_a_batch_sends_every_reply_before_any_of_their_bookkeeping(ckpt, router,
             scheduling={"strategy": "round_robin", "max_batch": 8},
         )
     ).start()
-    events, answer, write, run_batch = [], srv.replies.answer, srv.audit.write, srv._run_batch
+    events, answer, write, run_batch = [], srv.replies.answer, srv.audit.write, srv.dispatcher.run_batch
     booking = threading.Condition()
 
     def answered(*args, **kw):
@@ -293,7 +295,7 @@ def test_a_batch_sends_every_reply_before_any_of_their_bookkeeping(ckpt, router,
         events.append((threading.get_ident(), "batch"))
         return run_batch(*args, **kw)
 
-    srv.replies.answer, srv.audit.write, srv._run_batch = answered, booked, batch
+    srv.replies.answer, srv.audit.write, srv.dispatcher.run_batch = answered, booked, batch
     clients = [client(router, f"robot-{k}") for k in range(4)]
     try:
         for c in clients:
@@ -659,11 +661,11 @@ def test_every_dispatch_loop_sets_its_own_torch_threads(ckpt, router, tmp_path, 
     """OpenMP keeps the team size per thread: the loop that runs the forward passes must set it itself."""
     import threading
 
-    import server.service as service
+    import server.dispatcher as dispatcher
 
     calls = []
     both = threading.Event()  # the second loop may start its thread after the first answered (a loaded host)
-    real = service.set_torch_threads
+    real = dispatcher.set_torch_threads
 
     def recording(n):
         calls.append((threading.current_thread().name, n))
@@ -671,7 +673,7 @@ def test_every_dispatch_loop_sets_its_own_torch_threads(ckpt, router, tmp_path, 
             both.set()
         return real(n)
 
-    monkeypatch.setattr(service, "set_torch_threads", recording)
+    monkeypatch.setattr(dispatcher, "set_torch_threads", recording)
     srv = PolicyServer(manifest(ckpt, router, tmp_path, torch_threads=1, models={"default_max_inflight": 2})).start()
     c = client(router, "robot-1")
     try:
