@@ -73,7 +73,7 @@ PRIORITY_LOG_TEXT = "event loop priority: "  # chaos.toxiproxy's log line saying
 def priority_in_log(path: str | Path, text: str = PRIORITY_LOG_TEXT) -> str | None:
     """What priority a proxy process of ours reported in its log (`SCHED_FIFO 5`, `nice -10`, `normal`), for one
     whose process this host cannot read (on another node of a cluster run); None if the log does not say.
-    `text`: the words before it (a replica's dispatch loops: server.dispatcher.DISPATCH_PRIORITY_LOG_TEXT)."""
+    `text`: the words before it (a replica's dispatch loops: server.priority.DISPATCH_PRIORITY_LOG_TEXT)."""
     try:
         with open(path, errors="replace") as lines:
             for line in lines:

@@ -18,15 +18,13 @@ import threading
 import time
 from collections.abc import Callable
 
+from server.priority import DISPATCH_FIFO_PRIORITY, DISPATCH_PRIORITY_LOG_TEXT
 from server.replies import Replies
 from server.runtime import InferItem, set_torch_threads
 from server.served import Pending, Served
 from wire.procs import raise_priority
 
 log = logging.getLogger("policy_server")
-
-DISPATCH_FIFO_PRIORITY = 4  # below the bench's chaos proxy (5) and its control loops (10): see docs/bench.md
-DISPATCH_PRIORITY_LOG_TEXT = "dispatch priority: "
 
 
 class Dispatcher:

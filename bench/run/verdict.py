@@ -24,6 +24,7 @@ from bench.run.legs import window_legs
 from bench.run.mesh import proxy_name
 from bench.run.state import RunState
 from bench.scenario.assertions import evaluate
+from server.priority import DISPATCH_PRIORITY_LOG_TEXT
 
 
 def psutil_rss_mb() -> float:
@@ -251,10 +252,8 @@ def proxy_priorities(run: RunState) -> list[str]:
     return sorted(got)
 
 
-# server.service.DISPATCH_PRIORITY_LOG_TEXT, the words before a replica's dispatch priority in its log. Held here, not
-# imported: importing server.service imports torch, 3.6 s of every run's judging on the 2-core VM for one string
-# (tests/bench/run/test_replica_priority.py holds the two equal).
-REPLICA_PRIORITY_LOG_TEXT = "dispatch priority: "
+# the words before a replica's dispatch priority in its log (server.priority imports nothing: no torch for judging)
+REPLICA_PRIORITY_LOG_TEXT = DISPATCH_PRIORITY_LOG_TEXT
 
 
 def replica_priorities(run: RunState) -> list[str]:
