@@ -15,8 +15,13 @@ def test_plain_dependencies_pull_no_torch_or_mujoco():
         assert heavy not in deps
 
 
-def test_server_extra_pins_the_local_torch_wheel():
-    assert "torch==2.13.0" in PYPROJECT["project"]["optional-dependencies"]["server"]
+def test_install_script_pins_the_local_torch_wheels_and_lerobot():
+    # any other torch spec downloads gigabytes here; lerobot 0.4.4 goes in --no-deps beside its pinned runtime set
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    assert '"torch==2.14.1" "torchvision==0.29.1"' in script
+    assert '--no-deps "lerobot==0.4.4"' in script
+    assert (ROOT / "requirements" / "lerobot-0.4.4-runtime.txt").is_file()
+    assert PYPROJECT["project"]["optional-dependencies"]["lerobot"] == ["lerobot==0.4.4"]
 
 
 def test_console_scripts_are_declared():
