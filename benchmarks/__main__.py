@@ -5,6 +5,10 @@ DIR/NAME.json (figures, units, targets, machine facts, load average at start and
 writes DIR/summary.md (one table) and prints it. `--quick` sizes each benchmark to seconds and
 judges no timing target (only budgets: see benchmarks.common). Exit 0 when every benchmark ran and
 every judged target is met; 1 when one failed or missed a judged target; 2 for an unknown name.
+Each benchmark runs in a process of its own (spawned): one benchmark's imports and native libraries
+cannot break another (MuJoCo's software EGL, llvmpipe, and triton's LLVM cannot share a process: triton
+loaded after a rendered frame crashes it), its memory figures start from a fresh interpreter, and a
+crashed benchmark is reported as an error beside the others' figures.
 `--readme` runs nothing: it rewrites README.md's "Performance" table from DIR's reports of a full run
 (benchmarks.readme); exit 2 when the reports or the README's markers cannot make it.
 """
@@ -12,14 +16,10 @@ every judged target is met; 1 when one failed or missed a judged target; 2 for a
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import sys
-import time
-import traceback
 from pathlib import Path
 
-from benchmarks.common import load_average, report_dict, summary_table
+from benchmarks.common import load_average, run_isolated, summary_table
 
 # cheap first: a broken benchmark shows in seconds
 NAMES = (
@@ -41,27 +41,6 @@ NAMES = (
     "gpu_forward",
     "speed_probe",
 )
-
-
-def run_one(name: str, quick: bool, out_dir: Path) -> dict:
-    mod = importlib.import_module(f"benchmarks.{name}")
-    load0, t0 = load_average(), time.monotonic()
-    try:
-        result = mod.run(quick)
-    except Exception as exc:  # noqa: BLE001  one broken benchmark must not hide the others' figures
-        traceback.print_exc()
-        rep = {
-            "benchmark": name,
-            "quick": quick,
-            "error": f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300],
-            "figures": [],
-        }
-    else:
-        rep = report_dict(name, result, quick, load0, time.monotonic() - t0)
-        rep["failed_targets"] = [f.name for f in result.failures(quick)]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps(rep, indent=1, default=float) + "\n")
-    return rep
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     reports: dict[str, dict] = {}
     for name in names:
         print(f"== {name}{' (quick)' if args.quick else ''}", flush=True)
-        reports[name] = rep = run_one(name, args.quick, args.out_dir)
+        reports[name] = rep = run_isolated(name, args.quick, args.out_dir)
         state = "skipped: " + rep["skipped"] if rep.get("skipped") else rep.get("error") or f"{rep['seconds']:.1f} s"
         print(f"== {name}: {state}", flush=True)
     table = summary_table(reports)

@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import importlib
 import json
+import multiprocessing
 import os
 import platform
+import signal
+import sys
+import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -155,3 +161,51 @@ def run_main(main: Callable[[list[str]], dict], argv: list[str]) -> Result:
     """A Result whose details are what `main(argv)` returns, its own JSON report sent to /dev/null (the suite
     writes reports/bench/NAME.json itself)."""
     return Result(details=main([*argv, "--out", os.devnull]))
+
+
+def run_one(name: str, quick: bool, out_dir: Path) -> dict:
+    mod = importlib.import_module(f"benchmarks.{name}")
+    load0, t0 = load_average(), time.monotonic()
+    try:
+        result = mod.run(quick)
+    except Exception as exc:  # noqa: BLE001  one broken benchmark must not hide the others' figures
+        traceback.print_exc()
+        rep = {
+            "benchmark": name,
+            "quick": quick,
+            "error": f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300],
+            "figures": [],
+        }
+    else:
+        rep = report_dict(name, result, quick, load0, time.monotonic() - t0)
+        rep["failed_targets"] = [f.name for f in result.failures(quick)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(rep, indent=1, default=float) + "\n")
+    return rep
+
+
+def _child(name: str, quick: bool, out_dir: Path) -> None:
+    run_one(name, quick, out_dir)
+
+
+def run_isolated(name: str, quick: bool, out_dir: Path) -> dict:
+    """`run_one` in a spawned process; its report, or an error report when the process died without one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.unlink(missing_ok=True)
+    sys.stdout.flush()
+    proc = multiprocessing.get_context("spawn").Process(target=_child, args=(name, quick, out_dir))
+    proc.start()
+    proc.join()
+    if path.is_file() and proc.exitcode == 0:
+        return json.loads(path.read_text())
+    code = proc.exitcode
+    how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+    rep = {
+        "benchmark": name,
+        "quick": quick,
+        "error": f"its process ended ({how}) before writing a report",
+        "figures": [],
+    }
+    path.write_text(json.dumps(rep, indent=1) + "\n")
+    return rep

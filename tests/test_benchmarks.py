@@ -164,3 +164,15 @@ def test_report_memorys_synthetic_ticks_read_back_as_the_shards_records(tmp_path
     assert set(robots.tolist()) == set(range(ROBOTS)) and ts.min() < 0 < ts.max()  # warm-up, then the window
     assert (np.diff(ts) >= 0).all() and (np.diff(robots) != 0).all()  # time-ordered as written, robots interleaved
     assert {len(a) for a in t.column("action").drop_null().to_pylist()} == {2}
+
+
+def test_a_benchmark_whose_process_dies_is_reported_beside_the_others(tmp_path):
+    """Each benchmark runs in a spawned process: one that dies before writing its report (here: its module is
+    missing, so the child exits 1) becomes an error report, and the next benchmark still runs and reports."""
+    from benchmarks.common import run_isolated
+
+    dead = run_isolated("no_such_benchmark", True, tmp_path)
+    assert dead["figures"] == [] and "its process ended (exit code 1)" in dead["error"]
+    assert json.loads((tmp_path / "no_such_benchmark.json").read_text())["error"] == dead["error"]
+    alive = run_isolated("scheduling", True, tmp_path)
+    assert "error" not in alive and alive["figures"]
