@@ -130,6 +130,26 @@ def cdf_chart(series: dict[str, np.ndarray], title: str, xlabel: str, width=520,
     return "\n".join(p)
 
 
+def segments(x: np.ndarray, y: np.ndarray, gap: float | None, max_points: int = 1500) -> list[tuple]:
+    """The runs of a series to draw as lines: split at every non-finite y and, with `gap`, where consecutive x
+    lie more than `gap` apart; thinned to `max_points` in all (a break between thinned points is kept)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if not len(x):
+        return []
+    ok = np.isfinite(y)
+    new = np.ones(len(x), bool)
+    new[1:] = ~ok[:-1]
+    if gap is not None:
+        new[1:] |= np.diff(x) > gap
+    seg = np.cumsum(new)[ok]
+    x, y = x[ok], y[ok]
+    if len(x) > max_points:
+        k = np.unique(np.linspace(0, len(x) - 1, max_points).astype(int))
+        x, y, seg = x[k], y[k], seg[k]
+    cuts = np.flatnonzero(np.diff(seg)) + 1
+    return list(zip(np.split(x, cuts), np.split(y, cuts)))
+
+
 def line_chart(
     lines: dict[str, tuple[np.ndarray, np.ndarray]],
     title: str,
@@ -140,7 +160,10 @@ def line_chart(
     height=240,
     x_range=None,
     colors: dict[str, str] | None = None,
+    gap: float | None = None,
 ) -> str:
+    """One polyline per series; a series breaks (no line drawn) at a non-finite y and, with `gap`, wherever
+    consecutive x are more than `gap` apart: what was not measured is not drawn. A lone point is a dot."""
     lines = {k: (np.asarray(x, float), np.asarray(y, float)) for k, (x, y) in lines.items() if len(x)}
     if not lines:
         return empty_chart(title, "no data", width, height)
@@ -154,11 +177,12 @@ def line_chart(
     p += _windows(f, windows)
     color = [(colors or {}).get(name, PALETTE[i % len(PALETTE)]) for i, name in enumerate(lines)]
     for i, (_name, (x, y)) in enumerate(lines.items()):
-        if len(x) > 1500:
-            k = np.linspace(0, len(x) - 1, 1500).astype(int)
-            x, y = x[k], y[k]
-        pts = " ".join(f"{f.X(a):.1f},{f.Y(b):.1f}" for a, b in zip(x, y) if math.isfinite(b))
-        p.append(f'<polyline fill="none" stroke="{color[i]}" stroke-width="1.4" points="{pts}"/>')
+        for sx, sy in segments(x, y, gap):
+            if len(sx) == 1:
+                p.append(f'<circle cx="{f.X(sx[0]):.1f}" cy="{f.Y(sy[0]):.1f}" r="1.6" fill="{color[i]}"/>')
+                continue
+            pts = " ".join(f"{f.X(a):.1f},{f.Y(b):.1f}" for a, b in zip(sx, sy))
+            p.append(f'<polyline fill="none" stroke="{color[i]}" stroke-width="1.4" points="{pts}"/>')
     p += _legend(list(lines), color, f.w - legend_w, f.top + 10)
     p.append("</svg>")
     return "\n".join(p)

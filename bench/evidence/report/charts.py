@@ -88,12 +88,18 @@ def _states_over_time(d: RunData, windows) -> str:
     )
 
 
+# the runner scrapes each replica once a second (bench.run.drive.scrape_servers): samples further apart than
+# this are a replica that was down, restarting or unreachable, and its line breaks there
+SCRAPE_GAP_S = 2.5
+
+
 def _server_chart(d: RunData, metric: str, title: str, windows) -> str:
     by_replica: dict[str, list] = {}
     for s in d.server_samples:
         if s["metric"] == metric:
             by_replica.setdefault(s["replica"], []).append((s["t"], s["value"]))
-    lines = {r: (np.array([a for a, _ in v]), np.array([b for _, b in v])) for r, v in by_replica.items()}
+    lines = {r: (np.array([a for a, _ in v]), np.array([b for _, b in v])) for r, v in sorted(by_replica.items())}
+    lines = {r: (x[np.argsort(x, kind="stable")], y[np.argsort(x, kind="stable")]) for r, (x, y) in lines.items()}
     return svg.line_chart(
         lines,
         title,
@@ -101,4 +107,5 @@ def _server_chart(d: RunData, metric: str, title: str, windows) -> str:
         metric,
         windows,
         x_range=(min(0.0, *[line[0].min() for line in lines.values()]) if lines else 0, d.duration_s),
+        gap=SCRAPE_GAP_S,
     )

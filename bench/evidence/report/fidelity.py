@@ -123,6 +123,11 @@ def _per_second(t: np.ndarray, duration_s: float) -> np.ndarray:
     return np.arange(0, math.ceil(duration_s) + 1)
 
 
+# a once-a-second series with no sample for longer than this (a replica restarting, a leg without traffic; the
+# runner's sampling loop can slip by a timeout) breaks its line there instead of drawing across what was not measured
+PER_SECOND_GAP_S = 2.5
+
+
 def _shard_fidelity_chart(d: RunData, windows) -> str:
     """Host-late ticks per second as a share of each shard's ticks."""
     tk, rb = d.ticks, d.robots
@@ -138,7 +143,8 @@ def _shard_fidelity_chart(d: RunData, windows) -> str:
     for k in sorted(set(sh.tolist())):
         all_, _ = np.histogram(tt[sh == k], bins=bins)
         late, _ = np.histogram(tt[(sh == k) & (cls == 3)], bins=bins)
-        lines[f"shard {k}"] = (bins[:-1], 100.0 * late / np.maximum(all_, 1))
+        share = np.where(all_ > 0, 100.0 * late / np.maximum(all_, 1), np.nan)  # no ticks: not measured
+        lines[f"shard {k}"] = (bins[:-1], share)
     return svg.line_chart(
         lines,
         "Host-late ticks per shard",
@@ -161,8 +167,9 @@ def _sched_wait_chart(d: RunData, windows) -> str:
     for k in sorted(set(np.asarray(lp["shard"][m]).tolist())):
         mk = m & (lp["shard"] == k)
         idx = np.clip(np.digitize(lp["t"][mk], bins) - 1, 0, len(bins) - 2)
-        worst = np.zeros(len(bins) - 1)
+        worst = np.full(len(bins) - 1, -np.inf)
         np.maximum.at(worst, idx, wait[mk])
+        worst[np.isneginf(worst)] = np.nan  # a second without a slot (the shard down or stalled): not drawn
         lines[f"shard {k}"] = (bins[:-1], worst)
     return svg.line_chart(
         lines,
@@ -190,6 +197,7 @@ def _leg_error_chart(series: dict, duration_s: float, windows) -> str:
         "mean ms per second",
         windows,
         x_range=(0, duration_s),
+        gap=PER_SECOND_GAP_S,
     )
 
 
@@ -205,4 +213,5 @@ def _forward_ratio_chart(series: dict, duration_s: float, windows) -> str:
         "ratio (median per second)",
         windows,
         x_range=(0, duration_s),
+        gap=PER_SECOND_GAP_S,
     )
