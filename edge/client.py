@@ -243,6 +243,8 @@ class Model:
         # optional: set when any replica's liveliness token of this model appears (a server started, or the link
         # to the router healed), so a reconnect loop waiting out its backoff can come back now
         self.nudge: threading.Event | None = None
+        # optional: called (on Zenoh's thread, deposit only) when a replica token of this model appears
+        self.on_token: Callable[[], None] | None = None
         self._watch = None
 
     # --- discovery and handshake (edge.discovery, edge.handshake) ------------------------------------
@@ -261,8 +263,10 @@ class Model:
         status_timeout_s: float = CONTROL_TIMEOUTS_S["status"],
         session_timeout_s: float = CONTROL_TIMEOUTS_S["session"],
         deadline: float | None = None,
+        candidates: list[Status] | None = None,
     ) -> SessionAck:
-        """Discover and open a session on the best replica not in `exclude` (edge.handshake.open_ladder).
+        """Discover and open a session on the best replica not in `exclude` (edge.handshake.open_ladder);
+        with `candidates`, try those Status in their order instead of discovering (a rebalancing move).
 
         CAPACITY, EXCLUSIVE_BUSY, DRAINING, NOT_READY and a replica that does not answer move on to the
         next replica; any other refusal raises `SessionRefused`; nothing left raises `NoReplica`.
@@ -272,13 +276,13 @@ class Model:
                 self.conn.z, self.model_id, self.revision, self.conn.root, self._on_replica_token
             )
         return open_ladder(
-            self.discover,
+            self.discover if candidates is None else (lambda _timeout_s: list(candidates)),
             lambda st, waited: self._open_on(st, task, waited),
             model_id=self.model_id,
             revision=self.revision,
             root=self.conn.root,
             exclude=exclude,
-            replica_order=self.replica_order,
+            replica_order=self.replica_order if candidates is None else [],
             status_timeout_s=status_timeout_s,
             session_timeout_s=session_timeout_s,
             deadline=deadline,
@@ -287,6 +291,8 @@ class Model:
     def _on_replica_token(self) -> None:  # deposit only, on Zenoh's thread
         if self.nudge is not None:
             self.nudge.set()
+        if self.on_token is not None:
+            self.on_token()
 
     def _open_on(self, st: Status, task: str | None, timeout_s: float = CONTROL_TIMEOUTS_S["session"]) -> SessionAck:
         prev = self.ack if self.ack is not None and self.ack.replica_id == st.replica_id else self._prev_ack

@@ -210,6 +210,11 @@ class Shard:
         requests = sum(
             int(getattr(r.engine, "counters", {}).get("requests", 0)) for r in self.robots if r.engine is not None
         )
+        moves = {
+            str(r.rid): int(getattr(r.engine, "counters", {}).get("moves", 0))
+            for r in self.robots
+            if r.engine is not None and getattr(r.engine, "counters", {}).get("moves", 0)
+        }
         thread_cpu = {
             **self.thread_cpu.report(),
             "wall_s": round(time.monotonic() - t_loop, 3),
@@ -226,6 +231,7 @@ class Shard:
             {
                 "type": "done",
                 "final_states": final,
+                "moves": moves,
                 "status": self.status_counts_only(),
                 "parity": parity,
                 "engine_raises": raises,

@@ -158,10 +158,12 @@ def collect(run: RunState) -> figs.RunData:
     except OSError:
         pass
     ticks = figs.table_to_numpy(tables["ticks"].drop_columns(["action"])) if tables["ticks"].num_rows else {}
-    final_states, parity, raises = {}, {}, {}
+    final_states, parity, raises, moves = {}, {}, {}, {}
     for msg in run.done.values():
         for r, st in (msg.get("final_states") or {}).items():
             final_states[int(r)] = st
+        for r, n in (msg.get("moves") or {}).items():
+            moves[int(r)] = int(n)
         for r, raised in (msg.get("engine_raises") or {}).items():
             raises[int(r)] = int(raised["count"])
         for r, counts in (msg.get("parity") or {}).items():
@@ -178,6 +180,7 @@ def collect(run: RunState) -> figs.RunData:
         server_samples=run.server_samples,
         cpu_samples=run.cpu.samples,
         final_states=final_states,
+        moves=moves,
         parity=parity,
         engine_raises=raises,
         session_checkpoints=checkpoints_by_session(audit),

@@ -62,6 +62,24 @@ FIGURES: dict[str, tuple[str, str, str]] = {
         "requests superseded before they were served (the sum of the chunks' `superseded_seqs`)",
     ),
     "reconnects": ("scalar", "", "engine transitions into RECONNECTING"),
+    "moves": (
+        "scalar",
+        "",
+        "sessions the engines moved to a less loaded replica of the same checkpoint at an episode boundary "
+        "(edge.remote.rebalance; failovers are reconnects, not moves)",
+    ),
+    "max_moves_per_robot": ("scalar", "", "the most moves one robot made"),
+    "replica_load_spread": (
+        "scalar",
+        "",
+        "max - min load (active / max sessions) across the replicas, median over the run's last 10 s",
+    ),
+    "rejoin_s": (
+        "scalar",
+        "s",
+        "worst time from a restarted replica's return until it holds 3/4 of a fair share of the sessions "
+        "(total / replicas); inf if it never did, none without such a fault",
+    ),
     "dead_robots": ("scalar", "", "robots whose engine ended DEAD or failed"),
     "recovered_within_s": ("scalar", "s", "worst time from a fault window's end until every robot streams again"),
     "engine_raises": (

@@ -223,6 +223,12 @@ def unit_interval(v, cfg):
     return float(v)
 
 
+def fraction(v, cfg):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise Refused(f"must be a number from 0 to 1 (a fraction of the replica's max_sessions), got {show(v)}")
+    return float(v)
+
+
 def file_or_null(v, cfg):
     if v is not None and not isinstance(v, str):
         raise Refused(f"must be a file path or null, got {show(v)}")
@@ -330,6 +336,26 @@ class RemoteEngineConfig:
     )
     reconnect_max_backoff_s: float = knob(
         10.0, "longest wait between reconnect attempts", positive, at_least("reconnect_initial_backoff_s")
+    )
+    rebalance: bool = knob(
+        True,
+        "at an episode boundary, move the session to a less loaded replica of the same checkpoint when this one "
+        "holds more than its fair share of sessions (edge.remote.rebalance)",
+        boolean,
+    )
+    rebalance_check_s: float = knob(
+        30.0,
+        "how often (jittered +-25 %) the engine reads the replicas' loads at its next episode boundary; a replica "
+        "token appearing (a replica returned or added) brings the check forward",
+        positive,
+    )
+    rebalance_threshold: float = knob(
+        0.05,
+        "0..1: a replica's sessions over its fair share, as a fraction of its max_sessions, before robots move",
+        fraction,
+    )
+    rebalance_min_dwell_s: float = knob(
+        20.0, "least time a session stays on a replica before it may move: at most one move per this long", positive
     )
     max_offline_s: float = knob(60.0, "offline longer than this: DEAD (the robot's own safety takes over)", positive)
     control_timeout_max_s: float = knob(

@@ -42,6 +42,8 @@ COUNTERS = (
     "resets",
     "resets_acked",
     "replica_nudges",
+    "rebalance_checks",
+    "moves",
     "plan_warnings",
     "bad_chunks",
 )

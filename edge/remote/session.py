@@ -51,7 +51,7 @@ class Opened:
 
 
 class Session:
-    def __init__(self, cfg, connection=None, wake=None, nudge=None):
+    def __init__(self, cfg, connection=None, wake=None, nudge=None, on_token=None):
         from edge.client import ControlTimeouts
 
         self.cfg = cfg
@@ -60,7 +60,7 @@ class Session:
         self.conn = None
         self.model = None  # edge.client.Model, made on the first handshake
         self.first_ack = None
-        self._wake, self._nudge = wake, nudge
+        self._wake, self._nudge, self._on_token = wake, nudge, on_token
 
     @property
     def acked(self) -> bool:
@@ -89,9 +89,15 @@ class Session:
         )
 
     def open(
-        self, exclude: set[str], p95_s: float, deadline: float, camera_shapes: Callable[[], dict[str, list[int]]]
+        self,
+        exclude: set[str],
+        p95_s: float,
+        deadline: float,
+        camera_shapes: Callable[[], dict[str, list[int]]],
+        candidates: list | None = None,
     ) -> Opened:
-        """One handshake round, skipping the replicas in `exclude`, before `deadline` (monotonic s)."""
+        """One handshake round, skipping the replicas in `exclude`, before `deadline` (monotonic s); with
+        `candidates` (Status), on those replicas in that order, without a discovery (a rebalancing move)."""
         from edge.client import NoReplica, SessionRefused
 
         try:
@@ -117,6 +123,7 @@ class Session:
                 )
                 self.model.wake = self._wake
                 self.model.nudge = self._nudge
+                self.model.on_token = self._on_token
             if self.first_ack is not None:  # a reconnect: this exact checkpoint or nothing
                 self.model.open_args["expected_checkpoint_hash"] = self.first_ack.checkpoint_hash
             ct = self.control_timeouts
@@ -126,6 +133,7 @@ class Session:
                 status_timeout_s=ct.timeout_s("status"),
                 session_timeout_s=ct.timeout_s("session"),
                 deadline=deadline,
+                candidates=candidates,
             )
         except SessionRefused as exc:
             return Opened(error=str(exc), fatal=f"session refused: {exc}")

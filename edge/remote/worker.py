@@ -31,6 +31,7 @@ from edge.queue import ActionQueue, fit_prefix
 from edge.remote.handoff import Handoff
 from edge.remote.link import Backoff, Link
 from edge.remote.plan import ExecutionPlan, delay_steps, is_due, plan_execution
+from edge.remote.rebalance import Rebalancer, plan_move
 from edge.remote.replies import Replies
 from edge.remote.session import Session, camera_shapes
 
@@ -55,7 +56,8 @@ class Worker:
         self.cfg, self.queue, self.tracker, self.counters, self.link = cfg, queue, tracker, counters, link
         self.handoff = handoff
         self.dt = 1.0 / cfg.fps
-        self.session = Session(cfg, connection, wake=handoff.wake, nudge=handoff.nudge)
+        self.rebalancer = Rebalancer(cfg)
+        self.session = Session(cfg, connection, wake=handoff.wake, nudge=handoff.nudge, on_token=self.rebalancer.token)
         self.backoff = Backoff(cfg, handoff.nudge, handoff.stop, counters)
         self.replies = Replies(cfg, queue, tracker, counters, link, handoff, records, self.session, latency_override)
         self.ready = False  # a replica said it is warmed up
@@ -125,9 +127,14 @@ class Worker:
             self.replies.last_error = opened.error
         if opened.fatal:
             self.link.fire("fatal", opened.fatal)
-        ack = opened.ack
-        if ack is None:
+        if opened.ack is None:
             return False
+        self._accepted(opened.ack)
+        return True
+
+    def _accepted(self, ack) -> None:
+        """A session acknowledged (a handshake or a rebalancing move): adopt what it says."""
+        self.rebalancer.opened(time.monotonic())
         if self.queue.rtc_enabled and not ack.rtc_enabled:
             # the server downgraded the session (its policy cannot guide): replace mode would throw away
             # the leftover at every merge with nothing blending the seam, so append as LeRobot does
@@ -145,7 +152,55 @@ class Worker:
         self.link.fire(
             "session_paused" if self.handoff.paused else "session", f"session {ack.session_id} on {ack.replica_id}"
         )
-        return True
+
+    def rebalance(self, episode: int) -> bool:
+        """At the boundary into `episode`, when a check is due: read the replicas' loads and perhaps move the
+        session (edge.remote.rebalance). True when a move was tried: the old session is then closed and the new
+        one's first request carries the episode start, so no reset goes out."""
+        m, now = self.session.model, time.monotonic()
+        if m is None or m.replica is None or self.session.first_ack is None or not self.rebalancer.due(now):
+            return False
+        own = m.replica.replica_id
+        try:
+            found = m.discover(self.session.control_timeouts.timeout_s("status"))
+        except Exception as exc:  # a zenoh error while the router restarts: stay, look again later
+            log.info("%s: rebalance check failed: %s", self.cfg.client_uuid, exc)
+            self.rebalancer.checked(time.monotonic(), unready=False)
+            return False
+        self.counters["rebalance_checks"] += 1
+        move = plan_move(
+            found, own, self.session.first_ack.checkpoint_hash, self.cfg.rebalance_threshold, self.rebalancer.rng
+        )
+        self.rebalancer.checked(time.monotonic(), any(not s.ready for s in found), move is not None)
+        if move is None or not move.target:
+            return False
+        by_id = {s.replica_id: s for s in found}
+        m.episode_id = int(episode)
+        opened = self.session.open(
+            set(),
+            self.tracker.p95(),
+            self.replies.last_ok + self.cfg.max_offline_s,
+            self._camera_shapes,
+            candidates=[by_id[move.target], by_id[own]],  # the target refuses (full by now): stay where it was
+        )
+        if opened.error:
+            self.replies.last_error = opened.error
+        if opened.fatal:
+            self.link.fire("fatal", opened.fatal)
+            return True
+        if opened.ack is not None:
+            if opened.ack.replica_id != own:
+                self.counters["moves"] += 1
+                log.info(
+                    "%s: moved from %s (load %.2f, fair share %.2f) to %s",
+                    self.cfg.client_uuid,
+                    own,
+                    move.own_load,
+                    move.fair_share,
+                    opened.ack.replica_id,
+                )
+            self._accepted(opened.ack)
+        return True  # without an ack the run loop opens a session as after any lost one
 
     def _camera_shapes(self) -> dict[str, list[int]]:
         slot = self.handoff.latest()
@@ -190,6 +245,8 @@ class Worker:
         if h.reset_pending is not None:
             ep = h.reset_pending
             h.reset_pending = None
+            if self.rebalance(ep):
+                return "ok"
             try:  # acknowledged, but not awaited: the next observation's episode_start resets the session too
                 # seeded from the measured round trip: a slow link's ack still counts in resets_acked
                 self.session.control_timeouts.seed(self.tracker.p95())

@@ -6,7 +6,8 @@ sequences, which include warmup so a robot's whole story is visible; every figur
 exactly one function registered under its catalog name in `SCALARS` or `SERIES`.
 
 Each family of figures is one module of this package, registering its figures when imported: `scope` (the
-records a figure reads, the registries), `ticks`, `requests`, `states`, `seams`, `faults`, `hosts`, `soak`.
+records a figure reads, the registries), `ticks`, `requests`, `states`, `seams`, `faults`, `hosts`, `soak`,
+`balance`.
 This module imports every family, so the registries are whole wherever `compute` is reached from.
 """
 
@@ -17,7 +18,7 @@ import math
 import numpy as np
 
 # every family registers its figures when imported
-from bench.evidence.figures import faults, hosts, requests, seams, soak, states, ticks  # noqa: F401
+from bench.evidence.figures import balance, faults, hosts, requests, seams, soak, states, ticks  # noqa: F401
 from bench.evidence.figures.requests import BENCH_PARTS, NOT_ERRORS, without_bench
 from bench.evidence.figures.scope import (
     FALLBACK_SOURCES,

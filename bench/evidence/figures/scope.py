@@ -39,6 +39,7 @@ class RunData:
     server_samples: list[dict] = field(default_factory=list)  # {t, replica, metric, value}
     cpu_samples: list[dict] = field(default_factory=list)  # {t, host_percent, processes: {name: percent}}
     final_states: dict[int, str] = field(default_factory=dict)  # robot -> engine state at stop
+    moves: dict[int, int] = field(default_factory=dict)  # robot -> rebalancing moves of its engine
     engine_raises: dict[int, int] = field(default_factory=dict)  # robot -> engine calls that raised (bench.fleet.shard)
     session_checkpoints: dict[str, str] = field(default_factory=dict)  # session_id -> checkpoint hash (audit)
     seam: dict[int, tuple] = field(default_factory=dict)  # robot -> seam_inputs(...) entry
