@@ -119,9 +119,9 @@ def load_checkpoint(
     `trained_fps` (the manifest's) gives a LeRobot checkpoint its rate, which LeRobot's config does not record."""
     directory = _resolve_local(path)
     if not (directory / STATS_FILE).is_file():
-        from server.policies import lerobot
+        from server.policies.lerobot import is_lerobot_checkpoint
 
-        if lerobot.is_lerobot_checkpoint(directory):
+        if is_lerobot_checkpoint(directory):
             return _load_lerobot(directory, device, _as_dtype(dtype), trained_fps)
     missing = [name for name in CHECKPOINT_FILES if not (directory / name).is_file()]
     if missing:
@@ -170,11 +170,11 @@ def load_checkpoint(
 
 
 def _load_lerobot(directory: Path, device, dtype: torch.dtype, trained_fps: float | None) -> LoadedCheckpoint:
-    from server.policies import lerobot
+    from server.policies.lerobot import LeRobotCheckpointError, load_lerobot_checkpoint
 
     try:
-        parts = lerobot.load_lerobot_checkpoint(directory, device, dtype, trained_fps)
-    except lerobot.LeRobotCheckpointError as exc:
+        parts = load_lerobot_checkpoint(directory, device, dtype, trained_fps)
+    except LeRobotCheckpointError as exc:
         raise CheckpointError(str(exc)) from None
     return LoadedCheckpoint(
         parts["policy"],
