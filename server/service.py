@@ -172,7 +172,11 @@ class PolicyServer:
         # forward passes on Ray Serve: the copy here only gives config, processors and stats, so it stays on the CPU
         device = "cpu" if remote_forward else m.model.device
         loaded = self._loaded or load_checkpoint(
-            m.model.repo_or_path, device=device, dtype=m.model.dtype, trained_fps=m.trained_fps
+            m.model.repo_or_path,
+            device=device,
+            dtype=m.model.dtype,
+            trained_fps=m.trained_fps,
+            action_names=m.model.action_names,
         )
         overrides = dict(m.model.hyper_params)
         if overrides:  # the manifest's sampling hyper-parameters (before the runtime reads rtc_mode)

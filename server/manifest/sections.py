@@ -74,6 +74,12 @@ class ModelConfig(_Section):
     )
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "weights dtype")
     device: Device = _f("cpu", "torch device: cpu, cuda or cuda:N (cuda needs a CUDA build of torch)")
+    action_names: Strs | None = _f(
+        None,
+        "the action columns in order, for a checkpoint that does not name them (LeRobot's config has no names: "
+        "its dataset's `action` feature names); a checkpoint with names refuses other ones",
+        default_doc="checkpoint's (LeRobot: `action_0` ...)",
+    )
     hyper_params: dict[str, Any] = _f(
         {},
         "serve the checkpoint with other sampling hyper-parameters, e.g. "

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,16 +114,18 @@ def load_checkpoint(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str = torch.float32,
     trained_fps: float | None = None,
+    action_names: Sequence[str] | None = None,
 ) -> LoadedCheckpoint:
     """Load a local checkpoint directory into an eval-mode, grad-free policy on `device`/`dtype`.
 
-    `trained_fps` (the manifest's) gives a LeRobot checkpoint its rate, which LeRobot's config does not record."""
+    `trained_fps` and `action_names` (the manifest's) give a LeRobot checkpoint what LeRobot's config does not
+    record: its rate and its action columns' names. A checkpoint of ours names its actions: other names are refused."""
     directory = _resolve_local(path)
     if not (directory / STATS_FILE).is_file():
         from server.policies.lerobot import is_lerobot_checkpoint
 
         if is_lerobot_checkpoint(directory):
-            return _load_lerobot(directory, device, _as_dtype(dtype), trained_fps)
+            return _load_lerobot(directory, device, _as_dtype(dtype), trained_fps, action_names)
     missing = [name for name in CHECKPOINT_FILES if not (directory / name).is_file()]
     if missing:
         raise CheckpointError(
@@ -131,6 +134,11 @@ def load_checkpoint(
     files = {name: (directory / name).read_bytes() for name in CHECKPOINT_FILES}
     config = PolicyConfig.from_json(files[CONFIG_FILE])
     policy_class(config.type)  # refuses unknown and chunk-less types before touching the weights
+    if action_names is not None and list(action_names) != config.action_names:
+        raise CheckpointError(
+            f"model.action_names {list(action_names)} differ from the names checkpoint {str(directory)!r} was trained "
+            f"with, {config.action_names}; drop model.action_names (it is for checkpoints that name none, as LeRobot's)"
+        )
 
     try:
         stats: Stats = json.loads(files[STATS_FILE])
@@ -169,11 +177,11 @@ def load_checkpoint(
     return LoadedCheckpoint(policy, policy.config, stats_to_tensors(stats), digest, revision_info)
 
 
-def _load_lerobot(directory: Path, device, dtype: torch.dtype, trained_fps: float | None) -> LoadedCheckpoint:
+def _load_lerobot(directory: Path, device, dtype: torch.dtype, trained_fps, action_names) -> LoadedCheckpoint:
     from server.policies.lerobot import LeRobotCheckpointError, load_lerobot_checkpoint
 
     try:
-        parts = load_lerobot_checkpoint(directory, device, dtype, trained_fps)
+        parts = load_lerobot_checkpoint(directory, device, dtype, trained_fps, action_names)
     except LeRobotCheckpointError as exc:
         raise CheckpointError(str(exc)) from None
     return LoadedCheckpoint(

@@ -280,6 +280,7 @@ def load_lerobot_checkpoint(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     trained_fps: float | None = None,
+    action_names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Load a local LeRobot checkpoint directory with LeRobot's classes.
 
@@ -344,10 +345,18 @@ def load_lerobot_checkpoint(
             f"LeRobot could not load the processors of {str(directory)!r}: {type(exc).__name__}: {exc}"
         ) from None
     state_dim = sum(size for _, size in state)
+    action_dim = int(action.shape[0])
+    names = list(action_names or [])
+    if names and len(names) != action_dim:
+        raise LeRobotCheckpointError(
+            f"model.action_names has {len(names)} names but the LeRobot policy in {str(directory)!r} outputs "
+            f"{action_dim} actions; give one name per action column, in the dataset's order"
+        )
     config = PolicyConfig(
         type=type_name,
         state_dim=state_dim,
-        action_dim=int(action.shape[0]),
+        action_dim=action_dim,
+        action_names=names,
         chunk_size=rows,
         fps=fps,
         state_names=[f"{key}[{i}]" for key, size in state for i in range(size)],

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FPS = 10.0
 ACT_STATE, ACT_ACTIONS, ACT_CHUNK, CAM = 6, 4, 10, (32, 32)
 DP_STATE, DP_ENV, DP_ACTIONS, DP_CHUNK = 4, 2, 3, 6
+DP_NAMES = ["x", "y", "grip"]  # the manifest's model.action_names (LeRobot's config names none)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,9 @@ def served(ckpts, tmp_path_factory):
         "max_sessions": 8,
         "scheduling": {"max_batch": 4},
         "zenoh": {"connect_endpoints": [endpoint]},
-        "extra_models": [{"model": {"repo_or_path": str(dp)}, "model_id": "dp_arm", "trained_fps": FPS}],
+        "extra_models": [
+            {"model": {"repo_or_path": str(dp), "action_names": DP_NAMES}, "model_id": "dp_arm", "trained_fps": FPS}
+        ],
     }
     path = tmp / "m.yaml"
     path.write_text(yaml.safe_dump(manifest))
@@ -92,9 +95,11 @@ def act_observation(seed):
     return rng.standard_normal(ACT_STATE).astype(np.float32), rng.integers(0, 256, (*CAM, 3), dtype=np.uint8)
 
 
-def open_client(endpoint, model, uuid, state_dim, action_dim, **kw):
+def open_client(endpoint, model, uuid, state_dim, actions, **kw):
+    """`actions`: the action names, or their count for LeRobot's default names."""
+    names = [f"action_{i}" for i in range(actions)] if isinstance(actions, int) else actions
     c = RawClient(endpoint, ReplicaKeys(model, "main", "r0"), uuid)
-    ack = c.open(fps=FPS, state_dim=state_dim, action_names=[f"action_{i}" for i in range(action_dim)], **kw)
+    ack = c.open(fps=FPS, state_dim=state_dim, action_names=names, **kw)
     return c, ack
 
 
@@ -130,12 +135,12 @@ def test_a_lerobot_diffusion_is_exclusive_and_equals_lerobots_own_select_action(
     endpoint, _ = served
     rng = np.random.default_rng(2)
     states = [rng.standard_normal(DP_STATE + DP_ENV).astype(np.float32) for _ in range(2)]
-    c, ack = open_client(endpoint, "dp_arm", "robot-dp", DP_STATE + DP_ENV, DP_ACTIONS)
+    c, ack = open_client(endpoint, "dp_arm", "robot-dp", DP_STATE + DP_ENV, DP_NAMES)
     other = None
     try:
         assert isinstance(ack, SessionAck), ack
         assert c.status().serving_mode == "exclusive"
-        other, busy = open_client(endpoint, "dp_arm", "robot-dp-2", DP_STATE + DP_ENV, DP_ACTIONS)
+        other, busy = open_client(endpoint, "dp_arm", "robot-dp-2", DP_STATE + DP_ENV, DP_NAMES)
         assert isinstance(busy, Error) and busy.code == ErrorCode.EXCLUSIVE_BUSY, busy
         served_chunks = [chunk_of(c, s, episode_start=(i == 0)).chunk_robot for i, s in enumerate(states)]
     finally:
@@ -227,6 +232,8 @@ def test_a_hub_id_and_an_unsupported_lerobot_dir_are_refused_with_the_fix(ckpts,
         load_checkpoint("lerobot/act_aloha_sim_transfer_cube_human")
     with pytest.raises(CheckpointError, match="set `trained_fps:` in the manifest"):
         load_checkpoint(ckpts[0])
+    with pytest.raises(CheckpointError, match="model.action_names has 2 names but .* outputs 4 actions"):
+        load_checkpoint(ckpts[0], trained_fps=FPS, action_names=["a", "b"])
     no_processors = tmp_path / "old_act"
     no_processors.mkdir()
     for name in ("config.json", "model.safetensors"):
