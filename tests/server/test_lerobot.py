@@ -249,3 +249,16 @@ def test_server_modules_import_without_lerobot():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_the_lerobot_act_benchmark_times_the_served_forward_and_gives_p10(tmp_path):
+    import json
+
+    from benchmarks import lerobot_act
+
+    out = tmp_path / "lerobot_act.json"
+    assert lerobot_act.main(["--dim-model", "64", "--batches", "1", "2", "--repeats", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["batches"]) == {"1", "2"} and report["batches"]["1"]["forward_ms_p50"] > 0
+    p10 = report["p10"]["1"]
+    assert p10["n_max"] == min(p10["utilization_bound"], p10["latency_bound"]) > 0
