@@ -5,7 +5,7 @@
     <dir>/policy_preprocessor.json, policy_postprocessor.json
           + their *_step_*.safetensors (dataset stats)       make_pre_post_processors(cfg, pretrained_path=dir)
 
-    wire state (S,) = observation.state ++ observation.environment_state   (the order of config.json's input_features)
+    wire state (S,) = observation.state ++ observation.environment_state (when the policy has one), in that order
     per session: LeRobotPipeline (server/processors.py) -> LeRobot's preprocessor (batch, normalise)
     one forward pass: LeRobotPolicy.predict_action_chunk(stacked batch) -> LeRobot's predict_action_chunk / select_action
     per session: LeRobot's postprocessor (unnormalise) -> (T, A) robot-space chunk
@@ -80,16 +80,16 @@ class Family:
     chunk_rows: str  # the config field giving the rows LeRobot's predict_action_chunk returns
     lerobot_rtc: bool  # LeRobot's predict_action_chunk takes inference_delay / prev_chunk_left_over
     hyper_params: Mapping[str, Any]  # serving hyper-parameters a manifest may override
-    tested: str  # where this repository's tests serve it
 
 
+# tested here: act and diffusion (tests/server/test_lerobot.py, CPU); the pi0 family needs transformers and local
+# weights, and LeRobot's RTC guidance for it is not wired to remote sessions yet (served in append mode)
 FAMILIES: dict[str, Family] = {
-    "act": Family(True, "chunk_size", False, {}, "tests/server/test_lerobot.py (CPU)"),
-    "diffusion": Family(False, "n_action_steps", False, {"noise_seed": 0}, "tests/server/test_lerobot.py (CPU)"),
-    # LeRobot's RTC guidance for these is not wired to remote sessions yet: they are served in append mode
-    "pi0": Family(True, "chunk_size", True, {}, "not tested here (needs transformers and local weights)"),
-    "pi05": Family(True, "chunk_size", True, {}, "not tested here (needs transformers and local weights)"),
-    "smolvla": Family(True, "chunk_size", True, {}, "not tested here (needs transformers and local weights)"),
+    "act": Family(True, "chunk_size", False, {}),
+    "diffusion": Family(False, "n_action_steps", False, {"noise_seed": 0}),
+    "pi0": Family(True, "chunk_size", True, {}),
+    "pi05": Family(True, "chunk_size", True, {}),
+    "smolvla": Family(True, "chunk_size", True, {}),
 }
 
 
@@ -259,7 +259,9 @@ class LeRobotDiffusionPolicy(LeRobotPolicy):
 
 
 def _wrapper_class(type_name: str) -> type[LeRobotPolicy]:
-    base = LeRobotDiffusionPolicy if type_name == "diffusion" else LeRobotStatelessPolicy
+    """A class per type word (classify reads the class): stateless ones call predict_action_chunk; the one stateful
+    family, Diffusion, goes through select_action's observation queues."""
+    base = LeRobotStatelessPolicy if FAMILIES[type_name].chunk_stateless else LeRobotDiffusionPolicy
     return type(f"LeRobot_{type_name}", (base,), {"family": FAMILIES[type_name], "lerobot_type": type_name})
 
 

@@ -262,3 +262,11 @@ def test_the_lerobot_act_benchmark_times_the_served_forward_and_gives_p10(tmp_pa
     assert set(report["batches"]) == {"1", "2"} and report["batches"]["1"]["forward_ms_p50"] > 0
     p10 = report["p10"]["1"]
     assert p10["n_max"] == min(p10["utilization_bound"], p10["latency_bound"]) > 0
+
+
+def test_policy_server_check_accepts_a_lerobot_checkpoint(ckpts):
+    from server.check import check_policy
+
+    report = check_policy(ckpts[0], trained_fps=FPS)
+    assert (report["type"], report["policy_class"], report["supports_rtc"]) == ("act", "stateless", False)
+    assert report["chunk_size"] == ACT_CHUNK and report["cameras"] == {"front": [*CAM, 3]}
