@@ -199,7 +199,7 @@ def forward_cost(manifest: dict, fallback_ms: float, measure: bool = True, cache
     try:
         key = json.dumps(
             {
-                **{k: v for k, v in spec.items() if k != "path"},
+                **{k: v for k, v in spec.items() if k not in ("path", "trained_fps")},  # the rate times nothing
                 "checkpoint": checkpoint_hash(path),
                 "code": code_fingerprint(),
                 "host": _host(),
