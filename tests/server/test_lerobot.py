@@ -270,3 +270,39 @@ def test_policy_server_check_accepts_a_lerobot_checkpoint(ckpts):
     report = check_policy(ckpts[0], trained_fps=FPS)
     assert (report["type"], report["policy_class"], report["supports_rtc"]) == ("act", "stateless", False)
     assert report["chunk_size"] == ACT_CHUNK and report["cameras"] == {"front": [*CAM, 3]}
+
+
+def test_a_config_naming_imagenet_backbone_weights_loads_offline_with_the_checkpoints_tensors(ckpts, tmp_path):
+    import json
+    import shutil
+
+    copy = shutil.copytree(ckpts[0], tmp_path / "act_imagenet")
+    config = json.loads((copy / "config.json").read_text())
+    config["pretrained_backbone_weights"] = "ResNet18_Weights.IMAGENET1K_V1"  # as a hub ACT config names them
+    (copy / "config.json").write_text(json.dumps(config))
+    state, frame = act_observation(3)
+    chunks = []
+    for directory in (ckpts[0], copy):
+        runtime = ModelRuntime(load_checkpoint(directory, trained_fps=FPS))
+        chunks.append(runtime.infer([InferItem(runtime.new_pipeline(), state, {"front": frame})])[0].chunk_robot)
+    np.testing.assert_array_equal(chunks[0], chunks[1])
+
+
+def test_lerobot_families_classify_as_design_004_says_and_other_types_are_refused(tmp_path):
+    import json
+
+    from server.policies.base import classify
+    from server.policies.lerobot import _wrapper_class
+
+    assert {t: classify(_wrapper_class(t)) for t in ("act", "pi0", "pi05", "smolvla", "diffusion")} == {
+        "act": "stateless",
+        "pi0": "stateless",
+        "pi05": "stateless",
+        "smolvla": "stateless",
+        "diffusion": "stateful",
+    }
+    sac = tmp_path / "sac"
+    sac.mkdir()
+    (sac / "config.json").write_text(json.dumps({"type": "sac"}))
+    with pytest.raises(CheckpointError, match="LeRobot policy type 'sac' is not served.*act, diffusion"):
+        load_checkpoint(sac, trained_fps=FPS)
