@@ -206,6 +206,7 @@ def test_micro_batched_act_chunks_equal_each_session_alone(ckpts):
     runtime = ModelRuntime(load_checkpoint(ckpts[0], trained_fps=FPS))
     observations = [act_observation(seed) for seed in range(4)]
     items = [InferItem(runtime.new_pipeline(), s, {"front": f}) for s, f in observations]
+    assert items[0].pipeline.preprocessor is not items[1].pipeline.preprocessor  # per-session LeRobot processors
     batched = runtime.infer(items, emulate=False)
     assert {r.batch for r in batched} == {4} and not any(r.error for r in batched)
     for (state, frame), together in zip(observations, batched):
