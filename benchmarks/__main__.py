@@ -38,6 +38,7 @@ NAMES = (
     "report_memory",
     "dispatch",
     "forward_cost",
+    "lerobot_act",
     "gpu_forward",
     "speed_probe",
 )

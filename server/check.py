@@ -10,7 +10,8 @@ ready (zero observations, with an RTC prefix and without; a non-finite chunk ref
 forward pass on a synthetic observation of the declared shapes (a state drawn from stats.json, a random frame
 per declared camera) through `server.runtime.LocalPredictor`, the server's path for one session, must return a
 finite (chunk_size, action_dim) chunk in both spaces, and the same again with the previous chunk as the prefix
-where the policy takes one. Server side: it imports torch.
+where the policy takes one. A LeRobot checkpoint (server/policies/lerobot.py) is checked the same way, with a
+standard-normal state and `trained_fps` given (LeRobot's config records no rate). Server side: it imports torch.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ class PolicyCheckError(PolicyError):
     """The checkpoint loads, but serving it would fail: the message names what and what to do."""
 
 
-def check_policy(path: str | os.PathLike, device: str = "cpu", seed: int = 0) -> dict[str, Any]:
+def check_policy(
+    path: str | os.PathLike, device: str = "cpu", seed: int = 0, trained_fps: float | None = None
+) -> dict[str, Any]:
     """Check a checkpoint directory by the server's rules (module docstring); returns what a replica would announce.
 
     Raises the server's own PolicyError (CheckpointError, StatsError, PolicyConfigError: each names the file and the
@@ -48,7 +51,7 @@ def check_policy(path: str | os.PathLike, device: str = "cpu", seed: int = 0) ->
     where = os.fspath(path)
     directory = Path(where).expanduser()
     try:
-        loaded = load_checkpoint(path, device=device)
+        loaded = load_checkpoint(path, device=device, trained_fps=trained_fps)
     except CheckpointError as exc:
         if (
             directory.is_dir()
@@ -73,10 +76,12 @@ def check_policy(path: str | os.PathLike, device: str = "cpu", seed: int = 0) ->
             f"{where}: {exc}; the server runs this warm-up before it serves, so no replica of this "
             f"checkpoint would start (check the policy type's predict_action_chunk)"
         ) from None
-    stats = json.loads((directory / STATS_FILE).read_text())
     rng = np.random.default_rng(seed)
-    state_stats = stats["observation.state"]
-    state = np.asarray(state_stats["mean"]) + np.asarray(state_stats["std"]) * rng.standard_normal(cfg.state_dim)
+    if loaded.processor_kind == "stats":
+        state_stats = json.loads((directory / STATS_FILE).read_text())["observation.state"]
+        state = np.asarray(state_stats["mean"]) + np.asarray(state_stats["std"]) * rng.standard_normal(cfg.state_dim)
+    else:  # a LeRobot checkpoint: its dataset stats are in its processors' state files
+        state = rng.standard_normal(cfg.state_dim)
     images = {name: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8) for name, s in cfg.image_features.items()}
     obs = {"state": state.astype(np.float32), "images": images}
     predictor = LocalPredictor(runtime, rtc=True, torch_threads=torch.get_num_threads())
@@ -130,7 +135,11 @@ def main(argv: list[str] | None = None, prog: str = "policy-server check") -> in
         description="Check a checkpoint directory by the policy server's own "
         "rules: load, warm up, and one forward pass on a synthetic observation.",
     )
-    ap.add_argument("checkpoint", help="local checkpoint directory (config.json, model.safetensors, stats.json)")
+    ap.add_argument(
+        "checkpoint",
+        help="local checkpoint directory (config.json, model.safetensors, stats.json; or a LeRobot save_pretrained one)",
+    )
+    ap.add_argument("--trained-fps", type=float, default=None, help="a LeRobot checkpoint's rate (its config has none)")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
@@ -141,7 +150,7 @@ def main(argv: list[str] | None = None, prog: str = "policy-server check") -> in
         print(f"{prog}: --device {problem}", file=sys.stderr)
         return 2
     try:
-        report = check_policy(args.checkpoint, device=args.device)
+        report = check_policy(args.checkpoint, device=args.device, trained_fps=args.trained_fps)
     except (PolicyError, FileNotFoundError, ValueError) as exc:
         print(f"{prog}: {args.checkpoint}: {exc}", file=sys.stderr)
         return 2

@@ -5,8 +5,11 @@
     chunk_model (1, T, A) or (T, A)
       --postprocess--> to CPU float32 -> NormalizeStep -> RelativeActionsStep --> chunk_robot (T, A)
 
-Owns: the steps, `Pipeline`, `make_session_pipeline` and `prepare_prefix` (the RTC prefix in model
-space, re-anchored for relative-action policies as LeRobot's rtc.py does).
+    LeRobot checkpoints (processor kind "lerobot"): `LeRobotPipeline`, this session's copies of the checkpoint's
+    saved LeRobot pre/postprocessors, runs LeRobot's own steps between the same two conversions.
+
+Owns: the steps, `Pipeline`, `LeRobotPipeline`, `PIPELINE_KINDS` / `make_session_pipeline` and `prepare_prefix`
+(the RTC prefix in model space, re-anchored for relative-action policies as LeRobot's rtc.py does).
 
 Invariants:
 - One `Pipeline` per session, never shared: `RelativeActionsStep` caches the raw state at preprocess
@@ -237,7 +240,7 @@ class Pipeline:
         return next((s for s in self.steps if isinstance(s, step_type)), None)
 
 
-def make_session_pipeline(loaded: LoadedCheckpoint) -> Pipeline:
+def make_stats_pipeline(loaded: LoadedCheckpoint) -> Pipeline:
     """A NEW pipeline for one session; its NormalizeStep references `loaded.stats` without copying."""
     config = loaded.config
     steps: list[ProcessorStep] = [ToTensorStep(config), ImageStep(config)]
@@ -245,6 +248,76 @@ def make_session_pipeline(loaded: LoadedCheckpoint) -> Pipeline:
         steps.append(RelativeActionsStep(config.relative_state_indices))
     steps.append(NormalizeStep(loaded.stats))
     return Pipeline(config, steps)
+
+
+class LeRobotPipeline:
+    """A session's own copies of a LeRobot checkpoint's saved preprocessor and postprocessor (LeRobot's
+    `PolicyProcessorPipeline`s, deep-copied from the loaded ones: a LeRobot step may keep state, so no two
+    sessions share one). The `Pipeline` interface:
+
+        preprocess:  state (S,) -> split into the policy's state features (wire order)  } ToTensorStep's and
+                     each camera (H, W, 3) uint8 -> (1, 3, h, w) in [0, 1]               } images_to_model's checks
+                     -> LeRobot's preprocessor (rename, batch, normalise)  -> the policy's input features (B=1)
+        postprocess: (1, T, A) model-space chunk -> LeRobot's postprocessor (unnormalise) -> (T, A) robot space
+    """
+
+    def __init__(self, config: PolicyConfig, parts: Mapping[str, Any]):
+        import copy
+
+        self.config = config
+        preprocessor, postprocessor = parts["processors"]
+        self.preprocessor = copy.deepcopy(preprocessor)
+        self.postprocessor = copy.deepcopy(postprocessor)
+        self.state_keys: list[tuple[str, int]] = list(parts["state_keys"])
+        self.cameras: dict[str, str] = dict(parts["cameras"])  # camera name -> LeRobot feature key
+        self._to_tensor = ToTensorStep(config)
+        self._model_keys = [key for key, _ in self.state_keys] + list(self.cameras.values())
+
+    def preprocess(self, obs: Mapping[str, Any]) -> dict[str, Tensor]:
+        state = self._to_tensor.preprocess(dict(obs))[STATE_KEY]  # (1, S), size and finiteness checked
+        batch: dict[str, Any] = {}
+        start = 0
+        for key, size in self.state_keys:
+            batch[key] = state[:, start : start + size]
+            start += size
+        for name, key in self.cameras.items():
+            frame = obs.get(image_key(name))
+            if frame is None:
+                raise ProcessorError(
+                    f"observation has no camera {name!r}; the policy reads {key!r} (cameras: {', '.join(self.cameras)})",
+                    "CAMERA_MISMATCH",
+                )
+            shape = self.config.image_features[name]
+            if hasattr(frame, "decode") and not isinstance(frame, np.ndarray):
+                frame = frame.decode(at_least=(int(shape[1]), int(shape[2])))  # wire.images.EncodedImage
+            batch[key] = images_to_model(frame, shape)
+        out = self.preprocessor(batch)
+        return {key: out[key] for key in self._model_keys}
+
+    def postprocess(self, chunk_model: Tensor) -> Tensor:
+        chunk = self._to_tensor.chunk_to_cpu(chunk_model)
+        robot = self.postprocessor(chunk)
+        return torch.as_tensor(robot).to(device="cpu", dtype=torch.float32)[0]
+
+    def reset(self) -> None:
+        self.preprocessor.reset()
+        self.postprocessor.reset()
+
+    def find(self, step_type: type) -> Any:
+        """None: LeRobot's steps are not this module's `ProcessorStep`s (no RTC prefix is prepared for them)."""
+        return None
+
+
+# processor kind (LoadedCheckpoint.processor_kind) -> a NEW session pipeline
+PIPELINE_KINDS: dict[str, Any] = {
+    "stats": make_stats_pipeline,
+    "lerobot": lambda loaded: LeRobotPipeline(loaded.config, loaded.processor_parts),
+}
+
+
+def make_session_pipeline(loaded: LoadedCheckpoint) -> Pipeline | LeRobotPipeline:
+    """A NEW pipeline for one session, of the checkpoint's processor kind."""
+    return PIPELINE_KINDS[loaded.processor_kind](loaded)
 
 
 def _fit_rows(prefix: Tensor, horizon: int) -> Tensor:

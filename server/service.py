@@ -106,6 +106,7 @@ def replica_info(m: Manifest, keys: ReplicaKeys, loaded, runtime: ModelRuntime, 
         chunk_size=loaded.config.chunk_size,
         trained_fps=float(m.trained_fps or loaded.config.fps),
         supports_rtc=runtime.supports_rtc,
+        rtc_unsupported_reason=getattr(loaded.policy, "rtc_unsupported_reason", ""),
         serving_mode=mode,
         max_sessions=m.max_sessions,
         execution_horizon=int(horizon),
@@ -170,7 +171,13 @@ class PolicyServer:
         remote_forward = m.dispatch.backend != "local"
         # forward passes on Ray Serve: the copy here only gives config, processors and stats, so it stays on the CPU
         device = "cpu" if remote_forward else m.model.device
-        loaded = self._loaded or load_checkpoint(m.model.repo_or_path, device=device, dtype=m.model.dtype)
+        loaded = self._loaded or load_checkpoint(
+            m.model.repo_or_path,
+            device=device,
+            dtype=m.model.dtype,
+            trained_fps=m.trained_fps,
+            action_names=m.model.action_names,
+        )
         overrides = dict(m.model.hyper_params)
         if overrides:  # the manifest's sampling hyper-parameters (before the runtime reads rtc_mode)
             loaded.policy.override_hyper_params(overrides)

@@ -56,6 +56,7 @@ class ReplicaInfo:
     allowlist: tuple[str, ...] = ()  # client uuids or "tag=value"; empty = everyone
     known_clients: dict[str, Any] = field(default_factory=dict)  # client uuid -> manifest clients.known entry
     accept_unknown: bool = True
+    rtc_unsupported_reason: str = ""  # why an RTC session gets append mode (a LeRobot policy's own words)
 
     def model_fields(self, active: int, warmed_up: bool) -> dict[str, Any]:
         cap = self.effective_max_sessions
@@ -264,8 +265,9 @@ def validate_open(
     rtc = bool(req.rtc_enabled)
     if rtc and not info.supports_rtc:
         rtc = False
+        why = f" ({info.rtc_unsupported_reason})" if info.rtc_unsupported_reason else ""
         warnings.append(
-            f"policy type {info.policy_type!r} does not support RTC guidance; this session runs in "
+            f"policy type {info.policy_type!r} does not support RTC guidance{why}; this session runs in "
             "append mode (rtc_enabled=false in the ack)"
         )
     cap = info.effective_max_sessions

@@ -74,9 +74,13 @@ def cache_path() -> Path:
 def checkpoint_hash(directory: Path) -> str:
     """server.policies.checkpoint.checkpoint_hash of a checkpoint directory (that module imports torch; the
     bench's preflight does not): sha256 over config.json, model.safetensors, stats.json, each fed as name, NUL,
-    byte length (8 bytes little-endian), bytes."""
+    byte length (8 bytes little-endian), bytes; for a LeRobot directory, over every file in it, sorted by name
+    (a cache key here, not the server's hash)."""
     digest = hashlib.sha256()
-    for name in ("config.json", "model.safetensors", "stats.json"):
+    names = ("config.json", "model.safetensors", "stats.json")
+    if not (directory / "stats.json").is_file():  # a LeRobot directory: every file (server.policies.lerobot)
+        names = tuple(sorted(p.name for p in directory.iterdir() if p.is_file()))
+    for name in names:
         data = (directory / name).read_bytes()
         digest.update(name.encode() + b"\0" + len(data).to_bytes(8, "little"))
         digest.update(data)
@@ -190,11 +194,12 @@ def forward_cost(manifest: dict, fallback_ms: float, measure: bool = True, cache
         "execution_horizon": manifest.get("execution_horizon"),
         "torch_threads": int(manifest.get("torch_threads", 1) or 1),
         "max_batch": min(max_batch, MAX_TIMED_BATCH),
+        "trained_fps": manifest.get("trained_fps"),  # a LeRobot checkpoint's rate (its config records none)
     }
     try:
         key = json.dumps(
             {
-                **{k: v for k, v in spec.items() if k != "path"},
+                **{k: v for k, v in spec.items() if k not in ("path", "trained_fps")},  # the rate times nothing
                 "checkpoint": checkpoint_hash(path),
                 "code": code_fingerprint(),
                 "host": _host(),
@@ -283,7 +288,7 @@ def _child(spec: dict) -> dict:
     from server.runtime import InferItem, ModelRuntime, set_torch_threads
 
     set_torch_threads(spec["torch_threads"])
-    loaded = load_checkpoint(spec["path"], device="cpu", dtype=spec["dtype"])
+    loaded = load_checkpoint(spec["path"], device="cpu", dtype=spec["dtype"], trained_fps=spec.get("trained_fps"))
     if spec["hyper_params"]:
         loaded.policy.override_hyper_params(spec["hyper_params"])
     runtime = ModelRuntime(loaded, None, spec["execution_horizon"])

@@ -53,8 +53,20 @@ def checkpoint_present(name_or_path: str) -> bool:
     return (d / "config.json").is_file() and (d / "model.safetensors").is_file()
 
 
+# checkpoints made on the machine that runs them (git-ignored), and the command that makes each
+GENERATED = {
+    "lerobot_act_random": "python -m server.policies.lerobot_random bench/checkpoints/lerobot_act_random --type act "
+    "--state-dim 8 --env-state-dim 2 --action-dim 2 --chunk 30",
+}
+
+
 def missing_checkpoint_words(name_or_path: str, groups: list[GroupSpec]) -> str:
     d = checkpoint_dir(name_or_path)
+    if name_or_path in GENERATED:
+        return (
+            f"checkpoint {name_or_path!r} is made where it runs, with random weights (timing only, no task skill): "
+            f"{GENERATED[name_or_path]}"
+        )
     if (d / "config.json").is_file() and (d / "stats.json").is_file():  # shipped without weights (reacher_vla)
         return (
             f"checkpoint {name_or_path!r} ships without weights ({d} has config.json and stats.json only); "

@@ -66,14 +66,20 @@ class ModelConfig(_Section):
     """The checkpoint this replica serves (one model per process, design 004 8.1)."""
 
     repo_or_path: Checkpoint = _f(
-        doc="local checkpoint directory (config.json, model.safetensors, stats.json); "
-        "a hub id is refused: download it first"
+        doc="local checkpoint directory (config.json, model.safetensors, stats.json; or a LeRobot "
+        "save_pretrained directory); a hub id is refused: download it first"
     )
     revision: KeyChunk | None = _f(
         None, "revision in the keys and reported to clients", default_doc="checkpoint's, else `main`"
     )
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "weights dtype")
     device: Device = _f("cpu", "torch device: cpu, cuda or cuda:N (cuda needs a CUDA build of torch)")
+    action_names: Strs | None = _f(
+        None,
+        "the action columns in order, for a checkpoint that does not name them (LeRobot's config has no names: "
+        "its dataset's `action` feature names); a checkpoint with names refuses other ones",
+        default_doc="checkpoint's (LeRobot: `action_0` ...)",
+    )
     hyper_params: dict[str, Any] = _f(
         {},
         "serve the checkpoint with other sampling hyper-parameters, e.g. "
@@ -514,11 +520,18 @@ def _resolve_model_fields(section, fail: Callable[[str, str], None]):
             changes["model_id"] = name if _is_chunk(name) else sanitize(name, "model_id", slugify=True)
         except WireError:
             fail("model_id", f"the directory name {name!r} makes no model id; give model_id")
+    # a LeRobot Diffusion config says n_action_steps: the rows its chunk has (server/policies/lerobot.py)
+    chunk = meta.get("chunk_size", meta.get("n_action_steps") if meta.get("type") == "diffusion" else None)
     horizon = section.execution_horizon
     if horizon is None:
         h = meta.get("execution_horizon")
-        horizon = changes["execution_horizon"] = h if isinstance(h, int) and h >= 1 else DEFAULT_EXECUTION_HORIZON
-    chunk = meta.get("chunk_size")
+        if not (isinstance(h, int) and h >= 1):
+            h = (
+                min(DEFAULT_EXECUTION_HORIZON, chunk)
+                if isinstance(chunk, int) and chunk >= 1
+                else DEFAULT_EXECUTION_HORIZON
+            )
+        horizon = changes["execution_horizon"] = h
     if isinstance(chunk, int) and horizon > chunk:
         fail("execution_horizon", f"{horizon} exceeds the checkpoint's chunk_size {chunk}; use at most {chunk}")
     section._derive(**changes)

@@ -4,6 +4,8 @@
     flow_matching.py, flow_transformer.py, mlp_chunk.py, stateful_chunk.py, no_chunk.py   one type each
     flow_transformer_config.py, flow_transformer_compile.py, transformer_blocks.py   flow_transformer's parts
     checkpoint.py   config.json + model.safetensors + stats.json, local paths only, hashed
+    lerobot.py      LeRobot save_pretrained directories, served by LeRobot's classes (imported only then)
+    lerobot_random.py  small random-weight LeRobot checkpoints (tests, benchmarks)
     stats.py        normalisation stats (stats.json)
     train.py        train_bc: behaviour cloning into a checkpoint
 

@@ -4,6 +4,10 @@
     <dir>/model.safetensors  weights (safetensors: no code execution on load)
     <dir>/stats.json         normalisation stats (see server/policies/stats.py)
 
+A directory as LeRobot's `save_pretrained` writes it (config.json naming a LeRobot type, model.safetensors,
+policy_preprocessor.json, policy_postprocessor.json) loads through server/policies/lerobot.py instead, with
+LeRobot's own classes; LeRobot is imported only then.
+
 Invariants:
 - `checkpoint_hash` = sha256 over the three files in the fixed order above, each fed as
   name, NUL, byte length (8 bytes little-endian), bytes; so any changed byte in any file (e.g. two
@@ -18,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +55,9 @@ class LoadedCheckpoint:
     stats: StatsTensors
     checkpoint_hash: str
     revision_info: dict[str, Any] = field(default_factory=dict)
+    # which processors.PIPELINE_KINDS entry builds a session's pipeline, and what it builds it from
+    processor_kind: str = "stats"
+    processor_parts: dict[str, Any] = field(default_factory=dict)
 
 
 def checkpoint_hash(files: dict[str, bytes]) -> str:
@@ -102,10 +110,22 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def load_checkpoint(
-    path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    trained_fps: float | None = None,
+    action_names: Sequence[str] | None = None,
 ) -> LoadedCheckpoint:
-    """Load a local checkpoint directory into an eval-mode, grad-free policy on `device`/`dtype`."""
+    """Load a local checkpoint directory into an eval-mode, grad-free policy on `device`/`dtype`.
+
+    `trained_fps` and `action_names` (the manifest's) give a LeRobot checkpoint what LeRobot's config does not
+    record: its rate and its action columns' names. A checkpoint of ours names its actions: other names are refused."""
     directory = _resolve_local(path)
+    if not (directory / STATS_FILE).is_file():
+        from server.policies.lerobot import is_lerobot_checkpoint
+
+        if is_lerobot_checkpoint(directory):
+            return _load_lerobot(directory, device, _as_dtype(dtype), trained_fps, action_names)
     missing = [name for name in CHECKPOINT_FILES if not (directory / name).is_file()]
     if missing:
         raise CheckpointError(
@@ -114,6 +134,11 @@ def load_checkpoint(
     files = {name: (directory / name).read_bytes() for name in CHECKPOINT_FILES}
     config = PolicyConfig.from_json(files[CONFIG_FILE])
     policy_class(config.type)  # refuses unknown and chunk-less types before touching the weights
+    if action_names is not None and list(action_names) != config.action_names:
+        raise CheckpointError(
+            f"model.action_names {list(action_names)} differ from the names checkpoint {str(directory)!r} was trained "
+            f"with, {config.action_names}; drop model.action_names (it is for checkpoints that name none, as LeRobot's)"
+        )
 
     try:
         stats: Stats = json.loads(files[STATS_FILE])
@@ -150,6 +175,24 @@ def load_checkpoint(
         "checkpoint_hash": digest,
     }
     return LoadedCheckpoint(policy, policy.config, stats_to_tensors(stats), digest, revision_info)
+
+
+def _load_lerobot(directory: Path, device, dtype: torch.dtype, trained_fps, action_names) -> LoadedCheckpoint:
+    from server.policies.lerobot import LeRobotCheckpointError, load_lerobot_checkpoint
+
+    try:
+        parts = load_lerobot_checkpoint(directory, device, dtype, trained_fps, action_names)
+    except LeRobotCheckpointError as exc:
+        raise CheckpointError(str(exc)) from None
+    return LoadedCheckpoint(
+        parts["policy"],
+        parts["config"],
+        {},
+        parts["checkpoint_hash"],
+        parts["revision_info"],
+        processor_kind="lerobot",
+        processor_parts={k: parts[k] for k in ("processors", "state_keys", "cameras")},
+    )
 
 
 def _words(exc: Exception) -> str:
