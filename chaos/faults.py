@@ -233,6 +233,14 @@ class ManagedProcess:
             self.start()
         return FaultHandle(self, "restart")
 
+    def start_new(self) -> FaultHandle:
+        """Start a process not started yet (a replica added mid-run: a scale-up); returns once ready."""
+        with self._lock:
+            if self.alive():
+                raise ProcessFaultError(f"{self.name}: start of a process that is already running")
+            self.start()
+        return FaultHandle(self, "start")
+
     def restart_with(self, argv: list[str]) -> FaultHandle:
         """Restart with another argv (another manifest or checkpoint); undo restores the previous."""
         if not argv or not all(isinstance(a, str) for a in argv):
@@ -271,6 +279,7 @@ FAULTS: dict[str, Callable[..., FaultHandle]] = {
     "kill": ManagedProcess.kill,
     "term": ManagedProcess.term,
     "restart": ManagedProcess.restart,
+    "start": ManagedProcess.start_new,
     "restart_with": ManagedProcess.restart_with,
     "pause": ManagedProcess.pause,
     "resume": ManagedProcess.resume,

@@ -263,6 +263,7 @@ ACTIONS: dict[tuple[str, str], ActionSpec] = {
     ("process", "kill"): ActionSpec(_apply_process, "optional"),
     ("process", "term"): ActionSpec(_apply_process, "optional", _TERM),
     ("process", "restart"): ActionSpec(_apply_process, "never"),
+    ("process", "start"): ActionSpec(_apply_process, "never"),
     ("process", "restart_with"): ActionSpec(_apply_process, "optional", _RESTART_WITH),
     ("process", "pause"): ActionSpec(_apply_process, "required"),
     ("robot", "kill"): ActionSpec(_apply_robot, "optional"),

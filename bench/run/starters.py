@@ -219,6 +219,9 @@ def start_servers(run: RunState) -> None:
             "start_s": replica_start_s(manifest),
         }  # its start and a restart's
 
+        if replica.start_at is not None:
+            continue  # a scale-up: its `start` fault starts it at start_at (bench.scenario.events.read_faults)
+
         def start(c=child, rid=replica.id, path=path, manifest=manifest):
             try:
                 if run.cluster is None:

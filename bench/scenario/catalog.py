@@ -77,7 +77,7 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "rejoin_s": (
         "scalar",
         "s",
-        "worst time from a restarted replica's return until it holds 3/4 of a fair share of the sessions "
+        "worst time from a restarted or added replica's return until it holds 3/4 of a fair share of the sessions "
         "(total / replicas); inf if it never did, none without such a fault",
     ),
     "dead_robots": ("scalar", "", "robots whose engine ended DEAD or failed"),

@@ -74,8 +74,31 @@ def read_faults(w: Where, m: sm.ScenarioFile, sites, replicas, groups) -> list[d
             raise ScenarioError(
                 w.source, w.line(*path), f"faults[{i}].at", f"fault at {t}s is after the end of the run ({duration}s)"
             )
+        if item.get("action") == "start":
+            raise w.fail(
+                (*path, "action"),
+                f"`start` is not written as a fault: give the replica `start_at: {t if t is not None else 20}` "
+                "under servers.replicas (it then starts at that time, as a fault the report shades)",
+            )
+        late = {f"server:{r.id}": r.start_at for r in replicas if r.start_at is not None}
+        if target in late and isinstance(t, (int, float)) and t <= late[target]:
+            raise w.fail(
+                (*path, "at"),
+                f"{target} starts at {late[target]:g} s (its start_at): a fault on it at {t:g} s finds no process",
+            )
+    for j, r in enumerate(replicas):
+        if r.start_at is not None and r.start_at >= float(m.duration_s):
+            raise w.fail(
+                ("servers", "replicas", j, "start_at"),
+                f"{r.start_at:g} s is not before the end of the run ({float(m.duration_s):g} s)",
+            )
     _check_timeline_with_chaos(w, raw)
-    return [dict(item) for item in raw]
+    starts = [
+        {"at": float(r.start_at), "target": f"server:{r.id}", "action": "start"}
+        for r in replicas
+        if r.start_at is not None
+    ]
+    return [dict(item) for item in raw] + starts
 
 
 def _check_robot_target(w: Where, path: tuple, target: str, groups) -> None:

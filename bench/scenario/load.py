@@ -132,6 +132,7 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
             max_sessions=r.max_sessions,
             emulated_latency=r.emulated_latency,
             manifest=dict(r.manifest),
+            start_at=r.start_at,
             line=w.line("servers", "replicas", i),
         )
         for i, r in enumerate(m.servers.replicas)

@@ -346,6 +346,11 @@ class Replica(_Model):
         "`emulated_latency`); reported as `inference_emulated`",
     )
     manifest: dict = _f({}, "manifest keys for this replica only (win over `servers.manifest`)")
+    start_at: NonNegNum | None = _f(
+        None,
+        "seconds after t=0 at which this replica starts (a scale-up: a `start` fault at that time); "
+        "none: it starts with the run",
+    )
 
 
 class Servers(_Model):

@@ -79,6 +79,7 @@ class ReplicaSpec:
     max_sessions: int
     emulated_latency: Any
     manifest: dict
+    start_at: float | None = None  # a scale-up: started by a `start` fault at this time
     line: int = 0
 
 

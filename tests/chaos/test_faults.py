@@ -217,7 +217,7 @@ def test_apply_fault_by_name(sleeper):
         apply_fault(procs, "server:r0", "explode")
     with pytest.raises(ProcessFaultError, match=r"server:r0: kill takes no parameters, got signal"):
         apply_fault(procs, "server:r0", "kill", signal=9)
-    assert set(FAULTS) == {"kill", "term", "restart", "restart_with", "pause", "resume"}
+    assert set(FAULTS) == {"kill", "term", "restart", "start", "restart_with", "pause", "resume"}
 
 
 def test_replace_arg():
@@ -241,3 +241,24 @@ def test_router_restarts_on_the_same_port(tmp_path):
             socket.create_connection((host, int(port)), timeout=1).close()
     finally:
         router.stop()
+
+
+def test_start_new_starts_a_process_never_started_and_refuses_a_running_one(tmp_path):
+    """The `start` fault (a replica added mid-run): the child registered but not started comes up and is ready;
+    a second start of it is refused by name, not run twice."""
+    from wire.procs import ChildProcess
+
+    child = ChildProcess(
+        [sys.executable, "-c", SLEEPER], tmp_path / "late.log", ready_text="sleeper ready", name="late"
+    )
+    proc = ManagedProcess(child, name="late", ready_timeout_s=10, stop_grace_s=2)
+    try:
+        assert child.proc is None and not proc.alive()
+        handle = FAULTS["start"](proc)
+        assert handle.action == "start" and not handle.reversible
+        assert proc.alive() and proc_state(child.pid) in ("S", "R")
+        assert "sleeper ready" in child.log_path.read_text()
+        with pytest.raises(ProcessFaultError, match="late: start of a process that is already running"):
+            apply_fault({"server:late": proc}, "server:late", "start")
+    finally:
+        proc.stop()

@@ -16,11 +16,8 @@ from bench.evidence.figures.scope import _Scope, scalar
 
 FAIR_SHARE_FRACTION = 0.75  # "carries its share": at least this much of total sessions / replicas
 END_WINDOW_S = 10.0  # the spread at the end: the last seconds of the measured window
-RETURNING = (
-    "restart",
-    "restart_with",
-    "kill",
-)  # process faults after which a replica comes back (kill: with a duration)
+# process faults after which a replica comes back (kill: with a duration) or joins (start: a scale-up)
+RETURNING = ("restart", "restart_with", "kill", "start")
 
 
 def _members(s: _Scope):
@@ -65,9 +62,9 @@ def _spread(s: _Scope) -> float:
 
 
 def returns(s: _Scope) -> list[tuple[str, float]]:
-    """(replica, second it was scraped again) for every replica that a fault took down and brought back: its
-    first sample at or after the fault's end (a restart ends once the replica is ready; a kill with a duration
-    at its restart)."""
+    """(replica, second it was scraped again) for every replica that a fault took down and brought back, or
+    started mid-run: its first sample at or after the fault's end (a restart or a start ends once the replica
+    is ready; a kill with a duration at its restart)."""
     active = _per_second(s, "active_sessions")
     out = []
     for w in s.data.fault_windows:

@@ -365,3 +365,27 @@ def test_the_json_schema_validates_every_shipped_scenario_and_rejects_unknown_ke
     group = base["fleet"]["groups"][0]
     for bad in ({"cuont": 2}, {"engine": {"rtc": False}}, {"engine": {"fallback": "holdd"}}, {"count": 0}):
         assert not validator.is_valid({**base, "fleet": {"groups": [{**group, **bad}]}}), bad
+
+
+def _with_late_replica(extra: str = "", start_at: float = 4) -> str:
+    return (
+        BASE.replace(
+            "    - {id: r0, checkpoint: reacher}\n",
+            f"    - {{id: r0, checkpoint: reacher}}\n    - {{id: r1, checkpoint: reacher, start_at: {start_at}}}\n",
+        )
+        + extra
+    )
+
+
+def test_a_replica_with_start_at_becomes_a_start_fault_and_its_misuses_are_refused(tmp_path, capsys):
+    from bench.scenario.load import parse_scenario
+
+    s = parse_scenario(_with_late_replica(), source="s.yaml", check_checkpoints=False)
+    assert {"at": 4.0, "target": "server:r1", "action": "start"} in s.faults
+    assert [r.start_at for r in s.replicas] == [None, 4.0]
+    rc, err = validate(tmp_path, _with_late_replica(start_at=10), capsys)
+    assert rc == 2 and "servers.replicas[1].start_at" in err and "not before the end of the run (10 s)" in err
+    rc, err = validate(tmp_path, _with_late_replica("faults:\n  - {at: 2, target: server:r1, action: kill}\n"), capsys)
+    assert rc == 2 and "server:r1 starts at 4 s (its start_at): a fault on it at 2 s finds no process" in err
+    rc, err = validate(tmp_path, BASE + "faults:\n  - {at: 2, target: server:r0, action: start}\n", capsys)
+    assert rc == 2 and "give the replica `start_at: 2`" in err
