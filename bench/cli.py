@@ -7,7 +7,7 @@
     bench validate FILE [FILE ...]                         check scenario files without running (exit 0/2)
     bench list                                             the shipped scenarios with their descriptions
     bench figures                                          the figures assertions may use
-    bench robots [FILE ...] [--no-measure]                 robot types here (built in, plugins, the files' gym envs)
+    bench robots [FILE ...] [--gym MAPPING] [--no-measure] robot types here (built in, plugins, the files' gym envs)
     bench schema scenario                                  the scenario language's JSON Schema (editors)
     bench sweep FILE --key K --values a,b [--capacity]    one run per value; --capacity: load steps, knee, P10
     bench incident --edge LOG --audit A --from T0 --to T1 --out F.yaml   replay one robot's incident
@@ -170,6 +170,21 @@ def cmd_robots(args) -> int:
         from bench.robots import robot_type
 
         gym_types += [robot_type(g.robot) for g in s.groups if g.gym is not None]
+    taken = {t.name: t.config for t in gym_types}
+    for text in args.gym:
+        from pydantic import ValidationError
+
+        from bench.robots.gymenv import GymMappingError, gym_robot_type, type_name
+        from bench.scenario.model import Gym
+
+        try:
+            config = Gym.model_validate(_parse_value(text)).model_dump(exclude_none=True)
+            gym_types.append(gym_robot_type(config, type_name(config, taken), measure=False))
+            taken[gym_types[-1].name] = config
+        except ValidationError as exc:
+            return _invalid(f"bench robots: --gym {text!r}: {exc.errors()[0]['msg']} (the keys of a group's gym:)")
+        except GymMappingError as exc:
+            return _invalid(f"bench robots: --gym {text!r}: {exc}")
     print(listing.format_rows(listing.available(gym_types, measure=not args.no_measure)))
     return Exit.PASS
 
@@ -459,6 +474,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="robot types available here: state/action names, cameras, fps, fallback, measured cost per tick",
     )
     rb.add_argument("files", nargs="*", help="scenario files whose gym groups to list too")
+    rb.add_argument(
+        "--gym",
+        action="append",
+        default=[],
+        metavar="MAPPING",
+        help="a gym env to list too, as a group's gym: key in YAML, e.g. "
+        "--gym '{env: gym_pusht/PushT-v0, kwargs: {obs_type: state}}' (repeatable)",
+    )
     rb.add_argument("--no-measure", action="store_true", help="skip the short stepping measurement of each type")
     rb.set_defaults(func=cmd_robots)
 

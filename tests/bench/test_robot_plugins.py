@@ -209,13 +209,22 @@ def test_a_gym_batch_keeps_the_robot_batch_contract(plugin_path):
     assert fleet.done.all() and fleet.truncated.all(), "the env's TimeLimit (60 steps) ends the episode"
     fleet.reset([0])
     assert list(fleet.done) == [False, True, True] and fleet.tick[0] == 0
+    # the sizing rule prices a gym robot's tick at its measured cost, not a MuJoCo step's
+    from bench.run.sizing import physics_ms_per_tick
+
+    cls.tick_us = 1234.0
+    assert physics_ms_per_tick(cls.name, 30.0) == pytest.approx(1.234)
 
 
 def test_bench_robots_lists_built_in_and_plugin_types(tmp_path):
     scenario = tmp_path / "gym_plugin.yaml"
     scenario.write_text(scenario_text())
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.cli", "robots", "--no-measure", str(scenario)],
+        [
+            *(sys.executable, "-m", "bench.cli", "robots", "--no-measure", str(scenario), "--gym"),
+            "{env: fleet_robot_fixture/PointReach-v0, kwargs: {image: true}, "
+            "observation: {state: [joints], cameras: {wrist: camera}}}",
+        ],
         cwd=REPO,
         env=plugin_env(),
         capture_output=True,
@@ -234,3 +243,5 @@ def test_bench_robots_lists_built_in_and_plugin_types(tmp_path):
         assert head in out, out
     assert "action:   joint0.torque, joint1.torque (2)" in out and "one env a robot" in out
     assert "not measured" in out and "us/tick" not in out
+    # --gym: an env sized before any scenario names it, its images as observation cameras
+    assert "gym:fleet_robot_fixture/PointReach-v0~" in out and "wrist (observation, 16x16)" in out, out
