@@ -45,6 +45,8 @@ def load_class(target: str, what: str) -> type[RobotType]:
             f"{what}: cannot import {module!r} ({exc}); install the package that holds it (pip install -e DIR) "
             "or put its directory on PYTHONPATH"
         ) from None
+    except Exception as exc:  # the user's module raised while importing: said, not a traceback through the loader
+        raise PluginError(f"{what}: importing {module!r} raised {type(exc).__name__}: {exc}") from None
     cls = getattr(mod, attr, None)
     if cls is None:
         public = sorted(n for n, v in vars(mod).items() if isinstance(v, type) and issubclass(v, RobotType))

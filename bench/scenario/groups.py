@@ -249,6 +249,7 @@ def check_gym_policies(w: Where, groups: list[GroupSpec]) -> None:
     """A gym group's mapping against the checkpoint it names: the server refuses a session whose action names
     differ (sessions.py) and an observation whose state has another size, so both are said here, at the key."""
     from bench.robots.core import robot_type
+    from bench.robots.gymenv import describe
 
     for i, g in enumerate(groups):
         if g.gym is None:
@@ -256,6 +257,12 @@ def check_gym_policies(w: Where, groups: list[GroupSpec]) -> None:
         config = checkpoint_config(g.policy)
         cls = robot_type(g.robot)
         names, dim = config.get("action_names"), config.get("state_dim")
+        if names is not None and len(names) != len(cls.action_names):
+            raise w.fail(
+                ("fleet", "groups", i, "policy"),
+                f"the policy {g.policy!r} acts on {len(names)} actions {list(names)}; the env takes "
+                f"{len(cls.action_names)} ({describe(cls.mapping.action_space)}): serve a policy trained on this env",
+            )
         if names is not None and list(names) != list(cls.action_names):
             raise w.fail(
                 ("fleet", "groups", i, "gym", "action", "names"),
