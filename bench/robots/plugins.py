@@ -68,7 +68,9 @@ def load_plugin(name: str) -> type[RobotType] | None:
         if target is None:
             return None
         cls = load_class(target, f"robot {name!r} (entry point {ENTRY_POINT_GROUP} {name} = {target})")
-    if not cls.name:  # an undecorated class: its name is the scenario's word
+    if not cls.name or ROBOT_TYPES.get(cls.name, cls) is not cls:
+        # undecorated, or a name inherited from the type it subclasses (whose compiled model that name keys):
+        # its name is the scenario's word
         cls.name = name
     ROBOT_TYPES.setdefault(name, cls)
     return ROBOT_TYPES[name]

@@ -163,6 +163,7 @@ def test_plugin_robot_types_are_found_by_entry_point_and_module_class(tmp_path, 
     by_entry_point = core.robot_type("two_link")
     by_path = core.robot_type("fleet_robot_fixture.robots:TwoLink")
     assert by_entry_point is by_path and by_entry_point.__module__ == "fleet_robot_fixture.robots"
+    assert by_entry_point.name == "two_link" and core.robot_type("reacher").name == "reacher"
     # its own MJCF: the longer second link reaches further than the shipped reacher's
     batch = by_entry_point.fleet(2, seed=0)
     assert isinstance(batch, core.RobotBatch) and batch.model.geom("link1").size[1] > 0.055

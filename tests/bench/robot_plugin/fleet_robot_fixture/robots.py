@@ -13,9 +13,9 @@ MJCF = Path(__file__).parent / "two_link.xml"
 
 
 class TwoLink(Reacher):
-    """Not decorated with @register_robot: the bench registers it under the word the scenario uses."""
+    """Not decorated with @register_robot: the bench registers it under the word the scenario uses (not the
+    `reacher` name it inherits, which keys the shipped reacher's compiled model)."""
 
-    name = ""
     episode_s = 3.0
 
     @classmethod
