@@ -7,6 +7,7 @@
     bench validate FILE [FILE ...]                         check scenario files without running (exit 0/2)
     bench list                                             the shipped scenarios with their descriptions
     bench figures                                          the figures assertions may use
+    bench robots [FILE ...] [--gym MAPPING] [--no-measure] robot types here (built in, plugins, the files' gym envs)
     bench schema scenario                                  the scenario language's JSON Schema (editors)
     bench sweep FILE --key K --values a,b [--capacity]    one run per value; --capacity: load steps, knee, P10
     bench incident --edge LOG --audit A --from T0 --to T1 --out F.yaml   replay one robot's incident
@@ -49,9 +50,11 @@ def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool =
     checkpoints are on disk: everything `bench run` needs before a process starts (validate calls this too)."""
     from bench.run.manifests import check_on_disk
     from bench.scenario import load as sc
+    from bench.scenario.groups import check_gym_envs
 
     s = sc.load_scenario(path)
     if not sets:
+        check_gym_envs(s)
         if check_checkpoints:
             check_on_disk(s)
         return s
@@ -68,6 +71,7 @@ def load_with_overrides(path: str, sets: list[str], *, check_checkpoints: bool =
             parent, _, _ = key.rpartition(".")
             raise sc.ScenarioError(path, 0, key, f"--set: {parent or key!r} does not exist in the scenario") from None
     s = sc.build_scenario(data, f"{path} (with --set)")
+    check_gym_envs(s)
     if check_checkpoints:
         check_on_disk(s)
     return s
@@ -150,6 +154,38 @@ def cmd_figures(args) -> int:
     for name, (kind, unit, doc) in FIGURES.items():
         print(f"{name:<24} {kind:<7} {unit:<6} {doc}")
     print(f"\nfunctions: {', '.join(sorted(FUNCTIONS))}\nstates: {', '.join(STATES)}")
+    return Exit.PASS
+
+
+def cmd_robots(args) -> int:
+    from bench.robots import listing
+    from bench.scenario.load import ScenarioError, load_scenario
+
+    gym_types = []
+    for path in args.files:
+        try:
+            s = load_scenario(path)
+        except ScenarioError as exc:
+            return _invalid(f"bench robots: invalid scenario: {exc}")
+        from bench.robots import robot_type
+
+        gym_types += [robot_type(g.robot) for g in s.groups if g.gym is not None]
+    taken = {t.name: t.config for t in gym_types}
+    for text in args.gym:
+        from pydantic import ValidationError
+
+        from bench.robots.gymenv import GymMappingError, gym_robot_type, type_name
+        from bench.scenario.model import Gym
+
+        try:
+            config = Gym.model_validate(_parse_value(text)).model_dump(exclude_none=True)
+            gym_types.append(gym_robot_type(config, type_name(config, taken), measure=False))
+            taken[gym_types[-1].name] = config
+        except ValidationError as exc:
+            return _invalid(f"bench robots: --gym {text!r}: {exc.errors()[0]['msg']} (the keys of a group's gym:)")
+        except GymMappingError as exc:
+            return _invalid(f"bench robots: --gym {text!r}: {exc}")
+    print(listing.format_rows(listing.available(gym_types, measure=not args.no_measure)))
     return Exit.PASS
 
 
@@ -432,6 +468,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     fig = sub.add_parser("figures", help="figures and functions usable in assertions")
     fig.set_defaults(func=cmd_figures)
+
+    rb = sub.add_parser(
+        "robots",
+        help="robot types available here: state/action names, cameras, fps, fallback, measured cost per tick",
+    )
+    rb.add_argument("files", nargs="*", help="scenario files whose gym groups to list too")
+    rb.add_argument(
+        "--gym",
+        action="append",
+        default=[],
+        metavar="MAPPING",
+        help="a gym env to list too, as a group's gym: key in YAML, e.g. "
+        "--gym '{env: gym_pusht/PushT-v0, kwargs: {obs_type: state}}' (repeatable)",
+    )
+    rb.add_argument("--no-measure", action="store_true", help="skip the short stepping measurement of each type")
+    rb.set_defaults(func=cmd_robots)
 
     sch = sub.add_parser("schema", help="print a JSON Schema for editors (docs/scenarios.md, Editor support)")
     sch.add_argument("what", choices=["scenario"])

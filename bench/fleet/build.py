@@ -35,7 +35,12 @@ def build(shard) -> None:
         if not members:
             continue
         s0 = specs[members[0]]
-        batch = robots_core.RobotBatch(s0["robot_type"], len(members), seed=0, fps=s0["fps"], episode_s=s0["episode_s"])
+        if s0.get("gym"):  # a gym group's type is its config, registered here as in the runner
+            from bench.robots.gymenv import gym_robot_type
+
+            gym_robot_type(s0["gym"], s0["robot_type"], measure=False)
+        cls = robots_core.robot_type(s0["robot_type"])
+        batch = cls.fleet(len(members), seed=0, fps=s0["fps"], episode_s=s0["episode_s"])
         from gymnasium.utils import seeding
 
         for j, r in enumerate(members):
@@ -62,7 +67,12 @@ def build(shard) -> None:
 
                 view = batch.robot(j)
                 shard.robots[r].cameras = [
-                    (name, make_camera(cams["kind"], view, cams["height"], cams["width"], seed=specs[r]["seed"] + k))
+                    (
+                        name,
+                        make_camera(
+                            cams["kind"], view, cams["height"], cams["width"], seed=specs[r]["seed"] + k, name=name
+                        ),
+                    )
                     for k, name in enumerate(cams["names"])
                 ]
     # engines: building them opens a Zenoh session each; do it on a few threads

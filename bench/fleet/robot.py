@@ -36,6 +36,7 @@ def robot_spec(
         "group_index": group_index,
         "index": index,
         "robot_type": group.robot,
+        "gym": getattr(group, "gym", None),  # a gym group's config: the shard makes its type from it
         "fps": group.fps,
         "episode_s": group.episode_s,
         "seed": robot_seed(seed, sg, index),

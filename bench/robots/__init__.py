@@ -3,6 +3,8 @@
     make_robot("arm", seed=0)        -> TwinEnv (gymnasium.Env), step(None) = no new command
     RobotBatch("reacher", 300)       -> 300 robots stepped in lockstep, same semantics as TwinEnv
     ROBOT_TYPES / register_robot     -> one file per robot type: arm.py, reacher.py, base.py
+    plugins.py                       -> users' types: entry points `fleet_inference.robots`, `module:Class`
+    gymenv.py                        -> any Gymnasium env as a type, from a scenario's `gym:` (one env a robot)
 
 Each robot type's MjModel is compiled once per process (models.py); robots own only their MjData.
 """
@@ -11,7 +13,7 @@ Each robot type's MjModel is compiled once per process (models.py); robots own o
 from bench.robots import models  # noqa: I001  isort: skip
 
 # Importing a robot type's module registers it (after core: each module imports register_robot).
-from bench.robots import arm, base, reacher  # noqa: E402,F401
+from bench.robots import arm, base, plugins, reacher  # noqa: E402,F401
 from bench.robots.core import (
     DEFAULT_FPS,
     ROBOT_TYPES,

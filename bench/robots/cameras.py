@@ -1,6 +1,7 @@
-"""Per-robot cameras: `rendered` (MuJoCo offscreen) or `synthetic` (procedural, real-camera sized).
+"""Per-robot cameras: `rendered` (MuJoCo offscreen), `synthetic` (procedural, real-camera sized) or
+`observation` (the image a gymnasium env puts in its observation, bench.robots.gymenv).
 
-    make_camera(kind, robot, height, width, seed).frame() -> (H, W, 3) uint8 RGB
+    make_camera(kind, robot, height, width, seed, name).frame() -> (H, W, 3) uint8 RGB
 
 `robot` is anything with `.model`, `.camera_view` and `.scene_data()`: a TwinEnv, or
 RobotBatch.robot(i) for one robot of a fleet. `camera.kind` names what produced the frames, and is
@@ -42,18 +43,24 @@ def register_camera(kind: str):
     return register
 
 
-def make_camera(kind: str, robot: CameraSubject, height: int = 96, width: int = 96, seed: int = 0) -> Camera:
+def make_camera(
+    kind: str, robot: CameraSubject, height: int = 96, width: int = 96, seed: int = 0, name: str = ""
+) -> Camera:
+    """A camera of `kind` on `robot`; `name` is the camera's (an `observation` camera reads that image)."""
     try:
         cls = CAMERA_KINDS[kind]
     except KeyError:
         raise ValueError(f"unknown camera kind {kind!r}; known: {sorted(CAMERA_KINDS)}") from None
     if not (0 < height <= MAX_RENDER_HEIGHT and 0 < width <= MAX_RENDER_WIDTH):
         raise ValueError(f"camera size {height}x{width} outside 1..{MAX_RENDER_HEIGHT}x1..{MAX_RENDER_WIDTH}")
-    return cls(robot, height, width, seed)
+    camera = cls(robot, height, width, seed)
+    camera.name = name
+    return camera
 
 
 class Camera:
     kind: ClassVar[str] = ""
+    name: str = ""
 
     def __init__(self, robot: CameraSubject, height: int, width: int, seed: int):
         self.robot, self.height, self.width, self.seed = robot, height, width, seed
@@ -199,3 +206,23 @@ class SyntheticCamera(Camera):
         frame = self.bank[self.index]
         self.index = (self.index + self.stride) % BANK_FRAMES
         return frame
+
+
+# -- observation ---------------------------------------------------------------------------
+
+
+@register_camera("observation")
+class ObservationCamera(Camera):
+    """The image named by the camera's name in the robot's latest env observation (a gym group's
+    `observation.cameras`): the env draws it, this process renders nothing."""
+
+    def __init__(self, robot: CameraSubject, height: int, width: int, seed: int):
+        super().__init__(robot, height, width, seed)
+        if not hasattr(robot, "observation_image"):
+            raise ValueError(
+                "camera kind `observation` takes its images from a gymnasium env's observation: "
+                "only a group with `gym:` has one"
+            )
+
+    def frame(self) -> np.ndarray:
+        return self.robot.observation_image(self.name)

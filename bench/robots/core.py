@@ -71,11 +71,22 @@ def register_robot(name: str):
     return register
 
 
+# Where a name no module registered is looked up next (bench.robots.plugins adds its entry points and
+# `module:Class`): each returns the type, registered, or None.
+TYPE_FINDERS: list = []
+
+
 def robot_type(name: str) -> type[RobotType]:
-    try:
-        return ROBOT_TYPES[name]
-    except KeyError:
-        raise ValueError(f"unknown robot type {name!r}; known: {sorted(ROBOT_TYPES)}") from None
+    """The registered type `name`, else a finder's (a plugin, imported and registered on first use);
+    ValueError naming the known ones otherwise."""
+    cls = ROBOT_TYPES.get(name)
+    if cls is not None:
+        return cls
+    for find in TYPE_FINDERS:
+        cls = find(name)
+        if cls is not None:
+            return cls
+    raise ValueError(f"unknown robot type {name!r}; known: {sorted(ROBOT_TYPES)}")
 
 
 class RobotType:
@@ -110,6 +121,12 @@ class RobotType:
     @classmethod
     def load_spec(cls) -> mujoco.MjSpec:
         raise NotImplementedError
+
+    @classmethod
+    def fleet(cls, n: int, *, seed: int | None = 0, fps: float = DEFAULT_FPS, episode_s: float | None = None):
+        """n robots of this type stepped as one (a shard's slot): a RobotBatch, batched MuJoCo; a type that
+        cannot be batched (bench.robots.gymenv) returns its own batch with the same contract."""
+        return RobotBatch(cls.name, n, seed=seed, fps=fps, episode_s=episode_s)
 
     # -- per-robot reset ---------------------------------------------------------------------
     def new_task(self, n: int) -> dict[str, np.ndarray]:
@@ -444,6 +461,27 @@ class TwinEnv(gym.Env):
 
     def close(self):
         self.camera = None
+
+
+def measure_tick_us(cls: type[RobotType], robots: int = 4, ticks: int = 50) -> float:
+    """CPU (us of this thread) one robot's tick costs in a fleet slot of `robots` stepped `ticks` ticks with hold
+    commands, episodes reset as the shard's loop resets them: the physics (or a gym env's step and its mapping)
+    and the batch's own Python, not the engine's or the records'."""
+    import time
+
+    batch = cls.fleet(robots, seed=0, fps=getattr(cls, "fps", DEFAULT_FPS))
+    batch.step(None)  # first-step costs (lazy imports, caches) are not a tick's
+    t0 = time.thread_time()
+    for _ in range(ticks):
+        batch.step(None)
+        done = batch.done
+        if done.any():
+            batch.reset(np.nonzero(done)[0])
+    cost = (time.thread_time() - t0) / (ticks * robots) * 1e6
+    close = getattr(batch, "close", None)
+    if close is not None:
+        close()
+    return cost
 
 
 def make_robot(

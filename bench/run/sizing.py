@@ -3,7 +3,8 @@
 Owns the shard rule, the request rate a robot's engine keeps (`requests_per_robot_s`) and the real-time estimate
 printed by `bench run --check` and before every run. Invariant: an explicit `fleet.shards` integer is never
 changed; `auto` always resolves to >= 1, and to the same count for the same scenario on a host with the same core
-count (it reads checkpoint configs and network profiles, never a timing).
+count (it reads checkpoint configs and network profiles, never a timing, but for a gym env's tick: a generic env's
+cost is known only by stepping it, bench.robots.gymenv).
 
 The rule (evidence in docs/bench.md "Sizing the bench to the host"): a shard's control loop shares its process's GIL
 with every engine thread of that shard, so a shard carries at most the CPU work of 100 reacher robots at 30 Hz (its
@@ -176,6 +177,11 @@ def physics_ms_per_tick(robot: str, fps: float) -> float:
 
     try:
         cls = robot_type(robot)
+        # a gym env's tick, timed on this host when its scenario loaded (bench.robots.gymenv): taken as the
+        # reference speed's, so a gym group's shard count may differ between hosts and loads
+        measured = getattr(cls, "tick_us", None)
+        if measured is not None:
+            return measured / 1e3
         n, _ = substeps_for(fps, cls.nominal_physics_dt, getattr(cls, "max_physics_dt", None))
     except (ValueError, AttributeError):
         n = 1

@@ -33,12 +33,21 @@ def engine_field_names() -> set[str] | None:
         return None
 
 
+def group_robot_type(group: GroupSpec):
+    """The group's robot type; a gym group's made again from its config where another load replaced it."""
+    from bench.robots.core import robot_type
+
+    if group.gym is not None:
+        from bench.robots.gymenv import gym_robot_type
+
+        return gym_robot_type(group.gym, group.robot, measure=False)
+    return robot_type(group.robot)
+
+
 def engine_config(group: GroupSpec, endpoint: str) -> dict:
     """The RemoteEngineConfig fields a robot of `group` runs with (bench.fleet.shard builds its robots
     from this; the scenario check builds the same one, so both refuse the same values)."""
-    from bench.robots.core import robot_type
-
-    cls = robot_type(group.robot)
+    cls = group_robot_type(group)
     engine = dict(group.engine)
     engine.setdefault("fallback", cls.safe_fallback)  # what keeps this robot type safe when stalled
     engine.update(

@@ -8,7 +8,13 @@ and runs at the rate its checkpoint was trained at (or that the replica allows r
 from __future__ import annotations
 
 from bench.scenario import model as sm
-from bench.scenario.checkpoints import checkpoint_model_id, checkpoint_present, missing_checkpoint_words, trained_fps
+from bench.scenario.checkpoints import (
+    checkpoint_config,
+    checkpoint_model_id,
+    checkpoint_present,
+    missing_checkpoint_words,
+    trained_fps,
+)
 from bench.scenario.engines import check_engine, check_engine_keys, check_lease
 from bench.scenario.spec import CameraSpec, GroupSpec, ReplicaSpec, SiteSpec, Where
 from wire.suggest import did_you_mean
@@ -38,6 +44,7 @@ def read_sites(w: Where, m: sm.ScenarioFile) -> dict[str, SiteSpec]:
 
 def read_groups(w: Where, m: sm.ScenarioFile, sites: dict[str, SiteSpec]) -> list[GroupSpec]:
     groups: list[GroupSpec] = []
+    gym_names: dict[str, dict] = {}  # gym type name -> its config, in this scenario
     for i, g in enumerate(m.fleet.groups):
         path = ("fleet", "groups", i)
         if any(o.name == g.name for o in groups):
@@ -47,6 +54,19 @@ def read_groups(w: Where, m: sm.ScenarioFile, sites: dict[str, SiteSpec]) -> lis
                 (*path, "site"), f"unknown site {g.site!r}{did_you_mean(g.site, sites)}; sites: {', '.join(sites)}"
             )
         check_engine_keys(w, path, g.engine)
+        robot, gym_config, gym_type = g.robot, None, None
+        if (g.robot is None) == (g.gym is None):
+            raise w.fail(
+                path if g.robot is None else (*path, "gym"),
+                "give the group's robot type: `robot` (a built-in or plugin type) or `gym` (a Gymnasium env), not both"
+                if g.robot is not None
+                else "missing `robot` (a robot type: " + ", ".join(sm.robot_types()) + ") or `gym` (a Gymnasium env)",
+            )
+        if g.gym is not None:
+            gym_config, gym_type = read_gym(w, (*path, "gym"), g, gym_names)
+            robot = gym_type.name
+            gym_names[robot] = gym_config
+        fps = float(g.fps) if g.fps is not None else (gym_type.fps if gym_type is not None else 30.0)
         cams = (
             None
             if g.cameras is None
@@ -54,11 +74,23 @@ def read_groups(w: Where, m: sm.ScenarioFile, sites: dict[str, SiteSpec]) -> lis
                 kind=g.cameras.kind, names=list(g.cameras.names), height=g.cameras.height, width=g.cameras.width
             )
         )
+        if gym_type is not None:
+            cams = gym_cameras(w, path, gym_type, cams)
+        elif cams is not None and cams.kind == "observation":
+            raise w.fail(
+                (*path, "cameras", "kind"),
+                "camera kind `observation` takes its images from a gymnasium env's observation: only a group "
+                "with `gym:` has one; use synthetic or rendered",
+            )
         if cams is not None and cams.kind == "rendered":
             from bench.robots.models import GL_UNAVAILABLE
 
             if GL_UNAVAILABLE:
                 raise w.fail((*path, "cameras", "kind"), f"{GL_UNAVAILABLE}; or use kind: synthetic")
+        if g.policy is None and gym_type is not None:
+            raise w.fail(
+                path, "a gym group needs `policy`: the checkpoint its robots' server serves (no default for an env)"
+            )
         policy = g.policy or g.robot
         engine = dict(g.engine)
         kind = engine.pop("kind", "remote")
@@ -89,27 +121,73 @@ def read_groups(w: Where, m: sm.ScenarioFile, sites: dict[str, SiteSpec]) -> lis
             }
         group = GroupSpec(
             name=g.name,
-            robot=g.robot,
+            robot=robot,
             count=g.count,
-            fps=float(g.fps),
+            fps=fps,
             site=g.site,
             cameras=cams,
             policy=policy,
             model_id=g.model_id or checkpoint_model_id(policy),
             task=g.task,
-            episode_s=_episode_s(g.episode_s, g.robot),
+            episode_s=_episode_s(g.episode_s, robot),
             engine=engine,
             shadow=shadow,
             line=w.line(*path),
             stagger_episodes=g.stagger_episodes,
             engine_kind=kind,
             seeds_of=g.seeds_of,
+            gym=gym_config,
         )
         check_engine(w, path, group)
         if kind == "remote":
             check_lease(w, path, group, sites[g.site])
         groups.append(group)
     return groups
+
+
+def read_gym(w: Where, path: tuple, g, taken: dict[str, dict]) -> tuple[dict, type]:
+    """A gym group's config and its robot type (bench.robots.gymenv), the mapping checked against the env's
+    spaces; the error names the key below `gym` and the env's actual space."""
+    from bench.robots.gymenv import GymMappingError, gym_robot_type, type_name
+
+    config = g.gym.model_dump(exclude_none=True)
+    try:
+        return config, gym_robot_type(config, type_name(config, taken))
+    except GymMappingError as exc:
+        raise w.fail((*path, *exc.path), exc.message) from None
+    except Exception as exc:  # the env's own code failed: said with the key that named it
+        raise w.fail((*path, "env"), f"making {config['env']!r} failed: {type(exc).__name__}: {exc}") from None
+
+
+def gym_cameras(w: Where, path: tuple, gym_type, cams: CameraSpec | None) -> CameraSpec | None:
+    """A gym group's cameras: its `observation.cameras`, as kind `observation` at the env's image size."""
+    observed = dict(gym_type.cameras)
+    if cams is None:
+        if not observed:
+            return None
+        (height, width), *_ = observed.values()
+        return CameraSpec(kind="observation", names=list(observed), height=height, width=width)
+    if cams.kind == "rendered":
+        raise w.fail(
+            (*path, "cameras", "kind"),
+            "a gym group has no MuJoCo scene of ours to render: map the env's images with "
+            "gym.observation.cameras (kind observation), or use kind synthetic",
+        )
+    if cams.kind == "observation":
+        if sorted(cams.names) != sorted(observed):
+            raise w.fail(
+                (*path, "cameras", "names"),
+                f"camera names {cams.names} differ from gym.observation.cameras {sorted(observed)}; "
+                "drop `cameras` (it follows the mapping) or name the same cameras",
+            )
+        sizes = {observed[n] for n in cams.names}
+        if sizes != {(cams.height, cams.width)}:
+            raise w.fail(
+                (*path, "cameras"),
+                f"the env's images are {' and '.join(f'{h}x{wd}' for h, wd in sorted(sizes))}, not "
+                f"{cams.height}x{cams.width}: drop height and width (they follow the env)",
+            )
+    return cams
 
 
 def _episode_s(value, robot: str) -> float:
@@ -165,3 +243,50 @@ def check_rates(w: Where, groups: list[GroupSpec], replicas: list[ReplicaSpec], 
                 f"servers.manifest.allow_resampling: true (each chunk then plays stretched in time)",
                 shown=f"fleet.groups[{g.name}].fps",
             )
+
+
+def check_gym_policies(w: Where, groups: list[GroupSpec]) -> None:
+    """A gym group's mapping against the checkpoint it names: the server refuses a session whose action names
+    differ (sessions.py) and an observation whose state has another size, so both are said here, at the key."""
+    from bench.robots.core import robot_type
+    from bench.robots.gymenv import describe
+
+    for i, g in enumerate(groups):
+        if g.gym is None:
+            continue
+        config = checkpoint_config(g.policy)
+        cls = robot_type(g.robot)
+        names, dim = config.get("action_names"), config.get("state_dim")
+        if names is not None and len(names) != len(cls.action_names):
+            raise w.fail(
+                ("fleet", "groups", i, "policy"),
+                f"the policy {g.policy!r} acts on {len(names)} actions {list(names)}; the env takes "
+                f"{len(cls.action_names)} ({describe(cls.mapping.action_space)}): serve a policy trained on this env",
+            )
+        if names is not None and list(names) != list(cls.action_names):
+            raise w.fail(
+                ("fleet", "groups", i, "gym", "action", "names"),
+                f"the mapping names the actions {list(cls.action_names)}; the policy {g.policy!r} acts on "
+                f"{list(names)} (the server refuses other names): set gym.action.names to those",
+            )
+        if dim is not None and int(dim) != len(cls.state_names):
+            raise w.fail(
+                ("fleet", "groups", i, "gym", "observation", "state"),
+                f"the mapping makes a state of {len(cls.state_names)} values ({', '.join(cls.state_names)}); the "
+                f"policy {g.policy!r} takes {dim}",
+            )
+
+
+def check_gym_envs(scenario) -> None:
+    """gymnasium's check_env on every gym group's env that asks for it (`gym.check_env`, default true): `bench
+    validate` and `bench run` call this after the load, which already checked each mapping."""
+    from bench.robots.gymenv import GymMappingError, check_env_contract
+
+    w = Where(scenario.source, scenario.raw)
+    for i, g in enumerate(scenario.groups):
+        if g.gym is None or not g.gym.get("check_env", True):
+            continue
+        try:
+            check_env_contract(g.gym)
+        except GymMappingError as exc:
+            raise w.fail(("fleet", "groups", i, "gym", *exc.path), exc.message) from None

@@ -45,7 +45,7 @@ from bench.scenario.engines import (  # noqa: F401 - re-exported
     shadow_engine_config,
 )
 from bench.scenario.events import FAULT_TARGET_RE, read_assertions, read_attackers, read_faults  # noqa: F401
-from bench.scenario.groups import check_rates, check_served, check_unique, read_groups, read_sites
+from bench.scenario.groups import check_gym_policies, check_rates, check_served, check_unique, read_groups, read_sites
 from bench.scenario.model import (  # noqa: F401 - re-exported
     CAMERA_KINDS,
     PROFILES_FALLBACK,
@@ -140,6 +140,7 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
     check_unique(w, [r.id for r in replicas], ("servers", "replicas"), "id", "replica id")
     check_served(w, groups, replicas)
     check_rates(w, groups, replicas, dict(m.servers.manifest))
+    check_gym_policies(w, groups)
     faults = read_faults(w, m, sites, replicas, groups)
     assertions = read_assertions(w, m, groups, replicas)
     sweep = read_sweep(w, m, data, build_scenario)

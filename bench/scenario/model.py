@@ -27,7 +27,7 @@ from wire.configerrors import Doc, problem
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ROBOT_TYPES_FALLBACK = ("arm", "reacher", "base")
-CAMERA_KINDS = ("synthetic", "rendered")
+CAMERA_KINDS = ("observation", "rendered", "synthetic")
 PROFILES_FALLBACK = ("lan", "wifi", "lte", "wan_50ms", "satellite", "congested")
 # engine fields the bench sets from the robot, its site and the group: a scenario may not
 ENGINE_OWNED = ("connect_endpoints", "action_names", "state_dim", "fps", "cameras", "model_id", "task")
@@ -51,15 +51,46 @@ CHUNKINGS = {
 
 
 def robot_types() -> tuple[str, ...]:
+    """The robot types a group may name: the shipped ones and the installed plugins' entry points (a gym env's
+    type is made from its group's `gym:` key, a `module:Class` from the class it names)."""
     try:
         from bench import robots
+        from bench.robots.gymenv import GYM_PREFIX
+        from bench.robots.plugins import plugin_names
 
         reg = getattr(robots, "ROBOT_TYPES", None) or getattr(robots, "REGISTRY", None)
         if reg:
-            return tuple(sorted(reg))
+            shipped = {n for n, c in reg.items() if c.__module__.startswith("bench.") and not n.startswith(GYM_PREFIX)}
+            return tuple(sorted(shipped | set(plugin_names())))
     except Exception:  # bench.robots is another room; its absence must not break validation
         pass
     return ROBOT_TYPES_FALLBACK
+
+
+MODULE_CLASS_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+
+class _RobotDoc(Doc):
+    """The robot names a registry knows, or any `module:Class` (a user's own type) in the JSON Schema."""
+
+    def __call__(self, schema: dict) -> None:
+        super().__call__(schema)
+        schema.setdefault("anyOf", []).insert(1, {"type": "string", "pattern": MODULE_CLASS_PATTERN})
+
+
+def _robot_word(v: str) -> str:
+    """A robot type name, or `module:Class` of a user's RobotType subclass (imported here to check it)."""
+    try:
+        from bench.robots.plugins import PluginError, is_module_class, load_plugin
+    except Exception:
+        return _one_of(robot_types, "robot type")(v)
+    if is_module_class(v):
+        try:
+            load_plugin(v)
+        except PluginError as exc:
+            problem(str(exc).split(": ", 1)[-1])
+        return v
+    return _one_of(robot_types, "robot type")(v)
 
 
 def camera_kinds() -> tuple[str, ...]:
@@ -133,7 +164,7 @@ PosInt = Annotated[int, Strict(), Field(gt=0)]
 NonNegInt = Annotated[int, Strict(), Field(ge=0)]
 PosNum = Annotated[float, Strict(), Field(gt=0)]
 NonNegNum = Annotated[float, Strict(), Field(ge=0)]
-RobotType = Annotated[str, Strict(), AfterValidator(_one_of(robot_types, "robot type"))]
+RobotType = Annotated[str, Strict(), AfterValidator(_robot_word)]
 Profile = Annotated[str, Strict(), AfterValidator(_one_of(profile_names, "network profile"))]
 CameraKind = Annotated[str, Strict(), AfterValidator(_one_of(camera_kinds, "camera kind"))]
 Shards = Annotated[
@@ -146,7 +177,7 @@ Shards = Annotated[
 def _f(default: Any = ..., doc: str = "", enum=None, **meta: Any) -> Any:
     """A scenario key: `doc` is its meaning; `default_doc` words a default computed later;
     `enum` names a registry whose names the JSON Schema lists (for completion)."""
-    extra = Doc(enum=enum, **meta)
+    extra = meta.pop("doc_class", Doc)(enum=enum, **meta)
     if isinstance(default, (list, dict)):
         value = default
         return Field(default_factory=lambda: type(value)(value), description=doc, json_schema_extra=extra)
@@ -238,7 +269,13 @@ def engine_model() -> type[BaseModel]:
 class Cameras(_Model):
     """Cameras of every robot of a group."""
 
-    kind: CameraKind = _f("synthetic", "synthetic (cheap, procedurally drawn) or rendered (MuJoCo)", enum=camera_kinds)
+    kind: CameraKind = _f(
+        "synthetic",
+        "`synthetic` (cheap, procedurally drawn), `rendered` (MuJoCo) or `observation` (a `gym` group's: the images "
+        "its env puts in its observation, `gym.observation.cameras`)",
+        enum=camera_kinds,
+        default_doc="`synthetic`; a `gym` group with `observation.cameras`: `observation`",
+    )
     names: Annotated[list[Str], AfterValidator(_unique)] = Field(
         default_factory=lambda: ["front"],
         min_length=1,
@@ -259,13 +296,105 @@ class Shadow(_Model):
     )
 
 
+class GymObservation(_Model):
+    """How a gym env's observation becomes the policy's state and cameras."""
+
+    state: list[Str] | None = _f(
+        None,
+        "the entries whose values, in order, make the policy's state: a key path into a Dict observation "
+        "(`agent_pos`, `pixels.top`) with an optional index or slice into it flattened (`agent_pos[0:2]`), "
+        "or a slice of a Box observation (`[0:5]`)",
+        default_doc="a Box observation whole",
+    )
+    cameras: dict[Name, Str] = _f(
+        {}, "camera name -> the key path of an (H, W, 3) uint8 image in the observation (camera kind `observation`)"
+    )
+
+
+class GymAction(_Model):
+    """How the engine's action becomes `env.step`'s: `offset + scale * action`, clipped to the env's space."""
+
+    names: list[Str] | None = _f(
+        None,
+        "one name per element of the env's 1-D Box action space; a served policy must act on these names",
+        default_doc="`action[0]`, `action[1]`, ...",
+    )
+    scale: Num | list[Num] = _f(1.0, "a number or one per action", type_doc="number or list of numbers")
+    offset: Num | list[Num] = _f(0.0, "a number or one per action", type_doc="number or list of numbers")
+    clip: Bool = _f(True, "clip the env action to the env's action space")
+
+
+class GymSuccess(_Model):
+    """Task success of an episode: exactly one of `info`, `reward`, `terminated`."""
+
+    info: Str | None = _f(None, "an `info` key whose value on the episode's last step is truthy on success")
+    reward: Num | None = _f(None, "success when a step's reward reaches this threshold")
+    terminated: Bool | None = _f(
+        None, "`true`: success when the env terminates the episode (not truncated) without `failure_info`"
+    )
+    failure_info: Str | None = _f(None, "with `terminated`: an `info` key that marks a termination as failure")
+
+
+class Gym(_Model):
+    """A Gymnasium environment as the group's robot type (docs/robots.md), stepped one env per robot."""
+
+    env: Str = _f(
+        ...,
+        "a registered env id (`gym_pusht/PushT-v0`; its package is imported when the namespace is not yet "
+        "registered) or `module:callable` from your own installed package, returning a gymnasium.Env",
+    )
+    kwargs: dict = _f({}, "keyword arguments of `gymnasium.make` or of the callable")
+    observation: GymObservation = Field(
+        default_factory=GymObservation,
+        description="the env's observation -> the policy's `state` and cameras (below)",
+        json_schema_extra=Doc(default_doc="a Box observation as the state"),
+    )
+    action: GymAction = Field(
+        default_factory=GymAction,
+        description="the engine's action -> `env.step`'s (below)",
+        json_schema_extra=Doc(default_doc="as is"),
+    )
+    fallback: Literal["hold", "zero"] | list[Num] = _f(
+        "hold",
+        "the command a robot applies when none arrives (the engine stalled, or before the first): `hold` the last "
+        "one (zero before any), `zero`, or a fixed action in the engine's units; also the engine's default "
+        "`fallback` (`hold`, or `zero` for `zero`)",
+        type_doc="`hold` \\| `zero` or list of numbers",
+    )
+    success: GymSuccess | None = _f(None, "what counts as task success (below)", default_doc="`{info: is_success}`")
+    episode_s: PosNum | None = _f(
+        None,
+        "longest episode; an episode also ends when the env says terminated or truncated",
+        default_doc="the env's max_episode_steps / fps, else 10",
+    )
+    check_env: Bool = _f(
+        True, "`bench validate` and `bench run` run gymnasium's `check_env` on the env (the mapping is always checked)"
+    )
+
+
 class Group(_Model):
     """Robots of one type, rate, cameras, site and engine."""
 
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"oneOf": [{"required": ["robot"]}, {"required": ["gym"]}]}
+    )
+
     name: Name = _f(..., "used by `group[NAME].figure`, `states(group=NAME)` and `robot:NAME/i` fault targets")
-    robot: RobotType = _f(..., "robot type from `bench.robots`", enum=robot_types)
+    robot: RobotType | None = _f(
+        None,
+        "robot type from `bench.robots`, an installed plugin's entry point (`fleet_inference.robots`), or "
+        "`module:Class` of your own RobotType subclass (docs/robots.md)",
+        enum=robot_types,
+        default_doc="**required** unless `gym` is given",
+        doc_class=_RobotDoc,
+    )
+    gym: Gym | None = _f(None, "a Gymnasium env as the robot type, instead of `robot` (below, docs/robots.md)")
     count: PosInt = _f(..., "robots in the group")
-    fps: PosNum = _f(30, "control rate in Hz; every tick calls the engine's notify_observation and get_action")
+    fps: PosNum | None = _f(
+        None,
+        "control rate in Hz; every tick calls the engine's notify_observation and get_action (a gym env steps once a tick)",
+        default_doc="`30`; a gym env's `metadata.render_fps`",
+    )
     site: Name = _f(..., "a key of `sites`: the network between these robots and the router")
     cameras: Cameras | None = _f(None, "cameras of every robot: `{kind, names, height, width}` (below)")
     policy: Str | None = _f(None, "checkpoint name under `bench/checkpoints/` or a path", default_doc="the robot type")
@@ -550,6 +679,10 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("fleet.groups[]", Group),
     ("fleet.groups[].cameras", Cameras),
     ("fleet.groups[].shadow", Shadow),
+    ("fleet.groups[].gym", Gym),
+    ("fleet.groups[].gym.observation", GymObservation),
+    ("fleet.groups[].gym.action", GymAction),
+    ("fleet.groups[].gym.success", GymSuccess),
     ("sites.<name>", Site),
     ("servers", Servers),
     ("servers.replicas[]", Replica),

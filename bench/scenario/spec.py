@@ -57,6 +57,7 @@ class GroupSpec:
     stagger_episodes: bool = False
     engine_kind: str = "remote"  # model.ENGINE_KINDS: `local` runs the checkpoint in the shard (bench.fleet.local)
     seeds_of: str | None = None  # seed robot i as robot i of this group (a paired baseline)
+    gym: dict | None = None  # a gym group's `gym:` config (bench.robots.gymenv); `robot` is then its type's name
 
 
 @dataclass

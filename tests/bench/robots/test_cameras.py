@@ -25,8 +25,10 @@ def gl_available():
         pytest.skip(f"no offscreen GL (MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}): {exc}")
 
 
-def test_both_kinds_are_registered_and_unknown_kinds_are_refused():
-    assert set(CAMERA_KINDS) == {"rendered", "synthetic"}
+def test_the_kinds_are_registered_and_unknown_kinds_are_refused():
+    assert set(CAMERA_KINDS) == {"rendered", "synthetic", "observation"}
+    with pytest.raises(ValueError, match="only a group with `gym:`"):
+        make_camera("observation", make_robot("arm", seed=0), 96, 96, seed=0, name="front")
     with pytest.raises(ValueError, match="synthetic"):
         make_camera("lidar", make_robot("arm", seed=0), 96, 96, seed=0)
     with pytest.raises(ValueError, match="outside"):
