@@ -44,7 +44,9 @@ def test_a_restarted_replicas_series_breaks_across_the_seconds_it_was_not_scrape
         samples.append({"t": t, "replica": "r0", "metric": "active_sessions", "value": 100.0})
         if t < 80 or t >= 104:  # r1 restarted at 80 s and was scraped again from 104 s
             samples.append({"t": t, "replica": "r1", "metric": "active_sessions", "value": 101.0 if t < 80 else 0.0})
-    chart = _server_chart(_run(samples), "active_sessions", "Active sessions per replica", [(80.0, 104.0, "restart r1")])
+    chart = _server_chart(
+        _run(samples), "active_sessions", "Active sessions per replica", [(80.0, 104.0, "restart r1")]
+    )
     lines = _polylines(chart)
     assert len(lines) == 3  # r0 whole, r1 before the restart and after it: nothing drawn across the gap
     r1_before, r1_after = lines[1], lines[2]
