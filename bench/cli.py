@@ -188,7 +188,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_dataset(args) -> int:
-    from bench.evidence.dataset import DatasetError, write_datasets
+    from bench.run.dataset import DatasetError, write_datasets
 
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else run_dir / "dataset"

@@ -77,7 +77,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "skipped_ticks": "int32",
         "shard": "int32",
     },
-    # Recorded only when the run records a dataset (`record.dataset`, bench.evidence.dataset): one row per tick,
+    # Recorded only when the run records a dataset (`record.dataset`, bench.run.dataset): one row per tick,
     # the state the robot observed and the command it then executed (its engine's action clipped, or its hold)
     "observations": {
         "robot": "int32",

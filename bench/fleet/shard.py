@@ -83,7 +83,7 @@ class Shard:
         self.episodes = self.writer.buffer("episodes", 4096)
         self.requests = self.writer.buffer("requests", 8192)
         self.transitions = self.writer.buffer("transitions", 4096)
-        # a dataset's per-tick observations and camera frames (bench.evidence.dataset): None when not recorded,
+        # a dataset's per-tick observations and camera frames (bench.run.dataset): None when not recorded,
         # so the loop's only cost without them is one test per slot
         record = spec.get("record") or {}
         self.observations = self.writer.buffer("observations", 4096) if record.get("dataset") else None

@@ -241,9 +241,9 @@ class Run:
 
 
 def record_datasets(run: RunState) -> None:
-    """The run's episodes as LeRobotDatasets (`record.dataset`, bench.evidence.dataset), after its verdict: a
+    """The run's episodes as LeRobotDatasets (`record.dataset`, bench.run.dataset), after its verdict: a
     dataset that cannot be written is said, and leaves the verdict and the records as they are."""
-    from bench.evidence.dataset import DatasetError, write_datasets
+    from bench.run.dataset import DatasetError, write_datasets
 
     out = Path(run.s.record["dir"]) if run.s.record.get("dir") else run.run_dir / "dataset"
     try:

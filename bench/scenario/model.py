@@ -494,7 +494,7 @@ class Cluster(_Model):
 
 class Record(_Model):
     """What a run records beside its records: every robot's episodes as LeRobotDatasets, one per group
-    (bench.evidence.dataset, docs/bench.md "Record a run as a LeRobotDataset"); `bench run --record-dataset`."""
+    (bench.run.dataset, docs/bench.md "Record a run as a LeRobotDataset"); `bench run --record-dataset`."""
 
     dataset: Bool = _f(
         False,

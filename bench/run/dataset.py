@@ -130,7 +130,10 @@ def write_datasets(run_dir: str | Path, out: str | Path) -> list[str]:
     requests = None if req is None else _columns(req, ["robot", "t", "seq", "queue_wait_ms", "inference_ms"])
     frames = _read(run_dir, "frames")
     try:
+        import datasets
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+        datasets.disable_progress_bars()  # a bar per episode on the run's stderr
     except ImportError as exc:
         raise DatasetError(
             f"LeRobot cannot be imported here ({exc}): pip install -e '.[lerobot]' (docs/lerobot.md)"
