@@ -251,6 +251,8 @@ def record_datasets(run: RunState) -> None:
             print(f"bench: dataset {line}", file=sys.stderr)
     except DatasetError as exc:
         print(f"bench: no dataset written: {exc}", file=sys.stderr)
+    except Exception as exc:  # LeRobot's own refusal: said, and the run's verdict and records stay as they are
+        print(f"bench: no dataset written: LeRobot failed: {exc!r}\n{traceback.format_exc()}", file=sys.stderr)
 
 
 def prepare(run: RunState) -> None:
