@@ -156,17 +156,15 @@ def cmd_figures(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bench.scenario.load import ScenarioError
+    from bench.scenario.load import ScenarioError, build_scenario
 
-    sets = list(args.set)
-    if args.record_dataset is not None:  # `record` as the file says it, with dataset on (and the directory given)
-        import json
-
-        sets.append(
-            "record=" + json.dumps({"dataset": True, **({"dir": args.record_dataset} if args.record_dataset else {})})
-        )
     try:
-        s = load_runnable(args.file, sets)
+        s = load_runnable(args.file, args.set)
+        if s is not None and args.record_dataset is not None:  # the file's `record`, with dataset on (and DIR)
+            record = {**(s.raw.get("record") or {}), "dataset": True}
+            if args.record_dataset:
+                record["dir"] = args.record_dataset
+            s = build_scenario({**s.raw, "record": record}, f"{args.file} (--record-dataset)")
     except ScenarioError as exc:
         return _invalid(f"bench: invalid scenario: {exc}")
     if s is None:

@@ -201,3 +201,9 @@ def test_the_plain_path_never_imports_lerobot():
         subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}).returncode
         == 0
     )
+
+
+def test_record_dataset_flag_checks_its_directory_like_the_key(tmp_path, capsys):
+    assert cli.main(["run", "scenarios/smoke.yaml", "--record-dataset", str(tmp_path), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "record.dir" in err and "already exists" in err and "Traceback" not in err
