@@ -236,7 +236,10 @@ def _columns(table, names: list[str]) -> dict:
     out = {}
     for n in names:
         col = table.column(n)
-        if n in ("state", "command", "session_id"):
+        if n in ("state", "command"):  # one vector a tick, all of one length: a (ticks, dim) view of the values
+            arr = col.combine_chunks()
+            out[n] = arr.values.to_numpy(zero_copy_only=False).reshape(len(arr), -1) if len(arr) else np.zeros((0, 0))
+        elif n == "session_id":
             out[n] = np.array(col.to_pylist(), dtype=object)
         else:
             out[n] = col.to_numpy(zero_copy_only=False)
