@@ -38,7 +38,10 @@ PROVENANCE_IDS = {  # "provenance.ids", int64: -1 where the tick had no action
     "chunk_index": "the action's index in that chunk",
     "is_none": "1: the engine had no action this tick and the robot held (the other ids are -1)",
 }
-PROVENANCE_TIMES = {  # "provenance.times", float32: NaN where the tick had no action
+# a time the tick has not (no action, no reply timed): -1 as the ids have, since a NaN would make the dataset's
+# stats (meta/stats.json, which LeRobot aggregates over every feature) NaN
+NONE_TIME = -1.0
+PROVENANCE_TIMES = {  # "provenance.times", float32: NONE_TIME where the tick had no action
     "queue_wait_ms": "the server's queue wait for that request (its reply's queue_wait_ms)",
     "inference_ms": "the server's inference time for that request (its reply's inference_ms)",
     "action_age_s": "the action's age when the robot executed it",
@@ -198,7 +201,9 @@ def write_datasets(run_dir: str | Path, out: str | Path) -> list[str]:
                             ],
                             np.int64,
                         ),
-                        "provenance.times": np.array([qw[i], inf[i], tk["action_age_s"][i]], np.float32),
+                        "provenance.times": np.nan_to_num(
+                            np.array([qw[i], inf[i], tk["action_age_s"][i]], np.float32), nan=NONE_TIME
+                        ),
                     }
                     for name, stack in images.items():
                         frame[f"observation.images.{name}"] = stack[i]

@@ -101,6 +101,8 @@ def test_features_shapes_fps_robot_type_task_and_format(run_dir):
     assert tuple(item["observation.images.front"].shape) == (3, 32, 48)  # LeRobot's loader: channels first
     assert tuple(item["provenance.ids"].shape) == (6,) and tuple(item["provenance.times"].shape) == (3,)
     assert item["task"] == TASK
+    for key in ("observation.state", "action", "provenance.ids", "provenance.times"):  # no NaN for a tick without one
+        assert np.isfinite(np.asarray(ds.meta.stats[key]["mean"], float)).all(), key
 
 
 def test_states_and_actions_are_what_the_robots_observed_and_executed(run_dir):
