@@ -209,6 +209,13 @@ def read_record(w: Where, m) -> dict:
             "recording a LeRobotDataset needs lerobot 0.4.4 here: pip install -e '.[lerobot]' "
             "(docs/bench.md \"Record a run as a LeRobotDataset\"), or leave record.dataset false",
         )
+    for i, g in enumerate(m.fleet.groups):
+        if float(g.fps) != int(g.fps):
+            raise w.fail(
+                ("fleet", "groups", i, "fps"),
+                f"a LeRobotDataset's fps is a whole number, and group {g.name!r} ticks at {g.fps:g} Hz: give it a "
+                "whole fps, or leave record.dataset false",
+            )
     if record["dir"] is not None:
         if m.sweep is not None:
             raise w.fail(

@@ -209,3 +209,10 @@ def test_record_dataset_flag_checks_its_directory_like_the_key(tmp_path, capsys)
     assert cli.main(["run", "scenarios/smoke.yaml", "--record-dataset", str(tmp_path), "--check"]) == 2
     err = capsys.readouterr().err
     assert "record.dir" in err and "already exists" in err and "Traceback" not in err
+
+
+def test_a_group_at_a_fractional_fps_cannot_be_recorded(capsys):
+    sets = ["fleet.groups.0.fps=12.5", "servers.manifest={allow_resampling: true}", "record={dataset: true}"]
+    assert cli.main(["validate", "scenarios/smoke.yaml", *(x for s in sets for x in ("--set", s))]) == 2
+    err = capsys.readouterr().err
+    assert ".fps" in err and "whole number" in err and "'lab'" in err and "Traceback" not in err
