@@ -3,6 +3,7 @@
     bench run FILE [--set KEY=VALUE ...] [--reports DIR] [--cluster ray]   run a scenario; exit 0 pass, 1 fail,
                                                            2 invalid/error, 3 inconclusive (failed while the host was
                                                            out of its fidelity tolerances)
+    bench run FILE --record-dataset [DIR]                  ... and record its episodes as LeRobotDatasets
     bench run --check FILE                                 the preflight: shards, CPU estimate, real time or not
     bench validate FILE [FILE ...]                         check scenario files without running (exit 0/2)
     bench list                                             the shipped scenarios with their descriptions
@@ -10,6 +11,7 @@
     bench robots [FILE ...] [--gym MAPPING] [--no-measure] robot types here (built in, plugins, the files' gym envs)
     bench schema scenario                                  the scenario language's JSON Schema (editors)
     bench sweep FILE --key K --values a,b [--capacity]    one run per value; --capacity: load steps, knee, P10
+    bench dataset RUN_DIR [OUT]                            a run recorded with record.dataset as LeRobotDatasets
     bench incident --edge LOG --audit A --from T0 --to T1 --out F.yaml   replay one robot's incident
     bench train --robot TYPE [--out DIR] [--seed N] [--policy-type T] [--fps HZ] [--rtc-mode M]   build bench/checkpoints/<TYPE>/
     bench init-weights NAME                                random weights for a config-only checkpoint (reacher_vla)
@@ -190,10 +192,15 @@ def cmd_robots(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from bench.scenario.load import ScenarioError
+    from bench.scenario.load import ScenarioError, build_scenario
 
     try:
         s = load_runnable(args.file, args.set)
+        if s is not None and args.record_dataset is not None:  # the file's `record`, with dataset on (and DIR)
+            record = {**(s.raw.get("record") or {}), "dataset": True}
+            if args.record_dataset:
+                record["dir"] = args.record_dataset
+            s = build_scenario({**s.raw, "record": record}, f"{args.file} (--record-dataset)")
     except ScenarioError as exc:
         return _invalid(f"bench: invalid scenario: {exc}")
     if s is None:
@@ -212,6 +219,20 @@ def cmd_run(args) -> int:
     from bench.run import runner
 
     return runner.run_scenario(s, reports_dir=Path(args.reports), progress=not args.quiet, cluster=args.cluster)
+
+
+def cmd_dataset(args) -> int:
+    from bench.run.dataset import DatasetError, write_datasets
+
+    run_dir = Path(args.run_dir)
+    out = Path(args.out) if args.out else run_dir / "dataset"
+    try:
+        written = write_datasets(run_dir, out)
+    except DatasetError as exc:
+        return _invalid(f"bench dataset: {exc}")
+    for line in written:
+        print(f"bench dataset: {line}")
+    return Exit.PASS
 
 
 def cmd_incident(args) -> int:
@@ -410,7 +431,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the preflight (shards, the host's speed, estimated cores, real time or not) and exit "
         "without running",
     )
+    run.add_argument(
+        "--record-dataset",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="record every robot's episodes as LeRobotDatasets, one per group, in DIR/<group>/ (default: the run "
+        "directory's dataset/); the scenario's `record` key, with dataset: true",
+    )
     run.set_defaults(func=cmd_run)
+
+    ds = sub.add_parser(
+        "dataset", help="write a recorded run's episodes as LeRobotDatasets (a run made with record.dataset)"
+    )
+    ds.add_argument("run_dir", help="the run directory (reports/<scenario>/<stamp>)")
+    ds.add_argument(
+        "out", nargs="?", default=None, help="output directory, one dataset per group (default RUN_DIR/dataset)"
+    )
+    ds.set_defaults(func=cmd_dataset)
 
     sw = sub.add_parser("sweep", help="run a scenario once per value of one key (a load test with --capacity)")
     sw.add_argument("file")

@@ -66,11 +66,11 @@ def run_loop(shard) -> None:
                 except Exception:  # the engine's contract broken: recorded (engine_raises), the robot holds
                     a, raised = None, True
                     engine_raised(rs, call)
-            got[j] = (a, tb, mono(), engine_state_name(rs.engine) if not rs.killed else "DEAD", raised)
+            got[j] = (a, tb, mono(), engine_state_name(rs.engine) if not rs.killed else "DEAD", raised, images)
         for j, r in enumerate(members):
             rs = robots[r]
             state = states[j]
-            a, tb, te, est, raised = got[j]
+            a, tb, te, est, raised, _images = got[j]
             lateness = te - due
             host_delay = tb - due
             cls = classify_tick(lateness, host_delay, period)
@@ -121,7 +121,10 @@ def run_loop(shard) -> None:
                 counts["none_ticks"] += a is None
                 counts["late_ticks"] += cls == LATE or cls == TOO_LATE
                 counts["host_late_ticks"] += cls == HOST_LATE
+        observed = states.copy() if shard.observations is not None else None
         batch.step(actions)
+        if observed is not None:
+            record_observations(shard, batch, members, got, observed, rel)
         shard.loop_ticks += n  # warm-up included, as the loop's CPU time is (bench.fleet.threadcpu)
         done = batch.done
         if done.any():
@@ -150,7 +153,28 @@ def run_loop(shard) -> None:
             shard.ticks.flush()
             shard.loop_rec.flush()
             shard.episodes.flush()
+            if shard.observations is not None:
+                shard.observations.flush()
+                if shard.frames is not None:
+                    shard.frames.flush()
             next_flush = mono() + FLUSH_PERIOD_S
+
+
+def record_observations(shard, batch, members, got, states, rel) -> None:
+    """A dataset's rows of the slot, after its step (only when the run records one): each robot's state at this
+    tick, the command it then executed (its engine's action clipped to the action space, or its hold) and the
+    frames its engine was given."""
+    obs, frames = shard.observations, shard.frames
+    commands = np.asarray(batch.last_command, dtype=np.float32)
+    for j, r in enumerate(members):
+        rs = shard.robots[r]
+        obs.append(robot=rs.rid, t=rel, robot_episode=rs.episode, state=states[j], command=commands[j])
+        if frames is not None:
+            for name, img in got[j][5].items():
+                img = np.asarray(img)
+                frames.append(
+                    robot=rs.rid, t=rel, camera=name, height=img.shape[0], width=img.shape[1], pixels=img.tobytes()
+                )
 
 
 def end_episodes(shard, batch, members, idx, rel) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-# kind -> column -> numpy dtype ("str" columns are Python objects, "f32list" are float32 vectors)
+# kind -> column -> numpy dtype ("str" and "bytes" columns are Python objects, "f32list" are float32 vectors)
 SCHEMAS: dict[str, dict[str, str]] = {
     "ticks": {
         "robot": "int32",
@@ -77,7 +77,27 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "skipped_ticks": "int32",
         "shard": "int32",
     },
+    # Recorded only when the run records a dataset (`record.dataset`, bench.run.dataset): one row per tick,
+    # the state the robot observed and the command it then executed (its engine's action clipped, or its hold)
+    "observations": {
+        "robot": "int32",
+        "t": "float64",
+        "robot_episode": "int32",
+        "state": "f32list",
+        "command": "f32list",
+    },
+    # ... and one row per tick and camera (`record.cameras`): the frame the engine was given, raw HxWx3 uint8
+    "frames": {
+        "robot": "int32",
+        "t": "float64",
+        "camera": "str",
+        "height": "int32",
+        "width": "int32",
+        "pixels": "bytes",
+    },
 }
+# kinds a run writes only when something recorded them (no empty parquet file in every run)
+OPTIONAL_KINDS = ("observations", "frames")
 
 
 class ColumnBuffer:
@@ -93,7 +113,9 @@ class ColumnBuffer:
 
     def _new_chunk(self) -> None:
         self.cols = {
-            name: ([None] * self.chunk_rows if dt in ("str", "f32list") else np.zeros(self.chunk_rows, dtype=dt))
+            name: (
+                [None] * self.chunk_rows if dt in ("str", "bytes", "f32list") else np.zeros(self.chunk_rows, dtype=dt)
+            )
             for name, dt in self.schema.items()
         }
         self.n = 0
@@ -174,7 +196,7 @@ class RecordWriter:
 def arrow_schema(kind: str):
     import pyarrow as pa
 
-    types = {"str": pa.string(), "f32list": pa.list_(pa.float32()), "bool": pa.bool_()}
+    types = {"str": pa.string(), "bytes": pa.binary(), "f32list": pa.list_(pa.float32()), "bool": pa.bool_()}
     return pa.schema([(name, types.get(dt) or pa.from_numpy_dtype(np.dtype(dt))) for name, dt in SCHEMAS[kind].items()])
 
 
@@ -188,6 +210,8 @@ def to_record_batch(kind: str, cols: dict, n: int):
         col = cols[f.name]
         if dt == "str":
             arrays.append(pa.array(col[:n], type=pa.string()))
+        elif dt == "bytes":
+            arrays.append(pa.array(col[:n], type=pa.binary()))
         elif dt == "f32list":
             arrays.append(
                 pa.array(

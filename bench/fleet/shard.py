@@ -83,6 +83,11 @@ class Shard:
         self.episodes = self.writer.buffer("episodes", 4096)
         self.requests = self.writer.buffer("requests", 8192)
         self.transitions = self.writer.buffer("transitions", 4096)
+        # a dataset's per-tick observations and camera frames (bench.run.dataset): None when not recorded,
+        # so the loop's only cost without them is one test per slot
+        record = spec.get("record") or {}
+        self.observations = self.writer.buffer("observations", 4096) if record.get("dataset") else None
+        self.frames = self.writer.buffer("frames", 1024) if record.get("dataset") and record.get("cameras") else None
         self.loop_ticks = 0  # robot-ticks the loop stepped, warm-up included
         self.thread_cpu: threadcpu.Ledger | None = None  # from the loop's start: each thread's CPU, kept past its end
         self.replaced_requests = 0  # requests of engines a restart replaced: their workers' CPU is in thread_cpu
@@ -256,8 +261,11 @@ class Shard:
             self.drain()  # the stop transitions
         except Exception:
             pass
-        for buf in (self.ticks, self.loop_rec, self.episodes, self.requests, self.transitions):
-            buf.flush()
+        for buf in (self.ticks, self.loop_rec, self.episodes, self.requests, self.transitions, self.observations):
+            if buf is not None:
+                buf.flush()
+        if self.frames is not None:
+            self.frames.flush()
         self.writer.close()
         return final
 

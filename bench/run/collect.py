@@ -86,6 +86,8 @@ def collect(run: RunState) -> figs.RunData:
             t = records.collect_sorted(run.rec_dir, kind)  # never the unsorted whole beside the sorted one
         else:
             t = records.collect(run.rec_dir, kind)
+        if kind in records.OPTIONAL_KINDS and not t.num_rows:
+            continue
         if kind == "requests":
             t_recv = t.column("t").to_numpy() + float(run.t0_mono or 0.0)
             offset_ms, error_ms, shard = robot_clocks(run, t.column("robot").to_numpy())

@@ -232,10 +232,27 @@ class Run:
         if during:  # every second of the run, in CPU time (bench.run.usage.IN_RUN_PROBE_FRACTION)
             run.speed_probe["during"] = during
         outcome = judge(run, error)
+        if run.s.record.get("dataset") and (run.run_dir / "ticks.parquet").is_file():
+            record_datasets(run)
         outcome.meta["interrupted"] = interrupted
         if isinstance(error, str) and error.startswith("environment:"):
             outcome.meta["environment_invalid"] = True
         return outcome
+
+
+def record_datasets(run: RunState) -> None:
+    """The run's episodes as LeRobotDatasets (`record.dataset`, bench.run.dataset), after its verdict: a
+    dataset that cannot be written is said, and leaves the verdict and the records as they are."""
+    from bench.run.dataset import DatasetError, write_datasets
+
+    out = Path(run.s.record["dir"]) if run.s.record.get("dir") else run.run_dir / "dataset"
+    try:
+        for line in write_datasets(run.run_dir, out):
+            print(f"bench: dataset {line}", file=sys.stderr)
+    except DatasetError as exc:
+        print(f"bench: no dataset written: {exc}", file=sys.stderr)
+    except Exception as exc:  # LeRobot's own refusal: said, and the run's verdict and records stay as they are
+        print(f"bench: no dataset written: LeRobot failed: {exc!r}\n{traceback.format_exc()}", file=sys.stderr)
 
 
 def prepare(run: RunState) -> None:

@@ -491,6 +491,7 @@ def report_memory(scenario, available_mb: float | None = None) -> ReportMemory:
     need = (
         REPORT_BASE_MB
         + (ticks * REPORT_BYTES_PER_TICK + requests_per_s(scenario) * seconds * REPORT_BYTES_PER_REQUEST) / 2**20
+        + recorded_mb(scenario, seconds)
     )
     if available_mb is None:
         try:
@@ -500,6 +501,24 @@ def report_memory(scenario, available_mb: float | None = None) -> ReportMemory:
         except Exception:  # noqa: BLE001 - unknown: the check says nothing rather than refuse
             available_mb = None
     return ReportMemory(need, available_mb)
+
+
+def recorded_mb(scenario, seconds: float) -> float:
+    """What `record.dataset` adds to the report phase (bench.run.dataset): each tick's state and command, and each
+    camera frame raw, held twice (the collected table, then the parquet file read back to convert); 0 when off."""
+    record = getattr(scenario, "record", None) or {}
+    if not record.get("dataset"):
+        return 0.0
+    from bench.robots import robot_type
+
+    total = 0.0
+    for g in scenario.groups:
+        cls = robot_type(g.robot)
+        per_tick = 64 + 4 * (len(cls.state_names) + len(cls.action_names))
+        if record.get("cameras", True) and g.cameras is not None:
+            per_tick += 3 * g.cameras.height * g.cameras.width * len(g.cameras.names)
+        total += 2 * per_tick * g.count * g.fps * seconds
+    return total / 2**20
 
 
 def router_clients(scenario) -> int:

@@ -165,6 +165,7 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
         attackers=attackers,
         fidelity=m.fidelity.model_dump(),
         cluster=m.cluster.model_dump(),
+        record=read_record(w, m),
     )
 
 
@@ -195,3 +196,39 @@ def list_scenarios(directory: Path = SCENARIOS_DIR) -> list[tuple[Path, str, str
         except ScenarioError as exc:
             out.append((p, p.stem, f"INVALID: {exc}"))
     return out
+
+
+def read_record(w: Where, m) -> dict:
+    """`record`, checked against what the run can write: LeRobot importable here, a directory not there yet."""
+    record = m.record.model_dump()
+    if not record["dataset"]:
+        return record
+    import importlib.util
+
+    if importlib.util.find_spec("lerobot") is None:  # found, not imported: the plain path stays LeRobot-free
+        raise w.fail(
+            ("record", "dataset"),
+            "recording a LeRobotDataset needs lerobot 0.4.4 here: pip install -e '.[lerobot]' "
+            "(docs/bench.md \"Record a run as a LeRobotDataset\"), or leave record.dataset false",
+        )
+    for i, g in enumerate(m.fleet.groups):
+        if float(g.fps) != int(g.fps):
+            raise w.fail(
+                ("fleet", "groups", i, "fps"),
+                f"a LeRobotDataset's fps is a whole number, and group {g.name!r} ticks at {g.fps:g} Hz: give it a "
+                "whole fps, or leave record.dataset false",
+            )
+    if record["dir"] is not None:
+        if m.sweep is not None:
+            raise w.fail(
+                ("record", "dir"),
+                "a sweep's runs would all write this one directory: leave record.dir out (each run writes its "
+                "own dataset/)",
+            )
+        if Path(record["dir"]).exists():
+            raise w.fail(
+                ("record", "dir"),
+                f"{record['dir']!r} already exists; a LeRobotDataset is created in a new directory: remove it "
+                "or give another",
+            )
+    return record

@@ -626,6 +626,26 @@ class Cluster(_Model):
     )
 
 
+class Record(_Model):
+    """What a run records beside its records: every robot's episodes as LeRobotDatasets, one per group
+    (bench.run.dataset, docs/bench.md "Record a run as a LeRobotDataset"); `bench run --record-dataset`."""
+
+    dataset: Bool = _f(
+        False,
+        "record every robot's episodes as a LeRobotDataset (format v3.0), one per group: each tick's state, the "
+        "command the robot executed, the group's task and the provenance of its action (session, seq, episode, "
+        "chunk, queue wait, inference time); needs lerobot 0.4.4 where the run's runner runs",
+    )
+    cameras: Bool = _f(
+        True, "with `dataset`: the frames of a group's cameras as image features (a group without cameras has none)"
+    )
+    dir: Str | None = _f(
+        None,
+        "where the datasets go, one directory per group (`DIR/<group>/`); it must not exist yet",
+        default_doc="the run directory's `dataset/`",
+    )
+
+
 class ScenarioFile(_Model):
     """A scenario: a fleet, its networks, its servers, a fault timeline and the assertions that judge it."""
 
@@ -666,6 +686,11 @@ class ScenarioFile(_Model):
         ),
         json_schema_extra=Doc(default_doc="the defaults below"),
     )
+    record: Record = Field(
+        default_factory=Record,
+        description="what the run records beside its records: its episodes as LeRobotDatasets (below)",
+        json_schema_extra=Doc(default_doc="nothing"),
+    )
     cluster: Cluster = Field(
         default_factory=Cluster,
         description=("placement on a Ray cluster under `bench run --cluster ray` (below); local runs ignore it"),
@@ -690,6 +715,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("sweep.formula", Formula),
     ("attackers[]", Attacker),
     ("fidelity", Fidelity),
+    ("record", Record),
     ("cluster", Cluster),
 ]
 

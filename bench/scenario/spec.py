@@ -109,6 +109,7 @@ class Scenario:
     attackers: list = field(default_factory=list)
     fidelity: dict = field(default_factory=dict)  # tolerances (model.Fidelity); empty = the defaults
     cluster: dict = field(default_factory=dict)  # placement under --cluster ray (model.Cluster)
+    record: dict = field(default_factory=dict)  # what the run records beside its records (model.Record)
     source: str = "<string>"
     raw: dict = field(default_factory=dict, repr=False)
 
