@@ -236,9 +236,8 @@ def __getattr__(name: str):
             from lerobot.rollout.inference.base import InferenceEngine
         except ImportError as exc:
             raise ImportError(
-                f"RemoteInferenceEngine plugs into LeRobot's rollout, which this environment lacks ({exc}); "
-                f"install lerobot>=0.6 (Python >= 3.12) beside this package: pip install 'fleet-inference[lerobot-rollout]' "
-                f"'lerobot>=0.6'"
+                f"RemoteInferenceEngine plugs into LeRobot's rollout, which this environment lacks ({exc}); it exists "
+                f"from lerobot 0.6 (Python >= 3.12): pip install 'fleet-inference[lerobot-rollout]' there"
             ) from None
         _built[name] = rollout_engine_class(InferenceEngine)
     return _built[name]

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -161,13 +162,22 @@ def test_importing_the_adapter_imports_no_torch_or_lerobot():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+def test_the_rollout_extra_brings_torch_and_lerobot_06_and_the_plain_install_neither():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["optional-dependencies"]["lerobot-rollout"] == [
+        "torch>=2.2",
+        "lerobot>=0.6; python_version >= '3.12'",
+    ]
+    assert not any(d.startswith(("torch", "lerobot")) for d in project["dependencies"])
+
+
 def test_without_lerobots_rollout_the_engine_name_explains_the_install():
     import edge.lerobot_rollout as lr
 
     try:
         import lerobot.rollout.inference.base  # noqa: F401
     except ImportError:
-        with pytest.raises(ImportError, match=r"lerobot>=0.6"):
+        with pytest.raises(ImportError, match=r"lerobot 0.6 .*fleet-inference\[lerobot-rollout\]"):
             lr.RemoteInferenceEngine  # noqa: B018
     else:
         assert issubclass(lr.RemoteInferenceEngine, lerobot.rollout.inference.base.InferenceEngine)
