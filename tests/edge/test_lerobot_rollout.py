@@ -278,9 +278,23 @@ def test_the_action_comes_back_in_lerobots_key_order_and_dispatched_task_is_its_
 # --- against a real server and router ----------------------------------------------------------------------------
 
 
+def _lerobots_frame_builder():
+    """LeRobot's own `build_dataset_frame` and `hw_to_dataset_features` (0.6: lerobot.utils.feature_utils)."""
+    try:
+        from lerobot.utils.feature_utils import build_dataset_frame, hw_to_dataset_features
+    except ImportError:
+        from lerobot.datasets.utils import build_dataset_frame, hw_to_dataset_features
+    return build_dataset_frame, hw_to_dataset_features
+
+
 def test_lerobot_frames_in_tensors_out_over_a_real_server(base, router, server_factory, ckpt):
-    """LeRobot-style frames (torch tensors, a CHW float camera) at 30 Hz: None before the first chunk, then 1-D
-    float32 tensors of the action width; reset() clears the queue so the next tick has nothing again."""
+    """A rollout's ticks at 30 Hz: its robot-keyed observation to notify_observation, then get_action with the
+    frame LeRobot's own build_dataset_frame makes of it (numpy, HWC uint8 camera), every other tick a torch frame
+    with a CHW float camera instead. None before the first chunk, then 1-D float32 tensors of the action width;
+    reset() clears the queue so the next tick has nothing again."""
+    build_dataset_frame, hw_to_dataset_features = _lerobots_frame_builder()
+    hw = {f"j{i}.pos": float for i in range(S)} | {"front": (96, 96, 3)}
+    features = hw_to_dataset_features(hw, "observation", use_video=False)
     server_factory(ckpt)
     cfg = RemoteEngineConfig(
         connect_endpoints=[router],
@@ -294,13 +308,19 @@ def test_lerobot_frames_in_tensors_out_over_a_real_server(base, router, server_f
     )
     dead = threading.Event()
     ad = rollout_engine_class(base)(cfg, task="pick", shutdown_event=dead)
-    cam = torch.rand(3, 96, 96)
+    cam = np.random.default_rng(0).integers(0, 256, (96, 96, 3), dtype=np.uint8)
+    cam_chw = torch.from_numpy(cam).permute(2, 0, 1).float() / 255.0
     ad.start()
     ad.resume()
     try:
         outs, k, t0 = [], 0, time.monotonic()
         while time.monotonic() - t0 < 2.0:
-            frame = {"observation.state": torch.full((S,), 0.01 * k), "observation.images.front": cam}
+            obs_processed = {f"j{i}.pos": 0.01 * k for i in range(S)} | {"front": cam}
+            ad.notify_observation(obs_processed)
+            if k % 2:
+                frame = {"observation.state": torch.full((S,), 0.01 * k), "observation.images.front": cam_chw}
+            else:
+                frame = build_dataset_frame(features, obs_processed, prefix="observation")
             outs.append(ad.get_action(frame))
             k += 1
             time.sleep(max(0.0, t0 + k / FPS - time.monotonic()))  # the robot's own clock: this IS the control loop
