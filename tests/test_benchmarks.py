@@ -176,3 +176,14 @@ def test_a_benchmark_whose_process_dies_is_reported_beside_the_others(tmp_path):
     assert json.loads((tmp_path / "no_such_benchmark.json").read_text())["error"] == dead["error"]
     alive = run_isolated("scheduling", True, tmp_path)
     assert "error" not in alive and alive["figures"]
+
+
+def test_the_lerobot_rollout_adapter_benchmark_times_each_frame_kind(tmp_path):
+    import json
+
+    from benchmarks import lerobot_rollout
+
+    out = tmp_path / "lerobot_rollout.json"
+    assert lerobot_rollout.main(["--calls", "20", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["us_per_call"]
+    assert set(rows) == set(lerobot_rollout.frames()) and all(v > 0 for v in rows.values())
