@@ -529,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     sch.set_defaults(func=cmd_schema)
 
     tr = sub.add_parser("train", help="train a behaviour-cloned checkpoint into bench/checkpoints/<robot>/")
-    tr.add_argument("--robot", required=True, help="robot type (arm, reacher, base)")
+    tr.add_argument("--robot", required=True, help="robot type (arm, reacher, base, so101)")
     tr.add_argument("--out", default=None, help="output directory (default bench/checkpoints/<robot>)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument(

@@ -131,6 +131,34 @@ RTC_MODE_RECIPES: dict[tuple[str, str, str], Recipe] = {
 }
 
 
+# Gym robot types with their own expert and demos (the env is a package's, not our MJCF): name -> module
+# whose `train(out, seed, episodes=..., epochs=..., eval_episodes=...)` writes the checkpoint
+GYM_TRAINERS: dict[str, str] = {"so101": "bench.training.so101"}
+
+
+def _train_gym_robot(robot_type, out_dir, seed, *, policy_type, episodes, steps, fps, rtc_mode, evaluate) -> Path:
+    import importlib
+
+    for flag, value in (("--policy-type", policy_type), ("--fps", fps), ("--rtc-mode", rtc_mode)):
+        if value is not None:
+            raise TrainError(
+                f"{flag}: the {robot_type} recipe is fixed (flow_matching at the env's 10 Hz); leave it out"
+            )
+    out = Path(out_dir) if out_dir else CHECKPOINTS_DIR / robot_type
+    check_arguments(out, seed=seed, episodes=episodes, steps=steps)
+    try:
+        module = importlib.import_module(GYM_TRAINERS[robot_type])
+        trainer = module.train
+    except ImportError as exc:
+        raise TrainError(f"training {robot_type} needs its env package: {exc}") from None
+    kwargs = {"eval_episodes": module.EVAL_EPISODES if evaluate else 0}
+    if episodes is not None:
+        kwargs["episodes"] = episodes
+    if steps is not None:
+        kwargs["steps"] = steps
+    return trainer(out, seed, **kwargs)
+
+
 def check_arguments(
     out: Path,
     *,
@@ -196,8 +224,22 @@ def train_robot_policy(
         from server.policies.train import TRAINING_LOG_FILE, train_bc
     except ImportError as exc:
         raise TrainError(f"training needs the server and sim extras (pip install -e '.[server,sim]'): {exc}") from None
+    if robot_type in GYM_TRAINERS:
+        return _train_gym_robot(
+            robot_type,
+            out_dir,
+            seed,
+            policy_type=policy_type,
+            episodes=episodes,
+            steps=steps,
+            fps=fps,
+            rtc_mode=rtc_mode,
+            evaluate=evaluate,
+        )
     if recipe is None and robot_type not in RECIPES:
-        raise TrainError(f"no training recipe for robot type {robot_type!r}; recipes: {', '.join(sorted(RECIPES))}")
+        raise TrainError(
+            f"no training recipe for robot type {robot_type!r}; recipes: {', '.join(sorted([*RECIPES, *GYM_TRAINERS]))}"
+        )
     rtc_key = (robot_type, policy_type or Recipe.policy_type, rtc_mode or "")
     if recipe is None and rtc_mode not in (None, "guidance") and rtc_key not in RTC_MODE_RECIPES:
         raise TrainError(
