@@ -535,7 +535,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument(
         "--policy-type",
         default=None,
-        help="flow_matching (supports RTC), flow_transformer (RTC; its own recipe) or mlp_chunk",
+        help="flow_matching (supports RTC), flow_transformer (RTC; its own recipe), mlp_chunk, or lerobot_act "
+        "(LeRobot's ACT trained by LeRobot's code on a LeRobotDataset of the demos; bench/checkpoints/<robot>_lerobot_act)",
     )
     tr.add_argument("--fps", type=float, default=None, help="control rate of the demos = the checkpoint's trained fps")
     tr.add_argument("--episodes", type=int, default=None, help="expert demonstrations to collect")

@@ -214,6 +214,20 @@ def train_robot_policy(
     recorded as the trained fps) override single fields, and `steps` (optional) sets the epochs so that
     about that many optimiser steps run.
     """
+    from bench.training import lerobot_act
+
+    if policy_type == lerobot_act.POLICY_NAME:  # LeRobot's ACT, trained by LeRobot's own code
+        if rtc_mode not in (None, "guidance") or fps is not None or recipe is not None:
+            raise TrainError(
+                f"--policy-type {lerobot_act.POLICY_NAME} takes --episodes, --steps, --seed and --out only "
+                f"(LeRobot's ACT has no RTC; its rate is the recipe's {lerobot_act.ActRecipe.fps:g} Hz)"
+            )
+        try:
+            return lerobot_act.train_lerobot_act(
+                robot_type, out_dir, seed, episodes=episodes, steps=steps, evaluate_after=evaluate
+            )
+        except lerobot_act.ActTrainError as exc:
+            raise TrainError(str(exc)) from None
     try:
         import numpy as np
         import torch
