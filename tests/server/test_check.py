@@ -23,14 +23,19 @@ from server.policies import (
     save_checkpoint,
 )
 from server.policies.base import register_policy
+from server.policies.lerobot import is_lerobot_checkpoint
 from server.policies.mlp_chunk import MlpChunkPolicy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 CHECKPOINTS = Path(__file__).resolve().parents[2] / "bench" / "checkpoints"
 # not the ones made where they run (bench.scenario.checkpoints.GENERATED, git-ignored: a LeRobot one needs trained_fps)
+# this project's own policy checkpoints; a shipped LeRobot one (its config is LeRobot's, its rate in the manifest)
+# is checked by tests/bench/training/test_lerobot_act.py and tests/server/test_lerobot.py
 SHIPPED = sorted(
-    p.name for p in CHECKPOINTS.iterdir() if (p / "model.safetensors").is_file() and p.name not in GENERATED
+    p.name
+    for p in CHECKPOINTS.iterdir()
+    if (p / "model.safetensors").is_file() and p.name not in GENERATED and not is_lerobot_checkpoint(p)
 )
 CLI = [sys.executable, "-m", "server.cli", "check"]
 S, A, T = 4, 3, 6
