@@ -71,14 +71,8 @@ def plan_move(statuses, own_id: str, checkpoint_hash: str, threshold: float, rng
     load = own.active_sessions / own.max_sessions
     if rng.random() >= p:
         return Move("", load, share, p)
-    u, acc = rng.random() * sum(deficits.values()), 0.0
-    target = next(iter(deficits))
-    for rid in sorted(deficits):
-        acc += deficits[rid]
-        target = rid
-        if u < acc:
-            break
-    return Move(target, load, share, p)
+    ids = sorted(deficits)
+    return Move(rng.choices(ids, weights=[deficits[r] for r in ids])[0], load, share, p)
 
 
 class Rebalancer:
