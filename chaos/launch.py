@@ -42,8 +42,10 @@ def start_proxy_server(
     port: int | None = None,
     timeout_s: float = 15.0,
     priority: str = "normal",
+    loop: str = "auto",
 ) -> ProxyServer:
-    """`priority`: ours' `--priority` (normal, nice, fifo; the Go binary has no such flag and runs as started).
+    """`priority`: ours' `--priority` (normal, nice, fifo; the Go binary has no such flag and runs as started);
+    `loop`: ours' `--loop` (auto, uvloop, asyncio).
     Without `port`, the API's port is picked and picked again if another process bound it first."""
     choice = os.environ.get("CHAOS_PROXY", "auto")
     binary = shutil.which("toxiproxy-server")
@@ -58,7 +60,8 @@ def start_proxy_server(
             argv, ready = [binary, "-host", host, "-port", str(p)], "Starting Toxiproxy HTTP server"
         else:
             argv, ready = (
-                [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(p), "--priority", priority],
+                [sys.executable, "-m", "chaos.toxiproxy", "--host", host, "--port", str(p), "--priority", priority]
+                + ["--loop", loop],
                 "toxiproxy-server-py ready",
             )
         return ChildProcess(argv, log_path, ready_text=ready, name="chaos-proxy")

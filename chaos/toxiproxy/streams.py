@@ -217,7 +217,7 @@ class _Side(asyncio.BufferedProtocol):
     (measured; gone with MALLOC_MMAP_THRESHOLD_ set, and with this buffer).
     """
 
-    __slots__ = ("conn", "transport", "feeds", "drains", "lost", "closing", "_buffer")
+    __slots__ = ("conn", "transport", "feeds", "drains", "lost", "closing", "_buffer", "early")
 
     def __init__(self, conn: Connection):
         self.conn = conn
@@ -227,6 +227,8 @@ class _Side(asyncio.BufferedProtocol):
         self.lost = False
         self.closing = False
         self._buffer: memoryview | None = None
+        # bytes read before the links exist (uvloop reads a socket whose connection_made paused it): fed first
+        self.early: list[bytes | None] = []  # None: the peer's EOF
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -242,11 +244,18 @@ class _Side(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         # a copy: the buffer is reused by the next read, and chunks and transport buffers outlive it
-        self.feeds.feed(bytes(self._buffer[:nbytes]))
+        data = bytes(self._buffer[:nbytes])
+        if self.feeds is None:  # read before the upstream answered (uvloop): kept, in order, for the link
+            self.early.append(data)
+            self.transport.pause_reading()
+        else:
+            self.feeds.feed(data)
 
     def eof_received(self) -> bool:
         if self.feeds is not None:
             self.feeds.feed_eof()
+        else:  # before the links exist: the close follows the early bytes
+            self.early.append(None)
         return True  # keep our write half open: the other direction may still be delivering
 
     def connection_lost(self, exc) -> None:
@@ -329,6 +338,9 @@ class Connection:
         chains = self.proxy.toxics.chains
         up.build(list(chains[UPSTREAM]))
         down.build(list(chains[DOWNSTREAM]))
+        early, self.client.early = self.client.early, []
+        for data in early:
+            up.feed(data) if data is not None else up.feed_eof()
         self.client.transport.resume_reading()
 
     def close_side(self, side: _Side) -> None:

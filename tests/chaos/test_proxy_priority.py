@@ -9,6 +9,7 @@ import pytest
 
 from chaos.launch import scheduling_of, start_proxy_server
 from chaos.toxiproxy import __main__ as proxy_main
+from tests.chaos.harness import connect, echo  # noqa: F401  (fixture)
 
 
 def _refuse(*_args, **_kwargs):
@@ -95,3 +96,28 @@ def test_a_proxy_on_another_node_is_known_by_its_log_line(tmp_path):
     log.write_text("toxiproxy-server-py ready: listening on 127.0.0.1:1 version x\n")  # started without --priority
     assert priority_in_log(log) is None
     assert priority_in_log(tmp_path / "absent.log") is None
+
+
+def test_the_proxy_runs_on_the_event_loop_asked_and_says_which(tmp_path, echo):  # noqa: F811
+    """`--loop asyncio` and `--loop uvloop` (auto's choice where installed) both carry bytes, and the log names
+    the loop that ran."""
+    from chaos.client import ChaosClient
+    from chaos.launch import start_proxy_server
+    from chaos.toxiproxy.__main__ import LOOP_LOG_TEXT, loop_factory
+
+    pytest.importorskip("uvloop")
+    assert loop_factory("auto")[0] == "uvloop" and loop_factory("asyncio")[0] == "asyncio"
+    for loop in ("asyncio", "uvloop"):
+        log = tmp_path / f"{loop}.log"
+        proxy = start_proxy_server(log, loop=loop)
+        try:
+            api = ChaosClient(proxy.api_url)
+            listen = api.create_proxy("x", upstream=f"127.0.0.1:{echo.port}")["listen"]
+            api.add_toxic("x", "latency", {"latency": 5}, name="lat", stream="downstream")
+            s = connect(listen)
+            s.sendall(b"ping")  # at once: before the proxy has dialled the upstream (uvloop reads it early)
+            assert s.recv(4) == b"ping"
+            s.close()
+        finally:
+            proxy.stop()
+        assert f"{LOOP_LOG_TEXT}{loop}" in log.read_text()
