@@ -126,6 +126,13 @@ class ActionQueue:
         with self._lock:
             return self._generation, self._cursor
 
+    def size_and_snapshot(self) -> tuple[int, tuple[int, int]]:
+        """(qsize(), snapshot()) read together, under one lock: what the queue holds and where it stands at
+        the same instant (notify_observation, on every tick)."""
+        with self._lock:
+            size = 0 if self._processed is None else len(self._processed) - self._cursor
+            return size, (self._generation, self._cursor)
+
     def left_over_at(self, snapshot: tuple[int, int]) -> tuple[np.ndarray | None, np.ndarray | None, int] | None:
         """(model-space rows, robot-space rows, cursor) from the snapshot's cursor, as `get_left_over`,
         `get_processed_left_over` and `get_action_index` read then; None if a merge or clear came since."""

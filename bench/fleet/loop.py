@@ -67,6 +67,7 @@ def run_loop(shard) -> None:
                     a, raised = None, True
                     engine_raised(rs, call)
             got[j] = (a, tb, mono(), engine_state_name(rs.engine) if not rs.killed else "DEAD", raised, images)
+        rows = []  # the slot's ticks, each in bench.fleet.records.SCHEMAS["ticks"] order: one extend_rows
         for j, r in enumerate(members):
             rs = robots[r]
             state = states[j]
@@ -74,53 +75,34 @@ def run_loop(shard) -> None:
             lateness = te - due
             host_delay = tb - due
             cls = classify_tick(lateness, host_delay, period)
+            digest = zlib.crc32(state.tobytes())
             if a is None:
-                ticks.append(
-                    robot=rs.rid,
-                    t=rel,
-                    lateness_ms=lateness * 1e3,
-                    host_delay_ms=host_delay * 1e3,
-                    engine_ms=(te - tb) * 1e3,
-                    tick_class=cls,
-                    state_digest=zlib.crc32(state.tobytes()),
-                    seq=-1,
-                    session_id="",
-                    episode_id=-1,
-                    chunk_index=-1,
-                    action_age_s=np.nan,
-                    source=RAISED_SOURCE if raised else "none",
-                    is_none=True,
-                    engine_state=est,
-                    robot_episode=rs.episode,
-                    action=None,
-                )
+                rows.append(
+                    (
+                        rs.rid, rel, lateness * 1e3, host_delay * 1e3, (te - tb) * 1e3, cls, digest,
+                        -1, "", -1, -1, np.nan, RAISED_SOURCE if raised else "none", True, est, rs.episode, None,
+                    )
+                )  # fmt: skip
             else:
                 values = np.asarray(a.values, dtype=np.float32)
                 actions[j] = values
-                ticks.append(
-                    robot=rs.rid,
-                    t=rel,
-                    lateness_ms=lateness * 1e3,
-                    host_delay_ms=host_delay * 1e3,
-                    engine_ms=(te - tb) * 1e3,
-                    tick_class=cls,
-                    state_digest=zlib.crc32(state.tobytes()),
-                    seq=int(a.seq_id if a.seq_id is not None else -1),
-                    session_id=str(a.session_id or ""),
-                    episode_id=int(a.episode_id if a.episode_id is not None else -1),
-                    chunk_index=int(a.chunk_index if a.chunk_index is not None else -1),
-                    action_age_s=float(a.age_s) if a.age_s is not None else np.nan,
-                    source=str(a.source),
-                    is_none=False,
-                    engine_state=est,
-                    robot_episode=rs.episode,
-                    action=values,
-                )
+                rows.append(
+                    (
+                        rs.rid, rel, lateness * 1e3, host_delay * 1e3, (te - tb) * 1e3, cls, digest,
+                        int(a.seq_id if a.seq_id is not None else -1),
+                        str(a.session_id or ""),
+                        int(a.episode_id if a.episode_id is not None else -1),
+                        int(a.chunk_index if a.chunk_index is not None else -1),
+                        float(a.age_s) if a.age_s is not None else np.nan,
+                        str(a.source), False, est, rs.episode, values,
+                    )
+                )  # fmt: skip
             if rel >= 0:
                 counts["ticks"] += 1
                 counts["none_ticks"] += a is None
                 counts["late_ticks"] += cls == LATE or cls == TOO_LATE
                 counts["host_late_ticks"] += cls == HOST_LATE
+        ticks.extend_rows(rows)
         observed = states.copy() if shard.observations is not None else None
         batch.step(actions)
         if observed is not None:

@@ -202,7 +202,7 @@ class Shard:
             if prof_dir:
                 import cProfile
 
-                prof = cProfile.Profile()
+                prof = cProfile.Profile(time.thread_time)  # CPU time: a wait for the GIL is not the loop's
                 prof.runcall(self.run_loop)
                 prof.dump_stats(os.path.join(prof_dir, f"shard{self.index}.prof"))
             else:

@@ -160,11 +160,12 @@ class RemoteEngine(Engine):
         # on the tick). The tick's own get_action follows, so the request leaves on the tick that reaches the
         # buffer, not one after it (a tick less of margin: with degraded_after_s = buffer_time_s every chunk
         # came late enough to flicker DEGRADED).
-        due = is_due(self.queue.qsize(), self.dt, h.due_buffer_s)
+        # the queue as it stands on this tick, before its get_action: the request's prefix and index
+        size, snapshot = self.queue.size_and_snapshot()
+        due = is_due(size, self.dt, h.due_buffer_s)
         with h.lock:
             h.version += 1
-            # the queue as it stands on this tick, before its get_action: the request's prefix and index
-            h.slot = (obs, now, h.version, h.episode, due, self.queue.snapshot())
+            h.slot = (obs, now, h.version, h.episode, due, snapshot)
         if due and h.want_obs:  # the worker waits for exactly this; otherwise it sleeps on
             h.wake.set()
 

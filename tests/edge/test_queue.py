@@ -69,6 +69,13 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.idx_before == self.ref.cursor
 
     @rule()
+    def size_and_snapshot(self):
+        """The two reads notify_observation takes under one lock equal the two taken apart."""
+        size, snap = self.q.size_and_snapshot()
+        assert size == self.q.qsize() == (0 if self.ref.proc is None else len(self.ref.proc) - self.ref.cursor)
+        assert snap == self.q.snapshot()
+
+    @rule()
     def get_several(self):
         for _ in range(4):
             self.get()

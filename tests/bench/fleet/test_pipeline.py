@@ -171,8 +171,8 @@ def test_a_slot_calls_every_engine_before_it_records_any_tick(tmp_path):
         engine, rid = slot.engine, slot.rid
         inner = engine.get_action
         engine.get_action = lambda inner=inner, rid=rid: (events.append(("engine", rid)), inner())[1]
-    append = shard.ticks.append
-    shard.ticks.append = lambda **row: (events.append(("record", row["robot"])), append(**row))[1]
+    extend_rows = shard.ticks.extend_rows  # a row's first column is its robot
+    shard.ticks.extend_rows = lambda rows: (events.extend(("record", row[0]) for row in rows), extend_rows(rows))[1]
     now = time.monotonic()
     shard.start_msg = {"start_mono": now, "t0_mono": now + s.warmup_s, "end_mono": now + s.warmup_s + s.duration_s}
     shard.t0 = now + s.warmup_s

@@ -11,6 +11,8 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bench.fleet import records
 from bench.fleet.control import ControlClient, ControlServer
@@ -58,6 +60,55 @@ def test_records_keep_float_vectors_and_strings(tmp_path):
     assert t.column("action").to_pylist()[0] == [np.float32(0.1), np.float32(0.2)]
     assert t.column("action").to_pylist()[1] is None
     assert t.column("engine_state").to_pylist() == ["STREAMING", "STALLED"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    chunk_rows=st.integers(1, 9),
+    slots=st.lists(st.integers(0, 12), min_size=1, max_size=6),
+)
+def test_extend_rows_writes_what_appending_each_row_writes(tmp_path_factory, chunk_rows, slots):
+    """A slot's ticks at once (the shard's loop) against the same rows one by one: the same table, in order,
+    across every chunk boundary, with null actions and strings kept."""
+    names = list(records.SCHEMAS["ticks"])
+    rows, k = [], 0
+    for n in slots:
+        slot = []
+        for _ in range(n):
+            action = None if k % 3 == 0 else np.array([k, -k], np.float32)
+            values = {
+                **dict.fromkeys(names, 0), "robot": k, "t": k * 0.5, "seq": k, "session_id": f"s{k % 4}",
+                "source": "none" if action is None else "chunk", "is_none": action is None,
+                "engine_state": "STALLED" if k % 2 else "STREAMING", "action": action, "action_age_s": np.nan,
+            }  # fmt: skip
+            slot.append(tuple(values[name] for name in names))
+            k += 1
+        rows.append(slot)
+    tables = []
+    for how in ("append", "extend_rows"):
+        d = tmp_path_factory.mktemp(how)
+        w = records.RecordWriter(d, "s0")
+        buf = w.buffer("ticks", chunk_rows=chunk_rows)
+        for slot in rows:
+            if how == "append":
+                for row in slot:
+                    buf.append(**dict(zip(names, row)))
+            else:
+                buf.extend_rows(slot)
+        buf.flush()
+        w.close()
+        assert buf.total == k
+        tables.append(records.collect(d, "ticks") if k else None)
+    if k:
+        assert tables[0].num_rows == k
+        assert tables[0].to_pylist() == tables[1].to_pylist() or all(
+            _same_row(a, b) for a, b in zip(tables[0].to_pylist(), tables[1].to_pylist())
+        )
+
+
+def _same_row(a: dict, b: dict) -> bool:
+    """Rows equal, NaN equal to NaN."""
+    return all(a[c] == b[c] or (a[c] != a[c] and b[c] != b[c]) for c in a)
 
 
 def _shard_ticks(directory, tag, rows, chunk_rows=3):
