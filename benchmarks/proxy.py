@@ -26,14 +26,16 @@ import numpy as np
 from benchmarks.common import Result, cli, parse_with_out, write_report
 
 
-def _echo_server() -> tuple[socket.socket, int]:
-    srv = socket.create_server(("127.0.0.1", 0))
+def _echo_server(reply: int | None = None) -> tuple[socket.socket, int]:
+    """Echoes each read back, or (with `reply`) answers every read of up to 64 KB with `reply` bytes."""
+    srv = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    answer = b"r" * reply if reply is not None else None
 
     def serve(c):
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with c:
             while data := c.recv(65536):
-                c.sendall(data)
+                c.sendall(data if answer is None else answer)
 
     def accept():
         while True:
@@ -102,29 +104,6 @@ def measure(round_trips: int, size: int) -> dict:
     }
 
 
-def _echo_reply_server(reply: int) -> tuple[socket.socket, int]:
-    """Reads one request (any size up to 64 KB in one read) and answers `reply` bytes, per connection."""
-    srv = socket.create_server(("127.0.0.1", 0), backlog=1024)
-    answer = b"r" * reply
-
-    def serve(c):
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with c:
-            while c.recv(65536):
-                c.sendall(answer)
-
-    def accept():
-        while True:
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(c,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    return srv, srv.getsockname()[1]
-
-
 def measure_cpu(loop: str, connections: int, round_trips: int, request: int = 1500, reply: int = 400) -> dict:
     """The proxy process's CPU per round trip on `loop`: `connections` clients at once, each `round_trips`
     request/reply exchanges through a 25 ms latency toxic each way."""
@@ -133,7 +112,7 @@ def measure_cpu(loop: str, connections: int, round_trips: int, request: int = 15
     from chaos.client import ChaosClient
     from chaos.launch import start_proxy_server
 
-    srv, port = _echo_reply_server(reply)
+    srv, port = _echo_server(reply)
     with tempfile.TemporaryDirectory() as tmp:
         proxy = start_proxy_server(Path(tmp) / "proxy.log", loop=loop)
         try:
