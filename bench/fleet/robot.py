@@ -65,11 +65,12 @@ class RobotSlot:
     raise_sent: bool = False
 
 
-def make_remote_engine(cfg: dict):
+def make_remote_engine(cfg: dict, pool=None):
+    """edge's remote engine for `cfg`; its worker on `pool` (edge.remote.drive.WorkerPool) if given."""
     from edge import RemoteEngineConfig
     from edge import make_engine as _make
 
-    return _make(RemoteEngineConfig.from_dict(dict(cfg)))
+    return _make(RemoteEngineConfig.from_dict(dict(cfg)), pool=pool)
 
 
 def engine_factory(path: str | None):

@@ -97,7 +97,17 @@ class Shard:
         self.control = None
         self.t0 = 0.0
         self.loop_priority = "normal"  # the control loop's, once it runs (bench.fleet.priority)
-        self.make_engine = engine_factory(spec.get("engine_factory"))
+        # the engines' network workers: on one shared thread of this shard (the default), or a thread each as
+        # on a robot (fleet.engine_workers: threads); a test's engine factory gets no pool
+        self.engine_pool = None
+        if not spec.get("engine_factory") and spec.get("engine_workers", "pool") == "pool":
+            from edge.remote.drive import WorkerPool
+
+            self.engine_pool = WorkerPool(f"remote-engine pool shard-{self.index}")
+            pool = self.engine_pool
+            self.make_engine = lambda cfg: make_remote_engine(cfg, pool=pool)
+        else:
+            self.make_engine = engine_factory(spec.get("engine_factory"))
 
     # --- control -------------------------------------------------------------------------------
 
@@ -267,6 +277,8 @@ class Shard:
         if self.frames is not None:
             self.frames.flush()
         self.writer.close()
+        if self.engine_pool is not None:
+            self.engine_pool.close(wait=False)
         return final
 
 

@@ -151,6 +151,7 @@ def shard_specs(run: RunState) -> list[dict]:
             "records_dir": str(run.rec_dir),
             "seed": run.s.seed,
             "engine_factory": run.engine_factory,
+            "engine_workers": run.s.engine_workers,
             "record": dict(run.s.record),  # bench.run.dataset: the shard records observations (and frames)
         }
         for k in range(run.n_shards)

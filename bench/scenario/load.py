@@ -152,6 +152,7 @@ def build_scenario(data: Any, source: str = "<string>") -> Scenario:
         warmup_s=float(m.warmup_s),
         seed=m.seed,
         shards=m.fleet.shards,
+        engine_workers=m.fleet.engine_workers,
         groups=groups,
         sites=sites,
         replicas=replicas,

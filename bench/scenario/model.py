@@ -440,6 +440,12 @@ class Fleet(_Model):
         "bench to the host\"); an integer always wins",
         type_doc="`auto` or int > 0",
     )
+    engine_workers: Literal["pool", "threads"] = _f(
+        "pool",
+        "how a shard hosts its robots' remote-engine network workers: `pool`, all on one shared thread "
+        "(edge.remote.drive.WorkerPool); `threads`, a thread per engine, as on a robot. The worker's code is "
+        "the same; `threads` puts a shard's hundred workers on its GIL beside the control loop",
+    )
     groups: list[Group] = Field(..., min_length=1, description="robot groups (below)")
 
 

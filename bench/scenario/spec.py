@@ -106,6 +106,7 @@ class Scenario:
     assertions: list[AssertionSpec]
     sweep: dict | None
     security: str = "tcp"
+    engine_workers: str = "pool"  # how a shard hosts its engines' workers (model.Fleet.engine_workers)
     attackers: list = field(default_factory=list)
     fidelity: dict = field(default_factory=dict)  # tolerances (model.Fidelity); empty = the defaults
     cluster: dict = field(default_factory=dict)  # placement under --cluster ray (model.Cluster)

@@ -19,6 +19,7 @@ from edge.engine import Action, Engine, EngineState, EngineStopped, register_eng
 from edge.latency import LatencyTracker
 from edge.queue import ActionQueue
 from edge.remote.config import RemoteEngineConfig
+from edge.remote.drive import Handle, WorkerPool
 from edge.remote.fallback import FallbackLadder
 from edge.remote.handoff import Handoff
 from edge.remote.link import Link
@@ -57,7 +58,10 @@ class RemoteEngine(Engine):
         shutdown_event: threading.Event | None = None,
         connection=None,
         latency_override: Callable[[int], float] | None = None,
+        pool: WorkerPool | None = None,
     ):
+        """`pool`: run the network worker on this shared WorkerPool (a host of many engines) instead of a thread
+        of its own (edge.remote.drive); the worker's code is the same."""
         if not config.client_uuid:
             config.client_uuid = f"robot-{uuid.uuid4().hex[:12]}"
         self.cfg = config
@@ -84,7 +88,8 @@ class RemoteEngine(Engine):
         )
         self.control_timeouts = self._worker.session.control_timeouts  # the worker's; see edge.remote.session
         self._ladder = FallbackLadder(config, self.queue, self._link, self.counters)
-        self._thread: threading.Thread | None = None
+        self._pool = pool
+        self._thread: threading.Thread | Handle | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -98,8 +103,12 @@ class RemoteEngine(Engine):
         w.replies.last_ok = time.monotonic()  # the offline clock starts now (anything from the server restarts it)
         w.replies.last_merged = w.replies.last_ok  # the DEGRADED clock (a merged chunk restarts it)
         link.fire("start", "start")
-        self._thread = threading.Thread(target=w.run, name=f"remote-engine {self.cfg.client_uuid}", daemon=True)
-        self._thread.start()
+        name = f"remote-engine {self.cfg.client_uuid}"
+        if self._pool is not None:
+            self._thread = self._pool.spawn(w.steps(), name)
+        else:
+            self._thread = threading.Thread(target=w.run, name=name, daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
         h = self._handoff
@@ -122,10 +131,7 @@ class RemoteEngine(Engine):
         h.reset_pending = h.episode
         self._ladder.new_episode()
         self.counters["resets"] += 1
-        h.wake.set()
-        m = self._worker.session.model
-        if m is not None:  # a worker waiting for the finished episode's chunk stops waiting (see Worker.request)
-            m.interrupt()
+        h.wake.set()  # a worker waiting for the finished episode's chunk stops waiting too (see Worker.request)
 
     def pause(self) -> None:
         self._handoff.paused = True

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 
+from edge.remote.drive import Signal
+
 
 class Handoff:
     def __init__(self):
@@ -22,9 +24,10 @@ class Handoff:
         self.paused = False
         self.due_buffer_s = 0.0  # the request point the worker plans with (an empty queue is always due)
         self.want_obs = False  # the worker is waiting for a fresh observation (notify wakes it)
-        self.wake = threading.Event()
-        self.stop = threading.Event()
-        self.nudge = threading.Event()  # set by stop() and when a replica token of the model appears
+        # Signals (edge.remote.drive): a pooled worker waiting on one resumes when it is set
+        self.wake = Signal()
+        self.stop = Signal()
+        self.nudge = Signal()  # set by stop() and when a replica token of the model appears
 
     def latest(self):
         with self.lock:

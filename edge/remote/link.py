@@ -23,6 +23,7 @@ import time
 from collections import deque
 
 from edge.engine import EngineState
+from edge.remote.drive import Signal, Wait, run_inline
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class Backoff:
     (read from `cfg` at each use), jittered, cut short by a replica token of the model appearing (`nudge`), ended
     by `stop`."""
 
-    def __init__(self, cfg, nudge: threading.Event, stop: threading.Event, counters: dict[str, int]):
+    def __init__(self, cfg, nudge: Signal, stop: Signal, counters: dict[str, int]):
         self.cfg = cfg
         self.nudge, self.stop = nudge, stop
         self.counters = counters  # replica_nudges
@@ -146,14 +147,19 @@ class Backoff:
         self.nudge_floor = 0.0
 
     def wait(self, backoff_s: float) -> bool:
-        """Wait out a reconnect back-off (jittered), cut short by a replica token appearing; True when stopped.
-        A nudged retry that gets no chunk doubles the least the next nudged back-off waits (from
-        reconnect_initial_backoff_s, never past the back-off itself; a merged chunk sets it to 0): a replica whose token flaps, or
-        that acknowledges and fails every session, no longer cuts every back-off short."""
+        """`waiting` on this thread."""
+        return run_inline(self.waiting(backoff_s))
+
+    def waiting(self, backoff_s: float):
+        """Wait out a reconnect back-off (jittered), cut short by a replica token appearing; True when stopped
+        (worker steps: edge.remote.drive). A nudged retry that gets no chunk doubles the least the next nudged
+        back-off waits (from reconnect_initial_backoff_s, never past the back-off itself; a merged chunk sets it to
+        0): a replica whose token flaps, or that acknowledges and fails every session, no longer cuts every
+        back-off short."""
         # jittered: a fleet that lost its replica at the same instant must not come back in lockstep
         wait = backoff_s * random.uniform(0.5, 1.0)
         started = time.monotonic()
-        if self.nudge.wait(wait):
+        if (yield Wait(self.nudge, wait)):
             if self.stop.is_set():
                 return True
             # a replica's token appeared (server up, or our link to the router healed): try again
@@ -162,5 +168,5 @@ class Backoff:
             soonest = max(min(wait, self.nudge_floor) - (time.monotonic() - started), 0.0)
             initial = self.cfg.reconnect_initial_backoff_s
             self.nudge_floor = max(2 * self.nudge_floor, initial)
-            return self.stop.wait(soonest + random.uniform(0.0, min(initial, NUDGE_SPREAD_S)))
+            return (yield Wait(self.stop, soonest + random.uniform(0.0, min(initial, NUDGE_SPREAD_S))))
         return False

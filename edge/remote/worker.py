@@ -1,5 +1,5 @@
-"""The remote engine's network worker: one thread that opens the session, sends each request when it is due and
-merges the chunk that answers it.
+"""The remote engine's network worker: it opens the session, sends each request when it is due and merges the
+chunk that answers it, as steps that a thread of its own or a shared pool runs (edge.remote.drive).
 
     wait: qsize <= H - s (edge.remote.plan), a new observation (edge.remote.handoff), an acknowledged session
     idx_before + prefixes as on the obs's tick, delay ─► encode JPEG ─► put obs ─► await chunk (timeout)
@@ -28,6 +28,7 @@ import numpy as np
 from edge.engine import EngineState
 from edge.latency import LatencyTracker
 from edge.queue import ActionQueue, fit_prefix
+from edge.remote.drive import Call, Wait, run_inline
 from edge.remote.handoff import Handoff
 from edge.remote.link import Backoff, Link
 from edge.remote.plan import ExecutionPlan, delay_steps, is_due, plan_execution
@@ -69,6 +70,11 @@ class Worker:
     # --- the run loop: sessions, back-off, outcomes --------------------------------------------------------
 
     def run(self) -> None:
+        """The worker on this thread (a robot's: one thread per engine)."""
+        run_inline(self.steps())
+
+    def steps(self):
+        """The worker as steps (edge.remote.drive): run_inline on a thread of its own, or on a WorkerPool."""
         cfg, link, stop = self.cfg, self.link, self.handoff.stop
         backoff = cfg.reconnect_initial_backoff_s
         exclude: set[str] = set()
@@ -84,7 +90,7 @@ class Worker:
                     )
                     break
                 self.handoff.nudge.clear()  # a replica token appearing from now on cuts the backoff below
-                if self.handshake(exclude):
+                if (yield from self.handshake(exclude)):
                     # the backoff starts over once this session merges a chunk, not on its ack: a replica that
                     # acknowledges and then drains, forgets or fails every session would otherwise be asked again
                     # at once, again and again (a drain notice on every open: 51 reconnects in 4 s)
@@ -94,11 +100,11 @@ class Worker:
                 if link.state == S.DEAD:
                     break
                 exclude = set()  # after a failed round every replica is a candidate again
-                if self.backoff.wait(backoff):
+                if (yield from self.backoff.waiting(backoff)):
                     break
                 backoff = self.backoff.grown(backoff)
                 continue
-            outcome = self.cycle()
+            outcome = yield from self.cycle()
             if self.counters["chunks"] != opened_at_chunks:
                 backoff = cfg.reconnect_initial_backoff_s
                 self.backoff.chunk_merged()
@@ -109,7 +115,7 @@ class Worker:
                 self.counters["reconnects"] += 1
                 link.fire("reconnect", outcome)
                 if self.counters["chunks"] == opened_at_chunks:  # the session gave nothing: back off before the next
-                    if self.backoff.wait(backoff):
+                    if (yield from self.backoff.waiting(backoff)):
                         break
                     backoff = self.backoff.grown(backoff)
             elif outcome in ("timeout", "error") and time.monotonic() - self.replies.last_ok > cfg.max_offline_s:
@@ -117,12 +123,12 @@ class Worker:
                     "fatal",
                     f"no chunk for more than max_offline_s={cfg.max_offline_s:g} s ({self.replies.last_error or 'timeouts'})",
                 )
-        self.session.close()
+        yield Call(self.session.close)
 
-    def handshake(self, exclude: set[str]) -> bool:
-        opened = self.session.open(
-            exclude, self.tracker.p95(), self.replies.last_ok + self.cfg.max_offline_s, self._camera_shapes
-        )
+    def handshake(self, exclude: set[str]):
+        """One handshake round (steps: its queries are a Call); True with a session acknowledged."""
+        p95, deadline = self.tracker.p95(), self.replies.last_ok + self.cfg.max_offline_s
+        opened = yield Call(lambda: self.session.open(exclude, p95, deadline, self._camera_shapes))
         if opened.error:
             self.replies.last_error = opened.error
         if opened.fatal:
@@ -153,16 +159,16 @@ class Worker:
             "session_paused" if self.handoff.paused else "session", f"session {ack.session_id} on {ack.replica_id}"
         )
 
-    def rebalance(self, episode: int) -> bool:
+    def rebalance(self, episode: int):
         """At the boundary into `episode`, when a check is due: read the replicas' loads and perhaps move the
         session (edge.remote.rebalance). True when a move was tried: the old session is then closed and the new
-        one's first request carries the episode start, so no reset goes out."""
+        one's first request carries the episode start, so no reset goes out. Steps: its queries are Calls."""
         m, now = self.session.model, time.monotonic()
         if m is None or m.replica is None or self.session.first_ack is None or not self.rebalancer.due(now):
             return False
         own = m.replica.replica_id
         try:
-            found = m.discover(self.session.control_timeouts.timeout_s("status"))
+            found = yield Call(lambda: m.discover(self.session.control_timeouts.timeout_s("status")))
         except Exception as exc:  # a zenoh error while the router restarts: stay, look again later
             log.info("%s: rebalance check failed: %s", self.cfg.client_uuid, exc)
             self.rebalancer.checked(time.monotonic(), unready=False)
@@ -176,13 +182,9 @@ class Worker:
             return False
         by_id = {s.replica_id: s for s in found}
         m.episode_id = int(episode)
-        opened = self.session.open(
-            set(),
-            self.tracker.p95(),
-            self.replies.last_ok + self.cfg.max_offline_s,
-            self._camera_shapes,
-            candidates=[by_id[move.target], by_id[own]],  # the target refuses (full by now): stay where it was
-        )
+        p95, deadline = self.tracker.p95(), self.replies.last_ok + self.cfg.max_offline_s
+        candidates = [by_id[move.target], by_id[own]]  # the target refuses (full by now): stay where it was
+        opened = yield Call(lambda: self.session.open(set(), p95, deadline, self._camera_shapes, candidates=candidates))
         if opened.error:
             self.replies.last_error = opened.error
         if opened.fatal:
@@ -209,14 +211,17 @@ class Worker:
     def step(self, timeout_s: float | None = None) -> str:
         """One request on the caller's thread (RemoteEngine.step_once): handshake if needed, send the latest
         observation, wait for its chunk (for `timeout_s`, which becomes request_timeout_s, if given)."""
-        if not self.session.acked and not self.handshake(set()):
+        return run_inline(self._step(timeout_s))
+
+    def _step(self, timeout_s: float | None):
+        if not self.session.acked and not (yield from self.handshake(set())):
             return "no_session"
         slot = self.handoff.latest()
         if slot is None:
             return "no_observation"
         if timeout_s is not None:
             self.cfg.request_timeout_s = float(timeout_s)
-        return self.request(self.session.model, slot[0], slot[1], slot[3], slot[5])
+        return (yield from self.request(self.session.model, slot[0], slot[1], slot[3], slot[5]))
 
     # --- when to ask -----------------------------------------------------------------------------------------
 
@@ -237,15 +242,15 @@ class Worker:
             log.warning("%s: %s", self.cfg.client_uuid, plan.violation)
         return plan
 
-    def cycle(self) -> str:
-        """Wait until a request is due, send it, await its chunk. Returns an outcome word."""
+    def cycle(self):
+        """Wait until a request is due, send it, await its chunk (steps). Returns an outcome word."""
         m, h = self.session.model, self.handoff
         if m.server_lost.is_set():
             return "lost"
         if h.reset_pending is not None:
             ep = h.reset_pending
             h.reset_pending = None
-            if self.rebalance(ep):
+            if (yield from self.rebalance(ep)):
                 return "ok"
             try:  # acknowledged, but not awaited: the next observation's episode_start resets the session too
                 # seeded from the measured round trip: a slow link's ack still counts in resets_acked
@@ -293,14 +298,14 @@ class Worker:
                 timeout = min(timeout, 1.0)
             else:
                 timeout = 0.25  # waiting for an observation: notify_observation wakes us first
-            h.wake.wait(timeout)
+            yield Wait(h.wake, timeout)
             h.want_obs = False
         if h.stop.is_set():
             return "stopped"
         obs, t_obs, version, episode, _due, at_obs = slot
         self.sent_version = version
         self.replies.execution_steps = plan.execution_steps
-        return self.request(m, obs, t_obs, episode, at_obs)
+        return (yield from self.request(m, obs, t_obs, episode, at_obs))
 
     def _on_reset_reply(self, acked: bool) -> None:  # on Zenoh's thread
         if acked:
@@ -317,7 +322,9 @@ class Worker:
 
     # --- one request -------------------------------------------------------------------------------------------
 
-    def request(self, m, obs: dict, t_obs: float, episode: int, at_obs: tuple[int, int] | None = None) -> str:
+    def request(self, m, obs: dict, t_obs: float, episode: int, at_obs: tuple[int, int] | None = None):
+        """Send one observation and await its chunk (steps: the wait is on the handoff's wake, which every
+        arrival, a reset and stop() set). Returns an outcome word."""
         c, h = self.cfg, self.handoff
         H = c.execution_horizon
         # the leftover and index on the observation's tick (its own action included): the chunk's row 0 is
@@ -383,11 +390,13 @@ class Worker:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            r = m.get_result(min(left, 0.25) * 1e3)
+            h.wake.clear()  # before the look: an arrival after it wakes the wait below
+            r = m.get_result(0)
             if m.server_lost.is_set():
                 self.replies.record_timeout(seq, delay, encode_ms, "lost", send_lag_ms=send_lag_ms)
                 return "lost"
             if r is None:
+                yield Wait(h.wake, min(left, 0.25))
                 continue
             outcome = self.replies.handle(r)
             if outcome == "merged":
