@@ -42,7 +42,10 @@ from bench.run.usage import COST_REFERENCE_PROBE_MS
 #   a wake-up). Small fleets cost more a request (keep-alives and
 #   sessions a robot, unmodelled).
 SHARD_TICK_MS = 0.035
-SHARD_REQUEST_MS = 0.8
+# 0.8 as fitted with a thread per engine; the shared worker pool (edge.remote.drive, fleet.engine_workers: pool)
+# takes a request's engine and Zenoh CPU to 0.78x of that, side by side in one session (headline without faults,
+# medians of two runs each: 1.64 against 2.09 ms; docs/results/2026-12-03-engine-worker-pool.md)
+SHARD_REQUEST_MS = 0.62
 PHYSICS_STEP_US = {"reacher": 9.6, "arm": 3.6, "base": 4.0}
 PHYSICS_STEP_US_DEFAULT = 10.0  # a robot type not measured yet: the dearest measured step, rounded up
 PHYSICS_TICK_US = 5.0
