@@ -23,7 +23,7 @@ from bench.run.collect import audit_table, clock_facts, collect, unloaded_forwar
 from bench.run.legs import window_legs
 from bench.run.mesh import proxy_name
 from bench.run.state import RunState
-from bench.scenario.assertions import evaluate
+from bench.scenario.assertions import evaluate, figure_names
 from server.priority import DISPATCH_PRIORITY_LOG_TEXT
 
 
@@ -41,6 +41,20 @@ ENGINE_RAISES_CHECK = "engine_raises == 0"
 IMPLICIT_CHECKS = (UNPLANNED_EXITS_CHECK, ENGINE_RAISES_CHECK, "staleness_violations == 0", "wrong_model_actions == 0")
 # a crash or a raise is no host's doing: failed, these fail the run even while the host was out of its tolerances
 NEVER_EXCUSED = (UNPLANNED_EXITS_CHECK, ENGINE_RAISES_CHECK)
+# figures no slow host can move: a failed assertion that reads only these fails the run however slow the host was
+# (an attack that got through got through; a replica that died died)
+HOST_INDEPENDENT_FIGURES = frozenset({"unplanned_exits", "engine_raises", "attacks_breached"})
+
+
+def never_excused(r) -> bool:
+    """A failed result the host's fidelity cannot excuse: an implicit crash/raise check, or an assertion that reads
+    only host-independent figures."""
+    if r.passed:
+        return False
+    if r.expression in NEVER_EXCUSED:
+        return True
+    names = figure_names(r.expression)
+    return bool(names) and names <= HOST_INDEPENDENT_FIGURES
 
 
 def judge(run: RunState, error: str | None) -> report.RunOutcome:
@@ -73,8 +87,8 @@ def judge(run: RunState, error: str | None) -> report.RunOutcome:
     if data is not None and error is None:
         without_bench(run, data, top, results, fidelity)
     verdict = report.verdict_of(results, error, fidelity)
-    if verdict == "inconclusive" and any(r.expression in NEVER_EXCUSED and not r.passed for r in results):
-        verdict = "fail"  # a dead replica or a raising engine is the system failing, however slow the host was
+    if verdict == "inconclusive" and any(never_excused(r) for r in results):
+        verdict = "fail"  # a dead replica, a raising engine, a breach: the system failing, however slow the host
     # what collecting the records and computing figures held: the runner's peak, read before the report is
     # written (ru_maxrss is the peak of the runner's life; the run itself holds little, so it is this phase's)
     report_phase = {

@@ -475,6 +475,16 @@ def parse(expression: str) -> ast.Expression:
         raise AssertionSyntaxError(f"not an expression: {exc.msg} at column {exc.offset}") from None
 
 
+def figure_names(expression: str) -> set[str]:
+    """The bare names an assertion reads (figures, and the names of the functions it calls); empty if it does not
+    parse."""
+    try:
+        tree = parse(expression)
+    except AssertionSyntaxError:
+        return set()
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
 def check_expression(expression: str, groups: list[str], replicas: list[str] | None = None) -> None:
     """Raise AssertionSyntaxError unless `expression` is valid for a scenario with these groups (and replica ids:
     `figure[server:ID]` must name one)."""

@@ -491,7 +491,9 @@ def test_depositors_hammering_while_dispatchers_take_lose_nothing_and_never_dead
                         local["failed"] += 1
                     continue
                 local["dispatched"] += 1
-                superseded_reported[r.session_id] += box.take_superseded(r.session_id)
+                n = box.take_superseded(r.session_id)
+                with lock:  # two dispatchers: `+=` on a shared Counter is a read-modify-write
+                    superseded_reported[r.session_id] += n
             with lock:
                 tally.update(local)
             if done.is_set() and not batch.requests and not batch.expired and box.depth() == 0:

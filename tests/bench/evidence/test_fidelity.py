@@ -476,3 +476,15 @@ def test_a_replica_faster_than_its_unloaded_reference_is_said_to_have_a_suspect_
 
     assert "reference {1: 15.2, 64: 96.9}" in replica_line(0.647) and "suspect" in replica_line(0.647)
     assert "suspect" not in replica_line(0.94) and "suspect" not in replica_line(1.3)
+
+
+def test_a_failed_assertion_on_figures_no_host_can_move_is_never_excused():
+    from bench.run.verdict import never_excused
+
+    assert never_excused(AssertionResult("attacks_breached == 0", False, 2))
+    assert never_excused(AssertionResult("unplanned_exits == 0 and engine_raises == 0", False, 1))
+    assert not never_excused(AssertionResult("attacks_breached == 0", True, 0))  # it held
+    # a figure a slow host can move (rtt) beside it: the host may have caused the failure
+    assert not never_excused(AssertionResult("attacks_breached == 0 and p99(rtt_ms) < 400", False, 0))
+    assert not never_excused(AssertionResult("dead_robots == 0", False, 1))
+    assert not never_excused(AssertionResult("not an (expression", False, None))
