@@ -273,7 +273,8 @@ def cmd_incident(args) -> int:
     run_dir = Path(args.reports) / s.name / stamp
     if rc == Exit.INVALID or not (run_dir / "transitions.parquet").is_file():
         return Exit.INVALID
-    score = incident.compare_stutter(window, incident.replay_log_of(run_dir), window.span[1] - window.span[0])
+    replay = incident.replay_log_of(run_dir, window.stutter)
+    score = incident.compare_stutter(window, replay, window.span[1] - window.span[0])
     ok = incident.reproduced(score)
     (run_dir / "incident.json").write_text(__import__("json").dumps({**score, "reproduced": ok}, indent=2))
     print(

@@ -43,7 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-STUTTER_STATES = ("STALLED", "DEGRADED", "RECONNECTING", "DEAD")
+# HELD: a tick the robot held mid-episode, the stutter a LeRobotDataset shows (bench.evidence.incident_dataset)
+STUTTER_STATES = ("STALLED", "DEGRADED", "RECONNECTING", "DEAD", "HELD")
 BIN_S = 0.5
 EDGE_LOG_HELP = "an edge log holds one JSON object a line (docs/scenarios.md, Incident replay)"
 
@@ -73,6 +74,8 @@ class EdgeLog:
     requests: list[dict] = field(default_factory=list)
     transitions: list[dict] = field(default_factory=list)
     span: tuple[float, float] | None = None  # a window's [t0, t1) on the original log's clock
+    # how stutter is read: "states" (the engine's transitions) or "held" (held ticks, from a LeRobotDataset)
+    stutter: str = "states"
 
     def window(self, t0: float, t1: float) -> EdgeLog:
         """Records in [t0, t1), re-timed to start at 0; the state at t0 is kept as a first transition."""
@@ -81,7 +84,11 @@ class EdgeLog:
         if before:
             trans.insert(0, {"t": 0.0, "from": before[-1]["to"], "to": before[-1]["to"], "reason": "window start"})
         return EdgeLog(
-            dict(self.robot), [dict(r, t=r["t"] - t0) for r in self.requests if t0 <= r["t"] < t1], trans, (t0, t1)
+            dict(self.robot),
+            [dict(r, t=r["t"] - t0) for r in self.requests if t0 <= r["t"] < t1],
+            trans,
+            (t0, t1),
+            self.stutter,
         )
 
 
@@ -99,9 +106,14 @@ def clip_window(log: EdgeLog, t0: float, t1: float) -> tuple[float, float]:
 
 
 def read_edge_log(path: str | Path, robot: int | None = None) -> EdgeLog:
-    """An edge-log JSONL file, or a bench run directory (its parquet records of `robot`)."""
+    """An edge-log JSONL file, a bench run directory (its parquet records of `robot`), or a LeRobotDataset
+    recorded with the bench's provenance (bench.evidence.incident_dataset)."""
     path = Path(path)
     if path.is_dir():
+        from bench.evidence import incident_dataset
+
+        if incident_dataset.is_dataset(path):
+            return incident_dataset.read_dataset_log(path, robot)
         return _from_run_dir(path, robot)
     log = EdgeLog()
     try:
@@ -162,6 +174,17 @@ def _from_run_dir(run: Path, robot: int | None) -> EdgeLog:
         raise IncidentError(
             f"{run} has no records of robot {robot}; its robots: {', '.join(map(str, robots)) or 'none'}"
         )
+    log.robot = run_robot_facts(run, robot)
+    log.requests.sort(key=lambda r: r["t"])
+    log.transitions.sort(key=lambda r: r["t"])
+    return log
+
+
+def run_robot_facts(run: Path, robot: int) -> dict:
+    """What a replay needs of one robot of a bench run: robot_type, fps, episode_s, the engine settings it ran
+    with, cameras, the policy (the first replica's checkpoint), and the clock facts (`t0_mono_ms`, and
+    `replica_t0_mono_ms` for replicas on another clock); {} when the run's shard specs do not name the robot."""
+    facts: dict = {}
     for spec_path in sorted((run / "manifests").glob("shard-*.json")):
         for spec in json.loads(spec_path.read_text())["robots"]:
             if spec["robot"] == robot:
@@ -180,7 +203,7 @@ def _from_run_dir(run: Path, robot: int | None) -> EdgeLog:
                         "client_uuid",
                     )
                 }
-                log.robot = {
+                facts = {
                     "robot_type": spec["robot_type"],
                     "fps": spec["fps"],
                     "episode_s": spec["episode_s"],
@@ -188,28 +211,26 @@ def _from_run_dir(run: Path, robot: int | None) -> EdgeLog:
                     "cameras": spec.get("cameras"),
                 }
     scen = run / "scenario.yaml"
-    if scen.is_file() and log.robot:
+    if scen.is_file() and facts:
         import yaml
 
         raw = yaml.safe_load(scen.read_text())
         replicas = raw.get("servers", {}).get("replicas", [])
         if replicas:
-            log.robot["policy"] = replicas[0].get("checkpoint")
+            facts["policy"] = replicas[0].get("checkpoint")
     clock = run / "clock.json"
-    if clock.is_file() and log.robot:
-        facts = json.loads(clock.read_text())
-        log.robot["t0_mono_ms"] = facts["t0_mono_ms"]
+    if clock.is_file() and facts:
+        times = json.loads(clock.read_text())
+        facts["t0_mono_ms"] = times["t0_mono_ms"]
         # t = 0 on the clock of each replica that ran on another one (bench.fleet.clock: runner + its offset)
         other = {
-            n.split(":", 1)[1]: facts["t0_mono_ms"] + o["offset_ms"]
-            for n, o in (facts.get("offsets") or {}).items()
+            n.split(":", 1)[1]: times["t0_mono_ms"] + o["offset_ms"]
+            for n, o in (times.get("offsets") or {}).items()
             if n.startswith("server:") and not o.get("same_clock", True)
         }
         if other:
-            log.robot["replica_t0_mono_ms"] = other
-    log.requests.sort(key=lambda r: r["t"])
-    log.transitions.sort(key=lambda r: r["t"])
-    return log
+            facts["replica_t0_mono_ms"] = other
+    return facts
 
 
 def write_edge_log(log: EdgeLog, path: str | Path) -> None:
@@ -312,6 +333,9 @@ def reconstruct(log: EdgeLog, duration: float, audit: list[dict]) -> dict:
         if "RECONNECTING" in states:
             start, end, action = a, max(a + 0.2, b - 0.5), "partition"  # liveliness notices a cut link at once;
             # the robot streams again about a reconnect (<= initial backoff) after the heal
+            if log.stutter == "held":  # held: the robot ran out of actions after the cut, which came after the
+                # last answer (at most a chunk's length, ~1.5 s here, before)
+                start = max(a - 1.5, max((r["t"] for r in ok if r["t"] <= a), default=a))
         elif failed and not covered:
             last_ok = max((r["t"] for r in ok if r["t"] <= a), default=a)
             start, end, action = max(last_ok, a - 1.0), b, "timeout"  # silent since the last answer
@@ -330,6 +354,8 @@ def reconstruct(log: EdgeLog, duration: float, audit: list[dict]) -> dict:
         faults.append(fault)
         out_windows.append((start, end))
     threshold = max(30.0, base)  # below that a stretch of seconds does not stall a robot
+    if log.stutter == "held":  # round trips read from a dataset's ticks are known to a tick
+        threshold += 1e3 / float(log.robot.get("fps") or 30)
     sec = 0
     while sec < secs:
         if excess[sec] <= threshold or any(a - 0.5 <= sec <= b for a, b in out_windows):
@@ -472,7 +498,12 @@ def reproduced(score: dict, min_recall: float = 0.7, min_precision: float = 0.5,
     return score["recall"] >= min_recall and score["precision"] >= min_precision and similar
 
 
-def replay_log_of(run_dir: Path) -> EdgeLog:
+def replay_log_of(run_dir: Path, stutter: str = "states") -> EdgeLog:
+    """The replay's robot 0, its stutter read as the original's was (`EdgeLog.stutter`)."""
+    if stutter == "held":
+        from bench.evidence.incident_dataset import held_log_of_run
+
+        return held_log_of_run(Path(run_dir), 0)
     return _from_run_dir(Path(run_dir), 0)
 
 
@@ -519,7 +550,12 @@ def make_incident(
                 f"--audit {path} holds no audit line (a JSON object a line, server/audit.py); give "
                 "the replica's audit log, or leave --audit out to take server time from the edge log"
             )
-        lines += audit_window(rows, audit_origin(log, path), t0, t1)
+        origin = audit_origin(log, path)
+        if origin is None and log.stutter == "held" and not log.robot.get("replica_t0_mono_ms"):
+            from bench.evidence.incident_dataset import audit_origin_by_join
+
+            origin = audit_origin_by_join(log, rows)  # a robot's own clock: placed by the (session, seq) join
+        lines += audit_window(rows, origin, t0, t1)
     name = name or out.stem
     scenario = incident_scenario(
         name,

@@ -37,6 +37,7 @@ PROVENANCE_IDS = {  # "provenance.ids", int64: -1 where the tick had no action
     "episode_id": "the engine's episode_id of that request",
     "chunk_index": "the action's index in that chunk",
     "is_none": "1: the engine had no action this tick and the robot held (the other ids are -1)",
+    "t_ms": "the tick's time, milliseconds on the run's clock (0 at the run's start; negative in the warm-up)",
 }
 # a time the tick has not (no action, no reply timed): -1 as the ids have, since a NaN would make the dataset's
 # stats (meta/stats.json, which LeRobot aggregates over every feature) NaN
@@ -141,6 +142,7 @@ def write_datasets(run_dir: str | Path, out: str | Path) -> list[str]:
         raise DatasetError(
             f"LeRobot cannot be imported here ({exc}): pip install -e '.[lerobot]' (docs/lerobot.md)"
         ) from None
+    from bench.evidence.incident import run_robot_facts
     from bench.robots import robot_type
 
     lines = []
@@ -198,6 +200,7 @@ def write_datasets(run_dir: str | Path, out: str | Path) -> list[str]:
                                 tk["episode_id"][i],
                                 tk["chunk_index"][i],
                                 int(tk["is_none"][i]),
+                                int(round(float(tk["t"][i]) * 1e3)),
                             ],
                             np.int64,
                         ),
@@ -222,6 +225,8 @@ def write_datasets(run_dir: str | Path, out: str | Path) -> list[str]:
                     "group": gname,
                     "sessions": list(sessions),
                     "episodes": episodes,
+                    # per robot, what `bench incident` needs to replay it (bench.evidence.incident.run_robot_facts)
+                    "robots": {str(r["robot"]): run_robot_facts(run_dir, int(r["robot"])) for r in members},
                     "provenance.ids": PROVENANCE_IDS,
                     "provenance.times": PROVENANCE_TIMES,
                 },

@@ -213,7 +213,7 @@ def read_record(w: Where, m) -> dict:
             "(docs/bench.md \"Record a run as a LeRobotDataset\"), or leave record.dataset false",
         )
     for i, g in enumerate(m.fleet.groups):
-        if float(g.fps) != int(g.fps):
+        if g.fps is not None and float(g.fps) != int(g.fps):  # None: the default, a whole 30 (or the env's)
             raise w.fail(
                 ("fleet", "groups", i, "fps"),
                 f"a LeRobotDataset's fps is a whole number, and group {g.name!r} ticks at {g.fps:g} Hz: give it a "

@@ -30,6 +30,7 @@ SHORT = (
     "100000, forward_ratio: 1000, leg_error_ms: 100000, bandwidth_ratio: 0}",
 )
 INCIDENT = REPO / "scenarios" / "incidents" / "stutter_robot1"
+INCIDENT_DATASET = REPO / "scenarios" / "incidents" / "stutter_dataset"
 
 RUNS: dict[str, tuple[str, ...]] = {  # the longest first
     # incident replay (positive): the shipped example's stutter comes back
@@ -45,6 +46,22 @@ RUNS: dict[str, tuple[str, ...]] = {  # the longest first
         "26",
         "--out",
         "{tmp}/replay.yaml",
+    ),
+    # incident replay from a LeRobotDataset (robot 1 of the same source run, recorded with its provenance)
+    "incident_replay_dataset": (
+        "incident",
+        "--edge",
+        str(INCIDENT_DATASET / "lab"),
+        "--robot",
+        "1",
+        "--audit",
+        str(INCIDENT_DATASET / "audit-r0.jsonl"),
+        "--from",
+        "0",
+        "--to",
+        "26",
+        "--out",
+        "{tmp}/replay_dataset.yaml",
     ),
     # fault family: robots that give up inside a 3 s server crash go DEAD
     "server_crash_gives_up": (

@@ -99,7 +99,7 @@ def test_features_shapes_fps_robot_type_task_and_format(run_dir):
         assert feats[f"observation.images.{cam}"]["dtype"] == "image"
     item = ds[0]
     assert tuple(item["observation.images.front"].shape) == (3, 32, 48)  # LeRobot's loader: channels first
-    assert tuple(item["provenance.ids"].shape) == (6,) and tuple(item["provenance.times"].shape) == (3,)
+    assert tuple(item["provenance.ids"].shape) == (7,) and tuple(item["provenance.times"].shape) == (3,)
     assert item["task"] == TASK
     for key in ("observation.state", "action", "provenance.ids", "provenance.times"):  # no NaN for a tick without one
         assert np.isfinite(np.asarray(ds.meta.stats[key]["mean"], float)).all(), key
@@ -144,6 +144,9 @@ def test_provenance_matches_ticks_and_requests(run_dir):
     np.testing.assert_array_equal(ids[:, 2], ticks["seq"])
     np.testing.assert_array_equal(ids[:, 3], ticks["episode_id"])
     np.testing.assert_array_equal(ids[:, 4], ticks["chunk_index"])
+    np.testing.assert_array_equal(ids[:, 6], np.round(ticks["t"] * 1e3).astype(np.int64))  # t_ms: the run's clock
+    assert set(prov["robots"]) == {str(r) for r in np.unique(ids[:, 0])}
+    assert all(f["robot_type"] == "reacher" and "t0_mono_ms" in f for f in prov["robots"].values())
     req = pq.read_table(run_dir / "requests.parquet")
     by_seq = {}
     for r, s, q, inf in zip(*(req.column(c).to_numpy() for c in ("robot", "seq", "queue_wait_ms", "inference_ms"))):
@@ -216,3 +219,16 @@ def test_a_group_at_a_fractional_fps_cannot_be_recorded(capsys):
     assert cli.main(["validate", "scenarios/smoke.yaml", *(x for s in sets for x in ("--set", s))]) == 2
     err = capsys.readouterr().err
     assert ".fps" in err and "whole number" in err and "'lab'" in err and "Traceback" not in err
+
+
+def test_a_group_at_the_default_fps_can_record_a_dataset():
+    """A group that names no fps ticks at the default 30, a whole number: recording is allowed (it crashed on
+    `float(None)` before)."""
+    import yaml
+
+    from bench.scenario.load import SCENARIOS_DIR, build_scenario
+
+    data = yaml.safe_load((SCENARIOS_DIR / "incidents" / "stutter_source.yaml").read_text())
+    assert "fps" not in data["fleet"]["groups"][0]
+    data["record"] = {"dataset": True}
+    assert build_scenario(data).record["dataset"] is True
