@@ -5,7 +5,8 @@
 
 The built-in types' training (bench.training.train) plans chunks on batched twins of our own MJCF; this env
 is the package's, so its chunks are the next labels along the driven path (bench.training.demos'
-"trajectory" labels) and its evaluation steps the env itself. Success is the env's `info["succeed"]`
+"trajectory" labels) and its evaluation steps the env itself, on time and as the fleet runs a chunk (a tick
+late, from row 1: `run_episodes(latency_ticks=1)`). Success is the env's `info["succeed"]`
 (the cube lifted 10 cm and within 5 cm of the gripper), the same word the scenario's `success` names.
 """
 
@@ -111,22 +112,39 @@ def mapping():
     return gym_robot_type(ENV_CONFIG, measure=False).mapping
 
 
-def run_episodes(act_fn, episodes: int, seed: int, *, replan_every: int = 1, noise: float = 0.0):
+def run_episodes(
+    act_fn,
+    episodes: int,
+    seed: int,
+    *,
+    replan_every: int = 1,
+    noise: float = 0.0,
+    latency_ticks: int = 0,
+):
     """Closed loop on the env: `act_fn(state) -> (T, 4)` called every `replan_every` ticks, its rows run open
-    loop meanwhile (the fallback past its end). Yields per episode (states, clean labels or None, succeeded)."""
+    loop meanwhile (the fallback past its end and before the first chunk). Yields per episode (states, the
+    actions commanded (clean of the noise), succeeded).
+
+    `latency_ticks`: a chunk asked for at tick t takes over at tick t + latency_ticks from that row, the previous
+    chunk running until then: the fleet's engine, whose chunk arrives after the tick its state was read at (row
+    0's tick has passed; scenarios/so101_pick_wan.yaml's tick log shows chunk_index 1 first)."""
     env, mapper = make_env(), mapping()
     rng = np.random.default_rng([seed, 0xDA27])
     innovation = NOISE_STD * noise * np.sqrt(1 - NOISE_CORRELATION**2)
+    fallback = np.asarray(ENV_CONFIG["fallback"], np.float32)
     try:
         for e in range(episodes):
             obs, _ = env.reset(seed=seed + e)
             perturbation = rng.normal(0.0, 1.0, 4) * NOISE_STD * noise
             states, labels, info, tick = [], [], {}, 0
+            chunk, cursor, pending = np.zeros((0, 4), np.float32), 0, None
             while True:
                 state = mapper.state(obs)
                 if tick % replan_every == 0:
-                    chunk, cursor = np.asarray(act_fn(state), dtype=np.float32).reshape(-1, 4), 0
-                action = chunk[cursor] if cursor < len(chunk) else np.asarray(ENV_CONFIG["fallback"], np.float32)
+                    pending = (tick + latency_ticks, np.asarray(act_fn(state), dtype=np.float32).reshape(-1, 4))
+                if pending is not None and tick >= pending[0]:
+                    chunk, cursor, pending = pending[1], latency_ticks, None
+                action = chunk[cursor] if cursor < len(chunk) else fallback
                 cursor += 1
                 states.append(state)
                 labels.append(action)
@@ -153,7 +171,8 @@ def expert_success(episodes: int, seed: int) -> float:
 
 
 def collect_demos(episodes: int, seed: int, chunk_size: int = CHUNK_SIZE, noise: float = 1.0):
-    """(states (N, 17), chunks (N, chunk_size, 4)): the expert driven with DART noise, its clean labels."""
+    """(states (N, 17), chunks (N, chunk_size, 4), success of the demo episodes): the expert driven with DART
+    noise, each visited state with the next chunk_size clean labels along the driven path."""
     from bench.training.demos import _chunks
 
     states, chunks, successes = [], [], []
@@ -218,9 +237,14 @@ def train(
             rate = np.mean(
                 [ok for *_, ok in run_episodes(policy, eval_episodes, eval_seed, replan_every=EXECUTION_HORIZON)]
             )
-            # as the fleet's engine runs it: the chunk arrives after the tick its state was read at, so row 0 is
-            # never executed; rows 1-2 run, then the next chunk (the ticks of scenarios/so101_pick_wan.yaml)
-            late = [ok for *_, ok in run_episodes(lambda s: policy(s)[1:], eval_episodes, eval_seed, replan_every=2)]
+            # as the fleet's engine runs it: the chunk arrives after the tick its state was read at, so it takes
+            # over a tick later from row 1 (the ticks of scenarios/so101_pick_wan.yaml)
+            late = [
+                ok
+                for *_, ok in run_episodes(
+                    policy, eval_episodes, eval_seed, replan_every=EXECUTION_HORIZON, latency_ticks=1
+                )
+            ]
             result = {
                 "robot_type": "so101",
                 "episodes": eval_episodes,

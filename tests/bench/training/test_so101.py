@@ -80,3 +80,21 @@ def test_bench_train_so101_writes_a_checkpoint_the_scenario_mapping_accepts(tmp_
     from bench.training.train import CheckpointPolicy
 
     assert CheckpointPolicy(path)(state).shape == (so101.CHUNK_SIZE, 4)
+
+
+def test_a_tick_late_evaluation_runs_a_chunk_as_the_fleets_engine_does():
+    """latency_ticks=1: the chunk asked at tick t takes over at t + 1 from row 1, the previous one running at t
+    (the fallback before the first chunk): the ticks scenarios/so101_pick_wan.yaml records."""
+    from bench.training.so101 import EXECUTION_HORIZON, run_episodes
+
+    calls = []
+
+    def act(state):
+        calls.append(len(calls))
+        chunk = np.zeros((6, 4), np.float32)
+        chunk[:, 0] = 0.01 * (np.arange(6) + 10 * calls[-1])
+        return chunk
+
+    (_, commanded, _), *_ = run_episodes(act, 1, 0, replan_every=EXECUTION_HORIZON, latency_ticks=1)
+    dx = np.round(commanded[:7, 0] / 0.01).astype(int).tolist()
+    assert dx == [0, 1, 2, 3, 11, 12, 13]  # tick 0: the fallback; tick 3: chunk 0's row 3 while chunk 1 is asked
