@@ -12,7 +12,7 @@
     bench schema scenario                                  the scenario language's JSON Schema (editors)
     bench sweep FILE --key K --values a,b [--capacity]    one run per value; --capacity: load steps, knee, P10
     bench dataset RUN_DIR [OUT]                            a run recorded with record.dataset as LeRobotDatasets
-    bench incident --edge LOG --audit A --from T0 --to T1 --out F.yaml   replay one robot's incident
+    bench incident --edge LOG|RUN|DATASET --audit A --from T0 --to T1 --out F.yaml   replay one robot's incident
     bench train --robot TYPE [--out DIR] [--seed N] [--policy-type T] [--fps HZ] [--rtc-mode M]   build bench/checkpoints/<TYPE>/
     bench init-weights NAME                                random weights for a config-only checkpoint (reacher_vla)
     bench pki --dir DIR [--robot UUID ...] [--replica ID ...] [--router] [--acl FILE]
@@ -475,9 +475,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     inc = sub.add_parser("incident", help="write a scenario replaying one robot's incident from its logs, then run it")
     inc.add_argument(
-        "--edge", required=True, help="edge-log JSONL of the robot, or a bench run directory (with --robot)"
+        "--edge",
+        required=True,
+        help="edge-log JSONL of the robot, a bench run directory (with --robot), or a LeRobotDataset recorded with "
+        "the bench's provenance (--robot when it holds several robots)",
     )
-    inc.add_argument("--robot", type=int, default=None, help="robot number in a bench run directory")
+    inc.add_argument("--robot", type=int, default=None, help="robot number in a bench run directory or dataset")
     inc.add_argument("--audit", action="append", default=[], help="server audit log (JSON lines); repeatable")
     inc.add_argument(
         "--from",

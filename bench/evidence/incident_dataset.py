@@ -31,9 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.evidence.incident import EdgeLog, IncidentError
+from bench.evidence.edgelog import EdgeLog, IncidentError
+from bench.evidence.edgelog import stretches as held_stretches
 
-HELD = "HELD"  # the robot had no chunk action mid-episode (a stutter state, bench.evidence.incident.STUTTER_STATES)
+HELD = "HELD"  # the robot had no chunk action mid-episode (a stutter state, bench.evidence.edgelog.STUTTER_STATES)
 PROVENANCE_FILE = "bench_provenance.json"
 # an episode starts with a tick or two of no action (its reset, its first request's round trip): no stutter
 EPISODE_START_GRACE_S = 0.25
@@ -174,12 +175,7 @@ def _lost_requests(log: EdgeLog, t: np.ndarray) -> list[dict]:
     by_session: dict[str, list[dict]] = {}
     for r in log.requests:
         by_session.setdefault(r["session_id"], []).append(r)
-    held = [(tr["t"], None) for tr in log.transitions if tr["to"] == HELD]
-    ends = [tr["t"] for tr in log.transitions if tr["to"] != HELD]
-    stretches = []
-    for a, _ in held:
-        b = min((e for e in ends if e > a), default=float(t[-1]) if len(t) else a)
-        stretches.append((a, b))
+    stretches = [(a, b) for a, b, _ in held_stretches(log, float(t[-1]) if len(t) else 0.0)]
     for reqs in by_session.values():
         reqs = sorted(reqs, key=lambda r: r["seq"])
         for before, after in zip(reqs, reqs[1:]):
