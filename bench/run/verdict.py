@@ -39,22 +39,15 @@ def psutil_rss_mb() -> float:
 UNPLANNED_EXITS_CHECK = "unplanned_exits == 0"
 ENGINE_RAISES_CHECK = "engine_raises == 0"
 IMPLICIT_CHECKS = (UNPLANNED_EXITS_CHECK, ENGINE_RAISES_CHECK, "staleness_violations == 0", "wrong_model_actions == 0")
-# a crash or a raise is no host's doing: failed, these fail the run even while the host was out of its tolerances
-NEVER_EXCUSED = (UNPLANNED_EXITS_CHECK, ENGINE_RAISES_CHECK)
-# figures no slow host can move: a failed assertion that reads only these fails the run however slow the host was
-# (an attack that got through got through; a replica that died died)
+# figures no slow host can move (a crash, a raise, an attack that got through): a failed assertion that reads only
+# these, the implicit unplanned_exits / engine_raises checks among them, fails the run however slow the host was
 HOST_INDEPENDENT_FIGURES = frozenset({"unplanned_exits", "engine_raises", "attacks_breached"})
 
 
 def never_excused(r) -> bool:
-    """A failed result the host's fidelity cannot excuse: an implicit crash/raise check, or an assertion that reads
-    only host-independent figures."""
-    if r.passed:
-        return False
-    if r.expression in NEVER_EXCUSED:
-        return True
+    """A failed result the host's fidelity cannot excuse: one whose assertion reads only host-independent figures."""
     names = figure_names(r.expression)
-    return bool(names) and names <= HOST_INDEPENDENT_FIGURES
+    return not r.passed and bool(names) and names <= HOST_INDEPENDENT_FIGURES
 
 
 def judge(run: RunState, error: str | None) -> report.RunOutcome:
