@@ -35,6 +35,7 @@ NAMES = (
     "server_memory",
     "peers",
     "headline_rss",
+    "twin_cost",
     "report_memory",
     "dispatch",
     "forward_cost",

@@ -148,6 +148,27 @@ def test_headline_rss_sums_processes_per_sample():
         peak_sum({})
 
 
+def test_twin_cost_counts_answered_requests_of_the_measured_window_only():
+    import pytest
+
+    from benchmarks.twin_cost import cost_of_run
+
+    summary = {
+        "duration_s": 10.0,
+        "cpu": {"by_kind": {"shards": 1.0, "replicas": 0.5, "proxy": 0.25, "router": 0.25}, "host_percent": 90.0},
+    }
+    # warm-up (t < 0), after the window, abandoned and timed-out requests are not answered ones of the window
+    requests = {"t": [-1.0, 0.5, 2.0, 9.9, 10.5, 3.0], "outcome": ["ok", "ok", "ok", "ok", "ok", "abandoned"]}
+    c = cost_of_run(summary, requests)
+    assert c["answered"] == 3 and c["cores"] == 2.0
+    assert c["ms_per_answered"] == pytest.approx(2.0 * 10.0 * 1e3 / 3, abs=1e-3)
+    assert c["ms_per_answered_by_kind"]["shards"] == pytest.approx(1.0 * 10.0 * 1e3 / 3, abs=1e-3)
+    with pytest.raises(ValueError, match="no request"):
+        cost_of_run(summary, {"t": [1.0], "outcome": ["timeout"]})
+    with pytest.raises(ValueError, match="by_kind"):
+        cost_of_run({"duration_s": 1.0, "cpu": {}}, requests)
+
+
 def test_report_memorys_synthetic_ticks_read_back_as_the_shards_records(tmp_path):
     import numpy as np
 

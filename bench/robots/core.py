@@ -292,10 +292,15 @@ class RobotBatch:
         else:
             if len(actions) != self.n:
                 raise ValueError(f"expected {self.n} actions, got {len(actions)}")
-            missing = np.array([a is None for a in actions])
-            command = np.array(
-                [hold[i] if a is None else np.asarray(a, dtype=np.float64).reshape(-1) for i, a in enumerate(actions)]
-            )
+            # one stack of the given actions into the hold's rows, not an array per robot (a fleet slot's tick)
+            missing = np.fromiter((a is None for a in actions), dtype=bool, count=self.n)
+            given = np.flatnonzero(~missing)
+            if len(given) == self.n:
+                command = np.stack(actions).astype(np.float64).reshape(self.n, -1)
+            else:
+                command = np.array(hold, dtype=np.float64)
+                if len(given):
+                    command[given] = np.stack([actions[i] for i in given]).astype(np.float64).reshape(len(given), -1)
         # A NaN reaching MuJoCo would poison the robot's state for the rest of the episode; treat it
         # as "no command" and count it so the caller can see its policy misbehaved.
         bad = ~np.isfinite(command).all(axis=1) & ~missing
