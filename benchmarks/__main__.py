@@ -31,6 +31,7 @@ NAMES = (
     "router_memory",
     "proxy",
     "engine",
+    "engine_calls",
     "server",
     "server_memory",
     "peers",

@@ -55,7 +55,7 @@ class ActionQueue:
         self._original: np.ndarray | None = None
         self._processed: np.ndarray | None = None
         self._meta: list[Any] = []  # per row: the merge's meta
-        self._index: np.ndarray = np.zeros(0, np.int64)  # per row: index within its source chunk
+        self._index: list[int] = []  # per row: index within its source chunk (ints: get reads one per tick)
         self._cursor = 0
         self._generation = 0  # merges and clears so far: a snapshot is only good until the next
 
@@ -76,14 +76,14 @@ class ActionQueue:
                 return None
             i = self._cursor
             self._cursor += 1
-            return self._processed[i].copy(), self._meta[i], int(self._index[i])
+            return self._processed[i].copy(), self._meta[i], self._index[i]
 
     def peek_meta(self) -> tuple[Any, int] | None:
         """Provenance of the next action without consuming it."""
         with self._lock:
             if self._processed is None or self._cursor >= len(self._processed):
                 return None
-            return self._meta[self._cursor], int(self._index[self._cursor])
+            return self._meta[self._cursor], self._index[self._cursor]
 
     def skip_source(self, meta: Any) -> int:
         """Advance the cursor past the rows of the merge that `meta` marks (all stale together: they share
@@ -168,7 +168,7 @@ class ActionQueue:
         with self._lock:
             self._original = self._processed = None
             self._meta = []
-            self._index = np.zeros(0, np.int64)
+            self._index = []
             self._cursor = 0
             self._generation += 1
 
@@ -198,7 +198,7 @@ class ActionQueue:
                     log.debug("real_delay %d differs from %d actions consumed during inference", delay, consumed)
                 if self.trim == "consumed":
                     delay = min(delay, consumed)
-            rows = np.arange(len(processed), dtype=np.int64)
+            rows = list(range(len(processed)))
             if self.rtc_enabled:
                 d = max(0, min(delay, len(original), len(processed)))
                 self._original, self._processed = original[d:].copy(), processed[d:].copy()
@@ -215,7 +215,7 @@ class ActionQueue:
                 self._original = np.concatenate([self._original[c:], original])
                 self._processed = np.concatenate([self._processed[c:], processed])
                 self._meta = self._meta[c:] + [meta] * len(processed)
-                self._index = np.concatenate([self._index[c:], rows])
+                self._index = self._index[c:] + rows
             self._cursor = 0
             return 0
 

@@ -27,6 +27,7 @@ from edge.remote.plan import ExecutionPlan, is_due
 from edge.remote.worker import Worker
 
 S = EngineState
+_DEAD = S.DEAD
 
 COUNTERS = (
     "requests",
@@ -177,7 +178,7 @@ class RemoteEngine(Engine):
 
     def get_action(self) -> Action | None:
         # DEAD or stopped: nothing more from the queue, not even a queued chunk of the closed session
-        closed = self._link.state == S.DEAD or self._handoff.stop.is_set()
+        closed = self._link.state == _DEAD or self._handoff.stop.is_set()
         return self._ladder.next_action(self._handoff.episode, closed, self._worker.session.session_id)
 
     # --- the plan ------------------------------------------------------------------------------------
@@ -200,7 +201,7 @@ class RemoteEngine(Engine):
     @property
     def failed(self) -> bool:
         """DEAD, and said so: the visible state (set after dead_reason; the shutdown event follows at once)."""
-        return self._link.visible == S.DEAD
+        return self._link.visible == _DEAD
 
     @property
     def state(self) -> EngineState:

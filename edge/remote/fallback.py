@@ -47,8 +47,9 @@ class FallbackLadder:
         now = time.monotonic()
         max_age = self.cfg.max_action_age_s
         link = self.link
+        get = self.queue.get_with_meta
         while not closed:
-            item = self.queue.get_with_meta()
+            item = get()
             if item is None:
                 break
             values, meta, index = item
