@@ -19,6 +19,7 @@ a mismatch, never an exception.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -31,15 +32,24 @@ def new_session_key() -> str:
     return secrets.token_hex(KEY_BYTES)
 
 
-def _tag(key_hex: str, *parts: bytes) -> str:
+@functools.lru_cache(maxsize=4096)
+def _keyed(key_hex: str):
+    """The HMAC-SHA256 state keyed with `key_hex` (an unparsable key is the empty key): each tag copies it
+    instead of re-deriving the key pads, one per session key (the cache holds at most 4096 of them)."""
     try:
         key = bytes.fromhex(key_hex)
     except (TypeError, ValueError):
         key = b""
-    mac = hmac.new(key, digestmod=hashlib.sha256)
-    for p in parts:
-        mac.update(len(p).to_bytes(4, "little"))  # length-prefixed: no two part lists give the same input
-        mac.update(p)
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
+def _tag(key_hex: str, *parts: bytes) -> str:
+    try:
+        mac = _keyed(key_hex).copy()
+    except TypeError:  # an unhashable key is no hex string: the empty key, as bytes.fromhex refusing it
+        mac = hmac.new(b"", digestmod=hashlib.sha256)
+    # length-prefixed: no two part lists give the same input (one update of the whole input, the same MAC)
+    mac.update(b"".join(len(p).to_bytes(4, "little") + p for p in parts))
     return mac.hexdigest()[: 2 * TAG_BYTES]
 
 

@@ -200,6 +200,7 @@ class Message:
     @classmethod
     def from_wire(cls, obj: dict, limits: Limits = DEFAULT_LIMITS):
         kwargs = {}
+        max_chars = limits.max_string_chars
         for f in cls.FIELDS:
             v = obj.get(f.name, _ABSENT)
             if v is _ABSENT or (v is None and f.kind not in ("tensor?", "uint?", "float?")):
@@ -208,6 +209,20 @@ class Message:
                         ErrorCode.MALFORMED, f"{cls.__name__}: required field {f.name!r} is missing", f.name
                     )
                 continue  # dataclass default applies
+            # a plain value that passes its check as it is: what _decode_field would return, without its kind chain
+            t, k = type(v), f.kind
+            if (
+                (t is str and k == "str" and len(v) <= max_chars)
+                or (t is bool and k == "bool")
+                or (
+                    (t is int and k in ("uint", "int", "uint?") and (v >= 0 or k == "int"))
+                    or (t is float and k in ("float", "float?") and math.isfinite(v))
+                )
+                and (f.lo is None or v >= f.lo)
+                and (f.hi is None or v <= f.hi)
+            ):
+                kwargs[f.name] = v
+                continue
             kwargs[f.name] = _decode_field(cls.__name__, f, v, limits)
         return cls(**kwargs)
 
