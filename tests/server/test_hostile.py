@@ -128,6 +128,7 @@ def test_a_frame_many_times_the_cameras_size_costs_the_server_little_more_than_o
             ("small again", small),
             ("huge again", huge),
             ("png again", huge_png),
+            ("png third", huge_png),  # the least of three: one decode slowed by a busy host is not the server's
         ):
             m = _answer(c, c.send(state, images={"front": frame}, episode_start=True))
             assert isinstance(m, ActionChunk) and np.isfinite(m.chunk_robot).all(), m
@@ -136,7 +137,7 @@ def test_a_frame_many_times_the_cameras_size_costs_the_server_little_more_than_o
         # VM); scaled, the JPEG costs ~35 ms more (its entropy decode), the PNG ~110 ms more (its zlib inflate)
         small_ms = min(ms["small"], ms["small again"])
         assert min(ms["huge"], ms["huge again"]) < small_ms + 150, ms
-        assert min(ms["png"], ms["png again"]) < small_ms + 220, ms
+        assert min(ms["png"], ms["png again"], ms["png third"]) < small_ms + 220, ms
         bomb = EncodedImage("jpeg", huge.data, (64, 64, 3))  # a 4096x4096 JPEG that declares 64x64
         m = _answer(c, c.send(state, images={"front": bomb}))
         assert isinstance(m, Error) and m.code == "BAD_IMAGE" and "JPEG is 4096x4096 but declares" in m.message, m
