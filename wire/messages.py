@@ -211,15 +211,18 @@ class Message:
                 continue  # dataclass default applies
             # a plain value that passes its check as it is: what _decode_field would return, without its kind chain
             t, k = type(v), f.kind
+            # (a string or a bool has no range, as in _decode_field; a number must be within [lo, hi])
             if (
                 (t is str and k == "str" and len(v) <= max_chars)
                 or (t is bool and k == "bool")
                 or (
-                    (t is int and k in ("uint", "int", "uint?") and (v >= 0 or k == "int"))
-                    or (t is float and k in ("float", "float?") and math.isfinite(v))
+                    (
+                        (t is int and k in ("uint", "int", "uint?") and (v >= 0 or k == "int"))
+                        or (t is float and k in ("float", "float?") and math.isfinite(v))
+                    )
+                    and (f.lo is None or v >= f.lo)
+                    and (f.hi is None or v <= f.hi)
                 )
-                and (f.lo is None or v >= f.lo)
-                and (f.hi is None or v <= f.hi)
             ):
                 kwargs[f.name] = v
                 continue
