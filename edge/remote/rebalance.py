@@ -25,6 +25,7 @@ changes nothing.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -34,6 +35,9 @@ UNREADY_RECHECK_S = (1.0, 3.0)  # a replica was there but not ready yet: look ag
 # still over its share after drawing "stay": look again this much later, past a server's default 2 s grace
 # (session.gc_grace_s) in which a moved session still counts on the replica it left
 OVER_SHARE_RECHECK_S = (3.0, 5.0)
+# a replica token appeared this recently, but the check read no peer (its Status answer came late: a replica
+# just started answers its first queries slowly on a loaded host): look again as for an unready one
+RECENT_TOKEN_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class Rebalancer:
         self.opened_at = 0.0
         self.next_check = 0.0  # set by the first `opened`
         self._token = False  # deposit only (Zenoh's thread): a replica token appeared
+        self.token_at = -math.inf  # when a check first saw that deposit (monotonic s)
 
     def token(self) -> None:
         self._token = True
@@ -101,13 +106,15 @@ class Rebalancer:
             return False
         if self._token:
             self._token = False
+            self.token_at = now
             self.next_check = min(self.next_check, now + self.rng.uniform(*TOKEN_CHECK_S))
         return now >= self.next_check and now - self.opened_at >= self.cfg.rebalance_min_dwell_s
 
-    def checked(self, now: float, unready: bool = False, over_share: bool = False) -> None:
-        """After a check: look again soon while a replica was not ready yet or this one is still over its share
-        (a robot that drew "stay"), else after the period."""
-        if unready:
+    def checked(self, now: float, unready: bool = False, over_share: bool = False, lone: bool = False) -> None:
+        """After a check: look again soon while a replica was not ready yet, or the check read no peer (`lone`:
+        its query failed or only this replica answered) though a replica token appeared within RECENT_TOKEN_S,
+        or this one is still over its share (a robot that drew "stay"); else after the period."""
+        if unready or (lone and now - self.token_at <= RECENT_TOKEN_S):
             self.next_check = now + self.rng.uniform(*UNREADY_RECHECK_S)
         elif over_share:
             self.next_check = now + self.rng.uniform(*OVER_SHARE_RECHECK_S)

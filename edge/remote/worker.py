@@ -171,13 +171,14 @@ class Worker:
             found = yield Call(lambda: m.discover(self.session.control_timeouts.timeout_s("status")))
         except Exception as exc:  # a zenoh error while the router restarts: stay, look again later
             log.info("%s: rebalance check failed: %s", self.cfg.client_uuid, exc)
-            self.rebalancer.checked(time.monotonic(), unready=False)
+            self.rebalancer.checked(time.monotonic(), lone=True)
             return False
         self.counters["rebalance_checks"] += 1
         move = plan_move(
             found, own, self.session.first_ack.checkpoint_hash, self.cfg.rebalance_threshold, self.rebalancer.rng
         )
-        self.rebalancer.checked(time.monotonic(), any(not s.ready for s in found), move is not None)
+        lone = not any(s.replica_id != own for s in found)
+        self.rebalancer.checked(time.monotonic(), any(not s.ready for s in found), move is not None, lone)
         if move is None or not move.target:
             return False
         by_id = {s.replica_id: s for s in found}

@@ -89,6 +89,28 @@ def test_checks_come_with_the_period_a_token_brings_them_forward_and_the_dwell_b
     assert not Rebalancer(SimpleNamespace(rebalance=False, rebalance_check_s=1.0, rebalance_min_dwell_s=0.0)).due(1e9)
 
 
+def test_a_check_that_reads_no_peer_soon_after_a_token_looks_again_soon():
+    """A replica that just started answers its first Status late on a loaded host: the check after its token
+    reads only its own replica, and waiting out the whole period would leave the newcomer idle for it."""
+    cfg = SimpleNamespace(rebalance=True, rebalance_check_s=30.0, rebalance_min_dwell_s=0.0)
+    r = Rebalancer(cfg, random.Random(1))
+    r.opened(100.0)
+    r.token()
+    assert not r.due(102.0)  # the token seen: its check comes 0.5-2 s later
+    assert r.due(104.1)
+    r.checked(104.1, lone=True)  # the token's check: no peer answered
+    assert not r.due(105.0) and r.due(107.2)  # an unready-like recheck 1-3 s later
+    r.checked(107.2, lone=True)
+    assert r.due(110.3)  # still within RECENT_TOKEN_S of the token: soon again
+    r.checked(120.0, lone=True)  # past it (15 s after the token): a lone replica (no peer at all) waits the period
+    assert not r.due(120.0 + 22.0) and r.due(120.0 + 38.0)
+    r2 = Rebalancer(cfg, random.Random(1))
+    r2.opened(100.0)
+    assert r2.due(200.0)
+    r2.checked(200.0, lone=True)  # no token ever appeared: the period
+    assert not r2.due(200.0 + 22.0)
+
+
 def _fleet(router, n, **kw):
     cfg = {"rebalance_check_s": 0.4, "rebalance_min_dwell_s": 0.5, "max_action_age_s": 2.0, **kw}
     engines = [engine(router, **cfg) for _ in range(n)]
