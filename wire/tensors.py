@@ -87,17 +87,19 @@ def decode_tensor(
     word, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("data")
     if not isinstance(word, str) or word not in DTYPES:
         raise WireError("BAD_TENSOR", f"{field}.dtype {word!r} unknown; use one of {sorted(DTYPES)}", field)
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if not isinstance(shape, list):
         raise WireError("BAD_TENSOR", f"{field}.shape must be a list of non-negative ints, got {shape!r}", field)
-    if any(d > limits.max_elements for d in shape):
-        raise WireError("TOO_LARGE", f"{field} has a dimension over {limits.max_elements}", field)
+    count, max_elements = 1, limits.max_elements
+    for d in shape:  # one pass: each dimension a plain int (not a bool), >= 0 and within the limit
+        if type(d) is not int or d < 0:
+            raise WireError("BAD_TENSOR", f"{field}.shape must be a list of non-negative ints, got {shape!r}", field)
+        if d > max_elements:
+            raise WireError("TOO_LARGE", f"{field} has a dimension over {max_elements}", field)
+        count *= d
     if len(shape) > limits.max_rank:
         raise WireError("TOO_LARGE", f"{field} has rank {len(shape)}; the limit is {limits.max_rank}", field)
     if not isinstance(data, (bytes, bytearray)):
         raise WireError("BAD_TENSOR", f"{field}.data must be msgpack bin, got {type(data).__name__}", field)
-    count = 1
-    for d in shape:
-        count *= d
     if count > limits.max_elements:
         raise WireError("TOO_LARGE", f"{field} has {count} elements; the limit is {limits.max_elements}", field)
     dt = DTYPES[word]
