@@ -176,7 +176,7 @@ class Message:
         plan = _PLANS.get(type(self))
         if plan is None:
             plan = _plan(type(self))
-        for name, required, encode, _f, _plain, _unsigned in plan:
+        for name, required, encode, _f, _plain, _unsigned, _label in plan:
             v = getattr(self, name)
             if v is None:
                 if required:
@@ -198,7 +198,7 @@ class Message:
         plan = _PLANS.get(cls)
         if plan is None:
             plan = _plan(cls)
-        for name, required, _encode, f, plain, unsigned in plan:
+        for name, required, _encode, f, plain, unsigned, tensor_label in plan:
             v = obj.get(name, _ABSENT)
             if v is _ABSENT or (v is None and f.kind not in _NULLABLE):
                 if required:
@@ -207,23 +207,19 @@ class Message:
             # a plain value that passes its check as it is: what _decode_field would return, without its kind chain
             # (a string or a bool has no range, as in _decode_field; a number must be within [lo, hi])
             t = type(v)
-            if (
-                t is plain
-                and plain is not dict
-                and (
-                    (t is str and len(v) <= max_chars)
-                    or t is bool
-                    or (
-                        ((t is int and (v >= 0 or not unsigned)) or (t is float and math.isfinite(v)))
-                        and (f.lo is None or v >= f.lo)
-                        and (f.hi is None or v <= f.hi)
-                    )
+            if t is plain and (
+                (t is str and len(v) <= max_chars)
+                or t is bool
+                or (
+                    ((t is int and (v >= 0 or not unsigned)) or (t is float and math.isfinite(v)))
+                    and (f.lo is None or v >= f.lo)
+                    and (f.hi is None or v <= f.hi)
                 )
             ):
                 kwargs[name] = v
                 continue
-            if plain is dict and v is not None:  # a tensor: decoded as _decode_field would, without its kind chain
-                kwargs[name] = decode_tensor(v, f"{cls.__name__}.{name}", limits)
+            if tensor_label is not None and v is not None:  # as _decode_field would, without its kind chain
+                kwargs[name] = decode_tensor(v, tensor_label, limits)
                 continue
             kwargs[name] = _decode_field(cls.__name__, f, v, limits)
         return cls(**kwargs)
@@ -231,18 +227,7 @@ class Message:
 
 _NULLABLE = frozenset(("tensor?", "uint?", "float?"))  # kinds whose None is a value, not an absent field
 # a kind -> the Python type a msgpack value of it may be taken as, once checked (from_wire's fast path)
-# (dict: a tensor's map, decoded by decode_tensor straight away)
-_PLAIN = {
-    "str": str,
-    "bool": bool,
-    "uint": int,
-    "uint?": int,
-    "int": int,
-    "float": float,
-    "float?": float,
-    "tensor": dict,
-    "tensor?": dict,
-}
+_PLAIN = {"str": str, "bool": bool, "uint": int, "uint?": int, "int": int, "float": float, "float?": float}
 
 
 def _encoder(kind: str):
@@ -261,13 +246,23 @@ def _encoder(kind: str):
     return None
 
 
-# a message class -> its fields as (name, required, encoder, F, plain type, unsigned), built on first use
+# a message class -> its fields as (name, required, encoder, F, plain type, unsigned, tensor label: the name
+# decode_tensor's errors give a tensor field, None for any other kind), built on first use
 _PLANS: dict[type, tuple] = {}
 
 
 def _plan(cls) -> tuple:
     plan = tuple(
-        (f.name, f.required, _encoder(f.kind), f, _PLAIN.get(f.kind), f.kind.startswith("uint")) for f in cls.FIELDS
+        (
+            f.name,
+            f.required,
+            _encoder(f.kind),
+            f,
+            _PLAIN.get(f.kind),
+            f.kind.startswith("uint"),
+            f"{cls.__name__}.{f.name}" if f.kind in ("tensor", "tensor?") else None,
+        )
+        for f in cls.FIELDS
     )
     _PLANS[cls] = plan
     return plan
